@@ -1,0 +1,114 @@
+// swift-tools-version: 6.1
+import CompilerPluginSupport
+import PackageDescription
+
+let strictSettings: [SwiftSetting] = [
+    .swiftLanguageMode(.v6),
+    .enableUpcomingFeature("ExistentialAny"),
+    .enableUpcomingFeature("InternalImportsByDefault"),
+]
+
+let package = Package(
+    name: "StateSync",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "StateSync", targets: ["StateSync"]),
+        .library(name: "StateSyncClient", targets: ["StateSyncClient"]),
+        .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
+        .executable(name: "statesyncd", targets: ["statesyncd"]),
+        .executable(name: "statesync", targets: ["statesync"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/swiftlang/swift-syntax", from: "603.0.1"),
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0", traits: [.defaults, "YAML"]),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+    ],
+    targets: [
+        // The C library: a module map over <zmq.h>, nothing else.
+        .systemLibrary(
+            name: "CZeroMQ",
+            providers: [.apt(["libzmq3-dev"])]
+        ),
+        // The thin, safe binding. The only module that imports CZeroMQ; knows nothing of deltas.
+        .target(
+            name: "ZeroMQ",
+            dependencies: ["CZeroMQ"],
+            swiftSettings: strictSettings
+        ),
+        // The @Replicated macro: syntax in, calls into ModelRegistrar out.
+        .macro(
+            name: "StateSyncMacros",
+            dependencies: [
+                .product(name: "SwiftSyntaxMacros", package: "swift-syntax"),
+                .product(name: "SwiftCompilerPlugin", package: "swift-syntax"),
+                .product(name: "SwiftDiagnostics", package: "swift-syntax"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // The library: models, versions, deltas, replica store, wire codec, node, ZeroMQ transport.
+        .target(
+            name: "StateSync",
+            dependencies: [
+                "ZeroMQ",
+                "StateSyncMacros",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // The client library that apps and the CLI use to talk to a daemon.
+        .target(
+            name: "StateSyncClient",
+            dependencies: ["StateSync", "ZeroMQ", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strictSettings
+        ),
+        .executableTarget(
+            name: "statesyncd",
+            dependencies: [
+                "StateSync",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .executableTarget(
+            name: "statesync",
+            dependencies: [
+                "StateSync",
+                "StateSyncClient",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "ZeroMQTests",
+            dependencies: ["ZeroMQ"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "StateSyncTests",
+            dependencies: ["StateSync"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
+            name: "StateSyncMacrosTests",
+            dependencies: [
+                "StateSyncMacros",
+                .product(name: "SwiftSyntaxMacrosGenericTestSupport", package: "swift-syntax"),
+                .product(name: "SwiftSyntaxMacroExpansion", package: "swift-syntax"),
+                .product(name: "SwiftSyntaxMacros", package: "swift-syntax"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // Real processes: the built statesyncd and statesync binaries on loopback.
+        .testTarget(
+            name: "IntegrationTests",
+            dependencies: ["StateSync", "StateSyncClient", "statesyncd", "statesync"],
+            swiftSettings: strictSettings
+        ),
+    ]
+)

@@ -1,0 +1,37 @@
+/// One applied change of one property of a model, as an observer sees it.
+///
+/// `old` is the exact value the property held just before this change was applied and `new`
+/// the exact value it applied; for each property, the `old` of a notification equals the `new`
+/// of the one before it.
+public struct Change<Value: Sendable>: Sendable {
+    /// The name of the property that changed.
+    public let property: String
+    /// The value before the change.
+    public let old: Value
+    /// The value after the change.
+    public let new: Value
+    /// The version of the write; for a standalone model, a version of this process's local clock.
+    public let version: Version
+    /// `true` when the write came from another node.
+    public let isRemote: Bool
+
+    /// The node that made the write (`"local"` for a standalone model).
+    public var origin: String { version.node }
+}
+
+extension Change: Equatable where Value: Equatable {}
+
+/// A change with its values type-erased, as the registrar queues it.
+struct ErasedChange: Sendable {
+    let property: String
+    let old: any Sendable
+    let new: any Sendable
+    let version: Version
+    let isRemote: Bool
+
+    func typed<T: Sendable>(as type: T.Type) -> Change<T> {
+        // The registrar only hands an observer changes of the property it registered for, whose
+        // type the macro fixed at compile time: the casts cannot fail.
+        Change(property: property, old: old as! T, new: new as! T, version: version, isRemote: isRemote)
+    }
+}

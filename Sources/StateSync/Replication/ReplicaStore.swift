@@ -1,0 +1,95 @@
+/// The replicated state of one node: for every model, every property's value and version.
+///
+/// Each property is a last-writer-wins register ordered by ``Version``. ``apply(_:)`` is
+/// idempotent and commutative: replicas that applied the same deltas, in any order and any
+/// number of times, hold the same state (docs/PROTOCOL.md, "Merge rules").
+///
+/// Thread safety: none; the owner serialises access (the node keeps it behind a lock).
+public struct ReplicaStore: Sendable {
+    /// One property's register.
+    public struct Register: Sendable, Equatable {
+        public var value: Value
+        public var version: Version
+    }
+
+    private(set) var channels: [String: [String: [String: Register]]] = [:]
+    /// The highest version applied so far.
+    public private(set) var latestVersion: Version = .zero
+
+    public init() {}
+
+    /// Applies `delta`'s properties that win against what is held. Returns the changes, in the
+    /// delta's property order, with the value each replaced; properties that lose or repeat
+    /// the current value with the same version change nothing and are not returned.
+    public mutating func apply(_ delta: Delta) -> [PropertyChange] {
+        var changes: [PropertyChange] = []
+        changes.reserveCapacity(delta.properties.count)
+        var model = channels[delta.channel, default: [:]][delta.model, default: [:]]
+        for write in delta.properties {
+            let current = model[write.name]
+            if let current, current.version >= delta.version { continue }
+            model[write.name] = Register(value: write.value, version: delta.version)
+            changes.append(
+                PropertyChange(
+                    channel: delta.channel, model: delta.model, property: write.name,
+                    old: current?.value, new: write.value, version: delta.version))
+        }
+        if !changes.isEmpty {
+            channels[delta.channel, default: [:]][delta.model] = model
+            if delta.version > latestVersion { latestVersion = delta.version }
+        }
+        return changes
+    }
+
+    /// The properties of one model (empty when unknown).
+    public func properties(of address: ModelAddress) -> [String: Register] {
+        channels[address.channel]?[address.model] ?? [:]
+    }
+
+    /// The ids of the models of `channel`.
+    public func models(in channel: String) -> [String] {
+        channels[channel].map { Array($0.keys) } ?? []
+    }
+
+    /// The channels that hold at least one model, with their model counts.
+    public var channelModelCounts: [String: Int] {
+        channels.mapValues(\.count)
+    }
+
+    /// Every model's state, for snapshots.
+    public var allModels: [(ModelAddress, [String: Register])] {
+        channels.flatMap { channel, models in
+            models.map { (ModelAddress(channel: channel, model: $0.key), $0.value) }
+        }
+    }
+
+    /// A digest of the whole state, equal on replicas that hold equal state (FNV-1a 64 over the
+    /// canonical encoding of every register, in sorted order).
+    public var digest: UInt64 {
+        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+        func mix(_ bytes: [UInt8]) {
+            for b in bytes {
+                hash ^= UInt64(b)
+                hash &*= 0x100_0000_01b3
+            }
+        }
+        for channel in channels.keys.sorted() {
+            let models = channels[channel]!
+            for model in models.keys.sorted() {
+                let properties = models[model]!
+                for name in properties.keys.sorted() {
+                    let register = properties[name]!
+                    var writer = WireWriter()
+                    writer.string(channel)
+                    writer.string(model)
+                    writer.string(name)
+                    writer.value(register.value)
+                    writer.uint64(register.version.timestamp)
+                    writer.string(register.version.node)
+                    mix(writer.bytes)
+                }
+            }
+        }
+        return hash
+    }
+}

@@ -1,0 +1,200 @@
+import Foundation
+
+/// Turns a ``Value`` back into any `Decodable` type; the inverse of ``ValueEncoder``.
+///
+/// A value of the wrong shape (a string where an `Int` is declared) throws a `DecodingError`
+/// naming the path; callers on the replication path drop such a property and count it.
+public struct ValueDecoder: Sendable {
+    public init() {}
+
+    public func decode<T: Decodable>(_ type: T.Type, from value: Value) throws -> T {
+        if let direct = try Self.directDecode(type, value, path: []) { return direct }
+        return try T(from: _ValueDecoder(value: value, codingPath: []))
+    }
+
+    @inline(__always)
+    static func directDecode<T>(_ type: T.Type, _ value: Value, path: [any CodingKey]) throws -> T? {
+        if T.self == Int.self {
+            guard case .int(let i) = value, let v = Int(exactly: i) else { throw mismatch(type, value, path) }
+            return (v as! T)
+        }
+        if T.self == String.self {
+            guard case .string(let s) = value else { throw mismatch(type, value, path) }
+            return (s as! T)
+        }
+        if T.self == Bool.self {
+            guard case .bool(let b) = value else { throw mismatch(type, value, path) }
+            return (b as! T)
+        }
+        if T.self == Double.self {
+            switch value {
+            case .double(let d): return (d as! T)
+            case .int(let i): return (Double(i) as! T)
+            default: throw mismatch(type, value, path)
+            }
+        }
+        if T.self == Data.self {
+            guard case .bytes(let b) = value else { throw mismatch(type, value, path) }
+            return (Data(b) as! T)
+        }
+        if T.self == Date.self {
+            switch value {
+            case .double(let d): return (Date(timeIntervalSinceReferenceDate: d) as! T)
+            case .int(let i): return (Date(timeIntervalSinceReferenceDate: Double(i)) as! T)
+            default: throw mismatch(type, value, path)
+            }
+        }
+        if T.self == Value.self { return (value as! T) }
+        return nil
+    }
+
+    static func mismatch<T>(_ type: T.Type, _ value: Value, _ path: [any CodingKey]) -> DecodingError {
+        .typeMismatch(type, .init(codingPath: path, debugDescription: "expected \(T.self), found \(value.kindName)"))
+    }
+}
+
+private struct _ValueDecoder: Decoder {
+    let value: Value
+    var codingPath: [any CodingKey]
+    var userInfo: [CodingUserInfoKey: Any] { [:] }
+
+    func container<Key: CodingKey>(keyedBy type: Key.Type) throws -> KeyedDecodingContainer<Key> {
+        guard case .map(let map) = value else {
+            throw ValueDecoder.mismatch([String: Value].self, value, codingPath)
+        }
+        return KeyedDecodingContainer(KeyedContainer<Key>(map: map, codingPath: codingPath))
+    }
+
+    func unkeyedContainer() throws -> any UnkeyedDecodingContainer {
+        guard case .array(let items) = value else { throw ValueDecoder.mismatch([Value].self, value, codingPath) }
+        return UnkeyedContainer(items: items, codingPath: codingPath)
+    }
+
+    func singleValueContainer() throws -> any SingleValueDecodingContainer {
+        SingleContainer(value: value, codingPath: codingPath)
+    }
+
+    static func decodeNested<T: Decodable>(_ type: T.Type, _ value: Value, path: [any CodingKey]) throws -> T {
+        if let direct = try ValueDecoder.directDecode(type, value, path: path) { return direct }
+        return try T(from: _ValueDecoder(value: value, codingPath: path))
+    }
+
+    static func integer<I: FixedWidthInteger>(_ type: I.Type, _ value: Value, _ path: [any CodingKey]) throws -> I {
+        guard case .int(let i) = value, let v = I(exactly: i) else { throw ValueDecoder.mismatch(type, value, path) }
+        return v
+    }
+
+    struct KeyedContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
+        let map: [String: Value]
+        var codingPath: [any CodingKey]
+        var allKeys: [Key] { map.keys.compactMap { Key(stringValue: $0) } }
+
+        func contains(_ key: Key) -> Bool { map[key.stringValue] != nil }
+
+        private func value(for key: Key) throws -> Value {
+            guard let v = map[key.stringValue] else {
+                throw DecodingError.keyNotFound(
+                    key, .init(codingPath: codingPath, debugDescription: "no value for '\(key.stringValue)'"))
+            }
+            return v
+        }
+
+        func decodeNil(forKey key: Key) throws -> Bool {
+            if case .null = try value(for: key) { return true }
+            return false
+        }
+        func decode<T: Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
+            try _ValueDecoder.decodeNested(type, try value(for: key), path: codingPath + [key])
+        }
+        func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type, forKey key: Key) throws
+            -> KeyedDecodingContainer<NestedKey>
+        {
+            try _ValueDecoder(value: try value(for: key), codingPath: codingPath + [key]).container(keyedBy: type)
+        }
+        func nestedUnkeyedContainer(forKey key: Key) throws -> any UnkeyedDecodingContainer {
+            try _ValueDecoder(value: try value(for: key), codingPath: codingPath + [key]).unkeyedContainer()
+        }
+        func superDecoder() throws -> any Decoder {
+            _ValueDecoder(value: map["super"] ?? .null, codingPath: codingPath)
+        }
+        func superDecoder(forKey key: Key) throws -> any Decoder {
+            _ValueDecoder(value: map[key.stringValue] ?? .null, codingPath: codingPath + [key])
+        }
+    }
+
+    struct UnkeyedContainer: UnkeyedDecodingContainer {
+        let items: [Value]
+        var codingPath: [any CodingKey]
+        var currentIndex = 0
+        var count: Int? { items.count }
+        var isAtEnd: Bool { currentIndex >= items.count }
+
+        init(items: [Value], codingPath: [any CodingKey]) {
+            self.items = items
+            self.codingPath = codingPath
+        }
+
+        private mutating func next() throws -> Value {
+            guard !isAtEnd else {
+                throw DecodingError.valueNotFound(
+                    Value.self, .init(codingPath: codingPath, debugDescription: "array ended early"))
+            }
+            defer { currentIndex += 1 }
+            return items[currentIndex]
+        }
+
+        mutating func decodeNil() throws -> Bool {
+            guard !isAtEnd, case .null = items[currentIndex] else { return false }
+            currentIndex += 1
+            return true
+        }
+        mutating func decode<T: Decodable>(_ type: T.Type) throws -> T {
+            let path = codingPath + [AnyKey(intValue: currentIndex)]
+            return try _ValueDecoder.decodeNested(type, try next(), path: path)
+        }
+        mutating func nestedContainer<NestedKey: CodingKey>(keyedBy type: NestedKey.Type) throws
+            -> KeyedDecodingContainer<NestedKey>
+        {
+            try _ValueDecoder(value: try next(), codingPath: codingPath).container(keyedBy: type)
+        }
+        mutating func nestedUnkeyedContainer() throws -> any UnkeyedDecodingContainer {
+            try _ValueDecoder(value: try next(), codingPath: codingPath).unkeyedContainer()
+        }
+        mutating func superDecoder() throws -> any Decoder {
+            _ValueDecoder(value: try next(), codingPath: codingPath)
+        }
+    }
+
+    struct SingleContainer: SingleValueDecodingContainer {
+        let value: Value
+        var codingPath: [any CodingKey]
+
+        func decodeNil() -> Bool {
+            if case .null = value { return true }
+            return false
+        }
+        func decode(_ type: Bool.Type) throws -> Bool { try _ValueDecoder.decodeNested(type, value, path: codingPath) }
+        func decode(_ type: String.Type) throws -> String {
+            try _ValueDecoder.decodeNested(type, value, path: codingPath)
+        }
+        func decode(_ type: Double.Type) throws -> Double {
+            try _ValueDecoder.decodeNested(type, value, path: codingPath)
+        }
+        func decode(_ type: Float.Type) throws -> Float {
+            Float(try _ValueDecoder.decodeNested(Double.self, value, path: codingPath))
+        }
+        func decode(_ type: Int.Type) throws -> Int { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: Int8.Type) throws -> Int8 { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: Int16.Type) throws -> Int16 { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: Int32.Type) throws -> Int32 { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: Int64.Type) throws -> Int64 { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: UInt.Type) throws -> UInt { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: UInt8.Type) throws -> UInt8 { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: UInt16.Type) throws -> UInt16 { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: UInt32.Type) throws -> UInt32 { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode(_ type: UInt64.Type) throws -> UInt64 { try _ValueDecoder.integer(type, value, codingPath) }
+        func decode<T: Decodable>(_ type: T.Type) throws -> T {
+            try _ValueDecoder.decodeNested(type, value, path: codingPath)
+        }
+    }
+}

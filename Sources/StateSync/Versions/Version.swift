@@ -1,0 +1,51 @@
+/// The version of a write: a hybrid logical clock timestamp and the id of the node that wrote it.
+///
+/// Versions are totally ordered: by physical milliseconds, then the logical counter, then the
+/// node id (the deterministic tie-break). Each property is a last-writer-wins register ordered by
+/// its version (docs/PROTOCOL.md, "Versions").
+///
+/// The text form is `<milliseconds>.<counter>@<node>`, for example `1763769600123.0@node1`.
+public struct Version: Sendable, Hashable, Comparable, CustomStringConvertible {
+    /// Milliseconds since 1970-01-01 UTC of the writer's hybrid clock.
+    public var milliseconds: UInt64
+    /// The logical counter that orders writes within one millisecond.
+    public var counter: UInt16
+    /// The id of the node that made the write.
+    public var node: String
+
+    public init(milliseconds: UInt64, counter: UInt16, node: String) {
+        self.milliseconds = milliseconds
+        self.counter = counter
+        self.node = node
+    }
+
+    /// The version that precedes every write.
+    public static let zero = Version(milliseconds: 0, counter: 0, node: "")
+
+    /// The clock part as one integer: `milliseconds << 16 | counter` (its wire form).
+    public var timestamp: UInt64 { milliseconds << 16 | UInt64(counter) }
+
+    public init(timestamp: UInt64, node: String) {
+        self.init(milliseconds: timestamp >> 16, counter: UInt16(truncatingIfNeeded: timestamp), node: node)
+    }
+
+    public static func < (lhs: Version, rhs: Version) -> Bool {
+        if lhs.milliseconds != rhs.milliseconds { return lhs.milliseconds < rhs.milliseconds }
+        if lhs.counter != rhs.counter { return lhs.counter < rhs.counter }
+        return lhs.node.utf8.lexicographicallyPrecedes(rhs.node.utf8)
+    }
+
+    public var description: String { "\(milliseconds).\(counter)@\(node)" }
+
+    /// Parses the text form `<milliseconds>.<counter>@<node>`.
+    public init?(_ text: String) {
+        guard let at = text.firstIndex(of: "@") else { return nil }
+        let clock = text[..<at]
+        let node = String(text[text.index(after: at)...])
+        let parts = clock.split(separator: ".", omittingEmptySubsequences: false)
+        guard parts.count == 2, let ms = UInt64(parts[0]), let counter = UInt16(parts[1]), !node.isEmpty else {
+            return nil
+        }
+        self.init(milliseconds: ms, counter: counter, node: node)
+    }
+}

@@ -1,0 +1,117 @@
+/// Reads protocol primitives from a frame, never trusting a length or a count: every read is
+/// bounds-checked and every count is checked against the bytes that remain before anything is
+/// allocated (docs/PROTOCOL.md, "Errors").
+public struct WireReader {
+    /// How deep arrays and maps may nest.
+    public static let maximumDepth = 32
+
+    private let bytes: [UInt8]
+    public private(set) var offset: Int
+
+    public init(_ bytes: [UInt8]) {
+        self.bytes = bytes
+        self.offset = 0
+    }
+
+    public var remaining: Int { bytes.count - offset }
+    public var isAtEnd: Bool { offset >= bytes.count }
+
+    public mutating func byte(_ field: String) throws(WireError) -> UInt8 {
+        guard offset < bytes.count else { throw .truncated(field: field) }
+        defer { offset += 1 }
+        return bytes[offset]
+    }
+
+    public mutating func varint(_ field: String) throws(WireError) -> UInt64 {
+        var result: UInt64 = 0
+        var shift: UInt64 = 0
+        while true {
+            let b = try byte(field)
+            if shift == 63 && b > 1 { throw .badVarint(field: field) }
+            result |= UInt64(b & 0x7f) << shift
+            if b & 0x80 == 0 { return result }
+            shift += 7
+            if shift > 63 { throw .badVarint(field: field) }
+        }
+    }
+
+    public mutating func zigzag(_ field: String) throws(WireError) -> Int64 {
+        let raw = try varint(field)
+        return Int64(bitPattern: (raw >> 1) ^ (0 &- (raw & 1)))
+    }
+
+    public mutating func uint64(_ field: String) throws(WireError) -> UInt64 {
+        guard remaining >= 8 else { throw .truncated(field: field) }
+        var result: UInt64 = 0
+        for index in offset..<offset + 8 { result = result << 8 | UInt64(bytes[index]) }
+        offset += 8
+        return result
+    }
+
+    /// A count of items each at least `minimumItemSize` bytes long: bounded by what remains.
+    public mutating func count(_ field: String, minimumItemSize: Int = 1) throws(WireError) -> Int {
+        let raw = try varint(field)
+        guard raw <= UInt64(remaining / max(minimumItemSize, 1)) else { throw .tooLarge(field: field, count: raw) }
+        return Int(raw)
+    }
+
+    public mutating func blob(_ field: String) throws(WireError) -> [UInt8] {
+        let length = try count(field)
+        defer { offset += length }
+        return Array(bytes[offset..<offset + length])
+    }
+
+    public mutating func string(_ field: String) throws(WireError) -> String {
+        let length = try count(field)
+        let slice = bytes[offset..<offset + length]
+        offset += length
+        guard let text = String(validating: slice, as: UTF8.self) else { throw .invalidUTF8(field: field) }
+        return text
+    }
+
+    /// The rest of the frame, unread.
+    public mutating func rest() -> [UInt8] {
+        defer { offset = bytes.count }
+        return Array(bytes[offset...])
+    }
+
+    public func expectEnd() throws(WireError) {
+        if remaining > 0 { throw .trailingBytes(remaining) }
+    }
+
+    public mutating func value(_ field: String = "value") throws(WireError) -> Value {
+        try value(field, depth: 0)
+    }
+
+    private mutating func value(_ field: String, depth: Int) throws(WireError) -> Value {
+        guard depth < Self.maximumDepth else { throw .tooDeep }
+        let tag = try byte(field)
+        switch tag {
+        case ValueTag.null: return .null
+        case ValueTag.false: return .bool(false)
+        case ValueTag.true: return .bool(true)
+        case ValueTag.int: return .int(try zigzag(field))
+        case ValueTag.double: return .double(Double(bitPattern: try uint64(field)))
+        case ValueTag.string: return .string(try string(field))
+        case ValueTag.bytes: return .bytes(try blob(field))
+        case ValueTag.array:
+            let n = try count(field)
+            var items: [Value] = []
+            items.reserveCapacity(n)
+            for _ in 0..<n { items.append(try value(field, depth: depth + 1)) }
+            return .array(items)
+        case ValueTag.map:
+            // A map entry is at least a 1-byte key length and a 1-byte value.
+            let n = try count(field, minimumItemSize: 2)
+            var map: [String: Value] = [:]
+            map.reserveCapacity(n)
+            for _ in 0..<n {
+                let key = try string(field)
+                map[key] = try value(field, depth: depth + 1)
+            }
+            return .map(map)
+        default:
+            throw .unknownTag(tag)
+        }
+    }
+}

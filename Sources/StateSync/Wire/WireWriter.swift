@@ -1,0 +1,93 @@
+/// Appends protocol primitives to a byte buffer (docs/PROTOCOL.md, "Primitives").
+public struct WireWriter: Sendable {
+    public private(set) var bytes: [UInt8]
+
+    public init(capacity: Int = 64) {
+        bytes = []
+        bytes.reserveCapacity(capacity)
+    }
+
+    public mutating func byte(_ value: UInt8) { bytes.append(value) }
+
+    /// An unsigned LEB128 varint.
+    public mutating func varint(_ value: UInt64) {
+        var value = value
+        while value >= 0x80 {
+            bytes.append(UInt8(truncatingIfNeeded: value) | 0x80)
+            value >>= 7
+        }
+        bytes.append(UInt8(value))
+    }
+
+    /// A signed integer as a zigzag varint.
+    public mutating func zigzag(_ value: Int64) {
+        varint(UInt64(bitPattern: (value << 1) ^ (value >> 63)))
+    }
+
+    /// A big-endian 64-bit unsigned integer.
+    public mutating func uint64(_ value: UInt64) {
+        for shift in stride(from: 56, through: 0, by: -8) {
+            bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift)))
+        }
+    }
+
+    /// A length-prefixed UTF-8 string.
+    public mutating func string(_ value: String) {
+        var value = value
+        value.withUTF8 { utf8 in
+            varint(UInt64(utf8.count))
+            bytes.append(contentsOf: utf8)
+        }
+    }
+
+    /// Length-prefixed raw bytes.
+    public mutating func blob(_ value: [UInt8]) {
+        varint(UInt64(value.count))
+        bytes.append(contentsOf: value)
+    }
+
+    /// A tagged ``Value`` (docs/PROTOCOL.md, "Values").
+    public mutating func value(_ value: Value) {
+        switch value {
+        case .null: byte(ValueTag.null)
+        case .bool(let b): byte(b ? ValueTag.true : ValueTag.false)
+        case .int(let i):
+            byte(ValueTag.int)
+            zigzag(i)
+        case .double(let d):
+            byte(ValueTag.double)
+            uint64(d.bitPattern)
+        case .string(let s):
+            byte(ValueTag.string)
+            string(s)
+        case .bytes(let b):
+            byte(ValueTag.bytes)
+            blob(b)
+        case .array(let items):
+            byte(ValueTag.array)
+            varint(UInt64(items.count))
+            for item in items { self.value(item) }
+        case .map(let map):
+            byte(ValueTag.map)
+            varint(UInt64(map.count))
+            // Sorted keys: equal maps encode to equal bytes, so digests agree across nodes.
+            for key in map.keys.sorted() {
+                string(key)
+                self.value(map[key]!)
+            }
+        }
+    }
+}
+
+/// The one-byte tags of ``Value`` on the wire.
+enum ValueTag {
+    static let null: UInt8 = 0x00
+    static let `false`: UInt8 = 0x01
+    static let `true`: UInt8 = 0x02
+    static let int: UInt8 = 0x03
+    static let double: UInt8 = 0x04
+    static let string: UInt8 = 0x05
+    static let bytes: UInt8 = 0x06
+    static let array: UInt8 = 0x07
+    static let map: UInt8 = 0x08
+}

@@ -1,0 +1,44 @@
+import SwiftDiagnostics
+
+/// The compile-time errors of `@Replicated`, each saying what is wrong and what to do.
+enum ReplicatedDiagnostic: DiagnosticMessage {
+    case notAClass(String)
+    case notFinal(String)
+    case computedSetter(String)
+    case notCodable(String, String, String)
+    case multipleBindings
+    case lazy
+    case propertyObserver(String)
+
+    var message: String {
+        switch self {
+        case .notAClass(let kind):
+            "@Replicated cannot be applied to \(kind); apply it to a 'final class'"
+        case .notFinal(let name):
+            "@Replicated class '\(name)' must be 'final' (subclasses would bypass its tracked storage)"
+        case .computedSetter(let name):
+            "@Replicated cannot replicate computed property '\(name)' with a setter; make it stored, or get-only"
+        case .notCodable(let name, let type, let reason):
+            "property '\(name)' of type '\(type)' cannot be replicated: \(reason); tracked properties must be Codable & Sendable (or mark it @Local)"
+        case .multipleBindings:
+            "@Replicated needs one property per 'var' declaration; split this declaration"
+        case .lazy:
+            "@Replicated cannot track a 'lazy var'; make it a plain stored 'var' or mark it @Local"
+        case .propertyObserver(let name):
+            "tracked property '\(name)' cannot have willSet/didSet; use observe(\\.\(name)) instead"
+        }
+    }
+
+    var diagnosticID: MessageID {
+        MessageID(domain: "StateSyncMacros", id: "\(self)".prefix(while: { $0 != "(" }).description)
+    }
+
+    var severity: DiagnosticSeverity { .error }
+}
+
+enum ReplicatedFixIt: FixItMessage {
+    case addFinal
+
+    var message: String { "add 'final'" }
+    var fixItID: MessageID { MessageID(domain: "StateSyncMacros", id: "addFinal") }
+}

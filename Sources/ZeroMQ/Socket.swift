@@ -1,0 +1,240 @@
+import CZeroMQ
+
+/// A libzmq socket.
+///
+/// Thread safety: none. A socket belongs to the thread that uses it (libzmq sockets are not
+/// thread-safe), which is why this type is not `Sendable`. Other threads talk to the owner
+/// through a command queue and a wake-up (see ``Poller`` and ``WakeUp``).
+///
+/// The socket closes when it is deinitialised or when ``close()`` is called. Its linger is set to
+/// 0 ms at creation so that closing it and terminating its context never hang.
+public final class Socket {
+    private var handle: UnsafeMutableRawPointer?
+    /// The socket's pattern.
+    public let type: SocketType
+    private let context: Context
+    /// A reusable message for receives; `zmq_msg_t` must stay at a stable address while in use.
+    private let message: UnsafeMutablePointer<zmq_msg_t>
+
+    init(context: Context, type: SocketType) throws(ZeroMQError) {
+        guard let handle = zmq_socket(context.handle, type.rawValue) else {
+            throw ZeroMQError(code: zmq_errno(), operation: "zmq_socket(\(type))")
+        }
+        self.handle = handle
+        self.type = type
+        self.context = context
+        self.message = .allocate(capacity: 1)
+        try setLinger(milliseconds: 0)
+    }
+
+    deinit {
+        close()
+        message.deallocate()
+    }
+
+    /// Closes the socket. Further calls throw `ENOTSOCK`; closing twice is harmless.
+    public func close() {
+        if let handle {
+            zmq_close(handle)
+            self.handle = nil
+        }
+    }
+
+    var rawHandle: UnsafeMutableRawPointer {
+        guard let handle else { preconditionFailure("ZeroMQ socket used after close()") }
+        return handle
+    }
+
+    // MARK: - Endpoints
+
+    /// Binds to `endpoint` (`tcp://127.0.0.1:7001`, `tcp://127.0.0.1:*`, `inproc://name`, ...).
+    public func bind(_ endpoint: String) throws(ZeroMQError) {
+        let handle = rawHandle
+        try zmqCheck("zmq_bind(\(endpoint))") { zmq_bind(handle, endpoint) }
+    }
+
+    /// Connects to `endpoint`; libzmq reconnects by itself when the peer goes away.
+    public func connect(_ endpoint: String) throws(ZeroMQError) {
+        let handle = rawHandle
+        try zmqCheck("zmq_connect(\(endpoint))") { zmq_connect(handle, endpoint) }
+    }
+
+    /// Disconnects from an endpoint previously passed to ``connect(_:)``.
+    public func disconnect(_ endpoint: String) throws(ZeroMQError) {
+        let handle = rawHandle
+        try zmqCheck("zmq_disconnect(\(endpoint))") { zmq_disconnect(handle, endpoint) }
+    }
+
+    /// Stops listening on an endpoint previously passed to ``bind(_:)``.
+    public func unbind(_ endpoint: String) throws(ZeroMQError) {
+        let handle = rawHandle
+        try zmqCheck("zmq_unbind(\(endpoint))") { zmq_unbind(handle, endpoint) }
+    }
+
+    /// The endpoint the socket last bound to, with a wildcard port resolved (`ZMQ_LAST_ENDPOINT`).
+    public func lastEndpoint() throws(ZeroMQError) -> String {
+        var buffer = [CChar](repeating: 0, count: 256)
+        var size = buffer.count
+        let handle = rawHandle
+        try zmqCheck("zmq_getsockopt(ZMQ_LAST_ENDPOINT)") {
+            buffer.withUnsafeMutableBytes { raw in zmq_getsockopt(handle, ZMQ_LAST_ENDPOINT, raw.baseAddress, &size) }
+        }
+        return String(zeroTerminated: buffer)
+    }
+
+    // MARK: - Sending
+
+    /// Sends one multipart message. Returns `false` when the message could not be queued without
+    /// blocking (`dontWait` and the high-water mark reached, or no peer for ROUTER_MANDATORY).
+    @discardableResult
+    public func send(_ frames: [[UInt8]], dontWait: Bool = false) throws(ZeroMQError) -> Bool {
+        precondition(!frames.isEmpty, "a ZeroMQ message has at least one frame")
+        let handle = rawHandle
+        let last = frames.count - 1
+        for (index, frame) in frames.enumerated() {
+            var flags: Int32 = index < last ? ZMQ_SNDMORE : 0
+            if dontWait { flags |= ZMQ_DONTWAIT }
+            let result = try zmqCall("zmq_send(\(type))") {
+                frame.withUnsafeBytes { bytes in zmq_send(handle, bytes.baseAddress, bytes.count, flags) }
+            }
+            if case .wouldBlock = result {
+                // libzmq is atomic per multipart message: a refused first frame queues nothing;
+                // later frames of a message cannot be refused once the first was accepted.
+                precondition(index == 0, "libzmq refused a later frame of a multipart message")
+                return false
+            }
+        }
+        return true
+    }
+
+    /// Sends one single-frame message given as a string.
+    @discardableResult
+    public func send(_ text: String, dontWait: Bool = false) throws(ZeroMQError) -> Bool {
+        try send([Array(text.utf8)], dontWait: dontWait)
+    }
+
+    // MARK: - Receiving
+
+    /// Receives one whole multipart message. Returns `nil` when nothing is waiting and `dontWait`
+    /// is set, or when the receive timeout (``setReceiveTimeout(milliseconds:)``) expires.
+    public func receive(dontWait: Bool = false) throws(ZeroMQError) -> [[UInt8]]? {
+        let handle = rawHandle
+        let message = self.message
+        var frames: [[UInt8]] = []
+        var flags: Int32 = dontWait ? ZMQ_DONTWAIT : 0
+        repeat {
+            zmq_msg_init(message)
+            defer { zmq_msg_close(message) }
+            let result = try zmqCall("zmq_msg_recv(\(type))") { zmq_msg_recv(message, handle, flags) }
+            guard case .done(let size) = result else {
+                // A would-block can only happen before the first frame: libzmq delivers
+                // multipart messages atomically.
+                precondition(frames.isEmpty, "libzmq delivered part of a multipart message")
+                return nil
+            }
+            let data = zmq_msg_data(message)
+            frames.append(Array(UnsafeRawBufferPointer(start: data, count: Int(size))))
+            // Later frames are already here; never wait for them.
+            flags = ZMQ_DONTWAIT
+        } while zmq_msg_more(message) == 1
+        return frames
+    }
+
+    // MARK: - Options
+
+    private func setOption(_ name: Int32, _ label: String, int value: Int32) throws(ZeroMQError) {
+        var value = value
+        let handle = rawHandle
+        try zmqCheck("zmq_setsockopt(\(label))") {
+            zmq_setsockopt(handle, name, &value, MemoryLayout<Int32>.size)
+        }
+    }
+
+    private func setOption(_ name: Int32, _ label: String, bytes: [UInt8]) throws(ZeroMQError) {
+        let handle = rawHandle
+        try zmqCheck("zmq_setsockopt(\(label))") {
+            bytes.withUnsafeBytes { raw in zmq_setsockopt(handle, name, raw.baseAddress, raw.count) }
+        }
+    }
+
+    private func intOption(_ name: Int32, _ label: String) throws(ZeroMQError) -> Int32 {
+        var value: Int32 = 0
+        var size = MemoryLayout<Int32>.size
+        let handle = rawHandle
+        try zmqCheck("zmq_getsockopt(\(label))") { zmq_getsockopt(handle, name, &value, &size) }
+        return value
+    }
+
+    /// How long pending outgoing messages are kept after close (`ZMQ_LINGER`); -1 = forever.
+    public func setLinger(milliseconds: Int32) throws(ZeroMQError) {
+        try setOption(ZMQ_LINGER, "ZMQ_LINGER", int: milliseconds)
+    }
+
+    /// The outgoing high-water mark in messages (`ZMQ_SNDHWM`); 0 = unbounded.
+    public func setSendHighWaterMark(_ messages: Int32) throws(ZeroMQError) {
+        try setOption(ZMQ_SNDHWM, "ZMQ_SNDHWM", int: messages)
+    }
+
+    /// The incoming high-water mark in messages (`ZMQ_RCVHWM`); 0 = unbounded.
+    public func setReceiveHighWaterMark(_ messages: Int32) throws(ZeroMQError) {
+        try setOption(ZMQ_RCVHWM, "ZMQ_RCVHWM", int: messages)
+    }
+
+    /// How long a blocking receive waits before returning `nil` (`ZMQ_RCVTIMEO`); -1 = forever.
+    public func setReceiveTimeout(milliseconds: Int32) throws(ZeroMQError) {
+        try setOption(ZMQ_RCVTIMEO, "ZMQ_RCVTIMEO", int: milliseconds)
+    }
+
+    /// How long a blocking send waits before reporting would-block (`ZMQ_SNDTIMEO`).
+    public func setSendTimeout(milliseconds: Int32) throws(ZeroMQError) {
+        try setOption(ZMQ_SNDTIMEO, "ZMQ_SNDTIMEO", int: milliseconds)
+    }
+
+    /// The identity a ROUTER peer sees for this socket (`ZMQ_ROUTING_ID`).
+    public func setRoutingID(_ id: [UInt8]) throws(ZeroMQError) {
+        try setOption(ZMQ_ROUTING_ID, "ZMQ_ROUTING_ID", bytes: id)
+    }
+
+    /// On a ROUTER socket: report unroutable messages as would-block instead of dropping them.
+    public func setRouterMandatory(_ on: Bool) throws(ZeroMQError) {
+        try setOption(ZMQ_ROUTER_MANDATORY, "ZMQ_ROUTER_MANDATORY", int: on ? 1 : 0)
+    }
+
+    /// Queue messages only to completed connections (`ZMQ_IMMEDIATE`).
+    public func setImmediate(_ on: Bool) throws(ZeroMQError) {
+        try setOption(ZMQ_IMMEDIATE, "ZMQ_IMMEDIATE", int: on ? 1 : 0)
+    }
+
+    /// The interval between reconnection attempts (`ZMQ_RECONNECT_IVL`).
+    public func setReconnectInterval(milliseconds: Int32) throws(ZeroMQError) {
+        try setOption(ZMQ_RECONNECT_IVL, "ZMQ_RECONNECT_IVL", int: milliseconds)
+    }
+
+    /// On a SUB socket: receive messages whose first frame starts with `prefix` (empty = all).
+    public func subscribe(_ prefix: [UInt8] = []) throws(ZeroMQError) {
+        try setOption(ZMQ_SUBSCRIBE, "ZMQ_SUBSCRIBE", bytes: prefix)
+    }
+
+    /// On a SUB socket: undo one ``subscribe(_:)`` with the same prefix.
+    public func unsubscribe(_ prefix: [UInt8] = []) throws(ZeroMQError) {
+        try setOption(ZMQ_UNSUBSCRIBE, "ZMQ_UNSUBSCRIBE", bytes: prefix)
+    }
+
+    /// Makes this socket a CURVE server with `secretKey` (32 bytes).
+    public func setCurveServer(secretKey: [UInt8]) throws(ZeroMQError) {
+        try setOption(ZMQ_CURVE_SERVER, "ZMQ_CURVE_SERVER", int: 1)
+        try setOption(ZMQ_CURVE_SECRETKEY, "ZMQ_CURVE_SECRETKEY", bytes: secretKey)
+    }
+
+    /// Makes this socket a CURVE client of the server with `serverKey`, using its own key pair.
+    public func setCurveClient(serverKey: [UInt8], publicKey: [UInt8], secretKey: [UInt8]) throws(ZeroMQError) {
+        try setOption(ZMQ_CURVE_SERVERKEY, "ZMQ_CURVE_SERVERKEY", bytes: serverKey)
+        try setOption(ZMQ_CURVE_PUBLICKEY, "ZMQ_CURVE_PUBLICKEY", bytes: publicKey)
+        try setOption(ZMQ_CURVE_SECRETKEY, "ZMQ_CURVE_SECRETKEY", bytes: secretKey)
+    }
+
+    /// The socket's events right now (`ZMQ_EVENTS`).
+    public func events() throws(ZeroMQError) -> PollEvents {
+        PollEvents(rawValue: Int16(truncatingIfNeeded: try intOption(ZMQ_EVENTS, "ZMQ_EVENTS")))
+    }
+}

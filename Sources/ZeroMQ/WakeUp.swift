@@ -1,0 +1,45 @@
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A wake-up signal another thread can raise to interrupt a ``Poller`` wait.
+///
+/// The owner of an I/O thread polls ``fileDescriptor`` for `.readable` next to its sockets; any
+/// thread may call ``signal()``. It is a pipe, so signals coalesce and never block.
+///
+/// Thread safety: `signal()` is safe from any thread; `drain()` belongs to the polling thread.
+public final class WakeUp: Sendable {
+    /// The descriptor to poll for readability.
+    public let fileDescriptor: Int32
+    private let writeDescriptor: Int32
+
+    public init() throws(ZeroMQError) {
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { throw ZeroMQError(code: errno, operation: "pipe") }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK)
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+        }
+        fileDescriptor = fds[0]
+        writeDescriptor = fds[1]
+    }
+
+    /// Wakes the poller. A full pipe already holds a pending wake-up, so a failed write is fine.
+    public func signal() {
+        var byte: UInt8 = 1
+        _ = write(writeDescriptor, &byte, 1)
+    }
+
+    /// Consumes every pending signal; call after the poller reported `.readable`.
+    public func drain() {
+        var buffer = [UInt8](repeating: 0, count: 256)
+        while read(fileDescriptor, &buffer, buffer.count) > 0 {}
+    }
+
+    deinit {
+        close(fileDescriptor)
+        close(writeDescriptor)
+    }
+}

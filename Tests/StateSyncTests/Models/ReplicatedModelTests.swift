@@ -1,0 +1,189 @@
+import Foundation
+import Observation
+import Synchronization
+import Testing
+
+@testable import StateSync
+
+@Suite("Replicated models")
+struct ReplicatedModelTests {
+    @Test func observerGetsExactOldAndNewAfterTheChange() {
+        let counter = Counter()
+        let seen = Mutex<[(Int, Int, Int)]>([])
+        counter.observe(\.count) { change in
+            // didSet semantics: the model already holds the new value.
+            seen.withLock { $0.append((change.old, change.new, counter.count)) }
+        }
+        counter.count = 5
+        counter.count = 7
+        let result = seen.withLock { $0 }
+        #expect(result.map(\.0) == [0, 5])
+        #expect(result.map(\.1) == [5, 7])
+        #expect(result.map(\.2) == [5, 7])
+    }
+
+    @Test func equalValueMakesNoChangeAndFiresNothing() {
+        let counter = Counter()
+        let fired = Atomic<Int>(0)
+        counter.observe(\.title) { _ in fired.add(1, ordering: .relaxed) }
+        counter.title = "untitled"
+        #expect(fired.load(ordering: .relaxed) == 0)
+        counter.title = "x"
+        #expect(fired.load(ordering: .relaxed) == 1)
+    }
+
+    @Test func observersArePerProperty() {
+        let counter = Counter()
+        let titles = Atomic<Int>(0)
+        counter.observe(\.title) { _ in titles.add(1, ordering: .relaxed) }
+        counter.count = 1
+        counter.scratch = 3
+        #expect(titles.load(ordering: .relaxed) == 0)
+        #expect(counter.scratch == 3)
+    }
+
+    @Test func cancelledObserverStopsReceiving() {
+        let counter = Counter()
+        let fired = Atomic<Int>(0)
+        let token = counter.observe(\.count) { _ in fired.add(1, ordering: .relaxed) }
+        counter.count = 1
+        token.cancel()
+        counter.count = 2
+        #expect(fired.load(ordering: .relaxed) == 1)
+        #expect(token.isCancelled)
+    }
+
+    @Test func transactionIsOneVersionAndAllItsChanges() {
+        let counter = Counter()
+        let changes = Mutex<[(String, Version)]>([])
+        counter.observe(\.count) { c in changes.withLock { $0.append(("count", c.version)) } }
+        counter.observe(\.title) { c in changes.withLock { $0.append(("title", c.version)) } }
+        counter.transaction {
+            $0.count += 1
+            $0.title = "busy"
+        }
+        let result = changes.withLock { $0 }
+        #expect(result.map(\.0) == ["count", "title"])
+        #expect(result[0].1 == result[1].1)
+        #expect(counter.count == 1 && counter.title == "busy")
+    }
+
+    @Test func throwingTransactionRollsBackAndFiresNothing() {
+        struct Abort: Error {}
+        let counter = Counter()
+        let fired = Atomic<Int>(0)
+        counter.observe(\.count) { _ in fired.add(1, ordering: .relaxed) }
+        #expect(throws: Abort.self) {
+            try counter.transaction { (model) throws(Abort) in
+                model.count = 42
+                throw Abort()
+            }
+        }
+        #expect(counter.count == 0)
+        #expect(fired.load(ordering: .relaxed) == 0)
+    }
+
+    @Test func transactionThatRestoresAValueIsNoChange() {
+        let counter = Counter()
+        let fired = Atomic<Int>(0)
+        counter.observe(\.count) { _ in fired.add(1, ordering: .relaxed) }
+        counter.transaction {
+            $0.count = 9
+            $0.count = 0
+        }
+        #expect(fired.load(ordering: .relaxed) == 0)
+    }
+
+    @Test func observerMayReadAndWriteTheModelWithoutDeadlock() {
+        let counter = Counter()
+        let seen = Mutex<[(Int, Int)]>([])
+        counter.observe(\.count) { change in
+            seen.withLock { $0.append((change.old, change.new)) }
+            // A write from inside a callback is delivered after this notification.
+            if change.new < 3 { counter.count = counter.count + 1 }
+        }
+        counter.count = 1
+        #expect(seen.withLock { $0 }.map(\.1) == [1, 2, 3])
+        #expect(seen.withLock { $0 }.map(\.0) == [0, 1, 2])
+    }
+
+    @Test func asyncSequenceOfChanges() async {
+        let counter = Counter()
+        let stream = counter.changes(of: \.title)
+        counter.title = "a"
+        counter.title = "b"
+        var received: [String] = []
+        for await change in stream {
+            received.append("\(change.old)->\(change.new)")
+            if received.count == 2 { break }
+        }
+        #expect(received == ["untitled->a", "a->b"])
+    }
+
+    @Test func observationTrackingFiresOnlyForPropertiesRead() {
+        let counter = Counter()
+        let fired = Atomic<Int>(0)
+        withObservationTracking {
+            _ = counter.title
+        } onChange: {
+            fired.add(1, ordering: .relaxed)
+        }
+        counter.count = 3
+        #expect(fired.load(ordering: .relaxed) == 0)
+        counter.title = "seen"
+        #expect(fired.load(ordering: .relaxed) == 1)
+    }
+
+    @Test func everyCodableKindRoundTripsThroughValues() throws {
+        let source = Everything()
+        source.int = 42
+        source.double = 2.5
+        source.bool = true
+        source.string = "héllo"
+        source.data = Data([0, 1, 255])
+        source.date = Date(timeIntervalSinceReferenceDate: 1234.5)
+        source.optional = "set"
+        source.array = [1, 2, 3]
+        source.dictionary = ["a": 1]
+        source.point = Point(x: 1, y: -2)
+        source.mood = .busy
+        source.shape = .square(side: 3)
+        let target = Everything()
+        let schema = Everything._$schema
+        var writes: [PropertyWrite] = []
+        for property in schema.properties {
+            writes.append(PropertyWrite(name: property.name, value: try property.encodeCurrent(source)))
+        }
+        let version = HybridLogicalClock(node: "n1").next()
+        let result = target._$registrar.applyRemote(target, writes: writes, version: version)
+        #expect(result.rejected.isEmpty)
+        #expect(target.int == 42 && target.double == 2.5 && target.bool && target.string == "héllo")
+        #expect(target.data == Data([0, 1, 255]) && target.date == source.date && target.optional == "set")
+        #expect(target.array == [1, 2, 3] && target.dictionary == ["a": 1] && target.point == Point(x: 1, y: -2))
+        #expect(target.mood == .busy && target.shape == .square(side: 3))
+    }
+
+    @Test func remoteValueOfWrongTypeIsRejectedAndChangesNothing() {
+        let counter = Counter()
+        let version = HybridLogicalClock(node: "n1").next()
+        let result = counter._$registrar.applyRemote(
+            counter, writes: [PropertyWrite(name: "count", value: "not a number"), PropertyWrite(name: "nope", value: 1)],
+            version: version)
+        #expect(result.rejected.map(\.property) == ["count"])
+        #expect(result.unknownProperties == ["nope"])
+        #expect(counter.count == 0)
+    }
+
+    @Test func staleRemoteWriteLosesAndFiresNothing() {
+        let counter = Counter()
+        let fired = Atomic<Int>(0)
+        counter.observe(\.count) { _ in fired.add(1, ordering: .relaxed) }
+        let newer = Version(milliseconds: 200, counter: 0, node: "b")
+        let older = Version(milliseconds: 100, counter: 0, node: "a")
+        _ = counter._$registrar.applyRemote(counter, writes: [PropertyWrite(name: "count", value: 2)], version: newer)
+        let result = counter._$registrar.applyRemote(counter, writes: [PropertyWrite(name: "count", value: 1)], version: older)
+        #expect(result.stale == 1)
+        #expect(counter.count == 2)
+        #expect(fired.load(ordering: .relaxed) == 1)
+    }
+}
