@@ -21,6 +21,10 @@ public struct ZeroMQError: Error, Sendable, Equatable, CustomStringConvertible {
 
     /// `true` when the error means the context or socket was terminated (`ETERM`).
     public var isTerminated: Bool { code == ETERM }
+
+    /// `true` when a ROUTER_MANDATORY socket has no peer with the routing id (`EHOSTUNREACH`):
+    /// the peer disconnected.
+    public var isHostUnreachable: Bool { code == EHOSTUNREACH }
 }
 
 /// The outcome of a call that would have blocked on a non-blocking socket.

@@ -1,0 +1,202 @@
+import Configuration
+import Foundation
+
+extension NodeConfiguration {
+    /// The configuration keys, their meaning and defaults (the README's table is generated from
+    /// the same words). Each can be overridden by an environment variable: `STATESYNC_` and the
+    /// key upper-cased with `.` as `_` (`node.id` ← `STATESYNC_NODE_ID`; lists comma-separated).
+    public enum Key: String, CaseIterable, Sendable {
+        case nodeID = "node.id"
+        case dataDirectory = "node.data_dir"
+        case publish = "network.publish"
+        case peers = "network.peers"
+        case api = "network.api"
+        case heartbeat = "network.heartbeat_ms"
+        case maximumDrift = "clock.max_drift_ms"
+        case logLevel = "log.level"
+
+        /// The environment variable that overrides this key.
+        public var environmentVariable: String {
+            "STATESYNC_" + rawValue.uppercased().replacingOccurrences(of: ".", with: "_")
+        }
+    }
+
+    static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
+
+    /// The configuration a node uses when started without a file: one node on loopback, with its
+    /// data in `./statesync-data`. Environment variables override it as they override a file.
+    public static let defaultYAML = """
+        # statesyncd's built-in configuration (used when no --config is given)
+        node:
+          id: node1
+          data_dir: ./statesync-data
+        network:
+          publish: tcp://127.0.0.1:7001
+          api: tcp://127.0.0.1:7101
+          peers: []
+          heartbeat_ms: 500
+        clock:
+          max_drift_ms: 60000
+        log:
+          level: info
+        """
+
+    /// Reads the built-in configuration (``defaultYAML``) with environment-variable overrides.
+    public static func loadDefaults(environment: [String: String]? = nil) throws(StateSyncError) -> NodeConfiguration {
+        try load(yaml: Array(defaultYAML.utf8), source: "built-in defaults", environment: environment)
+    }
+
+    /// Reads a node configuration from a YAML file, with environment-variable overrides
+    /// (`environment` defaults to the process's).
+    ///
+    /// - Throws: ``StateSyncError`` with code ``StateSyncError/Code/invalidConfiguration`` and a
+    ///   one-line message naming the file (or variable), the key and what is wrong.
+    public static func load(
+        file path: String,
+        environment: [String: String]? = nil
+    ) throws(StateSyncError) -> NodeConfiguration {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            let reason = (error as NSError).localizedFailureReason ?? (error as NSError).localizedDescription
+            throw StateSyncError(.invalidConfiguration, "\(path): cannot read the file: \(reason)")
+        }
+        return try load(yaml: Array(data), source: path, environment: environment)
+    }
+
+    static func load(yaml: [UInt8], source path: String, environment: [String: String]?) throws(StateSyncError)
+        -> NodeConfiguration
+    {
+        let environment = environment ?? ProcessInfo.processInfo.environment
+        let snapshot: YAMLSnapshot
+        do {
+            snapshot = try yaml.withUnsafeBytes { raw in
+                try YAMLSnapshot(data: RawSpan(_unsafeBytes: raw), providerName: path, parsingOptions: .default)
+            }
+        } catch {
+            throw StateSyncError(.invalidConfiguration, "\(path): not a valid YAML mapping: \(error)")
+        }
+        let reader = KeyReader(path: path, file: snapshot, environment: EnvironmentVariablesProvider(environmentVariables: environment))
+
+        let nodeID = try reader.requiredString(.nodeID)
+        guard nodeID.range(of: #"^[A-Za-z0-9._-]{1,64}$"#, options: .regularExpression) != nil else {
+            throw reader.invalid(.nodeID, "'\(nodeID)' must be 1–64 characters of letters, digits, '.', '_' or '-'")
+        }
+        let dataDirectory = try reader.requiredString(.dataDirectory)
+        let publish = try reader.requiredString(.publish)
+        try reader.checkEndpoint(.publish, publish)
+        let peers = try reader.stringArray(.peers) ?? []
+        for peer in peers { try reader.checkEndpoint(.peers, peer) }
+        if peers.contains(publish) {
+            throw reader.invalid(.peers, "lists this node's own publish endpoint \(publish)")
+        }
+        let api = try reader.string(.api)
+        if let api { try reader.checkEndpoint(.api, api) }
+        if let api, api == publish {
+            throw reader.invalid(.api, "is the same endpoint as network.publish")
+        }
+        let heartbeat = try reader.int(.heartbeat) ?? 500
+        guard (10...60_000).contains(heartbeat) else {
+            throw reader.invalid(.heartbeat, "\(heartbeat) is outside 10…60000 milliseconds")
+        }
+        let drift = try reader.int(.maximumDrift) ?? 60_000
+        guard drift > 0 else { throw reader.invalid(.maximumDrift, "\(drift) must be positive") }
+        let level = try reader.string(.logLevel) ?? "info"
+        guard logLevels.contains(level) else {
+            throw reader.invalid(.logLevel, "'\(level)' is not one of \(logLevels.joined(separator: ", "))")
+        }
+        // A relative data directory is relative to the working directory, as for any CLI path.
+        return NodeConfiguration(
+            nodeID: nodeID, dataDirectory: dataDirectory, publishEndpoint: publish, peers: peers,
+            apiEndpoint: api, heartbeatIntervalMilliseconds: heartbeat, maximumClockDriftMilliseconds: drift,
+            logLevel: level)
+    }
+
+    /// Reads keys from the environment first, then the file, and names the source of any error.
+    private struct KeyReader {
+        let path: String
+        let file: YAMLSnapshot
+        let environment: EnvironmentVariablesProvider
+
+        func invalid(_ key: Key, _ reason: String, source: String? = nil) -> StateSyncError {
+            StateSyncError(.invalidConfiguration, "\(source ?? path): \(key.rawValue): \(reason)")
+        }
+
+        private func lookup(_ key: Key, _ type: ConfigType) throws(StateSyncError) -> ConfigContent? {
+            let components = key.rawValue.split(separator: ".").map(String.init)
+            do {
+                if let value = try environment.value(forKey: AbsoluteConfigKey(["statesync"] + components), type: type).value {
+                    return value.content
+                }
+            } catch {
+                throw invalid(key, "expected \(Self.describe(type))", source: "environment variable \(key.environmentVariable)")
+            }
+            do {
+                return try file.value(forKey: AbsoluteConfigKey(components), type: type).value?.content
+            } catch {
+                throw invalid(key, "expected \(Self.describe(type))")
+            }
+        }
+
+        static func describe(_ type: ConfigType) -> String {
+            switch type {
+            case .string: "a string"
+            case .int: "an integer"
+            case .stringArray: "a list of strings"
+            default: "\(type)"
+            }
+        }
+
+        func string(_ key: Key) throws(StateSyncError) -> String? {
+            guard let content = try lookup(key, .string) else { return nil }
+            guard case .string(let s) = content else { throw invalid(key, "expected a string") }
+            return s
+        }
+
+        func requiredString(_ key: Key) throws(StateSyncError) -> String {
+            guard let value = try string(key) else {
+                throw invalid(key, "missing (set it in the file or with \(key.environmentVariable))")
+            }
+            guard !value.trimmingCharacters(in: .whitespaces).isEmpty else { throw invalid(key, "is empty") }
+            return value
+        }
+
+        func int(_ key: Key) throws(StateSyncError) -> Int? {
+            guard let content = try lookup(key, .int) else { return nil }
+            guard case .int(let i) = content else { throw invalid(key, "expected an integer") }
+            return i
+        }
+
+        func stringArray(_ key: Key) throws(StateSyncError) -> [String]? {
+            guard let content = try lookup(key, .stringArray) else { return nil }
+            guard case .stringArray(let list) = content else { throw invalid(key, "expected a list of strings") }
+            return list.map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+        }
+
+        func checkEndpoint(_ key: Key, _ endpoint: String) throws(StateSyncError) {
+            if let problem = NodeConfiguration.endpointProblem(endpoint) { throw invalid(key, problem) }
+        }
+    }
+
+    /// Why `endpoint` is not a usable ZeroMQ endpoint, or `nil` when it is.
+    public static func endpointProblem(_ endpoint: String) -> String? {
+        if endpoint.hasPrefix("tcp://") {
+            let rest = endpoint.dropFirst("tcp://".count)
+            guard let colon = rest.lastIndex(of: ":"), colon != rest.startIndex else {
+                return "'\(endpoint)' needs a host and a port (tcp://HOST:PORT)"
+            }
+            let port = rest[rest.index(after: colon)...]
+            if port == "*" { return nil }
+            guard let number = Int(port), (1...65535).contains(number) else {
+                return "'\(endpoint)' has no valid port (1–65535 or *)"
+            }
+            return nil
+        }
+        if endpoint.hasPrefix("ipc://") || endpoint.hasPrefix("inproc://") {
+            return endpoint.split(separator: "/", omittingEmptySubsequences: true).count >= 2
+                ? nil : "'\(endpoint)' names no path"
+        }
+        return "'\(endpoint)' is not a ZeroMQ endpoint (expected tcp://HOST:PORT, ipc://PATH or inproc://NAME)"
+    }
+}

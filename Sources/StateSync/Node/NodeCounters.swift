@@ -1,0 +1,44 @@
+/// The counters a node keeps: each is a metric waiting to be exported, and all of them are
+/// reported by `statesync status`.
+public struct NodeCounters: Sendable, Equatable {
+    /// Deltas this node wrote and published.
+    public var deltasPublished = 0
+    /// Deltas received from peers (well-formed).
+    public var deltasReceived = 0
+    /// Received deltas that changed at least one property.
+    public var deltasApplied = 0
+    /// Received properties that lost last-writer-wins and changed nothing.
+    public var propertiesStale = 0
+    /// Messages from peers or clients that could not be decoded and were dropped.
+    public var malformedMessages = 0
+    /// Sequence numbers found missing from an origin (deltas lost on the way).
+    public var sequenceGaps = 0
+    /// Deltas received again (a sequence number already seen from that origin).
+    public var duplicateDeltas = 0
+    /// Peer versions too far ahead of the local clock to follow.
+    public var clockDriftRejections = 0
+    /// Properties a local model rejected (wrong type for the model's declaration).
+    public var rejectedProperties = 0
+    /// Client requests served, and those answered with an error.
+    public var clientRequests = 0
+    public var clientErrors = 0
+    /// Watch events that could not be queued to a slow client.
+    public var watchEventsDropped = 0
+    /// Local writes whose value could not be encoded for the wire.
+    public var encodingFailures = 0
+
+    public init() {}
+
+    /// Name → value, for status output and metrics.
+    public var all: [(String, Int)] {
+        [
+            ("deltas_published", deltasPublished), ("deltas_received", deltasReceived),
+            ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
+            ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),
+            ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),
+            ("rejected_properties", rejectedProperties), ("client_requests", clientRequests),
+            ("client_errors", clientErrors), ("watch_events_dropped", watchEventsDropped),
+            ("encoding_failures", encodingFailures),
+        ]
+    }
+}

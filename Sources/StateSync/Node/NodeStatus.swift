@@ -1,0 +1,120 @@
+/// What an operator (or a readiness probe) asks of a node.
+public struct NodeStatus: Sendable, Equatable {
+    /// One configured peer.
+    public struct Peer: Sendable, Equatable {
+        /// The peer's publish endpoint, as configured.
+        public var endpoint: String
+        /// The peer's node id, once a message from it arrived.
+        public var node: String?
+        /// Whether a heartbeat or delta arrived within three heartbeat intervals.
+        public var connected: Bool
+        /// Milliseconds since the last message from the peer, if any arrived.
+        public var lastSeenMillisecondsAgo: Int?
+        /// Deltas received from this peer.
+        public var deltasReceived: Int
+    }
+
+    public var node: String
+    public var incarnation: UInt64
+    public var publishEndpoint: String
+    public var apiEndpoint: String?
+    public var peers: [Peer]
+    /// Channel name → number of models held.
+    public var channels: [String: Int]
+    /// The highest version this node has applied (`nil` before the first write).
+    public var latestVersion: Version?
+    /// This node's latest sequence number.
+    public var latestSequence: UInt64
+    /// A digest of the whole replicated state: equal digests mean equal state.
+    public var stateDigest: UInt64
+    public var counters: [String: Int]
+    /// Clients with active watches.
+    public var watchers: Int
+
+    /// The status as a ``Value`` map (its wire and JSON form).
+    public var value: Value {
+        var map: [String: Value] = [
+            "node": .string(node),
+            "incarnation": .string(String(incarnation, radix: 16)),
+            "publish": .string(publishEndpoint),
+            "peers": .array(
+                peers.map { peer in
+                    var p: [String: Value] = [
+                        "endpoint": .string(peer.endpoint), "connected": .bool(peer.connected),
+                        "deltas_received": .int(Int64(peer.deltasReceived)),
+                    ]
+                    p["node"] = peer.node.map(Value.string) ?? .null
+                    p["last_seen_ms_ago"] = peer.lastSeenMillisecondsAgo.map { .int(Int64($0)) } ?? .null
+                    return .map(p)
+                }),
+            "channels": .map(channels.mapValues { .int(Int64($0)) }),
+            "latest_version": latestVersion.map { .string($0.description) } ?? .null,
+            "latest_sequence": .int(Int64(latestSequence)),
+            "state_digest": .string(String(stateDigest, radix: 16)),
+            "counters": .map(counters.mapValues { .int(Int64($0)) }),
+            "watchers": .int(Int64(watchers)),
+        ]
+        map["api"] = apiEndpoint.map(Value.string) ?? .null
+        return .map(map)
+    }
+
+    /// Reads a status back from its ``value`` form; unknown keys are ignored.
+    public init?(_ value: Value) {
+        guard case .map(let map) = value, case .string(let node)? = map["node"] else { return nil }
+        func string(_ key: String) -> String? {
+            if case .string(let s)? = map[key] { return s }
+            return nil
+        }
+        func int(_ v: Value?) -> Int? {
+            if case .int(let i)? = v { return Int(i) }
+            return nil
+        }
+        self.node = node
+        self.incarnation = string("incarnation").flatMap { UInt64($0, radix: 16) } ?? 0
+        self.publishEndpoint = string("publish") ?? ""
+        self.apiEndpoint = string("api")
+        var peers: [Peer] = []
+        if case .array(let list)? = map["peers"] {
+            for case .map(let p) in list {
+                guard case .string(let endpoint)? = p["endpoint"] else { continue }
+                var peerNode: String?
+                if case .string(let n)? = p["node"] { peerNode = n }
+                var connected = false
+                if case .bool(let c)? = p["connected"] { connected = c }
+                peers.append(
+                    Peer(
+                        endpoint: endpoint, node: peerNode, connected: connected,
+                        lastSeenMillisecondsAgo: int(p["last_seen_ms_ago"]), deltasReceived: int(p["deltas_received"]) ?? 0))
+            }
+        }
+        self.peers = peers
+        var channels: [String: Int] = [:]
+        if case .map(let c)? = map["channels"] { for (k, v) in c { channels[k] = int(v) ?? 0 } }
+        self.channels = channels
+        self.latestVersion = string("latest_version").flatMap(Version.init)
+        self.latestSequence = UInt64(int(map["latest_sequence"]) ?? 0)
+        self.stateDigest = string("state_digest").flatMap { UInt64($0, radix: 16) } ?? 0
+        var counters: [String: Int] = [:]
+        if case .map(let c)? = map["counters"] { for (k, v) in c { counters[k] = int(v) ?? 0 } }
+        self.counters = counters
+        self.watchers = int(map["watchers"]) ?? 0
+    }
+
+    init(
+        node: String, incarnation: UInt64, publishEndpoint: String, apiEndpoint: String?, peers: [Peer],
+        channels: [String: Int], latestVersion: Version?, latestSequence: UInt64, stateDigest: UInt64,
+        counters: [String: Int], watchers: Int
+    ) {
+        self.node = node
+        self.incarnation = incarnation
+        self.publishEndpoint = publishEndpoint
+        self.apiEndpoint = apiEndpoint
+        self.peers = peers
+        self.channels = channels
+        self.latestVersion = latestVersion
+        self.latestSequence = latestSequence
+        self.stateDigest = stateDigest
+        self.counters = counters
+        self.watchers = watchers
+    }
+}

@@ -1,0 +1,58 @@
+/// An error of the StateSync library, with an extensible code and the context it happened in.
+public struct StateSyncError: Error, Sendable, Equatable, CustomStringConvertible {
+    /// What kind of error this is. Extensible: match on the static members, expect new ones.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        public let description: String
+        init(_ description: String) { self.description = description }
+
+        public static let invalidConfiguration = Code("invalid configuration")
+        public static let invalidName = Code("invalid name")
+        public static let modelTypeMismatch = Code("model type mismatch")
+        public static let transport = Code("transport")
+        public static let stopped = Code("stopped")
+        public static let dataDirectory = Code("data directory")
+        public static let timeout = Code("timeout")
+        public static let remote = Code("remote error")
+        public static let protocolError = Code("protocol error")
+        public static let connectionLost = Code("connection lost")
+    }
+
+    public var code: Code
+    /// One line a person can act on: what, where, what to do.
+    public var message: String
+
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    public var description: String { message }
+}
+
+/// The rules for channel, model and property names (docs/PROTOCOL.md, "Names").
+public enum Names {
+    /// Checks a channel name: 1–255 bytes of UTF-8, without NUL or `/`.
+    public static func validateChannel(_ name: String) throws(StateSyncError) {
+        try validate(name, what: "channel", forbidSlash: true)
+    }
+
+    /// Checks a model id: 1–255 bytes of UTF-8, without NUL.
+    public static func validateModel(_ name: String) throws(StateSyncError) {
+        try validate(name, what: "model id", forbidSlash: false)
+    }
+
+    /// Checks a property name: 1–255 bytes of UTF-8, without NUL.
+    public static func validateProperty(_ name: String) throws(StateSyncError) {
+        try validate(name, what: "property name", forbidSlash: false)
+    }
+
+    private static func validate(_ name: String, what: String, forbidSlash: Bool) throws(StateSyncError) {
+        let count = name.utf8.count
+        guard count > 0 else { throw StateSyncError(.invalidName, "\(what) is empty") }
+        guard count <= 255 else { throw StateSyncError(.invalidName, "\(what) '\(name.prefix(32))…' is longer than 255 bytes") }
+        guard !name.utf8.contains(0) else { throw StateSyncError(.invalidName, "\(what) contains a NUL byte") }
+        if forbidSlash && name.contains("/") {
+            throw StateSyncError(.invalidName, "\(what) '\(name)' contains '/'")
+        }
+    }
+}

@@ -1,0 +1,50 @@
+import ZeroMQ
+
+/// The one place where the node's sockets are created and configured: linger, high-water marks
+/// and (later) CURVE keys are set here and nowhere else.
+enum SocketFactory {
+    static func makeNodeSockets(configuration: NodeConfiguration) throws(StateSyncError) -> (
+        context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], api: Socket?
+    ) {
+        do {
+            let context = try Context()
+            let publisher = try context.socket(.pub)
+            try publisher.setSendHighWaterMark(NodeEventLoop.peerHighWaterMark)
+            // On shutdown, give queued deltas a moment to reach connected peers.
+            try publisher.setLinger(milliseconds: 200)
+            try bind(publisher, configuration.publishEndpoint, key: "network.publish")
+
+            var subscribers: [(String, Socket)] = []
+            for peer in configuration.peers {
+                let subscriber = try context.socket(.sub)
+                try subscriber.setReceiveHighWaterMark(NodeEventLoop.peerHighWaterMark)
+                try subscriber.setReconnectInterval(milliseconds: 100)
+                try subscriber.subscribe()
+                try subscriber.connect(peer)
+                subscribers.append((peer, subscriber))
+            }
+
+            var api: Socket?
+            if let endpoint = configuration.apiEndpoint {
+                let router = try context.socket(.router)
+                try router.setRouterMandatory(true)
+                try router.setSendHighWaterMark(NodeEventLoop.clientHighWaterMark)
+                try bind(router, endpoint, key: "network.api")
+                api = router
+            }
+            return (context, publisher, subscribers, api)
+        } catch let error as StateSyncError {
+            throw error
+        } catch {
+            throw StateSyncError(.transport, "cannot set up the node's sockets: \(error)")
+        }
+    }
+
+    private static func bind(_ socket: Socket, _ endpoint: String, key: String) throws(StateSyncError) {
+        do {
+            try socket.bind(endpoint)
+        } catch {
+            throw StateSyncError(.transport, "cannot bind \(key) \(endpoint): \(error.message)")
+        }
+    }
+}

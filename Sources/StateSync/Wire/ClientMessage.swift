@@ -1,0 +1,233 @@
+/// The client API between a client's DEALER and a node's ROUTER (docs/PROTOCOL.md, "Client
+/// API"). Every message is two frames: a header (version, kind, request id) and a body.
+public enum ClientProtocol {
+    public static let version: UInt8 = 1
+
+    /// What a request asks for.
+    public enum Command: UInt8, Sendable {
+        case set = 0x01
+        case get = 0x02
+        case watch = 0x03
+        case unwatch = 0x04
+        case status = 0x05
+        case ping = 0x06
+    }
+
+    /// What a node's message to a client is.
+    public enum ReplyKind: UInt8, Sendable {
+        case ok = 0x80
+        case error = 0x81
+        case event = 0x82
+    }
+
+    /// Error codes of an ERROR reply.
+    public enum ErrorCode: UInt64, Sendable {
+        case malformed = 1
+        case unknownCommand = 2
+        case invalidArgument = 3
+        case unsupportedVersion = 4
+        case `internal` = 5
+    }
+
+    /// A request header.
+    public struct RequestHeader: Sendable, Equatable {
+        public var command: UInt8
+        public var requestID: UInt64
+    }
+
+    /// A reply header.
+    public struct ReplyHeader: Sendable, Equatable {
+        public var kind: ReplyKind
+        public var requestID: UInt64
+    }
+
+    public static func encodeRequest(_ command: Command, id: UInt64, body: [UInt8]) -> [[UInt8]] {
+        var header = WireWriter(capacity: 10)
+        header.byte(version)
+        header.byte(command.rawValue)
+        header.uint64(id)
+        return [header.bytes, body]
+    }
+
+    public static func decodeRequestHeader(_ frame: [UInt8]) throws(WireError) -> RequestHeader {
+        var reader = WireReader(frame)
+        let v = try reader.byte("protocol version")
+        guard v == version else { throw .unsupported("client protocol version \(v)") }
+        let command = try reader.byte("command")
+        let id = try reader.uint64("request id")
+        return RequestHeader(command: command, requestID: id)
+    }
+
+    public static func encodeReply(_ kind: ReplyKind, id: UInt64, body: [UInt8]) -> [[UInt8]] {
+        var header = WireWriter(capacity: 10)
+        header.byte(version)
+        header.byte(kind.rawValue)
+        header.uint64(id)
+        return [header.bytes, body]
+    }
+
+    public static func decodeReplyHeader(_ frame: [UInt8]) throws(WireError) -> ReplyHeader {
+        var reader = WireReader(frame)
+        let v = try reader.byte("protocol version")
+        guard v == version else { throw .unsupported("client protocol version \(v)") }
+        let rawKind = try reader.byte("kind")
+        guard let kind = ReplyKind(rawValue: rawKind) else { throw .unsupported("reply kind 0x\(String(rawKind, radix: 16))") }
+        return ReplyHeader(kind: kind, requestID: try reader.uint64("request id"))
+    }
+
+    // MARK: Bodies
+
+    public static func encodeError(_ code: ErrorCode, _ message: String) -> [UInt8] {
+        var w = WireWriter()
+        w.varint(code.rawValue)
+        w.string(message)
+        return w.bytes
+    }
+
+    public static func decodeError(_ body: [UInt8]) throws(WireError) -> (code: UInt64, message: String) {
+        var r = WireReader(body)
+        return (try r.varint("error code"), try r.string("error message"))
+    }
+
+    /// SET: `channel`, `model`, then the properties.
+    public static func encodeSet(_ address: ModelAddress, _ properties: [PropertyWrite]) -> [UInt8] {
+        var w = WireWriter()
+        w.string(address.channel)
+        w.string(address.model)
+        w.varint(UInt64(properties.count))
+        for p in properties {
+            w.string(p.name)
+            w.value(p.value)
+        }
+        return w.bytes
+    }
+
+    public static func decodeSet(_ body: [UInt8]) throws(WireError) -> (ModelAddress, [PropertyWrite]) {
+        var r = WireReader(body)
+        let address = ModelAddress(channel: try r.string("channel"), model: try r.string("model"))
+        let n = try r.count("property count", minimumItemSize: 2)
+        var writes: [PropertyWrite] = []
+        for _ in 0..<n {
+            let name = try r.string("property name")
+            writes.append(PropertyWrite(name: name, value: try r.value("property value")))
+        }
+        return (address, writes)
+    }
+
+    /// The OK body of a SET: the version the write got (`node` empty when nothing changed).
+    public static func encodeVersion(_ version: Version) -> [UInt8] {
+        var w = WireWriter()
+        w.uint64(version.timestamp)
+        w.string(version.node)
+        return w.bytes
+    }
+
+    public static func decodeVersion(_ body: [UInt8]) throws(WireError) -> Version {
+        var r = WireReader(body)
+        return Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
+    }
+
+    /// GET and WATCH name a model or a channel.
+    public static func encodeAddress(_ address: ModelAddress) -> [UInt8] {
+        var w = WireWriter()
+        w.string(address.channel)
+        w.string(address.model)
+        return w.bytes
+    }
+
+    public static func decodeAddress(_ body: [UInt8]) throws(WireError) -> ModelAddress {
+        var r = WireReader(body)
+        return ModelAddress(channel: try r.string("channel"), model: try r.string("model"))
+    }
+
+    public static func encodeChannel(_ channel: String) -> [UInt8] {
+        var w = WireWriter()
+        w.string(channel)
+        return w.bytes
+    }
+
+    public static func decodeChannel(_ body: [UInt8]) throws(WireError) -> String {
+        var r = WireReader(body)
+        return try r.string("channel")
+    }
+
+    /// The OK body of a GET: every property with its value and version.
+    public static func encodeProperties(_ registers: [String: ReplicaStore.Register]) -> [UInt8] {
+        var w = WireWriter()
+        w.varint(UInt64(registers.count))
+        for name in registers.keys.sorted() {
+            let register = registers[name]!
+            w.string(name)
+            w.value(register.value)
+            w.uint64(register.version.timestamp)
+            w.string(register.version.node)
+        }
+        return w.bytes
+    }
+
+    public static func decodeProperties(_ body: [UInt8]) throws(WireError) -> [String: ReplicaStore.Register] {
+        var r = WireReader(body)
+        let n = try r.count("property count", minimumItemSize: 4)
+        var result: [String: ReplicaStore.Register] = [:]
+        for _ in 0..<n {
+            let name = try r.string("property name")
+            let value = try r.value("property value")
+            let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
+            result[name] = ReplicaStore.Register(value: value, version: version)
+        }
+        return result
+    }
+
+    /// An EVENT of a watch: the changes one delta applied to one model, in order.
+    public static func encodeEvent(_ changes: [PropertyChange]) -> [UInt8] {
+        precondition(!changes.isEmpty)
+        let first = changes[0]
+        var w = WireWriter(capacity: 64)
+        w.string(first.channel)
+        w.string(first.model)
+        w.uint64(first.version.timestamp)
+        w.string(first.version.node)
+        w.varint(UInt64(changes.count))
+        for change in changes {
+            w.string(change.property)
+            if let old = change.old {
+                w.byte(1)
+                w.value(old)
+            } else {
+                w.byte(0)
+            }
+            w.value(change.new)
+        }
+        return w.bytes
+    }
+
+    public static func decodeEvent(_ body: [UInt8]) throws(WireError) -> [PropertyChange] {
+        var r = WireReader(body)
+        let channel = try r.string("channel")
+        let model = try r.string("model")
+        let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
+        let n = try r.count("change count", minimumItemSize: 3)
+        var changes: [PropertyChange] = []
+        for _ in 0..<n {
+            let property = try r.string("property name")
+            let hasOld = try r.byte("has old")
+            let old: Value? = hasOld == 1 ? try r.value("old value") : nil
+            let new = try r.value("new value")
+            changes.append(
+                PropertyChange(channel: channel, model: model, property: property, old: old, new: new, version: version))
+        }
+        return changes
+    }
+
+    /// STATUS and PING bodies are a ``Value`` map: extensible, unknown keys ignored.
+    public static func encodeValue(_ value: Value) -> [UInt8] {
+        var w = WireWriter()
+        w.value(value)
+        return w.bytes
+    }
+
+    public static func decodeValue(_ body: [UInt8]) throws(WireError) -> Value {
+        var r = WireReader(body)
+        return try r.value()
+    }
+}

@@ -1,0 +1,119 @@
+/// The messages nodes publish to each other on their PUB sockets (docs/PROTOCOL.md, "Peer
+/// messages"). Each is two frames: a topic (for SUB prefix filtering) and a body.
+public enum PeerMessage: Sendable, Equatable {
+    case delta(Delta)
+    case heartbeat(Heartbeat)
+
+    /// The protocol version this implementation speaks; the first byte of every body.
+    public static let protocolVersion: UInt8 = 1
+
+    /// The first byte of a DELTA topic.
+    public static let deltaTopicPrefix: UInt8 = UInt8(ascii: "D")
+    /// The topic of a HEARTBEAT.
+    public static let heartbeatTopic: [UInt8] = [UInt8(ascii: "H")]
+
+    /// The SUB prefix that selects every DELTA of `channel`.
+    public static func subscriptionPrefix(channel: String) -> [UInt8] {
+        [deltaTopicPrefix] + Array(channel.utf8) + [0]
+    }
+
+    /// A node's periodic liveness and progress report.
+    public struct Heartbeat: Sendable, Equatable {
+        /// The sender's node id.
+        public var node: String
+        /// The sender's latest sequence number (0 before its first delta).
+        public var latestSequence: UInt64
+        /// The sender's hybrid clock when it sent the heartbeat.
+        public var clock: UInt64
+        /// A random number chosen at every start of the sender.
+        public var incarnation: UInt64
+
+        public init(node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64) {
+            self.node = node
+            self.latestSequence = latestSequence
+            self.clock = clock
+            self.incarnation = incarnation
+        }
+    }
+
+    /// The two frames of this message.
+    public func encode() -> [[UInt8]] {
+        switch self {
+        case .delta(let delta):
+            var topic: [UInt8] = [Self.deltaTopicPrefix]
+            topic.append(contentsOf: delta.channel.utf8)
+            topic.append(0)
+            topic.append(contentsOf: delta.model.utf8)
+            topic.append(0)
+            var body = WireWriter(capacity: 32 + delta.properties.count * 16)
+            body.byte(Self.protocolVersion)
+            body.uint64(delta.version.timestamp)
+            body.string(delta.version.node)
+            body.varint(delta.sequence)
+            body.varint(UInt64(delta.properties.count))
+            for property in delta.properties {
+                body.string(property.name)
+                body.value(property.value)
+            }
+            return [topic, body.bytes]
+        case .heartbeat(let beat):
+            var body = WireWriter()
+            body.byte(Self.protocolVersion)
+            body.string(beat.node)
+            body.varint(beat.latestSequence)
+            body.uint64(beat.clock)
+            body.uint64(beat.incarnation)
+            return [Self.heartbeatTopic, body.bytes]
+        }
+    }
+
+    /// Decodes a message from its frames. Bytes after the fields this version knows are ignored
+    /// (room for later versions); everything else malformed throws.
+    public static func decode(_ frames: [[UInt8]]) throws(WireError) -> PeerMessage {
+        guard frames.count >= 2 else { throw .invalid(field: "message", reason: "expected 2 frames, got \(frames.count)") }
+        let topic = frames[0]
+        var body = WireReader(frames[1])
+        let version = try body.byte("protocol version")
+        guard version == protocolVersion else { throw .unsupported("protocol version \(version)") }
+        if topic == heartbeatTopic {
+            let node = try body.string("node")
+            let sequence = try body.varint("latest sequence")
+            let clock = try body.uint64("clock")
+            let incarnation = try body.uint64("incarnation")
+            return .heartbeat(Heartbeat(node: node, latestSequence: sequence, clock: clock, incarnation: incarnation))
+        }
+        guard topic.first == deltaTopicPrefix else { throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))") }
+        let (channel, model) = try splitDeltaTopic(topic)
+        let timestamp = try body.uint64("version")
+        let origin = try body.string("origin")
+        guard !origin.isEmpty else { throw .invalid(field: "origin", reason: "empty node id") }
+        let sequence = try body.varint("sequence")
+        let count = try body.count("property count", minimumItemSize: 2)
+        var properties: [PropertyWrite] = []
+        properties.reserveCapacity(count)
+        for _ in 0..<count {
+            let name = try body.string("property name")
+            properties.append(PropertyWrite(name: name, value: try body.value("property value")))
+        }
+        return .delta(
+            Delta(
+                channel: channel, model: model, version: Version(timestamp: timestamp, node: origin),
+                sequence: sequence, properties: properties))
+    }
+
+    private static func splitDeltaTopic(_ topic: [UInt8]) throws(WireError) -> (String, String) {
+        let rest = topic.dropFirst()
+        guard let firstNul = rest.firstIndex(of: 0), topic.last == 0, firstNul < topic.count - 1 else {
+            throw .invalid(field: "topic", reason: "expected D<channel>\\0<model>\\0")
+        }
+        let channelBytes = topic[1..<firstNul]
+        let modelBytes = topic[(firstNul + 1)..<(topic.count - 1)]
+        guard let channel = String(validating: channelBytes, as: UTF8.self), !channel.isEmpty else {
+            throw .invalidUTF8(field: "topic channel")
+        }
+        guard let model = String(validating: modelBytes, as: UTF8.self), !model.isEmpty, !modelBytes.contains(0) else {
+            throw .invalid(field: "topic model", reason: "empty, not UTF-8 or contains NUL")
+        }
+        return (channel, model)
+    }
+}

@@ -1,0 +1,255 @@
+import Foundation
+import StateSync
+import Synchronization
+import ZeroMQ
+
+/// The client's I/O thread: owns the DEALER socket; tasks hand it requests through a command
+/// queue and a wake-up pipe.
+final class ClientIO: Sendable {
+    typealias Reply = CheckedContinuation<[UInt8], any Error>
+    typealias Events = AsyncThrowingStream<PropertyChange, any Error>.Continuation
+
+    enum Command: Sendable {
+        case request(id: UInt64, command: ClientProtocol.Command, body: [UInt8], reply: Reply)
+        case watch(id: UInt64, body: [UInt8], events: Events, registered: Reply)
+        case unwatch(id: UInt64)
+    }
+
+    private let endpoint: String
+    private let timeoutMilliseconds: UInt64
+    private let wakeUp: WakeUp
+    private let commands = Mutex<(queue: [Command], closed: Bool)>(([], false))
+    private let nextID = Atomic<UInt64>(1)
+    private let exited = Atomic<Bool>(false)
+
+    init(endpoint: String, timeout: Duration) throws {
+        self.endpoint = endpoint
+        let (seconds, attoseconds) = timeout.components
+        self.timeoutMilliseconds = UInt64(max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))
+        self.wakeUp = try WakeUp()
+        let context = try Context()
+        let dealer = try context.socket(.dealer)
+        try dealer.setSendHighWaterMark(1000)
+        try dealer.setReceiveHighWaterMark(100_000)
+        try dealer.setReconnectInterval(milliseconds: 100)
+        try dealer.connect(endpoint)
+        // The socket moves to the I/O thread and is used only there from now on. The box is
+        // needed because Socket is (rightly) not Sendable.
+        let transfer = SocketTransfer(context: context, socket: dealer)
+        let thread = Thread { [self] in self.main(transfer) }
+        thread.name = "statesync-client"
+        thread.stackSize = 4 << 20
+        thread.start()
+    }
+
+    func close() {
+        let wasClosed = commands.withLock { state -> Bool in
+            defer { state.closed = true }
+            return state.closed
+        }
+        if !wasClosed { wakeUp.signal() }
+    }
+
+    private func enqueue(_ command: Command) -> Bool {
+        let accepted = commands.withLock { state -> Bool in
+            if state.closed { return false }
+            state.queue.append(command)
+            return true
+        }
+        if accepted { wakeUp.signal() }
+        return accepted
+    }
+
+    private var closedError: StateSyncError { StateSyncError(.stopped, "the client for \(endpoint) is closed") }
+
+    func request(_ command: ClientProtocol.Command, _ body: [UInt8]) async throws -> [UInt8] {
+        let id = nextID.add(1, ordering: .relaxed).newValue
+        return try await withCheckedThrowingContinuation { (reply: Reply) in
+            if !enqueue(.request(id: id, command: command, body: body, reply: reply)) { reply.resume(throwing: closedError) }
+        }
+    }
+
+    func watch(_ body: [UInt8]) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
+        let id = nextID.add(1, ordering: .relaxed).newValue
+        let (stream, events) = AsyncThrowingStream.makeStream(of: PropertyChange.self)
+        events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
+        _ = try await withCheckedThrowingContinuation { (registered: Reply) in
+            if !enqueue(.watch(id: id, body: body, events: events, registered: registered)) {
+                registered.resume(throwing: closedError)
+            }
+        }
+        return stream
+    }
+
+    // MARK: - The thread
+
+    private struct Pending {
+        let reply: Reply
+        let deadline: UInt64
+        let command: ClientProtocol.Command
+    }
+
+    private struct State {
+        var pending: [UInt64: Pending] = [:]
+        var watches: [UInt64: Events] = [:]
+        /// Liveness while watching: the outstanding ping and the node's incarnation.
+        var pingID: UInt64?
+        var pingDeadline: UInt64 = 0
+        var lastPing: UInt64 = 0
+        var incarnation: String?
+    }
+
+    private func main(_ transfer: SocketTransfer) {
+        let dealer = transfer.socket
+        var state = State()
+        var poller = Poller([.fileDescriptor(wakeUp.fileDescriptor, .readable), .socket(dealer, .readable)])
+        while true {
+            let (queue, closed) = commands.withLock { state -> ([Command], Bool) in
+                defer { state.queue = [] }
+                return (state.queue, state.closed)
+            }
+            if closed { break }
+            let now = monotonicMilliseconds()
+            for command in queue { perform(command, state: &state, dealer: dealer, now: now) }
+            expire(&state, now: now)
+            keepAlive(&state, dealer: dealer, now: now)
+            guard let ready = try? poller.poll(timeoutMilliseconds: 100) else { break }
+            if ready[0].contains(.readable) { wakeUp.drain() }
+            if ready[1].contains(.readable) {
+                while let frames = try? dealer.receive(dontWait: true) {
+                    handle(frames, state: &state)
+                }
+            }
+        }
+        let error = closedError
+        for (_, pending) in state.pending { pending.reply.resume(throwing: error) }
+        for (_, events) in state.watches { events.finish(throwing: error) }
+        let leftover = commands.withLock { state -> [Command] in
+            defer { state.queue = [] }
+            return state.queue
+        }
+        for command in leftover {
+            switch command {
+            case .request(_, _, _, let reply), .watch(_, _, _, let reply): reply.resume(throwing: error)
+            case .unwatch: break
+            }
+        }
+        dealer.close()
+        transfer.release()
+        exited.store(true, ordering: .releasing)
+    }
+
+    private func send(_ command: ClientProtocol.Command, id: UInt64, body: [UInt8], dealer: Socket) -> Bool {
+        (try? dealer.send(ClientProtocol.encodeRequest(command, id: id, body: body), dontWait: true)) ?? false
+    }
+
+    private func perform(_ command: Command, state: inout State, dealer: Socket, now: UInt64) {
+        switch command {
+        case .request(let id, let kind, let body, let reply):
+            // Not yet connected: the DEALER queues the request; the deadline covers both.
+            _ = send(kind, id: id, body: body, dealer: dealer)
+            state.pending[id] = Pending(reply: reply, deadline: now + timeoutMilliseconds, command: kind)
+        case .watch(let id, let body, let events, let registered):
+            _ = send(.watch, id: id, body: body, dealer: dealer)
+            state.pending[id] = Pending(reply: registered, deadline: now + timeoutMilliseconds, command: .watch)
+            state.watches[id] = events
+            if state.lastPing == 0 { state.lastPing = now }
+        case .unwatch(let id):
+            if state.watches.removeValue(forKey: id) != nil {
+                var body = WireWriter()
+                body.uint64(id)
+                let unwatchID = nextID.add(1, ordering: .relaxed).newValue
+                _ = send(.unwatch, id: unwatchID, body: body.bytes, dealer: dealer)
+            }
+        }
+    }
+
+    private func expire(_ state: inout State, now: UInt64) {
+        let expired = state.pending.filter { $0.value.deadline <= now }
+        for (id, pending) in expired {
+            state.pending[id] = nil
+            pending.reply.resume(throwing: timeoutError())
+            if pending.command == .watch, let events = state.watches.removeValue(forKey: id) {
+                events.finish(throwing: timeoutError())
+            }
+        }
+        if let pingID = state.pingID, state.pingDeadline <= now {
+            state.pingID = nil
+            failWatches(&state, StateSyncError(.connectionLost, "lost the connection to \(endpoint): no answer to a liveness ping within \(timeoutMilliseconds) ms"))
+            _ = pingID
+        }
+    }
+
+    private func timeoutError() -> StateSyncError {
+        StateSyncError(.timeout, "no answer from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s; is statesyncd running there?")
+    }
+
+    private func failWatches(_ state: inout State, _ error: StateSyncError) {
+        for (_, events) in state.watches { events.finish(throwing: error) }
+        state.watches = [:]
+    }
+
+    /// While watching, pings the node every second: a dead connection or a restarted node (whose
+    /// watches are gone) ends the watches with an error instead of a silent gap.
+    private func keepAlive(_ state: inout State, dealer: Socket, now: UInt64) {
+        guard !state.watches.isEmpty, state.pingID == nil, now &- state.lastPing >= 1000 else { return }
+        let id = nextID.add(1, ordering: .relaxed).newValue
+        _ = send(.ping, id: id, body: [], dealer: dealer)
+        state.pingID = id
+        state.pingDeadline = now + timeoutMilliseconds
+        state.lastPing = now
+    }
+
+    private func handle(_ frames: [[UInt8]], state: inout State) {
+        guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]) else { return }
+        let id = header.requestID
+        let body = frames[1]
+        switch header.kind {
+        case .event:
+            guard let events = state.watches[id], let changes = try? ClientProtocol.decodeEvent(body) else { return }
+            for change in changes { events.yield(change) }
+        case .ok:
+            if id == state.pingID {
+                state.pingID = nil
+                if case .map(let map)? = try? ClientProtocol.decodeValue(body), case .string(let incarnation)? = map["incarnation"] {
+                    if let known = state.incarnation, known != incarnation {
+                        failWatches(&state, StateSyncError(.connectionLost, "the node at \(endpoint) restarted; its watches ended"))
+                    }
+                    state.incarnation = incarnation
+                }
+                return
+            }
+            guard let pending = state.pending.removeValue(forKey: id) else { return }
+            pending.reply.resume(returning: body)
+        case .error:
+            let message = (try? ClientProtocol.decodeError(body))?.message ?? "malformed error reply"
+            if id == state.pingID { state.pingID = nil }
+            guard let pending = state.pending.removeValue(forKey: id) else { return }
+            if pending.command == .watch, let events = state.watches.removeValue(forKey: id) {
+                events.finish(throwing: StateSyncError(.remote, message))
+            }
+            pending.reply.resume(throwing: StateSyncError(.remote, message))
+        }
+    }
+}
+
+/// Carries the DEALER socket and its context from the creating thread to the I/O thread.
+// Safe: the creating thread never touches the socket after handing it over; from then on only
+// the I/O thread uses it (the ownership rule of ZeroMQ sockets).
+private final class SocketTransfer: @unchecked Sendable {
+    private(set) var context: Context?
+    let socket: Socket
+
+    init(context: Context, socket: Socket) {
+        self.context = context
+        self.socket = socket
+    }
+
+    func release() { context = nil }
+}
+
+func monotonicMilliseconds() -> UInt64 {
+    var spec = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &spec)
+    return UInt64(spec.tv_sec) * 1000 + UInt64(spec.tv_nsec) / 1_000_000
+}

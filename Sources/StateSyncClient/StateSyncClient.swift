@@ -1,0 +1,104 @@
+import Foundation
+public import StateSync
+import Synchronization
+import ZeroMQ
+
+/// A client of a StateSync node's API (`network.api`): get and set model properties, watch a
+/// channel's changes as an `AsyncSequence`, ask for the node's status. The `statesync` CLI is a
+/// thin layer over this type.
+///
+/// ```swift
+/// let client = try StateSyncClient(endpoint: "tcp://127.0.0.1:7101")
+/// let version = try await client.set(ModelAddress(channel: "demo", model: "greeting"), ["text": "hello"])
+/// for try await change in try await client.watch(channel: "demo") { print(change.old, change.new) }
+/// ```
+///
+/// Thread safety: all methods may be called from any task. The client owns one I/O thread and
+/// one DEALER socket; ``close()`` (or deinitialisation) stops them.
+public final class StateSyncClient: Sendable {
+    /// The node endpoint this client talks to.
+    public let endpoint: String
+    /// How long a request may wait for its answer before failing with a timeout.
+    public let requestTimeout: Duration
+    private let io: ClientIO
+
+    /// Connects (in the background: ZeroMQ connects lazily and reconnects by itself) to the node
+    /// API at `endpoint`. Requests fail after `requestTimeout` if the node does not answer.
+    public init(endpoint: String = "tcp://127.0.0.1:7101", requestTimeout: Duration = .seconds(5)) throws {
+        if let problem = NodeConfiguration.endpointProblem(endpoint) {
+            throw StateSyncError(.invalidConfiguration, "--daemon: \(problem)")
+        }
+        self.endpoint = endpoint
+        self.requestTimeout = requestTimeout
+        self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout)
+    }
+
+    deinit {
+        io.close()
+    }
+
+    /// Stops the client's thread and closes its socket; pending requests and watches fail.
+    public func close() {
+        io.close()
+    }
+
+    /// The result of a ``set(_:_:)``.
+    public struct SetResult: Sendable, Equatable {
+        /// The version of the write, or (when nothing changed) the current version of the
+        /// properties named.
+        public var version: Version
+        /// Whether any property changed.
+        public var changed: Bool
+    }
+
+    /// Writes properties of one model as one delta. Returns once the node has applied it.
+    @discardableResult
+    public func set(_ address: ModelAddress, _ properties: [PropertyWrite]) async throws -> SetResult {
+        let body = try await io.request(.set, ClientProtocol.encodeSet(address, properties))
+        do {
+            var reader = WireReader(body)
+            let version = Version(timestamp: try reader.uint64("version"), node: try reader.string("version node"))
+            let changed = reader.isAtEnd ? true : try reader.byte("changed") == 1
+            return SetResult(version: version, changed: changed)
+        } catch {
+            throw StateSyncError(.protocolError, "malformed SET reply from \(endpoint): \(error)")
+        }
+    }
+
+    /// Writes properties of one model as one delta (properties in name order).
+    @discardableResult
+    public func set(_ address: ModelAddress, _ properties: [String: Value]) async throws -> SetResult {
+        try await set(address, properties.keys.sorted().map { PropertyWrite(name: $0, value: properties[$0]!) })
+    }
+
+    /// The properties of one model as the node holds them (empty for an unknown model).
+    public func get(_ address: ModelAddress) async throws -> [String: ReplicaStore.Register] {
+        let body = try await io.request(.get, ClientProtocol.encodeAddress(address))
+        do {
+            return try ClientProtocol.decodeProperties(body)
+        } catch {
+            throw StateSyncError(.protocolError, "malformed GET reply from \(endpoint): \(error)")
+        }
+    }
+
+    /// The node's status.
+    public func status() async throws -> NodeStatus {
+        let body = try await io.request(.status, [])
+        guard let value = try? ClientProtocol.decodeValue(body), let status = NodeStatus(value) else {
+            throw StateSyncError(.protocolError, "malformed STATUS reply from \(endpoint)")
+        }
+        return status
+    }
+
+    /// Every change the node applies to models of `channel` from now on, in the node's apply
+    /// order, as an `AsyncSequence`. Returns once the node has registered the watch, so every
+    /// change applied after this returns is delivered.
+    ///
+    /// The sequence ends with an error when the connection to the node is lost (no answer to
+    /// liveness pings within ``requestTimeout``) or the node restarted: a watch never silently
+    /// misses changes. Stop iterating to end the watch.
+    public func watch(channel: String) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
+        try Names.validateChannel(channel)
+        return try await io.watch(ClientProtocol.encodeChannel(channel))
+    }
+}

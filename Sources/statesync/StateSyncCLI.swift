@@ -1,0 +1,236 @@
+import ArgumentParser
+import Foundation
+import StateSync
+import StateSyncClient
+
+/// `statesync`: the command-line client of a StateSync node.
+@main
+struct StateSyncCLI: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "statesync",
+        abstract: "Get, set and watch replicated models on a StateSync node.",
+        discussion: "The node is chosen with --daemon (default: $STATESYNC_DAEMON, else tcp://127.0.0.1:7101).",
+        subcommands: [Set.self, Get.self, Watch.self, Status.self])
+}
+
+/// Options every subcommand shares: which node, how long to wait for it.
+struct ConnectionOptions: ParsableArguments {
+    @Option(name: .long, help: ArgumentHelp("The node's client API endpoint.", valueName: "ENDPOINT"))
+    var daemon: String = ProcessInfo.processInfo.environment["STATESYNC_DAEMON"] ?? "tcp://127.0.0.1:7101"
+
+    @Option(name: .long, help: ArgumentHelp("Seconds to wait for the node to answer.", valueName: "SECONDS"))
+    var timeout: Double = 5
+
+    func validate() throws {
+        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be between 0 and 3600 seconds") }
+        if let problem = NodeConfiguration.endpointProblem(daemon) { throw ValidationError("--daemon: \(problem)") }
+    }
+
+    func client() throws -> StateSyncClient {
+        try StateSyncClient(endpoint: daemon, requestTimeout: .milliseconds(Int(timeout * 1000)))
+    }
+}
+
+/// Prints one clear line on stderr and exits 1 for every failure of a command's body.
+func failingClearly(_ body: () async throws -> Void) async throws {
+    do {
+        try await body()
+    } catch let error as ExitCode {
+        throw error
+    } catch {
+        FileHandle.standardError.write(Data("statesync: \(error)\n".utf8))
+        throw ExitCode(1)
+    }
+}
+
+/// Writes a line to stdout and flushes it (watch output goes to pipes line by line).
+func emit(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
+
+/// Parses `CHANNEL/MODEL`.
+func parseAddress(_ text: String) throws -> ModelAddress {
+    guard let slash = text.firstIndex(of: "/") else {
+        throw ValidationError("'\(text)' is not CHANNEL/MODEL (e.g. demo/greeting)")
+    }
+    let address = ModelAddress(channel: String(text[..<slash]), model: String(text[text.index(after: slash)...]))
+    do {
+        try Names.validateChannel(address.channel)
+        try Names.validateModel(address.model)
+    } catch {
+        throw ValidationError("'\(text)': \(error)")
+    }
+    return address
+}
+
+extension StateSyncCLI {
+    struct Set: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Write properties of one model as one delta; prints the new version.",
+            discussion: """
+                Each PROP=JSON assigns a JSON value: count=3, title='"hello"', tags='["a","b"]', \
+                cleared=null. Returns once the node has applied the write.
+                """)
+
+        @Argument(help: ArgumentHelp("The model to write.", valueName: "CHANNEL/MODEL"))
+        var model: String
+
+        @Argument(help: ArgumentHelp("Properties to assign.", valueName: "PROP=JSON"))
+        var assignments: [String]
+
+        @OptionGroup var connection: ConnectionOptions
+
+        func validate() throws {
+            _ = try parseAddress(model)
+            guard !assignments.isEmpty else { throw ValidationError("give at least one PROP=JSON") }
+            _ = try parseAssignments()
+        }
+
+        func parseAssignments() throws -> [PropertyWrite] {
+            var seen = Swift.Set<String>()
+            return try assignments.map { assignment in
+                guard let equals = assignment.firstIndex(of: "="), equals != assignment.startIndex else {
+                    throw ValidationError("'\(assignment)' is not PROP=JSON (e.g. count=3 or title='\"hello\"')")
+                }
+                let name = String(assignment[..<equals])
+                let json = String(assignment[assignment.index(after: equals)...])
+                guard seen.insert(name).inserted else { throw ValidationError("property '\(name)' is given twice") }
+                do {
+                    return PropertyWrite(name: name, value: try Value(json: json))
+                } catch {
+                    throw ValidationError(
+                        "value of '\(name)': \(error) (a string needs JSON quotes: \(name)='\"\(json)\"')")
+                }
+            }
+        }
+
+        func run() async throws {
+            try await failingClearly {
+                let client = try connection.client()
+                defer { client.close() }
+                let result = try await client.set(try parseAddress(model), try parseAssignments())
+                emit(result.changed ? "\(result.version)" : "\(result.version) (unchanged)")
+            }
+        }
+    }
+
+    struct Get: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(abstract: "Print the current properties of one model.")
+
+        @Argument(help: ArgumentHelp("The model to read.", valueName: "CHANNEL/MODEL"))
+        var model: String
+
+        @Flag(name: .long, help: "Print one JSON object.")
+        var json = false
+
+        @OptionGroup var connection: ConnectionOptions
+
+        func validate() throws { _ = try parseAddress(model) }
+
+        func run() async throws {
+            try await failingClearly {
+                let client = try connection.client()
+                defer { client.close() }
+                let address = try parseAddress(model)
+                let properties = try await client.get(address)
+                if json {
+                    let object: Value = .map([
+                        "channel": .string(address.channel), "model": .string(address.model),
+                        "properties": .map(properties.mapValues(\.value)),
+                        "versions": .map(properties.mapValues { .string($0.version.description) }),
+                    ])
+                    emit(object.jsonText())
+                } else if properties.isEmpty {
+                    emit("\(address): no properties")
+                } else {
+                    for name in properties.keys.sorted() {
+                        let register = properties[name]!
+                        emit("\(name) = \(register.value.jsonText())  [\(register.version)]")
+                    }
+                }
+            }
+        }
+    }
+
+    struct Watch: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print one line per change applied to a channel's models, until interrupted.",
+            discussion: "With --json each line is an object with channel, model, property, old, new, version, origin.")
+
+        @Argument(help: "The channel to watch.")
+        var channel: String
+
+        @Flag(name: .long, help: "Print one JSON object per line.")
+        var json = false
+
+        @OptionGroup var connection: ConnectionOptions
+
+        func validate() throws {
+            do { try Names.validateChannel(channel) } catch { throw ValidationError("\(error)") }
+        }
+
+        func run() async throws {
+            try await failingClearly {
+                let client = try connection.client()
+                defer { client.close() }
+                let changes = try await client.watch(channel: channel)
+                FileHandle.standardError.write(Data("statesync: watching \(channel) on \(connection.daemon)\n".utf8))
+                for try await change in changes {
+                    emit(json ? Self.json(change) : Self.human(change))
+                }
+            }
+        }
+
+        static func json(_ change: PropertyChange) -> String {
+            Value.map([
+                "channel": .string(change.channel), "model": .string(change.model), "property": .string(change.property),
+                "old": change.old ?? .null, "new": change.new, "version": .string(change.version.description),
+                "origin": .string(change.origin),
+            ]).jsonText()
+        }
+
+        static func human(_ change: PropertyChange) -> String {
+            "\(change.channel)/\(change.model) \(change.property): \(change.old?.jsonText() ?? "null") -> \(change.new.jsonText())  [\(change.version)]"
+        }
+    }
+
+    struct Status: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Print the node's id, peers, channels and latest version.",
+            discussion: "Exits 0 when the node answers: usable as a readiness probe.")
+
+        @Flag(name: .long, help: "Print one JSON object.")
+        var json = false
+
+        @OptionGroup var connection: ConnectionOptions
+
+        func run() async throws {
+            try await failingClearly {
+                let client = try connection.client()
+                defer { client.close() }
+                let status = try await client.status()
+                if json {
+                    emit(status.value.jsonText())
+                    return
+                }
+                emit("node:      \(status.node) (incarnation \(String(status.incarnation, radix: 16)))")
+                emit("publish:   \(status.publishEndpoint)")
+                emit("api:       \(status.apiEndpoint ?? "-")")
+                emit("version:   \(status.latestVersion?.description ?? "none yet")  (sequence \(status.latestSequence))")
+                emit("digest:    \(String(status.stateDigest, radix: 16))")
+                emit("peers:")
+                if status.peers.isEmpty { emit("  (none)") }
+                for peer in status.peers {
+                    let seen = peer.lastSeenMillisecondsAgo.map { "last seen \($0) ms ago" } ?? "never seen"
+                    emit("  \(peer.endpoint)  \(peer.node ?? "?")  \(peer.connected ? "connected" : "NOT CONNECTED")  \(seen)")
+                }
+                emit("channels:")
+                if status.channels.isEmpty { emit("  (none)") }
+                for name in status.channels.keys.sorted() { emit("  \(name): \(status.channels[name]!) models") }
+                emit("watchers:  \(status.watchers)")
+                let nonZero = status.counters.filter { $0.value != 0 }.sorted { $0.key < $1.key }
+                emit("counters:  " + (nonZero.isEmpty ? "all zero" : nonZero.map { "\($0.key)=\($0.value)" }.joined(separator: " ")))
+            }
+        }
+    }
+}
