@@ -1,0 +1,44 @@
+import Testing
+
+@testable import StateSync
+
+@Suite("Peer messages (PROTOCOL.md §Peer messages)")
+struct PeerMessageTests {
+    static let delta = Delta(
+        channel: "demo", model: "greeting", version: Version(milliseconds: 1_763_769_600_123, counter: 0, node: "node1"),
+        sequence: 1, properties: [PropertyWrite(name: "text", value: "hello"), PropertyWrite(name: "n", value: 1)])
+
+    @Test func deltaRoundTripsAndTopicAllowsChannelPrefixSubscription() throws {
+        let frames = PeerMessage.delta(Self.delta).encode()
+        #expect(frames[0] == Array("Ddemo\u{0}greeting\u{0}".utf8))
+        #expect(frames[0].starts(with: PeerMessage.subscriptionPrefix(channel: "demo")))
+        #expect(!frames[0].starts(with: PeerMessage.subscriptionPrefix(channel: "dem")))
+        #expect(try PeerMessage.decode(frames) == .delta(Self.delta))
+    }
+
+    @Test func heartbeatRoundTrips() throws {
+        let beat = PeerMessage.heartbeat(.init(node: "n2", latestSequence: 42, clock: 7 << 16, incarnation: 99))
+        #expect(try PeerMessage.decode(beat.encode()) == beat)
+    }
+
+    @Test func trailingBytesFromNewerPeersAreIgnored() throws {
+        var frames = PeerMessage.delta(Self.delta).encode()
+        frames[1] += [0xAA, 0xBB]
+        #expect(try PeerMessage.decode(frames) == .delta(Self.delta))
+    }
+
+    @Test func unknownProtocolVersionIsRejected() {
+        var frames = PeerMessage.delta(Self.delta).encode()
+        frames[1][0] = 2
+        #expect(throws: WireError.unsupported("protocol version 2")) { try PeerMessage.decode(frames) }
+    }
+
+    @Test func everyTruncatedBodyIsAnErrorNotATrap() {
+        let frames = PeerMessage.delta(Self.delta).encode()
+        for cut in 0..<frames[1].count {
+            #expect(throws: WireError.self) { try PeerMessage.decode([frames[0], Array(frames[1].prefix(cut))]) }
+        }
+        #expect(throws: WireError.self) { try PeerMessage.decode([frames[0]]) }
+        #expect(throws: WireError.self) { try PeerMessage.decode([Array("Dnochannel".utf8), frames[1]]) }
+    }
+}

@@ -1,0 +1,148 @@
+import Foundation
+import Testing
+import ZeroMQ
+
+/// The binding against real libzmq: inproc and tcp loopback.
+@Suite("ZeroMQ binding")
+struct SocketTests {
+    /// Receives with a deadline: polls instead of sleeping.
+    func receive(_ socket: Socket, within milliseconds: Int = 5000) throws -> [[UInt8]]? {
+        var poller = Poller([.socket(socket, .readable)])
+        let deadline = Date().addingTimeInterval(Double(milliseconds) / 1000)
+        while Date() < deadline {
+            if try poller.poll(timeoutMilliseconds: 50)[0].contains(.readable) {
+                return try socket.receive(dontWait: true)
+            }
+        }
+        return nil
+    }
+
+    @Test func pubSubOverInprocDeliversMultipartMessages() throws {
+        let context = try Context()
+        let pub = try context.socket(.pub)
+        try pub.bind("inproc://pubsub-test")
+        let sub = try context.socket(.sub)
+        try sub.subscribe(Array("topic".utf8))
+        try sub.connect("inproc://pubsub-test")
+        // Slow joiner: publish until the subscription has arrived, with a bounded loop.
+        var received: [[UInt8]]?
+        for _ in 0..<200 where received == nil {
+            try pub.send([Array("other".utf8), [9]])
+            try pub.send([Array("topic-a".utf8), [1, 2, 3], []])
+            received = try receive(sub, within: 20)
+        }
+        #expect(received == [Array("topic-a".utf8), [1, 2, 3], []])
+    }
+
+    @Test func tcpWildcardPortIsReadBackAndWorks() throws {
+        let context = try Context()
+        let router = try context.socket(.router)
+        try router.bind("tcp://127.0.0.1:*")
+        let endpoint = try router.lastEndpoint()
+        #expect(endpoint.hasPrefix("tcp://127.0.0.1:"))
+        #expect(!endpoint.hasSuffix(":*"))
+        let dealer = try context.socket(.dealer)
+        try dealer.setRoutingID(Array("client-1".utf8))
+        try dealer.connect(endpoint)
+        try dealer.send([[1], Array("hello".utf8)])
+        let request = try #require(try receive(router))
+        #expect(request == [Array("client-1".utf8), [1], Array("hello".utf8)])
+        try router.send([request[0], Array("world".utf8)])
+        #expect(try receive(dealer) == [Array("world".utf8)])
+    }
+
+    @Test func bindErrorsCarryErrnoOperationAndLibzmqMessage() throws {
+        let context = try Context()
+        let first = try context.socket(.pub)
+        try first.bind("tcp://127.0.0.1:*")
+        let endpoint = try first.lastEndpoint()
+        let second = try context.socket(.pub)
+        let error = try #require(throws: ZeroMQError.self) { try second.bind(endpoint) }
+        #expect(error.code == EADDRINUSE)
+        #expect(error.operation.contains(endpoint))
+        #expect(error.message == String(cString: strerror(EADDRINUSE)))
+
+        let invalid = try #require(throws: ZeroMQError.self) { try second.bind("nonsense://x") }
+        #expect(invalid.code != 0)
+        #expect(invalid.description.contains("zmq_bind(nonsense://x)"))
+    }
+
+    @Test func nonBlockingReceiveOnEmptySocketReturnsNil() throws {
+        let context = try Context()
+        let pull = try context.socket(.pull)
+        try pull.bind("inproc://empty")
+        #expect(try pull.receive(dontWait: true) == nil)
+        try pull.setReceiveTimeout(milliseconds: 10)
+        #expect(try pull.receive() == nil)
+    }
+
+    @Test func routerMandatoryReportsAVanishedPeer() throws {
+        let context = try Context()
+        let router = try context.socket(.router)
+        try router.setRouterMandatory(true)
+        try router.bind("inproc://mandatory")
+        let error = try #require(throws: ZeroMQError.self) {
+            try router.send([Array("nobody".utf8), [1]], dontWait: true)
+        }
+        #expect(error.isHostUnreachable)
+    }
+
+    @Test func sendHighWaterMarkMakesNonBlockingSendReportWouldBlock() throws {
+        let context = try Context()
+        let push = try context.socket(.push)
+        try push.setSendHighWaterMark(1)
+        try push.setImmediate(false)
+        try push.bind("inproc://hwm")
+        let pull = try context.socket(.pull)
+        try pull.setReceiveHighWaterMark(1)
+        try pull.connect("inproc://hwm")
+        var refused = false
+        for _ in 0..<1000 where !refused {
+            refused = try !push.send([[0]], dontWait: true)
+        }
+        #expect(refused, "a full queue must report would-block, not block or drop silently")
+    }
+
+    @Test func wakeUpInterruptsAPoll() throws {
+        let wake = try WakeUp()
+        var poller = Poller([.fileDescriptor(wake.fileDescriptor, .readable)])
+        #expect(try poller.poll(timeoutMilliseconds: 0)[0].isEmpty)
+        let thread = Thread { wake.signal() }
+        thread.start()
+        var woke = false
+        for _ in 0..<100 where !woke { woke = try poller.poll(timeoutMilliseconds: 50)[0].contains(.readable) }
+        #expect(woke)
+        wake.drain()
+        #expect(try poller.poll(timeoutMilliseconds: 0)[0].isEmpty)
+    }
+
+    @Test func curveKeysRoundTripThroughZ85() throws {
+        #expect(Context.has("curve"))
+        let pair = try Curve.generateKeyPair()
+        #expect(pair.publicKey.count == 32 && pair.secretKey.count == 32)
+        let text = try Curve.z85Encode(pair.publicKey)
+        #expect(text.count == 40)
+        #expect(try Curve.z85Decode(text) == pair.publicKey)
+        #expect(throws: ZeroMQError.self) { try Curve.z85Decode("abc") }
+    }
+
+    @Test func curveEncryptedPairTalks() throws {
+        let server = try Curve.generateKeyPair()
+        let client = try Curve.generateKeyPair()
+        let context = try Context()
+        let rep = try context.socket(.rep)
+        try rep.setCurveServer(secretKey: server.secretKey)
+        try rep.bind("tcp://127.0.0.1:*")
+        let req = try context.socket(.req)
+        try req.setCurveClient(serverKey: server.publicKey, publicKey: client.publicKey, secretKey: client.secretKey)
+        try req.connect(try rep.lastEndpoint())
+        try req.send("ping")
+        #expect(try receive(rep) == [Array("ping".utf8)])
+        try rep.send("pong")
+        #expect(try receive(req) == [Array("pong".utf8)])
+    }
+
+    @Test func libraryVersionIsFour() {
+        #expect(Context.libraryVersion.major == 4)
+    }
+}
