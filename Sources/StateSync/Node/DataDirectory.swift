@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
@@ -16,6 +17,7 @@ import Darwin
 final class DataDirectory: Sendable {
     let path: String
     private let lockDescriptor: Int32
+    private let locked = Atomic<Bool>(true)
 
     static let snapshotName = "state.snapshot"
     static let magic: [UInt8] = Array("SSNAP1\n".utf8)
@@ -41,9 +43,16 @@ final class DataDirectory: Sendable {
         lockDescriptor = fd
     }
 
+    /// Releases the directory for another node. Idempotent.
+    func unlock() {
+        if locked.exchange(false, ordering: .acquiringAndReleasing) {
+            flock(lockDescriptor, LOCK_UN)
+            close(lockDescriptor)
+        }
+    }
+
     deinit {
-        flock(lockDescriptor, LOCK_UN)
-        close(lockDescriptor)
+        unlock()
     }
 
     struct Snapshot {

@@ -75,7 +75,10 @@ extension NodeConfiguration {
                 try YAMLSnapshot(data: RawSpan(_unsafeBytes: raw), providerName: path, parsingOptions: .default)
             }
         } catch {
-            throw StateSyncError(.invalidConfiguration, "\(path): not a valid YAML mapping: \(error)")
+            // Yams reports the position and the parser's complaint over several lines: keep one line.
+            let lines = "\(error)".split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }
+            let reason = lines.filter { !$0.isEmpty && !$0.allSatisfy({ $0 == "^" }) }.prefix(2).joined(separator: " ")
+            throw StateSyncError(.invalidConfiguration, "\(path): not a valid YAML mapping: \(reason)")
         }
         let reader = KeyReader(path: path, file: snapshot, environment: EnvironmentVariablesProvider(environmentVariables: environment))
 

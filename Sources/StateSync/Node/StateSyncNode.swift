@@ -199,6 +199,7 @@ public final class StateSyncNode: Sendable {
         } catch {
             logger.error("node stopped but the snapshot could not be written: \(error)")
         }
+        dataDirectory.unlock()
         let waiters = lifecycle.withLock { state -> [CheckedContinuation<Void, Never>] in
             defer { state = .stopped }
             switch state {

@@ -1,0 +1,200 @@
+import Foundation
+import StateSync
+import StateSyncClient
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Real `statesyncd` processes on loopback, driven by the real `statesync` CLI and client.
+@Suite("Real daemons")
+struct ClusterTests {
+    /// A set of daemons started by a test; `stopAll` ends every one of them.
+    final class Daemons: @unchecked Sendable {
+        // Safe: used by one test task only.
+        var processes: [ChildProcess] = []
+
+        func start(config: String, environment: [String: String], name: String) throws -> ChildProcess {
+            let daemon = try ChildProcess("statesyncd", ["--config", config], environment: environment, name: name)
+            processes.append(daemon)
+            return daemon
+        }
+
+        /// SIGTERM every daemon; returns their exit statuses.
+        func stopAll() async -> [Int32] {
+            var statuses: [Int32] = []
+            for daemon in processes { statuses.append(await daemon.stop()) }
+            return statuses
+        }
+
+        func logs() -> String {
+            processes.map { "--- \($0.name) ---\n\($0.stderr)" }.joined(separator: "\n")
+        }
+    }
+
+    /// Waits until the daemon at `api` answers and sees all its peers connected.
+    static func waitUntilReady(_ api: String, peers: Int) async throws {
+        let client = try StateSyncClient(endpoint: api, requestTimeout: .milliseconds(300))
+        defer { client.close() }
+        try await waitUntil("\(api) ready with \(peers) peers connected") {
+            guard let status = try? await client.status() else { return false }
+            return status.peers.count == peers && status.peers.allSatisfy(\.connected)
+        }
+    }
+
+    /// Issue #2's walking skeleton: the three example configs, a set through node1, a watch on
+    /// node3 that sees old and new.
+    @Test func exampleClusterPropagatesOldAndNewFromNode1ToNode3() async throws {
+        let daemons = Daemons()
+        let dataRoot = temporaryDirectory("example")
+        var watcher: ChildProcess?
+        do {
+            for i in 1...3 {
+                _ = try daemons.start(
+                    config: "Config/node\(i).yaml", environment: ["STATESYNC_NODE_DATA_DIR": "\(dataRoot)/node\(i)"],
+                    name: "node\(i)")
+            }
+            for i in 1...3 { try await Self.waitUntilReady("tcp://127.0.0.1:710\(i)", peers: 2) }
+
+            let watch = try ChildProcess(
+                "statesync", ["watch", "demo", "--json", "--daemon", "tcp://127.0.0.1:7103"], name: "watch")
+            watcher = watch
+            let node3 = try StateSyncClient(endpoint: "tcp://127.0.0.1:7103")
+            defer { node3.close() }
+            try await waitUntil("the watch is registered on node3") { (try? await node3.status().watchers) == 1 }
+
+            let first = try await cli(["set", "demo/greeting", "text=\"hello\""])
+            #expect(first.status == 0, "\(first.stderr)")
+            #expect(Version(first.stdout.trimmingCharacters(in: .whitespacesAndNewlines))?.node == "node1")
+            try await waitUntil("node3's watch prints the first change") { watch.stdout.split(separator: "\n").count == 1 }
+            let second = try await cli(["set", "demo/greeting", "text=\"world\"", "--daemon", "tcp://127.0.0.1:7101"])
+            #expect(second.status == 0, "\(second.stderr)")
+            try await waitUntil("node3's watch prints the second change") { watch.stdout.split(separator: "\n").count == 2 }
+
+            let lines = watch.stdout.split(separator: "\n").compactMap(jsonObject)
+            #expect(lines.count == 2)
+            #expect(lines[0]["channel"] as? String == "demo" && lines[0]["model"] as? String == "greeting")
+            #expect(lines[0]["property"] as? String == "text")
+            #expect(lines[0]["old"] is NSNull, "a first set has old = null")
+            #expect(lines[0]["new"] as? String == "hello")
+            #expect(lines[1]["old"] as? String == "hello", "a second set has old = the first value")
+            #expect(lines[1]["new"] as? String == "world")
+            #expect(lines.allSatisfy { $0["origin"] as? String == "node1" })
+            #expect(lines[1]["version"] as? String == second.stdout.trimmingCharacters(in: .whitespacesAndNewlines))
+
+            let got = try await cli(["get", "demo/greeting", "--json", "--daemon", "tcp://127.0.0.1:7102"])
+            let properties = jsonObject(Substring(got.stdout))?["properties"] as? [String: Any]
+            #expect(properties?["text"] as? String == "world")
+
+            let status = try await cli(["status", "--json", "--daemon", "tcp://127.0.0.1:7103"])
+            let statusObject = jsonObject(Substring(status.stdout))
+            #expect(statusObject?["node"] as? String == "node3")
+            #expect((statusObject?["peers"] as? [[String: Any]])?.allSatisfy { $0["connected"] as? Bool == true } == true)
+            #expect((statusObject?["channels"] as? [String: Any])?["demo"] as? Int == 1)
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        if let watcher { _ = await watcher.stop(SIGINT) }
+        let statuses = await daemons.stopAll()
+        #expect(statuses == [0, 0, 0], "SIGTERM must stop every daemon cleanly (exit 0)\n\(daemons.logs())")
+        for i in 1...3 {
+            #expect(FileManager.default.fileExists(atPath: "\(dataRoot)/node\(i)/state.snapshot"), "state flushed at stop")
+        }
+    }
+
+    /// Issue #4: many concurrent writers of the same properties through all three nodes; once
+    /// quiet, every node holds the same values.
+    @Test func concurrentSetsThroughThreeNodesConverge() async throws {
+        let daemons = Daemons()
+        let ports = (0..<3).map { _ in (publish: freePort(), api: freePort()) }
+        do {
+            for i in 0..<3 {
+                let peers = ports.enumerated().filter { $0.offset != i }.map { "tcp://127.0.0.1:\($0.element.publish)" }
+                _ = try daemons.start(
+                    config: "Config/node\(i + 1).yaml",
+                    environment: [
+                        "STATESYNC_NODE_DATA_DIR": temporaryDirectory("converge-\(i)"),
+                        "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(ports[i].publish)",
+                        "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
+                        "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
+                        "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
+                    ], name: "node\(i + 1)")
+            }
+            let apis = ports.map { "tcp://127.0.0.1:\($0.api)" }
+            for api in apis { try await Self.waitUntilReady(api, peers: 2) }
+            let clients = try apis.map { try StateSyncClient(endpoint: $0) }
+            defer { clients.forEach { $0.close() } }
+
+            let writersPerNode = 4
+            let setsPerWriter = 150
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for (nodeIndex, client) in clients.enumerated() {
+                    for writer in 0..<writersPerNode {
+                        group.addTask {
+                            for i in 0..<setsPerWriter {
+                                let tag = "n\(nodeIndex)w\(writer)i\(i)"
+                                let model = "m\(i % 3)"
+                                try await client.set(
+                                    ModelAddress(channel: "race", model: model),
+                                    [PropertyWrite(name: "a", value: .string(tag)), PropertyWrite(name: "b", value: .int(Int64(i)))])
+                            }
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            try await waitUntil("all three nodes hold the same state") {
+                let digests = try await clients.asyncMap { try await $0.status().stateDigest }
+                return Set(digests).count == 1
+            }
+            for model in ["m0", "m1", "m2"] {
+                let views = try await clients.asyncMap { try await $0.get(ModelAddress(channel: "race", model: model)) }
+                #expect(views[0].count == 2)
+                #expect(views[0] == views[1] && views[1] == views[2], "\(model) differs: \(views)")
+            }
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        #expect(await daemons.stopAll() == [0, 0, 0])
+    }
+
+    @Test func invalidConfigStopsTheDaemonWithOneLineAndExitTwo() async throws {
+        let path = NSTemporaryDirectory() + "statesync-bad-\(UUID().uuidString).yaml"
+        try "node:\n  id: x\n  data_dir: /tmp/x\nnetwork:\n  publish: tcp://127.0.0.1:notaport\n".write(
+            toFile: path, atomically: true, encoding: .utf8)
+        let daemon = try ChildProcess("statesyncd", ["--config", path])
+        #expect(await daemon.wait() == 2)
+        let lines = daemon.stderr.split(separator: "\n")
+        #expect(lines.count == 1, "\(daemon.stderr)")
+        #expect(daemon.stderr.contains(path) && daemon.stderr.contains("network.publish"))
+    }
+
+    @Test func cliRejectsBadInputWithOneClearLine() async throws {
+        let malformed = try await cli(["set", "demo/x", "title=hello"])
+        #expect(malformed.status != 0)
+        #expect(malformed.stderr.contains("value of 'title'"), "\(malformed.stderr)")
+
+        let noModel = try await cli(["get", "justachannel"])
+        #expect(noModel.status != 0)
+        #expect(noModel.stderr.contains("CHANNEL/MODEL"))
+
+        let unknown = try await cli(["frobnicate"])
+        #expect(unknown.status != 0)
+        #expect(!unknown.stderr.isEmpty)
+
+        let port = freePort()
+        let unreachable = try await cli(["status", "--daemon", "tcp://127.0.0.1:\(port)", "--timeout", "0.3"])
+        #expect(unreachable.status == 1)
+        #expect(unreachable.stderr.split(separator: "\n").count == 1)
+        #expect(unreachable.stderr.contains("no answer from tcp://127.0.0.1:\(port)"), "\(unreachable.stderr)")
+    }
+}
+
+extension Array {
+    func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var result: [T] = []
+        for element in self { result.append(try await transform(element)) }
+        return result
+    }
+}

@@ -1,0 +1,121 @@
+import Foundation
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The directory holding the built executables (next to the test bundle on Linux).
+let binaries: URL = {
+    let testBinary = URL(fileURLWithPath: CommandLine.arguments[0]).resolvingSymlinksInPath()
+    var directory = testBinary.deletingLastPathComponent()
+    if directory.lastPathComponent == "MacOS" {  // macOS: .../X.xctest/Contents/MacOS
+        directory = directory.deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+    }
+    return directory
+}()
+
+let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+
+/// A child process whose output goes to files (a full pipe can never block it), stopped by
+/// the test that started it.
+final class ChildProcess: @unchecked Sendable {
+    // Safe: `process` is only touched by the test task that owns this object; Foundation's
+    // Process is itself thread-safe for terminate/waitUntilExit.
+    let process = Process()
+    let name: String
+    let stdoutPath: String
+    let stderrPath: String
+
+    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], name: String? = nil) throws {
+        self.name = name ?? executable
+        let base = NSTemporaryDirectory() + "statesync-proc-\(UUID().uuidString)"
+        stdoutPath = base + ".out"
+        stderrPath = base + ".err"
+        _ = FileManager.default.createFile(atPath: stdoutPath, contents: nil)
+        _ = FileManager.default.createFile(atPath: stderrPath, contents: nil)
+        process.executableURL = binaries.appendingPathComponent(executable)
+        process.arguments = arguments
+        process.currentDirectoryURL = packageRoot
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: stdoutPath))
+        process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: stderrPath))
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+    }
+
+    var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
+    var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
+    var isRunning: Bool { process.isRunning }
+
+    /// Waits for the process to exit, with a deadline; kills it if the deadline passes.
+    func wait(timeout: Duration = .seconds(20)) async -> Int32 {
+        let deadline = ContinuousClock.now + timeout
+        while process.isRunning && ContinuousClock.now < deadline {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        if process.isRunning {
+            Issue.record("\(name) did not exit within \(timeout); killing it. stderr:\n\(stderr)")
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        return process.terminationStatus
+    }
+
+    /// Sends `signal` and waits for the exit status.
+    func stop(_ signal: Int32 = SIGTERM, timeout: Duration = .seconds(20)) async -> Int32 {
+        if process.isRunning { kill(process.processIdentifier, signal) }
+        return await wait(timeout: timeout)
+    }
+
+    deinit {
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+    }
+}
+
+/// Runs a `statesync` CLI command to completion.
+func cli(_ arguments: [String], timeout: Duration = .seconds(20)) async throws -> (status: Int32, stdout: String, stderr: String) {
+    let child = try ChildProcess("statesync", arguments)
+    let status = await child.wait(timeout: timeout)
+    return (status, child.stdout, child.stderr)
+}
+
+/// Waits for `condition` with a deadline, checking every 10 ms: never a fixed sleep.
+func waitUntil(
+    _ what: String, timeout: Duration = .seconds(20), sourceLocation: SourceLocation = #_sourceLocation,
+    _ condition: () async throws -> Bool
+) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if try await condition() { return }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+    Issue.record("timed out after \(timeout) waiting for \(what)", sourceLocation: sourceLocation)
+    throw CancellationError()
+}
+
+func temporaryDirectory(_ label: String) -> String {
+    let path = NSTemporaryDirectory() + "statesync-it-\(label)-\(UUID().uuidString)"
+    try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    return path
+}
+
+func freePort() -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    precondition(fd >= 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let ok = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+    }
+    precondition(ok)
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// Parses one line of JSON into a dictionary.
+func jsonObject(_ line: Substring) -> [String: Any]? {
+    (try? JSONSerialization.jsonObject(with: Data(line.utf8), options: [.fragmentsAllowed])) as? [String: Any]
+}

@@ -1,0 +1,132 @@
+import Foundation
+import Testing
+
+@testable import StateSync
+
+/// Two (or three) embedded nodes in one process, talking over real ZeroMQ on loopback.
+@Suite("Embedded nodes")
+struct EmbeddedNodeTests {
+    /// Config/node1.yaml and Config/node2.yaml, moved to free ports and temporary data directories.
+    static func exampleConfigurations() throws -> [NodeConfiguration] {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../../Config")
+        var configs = try (1...2).map {
+            try NodeConfiguration.load(file: root.appendingPathComponent("node\($0).yaml").path, environment: [:])
+        }
+        let mesh = meshConfigurations(2, label: "example")
+        for index in configs.indices {
+            configs[index].publishEndpoint = mesh[index].publishEndpoint
+            configs[index].peers = mesh[index].peers
+            configs[index].apiEndpoint = nil
+            configs[index].dataDirectory = mesh[index].dataDirectory
+            configs[index].heartbeatIntervalMilliseconds = 50
+        }
+        return configs
+    }
+
+    @Test func setOnNode1FiresNode2ObserverWithOldNewAndOrigin() async throws {
+        let configs = try Self.exampleConfigurations()
+        #expect(configs.map(\.nodeID) == ["node1", "node2"])
+        let node1 = try await StateSyncNode.start(configuration: configs[0])
+        let node2 = try await StateSyncNode.start(configuration: configs[1])
+        do {
+            try await waitUntilMeshed([node1, node2])
+            let local = try await node1.model(Counter.self, channel: "counters", id: "room-1")
+            let remote = try await node2.model(Counter.self, channel: "counters", id: "room-1")
+            let seen = Shared<[Change<Int>]>([])
+            remote.observe(\.count) { change in seen.withLock { $0.append(change) } }
+
+            local.count = 1
+            try await waitUntil("node2 sees the first change") { seen.value.count == 1 }
+            local.count = 2
+            try await waitUntil("node2 sees the second change") { seen.value.count == 2 }
+            let changes = seen.value
+            #expect(changes.map(\.old) == [0, 1])
+            #expect(changes.map(\.new) == [1, 2])
+            #expect(changes.allSatisfy { $0.origin == "node1" && $0.isRemote })
+            #expect(changes[1].version > changes[0].version)
+            #expect(remote.count == 2)
+
+            // A transaction on node2 reaches node1 as one version with both properties.
+            let titles = Shared<[Change<String>]>([])
+            local.observe(\.title) { change in titles.withLock { $0.append(change) } }
+            remote.transaction {
+                $0.count += 10
+                $0.title = "busy"
+            }
+            try await waitUntil("node1 sees the transaction") { titles.value.count == 1 && local.count == 12 }
+            #expect(titles.value[0].old == "untitled" && titles.value[0].new == "busy" && titles.value[0].origin == "node2")
+            #expect(local.propertyVersions["count"] == local.propertyVersions["title"])
+        } catch { Issue.record(error) }
+        await node1.stop()
+        await node2.stop()
+    }
+
+    @Test func sameAddressGivesTheSameInstanceAndANewInstanceAdoptsState() async throws {
+        let configs = meshConfigurations(2, label: "adopt")
+        let node1 = try await StateSyncNode.start(configuration: configs[0])
+        let node2 = try await StateSyncNode.start(configuration: configs[1])
+        do {
+            try await waitUntilMeshed([node1, node2])
+            let writer = try await node1.model(Counter.self, channel: "counters", id: "room-2")
+            #expect(try await node1.model(Counter.self, channel: "counters", id: "room-2") === writer)
+            writer.transaction {
+                $0.count = 41
+                $0.title = "kept"
+            }
+            try await waitUntil("node2 holds the state") {
+                node2.properties(of: ModelAddress(channel: "counters", model: "room-2")).count == 2
+            }
+            // Attaching late: the instance adopts the channel's state, no reset, no delta.
+            let published = node2.status.counters["deltas_published"]
+            let late = try await node2.model(Counter.self, channel: "counters", id: "room-2")
+            #expect(late.count == 41 && late.title == "kept")
+            #expect(node2.status.counters["deltas_published"] == published)
+            // A different type at a live address is refused with a clear error.
+            await #expect(throws: StateSyncError.self) {
+                _ = try await node2.model(Everything.self, channel: "counters", id: "room-2")
+            }
+            withExtendedLifetime(late) {}
+        } catch { Issue.record(error) }
+        await node1.stop()
+        await node2.stop()
+    }
+
+    @Test func startFromAConfigFileAndStateSurvivesARestart() async throws {
+        let port = freePort()
+        let dataDirectory = temporaryDirectory("restart")
+        let file = NSTemporaryDirectory() + "statesync-\(UUID().uuidString).yaml"
+        try """
+        node:
+          id: solo
+          data_dir: \(dataDirectory)
+        network:
+          publish: tcp://127.0.0.1:\(port)
+        """.write(toFile: file, atomically: true, encoding: .utf8)
+        let node = try await StateSyncNode.start(configFile: file)
+        let counter = try await node.model(Counter.self, channel: "c", id: "m")
+        counter.count = 7
+        try await waitUntil("the write reached the node's store") {
+            node.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == 7
+        }
+        // A second node on the same data directory is refused while the first runs.
+        var clash = try NodeConfiguration.load(file: file, environment: [:])
+        clash.publishEndpoint = "tcp://127.0.0.1:\(freePort())"
+        await #expect(throws: StateSyncError.self) { _ = try await StateSyncNode.start(configuration: clash) }
+        await node.stop()
+        let again = try await StateSyncNode.start(configFile: file)
+        let reloaded = try await again.model(Counter.self, channel: "c", id: "m")
+        #expect(reloaded.count == 7)
+        #expect(again.status.latestSequence == 1)
+        await again.stop()
+    }
+
+    @Test func bindFailureIsAClearError() async throws {
+        let configs = meshConfigurations(1, label: "bind")
+        let node = try await StateSyncNode.start(configuration: configs[0])
+        var clash = configs[0]
+        clash.dataDirectory = temporaryDirectory("bind-clash")
+        let error = await #expect(throws: StateSyncError.self) { _ = try await StateSyncNode.start(configuration: clash) }
+        #expect(error?.message.contains("cannot bind network.publish \(configs[0].publishEndpoint)") == true)
+        await node.stop()
+    }
+}

@@ -1,0 +1,91 @@
+import Foundation
+import Testing
+
+@testable import StateSync
+
+@Suite("Node configuration")
+struct NodeConfigurationTests {
+    static func write(_ yaml: String) throws -> String {
+        let path = NSTemporaryDirectory() + "statesync-config-\(UUID().uuidString).yaml"
+        try yaml.write(toFile: path, atomically: true, encoding: .utf8)
+        return path
+    }
+
+    static let valid = """
+        node:
+          id: n1
+          data_dir: /tmp/x
+        network:
+          publish: tcp://127.0.0.1:7001
+          api: tcp://127.0.0.1:7101
+          peers:
+            - tcp://127.0.0.1:7002
+        """
+
+    @Test func theExampleClusterConfigsLoad() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../../Config")
+        for i in 1...3 {
+            let config = try NodeConfiguration.load(file: root.appendingPathComponent("node\(i).yaml").path, environment: [:])
+            #expect(config.nodeID == "node\(i)")
+            #expect(config.apiEndpoint == "tcp://127.0.0.1:710\(i)")
+            #expect(config.peers.count == 2)
+            #expect(!config.peers.contains(config.publishEndpoint))
+        }
+    }
+
+    @Test func readsEveryKeyWithDefaults() throws {
+        let config = try NodeConfiguration.load(file: try Self.write(Self.valid), environment: [:])
+        #expect(config == NodeConfiguration(
+            nodeID: "n1", dataDirectory: "/tmp/x", publishEndpoint: "tcp://127.0.0.1:7001",
+            peers: ["tcp://127.0.0.1:7002"], apiEndpoint: "tcp://127.0.0.1:7101"))
+    }
+
+    @Test func environmentVariablesOverrideTheFile() throws {
+        let config = try NodeConfiguration.load(
+            file: try Self.write(Self.valid),
+            environment: [
+                "STATESYNC_NODE_ID": "other", "STATESYNC_NETWORK_PEERS": "tcp://127.0.0.1:9001,tcp://127.0.0.1:9002",
+                "STATESYNC_NETWORK_HEARTBEAT_MS": "250",
+            ])
+        #expect(config.nodeID == "other")
+        #expect(config.peers == ["tcp://127.0.0.1:9001", "tcp://127.0.0.1:9002"])
+        #expect(config.heartbeatIntervalMilliseconds == 250)
+    }
+
+    @Test func builtInDefaultsLoad() throws {
+        let config = try NodeConfiguration.loadDefaults(environment: ["STATESYNC_NODE_ID": "solo"])
+        #expect(config.nodeID == "solo" && config.apiEndpoint == "tcp://127.0.0.1:7101" && config.peers.isEmpty)
+    }
+
+    /// Each broken config must name the file (or variable), the key and the reason.
+    @Test(arguments: [
+        ("node:\n  data_dir: /tmp\nnetwork:\n  publish: tcp://127.0.0.1:1", "node.id: missing"),
+        (valid.replacingOccurrences(of: "tcp://127.0.0.1:7001", with: "tpc://127.0.0.1:7001"), "network.publish: 'tpc://127.0.0.1:7001' is not a ZeroMQ endpoint"),
+        (valid.replacingOccurrences(of: "127.0.0.1:7002", with: "127.0.0.1:99999"), "network.peers: 'tcp://127.0.0.1:99999' has no valid port"),
+        (valid.replacingOccurrences(of: "id: n1", with: "id: 'bad id!'"), "node.id: 'bad id!' must be"),
+        (valid + "\n  heartbeat_ms: fast", "network.heartbeat_ms: expected an integer"),
+        (valid + "\n  heartbeat_ms: 0", "network.heartbeat_ms: 0 is outside"),
+        (valid + "\nlog:\n  level: loud", "log.level: 'loud' is not one of"),
+        ("node: [unclosed", "not a valid YAML mapping"),
+    ])
+    func invalidConfigNamesFileKeyAndReason(yaml: String, expected: String) throws {
+        let path = try Self.write(yaml)
+        let error = try #require(throws: StateSyncError.self) { try NodeConfiguration.load(file: path, environment: [:]) }
+        #expect(error.code == .invalidConfiguration)
+        #expect(error.message.hasPrefix(path + ": "), "\(error.message)")
+        #expect(error.message.contains(expected), "\(error.message)")
+        #expect(!error.message.contains("\n"))
+    }
+
+    @Test func badEnvironmentOverrideNamesTheVariable() throws {
+        let error = try #require(throws: StateSyncError.self) {
+            try NodeConfiguration.load(file: try Self.write(Self.valid), environment: ["STATESYNC_NETWORK_HEARTBEAT_MS": "soon"])
+        }
+        #expect(error.message.contains("environment variable STATESYNC_NETWORK_HEARTBEAT_MS: network.heartbeat_ms"))
+    }
+
+    @Test func missingFileIsAClearError() {
+        let error = #expect(throws: StateSyncError.self) { try NodeConfiguration.load(file: "/nonexistent/x.yaml", environment: [:]) }
+        #expect(error?.message.hasPrefix("/nonexistent/x.yaml: cannot read the file") == true)
+    }
+}

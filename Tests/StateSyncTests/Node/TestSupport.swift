@@ -1,0 +1,65 @@
+import Foundation
+import Testing
+
+@testable import StateSync
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, closed).
+func freePort() -> Int {
+    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    precondition(fd >= 0)
+    defer { close(fd) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_port = 0
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+    }
+    precondition(bound)
+    return Int(UInt16(bigEndian: address.sin_port))
+}
+
+/// A fresh temporary directory.
+func temporaryDirectory(_ label: String) -> String {
+    let path = NSTemporaryDirectory() + "statesync-\(label)-\(UUID().uuidString)"
+    try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    return path
+}
+
+/// Waits for `condition` with a deadline, checking every 5 ms: never a fixed sleep.
+func waitUntil(
+    _ what: String, timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation,
+    _ condition: () async throws -> Bool
+) async throws {
+    let deadline = ContinuousClock.now + timeout
+    while ContinuousClock.now < deadline {
+        if try await condition() { return }
+        try await Task.sleep(for: .milliseconds(5))
+    }
+    Issue.record("timed out after \(timeout) waiting for \(what)", sourceLocation: sourceLocation)
+    throw CancellationError()
+}
+
+/// Configurations for `count` nodes that all peer with each other on free loopback ports.
+func meshConfigurations(_ count: Int, label: String, api: Bool = false) -> [NodeConfiguration] {
+    let ports = (0..<count).map { _ in freePort() }
+    return (0..<count).map { index in
+        NodeConfiguration(
+            nodeID: "node\(index + 1)", dataDirectory: temporaryDirectory("\(label)-\(index + 1)"),
+            publishEndpoint: "tcp://127.0.0.1:\(ports[index])",
+            peers: ports.enumerated().filter { $0.offset != index }.map { "tcp://127.0.0.1:\($0.element)" },
+            apiEndpoint: api ? "tcp://127.0.0.1:\(freePort())" : nil, heartbeatIntervalMilliseconds: 50)
+    }
+}
+
+/// Waits until every node sees every peer connected (heartbeats flowing both ways).
+func waitUntilMeshed(_ nodes: [StateSyncNode]) async throws {
+    try await waitUntil("all peers connected") {
+        nodes.allSatisfy { node in node.status.peers.allSatisfy(\.connected) }
+    }
+}
