@@ -245,7 +245,10 @@ private final class SocketTransfer: @unchecked Sendable {
         self.socket = socket
     }
 
-    func release() { context = nil }
+    func release() {
+        context?.terminate()
+        context = nil
+    }
 }
 
 func monotonicMilliseconds() -> UInt64 {

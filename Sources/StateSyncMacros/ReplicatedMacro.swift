@@ -147,14 +147,14 @@ struct TrackedProperty {
         if hasAttribute(variable, named: ["Local", "_ReplicatedTracked", "ObservationIgnored"]) { return false }
         guard variable.bindings.count == 1, let binding = variable.bindings.first else { return false }
         guard binding.pattern.is(IdentifierPatternSyntax.self) else { return false }
+        // Properties the member macro diagnoses get no accessors: one clear error, not a cascade.
+        if let type = binding.typeAnnotation?.type, nonCodableReason(type) != nil { return false }
         if let accessors = binding.accessorBlock {
             // A computed property (get-only or get/set) is not storage; observers (willSet/didSet)
             // are not allowed on tracked properties and are diagnosed.
             if case .getter = accessors.accessors { return false }
-            if case .accessors(let list) = accessors.accessors,
-                list.contains(where: { [.keyword(.get), .keyword(.set), .keyword(._read), .keyword(._modify)].contains($0.accessorSpecifier.tokenKind) })
-            {
-                return false
+            if case .accessors(let list) = accessors.accessors, !list.isEmpty {
+                return false  // computed (get/set) or observed (willSet/didSet, diagnosed)
             }
         }
         return true
@@ -174,7 +174,10 @@ struct TrackedProperty {
         for member in classDecl.memberBlock.members {
             guard let variable = member.decl.as(VariableDeclSyntax.self) else { continue }
             diagnoseUnsupported(variable, in: context)
-            guard isTracked(variable), let binding = variable.bindings.first,
+            let isStatic = variable.modifiers.contains { [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind) }
+            guard variable.bindingSpecifier.tokenKind == .keyword(.var), !isStatic,
+                !hasAttribute(variable, named: ["Local", "ObservationIgnored"]),
+                variable.bindings.count == 1, let binding = variable.bindings.first,
                 let identifier = binding.pattern.as(IdentifierPatternSyntax.self)
             else { continue }
             if let type = binding.typeAnnotation?.type, let reason = nonCodableReason(type) {
@@ -191,6 +194,7 @@ struct TrackedProperty {
                     Diagnostic(node: observer, message: ReplicatedDiagnostic.propertyObserver(identifier.identifier.text)))
                 continue
             }
+            guard isTracked(variable) else { continue }
             result.append(TrackedProperty(name: identifier.identifier.text, variable: variable))
         }
         return result

@@ -1,4 +1,5 @@
 import CZeroMQ
+import Synchronization
 
 /// A libzmq context: the container of every socket of a process (or of one component).
 ///
@@ -8,6 +9,7 @@ import CZeroMQ
 public final class Context: Sendable {
     // libzmq contexts are thread-safe by contract (zmq_ctx_new(3)); the pointer is immutable.
     nonisolated(unsafe) let handle: UnsafeMutableRawPointer
+    private let terminated = Atomic<Bool>(false)
 
     /// Creates a new context.
     public init() throws(ZeroMQError) {
@@ -37,7 +39,15 @@ public final class Context: Sendable {
         zmq_has(capability) == 1
     }
 
-    deinit {
+    /// Terminates the context: waits (up to each socket's linger) until every socket of it is
+    /// closed and its I/O threads have released their endpoints. Call after closing the sockets;
+    /// idempotent. Deinitialisation does it too, at a time ARC chooses.
+    public func terminate() {
+        guard !terminated.exchange(true, ordering: .acquiringAndReleasing) else { return }
         while zmq_ctx_term(handle) != 0 && zmq_errno() == EINTR {}
+    }
+
+    deinit {
+        terminate()
     }
 }

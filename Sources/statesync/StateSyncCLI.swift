@@ -197,10 +197,16 @@ extension StateSyncCLI {
     struct Status: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Print the node's id, peers, channels and latest version.",
-            discussion: "Exits 0 when the node answers: usable as a readiness probe.")
+            discussion: """
+                Exits 0 when the node answers. With --ready, exits 3 unless every configured peer is \
+                connected: a readiness probe.
+                """)
 
         @Flag(name: .long, help: "Print one JSON object.")
         var json = false
+
+        @Flag(name: .long, help: "Exit 3 unless every configured peer is connected.")
+        var ready = false
 
         @OptionGroup var connection: ConnectionOptions
 
@@ -209,6 +215,16 @@ extension StateSyncCLI {
                 let client = try connection.client()
                 defer { client.close() }
                 let status = try await client.status()
+                defer {
+                    if ready, !status.peers.allSatisfy(\.connected) {
+                        let down = status.peers.filter { !$0.connected }.map(\.endpoint)
+                        FileHandle.standardError.write(Data("statesync: not ready: peers not connected: \(down.joined(separator: ", "))\n".utf8))
+                    }
+                }
+                if ready, !status.peers.allSatisfy(\.connected) {
+                    if json { emit(status.value.jsonText()) }
+                    throw ExitCode(3)
+                }
                 if json {
                     emit(status.value.jsonText())
                     return

@@ -159,6 +159,27 @@ struct ClusterTests {
         #expect(await daemons.stopAll() == [0, 0, 0])
     }
 
+    @Test func statusReadyIsAReadinessProbe() async throws {
+        let daemons = Daemons()
+        let api = "tcp://127.0.0.1:\(freePort())"
+        do {
+            _ = try daemons.start(
+                config: "Config/node1.yaml",
+                environment: [
+                    "STATESYNC_NODE_DATA_DIR": temporaryDirectory("ready"),
+                    "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_API": api,
+                    "STATESYNC_NETWORK_PEERS": "tcp://127.0.0.1:\(freePort())",  // nobody is there
+                ], name: "lonely")
+            try await waitUntil("the daemon answers") { try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0 }
+            let probe = try await cli(["status", "--ready", "--daemon", api])
+            #expect(probe.status == 3)
+            #expect(probe.stderr.contains("not ready: peers not connected"), "\(probe.stderr)")
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        #expect(await daemons.stopAll() == [0])
+    }
+
     @Test func invalidConfigStopsTheDaemonWithOneLineAndExitTwo() async throws {
         let path = NSTemporaryDirectory() + "statesync-bad-\(UUID().uuidString).yaml"
         try "node:\n  id: x\n  data_dir: /tmp/x\nnetwork:\n  publish: tcp://127.0.0.1:notaport\n".write(

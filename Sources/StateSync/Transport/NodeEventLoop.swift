@@ -105,6 +105,8 @@ final class NodeEventLoop: Sendable {
         sockets.publisher.close()
         for (_, subscriber) in sockets.subscribers { subscriber.close() }
         sockets.api?.close()
+        // Release the endpoints before reporting the stop: a restart may bind them at once.
+        sockets.context.terminate()
         finish()
     }
 

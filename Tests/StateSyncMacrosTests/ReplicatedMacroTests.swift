@@ -1,0 +1,194 @@
+import SwiftSyntaxMacroExpansion
+import SwiftSyntaxMacros
+import SwiftSyntaxMacrosGenericTestSupport
+import Testing
+
+@testable import StateSyncMacros
+
+/// Expansion and diagnostics of `@Replicated`, checked without compiling the result.
+@Suite("@Replicated macro")
+struct ReplicatedMacroTests {
+    static let macros: [String: MacroSpec] = [
+        "Replicated": MacroSpec(type: ReplicatedMacro.self, conformances: []),
+        "Local": MacroSpec(type: LocalMacro.self),
+    ]
+
+    func expand(
+        _ source: String, _ expanded: String, diagnostics: [DiagnosticSpec] = [],
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) {
+        assertMacroExpansion(
+            source, expandedSource: expanded, diagnostics: diagnostics, macroSpecs: Self.macros,
+            indentationWidth: .spaces(4),
+            failureHandler: { failure in
+                Issue.record(Comment(rawValue: failure.message), sourceLocation: sourceLocation)
+            })
+    }
+
+    func diagnostics(of source: String, sourceLocation: SourceLocation = #_sourceLocation) -> [String] {
+        var messages: [String] = []
+        assertMacroExpansion(
+            source, expandedSource: "", macroSpecs: Self.macros,
+            failureHandler: { failure in messages.append(failure.message) })
+        return messages
+    }
+
+    @Test func expandsAFinalClass() {
+        expand(
+            """
+            @Replicated
+            final class Counter {
+                var count = 0
+                let id = "x"
+                @Local var scratch: Int = 0
+            }
+            """,
+            """
+            final class Counter {
+                @StateSync._ReplicatedTracked
+                var count = 0
+                let id = "x"
+                var scratch: Int {
+                    @storageRestrictions(initializes: _scratch)
+                    init(initialValue) {
+                        _scratch = initialValue
+                    }
+                    get {
+                        _$registrar.readLocal(self) {
+                            $0._scratch
+                        }
+                    }
+                    set {
+                        _$registrar.writeLocal(self) {
+                            $0._scratch = newValue
+                        }
+                    }
+                }
+
+                private var _scratch: Int = 0
+
+                let _$registrar = StateSync.ModelRegistrar()
+
+                static let _$count = StateSync.ReplicatedProperty("count", \\Counter.count, get: {
+                        $0._count
+                    }, set: {
+                        $0._count = $1
+                    })
+
+                static let _$schema = StateSync.ModelSchema<Counter>([Counter._$count])
+            }
+
+            extension Counter: Observation.Observable {
+            }
+
+            extension Counter: StateSync.ReplicatedModel {
+            }
+
+            // Safe: every mutable stored property of a @Replicated class is a macro-generated backing
+            // store read and written only under its ModelRegistrar's lock.
+            extension Counter: @unchecked Sendable {
+            }
+            """)
+    }
+
+    @Test func trackedPropertyExpandsToRegistrarAccessors() {
+        let specs: [String: MacroSpec] = ["_ReplicatedTracked": MacroSpec(type: ReplicatedTrackedMacro.self)]
+        assertMacroExpansion(
+            """
+            final class C {
+                @_ReplicatedTracked
+                var count: Int = 0
+            }
+            """,
+            expandedSource: """
+                final class C {
+                    var count: Int {
+                        @storageRestrictions(initializes: _count)
+                        init(initialValue) {
+                            _count = initialValue
+                        }
+                        get {
+                            _$registrar.read(self, Self._$count)
+                        }
+                        set {
+                            _$registrar.write(self, Self._$count, newValue)
+                        }
+                    }
+
+                    private var _count: Int = 0
+                }
+                """, macroSpecs: specs, indentationWidth: .spaces(4),
+            failureHandler: { Issue.record(Comment(rawValue: $0.message)) })
+    }
+
+    @Test(arguments: [
+        ("@Replicated struct S { var x = 0 }", "@Replicated cannot be applied to a struct; apply it to a 'final class'"),
+        ("@Replicated enum E { case a }", "@Replicated cannot be applied to an enum; apply it to a 'final class'"),
+        ("@Replicated actor A { var x = 0 }", "@Replicated cannot be applied to an actor; apply it to a 'final class'"),
+        ("@Replicated class C { var x = 0 }", "@Replicated class 'C' must be 'final' (subclasses would bypass its tracked storage)"),
+        (
+            "@Replicated final class C { var x: Int { get { 0 } set { } } }",
+            "@Replicated cannot replicate computed property 'x' with a setter; make it stored, or get-only"
+        ),
+        (
+            "@Replicated final class C { var f: () -> Void = {} }",
+            "property 'f' of type '() -> Void' cannot be replicated: a function type is neither Codable nor Sendable; tracked properties must be Codable & Sendable (or mark it @Local)"
+        ),
+        (
+            "@Replicated final class C { var a: Any = 1 }",
+            "property 'a' of type 'Any' cannot be replicated: 'Any' is not Codable; tracked properties must be Codable & Sendable (or mark it @Local)"
+        ),
+        (
+            "@Replicated final class C { var p: (Int, Int) = (1, 2) }",
+            "property 'p' of type '(Int, Int)' cannot be replicated: tuples are not Codable; use a Codable struct; tracked properties must be Codable & Sendable (or mark it @Local)"
+        ),
+        (
+            "@Replicated final class C { var a = 0 { didSet { } } }",
+            "tracked property 'a' cannot have willSet/didSet; use observe(\\.a) instead"
+        ),
+        ("@Replicated final class C { var a = 1, b = 2 }", "@Replicated needs one property per 'var' declaration; split this declaration"),
+        (
+            "@Replicated final class C { lazy var a = 1 }",
+            "@Replicated cannot track a 'lazy var'; make it a plain stored 'var' or mark it @Local"
+        ),
+    ])
+    func misuseIsAClearCompileTimeError(source: String, message: String) {
+        let reported = diagnostics(of: source)
+        #expect(reported.contains { $0.contains(message) }, "got: \(reported)")
+    }
+
+    @Test func diagnosticsPointAtTheOffendingDeclaration() {
+        expand(
+            """
+            @Replicated
+            final class C {
+                var bad: () -> Void = {}
+            }
+            """,
+            """
+            final class C {
+                var bad: () -> Void = {}
+
+                let _$registrar = StateSync.ModelRegistrar()
+
+                static let _$schema = StateSync.ModelSchema<C>([])
+            }
+
+            extension C: Observation.Observable {
+            }
+
+            extension C: StateSync.ReplicatedModel {
+            }
+
+            // Safe: every mutable stored property of a @Replicated class is a macro-generated backing
+            // store read and written only under its ModelRegistrar's lock.
+            extension C: @unchecked Sendable {
+            }
+            """,
+            diagnostics: [
+                DiagnosticSpec(
+                    message: "property 'bad' of type '() -> Void' cannot be replicated: a function type is neither Codable nor Sendable; tracked properties must be Codable & Sendable (or mark it @Local)",
+                    line: 3, column: 14)
+            ])
+    }
+}
