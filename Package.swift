@@ -91,7 +91,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StateSyncTests",
-            dependencies: ["StateSync"],
+            dependencies: ["StateSync", "ZeroMQ"],
             swiftSettings: strictSettings
         ),
         .testTarget(

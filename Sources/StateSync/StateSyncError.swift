@@ -51,7 +51,7 @@ public enum Names {
         guard count > 0 else { throw StateSyncError(.invalidName, "\(what) is empty") }
         guard count <= 255 else { throw StateSyncError(.invalidName, "\(what) '\(name.prefix(32))…' is longer than 255 bytes") }
         guard !name.utf8.contains(0) else { throw StateSyncError(.invalidName, "\(what) contains a NUL byte") }
-        if forbidSlash && name.contains("/") {
+        if forbidSlash && name.utf8.contains(UInt8(ascii: "/")) {
             throw StateSyncError(.invalidName, "\(what) '\(name)' contains '/'")
         }
     }

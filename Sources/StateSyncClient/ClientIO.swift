@@ -29,6 +29,9 @@ final class ClientIO: Sendable {
         self.wakeUp = try WakeUp()
         let context = try Context()
         let dealer = try context.socket(.dealer)
+        // One routing id for the client's life: after a reconnect the node still knows it, and
+        // PING can tell which of its watches the node dropped meanwhile.
+        try dealer.setRoutingID((0..<16).map { _ in UInt8.random(in: 0...255) })
         try dealer.setSendHighWaterMark(1000)
         try dealer.setReceiveHighWaterMark(100_000)
         try dealer.setReconnectInterval(milliseconds: 100)
@@ -194,7 +197,10 @@ final class ClientIO: Sendable {
     private func keepAlive(_ state: inout State, dealer: Socket, now: UInt64) {
         guard !state.watches.isEmpty, state.pingID == nil, now &- state.lastPing >= 1000 else { return }
         let id = nextID.add(1, ordering: .relaxed).newValue
-        _ = send(.ping, id: id, body: [], dealer: dealer)
+        var body = WireWriter()
+        body.varint(UInt64(state.watches.count))
+        for watchID in state.watches.keys { body.uint64(watchID) }
+        _ = send(.ping, id: id, body: body.bytes, dealer: dealer)
         state.pingID = id
         state.pingDeadline = now + timeoutMilliseconds
         state.lastPing = now
@@ -211,11 +217,20 @@ final class ClientIO: Sendable {
         case .ok:
             if id == state.pingID {
                 state.pingID = nil
-                if case .map(let map)? = try? ClientProtocol.decodeValue(body), case .string(let incarnation)? = map["incarnation"] {
+                guard case .map(let map)? = try? ClientProtocol.decodeValue(body) else { return }
+                if case .string(let incarnation)? = map["incarnation"] {
                     if let known = state.incarnation, known != incarnation {
                         failWatches(&state, StateSyncError(.connectionLost, "the node at \(endpoint) restarted; its watches ended"))
                     }
                     state.incarnation = incarnation
+                }
+                if case .array(let lost)? = map["lost"] {
+                    for case .int(let raw) in lost {
+                        state.watches.removeValue(forKey: UInt64(bitPattern: raw))?.finish(
+                            throwing: StateSyncError(
+                                .connectionLost,
+                                "the node at \(endpoint) dropped this watch while the connection was interrupted; changes may have been missed"))
+                    }
                 }
                 return
             }

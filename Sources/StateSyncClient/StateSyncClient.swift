@@ -44,11 +44,22 @@ public final class StateSyncClient: Sendable {
 
     /// The result of a ``set(_:_:)``.
     public struct SetResult: Sendable, Equatable {
-        /// The version of the write, or (when nothing changed) the current version of the
-        /// properties named.
+        /// What the write did on the node.
+        public enum Outcome: UInt8, Sendable {
+            /// Every value was already current; no delta was made.
+            case unchanged = 0
+            /// The write applied and was published.
+            case changed = 1
+            /// The node already holds newer versions of every property named (a peer's clock is
+            /// ahead of this node's): the write changed nothing.
+            case superseded = 2
+        }
+        /// The version of the write; when it did not apply, the newest version of the properties
+        /// named.
         public var version: Version
+        public var outcome: Outcome
         /// Whether any property changed.
-        public var changed: Bool
+        public var changed: Bool { outcome == .changed }
     }
 
     /// Writes properties of one model as one delta. Returns once the node has applied it.
@@ -58,8 +69,11 @@ public final class StateSyncClient: Sendable {
         do {
             var reader = WireReader(body)
             let version = Version(timestamp: try reader.uint64("version"), node: try reader.string("version node"))
-            let changed = reader.isAtEnd ? true : try reader.byte("changed") == 1
-            return SetResult(version: version, changed: changed)
+            let raw = reader.isAtEnd ? 1 : try reader.byte("outcome")
+            guard let outcome = SetResult.Outcome(rawValue: raw) else {
+                throw WireError.invalid(field: "outcome", reason: "unknown value \(raw)")
+            }
+            return SetResult(version: version, outcome: outcome)
         } catch {
             throw StateSyncError(.protocolError, "malformed SET reply from \(endpoint): \(error)")
         }

@@ -200,6 +200,12 @@ public final class Socket {
         try setOption(ZMQ_ROUTER_MANDATORY, "ZMQ_ROUTER_MANDATORY", int: on ? 1 : 0)
     }
 
+    /// On a ROUTER socket: a peer reconnecting with a routing id already in use takes it over
+    /// (`ZMQ_ROUTER_HANDOVER`) instead of being refused.
+    public func setRouterHandover(_ on: Bool) throws(ZeroMQError) {
+        try setOption(ZMQ_ROUTER_HANDOVER, "ZMQ_ROUTER_HANDOVER", int: on ? 1 : 0)
+    }
+
     /// Queue messages only to completed connections (`ZMQ_IMMEDIATE`).
     public func setImmediate(_ on: Bool) throws(ZeroMQError) {
         try setOption(ZMQ_IMMEDIATE, "ZMQ_IMMEDIATE", int: on ? 1 : 0)
@@ -208,6 +214,16 @@ public final class Socket {
     /// The interval between reconnection attempts (`ZMQ_RECONNECT_IVL`).
     public func setReconnectInterval(milliseconds: Int32) throws(ZeroMQError) {
         try setOption(ZMQ_RECONNECT_IVL, "ZMQ_RECONNECT_IVL", int: milliseconds)
+    }
+
+    /// The largest inbound message accepted (`ZMQ_MAXMSGSIZE`); a peer sending a larger one is
+    /// disconnected. -1 = no limit.
+    public func setMaximumMessageSize(_ bytes: Int64) throws(ZeroMQError) {
+        var value = bytes
+        let handle = rawHandle
+        try zmqCheck("zmq_setsockopt(ZMQ_MAXMSGSIZE)") {
+            zmq_setsockopt(handle, ZMQ_MAXMSGSIZE, &value, MemoryLayout<Int64>.size)
+        }
     }
 
     /// On a SUB socket: receive messages whose first frame starts with `prefix` (empty = all).

@@ -109,7 +109,12 @@ extension StateSyncCLI {
                 let client = try connection.client()
                 defer { client.close() }
                 let result = try await client.set(try parseAddress(model), try parseAssignments())
-                emit(result.changed ? "\(result.version)" : "\(result.version) (unchanged)")
+                switch result.outcome {
+                case .changed: emit("\(result.version)")
+                case .unchanged: emit("\(result.version) (unchanged: every value was already current)")
+                case .superseded:
+                    emit("\(result.version) (superseded: the node holds a newer version; check peers' clocks)")
+                }
             }
         }
     }

@@ -113,13 +113,16 @@ final class DataDirectory: Sendable {
         var w = WireWriter(capacity: 4096)
         for b in magic { w.byte(b) }
         w.varint(snapshot.latestSequence)
-        let models = snapshot.store.allModels
+        // Sorted, so equal states write equal files.
+        let models = snapshot.store.allModels.sorted {
+            ($0.0.channel, $0.0.model) < ($1.0.channel, $1.0.model)
+        }
         w.varint(UInt64(models.count))
         for (address, registers) in models {
             w.string(address.channel)
             w.string(address.model)
             w.varint(UInt64(registers.count))
-            for (name, register) in registers {
+            for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
                 w.string(name)
                 w.value(register.value)
                 w.uint64(register.version.timestamp)

@@ -24,6 +24,8 @@ public struct NodeCounters: Sendable, Equatable {
     public var clientErrors = 0
     /// Watch events that could not be queued to a slow client.
     public var watchEventsDropped = 0
+    /// Replies that could not be queued to a client (its queue was full).
+    public var repliesDropped = 0
     /// Local writes whose value could not be encoded for the wire.
     public var encodingFailures = 0
 
@@ -38,6 +40,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),
             ("rejected_properties", rejectedProperties), ("client_requests", clientRequests),
             ("client_errors", clientErrors), ("watch_events_dropped", watchEventsDropped),
+            ("replies_dropped", repliesDropped),
             ("encoding_failures", encodingFailures),
         ]
     }

@@ -28,7 +28,7 @@ public struct NodeStatus: Sendable, Equatable {
     /// A digest of the whole replicated state: equal digests mean equal state.
     public var stateDigest: UInt64
     public var counters: [String: Int]
-    /// Clients with active watches.
+    /// Active watches (a client may hold several).
     public var watchers: Int
 
     /// The status as a ``Value`` map (its wire and JSON form).

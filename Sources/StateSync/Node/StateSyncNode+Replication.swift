@@ -29,7 +29,13 @@ extension StateSyncNode {
             core.withLock { core in
                 core.peers[endpoint, default: .init()].lastMessageAt = now
                 core.peers[endpoint, default: .init()].node = beat.node
-                core.origins[beat.node, default: .init()].incarnation = beat.incarnation
+                var origin = core.origins[beat.node, default: .init()]
+                if origin.incarnation != 0, origin.incarnation != beat.incarnation {
+                    // The peer restarted: its sequence numbers may start again.
+                    origin.highestSequence = 0
+                }
+                origin.incarnation = beat.incarnation
+                core.origins[beat.node] = origin
             }
             return []
         case .delta(let delta):
@@ -125,11 +131,22 @@ extension StateSyncNode {
         }
     }
 
+    /// What a client's SET did.
+    enum SetResult: UInt8, Sendable {
+        /// Every value was already current: no delta.
+        case unchanged = 0
+        /// The write applied.
+        case changed = 1
+        /// The write lost last-writer-wins for every property: this node already holds newer
+        /// versions (written by a peer whose clock is ahead). It is published but changes nothing.
+        case superseded = 2
+    }
+
     /// A client's SET: the properties whose value differs become one delta with a new version.
-    /// Returns every delta to publish (queued model writes first) and the version of the write
-    /// (`nil` when every value was already current).
+    /// Returns every delta to publish (queued model writes first), the version to report (the
+    /// write's, or when nothing changed the newest of the named properties) and what happened.
     func clientSet(_ address: ModelAddress, _ writes: [PropertyWrite]) throws(StateSyncError) -> (
-        published: [Applied], version: Version?
+        published: [Applied], version: Version, result: SetResult
     ) {
         try Names.validateChannel(address.channel)
         try Names.validateModel(address.model)
@@ -151,11 +168,17 @@ extension StateSyncNode {
             return all
         }
         let applied = applyLocal(batch)
-        if let version, let last = applied.last, last.delta.version == version, !last.changes.isEmpty {
-            let instance = core.withLock { $0.liveInstance(at: address) }
-            if let instance { apply(last.changes, to: instance, version: version, isRemote: false) }
+        guard let version, let mine = applied.last, mine.delta.version == version else {
+            let newest = writes.compactMap { current[$0.name]?.version }.max() ?? .zero
+            return (applied, newest, .unchanged)
         }
-        return (applied, version)
+        if mine.changes.isEmpty {
+            let held = properties(of: address)
+            return (applied, writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
+        }
+        let instance = core.withLock { $0.liveInstance(at: address) }
+        if let instance { apply(mine.changes, to: instance, version: version, isRemote: false) }
+        return (applied, version, .changed)
     }
 
     /// This node's heartbeat.
@@ -175,6 +198,10 @@ extension StateSyncNode {
 
     func countDroppedWatchEvent() {
         core.withLock { $0.counters.watchEventsDropped += 1 }
+    }
+
+    func countDroppedReply() {
+        core.withLock { $0.counters.repliesDropped += 1 }
     }
 
     func countMalformedClientMessage() {

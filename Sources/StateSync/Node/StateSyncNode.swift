@@ -63,7 +63,7 @@ public final class StateSyncNode: Sendable {
         let node = StateSyncNode(configuration: configuration, directory: directory, core: core, logger: logger)
         // Never reuse a sequence number or issue a version below what this node already wrote.
         node.outbox.withLock { $0.nextSequence = latestSequence + 1 }
-        node.clock.observe(core.store.latestVersion)
+        node.clock.advance(past: core.store.latestVersion)
         try await node.loop.start()
         logger.info(
             "node started",

@@ -18,14 +18,14 @@ extension NodeEventLoop {
         } catch {
             node.countMalformedClientMessage()
             if case .unsupported = error {
-                reply(client, .error, 0, ClientProtocol.encodeError(.unsupportedVersion, "\(error)"), api)
+                reply(client, .error, 0, ClientProtocol.encodeError(.unsupportedVersion, "\(error)"), api, node: node)
             }
             return
         }
         let id = header.requestID
         guard let command = ClientProtocol.Command(rawValue: header.command) else {
             node.countClientRequest(error: true)
-            reply(client, .error, id, ClientProtocol.encodeError(.unknownCommand, "unknown command 0x\(String(header.command, radix: 16))"), api)
+            reply(client, .error, id, ClientProtocol.encodeError(.unknownCommand, "unknown command 0x\(String(header.command, radix: 16))"), api, node: node)
             return
         }
         let body = frames[2]
@@ -33,53 +33,60 @@ extension NodeEventLoop {
             switch command {
             case .set:
                 let (address, writes) = try ClientProtocol.decodeSet(body)
-                let (published, version) = try node.clientSet(address, writes)
+                let (published, version, result) = try node.clientSet(address, writes)
                 for applied in published {
                     publish(.delta(applied.delta), on: publisher)
                     notifyWatchers(applied.changes, state: &state, api: api, node: node)
                 }
-                let current = version ?? latestVersion(of: address, names: writes.map(\.name), node: node)
-                var body = ClientProtocol.encodeVersion(current)
-                body.append(version == nil ? 0 : 1)  // 1 = this set changed something
-                reply(client, .ok, id, body, api)
+                var body = ClientProtocol.encodeVersion(version)
+                body.append(result.rawValue)
+                reply(client, .ok, id, body, api, node: node)
             case .get:
                 let address = try ClientProtocol.decodeAddress(body)
                 try Names.validateChannel(address.channel)
                 try Names.validateModel(address.model)
-                reply(client, .ok, id, ClientProtocol.encodeProperties(node.properties(of: address)), api)
+                reply(client, .ok, id, ClientProtocol.encodeProperties(node.properties(of: address)), api, node: node)
             case .watch:
                 let channel = try ClientProtocol.decodeChannel(body)
                 try Names.validateChannel(channel)
                 state.add(LoopState.Watch(client: client, requestID: id), channel: channel)
                 updateWatcherCount(state)
-                reply(client, .ok, id, [], api)
+                reply(client, .ok, id, [], api, node: node)
             case .unwatch:
                 var reader = WireReader(body)
                 let watchID = try reader.uint64("watch id")
                 state.remove(LoopState.Watch(client: client, requestID: watchID))
                 updateWatcherCount(state)
-                reply(client, .ok, id, [], api)
+                reply(client, .ok, id, [], api, node: node)
             case .status:
-                reply(client, .ok, id, ClientProtocol.encodeValue(node.status.value), api)
+                reply(client, .ok, id, ClientProtocol.encodeValue(node.status.value), api, node: node)
             case .ping:
-                reply(client, .ok, id, ClientProtocol.encodeValue(["incarnation": .string(String(node.incarnation, radix: 16))]), api)
+                // The body lists the watch ids the client holds; the reply names those this node
+                // no longer has (dropped when the client was unreachable), so no gap goes unseen.
+                var reader = WireReader(body)
+                var lost: [Value] = []
+                if !reader.isAtEnd {
+                    let count = try reader.count("watch count", minimumItemSize: 8)
+                    let held = state.channelsByClient[client] ?? [:]
+                    for _ in 0..<count {
+                        let watchID = try reader.uint64("watch id")
+                        if held[watchID] == nil { lost.append(.int(Int64(bitPattern: watchID))) }
+                    }
+                }
+                let answer: Value = ["incarnation": .string(String(node.incarnation, radix: 16)), "lost": .array(lost)]
+                reply(client, .ok, id, ClientProtocol.encodeValue(answer), api, node: node)
             }
             node.countClientRequest(error: false)
         } catch let error as WireError {
             node.countClientRequest(error: true)
-            reply(client, .error, id, ClientProtocol.encodeError(.malformed, "malformed \(command) request: \(error)"), api)
+            reply(client, .error, id, ClientProtocol.encodeError(.malformed, "malformed \(command) request: \(error)"), api, node: node)
         } catch let error as StateSyncError {
             node.countClientRequest(error: true)
-            reply(client, .error, id, ClientProtocol.encodeError(.invalidArgument, error.message), api)
+            reply(client, .error, id, ClientProtocol.encodeError(.invalidArgument, error.message), api, node: node)
         } catch {
             node.countClientRequest(error: true)
-            reply(client, .error, id, ClientProtocol.encodeError(.internal, "\(error)"), api)
+            reply(client, .error, id, ClientProtocol.encodeError(.internal, "\(error)"), api, node: node)
         }
-    }
-
-    private func latestVersion(of address: ModelAddress, names: [String], node: StateSyncNode) -> Version {
-        let registers = node.properties(of: address)
-        return names.compactMap { registers[$0]?.version }.max() ?? .zero
     }
 
     private func updateWatcherCount(_ state: LoopState) {
@@ -114,9 +121,14 @@ extension NodeEventLoop {
         }
     }
 
-    private func reply(_ client: [UInt8], _ kind: ClientProtocol.ReplyKind, _ id: UInt64, _ body: [UInt8], _ api: Socket) {
+    private func reply(
+        _ client: [UInt8], _ kind: ClientProtocol.ReplyKind, _ id: UInt64, _ body: [UInt8], _ api: Socket,
+        node: StateSyncNode
+    ) {
         do {
-            try api.send([client] + ClientProtocol.encodeReply(kind, id: id, body: body), dontWait: true)
+            if try !api.send([client] + ClientProtocol.encodeReply(kind, id: id, body: body), dontWait: true) {
+                node.countDroppedReply()  // the client's queue is full; it will time out and retry
+            }
         } catch let error where error.isHostUnreachable {
             // The client left before its answer; nothing to do.
         } catch {

@@ -190,6 +190,7 @@ struct LoopState {
     var channelsByClient: [[UInt8]: [UInt64: String]] = [:]
 
     mutating func add(_ watch: Watch, channel: String) {
+        remove(watch)  // a reused request id replaces the earlier watch
         watchesByChannel[channel, default: []].insert(watch)
         channelsByClient[watch.client, default: [:]][watch.requestID] = channel
     }

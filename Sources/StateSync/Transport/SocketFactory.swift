@@ -3,6 +3,9 @@ import ZeroMQ
 /// The one place where the node's sockets are created and configured: linger, high-water marks
 /// and (later) CURVE keys are set here and nowhere else.
 enum SocketFactory {
+    /// Inbound messages larger than this are refused by libzmq (the sender is disconnected).
+    static let maximumMessageSize: Int64 = 64 << 20
+
     static func makeNodeSockets(configuration: NodeConfiguration) throws(StateSyncError) -> (
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], api: Socket?
     ) {
@@ -18,6 +21,7 @@ enum SocketFactory {
             for peer in configuration.peers {
                 let subscriber = try context.socket(.sub)
                 try subscriber.setReceiveHighWaterMark(NodeEventLoop.peerHighWaterMark)
+                try subscriber.setMaximumMessageSize(maximumMessageSize)
                 try subscriber.setReconnectInterval(milliseconds: 100)
                 try subscriber.subscribe()
                 try subscriber.connect(peer)
@@ -28,6 +32,9 @@ enum SocketFactory {
             if let endpoint = configuration.apiEndpoint {
                 let router = try context.socket(.router)
                 try router.setRouterMandatory(true)
+                // Clients keep one routing id across reconnects, so their watches can be checked.
+                try router.setRouterHandover(true)
+                try router.setMaximumMessageSize(maximumMessageSize)
                 try router.setSendHighWaterMark(NodeEventLoop.clientHighWaterMark)
                 try bind(router, endpoint, key: "network.api")
                 api = router

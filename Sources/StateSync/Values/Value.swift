@@ -2,6 +2,9 @@
 ///
 /// Every `Codable` property type maps onto these cases (see ``ValueEncoder``/``ValueDecoder``),
 /// and the wire encodes them compactly (docs/PROTOCOL.md, "Values").
+///
+/// Equality is the wire's: doubles compare by bit pattern (so `-0.0 != 0.0` and a NaN equals
+/// the same NaN), strings by their UTF-8 bytes.
 public enum Value: Sendable, Hashable {
     case null
     case bool(Bool)
@@ -23,6 +26,44 @@ public enum Value: Sendable, Hashable {
         case .bytes: "bytes"
         case .array: "array"
         case .map: "map"
+        }
+    }
+}
+
+extension Value {
+    public static func == (lhs: Value, rhs: Value) -> Bool {
+        switch (lhs, rhs) {
+        case (.null, .null): true
+        case (.bool(let a), .bool(let b)): a == b
+        case (.int(let a), .int(let b)): a == b
+        case (.double(let a), .double(let b)): a.bitPattern == b.bitPattern
+        case (.string(let a), .string(let b)): a.utf8.elementsEqual(b.utf8)
+        case (.bytes(let a), .bytes(let b)): a == b
+        case (.array(let a), .array(let b)): a == b
+        case (.map(let a), .map(let b)): a == b
+        default: false
+        }
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        switch self {
+        case .null: hasher.combine(0)
+        case .bool(let b): hasher.combine(b)
+        case .int(let i): hasher.combine(i)
+        case .double(let d): hasher.combine(d.bitPattern)
+        case .string(let s): for byte in s.utf8 { hasher.combine(byte) }
+        case .bytes(let b): hasher.combine(b)
+        case .array(let a): hasher.combine(a)
+        case .map(let m): hasher.combine(m)
+        }
+    }
+
+    /// How deeply arrays and maps nest (a scalar is 0).
+    public var depth: Int {
+        switch self {
+        case .array(let items): 1 + (items.map(\.depth).max() ?? 0)
+        case .map(let map): 1 + (map.values.map(\.depth).max() ?? 0)
+        default: 0
         }
     }
 }

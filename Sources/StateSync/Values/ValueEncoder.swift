@@ -6,11 +6,18 @@ import Foundation
 public struct ValueEncoder: Sendable {
     public init() {}
 
+    /// - Throws: `EncodingError` when the value cannot be represented, including nesting deeper
+    ///   than the wire allows (``WireReader/maximumDepth``): peers would reject it.
     public func encode<T: Encodable>(_ value: T) throws -> Value {
         if let direct = Self.directValue(value) { return direct }
         let encoder = _ValueEncoder(codingPath: [])
         try value.encode(to: encoder)
-        return encoder.storage.value ?? .map([:])
+        let result = encoder.storage.value ?? .map([:])
+        if result.depth >= WireReader.maximumDepth {
+            throw EncodingError.invalidValue(
+                value, .init(codingPath: [], debugDescription: "nested deeper than \(WireReader.maximumDepth - 1) levels"))
+        }
+        return result
     }
 
     /// The fast path for the common property types: no encoder allocation.

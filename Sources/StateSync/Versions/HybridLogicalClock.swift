@@ -59,6 +59,13 @@ public final class HybridLogicalClock: Sendable {
         return true
     }
 
+    /// Moves the clock past `version` unconditionally: for this node's own earlier writes (from
+    /// its snapshot), which it must never issue a version below, whatever the wall clock says.
+    public func advance(past version: Version) {
+        let stamp = version.timestamp
+        state.withLock { last in last = max(last, stamp) }
+    }
+
     /// How many peer timestamps were too far ahead to follow.
     public var driftRejectionCount: Int { driftRejections.load(ordering: .relaxed) }
 }

@@ -35,6 +35,17 @@ public struct Version: Sendable, Hashable, Comparable, CustomStringConvertible {
         return lhs.node.utf8.lexicographicallyPrecedes(rhs.node.utf8)
     }
 
+    /// Equal when the clock parts and the node ids' UTF-8 bytes are equal (consistent with `<`).
+    public static func == (lhs: Version, rhs: Version) -> Bool {
+        lhs.milliseconds == rhs.milliseconds && lhs.counter == rhs.counter && lhs.node.utf8.elementsEqual(rhs.node.utf8)
+    }
+
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(milliseconds)
+        hasher.combine(counter)
+        for byte in node.utf8 { hasher.combine(byte) }
+    }
+
     public var description: String { "\(milliseconds).\(counter)@\(node)" }
 
     /// Parses the text form `<milliseconds>.<counter>@<node>`.

@@ -114,7 +114,7 @@ public enum ClientProtocol {
         return (address, writes)
     }
 
-    /// The OK body of a SET: the version the write got (`node` empty when nothing changed).
+    /// The start of the OK body of a SET: a version (the node appends a changed flag byte).
     public static func encodeVersion(_ version: Version) -> [UInt8] {
         var w = WireWriter()
         w.uint64(version.timestamp)
@@ -211,6 +211,7 @@ public enum ClientProtocol {
         for _ in 0..<n {
             let property = try r.string("property name")
             let hasOld = try r.byte("has old")
+            guard hasOld <= 1 else { throw .invalid(field: "has old", reason: "must be 0 or 1, not \(hasOld)") }
             let old: Value? = hasOld == 1 ? try r.value("old value") : nil
             let new = try r.value("new value")
             changes.append(

@@ -21,9 +21,10 @@ public enum PeerMessage: Sendable, Equatable {
     public struct Heartbeat: Sendable, Equatable {
         /// The sender's node id.
         public var node: String
-        /// The sender's latest sequence number (0 before its first delta).
+        /// The highest sequence number the sender has assigned (0 before its first delta).
         public var latestSequence: UInt64
-        /// The sender's hybrid clock when it sent the heartbeat.
+        /// The sender's wall clock when it sent the heartbeat, in the timestamp form
+        /// (`milliseconds << 16`); informative.
         public var clock: UInt64
         /// A random number chosen at every start of the sender.
         public var incarnation: UInt64
@@ -77,6 +78,7 @@ public enum PeerMessage: Sendable, Equatable {
         guard version == protocolVersion else { throw .unsupported("protocol version \(version)") }
         if topic == heartbeatTopic {
             let node = try body.string("node")
+            guard !node.isEmpty else { throw .invalid(field: "node", reason: "empty node id") }
             let sequence = try body.varint("latest sequence")
             let clock = try body.uint64("clock")
             let incarnation = try body.uint64("incarnation")
@@ -89,10 +91,13 @@ public enum PeerMessage: Sendable, Equatable {
         guard !origin.isEmpty else { throw .invalid(field: "origin", reason: "empty node id") }
         let sequence = try body.varint("sequence")
         let count = try body.count("property count", minimumItemSize: 2)
+        guard count > 0 else { throw .invalid(field: "property count", reason: "a delta writes at least one property") }
         var properties: [PropertyWrite] = []
         properties.reserveCapacity(count)
+        var names = Set<String>()
         for _ in 0..<count {
             let name = try body.string("property name")
+            guard names.insert(name).inserted else { throw .invalid(field: "property name", reason: "'\(name)' appears twice") }
             properties.append(PropertyWrite(name: name, value: try body.value("property value")))
         }
         return .delta(

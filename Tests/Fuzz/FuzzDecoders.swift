@@ -1,0 +1,62 @@
+// libFuzzer entry point over every decoder of untrusted bytes: values, peer messages, client
+// requests and replies, and the snapshot file. Built by `.ci/fuzz` with `swiftc -sanitize=fuzzer`
+// from the wire sources directly (no package build), so it runs anywhere Swift does.
+//
+// The first input byte chooses the decoder; the rest is the input. A decoder may throw — that is
+// the expected answer to garbage — but must never trap, hang or allocate without bound.
+
+@_cdecl("LLVMFuzzerTestOneInput")
+public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
+    guard size > 0 else { return 0 }
+    let selector = data[0]
+    let bytes = Array(UnsafeBufferPointer(start: data + 1, count: size - 1))
+    switch selector % 8 {
+    case 0:
+        var reader = WireReader(bytes)
+        _ = try? reader.value()
+    case 1:
+        // A DELTA: split the input into topic and body at the first 0xFF (or the middle).
+        let split = bytes.firstIndex(of: 0xFF) ?? bytes.count / 2
+        _ = try? PeerMessage.decode([[UInt8(ascii: "D")] + bytes[..<split], Array(bytes[split...].dropFirst())])
+    case 2:
+        _ = try? PeerMessage.decode([PeerMessage.heartbeatTopic, bytes])
+    case 3:
+        _ = try? ClientProtocol.decodeRequestHeader(bytes)
+        _ = try? ClientProtocol.decodeSet(bytes)
+        _ = try? ClientProtocol.decodeAddress(bytes)
+    case 4:
+        _ = try? ClientProtocol.decodeReplyHeader(bytes)
+        _ = try? ClientProtocol.decodeEvent(bytes)
+        _ = try? ClientProtocol.decodeProperties(bytes)
+    case 5:
+        _ = try? ClientProtocol.decodeValue(bytes)
+        _ = try? ClientProtocol.decodeError(bytes)
+        _ = try? ClientProtocol.decodeVersion(bytes)
+    case 6:
+        _ = try? DataDirectory.decode(DataDirectory.magic + bytes)
+    default:
+        // Round trip: whatever decodes must re-encode and decode to the same value.
+        var reader = WireReader(bytes)
+        if let value = try? reader.value() {
+            var writer = WireWriter()
+            writer.value(value)
+            var again = WireReader(writer.bytes)
+            guard let decoded = try? again.value(), decoded == value || value.containsNaN else {
+                fatalError("re-encoded value does not decode to itself: \(value)")
+            }
+        }
+    }
+    return 0
+}
+
+extension Value {
+    /// NaN is not equal to itself, so a round trip of a NaN double cannot compare equal.
+    var containsNaN: Bool {
+        switch self {
+        case .double(let d): d.isNaN
+        case .array(let items): items.contains { $0.containsNaN }
+        case .map(let map): map.values.contains { $0.containsNaN }
+        default: false
+        }
+    }
+}

@@ -1,0 +1,155 @@
+import Foundation
+import Testing
+import ZeroMQ
+
+@testable import StateSync
+
+/// The client API spoken byte by byte from a raw DEALER (PROTOCOL.md §Client API).
+@Suite("Client API protocol")
+struct ClientAPIProtocolTests {
+    final class RawClient {
+        let context: Context
+        let dealer: Socket
+
+        init(_ endpoint: String) throws {
+            context = try Context()
+            dealer = try context.socket(.dealer)
+            try dealer.connect(endpoint)
+        }
+
+        func request(_ frames: [[UInt8]]) throws -> [[UInt8]]? {
+            try dealer.send(frames)
+            var poller = Poller([.socket(dealer, .readable)])
+            for _ in 0..<200 where try poller.poll(timeoutMilliseconds: 25)[0].contains(.readable) == false {}
+            return try dealer.receive(dontWait: true)
+        }
+
+        func call(_ command: ClientProtocol.Command, id: UInt64, _ body: [UInt8]) throws -> (ClientProtocol.ReplyHeader, [UInt8]) {
+            let reply = try #require(try request(ClientProtocol.encodeRequest(command, id: id, body: body)))
+            return (try ClientProtocol.decodeReplyHeader(reply[0]), reply[1])
+        }
+    }
+
+    static func withNode(_ body: (StateSyncNode, RawClient) async throws -> Void) async throws {
+        let config = meshConfigurations(1, label: "api", api: true)[0]
+        let node = try await StateSyncNode.start(configuration: config)
+        do {
+            try await body(node, try RawClient(try #require(node.apiEndpoint)))
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
+
+    @Test func unknownCommandGetsErrorTwoAndTheNodeGoesOn() async throws {
+        try await Self.withNode { node, client in
+            var header = WireWriter()
+            header.byte(1)
+            header.byte(0x7E)
+            header.uint64(9)
+            let reply = try #require(try client.request([header.bytes, []]))
+            let decoded = try ClientProtocol.decodeReplyHeader(reply[0])
+            #expect(decoded.kind == .error && decoded.requestID == 9)
+            #expect(try ClientProtocol.decodeError(reply[1]).code == ClientProtocol.ErrorCode.unknownCommand.rawValue)
+            // Garbage and wrong frame counts are dropped and counted; the node still answers.
+            try client.dealer.send([[1, 2, 3]])
+            try client.dealer.send([[0xFF, 0x01], [], [], []])
+            let (ok, _) = try client.call(.status, id: 10, [])
+            #expect(ok.kind == .ok && ok.requestID == 10)
+            #expect(node.status.counters["malformed_messages"] ?? 0 >= 2)
+        }
+    }
+
+    @Test func malformedSetGetsErrorOneAndInvalidNamesErrorThree() async throws {
+        try await Self.withNode { _, client in
+            let (truncated, body) = try client.call(.set, id: 1, [0x04, 0x64])
+            #expect(truncated.kind == .error)
+            #expect(try ClientProtocol.decodeError(body).code == ClientProtocol.ErrorCode.malformed.rawValue)
+            let bad = ClientProtocol.encodeSet(ModelAddress(channel: "a/b", model: "m"), [PropertyWrite(name: "x", value: 1)])
+            let (invalid, invalidBody) = try client.call(.set, id: 2, bad)
+            #expect(invalid.kind == .error)
+            #expect(try ClientProtocol.decodeError(invalidBody).code == ClientProtocol.ErrorCode.invalidArgument.rawValue)
+        }
+    }
+
+    @Test func setReportsChangedUnchangedAndSuperseded() async throws {
+        try await Self.withNode { node, client in
+            let address = ModelAddress(channel: "c", model: "m")
+            let set = ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 1)])
+            #expect(try client.call(.set, id: 1, set).1.last == 1)  // changed
+            #expect(try client.call(.set, id: 2, set).1.last == 0)  // unchanged
+            // A peer far ahead in time wrote x: a local write now loses and says so.
+            let future = Delta(
+                channel: "c", model: "m", version: Version(milliseconds: HybridLogicalClock.systemMilliseconds() + 3_600_000, counter: 0, node: "zeta"),
+                sequence: 1, properties: [PropertyWrite(name: "x", value: 5)])
+            _ = node.receive(from: "tcp://test", frames: PeerMessage.delta(future).encode())
+            #expect(node.status.counters["clock_drift_rejections"] == 1)
+            let (_, reply) = try client.call(.set, id: 3, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 2)]))
+            #expect(reply.last == 2)  // superseded
+            #expect(try ClientProtocol.decodeVersion(Array(reply.dropLast())) == future.version)
+            #expect(node.properties(of: address)["x"]?.value == 5)
+        }
+    }
+
+    @Test func pingNamesWatchesTheNodeNoLongerHolds() async throws {
+        try await Self.withNode { _, client in
+            let (watch, _) = try client.call(.watch, id: 77, ClientProtocol.encodeChannel("c"))
+            #expect(watch.kind == .ok)
+            var ping = WireWriter()
+            ping.varint(2)
+            ping.uint64(77)
+            ping.uint64(78)  // never registered: reported lost
+            let (_, body) = try client.call(.ping, id: 5, ping.bytes)
+            guard case .map(let map) = try ClientProtocol.decodeValue(body) else { Issue.record("not a map"); return }
+            #expect(map["lost"] == .array([.int(78)]))
+        }
+    }
+}
+
+@Suite("Review fixes")
+struct WireStrictnessTests {
+    @Test func valueEqualityIsTheWiresBitwiseEquality() {
+        #expect(Value.double(0.0) != Value.double(-0.0))
+        #expect(Value.double(.nan) == Value.double(.nan))
+        #expect(Value.string("é") != Value.string("e\u{301}"))
+    }
+
+    @Test func deltasWithoutPropertiesOrWithRepeatedNamesAreMalformed() {
+        var none = PeerMessage.delta(PeerMessageTests.delta).encode()
+        var writer = WireWriter()
+        writer.byte(1)
+        writer.uint64(1 << 16)
+        writer.string("n")
+        writer.varint(1)
+        writer.varint(0)
+        none[1] = writer.bytes
+        #expect(throws: WireError.self) { try PeerMessage.decode(none) }
+        let twice = Delta(
+            channel: "c", model: "m", version: Version(milliseconds: 1, counter: 0, node: "n"), sequence: 1,
+            properties: [PropertyWrite(name: "x", value: 1), PropertyWrite(name: "x", value: 2)])
+        #expect(throws: WireError.self) { try PeerMessage.decode(PeerMessage.delta(twice).encode()) }
+        let anonymous = PeerMessage.heartbeat(.init(node: "", latestSequence: 0, clock: 0, incarnation: 1))
+        #expect(throws: WireError.self) { try PeerMessage.decode(anonymous.encode()) }
+    }
+
+    @Test func slashIsForbiddenInChannelsEvenBeforeACombiningMark() {
+        #expect(throws: StateSyncError.self) { try Names.validateChannel("a/\u{301}") }
+    }
+
+    @Test func valuesTooDeepForTheWireAreNotEncoded() {
+        indirect enum Deep: Codable { case leaf, node(Deep) }
+        var deep = Deep.leaf
+        for _ in 0..<40 { deep = .node(deep) }
+        #expect(throws: EncodingError.self) { try ValueEncoder().encode(deep) }
+    }
+
+    @Test func reusingAWatchIDReplacesTheEarlierWatch() {
+        var state = LoopState()
+        let watch = LoopState.Watch(client: [1], requestID: 7)
+        state.add(watch, channel: "a")
+        state.add(watch, channel: "b")
+        #expect(state.watchesByChannel["a"] == nil)
+        #expect(state.watchesByChannel["b"] == [watch])
+        #expect(state.count == 1)
+    }
+}
