@@ -31,7 +31,8 @@ final class ClientIO: Sendable {
         let dealer = try context.socket(.dealer)
         // One routing id for the client's life: after a reconnect the node still knows it, and
         // PING can tell which of its watches the node dropped meanwhile.
-        try dealer.setRoutingID((0..<16).map { _ in UInt8.random(in: 0...255) })
+        // (A leading zero byte is reserved by ZeroMQ for its own generated ids.)
+        try dealer.setRoutingID([0x53] + (0..<15).map { _ in UInt8.random(in: 0...255) })
         try dealer.setSendHighWaterMark(1000)
         try dealer.setReceiveHighWaterMark(100_000)
         try dealer.setReconnectInterval(milliseconds: 100)

@@ -248,6 +248,7 @@ extension StateSyncCLI {
                 emit("channels:")
                 if status.channels.isEmpty { emit("  (none)") }
                 for name in status.channels.keys.sorted() { emit("  \(name): \(status.channels[name]!) models") }
+                emit("missing:   \(status.missingDeltas) deltas known but not yet received (repair in progress when > 0)")
                 emit("watchers:  \(status.watchers)")
                 let nonZero = status.counters.filter { $0.value != 0 }.sorted { $0.key < $1.key }
                 emit("counters:  " + (nonZero.isEmpty ? "all zero" : nonZero.map { "\($0.key)=\($0.value)" }.joined(separator: " ")))

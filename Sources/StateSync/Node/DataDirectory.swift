@@ -20,7 +20,8 @@ final class DataDirectory: Sendable {
     private let locked = Atomic<Bool>(true)
 
     static let snapshotName = "state.snapshot"
-    static let magic: [UInt8] = Array("SSNAP1\n".utf8)
+    static let logName = "deltas.log"
+    static let magic: [UInt8] = Array("SSNAP2\n".utf8)
 
     /// Creates the directory when missing and takes its lock.
     init(path: String) throws(StateSyncError) {
@@ -58,6 +59,13 @@ final class DataDirectory: Sendable {
     struct Snapshot {
         var store: ReplicaStore
         var latestSequence: UInt64
+        /// For each origin, the sequence number through which the store includes its deltas.
+        var progress: [String: UInt64] = [:]
+    }
+
+    /// Opens (and recovers) the directory's write-ahead log.
+    func openLog() throws(StateSyncError) -> DeltaLog {
+        try DeltaLog(path: path + "/" + Self.logName)
     }
 
     /// Loads the snapshot, or `nil` when there is none. A damaged one is renamed `*.corrupt-<time>`
@@ -113,6 +121,11 @@ final class DataDirectory: Sendable {
         var w = WireWriter(capacity: 4096)
         for b in magic { w.byte(b) }
         w.varint(snapshot.latestSequence)
+        w.varint(UInt64(snapshot.progress.count))
+        for origin in snapshot.progress.keys.sorted() {
+            w.string(origin)
+            w.varint(snapshot.progress[origin]!)
+        }
         // Sorted, so equal states write equal files.
         let models = snapshot.store.allModels.sorted {
             ($0.0.channel, $0.0.model) < ($1.0.channel, $1.0.model)
@@ -146,6 +159,12 @@ final class DataDirectory: Sendable {
         var r = WireReader(body)
         for _ in magic { _ = try r.byte("magic") }
         let sequence = try r.varint("latest sequence")
+        var progress: [String: UInt64] = [:]
+        let origins = try r.count("origin count", minimumItemSize: 2)
+        for _ in 0..<origins {
+            let origin = try r.string("origin")
+            progress[origin] = try r.varint("origin progress")
+        }
         var store = ReplicaStore()
         let modelCount = try r.count("model count")
         for _ in 0..<modelCount {
@@ -162,7 +181,7 @@ final class DataDirectory: Sendable {
             }
         }
         try r.expectEnd()
-        return Snapshot(store: store, latestSequence: sequence)
+        return Snapshot(store: store, latestSequence: sequence, progress: progress)
     }
 
     static func fnv1a(_ bytes: [UInt8]) -> UInt64 {

@@ -14,6 +14,11 @@ extension NodeConfiguration {
         case heartbeat = "network.heartbeat_ms"
         case maximumDrift = "clock.max_drift_ms"
         case logLevel = "log.level"
+        case fsync = "storage.fsync"
+        case fsyncInterval = "storage.fsync_interval_ms"
+        case compactBytes = "storage.compact_bytes"
+        case historyDeltas = "history.deltas_per_origin"
+        case highWaterMark = "network.hwm"
 
         /// The environment variable that overrides this key.
         public var environmentVariable: String {
@@ -37,6 +42,12 @@ extension NodeConfiguration {
           heartbeat_ms: 500
         clock:
           max_drift_ms: 60000
+        storage:
+          fsync: always
+          fsync_interval_ms: 50
+          compact_bytes: 67108864
+        history:
+          deltas_per_origin: 100000
         log:
           level: info
         """
@@ -109,11 +120,26 @@ extension NodeConfiguration {
         guard logLevels.contains(level) else {
             throw reader.invalid(.logLevel, "'\(level)' is not one of \(logLevels.joined(separator: ", "))")
         }
+        let fsyncText = try reader.string(.fsync) ?? "always"
+        guard let fsync = FsyncPolicy(rawValue: fsyncText) else {
+            throw reader.invalid(.fsync, "'\(fsyncText)' is not one of always, interval")
+        }
+        let fsyncInterval = try reader.int(.fsyncInterval) ?? 50
+        guard (1...10_000).contains(fsyncInterval) else {
+            throw reader.invalid(.fsyncInterval, "\(fsyncInterval) is outside 1…10000 milliseconds")
+        }
+        let compactBytes = try reader.int(.compactBytes) ?? 64 << 20
+        guard compactBytes >= 4096 else { throw reader.invalid(.compactBytes, "\(compactBytes) is below 4096 bytes") }
+        let historyDeltas = try reader.int(.historyDeltas) ?? 100_000
+        guard historyDeltas >= 0 else { throw reader.invalid(.historyDeltas, "\(historyDeltas) must not be negative") }
+        let hwm = try reader.int(.highWaterMark) ?? 100_000
+        guard hwm >= 0 else { throw reader.invalid(.highWaterMark, "\(hwm) must not be negative (0 = unbounded)") }
         // A relative data directory is relative to the working directory, as for any CLI path.
         return NodeConfiguration(
             nodeID: nodeID, dataDirectory: dataDirectory, publishEndpoint: publish, peers: peers,
             apiEndpoint: api, heartbeatIntervalMilliseconds: heartbeat, maximumClockDriftMilliseconds: drift,
-            logLevel: level)
+            logLevel: level, fsync: fsync, fsyncIntervalMilliseconds: fsyncInterval, compactBytes: compactBytes,
+            historyDeltas: historyDeltas, highWaterMark: hwm)
     }
 
     /// Reads keys from the environment first, then the file, and names the source of any error.

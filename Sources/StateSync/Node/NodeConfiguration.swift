@@ -18,6 +18,28 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var maximumClockDriftMilliseconds: Int
     /// The log level of the daemon (`trace` … `critical`).
     public var logLevel: String
+    /// When local writes become durable (see ``FsyncPolicy``).
+    public var fsync: FsyncPolicy
+    /// With ``FsyncPolicy/interval``: how often the log is synced.
+    public var fsyncIntervalMilliseconds: Int
+    /// The log is compacted into the snapshot when it grows past this many bytes.
+    public var compactBytes: Int
+    /// How many deltas per origin are kept in memory to serve peers' repairs.
+    public var historyDeltas: Int
+    /// The high-water mark of the PUB socket and of each SUB socket, in messages: how much may be
+    /// queued for or from one peer before libzmq drops (dropped deltas are then repaired).
+    public var highWaterMark: Int
+
+    /// When a node's local writes become durable.
+    public enum FsyncPolicy: String, Sendable, Equatable, CaseIterable {
+        /// Every batch of local writes is fsynced before it is acknowledged or published: an
+        /// acknowledged write survives a crash or power loss. The default.
+        case always
+        /// Writes are acknowledged once written to the OS; the log is fsynced (and they are
+        /// published) every `storage.fsync_interval_ms`. Faster; a power loss (not a process
+        /// crash) can lose up to one interval of acknowledged writes.
+        case interval
+    }
 
     public init(
         nodeID: String,
@@ -27,7 +49,12 @@ public struct NodeConfiguration: Sendable, Equatable {
         apiEndpoint: String? = nil,
         heartbeatIntervalMilliseconds: Int = 500,
         maximumClockDriftMilliseconds: Int = 60_000,
-        logLevel: String = "info"
+        logLevel: String = "info",
+        fsync: FsyncPolicy = .always,
+        fsyncIntervalMilliseconds: Int = 50,
+        compactBytes: Int = 64 << 20,
+        historyDeltas: Int = 100_000,
+        highWaterMark: Int = 100_000
     ) {
         self.nodeID = nodeID
         self.dataDirectory = dataDirectory
@@ -37,5 +64,10 @@ public struct NodeConfiguration: Sendable, Equatable {
         self.heartbeatIntervalMilliseconds = heartbeatIntervalMilliseconds
         self.maximumClockDriftMilliseconds = maximumClockDriftMilliseconds
         self.logLevel = logLevel
+        self.fsync = fsync
+        self.fsyncIntervalMilliseconds = fsyncIntervalMilliseconds
+        self.compactBytes = compactBytes
+        self.historyDeltas = historyDeltas
+        self.highWaterMark = highWaterMark
     }
 }

@@ -4,13 +4,64 @@ struct NodeCore: Sendable {
     var store = ReplicaStore()
     var instances: [ModelAddress: InstanceReference] = [:]
     var origins: [String: OriginProgress] = [:]
+    var history: [String: OriginHistory] = [:]
     var peers: [String: PeerProgress] = [:]
     var counters = NodeCounters()
+    /// How many deltas per origin are kept to serve repairs.
+    var historyLimit = 100_000
 
-    /// What this node has seen of one origin's sequence numbers.
-    struct OriginProgress: Sendable {
-        var highestSequence: UInt64 = 0
+    /// What this node has received of one origin's sequence numbers.
+    struct OriginProgress: Sendable, Equatable {
+        /// Every sequence number in 1...contiguous has been received.
+        var contiguous: UInt64 = 0
+        /// Received sequence numbers above `contiguous` (there is a gap below them).
+        var above: Set<UInt64> = []
+        /// The highest sequence number known to exist (from deltas and heartbeats).
+        var announced: UInt64 = 0
         var incarnation: UInt64 = 0
+
+        /// Records `sequence`; returns `false` when it was already received.
+        mutating func receive(_ sequence: UInt64) -> Bool {
+            if sequence <= contiguous || above.contains(sequence) { return false }
+            above.insert(sequence)
+            while above.remove(contiguous + 1) != nil { contiguous += 1 }
+            announced = max(announced, sequence)
+            return true
+        }
+
+        /// Everything up to `sequence` is covered (by a snapshot that includes it).
+        mutating func cover(through sequence: UInt64) {
+            guard sequence > contiguous else { return }
+            contiguous = sequence
+            above = above.filter { $0 > sequence }
+            while above.remove(contiguous + 1) != nil { contiguous += 1 }
+            announced = max(announced, sequence)
+        }
+
+        /// The first run of missing sequence numbers, if any.
+        var firstGap: ClosedRange<UInt64>? {
+            guard announced > contiguous else { return nil }
+            let next = contiguous + 1
+            let end = (above.min().map { $0 - 1 }) ?? announced
+            return end >= next ? next...end : nil
+        }
+    }
+
+    /// The retained deltas of one origin, for serving repairs.
+    struct OriginHistory: Sendable {
+        var deltas: [UInt64: Delta] = [:]
+        /// Sequence numbers at or below this were dropped to bound memory.
+        var droppedThrough: UInt64 = 0
+
+        mutating func insert(_ delta: Delta, limit: Int) {
+            guard delta.sequence > droppedThrough else { return }
+            deltas[delta.sequence] = delta
+            if deltas.count > limit + limit / 8 {
+                let keep = deltas.keys.sorted().suffix(limit)
+                droppedThrough = max(droppedThrough, (keep.first ?? 1) - 1)
+                deltas = deltas.filter { $0.key > droppedThrough }
+            }
+        }
     }
 
     /// What this node has seen from one configured peer endpoint.
@@ -18,21 +69,32 @@ struct NodeCore: Sendable {
         var node: String?
         var lastMessageAt: UInt64?
         var deltasReceived = 0
+        /// The peer's client API endpoint, from its heartbeats: where repairs are fetched.
+        var api: String?
     }
 
-    /// Records `delta`'s sequence number. Gaps and repeats are counted, never acted on here:
-    /// applying is idempotent, so a repeat is harmless, and repair is the job of issue #5.
-    mutating func track(_ delta: Delta) {
+    /// Records a delta's sequence number and keeps it for repairs. Returns `false` for a delta
+    /// already received (applying it again would be harmless, but it is not logged twice).
+    mutating func record(_ delta: Delta) -> Bool {
         var progress = origins[delta.origin, default: OriginProgress()]
-        if delta.sequence <= progress.highestSequence {
+        let gapBefore = progress.firstGap == nil
+        guard progress.receive(delta.sequence) else {
             counters.duplicateDeltas += 1
-        } else {
-            if progress.highestSequence > 0, delta.sequence > progress.highestSequence + 1 {
-                counters.sequenceGaps += Int(delta.sequence - progress.highestSequence - 1)
-            }
-            progress.highestSequence = delta.sequence
+            return false
         }
+        if gapBefore, progress.firstGap != nil { counters.sequenceGaps += 1 }
         origins[delta.origin] = progress
+        history[delta.origin, default: OriginHistory()].insert(delta, limit: historyLimit)
+        return true
+    }
+
+    /// The retained deltas of `origin` in `range`, and the lowest sequence number still held.
+    func retained(origin: String, range: ClosedRange<UInt64>) -> (deltas: [Delta], droppedThrough: UInt64) {
+        guard let history = history[origin] else { return ([], 0) }
+        let deltas = range.count <= history.deltas.count
+            ? range.compactMap { history.deltas[$0] }
+            : history.deltas.values.filter { range.contains($0.sequence) }.sorted { $0.sequence < $1.sequence }
+        return (deltas, history.droppedThrough)
     }
 
     /// The live model instance at `address`, dropping the entry when it was deallocated.

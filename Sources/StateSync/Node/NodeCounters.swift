@@ -24,6 +24,16 @@ public struct NodeCounters: Sendable, Equatable {
     public var clientErrors = 0
     /// Watch events that could not be queued to a slow client.
     public var watchEventsDropped = 0
+    /// Gap repairs asked of peers (FETCH requests sent).
+    public var repairRequests = 0
+    /// Deltas received through repair.
+    public var deltasFetched = 0
+    /// Deltas served to peers' repairs, and snapshots served and applied.
+    public var deltasServed = 0
+    public var snapshotsServed = 0
+    public var snapshotsApplied = 0
+    /// Torn or corrupt bytes cut from the log's tail at start.
+    public var logBytesCut = 0
     /// Replies that could not be queued to a client (its queue was full).
     public var repliesDropped = 0
     /// Local writes whose value could not be encoded for the wire.
@@ -40,7 +50,10 @@ public struct NodeCounters: Sendable, Equatable {
             ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),
             ("rejected_properties", rejectedProperties), ("client_requests", clientRequests),
             ("client_errors", clientErrors), ("watch_events_dropped", watchEventsDropped),
-            ("replies_dropped", repliesDropped),
+            ("replies_dropped", repliesDropped), ("repair_requests", repairRequests),
+            ("deltas_fetched", deltasFetched), ("deltas_served", deltasServed),
+            ("snapshots_served", snapshotsServed), ("snapshots_applied", snapshotsApplied),
+            ("log_bytes_cut", logBytesCut),
             ("encoding_failures", encodingFailures),
         ]
     }

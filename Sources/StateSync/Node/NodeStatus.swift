@@ -28,6 +28,8 @@ public struct NodeStatus: Sendable, Equatable {
     /// A digest of the whole replicated state: equal digests mean equal state.
     public var stateDigest: UInt64
     public var counters: [String: Int]
+    /// Sequence numbers known to exist but not yet received, over all origins (0 = caught up).
+    public var missingDeltas: Int
     /// Active watches (a client may hold several).
     public var watchers: Int
 
@@ -53,6 +55,7 @@ public struct NodeStatus: Sendable, Equatable {
             "state_digest": .string(String(stateDigest, radix: 16)),
             "counters": .map(counters.mapValues { .int(Int64($0)) }),
             "watchers": .int(Int64(watchers)),
+            "missing_deltas": .int(Int64(missingDeltas)),
         ]
         map["api"] = apiEndpoint.map(Value.string) ?? .null
         return .map(map)
@@ -98,13 +101,15 @@ public struct NodeStatus: Sendable, Equatable {
         if case .map(let c)? = map["counters"] { for (k, v) in c { counters[k] = int(v) ?? 0 } }
         self.counters = counters
         self.watchers = int(map["watchers"]) ?? 0
+        self.missingDeltas = int(map["missing_deltas"]) ?? 0
     }
 
     init(
         node: String, incarnation: UInt64, publishEndpoint: String, apiEndpoint: String?, peers: [Peer],
         channels: [String: Int], latestVersion: Version?, latestSequence: UInt64, stateDigest: UInt64,
-        counters: [String: Int], watchers: Int
+        counters: [String: Int], watchers: Int, missingDeltas: Int
     ) {
+        self.missingDeltas = missingDeltas
         self.node = node
         self.incarnation = incarnation
         self.publishEndpoint = publishEndpoint

@@ -1,27 +1,22 @@
 import Logging
 
 /// The node's replication transitions, called by its I/O thread. Each returns what the I/O thread
-/// must do next (publish, notify watchers); none touches a socket.
+/// must do next (log, publish, notify watchers); none touches a socket.
 extension StateSyncNode {
-    /// A delta applied to the store, with the changes it made (possibly none).
+    /// A delta new to this node, applied to the store, with the changes it made (possibly none).
     struct Applied: Sendable {
         let delta: Delta
         let changes: [PropertyChange]
     }
 
-    /// Handles one message from the peer at `endpoint`. Returns the changes it applied.
-    func receive(from endpoint: String, frames: [[UInt8]]) -> [PropertyChange] {
+    /// Handles one message from the peer at `endpoint`. Returns the delta it applied, if new.
+    func receive(from endpoint: String, frames: [[UInt8]]) -> Applied? {
         let message: PeerMessage
         do {
             message = try PeerMessage.decode(frames)
         } catch {
-            core.withLock { $0.counters.malformedMessages += 1 }
-            if let suppressed = limiter.allow("malformed-peer") {
-                logger.warning(
-                    "dropped a malformed message from a peer",
-                    metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)", "suppressed": "\(suppressed)"])
-            }
-            return []
+            countMalformed(kind: "malformed-peer", "dropped a malformed message from a peer", endpoint: endpoint, error: error)
+            return nil
         }
         let now = monotonicMilliseconds()
         switch message {
@@ -29,60 +24,87 @@ extension StateSyncNode {
             core.withLock { core in
                 core.peers[endpoint, default: .init()].lastMessageAt = now
                 core.peers[endpoint, default: .init()].node = beat.node
+                core.peers[endpoint, default: .init()].api = beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
+                guard beat.node != configuration.nodeID else { return }
                 var origin = core.origins[beat.node, default: .init()]
-                if origin.incarnation != 0, origin.incarnation != beat.incarnation {
-                    // The peer restarted: its sequence numbers may start again.
-                    origin.highestSequence = 0
+                if origin.incarnation != 0, origin.incarnation != beat.incarnation, beat.latestSequence < origin.contiguous {
+                    // The peer lost deltas it had published (its log was removed): start over.
+                    origin = .init()
                 }
                 origin.incarnation = beat.incarnation
+                origin.announced = max(origin.announced, beat.latestSequence)
                 core.origins[beat.node] = origin
             }
-            return []
+            return nil
         case .delta(let delta):
-            return applyPeerDelta(delta, from: endpoint, at: now)
+            return applyRemote(delta, from: endpoint, at: now)
         }
     }
 
-    private func applyPeerDelta(_ delta: Delta, from endpoint: String, at now: UInt64) -> [PropertyChange] {
-        if delta.origin == configuration.nodeID { return [] }  // our own write, echoed back
+    /// An advertised endpoint bound to a wildcard host is reached at the host we reach the peer at.
+    static func reachable(_ advertised: String, via peerEndpoint: String) -> String {
+        for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where advertised.hasPrefix(wildcard) {
+            let port = advertised.dropFirst(wildcard.count)
+            let hostPart = peerEndpoint.dropFirst("tcp://".count)
+            guard peerEndpoint.hasPrefix("tcp://"), let colon = hostPart.lastIndex(of: ":") else { return advertised }
+            return "tcp://\(hostPart[..<colon]):\(port)"
+        }
+        return advertised
+    }
+
+    private func countMalformed(kind: String, _ message: Logger.Message, endpoint: String, error: any Error) {
+        core.withLock { $0.counters.malformedMessages += 1 }
+        if let suppressed = limiter.allow(kind) {
+            logger.warning(message, metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)", "suppressed": "\(suppressed)"])
+        }
+    }
+
+    /// Applies a delta from a peer (published or fetched by repair). Returns it when it is new.
+    func applyRemote(_ delta: Delta, from endpoint: String, at now: UInt64, repaired: Bool = false) -> Applied? {
+        if delta.origin == configuration.nodeID && !repaired { return nil }  // our own write, echoed back
         do {
             try Names.validateChannel(delta.channel)
             try Names.validateModel(delta.model)
             for property in delta.properties { try Names.validateProperty(property.name) }
         } catch {
-            core.withLock { $0.counters.malformedMessages += 1 }
-            if let suppressed = limiter.allow("invalid-delta") {
-                logger.warning(
-                    "dropped a delta with an invalid name",
-                    metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)", "suppressed": "\(suppressed)"])
-            }
-            return []
+            countMalformed(kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
+            return nil
         }
+        if dropRemoteDeltas(delta) { return nil }
         let followed = clock.observe(delta.version)
-        let (changes, instance) = core.withLock { core -> ([PropertyChange], (any ReplicatedModel)?) in
-            core.peers[endpoint, default: .init()].lastMessageAt = now
-            core.peers[endpoint, default: .init()].node = delta.origin
-            core.peers[endpoint, default: .init()].deltasReceived += 1
-            core.counters.deltasReceived += 1
+        let result = core.withLock { core -> (Applied, (any ReplicatedModel)?)? in
+            if !repaired {
+                core.peers[endpoint, default: .init()].lastMessageAt = now
+                core.peers[endpoint, default: .init()].node = delta.origin
+                core.peers[endpoint, default: .init()].deltasReceived += 1
+                core.counters.deltasReceived += 1
+            }
             if !followed { core.counters.clockDriftRejections += 1 }
-            core.track(delta)
+            guard core.record(delta) else { return nil }
             let changes = core.store.apply(delta)
             core.counters.propertiesStale += delta.properties.count - changes.count
             if !changes.isEmpty { core.counters.deltasApplied += 1 }
-            return (changes, changes.isEmpty ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model)))
+            let instance = changes.isEmpty ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
+            return (Applied(delta: delta, changes: changes), instance)
         }
         if !followed, let suppressed = limiter.allow("clock-drift") {
             logger.warning(
                 "a peer's clock is further ahead than clock.max_drift_ms; not following it",
-                metadata: [
-                    "peer.id": "\(delta.origin)", "delta.version": "\(delta.version)",
-                    "suppressed": "\(suppressed)",
-                ])
+                metadata: ["peer.id": "\(delta.origin)", "delta.version": "\(delta.version)", "suppressed": "\(suppressed)"])
         }
-        if let instance {
-            apply(changes, to: instance, version: delta.version, isRemote: true)
-        }
-        return changes
+        guard let (applied, instance) = result else { return nil }
+        if let instance { apply(applied.changes, to: instance, version: delta.version, isRemote: delta.origin != configuration.nodeID) }
+        return applied
+    }
+
+    /// Test-only fault injection (`STATESYNC_TEST_DROP_REMOTE_DELTAS`, see the README): silently
+    /// discards a share of remote deltas and marks them received, so they are never repaired.
+    private func dropRemoteDeltas(_ delta: Delta) -> Bool {
+        guard plantedDropShare > 0, delta.origin != configuration.nodeID,
+            Double(delta.sequence &* 2_654_435_761 % 1000) / 1000 < plantedDropShare
+        else { return false }
+        core.withLock { core in _ = core.record(delta) }
+        return true
     }
 
     /// Applies store changes to a live model instance and accounts for what it rejected.
@@ -111,7 +133,7 @@ extension StateSyncNode {
     }
 
     /// Takes the local writes queued by attached models and applies them to the store, in
-    /// sequence order. The I/O thread publishes the returned deltas in this order.
+    /// sequence order. The I/O thread logs them and publishes them in this order.
     func takeLocalWrites() -> [Applied] {
         let pending = outbox.withLock { outbox -> [Delta] in
             let pending = outbox.pending
@@ -125,7 +147,7 @@ extension StateSyncNode {
         if deltas.isEmpty { return [] }
         return core.withLock { core in
             deltas.map { delta in
-                core.counters.deltasPublished += 1
+                _ = core.record(delta)
                 return Applied(delta: delta, changes: core.store.apply(delta))
             }
         }
@@ -143,8 +165,9 @@ extension StateSyncNode {
     }
 
     /// A client's SET: the properties whose value differs become one delta with a new version.
-    /// Returns every delta to publish (queued model writes first), the version to report (the
-    /// write's, or when nothing changed the newest of the named properties) and what happened.
+    /// Returns every delta to log and publish (queued model writes first), the version to report
+    /// (the write's, or when nothing changed the newest of the named properties) and what
+    /// happened.
     func clientSet(_ address: ModelAddress, _ writes: [PropertyWrite]) throws(StateSyncError) -> (
         published: [Applied], version: Version, result: SetResult
     ) {
@@ -160,18 +183,18 @@ extension StateSyncNode {
         }
         let current = core.withLock { $0.store.properties(of: address) }
         let effective = writes.filter { current[$0.name]?.value != $0.value }
-        let version: Version? = effective.isEmpty ? nil : clock.next()
         let batch = outbox.withLock { outbox -> [Delta] in
-            if let version { outbox.enqueue(address: address, version: version, writes: effective) }
+            if !effective.isEmpty { outbox.enqueue(address: address, version: clock.next(), writes: effective) }
             let all = outbox.pending
             outbox.pending = []
             return all
         }
         let applied = applyLocal(batch)
-        guard let version, let mine = applied.last, mine.delta.version == version else {
+        guard !effective.isEmpty, let mine = applied.last else {
             let newest = writes.compactMap { current[$0.name]?.version }.max() ?? .zero
             return (applied, newest, .unchanged)
         }
+        let version = mine.delta.version
         if mine.changes.isEmpty {
             let held = properties(of: address)
             return (applied, writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
@@ -181,13 +204,75 @@ extension StateSyncNode {
         return (applied, version, .changed)
     }
 
-    /// This node's heartbeat.
-    func heartbeat() -> PeerMessage {
+    /// This node's heartbeat; `published` is the highest sequence number it has published.
+    func heartbeat(published: UInt64, api: String?) -> PeerMessage {
         .heartbeat(
             PeerMessage.Heartbeat(
-                node: configuration.nodeID, latestSequence: outbox.withLock { $0.latestSequence },
-                clock: HybridLogicalClock.systemMilliseconds() << 16, incarnation: incarnation))
+                node: configuration.nodeID, latestSequence: published,
+                clock: HybridLogicalClock.systemMilliseconds() << 16, incarnation: incarnation, api: api ?? ""))
     }
+
+    // MARK: - Repair
+
+    /// The first missing run of sequence numbers of every origin that has one.
+    func gaps() -> [(origin: String, range: ClosedRange<UInt64>)] {
+        core.withLock { core in
+            core.origins.compactMap { origin, progress in
+                guard origin != configuration.nodeID, let gap = progress.firstGap else { return nil }
+                return (origin, gap)
+            }
+        }
+    }
+
+    /// Serves a FETCH: the retained deltas of `origin` in `range`.
+    func fetch(origin: String, range: ClosedRange<UInt64>) -> (deltas: [Delta], droppedThrough: UInt64) {
+        core.withLock { core in
+            let result = core.retained(origin: origin, range: range)
+            core.counters.deltasServed += result.deltas.count
+            return result
+        }
+    }
+
+    /// Serves a SNAPSHOT: the whole state and, per origin, how far it includes its deltas.
+    func snapshot() -> DataDirectory.Snapshot {
+        core.withLock { core in
+            core.counters.snapshotsServed += 1
+            return DataDirectory.Snapshot(
+                store: core.store, latestSequence: outbox.withLock { $0.latestSequence },
+                progress: core.origins.mapValues(\.contiguous))
+        }
+    }
+
+    /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
+    /// covers. Returns the changes it made, grouped per model.
+    func merge(_ snapshot: DataDirectory.Snapshot) -> [Applied] {
+        var applied: [Applied] = []
+        for (address, registers) in snapshot.store.allModels {
+            for (name, register) in registers {
+                let delta = Delta(
+                    channel: address.channel, model: address.model, version: register.version, sequence: 0,
+                    properties: [PropertyWrite(name: name, value: register.value)])
+                let (changes, instance) = core.withLock { core -> ([PropertyChange], (any ReplicatedModel)?) in
+                    let changes = core.store.apply(delta)
+                    return (changes, changes.isEmpty ? nil : core.liveInstance(at: address))
+                }
+                if !changes.isEmpty {
+                    clock.observe(register.version)
+                    if let instance { apply(changes, to: instance, version: register.version, isRemote: true) }
+                    applied.append(Applied(delta: delta, changes: changes))
+                }
+            }
+        }
+        core.withLock { core in
+            for (origin, through) in snapshot.progress where origin != configuration.nodeID {
+                core.origins[origin, default: .init()].cover(through: through)
+            }
+            core.counters.snapshotsApplied += 1
+        }
+        return applied
+    }
+
+    func countRepairRequest() { core.withLock { $0.counters.repairRequests += 1 } }
 
     func countClientRequest(error: Bool) {
         core.withLock { core in

@@ -26,7 +26,11 @@ public final class StateSyncNode: Sendable {
     let outbox = Mutex(Outbox())
     let logger: Logger
     let limiter = LogLimiter()
-    private let dataDirectory: DataDirectory
+    let dataDirectory: DataDirectory
+    /// The write-ahead log; used only by the I/O thread once the node has started.
+    let log: DeltaLog
+    /// Test-only fault injection, from `STATESYNC_TEST_DROP_REMOTE_DELTAS` (0 = off).
+    let plantedDropShare: Double
     private let loop: NodeEventLoop
     private let lifecycle = Mutex<Lifecycle>(.running(waiters: []))
 
@@ -52,18 +56,46 @@ public final class StateSyncNode: Sendable {
         logger[metadataKey: "node.id"] = .string(configuration.nodeID)
         let directory = try DataDirectory(path: configuration.dataDirectory)
         var core = NodeCore()
+        core.historyLimit = configuration.historyDeltas
         var latestSequence: UInt64 = 0
         if let snapshot = directory.loadSnapshot(onCorrupt: { logger.error("\($0)") }) {
             core.store = snapshot.store
             latestSequence = snapshot.latestSequence
+            for (origin, through) in snapshot.progress { core.origins[origin, default: .init()].cover(through: through) }
             logger.info(
                 "loaded snapshot",
                 metadata: ["models": "\(snapshot.store.allModels.count)", "sequence": "\(latestSequence)"])
         }
-        let node = StateSyncNode(configuration: configuration, directory: directory, core: core, logger: logger)
+        // Replay the write-ahead log: every delta applied since the snapshot, own and remote.
+        let log = try directory.openLog()
+        let recovery = try log.recover()
+        var ownLatest = core.store.allModels.flatMap { $0.1.values.map(\.version) }.filter { $0.node == configuration.nodeID }.max()
+        for delta in recovery.deltas where core.record(delta) {
+            _ = core.store.apply(delta)
+            if delta.origin == configuration.nodeID {
+                latestSequence = max(latestSequence, delta.sequence)
+                ownLatest = max(ownLatest ?? delta.version, delta.version)
+            }
+        }
+        core.counters = NodeCounters()
+        core.counters.logBytesCut = recovery.cutBytes
+        if recovery.cutBytes > 0 {
+            logger.warning(
+                "cut a torn or corrupt tail from the log (a crash interrupted a write); it was never acknowledged",
+                metadata: ["log.bytes_cut": "\(recovery.cutBytes)", "reason": "\(recovery.cutReason ?? "-")"])
+        }
+        if !recovery.deltas.isEmpty {
+            logger.info("replayed the log", metadata: ["deltas": "\(recovery.deltas.count)"])
+        }
+        let node = StateSyncNode(configuration: configuration, directory: directory, log: log, core: core, logger: logger)
         // Never reuse a sequence number or issue a version below what this node already wrote.
         node.outbox.withLock { $0.nextSequence = latestSequence + 1 }
-        node.clock.advance(past: core.store.latestVersion)
+        if let ownLatest { node.clock.advance(past: ownLatest) }
+        if node.plantedDropShare > 0 {
+            logger.critical(
+                "TEST FAULT INJECTION: silently dropping a share of remote deltas without repair",
+                metadata: ["share": "\(node.plantedDropShare)"])
+        }
         try await node.loop.start()
         logger.info(
             "node started",
@@ -74,7 +106,10 @@ public final class StateSyncNode: Sendable {
         return node
     }
 
-    private init(configuration: NodeConfiguration, directory: DataDirectory, core: NodeCore, logger: Logger) {
+    private init(configuration: NodeConfiguration, directory: DataDirectory, log: DeltaLog, core: NodeCore, logger: Logger) {
+        self.log = log
+        let share = ProcessInfo.processInfo.environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"].flatMap(Double.init) ?? 0
+        self.plantedDropShare = min(max(share, 0), 1)
         self.configuration = configuration
         self.incarnation = UInt64.random(in: 1...UInt64.max)
         self.clock = HybridLogicalClock(
@@ -157,7 +192,10 @@ public final class StateSyncNode: Sendable {
                 channels: core.store.channelModelCounts,
                 latestVersion: core.store.latestVersion == .zero ? nil : core.store.latestVersion,
                 latestSequence: sequence, stateDigest: core.store.digest,
-                counters: Dictionary(uniqueKeysWithValues: core.counters.all), watchers: watchers)
+                counters: Dictionary(uniqueKeysWithValues: core.counters.all), watchers: watchers,
+                missingDeltas: core.origins.values.reduce(0) { total, progress in
+                    total + Int(progress.announced &- progress.contiguous) - progress.above.count
+                })
         }
     }
 
@@ -191,13 +229,12 @@ public final class StateSyncNode: Sendable {
         await loop.stop()
         let instances = core.withLock { core in core.instances.values.compactMap(\.model) }
         for instance in instances { instance._$registrar.detach() }
-        let snapshot = DataDirectory.Snapshot(
-            store: core.withLock { $0.store }, latestSequence: outbox.withLock { $0.latestSequence })
         do {
-            try dataDirectory.writeSnapshot(snapshot)
-            logger.info("node stopped; snapshot written", metadata: ["models": "\(snapshot.store.allModels.count)"])
+            // Everything in the log is in the snapshot: write it durably, then empty the log.
+            try compact()
+            logger.info("node stopped; snapshot written")
         } catch {
-            logger.error("node stopped but the snapshot could not be written: \(error)")
+            logger.error("node stopped but the snapshot could not be written; the log keeps every write: \(error)")
         }
         dataDirectory.unlock()
         let waiters = lifecycle.withLock { state -> [CheckedContinuation<Void, Never>] in
@@ -228,6 +265,21 @@ public final class StateSyncNode: Sendable {
             }
             if resumeNow { continuation.resume() }
         }
+    }
+
+    /// Writes the whole state as the snapshot (durably), then empties the log. Called by the I/O
+    /// thread when the log grows past `storage.compact_bytes`, and at stop.
+    func compact() throws(StateSyncError) {
+        try log.sync()
+        let snapshot = core.withLock { core in
+            // Own deltas are recorded when the I/O thread takes them, in the same turn as it logs
+            // them: the recorded ones are exactly the logged ones.
+            DataDirectory.Snapshot(
+                store: core.store, latestSequence: core.origins[configuration.nodeID]?.contiguous ?? 0,
+                progress: core.origins.mapValues(\.contiguous))
+        }
+        try dataDirectory.writeSnapshot(snapshot)
+        try log.reset()
     }
 
     // MARK: - Local writes from models

@@ -3,9 +3,7 @@ import ZeroMQ
 
 /// The client API on the node's ROUTER socket (docs/PROTOCOL.md, "Client API").
 extension NodeEventLoop {
-    func handleClientMessage(
-        _ frames: [[UInt8]], state: inout LoopState, api: Socket, publisher: Socket, node: StateSyncNode
-    ) {
+    func handleClientMessage(_ frames: [[UInt8]], state: inout LoopState, api: Socket, node: StateSyncNode) {
         // [client routing id][header][body]
         guard frames.count == 3 else {
             node.countMalformedClientMessage()
@@ -34,13 +32,11 @@ extension NodeEventLoop {
             case .set:
                 let (address, writes) = try ClientProtocol.decodeSet(body)
                 let (published, version, result) = try node.clientSet(address, writes)
-                for applied in published {
-                    publish(.delta(applied.delta), on: publisher)
-                    notifyWatchers(applied.changes, state: &state, api: api, node: node)
-                }
+                // Answered once durable (see `flush`): an acknowledged write survives a crash.
+                stage(published, state: &state, node: node)
                 var body = ClientProtocol.encodeVersion(version)
                 body.append(result.rawValue)
-                reply(client, .ok, id, body, api, node: node)
+                state.staged.replies.append((client, id, body))
             case .get:
                 let address = try ClientProtocol.decodeAddress(body)
                 try Names.validateChannel(address.channel)
@@ -60,6 +56,13 @@ extension NodeEventLoop {
                 reply(client, .ok, id, [], api, node: node)
             case .status:
                 reply(client, .ok, id, ClientProtocol.encodeValue(node.status.value), api, node: node)
+            case .fetch:
+                let (origin, range) = try ClientProtocol.decodeFetch(body)
+                let limited = range.lowerBound...min(range.upperBound, range.lowerBound + Self.maximumFetch - 1)
+                let (deltas, dropped) = node.fetch(origin: origin, range: limited)
+                reply(client, .ok, id, ClientProtocol.encodeFetched(deltas, droppedThrough: dropped), api, node: node)
+            case .snapshot:
+                reply(client, .ok, id, DataDirectory.encode(node.snapshot()), api, node: node)
             case .ping:
                 // The body lists the watch ids the client holds; the reply names those this node
                 // no longer has (dropped when the client was unreachable), so no gap goes unseen.
@@ -119,6 +122,12 @@ extension NodeEventLoop {
             for client in gone { state.removeClient(client) }
             updateWatcherCount(state)
         }
+    }
+
+    /// Sends a staged reply (a SET answered once its write is durable).
+    func send(_ staged: (client: [UInt8], id: UInt64, body: [UInt8]), api: Socket?, node: StateSyncNode) {
+        guard let api else { return }
+        reply(staged.client, .ok, staged.id, staged.body, api, node: node)
     }
 
     private func reply(

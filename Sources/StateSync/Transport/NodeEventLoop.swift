@@ -10,7 +10,7 @@ import ZeroMQ
 /// endpoint and subscribed to everything; one ROUTER bound to `network.api` for clients. Every
 /// socket is created in ``SocketFactory`` with explicit linger and high-water marks.
 final class NodeEventLoop: Sendable {
-    private let configuration: NodeConfiguration
+    let configuration: NodeConfiguration
     let logger: Logger
     private let wakeUp: WakeUp
     private let stopRequested = Atomic<Bool>(false)
@@ -22,9 +22,10 @@ final class NodeEventLoop: Sendable {
 
     /// Events a client cannot take right now are dropped past this many queued messages.
     static let clientHighWaterMark: Int32 = 10_000
-    static let peerHighWaterMark: Int32 = 100_000
     /// How many messages one socket may deliver before the loop looks at the others.
     static let batchLimit = 512
+    /// How often gaps are looked for and repairs (re)requested, in milliseconds.
+    static let repairTick: UInt64 = 50
 
     init(configuration: NodeConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -110,31 +111,83 @@ final class NodeEventLoop: Sendable {
         finish()
     }
 
+    /// Local writes logged but not yet durable: published (and, with fsync `always`, answered)
+    /// once the log is synced.
+    struct Staged {
+        var applied: [StateSyncNode.Applied] = []
+        var replies: [(client: [UInt8], id: UInt64, body: [UInt8])] = []
+        var isEmpty: Bool { applied.isEmpty && replies.isEmpty }
+    }
+
     private func run(_ sockets: Sockets) {
         guard let node else { return }
         var state = LoopState()
-        var items: [Poller.Item] = [.fileDescriptor(wakeUp.fileDescriptor, .readable)]
-        for (_, subscriber) in sockets.subscribers { items.append(.socket(subscriber, .readable)) }
-        if let api = sockets.api { items.append(.socket(api, .readable)) }
-        var poller = Poller(items)
         let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
+        let syncInterval = UInt64(configuration.fsyncIntervalMilliseconds)
         var lastHeartbeat: UInt64 = 0
+        var lastRepair: UInt64 = 0
+        var lastSync = monotonicMilliseconds()
+        var published = node.outbox.withLock { $0.latestSequence }
+        var repair = RepairState()
+        var poller = makePoller(sockets, repair: repair)
+
+        /// Makes staged writes durable, then publishes them and sends their replies.
+        func flush(force: Bool) {
+            guard !state.staged.isEmpty else { return }
+            let now = monotonicMilliseconds()
+            if configuration.fsync == .interval {
+                // Acknowledge at once (the write reached the OS); publish once durable.
+                for reply in state.staged.replies { send(reply, api: sockets.api, node: node) }
+                state.staged.replies = []
+                guard force || now &- lastSync >= syncInterval else { return }
+            }
+            do {
+                try node.log.sync()
+            } catch {
+                logger.critical("cannot make the log durable; writes are not acknowledged", metadata: ["error": "\(error)"])
+                return
+            }
+            lastSync = now
+            for applied in state.staged.applied {
+                publish(.delta(applied.delta), on: sockets.publisher)
+                published = max(published, applied.delta.sequence)
+                notifyWatchers(applied.changes, state: &state, api: sockets.api, node: node)
+            }
+            for reply in state.staged.replies { send(reply, api: sockets.api, node: node) }
+            state.staged = Staged()
+            if node.log.size > configuration.compactBytes {
+                do {
+                    try node.compact()
+                } catch {
+                    logger.error("log compaction failed; will retry", metadata: ["error": "\(error)"])
+                }
+            }
+        }
 
         while true {
             let stopping = stopRequested.load(ordering: .acquiring)
-            // Local writes first: they were acknowledged to their writers and must go out.
-            for applied in node.takeLocalWrites() {
-                publish(.delta(applied.delta), on: sockets.publisher)
-                notifyWatchers(applied.changes, state: &state, api: sockets.api, node: node)
+            stage(node.takeLocalWrites(), state: &state, node: node)
+            if stopping {
+                flush(force: true)
+                break
             }
-            if stopping { break }
+            flush(force: false)
 
             let now = monotonicMilliseconds()
             if now &- lastHeartbeat >= interval {
-                publish(node.heartbeat(), on: sockets.publisher)
+                publish(node.heartbeat(published: published, api: boundAPIEndpoint), on: sockets.publisher)
                 lastHeartbeat = now
             }
-            let timeout = Int(interval &- min(interval, monotonicMilliseconds() &- lastHeartbeat))
+            if now &- lastRepair >= Self.repairTick {
+                if updateRepairLinks(&repair, context: sockets.context, node: node) {
+                    poller = makePoller(sockets, repair: repair)
+                }
+                requestRepairs(&repair, node: node, now: now)
+                lastRepair = now
+            }
+            var timeout = Int(interval &- min(interval, monotonicMilliseconds() &- lastHeartbeat))
+            timeout = min(timeout, Int(Self.repairTick))
+            if !state.staged.isEmpty { timeout = min(timeout, Int(syncInterval)) }
             let ready: [PollEvents]
             do {
                 ready = try poller.poll(timeoutMilliseconds: timeout)
@@ -142,22 +195,70 @@ final class NodeEventLoop: Sendable {
                 logger.error("zmq_poll failed; stopping the node's I/O", metadata: ["error": "\(error)"])
                 break
             }
-            if ready[0].contains(.readable) { wakeUp.drain() }
-            for (index, (endpoint, subscriber)) in sockets.subscribers.enumerated()
-            where ready[index + 1].contains(.readable) {
+            var index = 0
+            if ready[index].contains(.readable) { wakeUp.drain() }
+            index += 1
+            for (endpoint, subscriber) in sockets.subscribers {
+                defer { index += 1 }
+                guard ready[index].contains(.readable) else { continue }
+                var fresh: [StateSyncNode.Applied] = []
                 for _ in 0..<Self.batchLimit {
                     guard let frames = receive(from: subscriber, what: "peer \(endpoint)") else { break }
-                    let changes = node.receive(from: endpoint, frames: frames)
-                    notifyWatchers(changes, state: &state, api: sockets.api, node: node)
+                    if let applied = node.receive(from: endpoint, frames: frames) { fresh.append(applied) }
                 }
+                logRemote(fresh, state: &state, api: sockets.api, node: node)
             }
-            if let api = sockets.api, ready[ready.count - 1].contains(.readable) {
+            if let api = sockets.api {
+                if ready[index].contains(.readable) {
+                    for _ in 0..<Self.batchLimit {
+                        guard let frames = receive(from: api, what: "client API") else { break }
+                        handleClientMessage(frames, state: &state, api: api, node: node)
+                    }
+                }
+                index += 1
+            }
+            for link in repair.links.values {
+                defer { index += 1 }
+                guard index < ready.count, ready[index].contains(.readable) else { continue }
                 for _ in 0..<Self.batchLimit {
-                    guard let frames = receive(from: api, what: "client API") else { break }
-                    handleClientMessage(frames, state: &state, api: api, publisher: sockets.publisher, node: node)
+                    guard let frames = receive(from: link.socket, what: "repair link \(link.api)") else { break }
+                    let fresh = handleRepairReply(frames, from: link, repair: &repair, node: node)
+                    logRemote(fresh, state: &state, api: sockets.api, node: node)
                 }
             }
         }
+        for link in repair.links.values { link.socket.close() }
+    }
+
+    /// Logs local writes and stages them for publishing once durable.
+    func stage(_ applied: [StateSyncNode.Applied], state: inout LoopState, node: StateSyncNode) {
+        guard !applied.isEmpty else { return }
+        do {
+            try node.log.append(applied.map(\.delta))
+        } catch {
+            logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
+        }
+        state.staged.applied.append(contentsOf: applied)
+    }
+
+    /// Logs deltas received from peers (no fsync: a peer can always send them again) and tells
+    /// watchers.
+    private func logRemote(_ fresh: [StateSyncNode.Applied], state: inout LoopState, api: Socket?, node: StateSyncNode) {
+        guard !fresh.isEmpty else { return }
+        do {
+            try node.log.append(fresh.map(\.delta))
+        } catch {
+            logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
+        }
+        for applied in fresh { notifyWatchers(applied.changes, state: &state, api: api, node: node) }
+    }
+
+    private func makePoller(_ sockets: Sockets, repair: RepairState) -> Poller {
+        var items: [Poller.Item] = [.fileDescriptor(wakeUp.fileDescriptor, .readable)]
+        for (_, subscriber) in sockets.subscribers { items.append(.socket(subscriber, .readable)) }
+        if let api = sockets.api { items.append(.socket(api, .readable)) }
+        for link in repair.links.values { items.append(.socket(link.socket, .readable)) }
+        return Poller(items)
     }
 
     private func receive(from socket: Socket, what: String) -> [[UInt8]]? {
@@ -180,8 +281,9 @@ final class NodeEventLoop: Sendable {
     }
 }
 
-/// The I/O thread's own state: the watches clients hold.
+/// The I/O thread's own state: the watches clients hold, writes waiting to be durable.
 struct LoopState {
+    var staged = NodeEventLoop.Staged()
     struct Watch: Hashable {
         let client: [UInt8]
         let requestID: UInt64

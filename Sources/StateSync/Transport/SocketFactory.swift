@@ -12,7 +12,7 @@ enum SocketFactory {
         do {
             let context = try Context()
             let publisher = try context.socket(.pub)
-            try publisher.setSendHighWaterMark(NodeEventLoop.peerHighWaterMark)
+            try publisher.setSendHighWaterMark(Int32(clamping: configuration.highWaterMark))
             // On shutdown, give queued deltas a moment to reach connected peers.
             try publisher.setLinger(milliseconds: 200)
             try bind(publisher, configuration.publishEndpoint, key: "network.publish")
@@ -20,7 +20,7 @@ enum SocketFactory {
             var subscribers: [(String, Socket)] = []
             for peer in configuration.peers {
                 let subscriber = try context.socket(.sub)
-                try subscriber.setReceiveHighWaterMark(NodeEventLoop.peerHighWaterMark)
+                try subscriber.setReceiveHighWaterMark(Int32(clamping: configuration.highWaterMark))
                 try subscriber.setMaximumMessageSize(maximumMessageSize)
                 try subscriber.setReconnectInterval(milliseconds: 100)
                 try subscriber.subscribe()
@@ -45,6 +45,17 @@ enum SocketFactory {
         } catch {
             throw StateSyncError(.transport, "cannot set up the node's sockets: \(error)")
         }
+    }
+
+    /// A DEALER to a peer's client API, for repairs.
+    static func makeRepairLink(context: Context, api: String) throws(ZeroMQError) -> Socket {
+        let dealer = try context.socket(.dealer)
+        try dealer.setSendHighWaterMark(1000)
+        try dealer.setReceiveHighWaterMark(1000)
+        try dealer.setMaximumMessageSize(maximumMessageSize)
+        try dealer.setReconnectInterval(milliseconds: 100)
+        try dealer.connect(api)
+        return dealer
     }
 
     private static func bind(_ socket: Socket, _ endpoint: String, key: String) throws(StateSyncError) {

@@ -11,6 +11,10 @@ public enum ClientProtocol {
         case unwatch = 0x04
         case status = 0x05
         case ping = 0x06
+        /// Node to node: retained deltas of one origin (gap repair).
+        case fetch = 0x10
+        /// Node to node: the whole state (repair when history is gone; late join).
+        case snapshot = 0x11
     }
 
     /// What a node's message to a client is.
@@ -218,6 +222,44 @@ public enum ClientProtocol {
                 PropertyChange(channel: channel, model: model, property: property, old: old, new: new, version: version))
         }
         return changes
+    }
+
+    /// FETCH: `origin`, first and last sequence number wanted (inclusive).
+    public static func encodeFetch(origin: String, range: ClosedRange<UInt64>) -> [UInt8] {
+        var w = WireWriter()
+        w.string(origin)
+        w.varint(range.lowerBound)
+        w.varint(range.upperBound)
+        return w.bytes
+    }
+
+    public static func decodeFetch(_ body: [UInt8]) throws(WireError) -> (origin: String, range: ClosedRange<UInt64>) {
+        var r = WireReader(body)
+        let origin = try r.string("origin")
+        let first = try r.varint("first sequence")
+        let last = try r.varint("last sequence")
+        guard first >= 1, first <= last else { throw .invalid(field: "sequence range", reason: "\(first)...\(last) is empty") }
+        return (origin, first...last)
+    }
+
+    /// The OK body of a FETCH: through which sequence number the server no longer holds deltas,
+    /// then the deltas it holds in the range, each as a log payload (channel, model, DELTA body).
+    static func encodeFetched(_ deltas: [Delta], droppedThrough: UInt64) -> [UInt8] {
+        var w = WireWriter(capacity: 64 * deltas.count + 16)
+        w.varint(droppedThrough)
+        w.varint(UInt64(deltas.count))
+        for delta in deltas { w.blob(DeltaLog.encodePayload(delta)) }
+        return w.bytes
+    }
+
+    static func decodeFetched(_ body: [UInt8]) throws(WireError) -> (deltas: [Delta], droppedThrough: UInt64) {
+        var r = WireReader(body)
+        let dropped = try r.varint("dropped through")
+        let count = try r.count("delta count", minimumItemSize: 2)
+        var deltas: [Delta] = []
+        deltas.reserveCapacity(count)
+        for _ in 0..<count { deltas.append(try DeltaLog.decodePayload(try r.blob("delta"))) }
+        return (deltas, dropped)
     }
 
     /// STATUS and PING bodies are a ``Value`` map: extensible, unknown keys ignored.

@@ -28,12 +28,15 @@ public enum PeerMessage: Sendable, Equatable {
         public var clock: UInt64
         /// A random number chosen at every start of the sender.
         public var incarnation: UInt64
+        /// The sender's client API endpoint, where peers FETCH repairs; empty when it has none.
+        public var api: String
 
-        public init(node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64) {
+        public init(node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64, api: String = "") {
             self.node = node
             self.latestSequence = latestSequence
             self.clock = clock
             self.incarnation = incarnation
+            self.api = api
         }
     }
 
@@ -64,6 +67,7 @@ public enum PeerMessage: Sendable, Equatable {
             body.varint(beat.latestSequence)
             body.uint64(beat.clock)
             body.uint64(beat.incarnation)
+            body.string(beat.api)
             return [Self.heartbeatTopic, body.bytes]
         }
     }
@@ -82,7 +86,8 @@ public enum PeerMessage: Sendable, Equatable {
             let sequence = try body.varint("latest sequence")
             let clock = try body.uint64("clock")
             let incarnation = try body.uint64("incarnation")
-            return .heartbeat(Heartbeat(node: node, latestSequence: sequence, clock: clock, incarnation: incarnation))
+            let api = body.isAtEnd ? "" : try body.string("api endpoint")
+            return .heartbeat(Heartbeat(node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api))
         }
         guard topic.first == deltaTopicPrefix else { throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))") }
         let (channel, model) = try splitDeltaTopic(topic)

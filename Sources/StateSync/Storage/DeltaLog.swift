@@ -1,0 +1,179 @@
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The node's write-ahead log: every delta the node applies, appended as a checksummed record.
+///
+/// Why an append-only log (and not SQLite): the node's access pattern is append + sequential
+/// replay + occasional compaction into a snapshot; a log makes "acknowledged only once durable"
+/// one `write` + one `fdatasync` per batch (group commit), adds no dependency, and its recovery
+/// rule is simple enough to state and test: records are read in order and the first one that is
+/// short, oversized or fails its CRC-32 ends the log — that tail (a write torn by a crash) is cut,
+/// never loaded as data (docs/PROTOCOL.md, Appendix B).
+///
+/// Record: `u32 length` · `u32 CRC-32 of payload` · payload (big-endian; payload = channel,
+/// model, and a DELTA body). The file starts with the magic `SSLOG1\n`.
+///
+/// Thread safety: none. Recovered by the task starting the node, then owned by the node's I/O
+/// thread alone (the hand-over happens before the thread starts).
+final class DeltaLog: @unchecked Sendable {
+    static let magic: [UInt8] = Array("SSLOG1\n".utf8)
+    static let maximumRecord = 64 << 20
+
+    let path: String
+    private var descriptor: Int32
+    private(set) var size: Int
+    private(set) var unsyncedBytes = 0
+
+    /// What recovery found.
+    struct Recovery {
+        var deltas: [Delta] = []
+        /// Bytes cut from the end (a torn or corrupt tail), and why.
+        var cutBytes = 0
+        var cutReason: String?
+    }
+
+    /// Opens (creating when missing) the log at `path` and recovers its records.
+    init(path: String) throws(StateSyncError) {
+        self.path = path
+        // O_APPEND: every write lands at the current end, also after a cut or a reset.
+        let fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw Self.error("open", path) }
+        descriptor = fd
+        size = Int(lseek(fd, 0, SEEK_END))
+        if size == 0 {
+            try write(Self.magic)
+            try sync()
+        }
+    }
+
+    deinit {
+        close(descriptor)
+    }
+
+    /// Reads every intact record; cuts a torn or corrupt tail (truncate + fsync).
+    func recover() throws(StateSyncError) -> Recovery {
+        guard let data = FileManager.default.contents(atPath: path) else { throw Self.error("read", path) }
+        let bytes = [UInt8](data)
+        var recovery = Recovery()
+        guard bytes.count >= Self.magic.count, Array(bytes.prefix(Self.magic.count)) == Self.magic else {
+            throw StateSyncError(.dataDirectory, "\(path) is not a StateSync log (bad magic); move it aside to start empty")
+        }
+        var offset = Self.magic.count
+        while offset < bytes.count {
+            guard let (delta, next) = Self.record(in: bytes, at: offset, reason: &recovery.cutReason) else { break }
+            recovery.deltas.append(delta)
+            offset = next
+        }
+        if offset < bytes.count {
+            recovery.cutBytes = bytes.count - offset
+            guard ftruncate(descriptor, off_t(offset)) == 0 else { throw Self.error("truncate", path) }
+            size = offset
+            try sync()
+        }
+        return recovery
+    }
+
+    private static func record(in bytes: [UInt8], at offset: Int, reason: inout String?) -> (Delta, Int)? {
+        guard bytes.count - offset >= 8 else {
+            reason = "a record header is cut short"
+            return nil
+        }
+        let length = Int(UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8 | UInt32(bytes[offset + 3]))
+        let crc = UInt32(bytes[offset + 4]) << 24 | UInt32(bytes[offset + 5]) << 16 | UInt32(bytes[offset + 6]) << 8 | UInt32(bytes[offset + 7])
+        guard length <= maximumRecord, bytes.count - offset - 8 >= length else {
+            reason = "a record of \(length) bytes is cut short"
+            return nil
+        }
+        let payload = bytes[(offset + 8)..<(offset + 8 + length)]
+        guard CRC32.checksum(payload) == crc else {
+            reason = "a record fails its checksum"
+            return nil
+        }
+        do {
+            return (try decodePayload(Array(payload)), offset + 8 + length)
+        } catch {
+            reason = "a record does not decode: \(error)"
+            return nil
+        }
+    }
+
+    /// Appends `deltas` (not yet durable: call ``sync()``).
+    func append(_ deltas: [Delta]) throws(StateSyncError) {
+        if deltas.isEmpty { return }
+        var buffer: [UInt8] = []
+        buffer.reserveCapacity(deltas.count * 64)
+        for delta in deltas { Self.appendRecord(delta, to: &buffer) }
+        try write(buffer)
+    }
+
+    /// Makes everything appended durable (`fdatasync`).
+    func sync() throws(StateSyncError) {
+        guard unsyncedBytes > 0 else { return }
+        #if canImport(Glibc)
+        guard fdatasync(descriptor) == 0 else { throw Self.error("fdatasync", path) }
+        #else
+        guard fsync(descriptor) == 0 else { throw Self.error("fsync", path) }
+        #endif
+        unsyncedBytes = 0
+    }
+
+    /// Empties the log after its content went into a durable snapshot.
+    func reset() throws(StateSyncError) {
+        guard ftruncate(descriptor, off_t(Self.magic.count)) == 0 else { throw Self.error("truncate", path) }
+        size = Self.magic.count
+        unsyncedBytes = 1
+        try sync()
+    }
+
+    private func write(_ bytes: [UInt8]) throws(StateSyncError) {
+        var written = 0
+        while written < bytes.count {
+            let n = bytes[written...].withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Self.error("write", path)
+            }
+            written += n
+        }
+        size += bytes.count
+        unsyncedBytes += bytes.count
+    }
+
+    static func appendRecord(_ delta: Delta, to buffer: inout [UInt8]) {
+        let payload = encodePayload(delta)
+        let length = UInt32(payload.count)
+        let crc = CRC32.checksum(payload)
+        for shift in [24, 16, 8, 0] { buffer.append(UInt8(truncatingIfNeeded: length >> UInt32(shift))) }
+        for shift in [24, 16, 8, 0] { buffer.append(UInt8(truncatingIfNeeded: crc >> UInt32(shift))) }
+        buffer.append(contentsOf: payload)
+    }
+
+    /// channel · model · DELTA body (the same bytes as on the wire).
+    static func encodePayload(_ delta: Delta) -> [UInt8] {
+        let frames = PeerMessage.delta(delta).encode()
+        var writer = WireWriter(capacity: frames[1].count + 32)
+        writer.string(delta.channel)
+        writer.string(delta.model)
+        return writer.bytes + frames[1]
+    }
+
+    static func decodePayload(_ payload: [UInt8]) throws(WireError) -> Delta {
+        var reader = WireReader(payload)
+        let channel = try reader.string("channel")
+        let model = try reader.string("model")
+        let topic = [PeerMessage.deltaTopicPrefix] + Array(channel.utf8) + [0] + Array(model.utf8) + [0]
+        guard case .delta(let delta) = try PeerMessage.decode([topic, reader.rest()]) else {
+            throw .invalid(field: "log record", reason: "not a delta")
+        }
+        return delta
+    }
+
+    private static func error(_ op: String, _ path: String) -> StateSyncError {
+        StateSyncError(.dataDirectory, "cannot \(op) \(path): \(String(cString: strerror(errno)))")
+    }
+}

@@ -1,0 +1,89 @@
+import Foundation
+import Testing
+
+@testable import StateSync
+
+@Suite("Write-ahead log (PROTOCOL.md Appendix B)")
+struct DeltaLogTests {
+    static func delta(_ sequence: UInt64, _ value: Value = "v") -> Delta {
+        Delta(
+            channel: "c", model: "m\(sequence)", version: Version(milliseconds: 1000 + sequence, counter: 0, node: "n1"),
+            sequence: sequence, properties: [PropertyWrite(name: "p", value: value)])
+    }
+
+    static func path() -> String { temporaryDirectory("log") + "/deltas.log" }
+
+    @Test func appendedDeltasAreRecoveredInOrder() throws {
+        let path = Self.path()
+        do {
+            let log = try DeltaLog(path: path)
+            try log.append((1...50).map { Self.delta($0) })
+            try log.sync()
+        }
+        let recovery = try DeltaLog(path: path).recover()
+        #expect(recovery.deltas == (1...50).map { Self.delta($0) })
+        #expect(recovery.cutBytes == 0)
+    }
+
+    /// A crash can leave any prefix of the last write on disk: every such prefix must recover the
+    /// complete records and cut the rest.
+    @Test func everyTornTailIsCutAndTheCompleteRecordsSurvive() throws {
+        let path = Self.path()
+        do {
+            let log = try DeltaLog(path: path)
+            try log.append([Self.delta(1), Self.delta(2)])
+            try log.sync()
+        }
+        let full = try Data(contentsOf: URL(fileURLWithPath: path))
+        var record: [UInt8] = []
+        DeltaLog.appendRecord(Self.delta(2), to: &record)
+        let secondStart = full.count - record.count
+        for cut in secondStart..<full.count {
+            try full.prefix(cut).write(to: URL(fileURLWithPath: path))
+            let log = try DeltaLog(path: path)
+            let recovery = try log.recover()
+            #expect(recovery.deltas == [Self.delta(1)], "cut at \(cut)")
+            #expect(recovery.cutBytes == cut - secondStart, "cut at \(cut)")
+            #expect(log.size == secondStart)
+            // The log goes on after the cut.
+            try log.append([Self.delta(3)])
+            try log.sync()
+            #expect(try DeltaLog(path: path).recover().deltas == [Self.delta(1), Self.delta(3)])
+        }
+    }
+
+    @Test func aCorruptRecordEndsTheLogAndIsNeverLoaded() throws {
+        let path = Self.path()
+        do {
+            let log = try DeltaLog(path: path)
+            try log.append([Self.delta(1), Self.delta(2, "original"), Self.delta(3)])
+            try log.sync()
+        }
+        var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
+        if let index = bytes.lastIndex(of: UInt8(ascii: "o")) { bytes[index] = UInt8(ascii: "O") }  // in "original"
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        let recovery = try DeltaLog(path: path).recover()
+        #expect(recovery.deltas == [Self.delta(1)])
+        #expect(recovery.cutReason == "a record fails its checksum")
+    }
+
+    @Test func aFileThatIsNotALogIsRefusedClearly() throws {
+        let path = Self.path()
+        try Data("hello world".utf8).write(to: URL(fileURLWithPath: path))
+        let error = try #require(throws: StateSyncError.self) { _ = try DeltaLog(path: path).recover() }
+        #expect(error.message.contains("is not a StateSync log"))
+    }
+
+    @Test func progressTracksGapsAndCovers() {
+        var progress = NodeCore.OriginProgress()
+        let received = [progress.receive(1), progress.receive(2), progress.receive(5), progress.receive(2)]
+        #expect(received == [true, true, true, false])
+        #expect(progress.contiguous == 2 && progress.firstGap == 3...4)
+        progress.announced = 9
+        let filled = [progress.receive(3), progress.receive(4)]
+        #expect(filled == [true, true])
+        #expect(progress.contiguous == 5 && progress.firstGap == 6...9)
+        progress.cover(through: 9)
+        #expect(progress.firstGap == nil && progress.above.isEmpty)
+    }
+}
