@@ -26,14 +26,18 @@ extension StateSyncNode {
                 core.peers[endpoint, default: .init()].node = beat.node
                 core.peers[endpoint, default: .init()].api = beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
                 guard beat.node != configuration.nodeID else { return }
-                var origin = core.origins[beat.node, default: .init()]
-                if origin.incarnation != 0, origin.incarnation != beat.incarnation, beat.latestSequence < origin.contiguous {
-                    // The peer lost deltas it had published (its log was removed): start over.
-                    origin = .init()
+                core.origins[beat.node, default: .init()].incarnation = beat.incarnation
+                core.origins[beat.node, default: .init()].announced = max(
+                    core.origins[beat.node]?.announced ?? 0, beat.latestSequence)
+                // What the peer holds of every origin: a delta it has exists, so it is owed to us
+                // too. For our own origin this means we lost deltas we had published (a damaged
+                // or removed log): fetch them back and never reuse their sequence numbers.
+                for (origin, through) in beat.progress {
+                    core.origins[origin, default: .init()].announced = max(core.origins[origin]?.announced ?? 0, through)
                 }
-                origin.incarnation = beat.incarnation
-                origin.announced = max(origin.announced, beat.latestSequence)
-                core.origins[beat.node] = origin
+            }
+            if let own = beat.progress[configuration.nodeID] {
+                outbox.withLock { $0.nextSequence = max($0.nextSequence, own + 1) }
             }
             return nil
         case .delta(let delta):
@@ -206,10 +210,12 @@ extension StateSyncNode {
 
     /// This node's heartbeat; `published` is the highest sequence number it has published.
     func heartbeat(published: UInt64, api: String?) -> PeerMessage {
-        .heartbeat(
+        let progress = core.withLock { core in core.origins.mapValues(\.contiguous).filter { $0.value > 0 } }
+        return .heartbeat(
             PeerMessage.Heartbeat(
                 node: configuration.nodeID, latestSequence: published,
-                clock: HybridLogicalClock.systemMilliseconds() << 16, incarnation: incarnation, api: api ?? ""))
+                clock: HybridLogicalClock.systemMilliseconds() << 16, incarnation: incarnation, api: api ?? "",
+                progress: progress))
     }
 
     // MARK: - Repair
@@ -218,7 +224,7 @@ extension StateSyncNode {
     func gaps() -> [(origin: String, range: ClosedRange<UInt64>)] {
         core.withLock { core in
             core.origins.compactMap { origin, progress in
-                guard origin != configuration.nodeID, let gap = progress.firstGap else { return nil }
+                guard let gap = progress.firstGap else { return nil }
                 return (origin, gap)
             }
         }
@@ -264,10 +270,13 @@ extension StateSyncNode {
             }
         }
         core.withLock { core in
-            for (origin, through) in snapshot.progress where origin != configuration.nodeID {
+            for (origin, through) in snapshot.progress {
                 core.origins[origin, default: .init()].cover(through: through)
             }
             core.counters.snapshotsApplied += 1
+        }
+        if let own = snapshot.progress[configuration.nodeID] {
+            outbox.withLock { $0.nextSequence = max($0.nextSequence, own + 1) }
         }
         return applied
     }

@@ -30,13 +30,21 @@ public enum PeerMessage: Sendable, Equatable {
         public var incarnation: UInt64
         /// The sender's client API endpoint, where peers FETCH repairs; empty when it has none.
         public var api: String
+        /// For each origin the sender tracks, the sequence number through which it has received
+        /// every delta: lets a node notice deltas it lacks even when their origin is down, and a
+        /// node that lost its own log notice its own missing deltas.
+        public var progress: [String: UInt64]
 
-        public init(node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64, api: String = "") {
+        public init(
+            node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64, api: String = "",
+            progress: [String: UInt64] = [:]
+        ) {
             self.node = node
             self.latestSequence = latestSequence
             self.clock = clock
             self.incarnation = incarnation
             self.api = api
+            self.progress = progress
         }
     }
 
@@ -68,6 +76,11 @@ public enum PeerMessage: Sendable, Equatable {
             body.uint64(beat.clock)
             body.uint64(beat.incarnation)
             body.string(beat.api)
+            body.varint(UInt64(beat.progress.count))
+            for origin in beat.progress.keys.sorted() {
+                body.string(origin)
+                body.varint(beat.progress[origin]!)
+            }
             return [Self.heartbeatTopic, body.bytes]
         }
     }
@@ -87,7 +100,16 @@ public enum PeerMessage: Sendable, Equatable {
             let clock = try body.uint64("clock")
             let incarnation = try body.uint64("incarnation")
             let api = body.isAtEnd ? "" : try body.string("api endpoint")
-            return .heartbeat(Heartbeat(node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api))
+            var progress: [String: UInt64] = [:]
+            if !body.isAtEnd {
+                let count = try body.count("progress count", minimumItemSize: 2)
+                for _ in 0..<count {
+                    let origin = try body.string("progress origin")
+                    progress[origin] = try body.varint("progress sequence")
+                }
+            }
+            return .heartbeat(
+                Heartbeat(node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api, progress: progress))
         }
         guard topic.first == deltaTopicPrefix else { throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))") }
         let (channel, model) = try splitDeltaTopic(topic)

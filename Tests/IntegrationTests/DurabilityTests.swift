@@ -1,0 +1,141 @@
+import Foundation
+import StateSync
+import StateSyncClient
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Issue #5 with real processes: kill -9, restarts, late joiners, a damaged log.
+@Suite("Durability and catch-up")
+struct DurabilityTests {
+    struct Node {
+        let name: String
+        let environment: [String: String]
+        let api: String
+    }
+
+    /// Three node definitions on free ports, all peering with each other.
+    static func cluster(_ label: String) -> [Node] {
+        let ports = (0..<3).map { _ in (publish: freePort(), api: freePort()) }
+        return (0..<3).map { i in
+            let peers = ports.enumerated().filter { $0.offset != i }.map { "tcp://127.0.0.1:\($0.element.publish)" }
+            return Node(
+                name: "node\(i + 1)",
+                environment: [
+                    "STATESYNC_NODE_ID": "node\(i + 1)",
+                    "STATESYNC_NODE_DATA_DIR": temporaryDirectory("\(label)-\(i + 1)"),
+                    "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(ports[i].publish)",
+                    "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
+                    "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
+                    "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
+                ], api: "tcp://127.0.0.1:\(ports[i].api)")
+        }
+    }
+
+    static func waitUntilAnswering(_ api: String) async throws {
+        let client = try StateSyncClient(endpoint: api, requestTimeout: .milliseconds(300))
+        defer { client.close() }
+        try await waitUntil("\(api) answers") { (try? await client.status()) != nil }
+    }
+
+    static func waitUntilConverged(_ clients: [StateSyncClient]) async throws {
+        try await waitUntil("all nodes hold the same state with nothing missing", timeout: .seconds(60)) {
+            guard let statuses = try? await clients.asyncMap({ try await $0.status() }) else { return false }
+            return Set(statuses.map(\.stateDigest)).count == 1 && statuses.allSatisfy { $0.missingDeltas == 0 }
+        }
+    }
+
+    @Test func killNineMidWritesLosesNoAcknowledgedChangeAndALateNodeGetsEverything() async throws {
+        let nodes = Self.cluster("kill9")
+        let daemons = ClusterTests.Daemons()
+        do {
+            var node2 = try daemons.start(config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2")
+            _ = try daemons.start(config: "Config/node1.yaml", environment: nodes[0].environment, name: "node1")
+            for node in nodes.prefix(2) { try await Self.waitUntilAnswering(node.api) }
+            let writers = [
+                try StateSyncClient(endpoint: nodes[0].api, requestTimeout: .seconds(2)),
+                try StateSyncClient(endpoint: nodes[1].api, requestTimeout: .seconds(1)),
+            ]
+            defer { writers.forEach { $0.close() } }
+
+            // 2,000 sets, alternating between node1 and node2; node2 is killed with SIGKILL after
+            // 600 and restarted on the same data directory. Only acknowledged sets are promised.
+            var acknowledged: [Int] = []
+            var failed = 0
+            for i in 0..<2000 {
+                if i == 600 {
+                    kill(node2.process.processIdentifier, SIGKILL)
+                    _ = await node2.wait()
+                    node2 = try daemons.start(config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2-restarted")
+                }
+                do {
+                    try await writers[i % 2].set(ModelAddress(channel: "kill", model: "m\(i)"), ["v": .int(Int64(i))])
+                    acknowledged.append(i)
+                } catch {
+                    failed += 1
+                }
+            }
+            #expect(acknowledged.count > 1500, "most sets must be acknowledged (\(failed) failed)")
+
+            // node3 starts only now and must get everything.
+            _ = try daemons.start(config: "Config/node3.yaml", environment: nodes[2].environment, name: "node3")
+            try await Self.waitUntilAnswering(nodes[2].api)
+            let readers = try nodes.map { try StateSyncClient(endpoint: $0.api) }
+            defer { readers.forEach { $0.close() } }
+            try await Self.waitUntilConverged(readers)
+
+            var lost: [String] = []
+            for (index, reader) in readers.enumerated() {
+                for i in acknowledged {
+                    let value = try await reader.get(ModelAddress(channel: "kill", model: "m\(i)"))["v"]?.value
+                    if value != .int(Int64(i)) { lost.append("node\(index + 1): m\(i) = \(String(describing: value))") }
+                }
+            }
+            #expect(lost.isEmpty, "acknowledged writes missing: \(lost.prefix(10)) (\(lost.count) in all)")
+            let restarted = try await readers[1].status()
+            #expect(restarted.latestSequence >= UInt64(acknowledged.filter { $0 % 2 == 1 }.count))
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        _ = await daemons.stopAll()
+    }
+
+    @Test func aDamagedLogTailIsCutAndTheNodeCatchesUp() async throws {
+        let nodes = Self.cluster("torn")
+        let daemons = ClusterTests.Daemons()
+        do {
+            var node1 = try daemons.start(config: "Config/node1.yaml", environment: nodes[0].environment, name: "node1")
+            _ = try daemons.start(config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2")
+            for node in nodes.prefix(2) { try await Self.waitUntilAnswering(node.api) }
+            let client = try StateSyncClient(endpoint: nodes[0].api)
+            defer { client.close() }
+            for i in 0..<50 { try await client.set(ModelAddress(channel: "torn", model: "m"), ["v": .int(Int64(i))]) }
+            kill(node1.process.processIdentifier, SIGKILL)
+            _ = await node1.wait()
+            // Damage the end of node1's log, as a crash in the middle of a write would.
+            let log = nodes[0].environment["STATESYNC_NODE_DATA_DIR"]! + "/deltas.log"
+            let size = try #require(try FileManager.default.attributesOfItem(atPath: log)[.size] as? Int)
+            let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
+            try handle.truncate(atOffset: UInt64(size - 3))
+            try handle.close()
+
+            node1 = try daemons.start(config: "Config/node1.yaml", environment: nodes[0].environment, name: "node1-restarted")
+            try await Self.waitUntilAnswering(nodes[0].api)
+            let status = try await client.status()
+            #expect(status.counters["log_bytes_cut"] ?? 0 > 0, "the torn tail must be detected and cut")
+            let reader2 = try StateSyncClient(endpoint: nodes[1].api)
+            defer { reader2.close() }
+            try await Self.waitUntilConverged([client, reader2])
+            #expect(try await client.get(ModelAddress(channel: "torn", model: "m"))["v"]?.value == .int(49))
+            // node1 fetched its own lost write back from node2 and does not reuse its number.
+            try await client.set(ModelAddress(channel: "torn", model: "m"), ["v": 50])
+            try await Self.waitUntilConverged([client, reader2])
+            #expect(try await reader2.get(ModelAddress(channel: "torn", model: "m"))["v"]?.value == .int(50))
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        _ = await daemons.stopAll()
+    }
+}
