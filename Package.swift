@@ -65,6 +65,12 @@ let package = Package(
             dependencies: ["StateSync", "ZeroMQ", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strictSettings
         ),
+        // The multi-node convergence harness (`statesync harness`): real daemons, real faults.
+        .target(
+            name: "StateSyncHarness",
+            dependencies: ["StateSync", "StateSyncClient"],
+            swiftSettings: strictSettings
+        ),
         .executableTarget(
             name: "statesyncd",
             dependencies: [
@@ -80,6 +86,7 @@ let package = Package(
             dependencies: [
                 "StateSync",
                 "StateSyncClient",
+                "StateSyncHarness",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings
@@ -91,7 +98,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StateSyncTests",
-            dependencies: ["StateSync", "ZeroMQ"],
+            dependencies: ["StateSync", "ZeroMQ", "StateSyncHarness"],
             swiftSettings: strictSettings
         ),
         .testTarget(

@@ -112,8 +112,12 @@ public final class StateSyncNode: Sendable {
         self.plantedDropShare = min(max(share, 0), 1)
         self.configuration = configuration
         self.incarnation = UInt64.random(in: 1...UInt64.max)
+        // Test-only: `STATESYNC_TEST_CLOCK_OFFSET_MS` skews this node's wall clock (the harness's
+        // clock fault).
+        let offset = ProcessInfo.processInfo.environment["STATESYNC_TEST_CLOCK_OFFSET_MS"].flatMap(Int64.init) ?? 0
         self.clock = HybridLogicalClock(
-            node: configuration.nodeID, maximumDriftMilliseconds: UInt64(configuration.maximumClockDriftMilliseconds))
+            node: configuration.nodeID, maximumDriftMilliseconds: UInt64(configuration.maximumClockDriftMilliseconds),
+            wallClock: { UInt64(max(0, Int64(HybridLogicalClock.systemMilliseconds()) + offset)) })
         var core = core
         for peer in configuration.peers { core.peers[peer] = NodeCore.PeerProgress() }
         self.core = Mutex(core)

@@ -7,7 +7,7 @@
 /// Thread safety: none; the owner serialises access (the node keeps it behind a lock).
 public struct ReplicaStore: Sendable {
     /// One property's register.
-    public struct Register: Sendable, Equatable {
+    public struct Register: Sendable, Hashable {
         public var value: Value
         public var version: Version
     }

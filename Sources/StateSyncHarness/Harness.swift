@@ -1,0 +1,274 @@
+import Foundation
+import StateSync
+import StateSyncClient
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The multi-node convergence harness behind `statesync harness`: starts real `statesyncd`
+/// processes on loopback, runs concurrent writers and a watcher per node, injects faults on a
+/// seeded schedule, heals, waits for quiet, and checks the result (``HarnessChecker``).
+public enum Harness {
+    static let channel = "harness"
+
+    /// Runs the harness. `progress` receives one-line updates for a live display.
+    public static func run(_ options: HarnessOptions, progress: @escaping @Sendable (Progress) -> Void) async throws -> HarnessReport {
+        guard (2...9).contains(options.nodes) else { throw HarnessError("--nodes must be between 2 and 9") }
+        guard options.operations > 0 else { throw HarnessError("--ops must be positive") }
+        guard FileManager.default.isExecutableFile(atPath: options.daemonPath) else {
+            throw HarnessError("cannot run statesyncd at \(options.daemonPath); build it (swift build) or pass --statesyncd PATH")
+        }
+        let started = Date()
+        let work = options.workDirectory ?? (NSTemporaryDirectory() + "statesync-harness-\(options.seed)-\(UUID().uuidString.prefix(8))")
+        try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+        var rng = SeededGenerator(seed: options.seed)
+
+        // The cluster: node i subscribes to node j through relay (i, j), so links can be cut.
+        let names = (1...options.nodes).map { "n\($0)" }
+        let publishPorts = try names.map { _ in try freePort() }
+        let apiPorts = try names.map { _ in try freePort() }
+        var links: [String: LinkProxy] = [:]  // "i>j": i's subscription to j
+        for i in names.indices {
+            for j in names.indices where i != j {
+                links["\(i)>\(j)"] = try LinkProxy(name: "\(names[i])<\(names[j])", targetPort: publishPorts[j])
+            }
+        }
+        let relays = links
+        let skewed: Int? = options.faults.contains(.clock) ? Int(rng.next() % UInt64(options.nodes)) : nil
+        let skewMilliseconds = 1500 + Int(rng.next() % 2000)
+        let planted: Int? = options.plantedBug == nil ? nil : options.nodes - 1
+        var built: [NodeProcess] = []
+        for i in names.indices {
+            var environment = [
+                "STATESYNC_NODE_ID": names[i],
+                "STATESYNC_NODE_DATA_DIR": "\(work)/\(names[i])",
+                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(publishPorts[i])",
+                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(apiPorts[i])",
+                "STATESYNC_NETWORK_PEERS": names.indices.filter { $0 != i }.map { relays["\(i)>\($0)"]!.endpoint }.joined(separator: ","),
+                "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
+                "STATESYNC_LOG_LEVEL": "info",
+            ]
+            if i == skewed { environment["STATESYNC_TEST_CLOCK_OFFSET_MS"] = String(skewMilliseconds) }
+            if i == planted { environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"] = "0.3" }
+            built.append(
+                NodeProcess(
+                    name: names[i], api: "tcp://127.0.0.1:\(apiPorts[i])", publishPort: publishPorts[i],
+                    environment: environment, daemonPath: options.daemonPath, logPath: "\(work)/\(names[i]).log"))
+        }
+        let nodes = built
+        let faults = FaultLog()
+        if let skewed { faults.record(kind: "clock", target: names[skewed], detail: "+\(skewMilliseconds) ms for the whole run", at: 0, healed: nil) }
+        if let planted { faults.record(kind: "planted-bug", target: names[planted], detail: "drop-deltas 30%", at: 0, healed: nil) }
+
+        defer {
+            for node in nodes { _ = node.stop() }
+            for relay in relays.values { relay.stop() }
+        }
+        for node in nodes { try node.start() }
+        let clients = try nodes.map { try StateSyncClient(endpoint: $0.api, requestTimeout: .seconds(2)) }
+        defer { clients.forEach { $0.close() } }
+        try await waitFor("every node to answer", seconds: 30) {
+            for client in clients where (try? await client.status()) == nil { return false }
+            return true
+        }
+        try await waitFor("every node to see its peers", seconds: 30) {
+            for client in clients {
+                guard let status = try? await client.status(), status.peers.allSatisfy(\.connected) else { return false }
+            }
+            return true
+        }
+
+        // Watchers: one per node, recording sessions between reconnections.
+        let watchers = names.indices.map { WatchRecorder(node: names[$0], endpoint: nodes[$0].api) }
+        let watchTasks = watchers.map { watcher in Task { await watcher.run() } }
+        try await waitFor("every watcher to be registered", seconds: 30) { watchers.allSatisfy(\.isWatching) }
+
+        // Workload and faults run together.
+        let counter = SharedCounter()
+        let workloadDone = SharedFlag()
+        let minimumDuration = max(2.0, Double(options.faults.filter { $0 != .clock }.count) * 1.5)
+        let workloadStart = Date()
+        let writes = WriteLog()
+        let faultTask = Task {
+            await FaultController(nodes: nodes, relays: relays, names: names, seed: options.seed &+ 1, log: faults)
+                .run(faults: options.faults.filter { $0 != .clock }, until: { workloadDone.isSet }, start: workloadStart)
+        }
+        let progressTask = Task {
+            while !workloadDone.isSet {
+                progress(Progress(operations: counter.value, total: options.operations, faults: faults.count, active: faults.active))
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+        }
+        await withTaskGroup(of: Void.self) { group in
+            for client in 0..<options.clients {
+                let seed = options.seed &+ UInt64(client) &* 7919
+                group.addTask {
+                    var rng = SeededGenerator(seed: seed)
+                    while true {
+                        let index = counter.increment()
+                        if index > options.operations { break }
+                        // Spread the operations over the fault schedule.
+                        let due = minimumDuration * Double(index) / Double(options.operations)
+                        let elapsed = Date().timeIntervalSince(workloadStart)
+                        if elapsed < due { try? await Task.sleep(for: .milliseconds(Int((due - elapsed) * 1000))) }
+                        let target = Int(rng.next() % UInt64(names.count))
+                        let model = "m\(rng.next() % UInt64(options.models))"
+                        let propertyCount = rng.next() % 10 < 3 ? 2 + Int(rng.next() % 2) : 1
+                        var properties: [String: Value] = [:]
+                        for _ in 0..<propertyCount {
+                            properties["p\(rng.next() % 4)"] = .string("c\(client)-\(index)")
+                        }
+                        var acknowledged: Version?
+                        if let result = try? await clients[target].set(ModelAddress(channel: channel, model: model), properties),
+                            result.outcome == .changed
+                        {
+                            acknowledged = result.version
+                        }
+                        writes.append(HarnessChecker.Write(model: model, properties: properties, node: names[target], acknowledged: acknowledged))
+                    }
+                }
+            }
+        }
+        workloadDone.set()
+        await faultTask.value
+        await progressTask.value
+        progress(Progress(operations: options.operations, total: options.operations, faults: faults.count, active: "healing"))
+
+        // Heal everything, then wait for quiet.
+        for relay in relays.values {
+            relay.setCut(false)
+            relay.setDelay(milliseconds: 0)
+        }
+        for node in nodes {
+            if node.isPaused { node.resume() }
+            if !node.isRunning { try node.start() }
+        }
+        let healed = Date()
+        var converged = false
+        let deadline = healed.addingTimeInterval(TimeInterval(options.convergenceTimeoutSeconds))
+        var quietSince: Date?
+        var lastDigests: [UInt64] = []
+        while Date() < deadline {
+            var statuses: [NodeStatus] = []
+            for client in clients { if let status = try? await client.status() { statuses.append(status) } }
+            let settled = statuses.count == clients.count
+                && statuses.allSatisfy({ $0.missingDeltas == 0 && $0.peers.allSatisfy(\.connected) })
+            if settled, Set(statuses.map(\.stateDigest)).count == 1 {
+                converged = true
+                break
+            }
+            // Quiet but different: nothing is missing, nothing changes, and still the states
+            // differ. Waiting longer will not help.
+            let digests = statuses.map(\.stateDigest)
+            if settled && digests == lastDigests {
+                if let since = quietSince, Date().timeIntervalSince(since) > 3 { break }
+                if quietSince == nil { quietSince = Date() }
+            } else {
+                quietSince = nil
+            }
+            lastDigests = digests
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        let convergenceMilliseconds = converged ? Int(Date().timeIntervalSince(healed) * 1000) : nil
+
+        // Final states.
+        var states: [HarnessChecker.NodeState] = []
+        for (index, client) in clients.enumerated() {
+            var models: [String: [String: ReplicaStore.Register]] = [:]
+            for m in 0..<options.models {
+                let registers = (try? await client.get(ModelAddress(channel: channel, model: "m\(m)"))) ?? [:]
+                if !registers.isEmpty { models["m\(m)"] = registers }
+            }
+            let digest = (try? await client.status().stateDigest) ?? 0
+            states.append(HarnessChecker.NodeState(node: names[index], digest: digest, models: models))
+        }
+        // Let the watchers take what is already on its way, then stop them.
+        try? await waitFor("watchers to go quiet", seconds: 5) { watchers.allSatisfy { $0.idleMilliseconds > 300 } }
+        for task in watchTasks { task.cancel() }
+        for watcher in watchers { watcher.stop() }
+
+        let findings = HarnessChecker().check(
+            writes: writes.all, nodes: states, watches: watchers.map { HarnessChecker.WatchHistory(node: $0.node, sessions: $0.sessions) })
+        var report = HarnessReport(
+            seed: options.seed, nodes: options.nodes, operations: options.operations,
+            acknowledged: writes.all.filter { $0.acknowledged != nil }.count, findings: findings,
+            converged: converged && findings.converged, convergenceMilliseconds: convergenceMilliseconds,
+            faults: faults.events, durationSeconds: Date().timeIntervalSince(started), workDirectory: work,
+            notifications: watchers.reduce(0) { $0 + $1.sessions.reduce(0) { $0 + $1.count } })
+        for node in nodes { report.exitStatuses[node.name] = node.stop() }
+        for relay in relays.values { relay.stop() }
+        if report.passed && !options.keep {
+            try? FileManager.default.removeItem(atPath: work)
+            report.workDirectory = nil
+        }
+        return report
+    }
+
+    /// One progress update.
+    public struct Progress: Sendable {
+        public var operations: Int
+        public var total: Int
+        public var faults: Int
+        public var active: String
+    }
+
+    static func waitFor(_ what: String, seconds: Double, _ condition: () async -> Bool) async throws {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if await condition() { return }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        throw HarnessError("timed out after \(Int(seconds)) s waiting for \(what)")
+    }
+
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw HarnessError("cannot create a socket") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let ok = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
+        }
+        guard ok else { throw HarnessError("no free port on 127.0.0.1") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+}
+
+/// The writes the workload made, from all clients.
+final class WriteLog: Sendable {
+    private let writes = Mutex<[HarnessChecker.Write]>([])
+    func append(_ write: HarnessChecker.Write) { writes.withLock { $0.append(write) } }
+    var all: [HarnessChecker.Write] { writes.withLock { $0 } }
+}
+
+/// A deterministic generator (SplitMix64): the same seed gives the same workload and schedule.
+struct SeededGenerator: RandomNumberGenerator {
+    var state: UInt64
+    init(seed: UInt64) { state = seed }
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// A counter tasks can share.
+final class SharedCounter: Sendable {
+    private let atomic = Atomic<Int>(0)
+    func increment() -> Int { atomic.add(1, ordering: .relaxed).newValue }
+    var value: Int { atomic.load(ordering: .relaxed) }
+}
+
+/// A one-way flag tasks can share.
+final class SharedFlag: Sendable {
+    private let atomic = Atomic<Bool>(false)
+    func set() { atomic.store(true, ordering: .releasing) }
+    var isSet: Bool { atomic.load(ordering: .acquiring) }
+}

@@ -1,0 +1,76 @@
+public import StateSync
+
+/// The harness's verdict, for people and for machines.
+public struct HarnessReport: Sendable {
+    public struct FaultEvent: Sendable, Equatable {
+        public var kind: String
+        public var target: String
+        public var detail: String
+        public var startMilliseconds: Int
+        public var healMilliseconds: Int?
+    }
+
+    public var seed: UInt64
+    public var nodes: Int
+    public var operations: Int
+    public var acknowledged: Int
+    public var findings: HarnessChecker.Findings
+    public var converged: Bool
+    /// From the last heal until every node held the same state with nothing missing.
+    public var convergenceMilliseconds: Int?
+    public var faults: [FaultEvent]
+    public var durationSeconds: Double
+    /// Kept when a check failed (or with --keep): the nodes' logs and data.
+    public var workDirectory: String?
+    public var notifications: Int
+    public var exitStatuses: [String: Int32?] = [:]
+
+    public var passed: Bool { converged && findings.passed }
+
+    public var value: Value {
+        var map: [String: Value] = [
+            "passed": .bool(passed), "converged": .bool(converged), "seed": .int(Int64(bitPattern: seed)),
+            "nodes": .int(Int64(nodes)), "ops": .int(Int64(operations)), "acknowledged": .int(Int64(acknowledged)),
+            "lost_writes": .int(Int64(findings.lostWrites.count)),
+            "chain_violations": .int(Int64(findings.chainViolations.count)),
+            "lww_violations": .int(Int64(findings.lwwViolations.count)),
+            "diverged_nodes": .array(findings.divergedNodes.map(Value.string)),
+            "notifications": .int(Int64(notifications)),
+            "duration_s": .double((durationSeconds * 10).rounded() / 10),
+            "faults": .array(
+                faults.map { fault in
+                    .map([
+                        "kind": .string(fault.kind), "target": .string(fault.target), "detail": .string(fault.detail),
+                        "start_ms": .int(Int64(fault.startMilliseconds)),
+                        "heal_ms": fault.healMilliseconds.map { .int(Int64($0)) } ?? .null,
+                    ])
+                }),
+            "details": .array((findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5)).map(Value.string)),
+        ]
+        map["convergence_ms"] = convergenceMilliseconds.map { .int(Int64($0)) } ?? .null
+        map["work_dir"] = workDirectory.map(Value.string) ?? .null
+        return .map(map)
+    }
+
+    public var humanText: String {
+        var lines: [String] = []
+        lines.append("StateSync harness: \(nodes) nodes, \(operations) ops (\(acknowledged) acknowledged), seed \(seed), \(String(format: "%.1f", durationSeconds)) s")
+        lines.append("faults (\(faults.count)):")
+        for fault in faults {
+            lines.append("  \(fault.startMilliseconds) ms  \(fault.kind) \(fault.target): \(fault.detail)")
+        }
+        func mark(_ ok: Bool) -> String { ok ? "ok  " : "FAIL" }
+        lines.append("verdict:")
+        lines.append("  [\(mark(converged))] replicas converged (equal state digests)" + (convergenceMilliseconds.map { " in \($0) ms after the last heal" } ?? ""))
+        if !findings.divergedNodes.isEmpty { lines.append("         diverged: \(findings.divergedNodes.joined(separator: ", "))") }
+        lines.append("  [\(mark(findings.lwwViolations.isEmpty))] final values are the last-writer-wins winners (\(findings.lwwViolations.count) violations)")
+        lines.append("  [\(mark(findings.lostWrites.isEmpty))] no acknowledged write lost (\(findings.lostWrites.count) lost)")
+        lines.append("  [\(mark(findings.chainViolations.isEmpty))] watchers' old/new chains unbroken, no duplicates (\(notifications) notifications, \(findings.chainViolations.count) violations)")
+        for detail in (findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5)) {
+            lines.append("         \(detail)")
+        }
+        lines.append(passed ? "PASSED" : "FAILED")
+        if let workDirectory { lines.append("nodes' logs and data kept in \(workDirectory)") }
+        return lines.joined(separator: "\n")
+    }
+}

@@ -1,0 +1,88 @@
+import Foundation
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One `statesyncd` process of the harness, restartable on the same data directory.
+final class NodeProcess: @unchecked Sendable {
+    // Safe: `process` is replaced only by the fault controller task, and read by the same task
+    // or after it finished; Foundation's Process is itself thread-safe for signals and waits.
+    let name: String
+    let api: String
+    let publishPort: Int
+    let environment: [String: String]
+    let daemonPath: String
+    let logPath: String
+    private let state = Mutex<(process: Process?, paused: Bool, restarts: Int)>((nil, false, 0))
+
+    init(name: String, api: String, publishPort: Int, environment: [String: String], daemonPath: String, logPath: String) {
+        self.name = name
+        self.api = api
+        self.publishPort = publishPort
+        self.environment = environment
+        self.daemonPath = daemonPath
+        self.logPath = logPath
+    }
+
+    func start() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: daemonPath)
+        process.arguments = []
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        if !FileManager.default.fileExists(atPath: logPath) {
+            _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+        }
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        process.standardError = log
+        process.standardOutput = log
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        state.withLock {
+            $0.process = process
+            $0.paused = false
+        }
+    }
+
+    var isRunning: Bool { state.withLock { $0.process?.isRunning ?? false } }
+    var pid: Int32? { state.withLock { $0.process?.processIdentifier } }
+
+    func signal(_ signal: Int32) {
+        if let pid, isRunning { kill(pid, signal) }
+    }
+
+    func killHard() {
+        signal(SIGKILL)
+        state.withLock { $0.process }?.waitUntilExit()
+    }
+
+    func pause() {
+        signal(SIGSTOP)
+        state.withLock { $0.paused = true }
+    }
+
+    func resume() {
+        signal(SIGCONT)
+        state.withLock { $0.paused = false }
+    }
+
+    var isPaused: Bool { state.withLock { $0.paused } }
+
+    /// SIGTERM (after SIGCONT if paused), waiting up to `timeout`; SIGKILL after that.
+    func stop(timeout: TimeInterval = 15) -> Int32? {
+        guard let process = state.withLock({ $0.process }) else { return nil }
+        if process.isRunning {
+            kill(process.processIdentifier, SIGCONT)
+            kill(process.processIdentifier, SIGTERM)
+            let deadline = Date().addingTimeInterval(timeout)
+            while process.isRunning && Date() < deadline { usleep(5000) }
+            if process.isRunning {
+                kill(process.processIdentifier, SIGKILL)
+                process.waitUntilExit()
+            }
+        }
+        return process.terminationStatus
+    }
+}

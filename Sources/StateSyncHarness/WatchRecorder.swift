@@ -1,0 +1,139 @@
+import Foundation
+import StateSync
+import StateSyncClient
+import Synchronization
+
+/// A watcher on one node that records every change it is told of, in sessions: a new session
+/// starts whenever the watch had to be re-established (the node was killed, paused too long...).
+final class WatchRecorder: Sendable {
+    let node: String
+    let endpoint: String
+    private let state = Mutex<(sessions: [[PropertyChange]], watching: Bool, last: Date)>(([], false, Date()))
+    private let stopped = Atomic<Bool>(false)
+
+    init(node: String, endpoint: String) {
+        self.node = node
+        self.endpoint = endpoint
+    }
+
+    var sessions: [[PropertyChange]] { state.withLock { $0.sessions.filter { !$0.isEmpty } } }
+    var isWatching: Bool { state.withLock { $0.watching } }
+    var idleMilliseconds: Int { state.withLock { Int(Date().timeIntervalSince($0.last) * 1000) } }
+
+    func stop() { stopped.store(true, ordering: .releasing) }
+
+    func run() async {
+        while !stopped.load(ordering: .acquiring) && !Task.isCancelled {
+            guard let client = try? StateSyncClient(endpoint: endpoint, requestTimeout: .seconds(2)) else { return }
+            defer { client.close() }
+            do {
+                let changes = try await client.watch(channel: Harness.channel)
+                state.withLock {
+                    $0.sessions.append([])
+                    $0.watching = true
+                }
+                for try await change in changes {
+                    state.withLock {
+                        $0.sessions[$0.sessions.count - 1].append(change)
+                        $0.last = Date()
+                    }
+                    if stopped.load(ordering: .acquiring) { return }
+                }
+            } catch {
+                state.withLock { $0.watching = false }
+                try? await Task.sleep(for: .milliseconds(100))
+            }
+        }
+    }
+}
+
+/// The faults injected so far, for the report.
+final class FaultLog: Sendable {
+    private let state = Mutex<(events: [HarnessReport.FaultEvent], active: String)>(([], "-"))
+
+    func record(kind: String, target: String, detail: String, at: Int, healed: Int?) {
+        state.withLock { $0.events.append(.init(kind: kind, target: target, detail: detail, startMilliseconds: at, healMilliseconds: healed)) }
+    }
+
+    func setActive(_ text: String) { state.withLock { $0.active = text } }
+    var active: String { state.withLock { $0.active } }
+    var count: Int { state.withLock { $0.events.count } }
+    var events: [HarnessReport.FaultEvent] { state.withLock { $0.events } }
+}
+
+/// Injects the requested faults, one at a time, on a seeded schedule, until the workload ends
+/// (and at least once each).
+struct FaultController {
+    let nodes: [NodeProcess]
+    let relays: [String: LinkProxy]
+    let names: [String]
+    let seed: UInt64
+    let log: FaultLog
+
+    func run(faults: [HarnessOptions.Fault], until done: @Sendable () -> Bool, start: Date) async {
+        guard !faults.isEmpty else { return }
+        var rng = SeededGenerator(seed: seed)
+        var round = 0
+        while round == 0 || !done() {
+            for fault in faults {
+                try? await Task.sleep(for: .milliseconds(150 + Int(rng.next() % 250)))
+                let at = Int(Date().timeIntervalSince(start) * 1000)
+                let hold = 300 + Int(rng.next() % 500)
+                let target = Int(rng.next() % UInt64(nodes.count))
+                switch fault {
+                case .kill:
+                    log.setActive("kill -9 \(names[target])")
+                    nodes[target].killHard()
+                    try? await Task.sleep(for: .milliseconds(hold))
+                    try? nodes[target].start()
+                    log.record(kind: "kill", target: names[target], detail: "kill -9, restarted after \(hold) ms", at: at, healed: elapsed(start))
+                case .pause:
+                    log.setActive("pause \(names[target])")
+                    nodes[target].pause()
+                    try? await Task.sleep(for: .milliseconds(hold))
+                    nodes[target].resume()
+                    log.record(kind: "pause", target: names[target], detail: "SIGSTOP for \(hold) ms", at: at, healed: elapsed(start))
+                case .partition:
+                    var group = Set([target])
+                    let extra = nodes.count > 3 ? Int(rng.next() % UInt64(nodes.count / 2)) : 0
+                    for _ in 0..<extra { group.insert(Int(rng.next() % UInt64(nodes.count))) }
+                    if group.count == nodes.count { group.remove(target == 0 ? 1 : 0) }
+                    let side = group.sorted().map { names[$0] }.joined(separator: ",")
+                    let other = nodes.indices.filter { !group.contains($0) }.map { names[$0] }.joined(separator: ",")
+                    log.setActive("partition \(side) | \(other)")
+                    setCut(group: group, true)
+                    try? await Task.sleep(for: .milliseconds(hold))
+                    setCut(group: group, false)
+                    log.record(kind: "partition", target: "\(side) | \(other)", detail: "links cut both ways for \(hold) ms", at: at, healed: elapsed(start))
+                case .loss:
+                    log.setActive("loss at \(names[target])")
+                    let delay = 10 + Int(rng.next() % 40)
+                    let inbound = relays.filter { $0.key.hasPrefix("\(target)>") }.map(\.value)
+                    for relay in inbound { relay.setDelay(milliseconds: delay) }
+                    let steps = max(1, hold / 100)
+                    for _ in 0..<steps {
+                        try? await Task.sleep(for: .milliseconds(100))
+                        if let relay = inbound.randomElement(using: &rng) { relay.reset() }  // in-flight data lost
+                    }
+                    for relay in inbound { relay.setDelay(milliseconds: 0) }
+                    log.record(
+                        kind: "loss", target: names[target], detail: "inbound delay \(delay) ms and connection resets for \(hold) ms",
+                        at: at, healed: elapsed(start))
+                case .clock:
+                    break  // applied at start (one node runs skewed)
+                }
+                log.setActive("-")
+            }
+            round += 1
+        }
+    }
+
+    private func setCut(group: Set<Int>, _ cut: Bool) {
+        for (key, relay) in relays {
+            let parts = key.split(separator: ">").compactMap { Int($0) }
+            if group.contains(parts[0]) != group.contains(parts[1]) { relay.setCut(cut) }
+        }
+    }
+
+    private func elapsed(_ start: Date) -> Int { Int(Date().timeIntervalSince(start) * 1000) }
+}

@@ -1,0 +1,36 @@
+import Foundation
+import Testing
+
+/// `statesync harness` as CI runs it: a small cluster with kill and partition must pass, and the
+/// same run with a planted bug must fail and name the node.
+@Suite("Harness")
+struct HarnessTests {
+    @Test func smallClusterWithKillAndPartitionPasses() async throws {
+        let run = try await cli(
+            ["harness", "--nodes", "3", "--ops", "3000", "--seed", "1", "--faults", "kill,partition,pause,loss,clock", "--json"],
+            timeout: .seconds(240))
+        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        #expect(run.status == 0, "\(run.stdout)")
+        #expect(report["converged"] as? Bool == true)
+        #expect(report["lost_writes"] as? Int == 0)
+        #expect(report["chain_violations"] as? Int == 0)
+        #expect(report["ops"] as? Int == 3000)
+        #expect((report["convergence_ms"] as? Int) != nil)
+        let kinds = Set((report["faults"] as? [[String: Any]] ?? []).compactMap { $0["kind"] as? String })
+        #expect(kinds.isSuperset(of: ["kill", "partition", "pause", "loss", "clock"]), "\(kinds)")
+        #expect((report["notifications"] as? Int ?? 0) > 0)
+    }
+
+    @Test func aPlantedBugFailsTheVerdictAndNamesTheNode() async throws {
+        let run = try await cli(
+            ["harness", "--nodes", "3", "--ops", "1500", "--seed", "7", "--faults", "kill", "--plant-bug", "drop-deltas", "--json"],
+            timeout: .seconds(240))
+        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        #expect(run.status == 1)
+        #expect(report["converged"] as? Bool == false)
+        #expect(report["diverged_nodes"] as? [String] == ["n3"])
+        let kept = try #require(report["work_dir"] as? String)
+        #expect(FileManager.default.fileExists(atPath: kept + "/n3.log"), "logs are kept on failure")
+        try? FileManager.default.removeItem(atPath: kept)
+    }
+}
