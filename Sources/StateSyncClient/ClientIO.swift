@@ -7,11 +7,19 @@ import ZeroMQ
 /// queue and a wake-up pipe.
 final class ClientIO: Sendable {
     typealias Reply = CheckedContinuation<[UInt8], any Error>
-    typealias Events = AsyncThrowingStream<PropertyChange, any Error>.Continuation
+    typealias Events = AsyncThrowingStream<WatchEvent, any Error>.Continuation
+
+    /// A watch's client-side state: its stream, its replica, the snapshot being received.
+    struct WatchState {
+        let events: Events
+        let replica: ChannelReplica
+        var snapshotReason: ClientProtocol.SnapshotReason?
+        var digest = RegisterDigest()
+    }
 
     enum Command: Sendable {
         case request(id: UInt64, command: ClientProtocol.Command, body: [UInt8], reply: Reply)
-        case watch(id: UInt64, body: [UInt8], events: Events, registered: Reply)
+        case watch(id: UInt64, body: [UInt8], events: Events, replica: ChannelReplica, registered: Reply)
         case unwatch(id: UInt64)
     }
 
@@ -73,12 +81,12 @@ final class ClientIO: Sendable {
         }
     }
 
-    func watch(_ body: [UInt8]) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
+    func watch(_ body: [UInt8], replica: ChannelReplica) async throws -> AsyncThrowingStream<WatchEvent, any Error> {
         let id = nextID.add(1, ordering: .relaxed).newValue
-        let (stream, events) = AsyncThrowingStream.makeStream(of: PropertyChange.self)
+        let (stream, events) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
         events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
         _ = try await withCheckedThrowingContinuation { (registered: Reply) in
-            if !enqueue(.watch(id: id, body: body, events: events, registered: registered)) {
+            if !enqueue(.watch(id: id, body: body, events: events, replica: replica, registered: registered)) {
                 registered.resume(throwing: closedError)
             }
         }
@@ -95,7 +103,7 @@ final class ClientIO: Sendable {
 
     private struct State {
         var pending: [UInt64: Pending] = [:]
-        var watches: [UInt64: Events] = [:]
+        var watches: [UInt64: WatchState] = [:]
         /// Liveness while watching: the outstanding ping and the node's incarnation.
         var pingID: UInt64?
         var pingDeadline: UInt64 = 0
@@ -127,14 +135,14 @@ final class ClientIO: Sendable {
         }
         let error = closedError
         for (_, pending) in state.pending { pending.reply.resume(throwing: error) }
-        for (_, events) in state.watches { events.finish(throwing: error) }
+        for (_, watch) in state.watches { watch.events.finish(throwing: error) }
         let leftover = commands.withLock { state -> [Command] in
             defer { state.queue = [] }
             return state.queue
         }
         for command in leftover {
             switch command {
-            case .request(_, _, _, let reply), .watch(_, _, _, let reply): reply.resume(throwing: error)
+            case .request(_, _, _, let reply), .watch(_, _, _, _, let reply): reply.resume(throwing: error)
             case .unwatch: break
             }
         }
@@ -153,10 +161,10 @@ final class ClientIO: Sendable {
             // Not yet connected: the DEALER queues the request; the deadline covers both.
             _ = send(kind, id: id, body: body, dealer: dealer)
             state.pending[id] = Pending(reply: reply, deadline: now + timeoutMilliseconds, command: kind)
-        case .watch(let id, let body, let events, let registered):
+        case .watch(let id, let body, let events, let replica, let registered):
             _ = send(.watch, id: id, body: body, dealer: dealer)
             state.pending[id] = Pending(reply: registered, deadline: now + timeoutMilliseconds, command: .watch)
-            state.watches[id] = events
+            state.watches[id] = WatchState(events: events, replica: replica)
             if state.lastPing == 0 { state.lastPing = now }
         case .unwatch(let id):
             if state.watches.removeValue(forKey: id) != nil {
@@ -173,8 +181,8 @@ final class ClientIO: Sendable {
         for (id, pending) in expired {
             state.pending[id] = nil
             pending.reply.resume(throwing: timeoutError())
-            if pending.command == .watch, let events = state.watches.removeValue(forKey: id) {
-                events.finish(throwing: timeoutError())
+            if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
+                watch.events.finish(throwing: timeoutError())
             }
         }
         if let pingID = state.pingID, state.pingDeadline <= now {
@@ -189,7 +197,7 @@ final class ClientIO: Sendable {
     }
 
     private func failWatches(_ state: inout State, _ error: StateSyncError) {
-        for (_, events) in state.watches { events.finish(throwing: error) }
+        for (_, watch) in state.watches { watch.events.finish(throwing: error) }
         state.watches = [:]
     }
 
@@ -213,8 +221,17 @@ final class ClientIO: Sendable {
         let body = frames[1]
         switch header.kind {
         case .event:
-            guard let events = state.watches[id], let changes = try? ClientProtocol.decodeEvent(body) else { return }
-            for change in changes { events.yield(change) }
+            guard var watch = state.watches[id] else { return }
+            guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
+                state.watches[id] = nil
+                watch.events.finish(throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
+                return
+            }
+            if handleWatchEvent(event, watch: &watch) {
+                state.watches[id] = watch
+            } else {
+                state.watches[id] = nil
+            }
         case .ok:
             if id == state.pingID {
                 state.pingID = nil
@@ -227,7 +244,7 @@ final class ClientIO: Sendable {
                 }
                 if case .array(let lost)? = map["lost"] {
                     for case .int(let raw) in lost {
-                        state.watches.removeValue(forKey: UInt64(bitPattern: raw))?.finish(
+                        state.watches.removeValue(forKey: UInt64(bitPattern: raw))?.events.finish(
                             throwing: StateSyncError(
                                 .connectionLost,
                                 "the node at \(endpoint) dropped this watch while the connection was interrupted; changes may have been missed"))
@@ -241,11 +258,63 @@ final class ClientIO: Sendable {
             let message = (try? ClientProtocol.decodeError(body))?.message ?? "malformed error reply"
             if id == state.pingID { state.pingID = nil }
             guard let pending = state.pending.removeValue(forKey: id) else { return }
-            if pending.command == .watch, let events = state.watches.removeValue(forKey: id) {
-                events.finish(throwing: StateSyncError(.remote, message))
+            if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
+                watch.events.finish(throwing: StateSyncError(.remote, message))
             }
             pending.reply.resume(throwing: StateSyncError(.remote, message))
         }
+    }
+}
+
+extension ClientIO {
+    /// Applies one watch event to the watch's replica and yields what it means. Returns `false`
+    /// when the watch has ended (with an error).
+    func handleWatchEvent(_ event: ClientProtocol.WatchEventBody, watch: inout WatchState) -> Bool {
+        switch event {
+        case .delta(let delta):
+            let changes = watch.replica.apply(delta)
+            let cursor = watch.replica.cursor
+            for change in changes { watch.events.yield(.change(change, kind: .live, cursor: cursor)) }
+        case .snapshotBegin(let reason):
+            watch.snapshotReason = reason
+            watch.digest = RegisterDigest()
+            switch reason {
+            case .initial: break
+            case .lagged: watch.events.yield(.resyncStarted(.lagged))
+            case .historyGone: watch.events.yield(.resyncStarted(.historyGone))
+            }
+        case .records(let models):
+            let kind: WatchEvent.Kind = watch.snapshotReason == .initial ? .initial : .resync
+            let cursor = watch.replica.cursor
+            for (model, properties) in models {
+                for (name, register) in properties {
+                    watch.digest.add(channel: watch.replica.channel, model: model, property: name, register: register)
+                    if let change = watch.replica.apply(model: model, property: name, register: register) {
+                        watch.events.yield(.change(change, kind: kind, cursor: cursor))
+                    }
+                }
+            }
+        case .snapshotEnd(let records, let digest, let cursor):
+            guard watch.digest.count == records, watch.digest.value == digest else {
+                watch.events.finish(
+                    throwing: StateSyncError(
+                        .protocolError,
+                        "the snapshot from \(endpoint) is incomplete: \(watch.digest.count) of \(records) records, digest mismatch; watch again"))
+                return false
+            }
+            watch.replica.advance(to: cursor)
+            let cursorNow = watch.replica.cursor
+            if watch.snapshotReason == .initial {
+                watch.events.yield(.initialStateComplete(records: records, cursor: cursorNow))
+            } else {
+                watch.events.yield(.resyncComplete(records: records, cursor: cursorNow))
+            }
+            watch.snapshotReason = nil
+        case .caughtUp(let cursor, let latest, let missing):
+            watch.replica.advance(to: cursor)
+            watch.events.yield(.caughtUp(cursor: watch.replica.cursor, latest: latest, nodeMissing: missing))
+        }
+        return true
     }
 }
 

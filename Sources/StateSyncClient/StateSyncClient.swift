@@ -104,15 +104,48 @@ public final class StateSyncClient: Sendable {
         return status
     }
 
-    /// Every change the node applies to models of `channel` from now on, in the node's apply
-    /// order, as an `AsyncSequence`. Returns once the node has registered the watch, so every
-    /// change applied after this returns is delivered.
+    /// Watches `channel`: its current state (``WatchEvent/Kind/initial`` changes, then
+    /// ``WatchEvent/initialStateComplete(records:cursor:)``), then every change applied to its
+    /// models, with exact old and new values, and periodic ``WatchEvent/caughtUp(cursor:latest:nodeMissing:)``
+    /// markers. Returns once the node has registered the watch.
+    ///
+    /// Pass the `replica` of an earlier watch (of this or any other node) to resume it: the node
+    /// sends every delta after the replica's cursor exactly once (or, when its history no longer
+    /// reaches back that far, a snapshot flagged as a resync), and old → new is computed against
+    /// the replica, so observers keep exact chains across the gap.
     ///
     /// The sequence ends with an error when the connection to the node is lost (no answer to
     /// liveness pings within ``requestTimeout``) or the node restarted: a watch never silently
-    /// misses changes. Stop iterating to end the watch.
-    public func watch(channel: String) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
+    /// misses changes; resume it with its replica. Stop iterating to end the watch.
+    public func watch(channel: String, replica: ChannelReplica? = nil) async throws -> (
+        events: AsyncThrowingStream<WatchEvent, any Error>, replica: ChannelReplica
+    ) {
         try Names.validateChannel(channel)
-        return try await io.watch(ClientProtocol.encodeChannel(channel))
+        let replica = replica ?? ChannelReplica(channel: channel)
+        guard replica.channel == channel else {
+            throw StateSyncError(.invalidName, "the replica is of channel '\(replica.channel)', not '\(channel)'")
+        }
+        let resume = replica.cursor.positions.isEmpty && replica.models.isEmpty ? nil : replica.cursor
+        let events = try await io.watch(ClientProtocol.encodeWatch(channel: channel, from: resume), replica: replica)
+        return (events, replica)
+    }
+
+    /// The changes of `channel` only (no markers), from now on: a convenience over
+    /// ``watch(channel:replica:)``.
+    public func changes(channel: String) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
+        let (events, _) = try await watch(channel: channel)
+        let (stream, continuation) = AsyncThrowingStream.makeStream(of: PropertyChange.self)
+        let task = Task {
+            do {
+                for try await event in events {
+                    if case .change(let change, let kind, _) = event, kind != .initial { continuation.yield(change) }
+                }
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+        }
+        continuation.onTermination = { _ in task.cancel() }
+        return stream
     }
 }

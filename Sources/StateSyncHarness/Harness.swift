@@ -190,7 +190,11 @@ public enum Harness {
         for watcher in watchers { watcher.stop() }
 
         let findings = HarnessChecker().check(
-            writes: writes.all, nodes: states, watches: watchers.map { HarnessChecker.WatchHistory(node: $0.node, sessions: $0.sessions) })
+            writes: writes.all, nodes: states,
+            watches: watchers.map { watcher in
+                let models = Dictionary(uniqueKeysWithValues: watcher.replica.models.map { ($0, watcher.replica.properties(of: $0)) })
+                return HarnessChecker.WatchHistory(node: watcher.node, sessions: watcher.sessions, finalState: models)
+            })
         var report = HarnessReport(
             seed: options.seed, nodes: options.nodes, operations: options.operations,
             acknowledged: writes.all.filter { $0.acknowledged != nil }.count, findings: findings,

@@ -37,10 +37,14 @@ public struct HarnessChecker: Sendable {
     public struct WatchHistory: Sendable, Equatable {
         public var node: String
         public var sessions: [[PropertyChange]]
+        /// The watcher's own copy of the state at the end (model → property → register), when it
+        /// keeps one: it must equal the nodes' converged state, or the watch missed changes.
+        public var finalState: [String: [String: ReplicaStore.Register]]?
 
-        public init(node: String, sessions: [[PropertyChange]]) {
+        public init(node: String, sessions: [[PropertyChange]], finalState: [String: [String: ReplicaStore.Register]]? = nil) {
             self.node = node
             self.sessions = sessions
+            self.finalState = finalState
         }
     }
 
@@ -116,8 +120,13 @@ public struct HarnessChecker: Sendable {
         findings.lostWrites = Array(Set(findings.lostWrites)).sorted()
         findings.lwwViolations = Array(Set(findings.lwwViolations)).sorted()
 
-        // (4) Watch chains, per session and property.
+        // (4) Watch chains, per session and property; a watcher's final copy must match.
         for watch in watches {
+            if let final = watch.finalState, findings.converged, final != majority {
+                let differing = Set(final.keys).union(majority.keys).filter { final[$0] != majority[$0] }.sorted()
+                findings.chainViolations.append(
+                    "\(watch.node)'s watcher ended with a state different from the nodes' (models \(differing.prefix(5).joined(separator: ", "))): it missed changes")
+            }
             for (sessionIndex, session) in watch.sessions.enumerated() {
                 var last: [String: PropertyChange] = [:]
                 var seen: [String: Set<Version>] = [:]

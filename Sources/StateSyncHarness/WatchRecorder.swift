@@ -3,11 +3,13 @@ import StateSync
 import StateSyncClient
 import Synchronization
 
-/// A watcher on one node that records every change it is told of, in sessions: a new session
-/// starts whenever the watch had to be re-established (the node was killed, paused too long...).
+/// A watcher on one node that records every change it is told of. When the watch breaks (the
+/// node was killed, paused too long...) it resumes with its replica, so one chain runs through
+/// the whole run; a new session is recorded only if a resume was impossible.
 final class WatchRecorder: Sendable {
     let node: String
     let endpoint: String
+    let replica = ChannelReplica(channel: Harness.channel)
     private let state = Mutex<(sessions: [[PropertyChange]], watching: Bool, last: Date)>(([], false, Date()))
     private let stopped = Atomic<Bool>(false)
 
@@ -27,12 +29,13 @@ final class WatchRecorder: Sendable {
             guard let client = try? StateSyncClient(endpoint: endpoint, requestTimeout: .seconds(2)) else { return }
             defer { client.close() }
             do {
-                let changes = try await client.watch(channel: Harness.channel)
+                let (events, _) = try await client.watch(channel: Harness.channel, replica: replica)
                 state.withLock {
-                    $0.sessions.append([])
+                    if $0.sessions.isEmpty { $0.sessions.append([]) }
                     $0.watching = true
                 }
-                for try await change in changes {
+                for try await event in events {
+                    guard case .change(let change, _, _) = event else { continue }
                     state.withLock {
                         $0.sessions[$0.sessions.count - 1].append(change)
                         $0.last = Date()

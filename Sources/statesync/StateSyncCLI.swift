@@ -160,7 +160,18 @@ extension StateSyncCLI {
     struct Watch: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
             abstract: "Print one line per change applied to a channel's models, until interrupted.",
-            discussion: "With --json each line is an object with channel, model, property, old, new, version, origin.")
+            discussion: """
+                First the channel's current state (lines marked initial), then every change, with \
+                old and new values. With --json each line is an object with channel, model, \
+                property, old, new, version, origin, kind (initial | live | resync) and cursor.
+
+                To resume after an interruption — on this node or any other — pass the last \
+                cursor printed: --from CURSOR delivers every change after it exactly once, then the \
+                live ones. (A fresh process does not hold the earlier state, so the first change \
+                of each property after resuming shows old as null.) If the node's history no \
+                longer reaches back to the cursor, it says so and sends the current state as a \
+                resync instead of skipping anything.
+                """)
 
         @Argument(help: "The channel to watch.")
         var channel: String
@@ -168,34 +179,84 @@ extension StateSyncCLI {
         @Flag(name: .long, help: "Print one JSON object per line.")
         var json = false
 
+        @Option(help: ArgumentHelp("Resume after this cursor (as printed in a watch's JSON lines).", valueName: "CURSOR"))
+        var from: String?
+
+        @Flag(help: "Also print markers (initial state complete, caught up) as lines.")
+        var markers = false
+
         @OptionGroup var connection: ConnectionOptions
 
         func validate() throws {
             do { try Names.validateChannel(channel) } catch { throw ValidationError("\(error)") }
+            if let from, WatchCursor(from) == nil {
+                if Version(from) != nil {
+                    throw ValidationError(
+                        "--from takes a cursor (the \"cursor\" of a watch's JSON line, like n1:12,n2:7), not a version: with many writers, no single version orders changes the same way on every node")
+                }
+                throw ValidationError("--from '\(from)' is not a cursor (origin:sequence pairs, like n1:12,n2:7)")
+            }
         }
 
         func run() async throws {
             try await failingClearly {
                 let client = try connection.client()
                 defer { client.close() }
-                let changes = try await client.watch(channel: channel)
+                let replica = from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
+                let (events, watched) = try await client.watch(channel: channel, replica: replica)
                 FileHandle.standardError.write(Data("statesync: watching \(channel) on \(connection.daemon)\n".utf8))
-                for try await change in changes {
-                    emit(json ? Self.json(change) : Self.human(change))
+                do {
+                    for try await event in events { show(event) }
+                } catch {
+                    throw StateSyncError(.connectionLost, "\(error); resume with --from \(watched.cursor)")
                 }
             }
         }
 
-        static func json(_ change: PropertyChange) -> String {
+        func show(_ event: WatchEvent) {
+            switch event {
+            case .change(let change, let kind, let cursor):
+                emit(json ? Self.json(change, kind: kind, cursor: cursor) : Self.human(change, kind: kind))
+            case .initialStateComplete(let records, let cursor):
+                marker("initial", "initial state complete: \(records) properties", ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
+            case .resyncStarted(let reason):
+                let why = reason == .lagged
+                    ? "this watch fell behind the node's history"
+                    : "the node's history no longer reaches back to the cursor"
+                FileHandle.standardError.write(Data("statesync: resync: \(why); the current state follows as changes marked resync\n".utf8))
+                marker("resync", "resync started", ["reason": .string(reason == .lagged ? "lagged" : "history_gone")], always: false)
+            case .resyncComplete(let records, let cursor):
+                marker("resynced", "resync complete: \(records) properties", ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
+            case .caughtUp(let cursor, let latest, let missing):
+                marker(
+                    "caught_up", "caught up to \(latest?.description ?? "nothing yet")\(missing > 0 ? " (node still missing \(missing) deltas)" : "")",
+                    ["cursor": .string(cursor.description), "latest": latest.map { .string($0.description) } ?? .null, "node_missing": .int(Int64(missing))])
+            }
+        }
+
+        func marker(_ kind: String, _ text: String, _ fields: [String: Value], always: Bool = false) {
+            guard markers || always else { return }
+            if json {
+                var map = fields
+                map["marker"] = .string(kind)
+                map["channel"] = .string(channel)
+                emit(Value.map(map).jsonText())
+            } else {
+                emit("-- \(text)")
+            }
+        }
+
+        static func json(_ change: PropertyChange, kind: WatchEvent.Kind, cursor: WatchCursor) -> String {
             Value.map([
                 "channel": .string(change.channel), "model": .string(change.model), "property": .string(change.property),
                 "old": change.old ?? .null, "new": change.new, "version": .string(change.version.description),
-                "origin": .string(change.origin),
+                "origin": .string(change.origin), "kind": .string("\(kind)"), "cursor": .string(cursor.description),
             ]).jsonText()
         }
 
-        static func human(_ change: PropertyChange) -> String {
-            "\(change.channel)/\(change.model) \(change.property): \(change.old?.jsonText() ?? "null") -> \(change.new.jsonText())  [\(change.version)]"
+        static func human(_ change: PropertyChange, kind: WatchEvent.Kind) -> String {
+            let tag = kind == .live ? "" : " (\(kind))"
+            return "\(change.channel)/\(change.model) \(change.property): \(change.old?.jsonText() ?? "null") -> \(change.new.jsonText())  [\(change.version)]\(tag)"
         }
     }
 
@@ -249,7 +310,7 @@ extension StateSyncCLI {
                 if status.channels.isEmpty { emit("  (none)") }
                 for name in status.channels.keys.sorted() { emit("  \(name): \(status.channels[name]!) models") }
                 emit("missing:   \(status.missingDeltas) deltas known but not yet received (repair in progress when > 0)")
-                emit("watchers:  \(status.watchers)")
+                emit("watchers:  \(status.watchers)\(status.laggingWatches > 0 ? " (\(status.laggingWatches) lagging)" : "")")
                 let nonZero = status.counters.filter { $0.value != 0 }.sorted { $0.key < $1.key }
                 emit("counters:  " + (nonZero.isEmpty ? "all zero" : nonZero.map { "\($0.key)=\($0.value)" }.joined(separator: " ")))
             }

@@ -139,3 +139,46 @@ struct DurabilityTests {
         _ = await daemons.stopAll()
     }
 }
+
+/// `statesync watch --from CURSOR` with real processes: a watcher on node1 stops, writes go on
+/// through node2, a new watcher resumes on node2 and sees exactly the later changes.
+@Suite("Resumable watches")
+struct ResumableWatchTests {
+    @Test func aWatchResumesOnAnotherNodeWithItsCursorExactlyOnce() async throws {
+        let nodes = DurabilityTests.cluster("resume")
+        let daemons = ClusterTests.Daemons()
+        do {
+            for (index, node) in nodes.prefix(2).enumerated() {
+                _ = try daemons.start(config: "Config/node\(index + 1).yaml", environment: node.environment, name: node.name)
+            }
+            for node in nodes.prefix(2) { try await DurabilityTests.waitUntilAnswering(node.api) }
+            let first = try ChildProcess("statesync", ["watch", "r", "--json", "--daemon", nodes[0].api], name: "watch1")
+            let node1 = try StateSyncClient(endpoint: nodes[0].api)
+            defer { node1.close() }
+            try await waitUntil("the first watch is registered") { (try? await node1.status().watchers) == 1 }
+            for i in 1...10 { try await node1.set(ModelAddress(channel: "r", model: "m"), ["n": .int(Int64(i))]) }
+            try await waitUntil("the first watch printed 10 changes") { first.stdout.split(separator: "\n").count == 10 }
+            _ = await first.stop(SIGINT)
+            let firstLines = first.stdout.split(separator: "\n").compactMap(jsonObject)
+            let cursor = try #require(firstLines.last?["cursor"] as? String)
+            #expect(firstLines.map { $0["new"] as? Int } == (1...10).map { $0 })
+
+            let node2 = try StateSyncClient(endpoint: nodes[1].api)
+            defer { node2.close() }
+            for i in 11...20 { try await node2.set(ModelAddress(channel: "r", model: "m"), ["n": .int(Int64(i))]) }
+            let resumed = try ChildProcess("statesync", ["watch", "r", "--json", "--from", cursor, "--daemon", nodes[1].api], name: "watch2")
+            try await waitUntil("the resumed watch printed the 10 later changes") { resumed.stdout.split(separator: "\n").count >= 10 }
+            _ = await resumed.stop(SIGINT)
+            let lines = resumed.stdout.split(separator: "\n").compactMap(jsonObject)
+            #expect(lines.map { $0["new"] as? Int } == (11...20).map { $0 }, "each later change exactly once: \(resumed.stdout)")
+            #expect(lines.allSatisfy { $0["kind"] as? String == "live" })
+            for index in lines.indices.dropFirst() { #expect(lines[index]["old"] as? Int == lines[index - 1]["new"] as? Int) }
+
+            let bad = try await cli(["watch", "r", "--from", "1795305830695.0@node1", "--daemon", nodes[1].api])
+            #expect(bad.status != 0 && bad.stderr.contains("takes a cursor"), "\(bad.stderr)")
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        _ = await daemons.stopAll()
+    }
+}

@@ -19,6 +19,7 @@ extension NodeConfiguration {
         case compactBytes = "storage.compact_bytes"
         case historyDeltas = "history.deltas_per_origin"
         case highWaterMark = "network.hwm"
+        case clientHighWaterMark = "network.client_hwm"
 
         /// The environment variable that overrides this key.
         public var environmentVariable: String {
@@ -134,12 +135,16 @@ extension NodeConfiguration {
         guard historyDeltas >= 0 else { throw reader.invalid(.historyDeltas, "\(historyDeltas) must not be negative") }
         let hwm = try reader.int(.highWaterMark) ?? 100_000
         guard hwm >= 0 else { throw reader.invalid(.highWaterMark, "\(hwm) must not be negative (0 = unbounded)") }
+        let clientHWM = try reader.int(.clientHighWaterMark) ?? 10_000
+        guard clientHWM >= 1 else { throw reader.invalid(.clientHighWaterMark, "\(clientHWM) must be at least 1") }
         // A relative data directory is relative to the working directory, as for any CLI path.
-        return NodeConfiguration(
+        var configuration = NodeConfiguration(
             nodeID: nodeID, dataDirectory: dataDirectory, publishEndpoint: publish, peers: peers,
             apiEndpoint: api, heartbeatIntervalMilliseconds: heartbeat, maximumClockDriftMilliseconds: drift,
             logLevel: level, fsync: fsync, fsyncIntervalMilliseconds: fsyncInterval, compactBytes: compactBytes,
             historyDeltas: historyDeltas, highWaterMark: hwm)
+        configuration.clientHighWaterMark = clientHWM
+        return configuration
     }
 
     /// Reads keys from the environment first, then the file, and names the source of any error.

@@ -18,6 +18,9 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var maximumClockDriftMilliseconds: Int
     /// The log level of the daemon (`trace` … `critical`).
     public var logLevel: String
+    /// The high-water mark of the client API socket, per client, in messages: watch events queue
+    /// here before a slow client's watch waits (and, past the history, resyncs).
+    public var clientHighWaterMark: Int = 10_000
     /// When local writes become durable (see ``FsyncPolicy``).
     public var fsync: FsyncPolicy
     /// With ``FsyncPolicy/interval``: how often the log is synced.

@@ -5,6 +5,8 @@ struct NodeCore: Sendable {
     var instances: [ModelAddress: InstanceReference] = [:]
     var origins: [String: OriginProgress] = [:]
     var history: [String: OriginHistory] = [:]
+    /// Every recorded delta in this node's apply order: what watches follow.
+    var journal = Journal()
     var peers: [String: PeerProgress] = [:]
     var counters = NodeCounters()
     /// How many deltas per origin are kept to serve repairs.
@@ -54,6 +56,10 @@ struct NodeCore: Sendable {
         var droppedThrough: UInt64 = 0
 
         mutating func insert(_ delta: Delta, limit: Int) {
+            guard limit > 0 else {
+                droppedThrough = max(droppedThrough, delta.sequence)
+                return
+            }
             guard delta.sequence > droppedThrough else { return }
             deltas[delta.sequence] = delta
             if deltas.count > limit + limit / 8 {
@@ -61,6 +67,43 @@ struct NodeCore: Sendable {
                 droppedThrough = max(droppedThrough, (keep.first ?? 1) - 1)
                 deltas = deltas.filter { $0.key > droppedThrough }
             }
+        }
+    }
+
+    /// The order in which this node applied deltas, as (origin, sequence) references into the
+    /// history, bounded like it.
+    struct Journal: Sendable {
+        struct Entry: Sendable {
+            let origin: String
+            let sequence: UInt64
+        }
+        private(set) var entries: [Entry] = []
+        /// The absolute position of `entries[0]`.
+        private(set) var base = 0
+        /// Per origin, the highest sequence number whose entry was dropped.
+        private(set) var droppedThrough: [String: UInt64] = [:]
+
+        var end: Int { base + entries.count }
+
+        mutating func append(origin: String, sequence: UInt64, limit: Int) {
+            guard limit > 0 else {
+                droppedThrough[origin] = max(droppedThrough[origin] ?? 0, sequence)
+                return
+            }
+            entries.append(Entry(origin: origin, sequence: sequence))
+            if entries.count > limit + limit / 8 {
+                let drop = entries.count - limit
+                for entry in entries.prefix(drop) {
+                    droppedThrough[entry.origin] = max(droppedThrough[entry.origin] ?? 0, entry.sequence)
+                }
+                entries.removeFirst(drop)
+                base += drop
+            }
+        }
+
+        /// The entry at absolute position `index`, if still held.
+        func entry(at index: Int) -> Entry? {
+            index >= base && index < end ? entries[index - base] : nil
         }
     }
 
@@ -85,6 +128,7 @@ struct NodeCore: Sendable {
         if gapBefore, progress.firstGap != nil { counters.sequenceGaps += 1 }
         origins[delta.origin] = progress
         history[delta.origin, default: OriginHistory()].insert(delta, limit: historyLimit)
+        journal.append(origin: delta.origin, sequence: delta.sequence, limit: historyLimit * max(origins.count, 1))
         return true
     }
 

@@ -30,6 +30,9 @@ public struct NodeStatus: Sendable, Equatable {
     public var counters: [String: Int]
     /// Sequence numbers known to exist but not yet received, over all origins (0 = caught up).
     public var missingDeltas: Int
+    /// Watches whose clients are not taking events as fast as they come (they wait, and are
+    /// resynced with a snapshot if they fall behind the retained history).
+    public var laggingWatches: Int
     /// Active watches (a client may hold several).
     public var watchers: Int
 
@@ -56,6 +59,7 @@ public struct NodeStatus: Sendable, Equatable {
             "counters": .map(counters.mapValues { .int(Int64($0)) }),
             "watchers": .int(Int64(watchers)),
             "missing_deltas": .int(Int64(missingDeltas)),
+            "lagging_watches": .int(Int64(laggingWatches)),
         ]
         map["api"] = apiEndpoint.map(Value.string) ?? .null
         return .map(map)
@@ -102,13 +106,15 @@ public struct NodeStatus: Sendable, Equatable {
         self.counters = counters
         self.watchers = int(map["watchers"]) ?? 0
         self.missingDeltas = int(map["missing_deltas"]) ?? 0
+        self.laggingWatches = int(map["lagging_watches"]) ?? 0
     }
 
     init(
         node: String, incarnation: UInt64, publishEndpoint: String, apiEndpoint: String?, peers: [Peer],
         channels: [String: Int], latestVersion: Version?, latestSequence: UInt64, stateDigest: UInt64,
-        counters: [String: Int], watchers: Int, missingDeltas: Int
+        counters: [String: Int], watchers: Int, missingDeltas: Int, laggingWatches: Int
     ) {
+        self.laggingWatches = laggingWatches
         self.missingDeltas = missingDeltas
         self.node = node
         self.incarnation = incarnation

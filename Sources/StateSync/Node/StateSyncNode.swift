@@ -181,6 +181,7 @@ public final class StateSyncNode: Sendable {
         let staleAfter = UInt64(3 * configuration.heartbeatIntervalMilliseconds)
         let sequence = outbox.withLock { $0.latestSequence }
         let watchers = loop.watcherCount
+        let lagging = loop.laggingWatchCount
         return core.withLock { core in
             NodeStatus(
                 node: configuration.nodeID, incarnation: incarnation, publishEndpoint: loop.boundPublishEndpoint,
@@ -198,8 +199,8 @@ public final class StateSyncNode: Sendable {
                 latestSequence: sequence, stateDigest: core.store.digest,
                 counters: Dictionary(uniqueKeysWithValues: core.counters.all), watchers: watchers,
                 missingDeltas: core.origins.values.reduce(0) { total, progress in
-                    total + Int(progress.announced &- progress.contiguous) - progress.above.count
-                })
+                    total + Int(clamping: progress.announced &- progress.contiguous) - progress.above.count
+                }, laggingWatches: lagging)
         }
     }
 

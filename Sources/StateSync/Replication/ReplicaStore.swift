@@ -10,6 +10,11 @@ public struct ReplicaStore: Sendable {
     public struct Register: Sendable, Hashable {
         public var value: Value
         public var version: Version
+
+        public init(value: Value, version: Version) {
+            self.value = value
+            self.version = version
+        }
     }
 
     private(set) var channels: [String: [String: [String: Register]]] = [:]

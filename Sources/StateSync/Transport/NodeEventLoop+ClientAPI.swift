@@ -3,6 +3,7 @@ import ZeroMQ
 
 /// The client API on the node's ROUTER socket (docs/PROTOCOL.md, "Client API").
 extension NodeEventLoop {
+    /// Handles one client request (watches it starts are pumped by the loop after the batch).
     func handleClientMessage(_ frames: [[UInt8]], state: inout LoopState, api: Socket, node: StateSyncNode) {
         // [client routing id][header][body]
         guard frames.count == 3 else {
@@ -43,16 +44,15 @@ extension NodeEventLoop {
                 try Names.validateModel(address.model)
                 reply(client, .ok, id, ClientProtocol.encodeProperties(node.properties(of: address)), api, node: node)
             case .watch:
-                let channel = try ClientProtocol.decodeChannel(body)
+                let (channel, cursor) = try ClientProtocol.decodeWatch(body)
                 try Names.validateChannel(channel)
-                state.add(LoopState.Watch(client: client, requestID: id), channel: channel)
-                updateWatcherCount(state)
+                // OK first: the watch's events (snapshot, deltas, markers) follow it.
                 reply(client, .ok, id, [], api, node: node)
+                addWatch(WatchKey(client: client, requestID: id), channel: channel, from: cursor, state: &state, node: node)
             case .unwatch:
                 var reader = WireReader(body)
                 let watchID = try reader.uint64("watch id")
-                state.remove(LoopState.Watch(client: client, requestID: watchID))
-                updateWatcherCount(state)
+                removeWatch(WatchKey(client: client, requestID: watchID), state: &state)
                 reply(client, .ok, id, [], api, node: node)
             case .status:
                 reply(client, .ok, id, ClientProtocol.encodeValue(node.status.value), api, node: node)
@@ -70,10 +70,11 @@ extension NodeEventLoop {
                 var lost: [Value] = []
                 if !reader.isAtEnd {
                     let count = try reader.count("watch count", minimumItemSize: 8)
-                    let held = state.channelsByClient[client] ?? [:]
                     for _ in 0..<count {
                         let watchID = try reader.uint64("watch id")
-                        if held[watchID] == nil { lost.append(.int(Int64(bitPattern: watchID))) }
+                        if state.watches[WatchKey(client: client, requestID: watchID)] == nil {
+                            lost.append(.int(Int64(bitPattern: watchID)))
+                        }
                     }
                 }
                 let answer: Value = ["incarnation": .string(String(node.incarnation, radix: 16)), "lost": .array(lost)]
@@ -89,38 +90,6 @@ extension NodeEventLoop {
         } catch {
             node.countClientRequest(error: true)
             reply(client, .error, id, ClientProtocol.encodeError(.internal, "\(error)"), api, node: node)
-        }
-    }
-
-    private func updateWatcherCount(_ state: LoopState) {
-        setWatcherCount(state.count)
-    }
-
-    /// Sends the changes one delta applied to every client watching its channel.
-    func notifyWatchers(_ changes: [PropertyChange], state: inout LoopState, api: Socket?, node: StateSyncNode) {
-        guard let api, let first = changes.first, let watches = state.watchesByChannel[first.channel] else { return }
-        let body = ClientProtocol.encodeEvent(changes)
-        var gone: [[UInt8]] = []
-        for watch in watches {
-            do {
-                let queued = try api.send([watch.client] + ClientProtocol.encodeReply(.event, id: watch.requestID, body: body), dontWait: true)
-                if !queued {
-                    node.countDroppedWatchEvent()
-                    if let suppressed = node.limiter.allow("slow-watcher") {
-                        logger.warning(
-                            "a watching client is not keeping up; dropped an event",
-                            metadata: ["watch.channel": "\(first.channel)", "suppressed": "\(suppressed)"])
-                    }
-                }
-            } catch let error where error.isHostUnreachable {
-                gone.append(watch.client)  // the client disconnected: its watches end
-            } catch {
-                logger.error("sending a watch event failed", metadata: ["error": "\(error)"])
-            }
-        }
-        if !gone.isEmpty {
-            for client in gone { state.removeClient(client) }
-            updateWatcherCount(state)
         }
     }
 

@@ -16,12 +16,11 @@ final class NodeEventLoop: Sendable {
     private let stopRequested = Atomic<Bool>(false)
     private let bound = Mutex<(publish: String, api: String?)>(("", nil))
     private let watchers = Atomic<Int>(0)
+    private let lagging = Atomic<Int>(0)
     private let exit = Mutex<(exited: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
     // Set once by the node's initialiser, before `start()`; only read afterwards.
     nonisolated(unsafe) weak var node: StateSyncNode?
 
-    /// Events a client cannot take right now are dropped past this many queued messages.
-    static let clientHighWaterMark: Int32 = 10_000
     /// How many messages one socket may deliver before the loop looks at the others.
     static let batchLimit = 512
     /// How often gaps are looked for and repairs (re)requested, in milliseconds.
@@ -41,6 +40,8 @@ final class NodeEventLoop: Sendable {
     var boundPublishEndpoint: String { bound.withLock { $0.publish } }
     var boundAPIEndpoint: String? { bound.withLock { $0.api } }
     var watcherCount: Int { watchers.load(ordering: .relaxed) }
+    var laggingWatchCount: Int { lagging.load(ordering: .relaxed) }
+    func setLaggingWatchCount(_ count: Int) { lagging.store(count, ordering: .relaxed) }
 
     func wake() { wakeUp.signal() }
 
@@ -151,10 +152,10 @@ final class NodeEventLoop: Sendable {
             for applied in state.staged.applied {
                 publish(.delta(applied.delta), on: sockets.publisher)
                 published = max(published, applied.delta.sequence)
-                notifyWatchers(applied.changes, state: &state, api: sockets.api, node: node)
             }
             for reply in state.staged.replies { send(reply, api: sockets.api, node: node) }
             state.staged = Staged()
+            pumpWatches(state: &state, api: sockets.api, node: node, published: published)
             if node.log.size > configuration.compactBytes {
                 do {
                     try node.compact()
@@ -179,6 +180,9 @@ final class NodeEventLoop: Sendable {
                 lastHeartbeat = now
             }
             if now &- lastRepair >= Self.repairTick {
+                // Also lets lagging watches go on once their clients drained their queues, and
+                // sends caught-up markers.
+                pumpWatches(state: &state, api: sockets.api, node: node, published: published)
                 if updateRepairLinks(&repair, context: sockets.context, node: node) {
                     poller = makePoller(sockets, repair: repair)
                 }
@@ -188,6 +192,7 @@ final class NodeEventLoop: Sendable {
             var timeout = Int(interval &- min(interval, monotonicMilliseconds() &- lastHeartbeat))
             timeout = min(timeout, Int(Self.repairTick))
             if !state.staged.isEmpty { timeout = min(timeout, Int(syncInterval)) }
+            if state.laggingWatches > 0 { timeout = min(timeout, 5) }
             let ready: [PollEvents]
             do {
                 ready = try poller.poll(timeoutMilliseconds: timeout)
@@ -207,6 +212,7 @@ final class NodeEventLoop: Sendable {
                     if let applied = node.receive(from: endpoint, frames: frames) { fresh.append(applied) }
                 }
                 logRemote(fresh, state: &state, api: sockets.api, node: node)
+                pumpWatches(state: &state, api: sockets.api, node: node, published: published)
             }
             if let api = sockets.api {
                 if ready[index].contains(.readable) {
@@ -214,6 +220,7 @@ final class NodeEventLoop: Sendable {
                         guard let frames = receive(from: api, what: "client API") else { break }
                         handleClientMessage(frames, state: &state, api: api, node: node)
                     }
+                    pumpWatches(state: &state, api: sockets.api, node: node, published: published)
                 }
                 index += 1
             }
@@ -225,6 +232,7 @@ final class NodeEventLoop: Sendable {
                     let fresh = handleRepairReply(frames, from: link, repair: &repair, node: node)
                     logRemote(fresh, state: &state, api: sockets.api, node: node)
                 }
+                pumpWatches(state: &state, api: sockets.api, node: node, published: published)
             }
         }
         for link in repair.links.values { link.socket.close() }
@@ -241,16 +249,15 @@ final class NodeEventLoop: Sendable {
         state.staged.applied.append(contentsOf: applied)
     }
 
-    /// Logs deltas received from peers (no fsync: a peer can always send them again) and tells
-    /// watchers.
+    /// Logs deltas received from peers (no fsync: a peer can always send them again).
     private func logRemote(_ fresh: [StateSyncNode.Applied], state: inout LoopState, api: Socket?, node: StateSyncNode) {
-        guard !fresh.isEmpty else { return }
+        let logged = fresh.filter { $0.delta.sequence > 0 }  // snapshot merges are not deltas
+        guard !logged.isEmpty else { return }
         do {
-            try node.log.append(fresh.map(\.delta))
+            try node.log.append(logged.map(\.delta))
         } catch {
             logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
         }
-        for applied in fresh { notifyWatchers(applied.changes, state: &state, api: api, node: node) }
     }
 
     private func makePoller(_ sockets: Sockets, repair: RepairState) -> Poller {
@@ -284,31 +291,6 @@ final class NodeEventLoop: Sendable {
 /// The I/O thread's own state: the watches clients hold, writes waiting to be durable.
 struct LoopState {
     var staged = NodeEventLoop.Staged()
-    struct Watch: Hashable {
-        let client: [UInt8]
-        let requestID: UInt64
-    }
-    var watchesByChannel: [String: Set<Watch>] = [:]
-    var channelsByClient: [[UInt8]: [UInt64: String]] = [:]
-
-    mutating func add(_ watch: Watch, channel: String) {
-        remove(watch)  // a reused request id replaces the earlier watch
-        watchesByChannel[channel, default: []].insert(watch)
-        channelsByClient[watch.client, default: [:]][watch.requestID] = channel
-    }
-
-    mutating func remove(_ watch: Watch) {
-        guard let channel = channelsByClient[watch.client]?.removeValue(forKey: watch.requestID) else { return }
-        watchesByChannel[channel]?.remove(watch)
-        if watchesByChannel[channel]?.isEmpty == true { watchesByChannel[channel] = nil }
-        if channelsByClient[watch.client]?.isEmpty == true { channelsByClient[watch.client] = nil }
-    }
-
-    mutating func removeClient(_ client: [UInt8]) {
-        for requestID in channelsByClient[client]?.keys.map({ $0 }) ?? [] {
-            remove(Watch(client: client, requestID: requestID))
-        }
-    }
-
-    var count: Int { channelsByClient.values.reduce(0) { $0 + $1.count } }
+    var watches: [NodeEventLoop.WatchKey: NodeEventLoop.Watch] = [:]
+    var laggingWatches = 0
 }

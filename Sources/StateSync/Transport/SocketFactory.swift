@@ -35,7 +35,7 @@ enum SocketFactory {
                 // Clients keep one routing id across reconnects, so their watches can be checked.
                 try router.setRouterHandover(true)
                 try router.setMaximumMessageSize(maximumMessageSize)
-                try router.setSendHighWaterMark(NodeEventLoop.clientHighWaterMark)
+                try router.setSendHighWaterMark(Int32(clamping: configuration.clientHighWaterMark))
                 try bind(router, endpoint, key: "network.api")
                 api = router
             }

@@ -182,6 +182,133 @@ public enum ClientProtocol {
         return result
     }
 
+    /// A WATCH request: the channel and, to resume, the cursor the client has reached.
+    public static func encodeWatch(channel: String, from cursor: WatchCursor?) -> [UInt8] {
+        var w = WireWriter()
+        w.string(channel)
+        if let cursor {
+            w.byte(1)
+            cursor.encode(into: &w)
+        }
+        return w.bytes
+    }
+
+    public static func decodeWatch(_ body: [UInt8]) throws(WireError) -> (channel: String, cursor: WatchCursor?) {
+        var r = WireReader(body)
+        let channel = try r.string("channel")
+        guard !r.isAtEnd else { return (channel, nil) }
+        let flags = try r.byte("watch flags")
+        return (channel, flags & 1 != 0 ? try WatchCursor.decode(from: &r) : nil)
+    }
+
+    /// What one EVENT of a watch carries (the first byte of its body).
+    public enum WatchEventBody: Sendable, Equatable {
+        /// One delta of the channel, in its origin's sequence order.
+        case delta(Delta)
+        /// Snapshot records: model → property → register.
+        case records([(model: String, properties: [(String, ReplicaStore.Register)])])
+        /// A snapshot starts (it may repeat an earlier, interrupted one).
+        case snapshotBegin(SnapshotReason)
+        /// The snapshot is complete: how many records it had, their digest, and the cursor it
+        /// stands for.
+        case snapshotEnd(records: Int, digest: UInt64, cursor: WatchCursor)
+        /// The watch has everything the node has applied, up to `cursor`; `missing` is how many
+        /// deltas the node itself still lacks (0 = fully synced), `latest` its newest version.
+        case caughtUp(cursor: WatchCursor, latest: Version?, missing: Int)
+
+        public static func == (lhs: WatchEventBody, rhs: WatchEventBody) -> Bool {
+            ClientProtocol.encodeWatchEvent(lhs) == ClientProtocol.encodeWatchEvent(rhs)
+        }
+    }
+
+    /// Why a snapshot is sent on a watch.
+    public enum SnapshotReason: UInt8, Sendable {
+        /// The initial state of a new watch.
+        case initial = 0
+        /// The client fell behind further than the node's history reaches.
+        case lagged = 1
+        /// The resume cursor is older than the node's history.
+        case historyGone = 2
+    }
+
+    public static func encodeWatchEvent(_ event: WatchEventBody) -> [UInt8] {
+        var w = WireWriter(capacity: 64)
+        switch event {
+        case .delta(let delta):
+            w.byte(0x01)
+            return w.bytes + DeltaLog.encodePayload(delta)
+        case .records(let models):
+            w.byte(0x02)
+            w.varint(UInt64(models.count))
+            for (model, properties) in models {
+                w.string(model)
+                w.varint(UInt64(properties.count))
+                for (name, register) in properties {
+                    w.string(name)
+                    w.value(register.value)
+                    w.uint64(register.version.timestamp)
+                    w.string(register.version.node)
+                }
+            }
+        case .snapshotBegin(let reason):
+            w.byte(0x03)
+            w.byte(reason.rawValue)
+        case .snapshotEnd(let records, let digest, let cursor):
+            w.byte(0x04)
+            w.varint(UInt64(records))
+            w.uint64(digest)
+            cursor.encode(into: &w)
+        case .caughtUp(let cursor, let latest, let missing):
+            w.byte(0x05)
+            cursor.encode(into: &w)
+            w.uint64(latest?.timestamp ?? 0)
+            w.string(latest?.node ?? "")
+            w.varint(UInt64(missing))
+        }
+        return w.bytes
+    }
+
+    public static func decodeWatchEvent(_ body: [UInt8]) throws(WireError) -> WatchEventBody {
+        var r = WireReader(body)
+        let kind = try r.byte("event kind")
+        switch kind {
+        case 0x01:
+            return .delta(try DeltaLog.decodePayload(r.rest()))
+        case 0x02:
+            let modelCount = try r.count("model count", minimumItemSize: 2)
+            var models: [(String, [(String, ReplicaStore.Register)])] = []
+            for _ in 0..<modelCount {
+                let model = try r.string("model")
+                let count = try r.count("record count", minimumItemSize: 4)
+                var properties: [(String, ReplicaStore.Register)] = []
+                for _ in 0..<count {
+                    let name = try r.string("property name")
+                    let value = try r.value("property value")
+                    let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
+                    properties.append((name, ReplicaStore.Register(value: value, version: version)))
+                }
+                models.append((model, properties))
+            }
+            return .records(models)
+        case 0x03:
+            let raw = try r.byte("snapshot reason")
+            guard let reason = SnapshotReason(rawValue: raw) else { throw .invalid(field: "snapshot reason", reason: "unknown \(raw)") }
+            return .snapshotBegin(reason)
+        case 0x04:
+            let records = Int(try r.varint("record count"))
+            let digest = try r.uint64("digest")
+            return .snapshotEnd(records: records, digest: digest, cursor: try WatchCursor.decode(from: &r))
+        case 0x05:
+            let cursor = try WatchCursor.decode(from: &r)
+            let timestamp = try r.uint64("latest version")
+            let node = try r.string("latest version node")
+            let missing = Int(try r.varint("missing"))
+            return .caughtUp(cursor: cursor, latest: node.isEmpty ? nil : Version(timestamp: timestamp, node: node), missing: missing)
+        default:
+            throw .unsupported("watch event kind 0x\(String(kind, radix: 16))")
+        }
+    }
+
     /// An EVENT of a watch: the changes one delta applied to one model, in order.
     public static func encodeEvent(_ changes: [PropertyChange]) -> [UInt8] {
         precondition(!changes.isEmpty)

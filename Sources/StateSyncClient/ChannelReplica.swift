@@ -1,0 +1,104 @@
+public import StateSync
+import Synchronization
+
+/// A client's copy of one channel's state, kept up to date by a watch: every model's properties
+/// with their versions, and the ``WatchCursor`` of what it has seen.
+///
+/// The replica is what makes a watch's old and new values exact across interruptions: changes
+/// are computed against it (last-writer-wins, as on the nodes), so a delta seen twice changes
+/// nothing, and a watch resumed with ``StateSyncClient/watch(channel:replica:)`` on any node
+/// continues the same chains: old is always the previous new.
+///
+/// Thread safety: all members may be used from any thread.
+public final class ChannelReplica: Sendable {
+    public let channel: String
+    private let state: Mutex<(models: [String: [String: ReplicaStore.Register]], cursor: WatchCursor)>
+
+    /// An empty replica; with `cursor`, a watch resumes after it (old values of the first changes
+    /// of each property are then unknown: the replica does not hold them).
+    public init(channel: String, cursor: WatchCursor = WatchCursor()) {
+        self.channel = channel
+        self.state = Mutex(([:], cursor))
+    }
+
+    /// What the replica has seen: resume a watch from here on any node.
+    public var cursor: WatchCursor { state.withLock { $0.cursor } }
+
+    /// The ids of the models held.
+    public var models: [String] { state.withLock { Array($0.models.keys) } }
+
+    /// A model's properties as held.
+    public func properties(of model: String) -> [String: ReplicaStore.Register] {
+        state.withLock { $0.models[model] ?? [:] }
+    }
+
+    /// Applies a delta; returns the changes it made (old from this replica).
+    func apply(_ delta: Delta) -> [PropertyChange] {
+        state.withLock { state in
+            state.cursor[delta.origin] = max(state.cursor[delta.origin], delta.sequence)
+            var changes: [PropertyChange] = []
+            for write in delta.properties {
+                let current = state.models[delta.model]?[write.name]
+                if let current, current.version >= delta.version { continue }
+                state.models[delta.model, default: [:]][write.name] = ReplicaStore.Register(value: write.value, version: delta.version)
+                changes.append(
+                    PropertyChange(
+                        channel: delta.channel, model: delta.model, property: write.name, old: current?.value, new: write.value,
+                        version: delta.version))
+            }
+            return changes
+        }
+    }
+
+    /// Applies one snapshot record; returns the change it made, if it won.
+    func apply(model: String, property: String, register: ReplicaStore.Register) -> PropertyChange? {
+        state.withLock { state in
+            let current = state.models[model]?[property]
+            if let current, current.version >= register.version { return nil }
+            state.models[model, default: [:]][property] = register
+            return PropertyChange(
+                channel: channel, model: model, property: property, old: current?.value, new: register.value, version: register.version)
+        }
+    }
+
+    /// Moves the cursor to cover `cursor` (per origin, never backwards).
+    func advance(to cursor: WatchCursor) {
+        state.withLock { state in
+            for (origin, sequence) in cursor.positions { state.cursor[origin] = max(state.cursor[origin], sequence) }
+        }
+    }
+}
+
+/// What a watch reports.
+public enum WatchEvent: Sendable {
+    /// How a change came to the watch.
+    public enum Kind: Sendable, Equatable {
+        /// Applied live, in the order the node delivered it.
+        case live
+        /// Part of the initial state of a new watch (old is `nil`).
+        case initial
+        /// Part of a resynchronisation (the watch lagged, or resumed past the node's history):
+        /// old → new computed from the replica, so chains stay exact across the gap.
+        case resync
+    }
+
+    /// Why a resynchronisation happens.
+    public enum ResyncReason: Sendable, Equatable {
+        /// The client fell further behind than the node's retained history.
+        case lagged
+        /// The resume cursor is older than the node's retained history.
+        case historyGone
+    }
+
+    /// One property changed. `cursor` is the position after the delta that made it.
+    case change(PropertyChange, kind: Kind, cursor: WatchCursor)
+    /// The snapshot that starts a watch arrived whole (its record count and digest verified).
+    case initialStateComplete(records: Int, cursor: WatchCursor)
+    /// A snapshot replaces the missed deltas; `change` events of kind `.resync` follow.
+    case resyncStarted(ResyncReason)
+    /// The resync snapshot arrived whole.
+    case resyncComplete(records: Int, cursor: WatchCursor)
+    /// The watch holds everything the node has applied. `nodeMissing` is how many deltas the node
+    /// itself still lacks (0 = the node is fully synced): "nothing changed" versus "not yet synced".
+    case caughtUp(cursor: WatchCursor, latest: Version?, nodeMissing: Int)
+}
