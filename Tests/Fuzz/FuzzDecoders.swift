@@ -24,9 +24,12 @@ public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         _ = try? ClientProtocol.decodeRequestHeader(bytes)
         _ = try? ClientProtocol.decodeSet(bytes)
         _ = try? ClientProtocol.decodeAddress(bytes)
+        _ = try? ClientProtocol.decodeWatch(bytes)
+        _ = try? ClientProtocol.decodeFetch(bytes)
     case 4:
         _ = try? ClientProtocol.decodeReplyHeader(bytes)
-        _ = try? ClientProtocol.decodeEvent(bytes)
+        _ = try? ClientProtocol.decodeWatchEvent(bytes)
+        _ = try? ClientProtocol.decodeFetched(bytes)
         _ = try? ClientProtocol.decodeProperties(bytes)
     case 5:
         _ = try? ClientProtocol.decodeValue(bytes)

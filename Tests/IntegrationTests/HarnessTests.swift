@@ -3,7 +3,7 @@ import Testing
 
 /// `statesync harness` as CI runs it: a small cluster with kill and partition must pass, and the
 /// same run with a planted bug must fail and name the node.
-@Suite("Harness")
+@Suite("Harness", .serialized)
 struct HarnessTests {
     @Test func smallClusterWithKillAndPartitionPasses() async throws {
         let run = try await cli(

@@ -24,7 +24,7 @@ struct NodeCore: Sendable {
 
         /// Records `sequence`; returns `false` when it was already received.
         mutating func receive(_ sequence: UInt64) -> Bool {
-            if sequence <= contiguous || above.contains(sequence) { return false }
+            if sequence <= contiguous || above.contains(sequence) || sequence == UInt64.max { return false }
             above.insert(sequence)
             while above.remove(contiguous + 1) != nil { contiguous += 1 }
             announced = max(announced, sequence)
@@ -33,7 +33,7 @@ struct NodeCore: Sendable {
 
         /// Everything up to `sequence` is covered (by a snapshot that includes it).
         mutating func cover(through sequence: UInt64) {
-            guard sequence > contiguous else { return }
+            guard sequence > contiguous, sequence < UInt64.max else { return }
             contiguous = sequence
             above = above.filter { $0 > sequence }
             while above.remove(contiguous + 1) != nil { contiguous += 1 }

@@ -36,7 +36,7 @@ extension StateSyncNode {
                     core.origins[origin, default: .init()].announced = max(core.origins[origin]?.announced ?? 0, through)
                 }
             }
-            if let own = beat.progress[configuration.nodeID] {
+            if let own = beat.progress[configuration.nodeID], own < UInt64.max {
                 outbox.withLock { $0.nextSequence = max($0.nextSequence, own + 1) }
             }
             return nil
@@ -152,6 +152,7 @@ extension StateSyncNode {
         return core.withLock { core in
             deltas.map { delta in
                 _ = core.record(delta)
+                core.counters.deltasPublished += 1
                 return Applied(delta: delta, changes: core.store.apply(delta))
             }
         }
@@ -275,7 +276,7 @@ extension StateSyncNode {
             }
             core.counters.snapshotsApplied += 1
         }
-        if let own = snapshot.progress[configuration.nodeID] {
+        if let own = snapshot.progress[configuration.nodeID], own < UInt64.max {
             outbox.withLock { $0.nextSequence = max($0.nextSequence, own + 1) }
         }
         return applied

@@ -91,6 +91,9 @@ public final class StateSyncNode: Sendable {
         // Never reuse a sequence number or issue a version below what this node already wrote.
         node.outbox.withLock { $0.nextSequence = latestSequence + 1 }
         if let ownLatest { node.clock.advance(past: ownLatest) }
+        // Peers' versions it holds are followed as if just received (within the drift bound), so a
+        // restart with a lagging wall clock does not stamp writes that lose at once.
+        node.clock.observe(core.store.latestVersion)
         if node.plantedDropShare > 0 {
             logger.critical(
                 "TEST FAULT INJECTION: silently dropping a share of remote deltas without repair",

@@ -107,8 +107,22 @@ final class DeltaLog: @unchecked Sendable {
         if deltas.isEmpty { return }
         var buffer: [UInt8] = []
         buffer.reserveCapacity(deltas.count * 64)
-        for delta in deltas { Self.appendRecord(delta, to: &buffer) }
-        try write(buffer)
+        for delta in deltas {
+            let before = buffer.count
+            Self.appendRecord(delta, to: &buffer)
+            guard buffer.count - before - 8 <= Self.maximumRecord else {
+                throw StateSyncError(.dataDirectory, "a delta of \(buffer.count - before) bytes exceeds the log's record limit")
+            }
+        }
+        let start = size
+        do {
+            try write(buffer)
+        } catch {
+            // Never leave half a record in the middle of the log: cut back to where it was.
+            _ = ftruncate(descriptor, off_t(start))
+            size = start
+            throw error
+        }
     }
 
     /// Makes everything appended durable (`fdatasync`).

@@ -58,7 +58,8 @@ extension NodeEventLoop {
                 reply(client, .ok, id, ClientProtocol.encodeValue(node.status.value), api, node: node)
             case .fetch:
                 let (origin, range) = try ClientProtocol.decodeFetch(body)
-                let limited = range.lowerBound...min(range.upperBound, range.lowerBound + Self.maximumFetch - 1)
+                let (end, overflow) = range.lowerBound.addingReportingOverflow(Self.maximumFetch - 1)
+                let limited = range.lowerBound...(overflow ? range.upperBound : min(range.upperBound, end))
                 let (deltas, dropped) = node.fetch(origin: origin, range: limited)
                 reply(client, .ok, id, ClientProtocol.encodeFetched(deltas, droppedThrough: dropped), api, node: node)
             case .snapshot:

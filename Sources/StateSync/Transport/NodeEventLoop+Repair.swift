@@ -30,6 +30,8 @@ extension NodeEventLoop {
         var exhausted: [String: Set<String>] = [:]
         var needsSnapshot = false
         var rotation = 0
+        /// A snapshot was merged and must be made durable (compaction).
+        var mergedSnapshot = false
     }
 
     static let repairTimeout: UInt64 = 1000
@@ -62,7 +64,11 @@ extension NodeEventLoop {
         }
         let usable = repair.links.values.filter { connected[$0.peer] != nil }.sorted { $0.peer < $1.peer }
         guard !usable.isEmpty else { return }
-        for (origin, fetch) in repair.fetches where fetch.deadline <= now { repair.fetches[origin] = nil }
+        for (origin, fetch) in repair.fetches where fetch.deadline <= now {
+            // No answer in time: try another peer next.
+            repair.fetches[origin] = nil
+            repair.exhausted[origin, default: []].insert(fetch.link)
+        }
         if let snapshot = repair.snapshot, snapshot.deadline <= now { repair.snapshot = nil }
 
         if repair.needsSnapshot, repair.snapshot == nil {
@@ -91,7 +97,8 @@ extension NodeEventLoop {
                 repair.rotation += 1
                 return candidates[repair.rotation % candidates.count]
             }()
-            let range = gap.lowerBound...min(gap.upperBound, gap.lowerBound + Self.maximumFetch - 1)
+            let (end, overflow) = gap.lowerBound.addingReportingOverflow(Self.maximumFetch - 1)
+            let range = gap.lowerBound...(overflow ? gap.upperBound : min(gap.upperBound, end))
             let id = repair.nextID
             repair.nextID += 1
             let request = ClientProtocol.encodeRequest(.fetch, id: id, body: ClientProtocol.encodeFetch(origin: origin, range: range))
@@ -121,6 +128,7 @@ extension NodeEventLoop {
                 return []
             }
             let applied = node.merge(decoded)
+            repair.mergedSnapshot = true
             logger.info(
                 "merged a peer's snapshot", metadata: ["peer.endpoint": "\(link.peer)", "changes": "\(applied.count)"])
             return applied
@@ -137,10 +145,12 @@ extension NodeEventLoop {
             if let applied = node.applyRemote(delta, from: link.peer, at: now, repaired: true) { fresh.append(applied) }
         }
         node.core.withLock { $0.counters.deltasFetched += deltas.count }
-        if deltas.isEmpty, droppedThrough >= outstanding.range.lowerBound {
-            // This peer no longer holds them; another may, else a snapshot will do.
+        if deltas.isEmpty {
+            // This peer does not hold them (dropped, or never had them); another may, else a
+            // snapshot will do.
+            _ = droppedThrough
             repair.exhausted[origin, default: []].insert(link.peer)
-        } else if !deltas.isEmpty {
+        } else {
             repair.exhausted[origin] = nil
         }
         return fresh

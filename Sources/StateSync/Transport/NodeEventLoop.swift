@@ -145,8 +145,10 @@ final class NodeEventLoop: Sendable {
             do {
                 try node.log.sync()
             } catch {
-                logger.critical("cannot make the log durable; writes are not acknowledged", metadata: ["error": "\(error)"])
-                return
+                // After a failed fsync the kernel may have dropped the dirty pages: retrying can
+                // "succeed" without the data on disk. Stop rather than acknowledge lost writes;
+                // a restart recovers from what the log really holds.
+                fatalError("statesyncd: cannot make the write-ahead log durable (\(error)); stopping before acknowledging writes")
             }
             lastSync = now
             for applied in state.staged.applied {
@@ -188,6 +190,16 @@ final class NodeEventLoop: Sendable {
                 }
                 requestRepairs(&repair, node: node, now: now)
                 lastRepair = now
+                if state.staged.isEmpty, node.log.size > configuration.compactBytes || repair.mergedSnapshot {
+                    // Received deltas alone also grow the log; a merged snapshot is only durable
+                    // once it is in the snapshot file.
+                    repair.mergedSnapshot = false
+                    do {
+                        try node.compact()
+                    } catch {
+                        logger.error("log compaction failed; will retry", metadata: ["error": "\(error)"])
+                    }
+                }
             }
             var timeout = Int(interval &- min(interval, monotonicMilliseconds() &- lastHeartbeat))
             timeout = min(timeout, Int(Self.repairTick))
@@ -238,13 +250,14 @@ final class NodeEventLoop: Sendable {
         for link in repair.links.values { link.socket.close() }
     }
 
-    /// Logs local writes and stages them for publishing once durable.
+    /// Logs local writes and stages them for publishing once durable. Writes the log cannot take
+    /// are neither published nor acknowledged: a write error stops the node (see `flush`).
     func stage(_ applied: [StateSyncNode.Applied], state: inout LoopState, node: StateSyncNode) {
         guard !applied.isEmpty else { return }
         do {
             try node.log.append(applied.map(\.delta))
         } catch {
-            logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
+            fatalError("statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
         }
         state.staged.applied.append(contentsOf: applied)
     }

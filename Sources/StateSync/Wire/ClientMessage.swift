@@ -309,48 +309,6 @@ public enum ClientProtocol {
         }
     }
 
-    /// An EVENT of a watch: the changes one delta applied to one model, in order.
-    public static func encodeEvent(_ changes: [PropertyChange]) -> [UInt8] {
-        precondition(!changes.isEmpty)
-        let first = changes[0]
-        var w = WireWriter(capacity: 64)
-        w.string(first.channel)
-        w.string(first.model)
-        w.uint64(first.version.timestamp)
-        w.string(first.version.node)
-        w.varint(UInt64(changes.count))
-        for change in changes {
-            w.string(change.property)
-            if let old = change.old {
-                w.byte(1)
-                w.value(old)
-            } else {
-                w.byte(0)
-            }
-            w.value(change.new)
-        }
-        return w.bytes
-    }
-
-    public static func decodeEvent(_ body: [UInt8]) throws(WireError) -> [PropertyChange] {
-        var r = WireReader(body)
-        let channel = try r.string("channel")
-        let model = try r.string("model")
-        let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
-        let n = try r.count("change count", minimumItemSize: 3)
-        var changes: [PropertyChange] = []
-        for _ in 0..<n {
-            let property = try r.string("property name")
-            let hasOld = try r.byte("has old")
-            guard hasOld <= 1 else { throw .invalid(field: "has old", reason: "must be 0 or 1, not \(hasOld)") }
-            let old: Value? = hasOld == 1 ? try r.value("old value") : nil
-            let new = try r.value("new value")
-            changes.append(
-                PropertyChange(channel: channel, model: model, property: property, old: old, new: new, version: version))
-        }
-        return changes
-    }
-
     /// FETCH: `origin`, first and last sequence number wanted (inclusive).
     public static func encodeFetch(origin: String, range: ClosedRange<UInt64>) -> [UInt8] {
         var w = WireWriter()

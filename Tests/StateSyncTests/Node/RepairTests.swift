@@ -93,7 +93,10 @@ struct RepairTests {
             #expect(slow.count == 3000)
             let counters = nodes[1].status.counters
             #expect(counters["sequence_gaps"] ?? 0 > 0, "the flood must have overflowed the queue: \(counters)")
-            #expect(counters["repair_requests"] ?? 0 > 0 && counters["deltas_fetched"] ?? 0 > 0, "\(counters)")
+            // Repaired by fetching the missing deltas, or (when fetches time out behind the slow
+            // loop) by a snapshot: either way the repair counters show it.
+            let repaired = (counters["deltas_fetched"] ?? 0) + (counters["snapshots_applied"] ?? 0)
+            #expect(counters["repair_requests"] ?? 0 > 0 && repaired > 0, "\(counters)")
         } catch {
             Issue.record(error)
         }
