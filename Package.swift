@@ -71,6 +71,12 @@ let package = Package(
             dependencies: ["StateSync", "StateSyncClient"],
             swiftSettings: strictSettings
         ),
+        // `statesync bench`: the whole path measured against raw libzmq in the same run.
+        .target(
+            name: "StateSyncBench",
+            dependencies: ["StateSync", "StateSyncClient", "ZeroMQ", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strictSettings
+        ),
         .executableTarget(
             name: "statesyncd",
             dependencies: [
@@ -87,6 +93,7 @@ let package = Package(
                 "StateSync",
                 "StateSyncClient",
                 "StateSyncHarness",
+                "StateSyncBench",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: strictSettings

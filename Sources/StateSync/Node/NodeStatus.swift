@@ -25,6 +25,8 @@ public struct NodeStatus: Sendable, Equatable {
     public var latestVersion: Version?
     /// This node's latest sequence number.
     public var latestSequence: UInt64
+    /// The highest of its sequence numbers this node has published (durable and sent).
+    public var publishedSequence: UInt64 = 0
     /// A digest of the whole replicated state: equal digests mean equal state.
     public var stateDigest: UInt64
     public var counters: [String: Int]
@@ -55,6 +57,7 @@ public struct NodeStatus: Sendable, Equatable {
             "channels": .map(channels.mapValues { .int(Int64($0)) }),
             "latest_version": latestVersion.map { .string($0.description) } ?? .null,
             "latest_sequence": .int(Int64(latestSequence)),
+            "published_sequence": .int(Int64(publishedSequence)),
             "state_digest": .string(String(stateDigest, radix: 16)),
             "counters": .map(counters.mapValues { .int(Int64($0)) }),
             "watchers": .int(Int64(watchers)),
@@ -100,6 +103,7 @@ public struct NodeStatus: Sendable, Equatable {
         self.channels = channels
         self.latestVersion = string("latest_version").flatMap(Version.init)
         self.latestSequence = UInt64(int(map["latest_sequence"]) ?? 0)
+        self.publishedSequence = UInt64(int(map["published_sequence"]) ?? 0)
         self.stateDigest = string("state_digest").flatMap { UInt64($0, radix: 16) } ?? 0
         var counters: [String: Int] = [:]
         if case .map(let c)? = map["counters"] { for (k, v) in c { counters[k] = int(v) ?? 0 } }

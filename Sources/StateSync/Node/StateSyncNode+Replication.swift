@@ -255,19 +255,19 @@ extension StateSyncNode {
     func merge(_ snapshot: DataDirectory.Snapshot) -> [Applied] {
         var applied: [Applied] = []
         for (address, registers) in snapshot.store.allModels {
-            for (name, register) in registers {
+            // One model at a time under the lock: no long stall for readers of the node.
+            let (changes, instance) = core.withLock { core -> ([PropertyChange], (any ReplicatedModel)?) in
+                let changes = registers.compactMap { name, register in core.store.merge(address, property: name, register: register) }
+                return (changes, changes.isEmpty ? nil : core.liveInstance(at: address))
+            }
+            guard let newest = changes.map(\.version).max() else { continue }
+            clock.observe(newest)
+            for change in changes {
                 let delta = Delta(
-                    channel: address.channel, model: address.model, version: register.version, sequence: 0,
-                    properties: [PropertyWrite(name: name, value: register.value)])
-                let (changes, instance) = core.withLock { core -> ([PropertyChange], (any ReplicatedModel)?) in
-                    let changes = core.store.apply(delta)
-                    return (changes, changes.isEmpty ? nil : core.liveInstance(at: address))
-                }
-                if !changes.isEmpty {
-                    clock.observe(register.version)
-                    if let instance { apply(changes, to: instance, version: register.version, isRemote: true) }
-                    applied.append(Applied(delta: delta, changes: changes))
-                }
+                    channel: address.channel, model: address.model, version: change.version, sequence: 0,
+                    properties: [PropertyWrite(name: change.property, value: change.new)])
+                if let instance { apply([change], to: instance, version: change.version, isRemote: true) }
+                applied.append(Applied(delta: delta, changes: [change]))
             }
         }
         core.withLock { core in

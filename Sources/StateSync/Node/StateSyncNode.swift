@@ -185,7 +185,8 @@ public final class StateSyncNode: Sendable {
         let sequence = outbox.withLock { $0.latestSequence }
         let watchers = loop.watcherCount
         let lagging = loop.laggingWatchCount
-        return core.withLock { core in
+        let published = loop.latestPublished
+        var status = core.withLock { core in
             NodeStatus(
                 node: configuration.nodeID, incarnation: incarnation, publishEndpoint: loop.boundPublishEndpoint,
                 apiEndpoint: loop.boundAPIEndpoint,
@@ -205,6 +206,8 @@ public final class StateSyncNode: Sendable {
                     total + Int(clamping: progress.announced &- progress.contiguous) - progress.above.count
                 }, laggingWatches: lagging)
         }
+        status.publishedSequence = published
+        return status
     }
 
     // MARK: - Lifecycle

@@ -20,6 +20,7 @@ public struct ReplicaStore: Sendable {
     private(set) var channels: [String: [String: [String: Register]]] = [:]
     /// The highest version applied so far.
     public private(set) var latestVersion: Version = .zero
+    private var digestSum: UInt64 = 0
 
     public init() {}
 
@@ -33,7 +34,9 @@ public struct ReplicaStore: Sendable {
         for write in delta.properties {
             let current = model[write.name]
             if let current, current.version >= delta.version { continue }
-            model[write.name] = Register(value: write.value, version: delta.version)
+            let register = Register(value: write.value, version: delta.version)
+            model[write.name] = register
+            account(delta.channel, delta.model, write.name, old: current, new: register)
             changes.append(
                 PropertyChange(
                     channel: delta.channel, model: delta.model, property: write.name,
@@ -44,6 +47,19 @@ public struct ReplicaStore: Sendable {
             if delta.version > latestVersion { latestVersion = delta.version }
         }
         return changes
+    }
+
+    /// Merges one register (from a peer's snapshot) by last-writer-wins. Returns the change it
+    /// made, if it won.
+    public mutating func merge(_ address: ModelAddress, property: String, register: Register) -> PropertyChange? {
+        let current = channels[address.channel]?[address.model]?[property]
+        if let current, current.version >= register.version { return nil }
+        channels[address.channel, default: [:]][address.model, default: [:]][property] = register
+        account(address.channel, address.model, property, old: current, new: register)
+        if register.version > latestVersion { latestVersion = register.version }
+        return PropertyChange(
+            channel: address.channel, model: address.model, property: property, old: current?.value, new: register.value,
+            version: register.version)
     }
 
     /// The properties of one model (empty when unknown).
@@ -68,33 +84,30 @@ public struct ReplicaStore: Sendable {
         }
     }
 
-    /// A digest of the whole state, equal on replicas that hold equal state (FNV-1a 64 over the
-    /// canonical encoding of every register, in sorted order).
-    public var digest: UInt64 {
+    /// A digest of the whole state, equal on replicas that hold equal state: the sum (mod 2^64)
+    /// of every register's hash (FNV-1a 64 over channel, model, property, value, version), kept
+    /// up to date on every change, so reading it costs nothing (docs/PROTOCOL.md, "Digest").
+    public var digest: UInt64 { digestSum }
+
+    /// The hash of one register, as summed into ``digest``.
+    public static func registerHash(channel: String, model: String, property: String, register: Register) -> UInt64 {
+        var writer = WireWriter()
+        writer.string(channel)
+        writer.string(model)
+        writer.string(property)
+        writer.value(register.value)
+        writer.uint64(register.version.timestamp)
+        writer.string(register.version.node)
         var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        func mix(_ bytes: [UInt8]) {
-            for b in bytes {
-                hash ^= UInt64(b)
-                hash &*= 0x100_0000_01b3
-            }
-        }
-        for channel in channels.keys.sorted() {
-            let models = channels[channel]!
-            for model in models.keys.sorted() {
-                let properties = models[model]!
-                for name in properties.keys.sorted() {
-                    let register = properties[name]!
-                    var writer = WireWriter()
-                    writer.string(channel)
-                    writer.string(model)
-                    writer.string(name)
-                    writer.value(register.value)
-                    writer.uint64(register.version.timestamp)
-                    writer.string(register.version.node)
-                    mix(writer.bytes)
-                }
-            }
+        for byte in writer.bytes {
+            hash ^= UInt64(byte)
+            hash &*= 0x100_0000_01b3
         }
         return hash
+    }
+
+    private mutating func account(_ channel: String, _ model: String, _ property: String, old: Register?, new: Register) {
+        if let old { digestSum &-= Self.registerHash(channel: channel, model: model, property: property, register: old) }
+        digestSum &+= Self.registerHash(channel: channel, model: model, property: property, register: new)
     }
 }

@@ -17,6 +17,7 @@ final class NodeEventLoop: Sendable {
     private let bound = Mutex<(publish: String, api: String?)>(("", nil))
     private let watchers = Atomic<Int>(0)
     private let lagging = Atomic<Int>(0)
+    private let publishedSequence = Atomic<UInt64>(0)
     private let exit = Mutex<(exited: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
     // Set once by the node's initialiser, before `start()`; only read afterwards.
     nonisolated(unsafe) weak var node: StateSyncNode?
@@ -41,6 +42,7 @@ final class NodeEventLoop: Sendable {
     var boundAPIEndpoint: String? { bound.withLock { $0.api } }
     var watcherCount: Int { watchers.load(ordering: .relaxed) }
     var laggingWatchCount: Int { lagging.load(ordering: .relaxed) }
+    var latestPublished: UInt64 { publishedSequence.load(ordering: .relaxed) }
     func setLaggingWatchCount(_ count: Int) { lagging.store(count, ordering: .relaxed) }
 
     func wake() { wakeUp.signal() }
@@ -155,6 +157,7 @@ final class NodeEventLoop: Sendable {
                 publish(.delta(applied.delta), on: sockets.publisher)
                 published = max(published, applied.delta.sequence)
             }
+            publishedSequence.store(published, ordering: .relaxed)
             for reply in state.staged.replies { send(reply, api: sockets.api, node: node) }
             state.staged = Staged()
             pumpWatches(state: &state, api: sockets.api, node: node, published: published)

@@ -54,13 +54,19 @@ struct RepairTests {
                     $0.title = "t\(i)"
                 }
             }
-            try await waitUntil("node1 logged its writes") { node1.status.latestSequence == 100 }
+            // Published with nobody listening: node2 can only get the older ones from a snapshot.
+            try await waitUntil("node1 published its writes") { node1.status.publishedSequence == 100 }
             let joiner = try await StateSyncNode.start(configuration: configs[1])
             node2 = joiner
             // The newest deltas come from history; the older ones only a snapshot can cover.
-            try await waitUntil("node2 converged with no gap left") {
-                Self.digestsEqual([node1, joiner]) && joiner.status.counters["snapshots_applied"] ?? 0 >= 1
-                    && joiner.status.missingDeltas == 0
+            do {
+                try await waitUntil("node2 converged with no gap left") {
+                    Self.digestsEqual([node1, joiner]) && joiner.status.counters["snapshots_applied"] ?? 0 >= 1
+                        && joiner.status.missingDeltas == 0
+                }
+            } catch {
+                Issue.record("node1 \(node1.status.value)\nnode2 \(joiner.status.value)")
+                throw error
             }
             #expect(joiner.status.counters["snapshots_applied"] ?? 0 >= 1)
             #expect(node1.status.counters["snapshots_served"] ?? 0 >= 1)

@@ -7,21 +7,9 @@ import Testing
 import Glibc
 #endif
 
-/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read back, closed).
 func freePort() -> Int {
-    let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-    precondition(fd >= 0)
-    defer { close(fd) }
-    var address = sockaddr_in()
-    address.sin_family = sa_family_t(AF_INET)
-    address.sin_port = 0
-    address.sin_addr.s_addr = inet_addr("127.0.0.1")
-    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-    let bound = withUnsafeMutablePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, length) == 0 && getsockname(fd, $0, &length) == 0 }
-    }
-    precondition(bound)
-    return Int(UInt16(bigEndian: address.sin_port))
+    // The tests share the tools' port picker.
+    try! LoopbackPorts.free()
 }
 
 /// A fresh temporary directory.

@@ -1,0 +1,248 @@
+import Foundation
+import Logging
+public import StateSync
+import StateSyncClient
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `statesync bench`: the whole path measured against raw libzmq, in one run on one machine.
+public enum Bench {
+    public struct Options: Sendable {
+        public var quick = false
+        /// The `statesync` executable, to start the two node processes.
+        public var executable: String
+        public init(executable: String, quick: Bool = false) {
+            self.executable = executable
+            self.quick = quick
+        }
+    }
+
+    public struct Report: Sendable {
+        public var figures: [(key: String, value: Double)] = []
+        public var notes: [String] = []
+
+        subscript(key: String) -> Double? { figures.first { $0.key == key }?.value }
+
+        public var value: Value {
+            var map: [String: Value] = [:]
+            for (key, value) in figures { map[key] = value.isFinite ? .double((value * 10).rounded() / 10) : .null }
+            map["notes"] = .array(notes.map(Value.string))
+            return .map(map)
+        }
+
+        public var humanText: String {
+            let raw = self["raw_msgs_per_s"] ?? .nan
+            let rawLatency = self["raw_latency_p50_us"] ?? .nan
+            func ratio(_ value: Double?, to base: Double, inverse: Bool = false) -> String {
+                guard let value, base.isFinite, base > 0, value.isFinite, value > 0 else { return "" }
+                return inverse ? String(format: "  (%.1f× raw)", value / base) : String(format: "  (%.0f%% of raw)", 100 * value / base)
+            }
+            var lines = ["StateSync bench (\(ProcessInfo.processInfo.processorCount) cores)"]
+            func line(_ label: String, _ key: String, _ unit: String, _ suffix: String = "") {
+                guard let value = self[key] else { return }
+                lines.append(String(format: "  %-44@ %14.1f %@%@", label as NSString, value, unit as NSString, suffix as NSString))
+            }
+            line("raw libzmq PUB→SUB, delta-sized messages", "raw_msgs_per_s", "msg/s")
+            line("raw one-way latency p50 at 10k/s", "raw_latency_p50_us", "µs")
+            line("raw one-way latency p99 at 10k/s", "raw_latency_p99_us", "µs")
+            line("deltas/s at the reader, single sets", "deltas_per_s", "/s", ratio(self["deltas_per_s"], to: raw))
+            line("deltas/s at the reader, 8-property tx", "deltas_per_s_tx", "/s", ratio(self["deltas_per_s_tx"], to: raw))
+            line("properties/s at the reader, 8-property tx", "properties_per_s_tx", "/s", ratio(self["properties_per_s_tx"], to: raw))
+            line("set → remote observer p50 at 10k/s", "latency_p50_us", "µs", ratio(self["latency_p50_us"], to: rawLatency, inverse: true))
+            line("set → remote observer p99 at 10k/s", "latency_p99_us", "µs", ratio(self["latency_p99_us"], to: self["raw_latency_p99_us"] ?? .nan, inverse: true))
+            line("set → remote observer p99.9 at 10k/s", "latency_p999_us", "µs")
+            line("late join: snapshot of 1M properties", "snapshot_1m_s", "s")
+            line("memory per replicated property", "bytes_per_property", "B")
+            lines.append(contentsOf: notes.map { "  note: \($0)" })
+            return lines.joined(separator: "\n")
+        }
+    }
+
+    public static func run(_ options: Options, progress: @Sendable (String) -> Void) async throws -> Report {
+        var report = Report()
+        let seconds = options.quick ? 1.0 : 2.5
+
+        progress("raw libzmq throughput")
+        report.figures.append(("raw_msgs_per_s", try RawBench.throughput(messages: options.quick ? 300_000 : 2_000_000)))
+        progress("raw libzmq latency at 10k/s")
+        let rawLatency = try RawBench.latency(rate: 10_000, seconds: seconds)
+        report.figures.append(("raw_latency_p50_us", rawLatency.p50))
+        report.figures.append(("raw_latency_p99_us", rawLatency.p99))
+
+        for mode in [NodeBenchRole.Mode.single, .tx, .latency] {
+            progress("two node processes: \(mode)")
+            let result = try await twoProcesses(options, mode: mode, seconds: seconds)
+            switch mode {
+            case .single:
+                report.figures.append(("deltas_per_s", result.perSecond))
+            case .tx:
+                report.figures.append(("deltas_per_s_tx", result.perSecond))
+                report.figures.append(("properties_per_s_tx", result.perSecond * 8))
+            case .latency:
+                report.figures.append(("latency_p50_us", result.p50))
+                report.figures.append(("latency_p99_us", result.p99))
+                report.figures.append(("latency_p999_us", result.p999))
+            }
+            if result.written > 0, mode != .latency {
+                report.notes.append("\(mode): the writer made \(result.written) writes; the reader's observers fired \(result.count) times")
+            }
+        }
+
+        let properties = options.quick ? 100_000 : 1_000_000
+        progress("late join and memory with \(properties) properties")
+        let (snapshotSeconds, bytes) = try await lateJoin(properties: properties)
+        report.figures.append(("snapshot_1m_s", snapshotSeconds * 1_000_000 / Double(properties)))
+        report.figures.append(("bytes_per_property", bytes))
+        if options.quick {
+            report.notes.append("--quick: late join measured with \(properties) properties and scaled linearly to 1M")
+        }
+        report.notes.append("storage.fsync is 'always' (the default) on both nodes; build: \(isDebugBuild ? "DEBUG (use swift build -c release for real numbers)" : "release")")
+        return report
+    }
+
+    static var isDebugBuild: Bool {
+        #if DEBUG
+        return true
+        #else
+        return false
+        #endif
+    }
+
+    struct TwoProcessResult {
+        var perSecond = 0.0
+        var count = 0
+        var written = 0
+        var p50 = 0.0, p99 = 0.0, p999 = 0.0
+    }
+
+    /// Starts a reader and a writer node process, lets the writer run, and reads the reader's
+    /// measurements.
+    static func twoProcesses(_ options: Options, mode: NodeBenchRole.Mode, seconds: Double) async throws -> TwoProcessResult {
+        let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: work) }
+        let ports = [try port(), try port()]
+        func start(_ reader: Bool) throws -> (Process, FileHandle, FileHandle) {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: options.executable)
+            let me = reader ? 0 : 1
+            process.arguments = [
+                "bench-node", "--role", reader ? "reader" : "writer", "--mode", mode.rawValue, "--id", reader ? "reader" : "writer",
+                "--publish", "tcp://127.0.0.1:\(ports[me])", "--peer", "tcp://127.0.0.1:\(ports[1 - me])",
+                "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "10000",
+            ]
+            let output = Pipe()
+            let input = Pipe()
+            process.standardOutput = output
+            process.standardInput = input
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            return (process, output.fileHandleForReading, input.fileHandleForWriting)
+        }
+        let reader = try start(true)
+        let writer = try start(false)
+        defer {
+            for process in [reader.0, writer.0] where process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        }
+        let readerLines = LineReader(reader.1)
+        let writerLines = LineReader(writer.1)
+        guard readerLines.next() == "READY", writerLines.next() == "READY" else {
+            throw StateSyncError(.timeout, "bench: a node process did not start")
+        }
+        writer.2.write(Data("GO\n".utf8))
+        var result = TwoProcessResult()
+        if let wrote = writerLines.next(), wrote.hasPrefix("WROTE ") { result.written = Int(wrote.dropFirst(6)) ?? 0 }
+        guard let line = readerLines.next(), case .map(let map)? = try? Value(json: line) else {
+            throw StateSyncError(.protocolError, "bench: the reader reported nothing")
+        }
+        writer.2.write(Data("STOP\n".utf8))
+        func number(_ key: String) -> Double {
+            switch map[key] {
+            case .double(let d)?: d
+            case .int(let i)?: Double(i)
+            default: .nan
+            }
+        }
+        result.perSecond = number("per_second")
+        result.count = Int(number("count"))
+        result.p50 = number("p50_us")
+        result.p99 = number("p99_us")
+        result.p999 = number("p999_us")
+        reader.0.waitUntilExit()
+        writer.0.waitUntilExit()
+        return result
+    }
+
+    /// A node holding `properties` properties; a new node joins and takes them by snapshot.
+    /// Returns the join time and the holder's resident bytes per property.
+    static func lateJoin(properties: Int) async throws -> (seconds: Double, bytesPerProperty: Double) {
+        var logger = Logger(label: "bench")
+        logger.logLevel = .error
+        let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: work) }
+        let publish = [try port(), try port()]
+        let api = [try port(), try port()]
+        var holderConfig = NodeConfiguration(
+            nodeID: "holder", dataDirectory: "\(work)/holder", publishEndpoint: "tcp://127.0.0.1:\(publish[0])",
+            peers: ["tcp://127.0.0.1:\(publish[1])"], apiEndpoint: "tcp://127.0.0.1:\(api[0])", heartbeatIntervalMilliseconds: 50)
+        holderConfig.historyDeltas = 0  // a late joiner must take a snapshot
+        holderConfig.compactBytes = 1 << 40
+        let before = residentBytes()
+        let holder = try await StateSyncNode.start(configuration: holderConfig, logger: logger)
+        let client = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[0])", requestTimeout: .seconds(60))
+        let perModel = 1000
+        for model in 0..<(properties / perModel) {
+            let writes = (0..<perModel).map { PropertyWrite(name: "p\($0)", value: .int(Int64($0))) }
+            try await client.set(ModelAddress(channel: "bench", model: "m\(model)"), writes)
+        }
+        client.close()
+        let held = residentBytes()
+        let joinerConfig = NodeConfiguration(
+            nodeID: "joiner", dataDirectory: "\(work)/joiner", publishEndpoint: "tcp://127.0.0.1:\(publish[1])",
+            peers: ["tcp://127.0.0.1:\(publish[0])"], apiEndpoint: "tcp://127.0.0.1:\(api[1])", heartbeatIntervalMilliseconds: 50)
+        let started = monotonicNanoseconds()
+        let joiner = try await StateSyncNode.start(configuration: joinerConfig, logger: logger)
+        let deadline = Date().addingTimeInterval(300)
+        // Cheap checks while waiting (a digest walks the whole state): the snapshot applied and
+        // nothing missing; then confirm with the digests once.
+        while true {
+            let status = joiner.status
+            if status.counters["snapshots_applied"] ?? 0 >= 1, status.missingDeltas == 0, status.peers.allSatisfy(\.connected) { break }
+            guard Date() < deadline else { throw StateSyncError(.timeout, "bench: the late joiner did not catch up in 300 s") }
+            try await Task.sleep(for: .milliseconds(2))
+        }
+        let seconds = Double(monotonicNanoseconds() - started) / 1e9
+        guard joiner.status.stateDigest == holder.status.stateDigest else {
+            throw StateSyncError(.protocolError, "bench: the late joiner's state differs from the holder's")
+        }
+        await joiner.stop()
+        await holder.stop()
+        return (seconds, Double(held - before) / Double(properties))
+    }
+
+    static func port() throws -> Int {
+        try LoopbackPorts.free()
+    }
+}
+
+/// Reads lines from a child's stdout (blocking).
+final class LineReader {
+    private let handle: FileHandle
+    private var buffer: [UInt8] = []
+
+    init(_ handle: FileHandle) { self.handle = handle }
+
+    func next() -> String? {
+        while true {
+            if let newline = buffer.firstIndex(of: 10) {
+                let line = String(decoding: buffer[..<newline], as: UTF8.self)
+                buffer.removeSubrange(...newline)
+                return line
+            }
+            let data = handle.availableData
+            if data.isEmpty { return nil }
+            buffer.append(contentsOf: data)
+        }
+    }
+}

@@ -1,0 +1,18 @@
+import StateSync
+
+/// The model the node benchmarks replicate: one counter, one timestamp, eight fields for
+/// transactions, and an end marker.
+@Replicated
+final class BenchModel {
+    var value = 0
+    var stamp: UInt64 = 0
+    var f0 = 0
+    var f1 = 0
+    var f2 = 0
+    var f3 = 0
+    var f4 = 0
+    var f5 = 0
+    var f6 = 0
+    var f7 = 0
+    var done = 0
+}

@@ -1,0 +1,161 @@
+import Foundation
+import Logging
+import StateSync
+import Synchronization
+
+/// One side of a two-process node benchmark (`statesync bench-node`, started by `statesync
+/// bench`): an embedded node with a ``BenchModel``, writing or observing.
+public enum NodeBenchRole {
+    public enum Mode: String, Sendable, CaseIterable {
+        /// Single-property sets as fast as possible.
+        case single
+        /// Eight-property transactions as fast as possible.
+        case tx
+        /// Timestamped sets at a fixed rate: one-way latency to the remote observer.
+        case latency
+    }
+
+    public struct Options: Sendable {
+        public var reader: Bool
+        public var mode: Mode
+        public var id: String
+        public var publish: String
+        public var peer: String
+        public var dataDirectory: String
+        public var seconds: Double
+        public var rate: Int
+
+        public init(
+            reader: Bool, mode: Mode, id: String, publish: String, peer: String, dataDirectory: String, seconds: Double,
+            rate: Int
+        ) {
+            self.reader = reader
+            self.mode = mode
+            self.id = id
+            self.publish = publish
+            self.peer = peer
+            self.dataDirectory = dataDirectory
+            self.seconds = seconds
+            self.rate = rate
+        }
+    }
+
+    /// Runs the role; the reader prints one JSON line with its measurements.
+    public static func run(_ options: Options) async throws {
+        var logger = Logger(label: "bench")
+        logger.logLevel = .error
+        let configuration = NodeConfiguration(
+            nodeID: options.id, dataDirectory: options.dataDirectory, publishEndpoint: options.publish,
+            peers: [options.peer], heartbeatIntervalMilliseconds: 50)
+        let node = try await StateSyncNode.start(configuration: configuration, logger: logger)
+        let model = try await node.model(BenchModel.self, channel: "bench", id: "m")
+        let deadline = Date().addingTimeInterval(20)
+        while !node.status.peers.allSatisfy(\.connected) {
+            guard Date() < deadline else { throw StateSyncError(.timeout, "bench: the peer never connected") }
+            try await Task.sleep(for: .milliseconds(10))
+        }
+        if options.reader {
+            try await read(options, model: model)
+        } else {
+            say("READY")
+            _ = readLine()  // GO
+            try await write(options, model: model, node: node)
+        }
+        await node.stop()
+    }
+
+    final class Tally: @unchecked Sendable {
+        // Safe: every field is read and written only under `lock`.
+        let lock = NSLock()
+        var count = 0
+        var first: UInt64 = 0
+        var last: UInt64 = 0
+        var latencies: [UInt64] = []
+        var done = false
+    }
+
+    private static func read(_ options: Options, model: BenchModel) async throws {
+        let tally = Tally()
+        tally.latencies.reserveCapacity(Int(Double(options.rate) * options.seconds) + 16)
+        let count: @Sendable () -> Void = {
+            let now = monotonicNanoseconds()
+            tally.lock.withLock {
+                if tally.count == 0 { tally.first = now }
+                tally.count += 1
+                tally.last = now
+            }
+        }
+        switch options.mode {
+        case .single: model.observe(\.value) { _ in count() }
+        case .tx: model.observe(\.f7) { _ in count() }
+        case .latency:
+            model.observe(\.stamp) { change in
+                let now = monotonicNanoseconds()
+                tally.lock.withLock { tally.latencies.append(now &- change.new) }
+            }
+        }
+        model.observe(\.done) { _ in tally.lock.withLock { tally.done = true } }
+        say("READY")
+        let limit = Date().addingTimeInterval(options.seconds + 60)
+        while !tally.lock.withLock({ tally.done }) && Date() < limit {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        let result = tally.lock.withLock { () -> Value in
+            let seconds = Double(tally.last &- tally.first) / 1e9
+            let latency = LatencySummary(nanoseconds: tally.latencies)
+            return [
+                "count": .int(Int64(tally.count)), "seconds": .double(seconds),
+                "per_second": .double(seconds > 0 ? Double(tally.count - 1) / seconds : 0),
+                "p50_us": .double(latency.p50.isNaN ? 0 : latency.p50), "p99_us": .double(latency.p99.isNaN ? 0 : latency.p99),
+                "p999_us": .double(latency.p999.isNaN ? 0 : latency.p999), "samples": .int(Int64(latency.samples)),
+                "done": .bool(tally.done),
+            ]
+        }
+        say(result.jsonText())
+    }
+
+    private static func write(_ options: Options, model: BenchModel, node: StateSyncNode) async throws {
+        let end = monotonicNanoseconds() + UInt64(options.seconds * 1e9)
+        var written = 0
+        switch options.mode {
+        case .single:
+            while monotonicNanoseconds() < end {
+                for _ in 0..<256 {
+                    written += 1
+                    model.value = written
+                }
+            }
+        case .tx:
+            while monotonicNanoseconds() < end {
+                for _ in 0..<64 {
+                    written += 1
+                    let v = written
+                    model.transaction { m in
+                        m.f0 = v; m.f1 = v; m.f2 = v; m.f3 = v; m.f4 = v; m.f5 = v; m.f6 = v; m.f7 = v
+                    }
+                }
+            }
+        case .latency:
+            let interval = UInt64(1_000_000_000 / max(options.rate, 1))
+            var next = monotonicNanoseconds()
+            while next < end {
+                waitUntilNanoseconds(next)
+                model.stamp = monotonicNanoseconds()
+                written += 1
+                next += interval
+            }
+        }
+        // Let the queue drain, then tell the reader we are done (repeat: a publish can be lost).
+        while node.status.counters["deltas_published"] ?? 0 < written {
+            try await Task.sleep(for: .milliseconds(5))
+        }
+        model.done = 1
+        say("WROTE \(written)")
+        _ = readLine()  // STOP
+    }
+}
+
+/// Writes one line to stdout at once (the parent reads it through a pipe).
+func say(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
+}
