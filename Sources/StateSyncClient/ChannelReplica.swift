@@ -32,10 +32,11 @@ public final class ChannelReplica: Sendable {
         state.withLock { $0.models[model] ?? [:] }
     }
 
-    /// Applies a delta; returns the changes it made (old from this replica).
+    /// Applies a delta; returns the changes it made (old from this replica). The cursor is moved
+    /// by the node's own account of the watch's position (``advance(to:)``), not from the delta:
+    /// deltas come in apply order, not in each origin's sequence order.
     func apply(_ delta: Delta) -> [PropertyChange] {
         state.withLock { state in
-            state.cursor[delta.origin] = max(state.cursor[delta.origin], delta.sequence)
             var changes: [PropertyChange] = []
             for write in delta.properties {
                 let current = state.models[delta.model]?[write.name]

@@ -271,8 +271,9 @@ extension ClientIO {
     /// when the watch has ended (with an error).
     func handleWatchEvent(_ event: ClientProtocol.WatchEventBody, watch: inout WatchState) -> Bool {
         switch event {
-        case .delta(let delta):
+        case .delta(let delta, let position):
             let changes = watch.replica.apply(delta)
+            watch.replica.advance(to: position)
             let cursor = watch.replica.cursor
             for change in changes { watch.events.yield(.change(change, kind: .live, cursor: cursor)) }
         case .snapshotBegin(let reason):

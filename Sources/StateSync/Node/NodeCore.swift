@@ -74,8 +74,9 @@ struct NodeCore: Sendable {
     /// history, bounded like it.
     struct Journal: Sendable {
         struct Entry: Sendable {
-            let origin: String
-            let sequence: UInt64
+            let delta: Delta
+            var origin: String { delta.origin }
+            var sequence: UInt64 { delta.sequence }
         }
         private(set) var entries: [Entry] = []
         /// The absolute position of `entries[0]`.
@@ -85,12 +86,13 @@ struct NodeCore: Sendable {
 
         var end: Int { base + entries.count }
 
-        mutating func append(origin: String, sequence: UInt64, limit: Int) {
-            guard limit > 0 else {
-                droppedThrough[origin] = max(droppedThrough[origin] ?? 0, sequence)
-                return
-            }
-            entries.append(Entry(origin: origin, sequence: sequence))
+        /// The journal keeps at least this many entries, whatever the history keeps: live watches
+        /// follow it (a watch further behind gets a resync snapshot).
+        static let minimumEntries = 16
+
+        mutating func append(_ delta: Delta, limit: Int) {
+            let limit = max(limit, Self.minimumEntries)
+            entries.append(Entry(delta: delta))
             if entries.count > limit + limit / 8 {
                 let drop = entries.count - limit
                 for entry in entries.prefix(drop) {
@@ -99,6 +101,11 @@ struct NodeCore: Sendable {
                 entries.removeFirst(drop)
                 base += drop
             }
+        }
+
+        /// Marks the deltas of `origin` through `sequence` as not held (they came from a snapshot).
+        mutating func markAbsent(origin: String, through sequence: UInt64) {
+            droppedThrough[origin] = max(droppedThrough[origin] ?? 0, sequence)
         }
 
         /// The entry at absolute position `index`, if still held.
@@ -128,8 +135,16 @@ struct NodeCore: Sendable {
         if gapBefore, progress.firstGap != nil { counters.sequenceGaps += 1 }
         origins[delta.origin] = progress
         history[delta.origin, default: OriginHistory()].insert(delta, limit: historyLimit)
-        journal.append(origin: delta.origin, sequence: delta.sequence, limit: historyLimit * max(origins.count, 1))
+        journal.append(delta, limit: historyLimit * max(origins.count, 1))
         return true
+    }
+
+    /// The state now covers `origin` through `sequence` without the deltas themselves (a
+    /// snapshot): neither repairs nor watch resumes can be served from history below it.
+    mutating func coverWithoutHistory(origin: String, through sequence: UInt64) {
+        origins[origin, default: OriginProgress()].cover(through: sequence)
+        history[origin, default: OriginHistory()].droppedThrough = max(history[origin]?.droppedThrough ?? 0, sequence)
+        journal.markAbsent(origin: origin, through: sequence)
     }
 
     /// The retained deltas of `origin` in `range`, and the lowest sequence number still held.

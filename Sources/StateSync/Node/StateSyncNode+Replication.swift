@@ -272,7 +272,7 @@ extension StateSyncNode {
         }
         core.withLock { core in
             for (origin, through) in snapshot.progress {
-                core.origins[origin, default: .init()].cover(through: through)
+                core.coverWithoutHistory(origin: origin, through: through)
             }
             core.counters.snapshotsApplied += 1
         }

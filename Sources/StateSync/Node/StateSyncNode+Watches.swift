@@ -46,7 +46,7 @@ extension StateSyncNode {
                 if entry.origin == configuration.nodeID && entry.sequence > ownPublished { break }
                 position.journalIndex += 1
                 if position.covers(entry.origin, entry.sequence) { continue }
-                guard let delta = core.history[entry.origin]?.deltas[entry.sequence] else { return ([], position, true) }
+                let delta = entry.delta
                 position.deliver(entry.origin, entry.sequence)
                 if delta.channel == channel { deltas.append((delta, position)) }
             }
@@ -90,8 +90,9 @@ extension StateSyncNode {
     func resumePosition(after cursor: WatchCursor) -> WatchPosition? {
         core.withLock { core in
             for (origin, progress) in core.origins where progress.contiguous > cursor[origin] {
-                let dropped = max(core.journal.droppedThrough[origin] ?? 0, core.history[origin]?.droppedThrough ?? 0)
-                if dropped > cursor[origin] { return nil }
+                // Every delta the cursor lacks must still be in the journal (not dropped, and not
+                // known only through a snapshot).
+                if core.journal.droppedThrough[origin] ?? 0 > cursor[origin] { return nil }
             }
             return WatchPosition(journalIndex: core.journal.base, cursor: cursor)
         }

@@ -61,7 +61,7 @@ public final class StateSyncNode: Sendable {
         if let snapshot = directory.loadSnapshot(onCorrupt: { logger.error("\($0)") }) {
             core.store = snapshot.store
             latestSequence = snapshot.latestSequence
-            for (origin, through) in snapshot.progress { core.origins[origin, default: .init()].cover(through: through) }
+            for (origin, through) in snapshot.progress { core.coverWithoutHistory(origin: origin, through: through) }
             logger.info(
                 "loaded snapshot",
                 metadata: ["models": "\(snapshot.store.allModels.count)", "sequence": "\(latestSequence)"])

@@ -2,9 +2,11 @@
 /// origin, the sequence number through which its deltas have been delivered.
 ///
 /// Why not a single version: writers are many and leaderless, so deltas reach different nodes in
-/// different orders; no one number orders them the same everywhere. Nodes deliver each origin's
-/// deltas to a watch in sequence order, so this vector says exactly what a watch has seen, and a
-/// watch resumed from it on any node gets every later delta exactly once.
+/// different orders; no one number orders them the same everywhere. A node tracks, per watch,
+/// every sequence number it has delivered; this vector is the part without gaps (through which
+/// everything was delivered), so a watch resumed from it on any node gets every later delta —
+/// and, when a gap was open, possibly a few it already had, which a client holding its replica
+/// ignores.
 ///
 /// Text form: `origin:sequence` pairs sorted by origin, comma-separated (`n1:120,n2:57`); the
 /// empty cursor is `-`.

@@ -41,6 +41,14 @@ extension NodeEventLoop {
         setWatcherCount(state.watches.count)
     }
 
+    /// Watches of `channels` get a resync snapshot: their state changed without deltas (a peer's
+    /// snapshot was merged), which the journal cannot show them.
+    func resyncWatches(of channels: Set<String>, state: inout LoopState) {
+        for (key, watch) in state.watches where channels.contains(watch.channel) && watch.pendingSnapshot == nil {
+            state.watches[key]?.pendingSnapshot = .lagged
+        }
+    }
+
     func removeWatch(_ key: WatchKey, state: inout LoopState) {
         state.watches[key] = nil
         setWatcherCount(state.watches.count)
@@ -136,7 +144,7 @@ extension NodeEventLoop {
             // Advance delta by delta, so a refusal resumes exactly where it stopped.
             var sent = before
             for (delta, after) in deltas {
-                let outcome = send(.delta(delta))
+                let outcome = send(.delta(delta, cursor: after.cursor))
                 guard outcome == .done else {
                     watch.position = sent
                     return outcome

@@ -131,6 +131,7 @@ final class NodeEventLoop: Sendable {
         var lastRepair: UInt64 = 0
         var lastSync = monotonicMilliseconds()
         var published = node.outbox.withLock { $0.latestSequence }
+        publishedSequence.store(published, ordering: .relaxed)
         var repair = RepairState()
         var poller = makePoller(sockets, repair: repair)
 
@@ -196,9 +197,9 @@ final class NodeEventLoop: Sendable {
                 if state.staged.isEmpty, node.log.size > configuration.compactBytes || repair.mergedSnapshot {
                     // Received deltas alone also grow the log; a merged snapshot is only durable
                     // once it is in the snapshot file.
-                    repair.mergedSnapshot = false
                     do {
                         try node.compact()
+                        repair.mergedSnapshot = false
                     } catch {
                         logger.error("log compaction failed; will retry", metadata: ["error": "\(error)"])
                     }
@@ -246,6 +247,12 @@ final class NodeEventLoop: Sendable {
                     guard let frames = receive(from: link.socket, what: "repair link \(link.api)") else { break }
                     let fresh = handleRepairReply(frames, from: link, repair: &repair, node: node)
                     logRemote(fresh, state: &state, api: sockets.api, node: node)
+                    let merged = Set(fresh.filter { $0.delta.sequence == 0 }.map(\.delta.channel))
+                    if !merged.isEmpty { resyncWatches(of: merged, state: &state) }
+                    // Own deltas fetched back (this node had lost them) were published long ago.
+                    for applied in fresh where applied.delta.origin == configuration.nodeID {
+                        published = max(published, applied.delta.sequence)
+                    }
                 }
                 pumpWatches(state: &state, api: sockets.api, node: node, published: published)
             }

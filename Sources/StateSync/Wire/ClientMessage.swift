@@ -203,8 +203,8 @@ public enum ClientProtocol {
 
     /// What one EVENT of a watch carries (the first byte of its body).
     public enum WatchEventBody: Sendable, Equatable {
-        /// One delta of the channel, in its origin's sequence order.
-        case delta(Delta)
+        /// One delta of the channel, in the node's apply order, with the watch's cursor after it.
+        case delta(Delta, cursor: WatchCursor)
         /// Snapshot records: model → property → register.
         case records([(model: String, properties: [(String, ReplicaStore.Register)])])
         /// A snapshot starts (it may repeat an earlier, interrupted one).
@@ -234,8 +234,9 @@ public enum ClientProtocol {
     public static func encodeWatchEvent(_ event: WatchEventBody) -> [UInt8] {
         var w = WireWriter(capacity: 64)
         switch event {
-        case .delta(let delta):
+        case .delta(let delta, let cursor):
             w.byte(0x01)
+            cursor.encode(into: &w)
             return w.bytes + DeltaLog.encodePayload(delta)
         case .records(let models):
             w.byte(0x02)
@@ -273,7 +274,8 @@ public enum ClientProtocol {
         let kind = try r.byte("event kind")
         switch kind {
         case 0x01:
-            return .delta(try DeltaLog.decodePayload(r.rest()))
+            let cursor = try WatchCursor.decode(from: &r)
+            return .delta(try DeltaLog.decodePayload(r.rest()), cursor: cursor)
         case 0x02:
             let modelCount = try r.count("model count", minimumItemSize: 2)
             var models: [(String, [(String, ReplicaStore.Register)])] = []

@@ -2,6 +2,7 @@ import Foundation
 import StateSyncClient
 import Testing
 import ZeroMQ
+import Synchronization
 
 @testable import StateSync
 
@@ -207,7 +208,7 @@ struct WatchTests {
                     guard try ClientProtocol.decodeReplyHeader(frames[0]).kind == .event else { continue }
                     let event = try ClientProtocol.decodeWatchEvent(frames[1])
                     switch event {
-                    case .delta(let delta): state[delta.model] = delta.properties[0].value
+                    case .delta(let delta, _): state[delta.model] = delta.properties[0].value
                     case .records(let models): for (model, properties) in models { state[model] = properties.first { $0.0 == "n" }?.1.value }
                     case .snapshotBegin(let r): if r != .initial { reason = r }
                     default: break
@@ -221,5 +222,57 @@ struct WatchTests {
             Issue.record(error)
         }
         await node.stop()
+    }
+}
+
+/// State a node holds only through a snapshot (its own after a restart, or a peer's it merged)
+/// has no deltas to replay: watches must be resynced, never silently skip it.
+@Suite("Watches and snapshots")
+struct WatchSnapshotTests {
+    @Test func aLiveWatchSeesStateMergedFromAPeersSnapshot() async throws {
+        let configs = meshConfigurations(2, label: "merge", api: true)
+        // node1 writes, then restarts: its state now comes from its snapshot file, without deltas.
+        var first = try await StateSyncNode.start(configuration: configs[0])
+        let writer = try await first.model(Counter.self, channel: "c", id: "m")
+        writer.count = 6
+        writer.count = 7
+        try await waitUntil("node1 published") { first.status.publishedSequence == 2 }
+        await first.stop()
+        // node2 is up and watched before node1 comes back.
+        let node2 = try await StateSyncNode.start(configuration: configs[1])
+        let client = try StateSyncClient(endpoint: try #require(node2.apiEndpoint))
+        do {
+            let (events, replica) = try await client.watch(channel: "c")
+            let collector = WatchTests.Collector()
+            let task = collector.collect(events)
+            try await waitUntil("the empty initial state") {
+                collector.lock.withLock { collector.events.contains { if case .initialStateComplete = $0 { true } else { false } } }
+            }
+            first = try await StateSyncNode.start(configuration: configs[0])
+            try await waitUntil("node2's watch got node1's state by resync") { collector.changes.contains { $0.new == 7 } }
+            task.cancel()
+            let change = try #require(collector.lock.withLock { collector.events }.compactMap { event -> (PropertyChange, WatchEvent.Kind)? in
+                if case .change(let c, let kind, _) = event { (c, kind) } else { nil }
+            }.first)
+            #expect(change.1 == .resync && change.0.old == nil && change.0.new == 7)
+            #expect(replica.properties(of: "m")["count"]?.value == 7)
+
+            // A watch resuming from before node1's restart cannot be served from its journal:
+            // it is told so and resynced, not skipped.
+            let node1Client = try StateSyncClient(endpoint: try #require(first.apiEndpoint))
+            defer { node1Client.close() }
+            let (resumed, _) = try await node1Client.watch(channel: "c", replica: ChannelReplica(channel: "c", cursor: WatchCursor(["node1": 1])))
+            var sawHistoryGone = false
+            for try await event in resumed {
+                if case .resyncStarted(.historyGone) = event { sawHistoryGone = true }
+                if case .caughtUp = event { break }
+            }
+            #expect(sawHistoryGone)
+        } catch {
+            Issue.record(error)
+        }
+        client.close()
+        await first.stop()
+        await node2.stop()
     }
 }
