@@ -25,17 +25,26 @@ public enum Harness {
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
         var rng = SeededGenerator(seed: options.seed)
 
-        // The cluster: node i subscribes to node j through relay (i, j), so links can be cut.
+        // The cluster. On loopback, node i subscribes to node j through relay (i, j), so links can
+        // be cut; with --netns every node is a host of its own and faults act on real links.
         let names = (1...options.nodes).map { "n\($0)" }
-        let publishPorts = try names.map { _ in try freePort() }
-        let apiPorts = try names.map { _ in try freePort() }
+        let lab = options.netns ? try NetnsLab(nodes: options.nodes, seed: options.seed) : nil
+        defer { lab?.tearDown() }
+        let hosts = names.indices.map { lab?.address($0) ?? "127.0.0.1" }
+        let publishPorts = try names.map { _ in lab == nil ? try freePort() : 7001 }
+        let apiPorts = try names.map { _ in lab == nil ? try freePort() : 7101 }
         var links: [String: LinkProxy] = [:]  // "i>j": i's subscription to j
-        for i in names.indices {
-            for j in names.indices where i != j {
-                links["\(i)>\(j)"] = try LinkProxy(name: "\(names[i])<\(names[j])", targetPort: publishPorts[j])
+        if lab == nil {
+            for i in names.indices {
+                for j in names.indices where i != j {
+                    links["\(i)>\(j)"] = try LinkProxy(name: "\(names[i])<\(names[j])", targetPort: publishPorts[j])
+                }
             }
         }
         let relays = links
+        func peerEndpoint(_ i: Int, _ j: Int) -> String {
+            relays["\(i)>\(j)"]?.endpoint ?? "tcp://\(hosts[j]):\(publishPorts[j])"
+        }
         let skewed: Int? = options.faults.contains(.clock) ? Int(rng.next() % UInt64(options.nodes)) : nil
         let skewMilliseconds = 1500 + Int(rng.next() % 2000)
         let planted: Int? = options.plantedBug == nil ? nil : options.nodes - 1
@@ -44,9 +53,9 @@ public enum Harness {
             var environment = [
                 "STATESYNC_NODE_ID": names[i],
                 "STATESYNC_NODE_DATA_DIR": "\(work)/\(names[i])",
-                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(publishPorts[i])",
-                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(apiPorts[i])",
-                "STATESYNC_NETWORK_PEERS": names.indices.filter { $0 != i }.map { relays["\(i)>\($0)"]!.endpoint }.joined(separator: ","),
+                "STATESYNC_NETWORK_PUBLISH": "tcp://\(hosts[i]):\(publishPorts[i])",
+                "STATESYNC_NETWORK_API": "tcp://\(hosts[i]):\(apiPorts[i])",
+                "STATESYNC_NETWORK_PEERS": names.indices.filter { $0 != i }.map { peerEndpoint(i, $0) }.joined(separator: ","),
                 "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
                 "STATESYNC_LOG_LEVEL": "info",
             ]
@@ -54,8 +63,9 @@ public enum Harness {
             if i == planted { environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"] = "0.3" }
             built.append(
                 NodeProcess(
-                    name: names[i], api: "tcp://127.0.0.1:\(apiPorts[i])", publishPort: publishPorts[i],
-                    environment: environment, daemonPath: options.daemonPath, logPath: "\(work)/\(names[i]).log"))
+                    name: names[i], api: "tcp://\(hosts[i]):\(apiPorts[i])", publishPort: publishPorts[i],
+                    environment: environment, daemonPath: options.daemonPath, logPath: "\(work)/\(names[i]).log",
+                    launcher: lab?.launcher(node: i, executable: options.daemonPath)))
         }
         let nodes = built
         let faults = FaultLog()
@@ -92,7 +102,7 @@ public enum Harness {
         let workloadStart = Date()
         let writes = WriteLog()
         let faultTask = Task {
-            await FaultController(nodes: nodes, relays: relays, names: names, seed: options.seed &+ 1, log: faults)
+            await FaultController(nodes: nodes, relays: relays, lab: lab, names: names, seed: options.seed &+ 1, log: faults)
                 .run(faults: options.faults.filter { $0 != .clock }, until: { workloadDone.isSet }, start: workloadStart)
         }
         let progressTask = Task {
@@ -140,6 +150,10 @@ public enum Harness {
         for relay in relays.values {
             relay.setCut(false)
             relay.setDelay(milliseconds: 0)
+        }
+        if let lab {
+            lab.setPartition(Set(0..<options.nodes), cut: false)
+            for node in 0..<options.nodes { lab.setLink(node: node, up: true) }
         }
         for node in nodes {
             if node.isPaused { node.resume() }

@@ -30,6 +30,8 @@ public struct HarnessOptions: Sendable {
     public var clients = 4
     /// Distinct models written (in channel `harness`).
     public var models = 16
+    /// Run every node in its own network namespace (root only).
+    public var netns = false
     /// Keep the nodes' logs and data even when every check passes.
     public var keep = false
     /// Where to put the nodes' data and logs (a fresh temporary directory by default).

@@ -15,9 +15,15 @@ final class NodeProcess: @unchecked Sendable {
     let environment: [String: String]
     let daemonPath: String
     let logPath: String
+    /// A command that runs the daemon (e.g. `ip netns exec NS statesyncd`), if not run directly.
+    let launcher: (executable: String, arguments: [String])?
     private let state = Mutex<(process: Process?, paused: Bool, restarts: Int)>((nil, false, 0))
 
-    init(name: String, api: String, publishPort: Int, environment: [String: String], daemonPath: String, logPath: String) {
+    init(
+        name: String, api: String, publishPort: Int, environment: [String: String], daemonPath: String, logPath: String,
+        launcher: (executable: String, arguments: [String])? = nil
+    ) {
+        self.launcher = launcher
         self.name = name
         self.api = api
         self.publishPort = publishPort
@@ -28,8 +34,8 @@ final class NodeProcess: @unchecked Sendable {
 
     func start() throws {
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: daemonPath)
-        process.arguments = []
+        process.executableURL = URL(fileURLWithPath: launcher?.executable ?? daemonPath)
+        process.arguments = launcher?.arguments ?? []
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         if !FileManager.default.fileExists(atPath: logPath) {
             _ = FileManager.default.createFile(atPath: logPath, contents: nil)

@@ -69,6 +69,7 @@ final class FaultLog: Sendable {
 struct FaultController {
     let nodes: [NodeProcess]
     let relays: [String: LinkProxy]
+    let lab: NetnsLab?
     let names: [String]
     let seed: UInt64
     let log: FaultLog
@@ -105,9 +106,25 @@ struct FaultController {
                     let other = nodes.indices.filter { !group.contains($0) }.map { names[$0] }.joined(separator: ",")
                     log.setActive("partition \(side) | \(other)")
                     setCut(group: group, true)
+                    lab?.setPartition(group, cut: true)
                     try? await Task.sleep(for: .milliseconds(hold))
                     setCut(group: group, false)
-                    log.record(kind: "partition", target: "\(side) | \(other)", detail: "links cut both ways for \(hold) ms", at: at, healed: elapsed(start))
+                    lab?.setPartition(group, cut: false)
+                    log.record(
+                        kind: "partition", target: "\(side) | \(other)",
+                        detail: lab == nil ? "links cut both ways for \(hold) ms" : "blackhole routes both ways for \(hold) ms",
+                        at: at, healed: elapsed(start))
+                case .loss where lab != nil:
+                    // A real link, going down in bursts: packets dropped, TCP retransmits.
+                    log.setActive("loss at \(names[target])")
+                    let steps = max(1, hold / 150)
+                    for _ in 0..<steps {
+                        lab?.setLink(node: target, up: false)
+                        try? await Task.sleep(for: .milliseconds(30 + Int(rng.next() % 70)))
+                        lab?.setLink(node: target, up: true)
+                        try? await Task.sleep(for: .milliseconds(50))
+                    }
+                    log.record(kind: "loss", target: names[target], detail: "link down in \(steps) bursts over \(hold) ms", at: at, healed: elapsed(start))
                 case .loss:
                     log.setActive("loss at \(names[target])")
                     let delay = 10 + Int(rng.next() % 40)

@@ -16,9 +16,12 @@ extension StateSyncCLI {
                 and their directory printed.
 
                 Faults: kill (kill -9 and restart), pause (SIGSTOP/SIGCONT), partition (every link \
-                between two groups cut both ways through the harness's TCP relays), loss (delay and \
-                connection resets on a node's inbound links), clock (one node runs with a skewed \
-                wall clock, through the test-only STATESYNC_TEST_CLOCK_OFFSET_MS).
+                between two groups cut both ways), loss, clock (one node runs with a skewed wall \
+                clock, through the test-only STATESYNC_TEST_CLOCK_OFFSET_MS). On loopback the links \
+                run through the harness's TCP relays: a partition closes and refuses connections, \
+                loss is added delay plus connection resets. With --netns (root) every node is a \
+                host in its own network namespace on a private bridge (10.231.x.0/24): a partition \
+                is blackhole routes both ways, loss is the node's link going down in bursts.
                 """)
 
         @Option(help: "How many nodes (2–9).")
@@ -39,7 +42,7 @@ extension StateSyncCLI {
         @Option(help: ArgumentHelp("Plant a bug to prove the checker fails: drop-deltas.", valueName: "BUG"))
         var plantBug: String?
 
-        @Flag(help: "Run every node in its own network namespace (root only; not available yet).")
+        @Flag(help: "Run every node in its own network namespace with its own address (root only).")
         var netns = false
 
         @Flag(help: "Print the report as one JSON object.")
@@ -64,10 +67,6 @@ extension StateSyncCLI {
         }
 
         func run() async throws {
-            if netns {
-                FileHandle.standardError.write(Data("statesync: --netns is not available yet; run without it (loopback with TCP relays)\n".utf8))
-                throw ExitCode(2)
-            }
             var options = HarnessOptions(daemonPath: statesyncd ?? Self.siblingDaemon())
             options.nodes = nodes
             options.operations = ops
@@ -76,6 +75,7 @@ extension StateSyncCLI {
             options.plantedBug = plantBug.flatMap(HarnessOptions.PlantedBug.init)
             options.clients = clients
             options.keep = keep
+            options.netns = netns
             let interactive = isatty(STDERR_FILENO) == 1
             let report: HarnessReport
             do {

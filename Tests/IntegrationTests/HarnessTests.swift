@@ -1,6 +1,10 @@
 import Foundation
 import Testing
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// `statesync harness` as CI runs it: a small cluster with kill and partition must pass, and the
 /// same run with a planted bug must fail and name the node.
 @Suite("Harness", .serialized)
@@ -19,6 +23,25 @@ struct HarnessTests {
         let kinds = Set((report["faults"] as? [[String: Any]] ?? []).compactMap { $0["kind"] as? String })
         #expect(kinds.isSuperset(of: ["kill", "partition", "pause", "loss", "clock"]), "\(kinds)")
         #expect((report["notifications"] as? Int ?? 0) > 0)
+    }
+
+    static var canCreateNamespaces: Bool {
+        getuid() == 0 && ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"].contains(where: FileManager.default.isExecutableFile)
+    }
+
+    /// Every node a host of its own in a network namespace: partitions are blackhole routes,
+    /// loss is a link going down. Needs root (CI runs as root).
+    @Test(.enabled(if: canCreateNamespaces, "needs root and iproute2"))
+    func netnsModeWithRealLinkFaultsPasses() async throws {
+        let run = try await cli(
+            ["harness", "--netns", "--nodes", "3", "--ops", "1500", "--seed", "3", "--faults", "kill,partition,loss", "--json"],
+            timeout: .seconds(240))
+        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        #expect(run.status == 0, "\(run.stdout)")
+        #expect(report["converged"] as? Bool == true && report["lost_writes"] as? Int == 0)
+        let details = (report["faults"] as? [[String: Any]] ?? []).compactMap { $0["detail"] as? String }
+        #expect(details.contains { $0.hasPrefix("blackhole routes") }, "\(details)")
+        #expect(details.contains { $0.hasPrefix("link down") }, "\(details)")
     }
 
     @Test func aPlantedBugFailsTheVerdictAndNamesTheNode() async throws {
