@@ -175,9 +175,9 @@ final class DataDirectory: Sendable {
                 let name = try r.string("property")
                 let value = try r.value()
                 let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
-                _ = store.apply(
-                    Delta(channel: channel, model: model, version: version, sequence: 0,
-                          properties: [PropertyWrite(name: name, value: value)]))
+                _ = store.merge(
+                    ModelAddress(channel: channel, model: model), property: name,
+                    register: ReplicaStore.Register(value: value, version: version))
             }
         }
         try r.expectEnd()
@@ -185,11 +185,6 @@ final class DataDirectory: Sendable {
     }
 
     static func fnv1a(_ bytes: [UInt8]) -> UInt64 {
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for b in bytes {
-            hash ^= UInt64(b)
-            hash &*= 0x100_0000_01b3
-        }
-        return hash
+        ReplicaStore.fnv1a(bytes)
     }
 }

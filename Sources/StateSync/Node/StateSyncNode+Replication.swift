@@ -9,15 +9,20 @@ extension StateSyncNode {
         let changes: [PropertyChange]
     }
 
-    /// Handles one message from the peer at `endpoint`. Returns the delta it applied, if new.
-    func receive(from endpoint: String, frames: [[UInt8]]) -> Applied? {
-        let message: PeerMessage
+    /// Handles one message (or DELTA batch) from the peer at `endpoint`. Returns the deltas it
+    /// applied that were new.
+    func receive(from endpoint: String, frames: [[UInt8]]) -> [Applied] {
+        let messages: [PeerMessage]
         do {
-            message = try PeerMessage.decode(frames)
+            messages = try PeerMessage.decodeAll(frames)
         } catch {
             countMalformed(kind: "malformed-peer", "dropped a malformed message from a peer", endpoint: endpoint, error: error)
-            return nil
+            return []
         }
+        return messages.compactMap { receive($0, from: endpoint) }
+    }
+
+    private func receive(_ message: PeerMessage, from endpoint: String) -> Applied? {
         let now = monotonicMilliseconds()
         switch message {
         case .heartbeat(let beat):
@@ -251,9 +256,9 @@ extension StateSyncNode {
     }
 
     /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
-    /// covers. Returns the changes it made, grouped per model.
-    func merge(_ snapshot: DataDirectory.Snapshot) -> [Applied] {
-        var applied: [Applied] = []
+    /// covers. Returns the channels it changed.
+    func merge(_ snapshot: DataDirectory.Snapshot) -> Set<String> {
+        var changed = Set<String>()
         for (address, registers) in snapshot.store.allModels {
             // One model at a time under the lock: no long stall for readers of the node.
             let (changes, instance) = core.withLock { core -> ([PropertyChange], (any ReplicatedModel)?) in
@@ -262,12 +267,9 @@ extension StateSyncNode {
             }
             guard let newest = changes.map(\.version).max() else { continue }
             clock.observe(newest)
-            for change in changes {
-                let delta = Delta(
-                    channel: address.channel, model: address.model, version: change.version, sequence: 0,
-                    properties: [PropertyWrite(name: change.property, value: change.new)])
-                if let instance { apply([change], to: instance, version: change.version, isRemote: true) }
-                applied.append(Applied(delta: delta, changes: [change]))
+            changed.insert(address.channel)
+            if let instance {
+                for change in changes { apply([change], to: instance, version: change.version, isRemote: true) }
             }
         }
         core.withLock { core in
@@ -279,7 +281,7 @@ extension StateSyncNode {
         if let own = snapshot.progress[configuration.nodeID], own < UInt64.max {
             outbox.withLock { $0.nextSequence = max($0.nextSequence, own + 1) }
         }
-        return applied
+        return changed
     }
 
     func countRepairRequest() { core.withLock { $0.counters.repairRequests += 1 } }

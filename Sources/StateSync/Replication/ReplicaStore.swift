@@ -89,8 +89,8 @@ public struct ReplicaStore: Sendable {
     /// up to date on every change, so reading it costs nothing (docs/PROTOCOL.md, "Digest").
     public var digest: UInt64 { digestSum }
 
-    /// The hash of one register, as summed into ``digest``.
-    public static func registerHash(channel: String, model: String, property: String, register: Register) -> UInt64 {
+    /// A register's canonical bytes: channel, model, property, value, version (wire encodings).
+    public static func canonicalBytes(channel: String, model: String, property: String, register: Register) -> [UInt8] {
         var writer = WireWriter()
         writer.string(channel)
         writer.string(model)
@@ -98,12 +98,22 @@ public struct ReplicaStore: Sendable {
         writer.value(register.value)
         writer.uint64(register.version.timestamp)
         writer.string(register.version.node)
-        var hash: UInt64 = 0xcbf2_9ce4_8422_2325
-        for byte in writer.bytes {
+        return writer.bytes
+    }
+
+    /// FNV-1a 64 of `bytes`, continuing from `hash`.
+    public static func fnv1a(_ bytes: [UInt8], from hash: UInt64 = 0xcbf2_9ce4_8422_2325) -> UInt64 {
+        var hash = hash
+        for byte in bytes {
             hash ^= UInt64(byte)
             hash &*= 0x100_0000_01b3
         }
         return hash
+    }
+
+    /// The hash of one register, as summed into ``digest``.
+    public static func registerHash(channel: String, model: String, property: String, register: Register) -> UInt64 {
+        fnv1a(canonicalBytes(channel: channel, model: model, property: property, register: register))
     }
 
     private mutating func account(_ channel: String, _ model: String, _ property: String, old: Register?, new: Register) {

@@ -72,17 +72,8 @@ public struct RegisterDigest: Sendable, Equatable {
     public init() {}
 
     public mutating func add(channel: String, model: String, property: String, register: ReplicaStore.Register) {
-        var writer = WireWriter()
-        writer.string(channel)
-        writer.string(model)
-        writer.string(property)
-        writer.value(register.value)
-        writer.uint64(register.version.timestamp)
-        writer.string(register.version.node)
-        for byte in writer.bytes {
-            value ^= UInt64(byte)
-            value &*= 0x100_0000_01b3
-        }
+        value = ReplicaStore.fnv1a(
+            ReplicaStore.canonicalBytes(channel: channel, model: model, property: property, register: register), from: value)
         count += 1
     }
 }

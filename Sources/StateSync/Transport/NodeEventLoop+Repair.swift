@@ -112,33 +112,35 @@ extension NodeEventLoop {
         }
     }
 
-    /// Applies a FETCH or SNAPSHOT reply. Returns the deltas that were new.
+    /// Applies a FETCH or SNAPSHOT reply. Returns the deltas that were new, and the channels a
+    /// merged snapshot changed.
     func handleRepairReply(
         _ frames: [[UInt8]], from link: RepairLink, repair: inout RepairState, node: StateSyncNode
-    ) -> [StateSyncNode.Applied] {
+    ) -> (fresh: [StateSyncNode.Applied], merged: Set<String>) {
         guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]) else {
             node.countMalformedClientMessage()
-            return []
+            return ([], [])
         }
         let now = monotonicMilliseconds()
         if let snapshot = repair.snapshot, snapshot.requestID == header.requestID {
             repair.snapshot = nil
             guard header.kind == .ok, let decoded = try? DataDirectory.decode(frames[1]) else {
                 logger.warning("a peer's snapshot reply was unusable", metadata: ["peer.endpoint": "\(link.peer)"])
-                return []
+                return ([], [])
             }
-            let applied = node.merge(decoded)
+            let channels = node.merge(decoded)
             repair.mergedSnapshot = true
             logger.info(
-                "merged a peer's snapshot", metadata: ["peer.endpoint": "\(link.peer)", "changes": "\(applied.count)"])
-            return applied
+                "merged a peer's snapshot",
+                metadata: ["peer.endpoint": "\(link.peer)", "channels.changed": "\(channels.count)"])
+            return ([], channels)
         }
         guard let (origin, outstanding) = repair.fetches.first(where: { $0.value.requestID == header.requestID }) else {
-            return []  // a late answer to a request already retried
+            return ([], [])  // a late answer to a request already retried
         }
         repair.fetches[origin] = nil
         guard header.kind == .ok, let (deltas, droppedThrough) = try? ClientProtocol.decodeFetched(frames[1]) else {
-            return []
+            return ([], [])
         }
         var fresh: [StateSyncNode.Applied] = []
         for delta in deltas where delta.origin == origin && outstanding.range.contains(delta.sequence) {
@@ -153,6 +155,6 @@ extension NodeEventLoop {
         } else {
             repair.exhausted[origin] = nil
         }
-        return fresh
+        return (fresh, [])
     }
 }

@@ -154,10 +154,18 @@ final class NodeEventLoop: Sendable {
                 fatalError("statesyncd: cannot make the write-ahead log durable (\(error)); stopping before acknowledging writes")
             }
             lastSync = now
+            // Consecutive deltas of one model go out as one message (a DELTA batch).
+            var batch: [Delta] = []
             for applied in state.staged.applied {
-                publish(.delta(applied.delta), on: sockets.publisher)
-                published = max(published, applied.delta.sequence)
+                let delta = applied.delta
+                if let first = batch.first, first.channel != delta.channel || first.model != delta.model || batch.count >= Self.batchMessageLimit {
+                    publish(batch: batch, on: sockets.publisher)
+                    batch = []
+                }
+                batch.append(delta)
+                published = max(published, delta.sequence)
             }
+            if !batch.isEmpty { publish(batch: batch, on: sockets.publisher) }
             publishedSequence.store(published, ordering: .relaxed)
             for reply in state.staged.replies { send(reply, api: sockets.api, node: node) }
             state.staged = Staged()
@@ -225,7 +233,7 @@ final class NodeEventLoop: Sendable {
                 var fresh: [StateSyncNode.Applied] = []
                 for _ in 0..<Self.batchLimit {
                     guard let frames = receive(from: subscriber, what: "peer \(endpoint)") else { break }
-                    if let applied = node.receive(from: endpoint, frames: frames) { fresh.append(applied) }
+                    fresh.append(contentsOf: node.receive(from: endpoint, frames: frames))
                 }
                 logRemote(fresh, state: &state, api: sockets.api, node: node)
                 pumpWatches(state: &state, api: sockets.api, node: node, published: published)
@@ -245,9 +253,8 @@ final class NodeEventLoop: Sendable {
                 guard index < ready.count, ready[index].contains(.readable) else { continue }
                 for _ in 0..<Self.batchLimit {
                     guard let frames = receive(from: link.socket, what: "repair link \(link.api)") else { break }
-                    let fresh = handleRepairReply(frames, from: link, repair: &repair, node: node)
+                    let (fresh, merged) = handleRepairReply(frames, from: link, repair: &repair, node: node)
                     logRemote(fresh, state: &state, api: sockets.api, node: node)
-                    let merged = Set(fresh.filter { $0.delta.sequence == 0 }.map(\.delta.channel))
                     if !merged.isEmpty { resyncWatches(of: merged, state: &state) }
                     // Own deltas fetched back (this node had lost them) were published long ago.
                     for applied in fresh where applied.delta.origin == configuration.nodeID {
@@ -274,10 +281,9 @@ final class NodeEventLoop: Sendable {
 
     /// Logs deltas received from peers (no fsync: a peer can always send them again).
     private func logRemote(_ fresh: [StateSyncNode.Applied], state: inout LoopState, api: Socket?, node: StateSyncNode) {
-        let logged = fresh.filter { $0.delta.sequence > 0 }  // snapshot merges are not deltas
-        guard !logged.isEmpty else { return }
+        guard !fresh.isEmpty else { return }
         do {
-            try node.log.append(logged.map(\.delta))
+            try node.log.append(fresh.map(\.delta))
         } catch {
             logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
         }
@@ -297,6 +303,17 @@ final class NodeEventLoop: Sendable {
         } catch {
             logger.error("receive failed", metadata: ["socket": "\(what)", "error": "\(error)"])
             return nil
+        }
+    }
+
+    /// Deltas per DELTA batch message, at most.
+    static let batchMessageLimit = 256
+
+    func publish(batch: [Delta], on publisher: Socket) {
+        do {
+            try publisher.send(PeerMessage.encodeBatch(batch), dontWait: true)
+        } catch {
+            logger.error("publish failed", metadata: ["error": "\(error)"])
         }
     }
 

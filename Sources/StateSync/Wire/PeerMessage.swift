@@ -85,8 +85,32 @@ public enum PeerMessage: Sendable, Equatable {
         }
     }
 
+    /// Encodes consecutive deltas of one model as one message: the topic, then one body frame
+    /// per delta (a DELTA batch; a batch of one is a plain DELTA). Fewer, larger messages under
+    /// load; subscribers filter batches by channel exactly like single deltas.
+    public static func encodeBatch(_ deltas: [Delta]) -> [[UInt8]] {
+        precondition(!deltas.isEmpty)
+        var frames = PeerMessage.delta(deltas[0]).encode()
+        for delta in deltas.dropFirst() {
+            precondition(delta.channel == deltas[0].channel && delta.model == deltas[0].model, "a batch is of one model")
+            frames.append(PeerMessage.delta(delta).encode()[1])
+        }
+        return frames
+    }
+
+    /// Decodes a message that may be a DELTA batch (one body frame per delta); a heartbeat or a
+    /// single delta gives one message.
+    public static func decodeAll(_ frames: [[UInt8]]) throws(WireError) -> [PeerMessage] {
+        guard frames.count > 2, frames[0].first == deltaTopicPrefix else { return [try decode(frames)] }
+        var messages: [PeerMessage] = []
+        messages.reserveCapacity(frames.count - 1)
+        for body in frames.dropFirst() { messages.append(try decode([frames[0], body])) }
+        return messages
+    }
+
     /// Decodes a message from its frames. Bytes after the fields this version knows are ignored
-    /// (room for later versions); everything else malformed throws.
+    /// (room for later versions); everything else malformed throws. Of a DELTA batch only the
+    /// first delta is decoded: use ``decodeAll(_:)``.
     public static func decode(_ frames: [[UInt8]]) throws(WireError) -> PeerMessage {
         guard frames.count >= 2 else { throw .invalid(field: "message", reason: "expected 2 frames, got \(frames.count)") }
         let topic = frames[0]

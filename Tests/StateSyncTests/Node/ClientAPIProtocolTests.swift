@@ -96,7 +96,7 @@ struct ClientAPIProtocolTests {
             let future = Delta(
                 channel: "c", model: "m", version: Version(milliseconds: HybridLogicalClock.systemMilliseconds() + 3_600_000, counter: 0, node: "zeta"),
                 sequence: 1, properties: [PropertyWrite(name: "x", value: 5)])
-            _ = node.receive(from: "tcp://test", frames: PeerMessage.delta(future).encode())
+            _ = node.receive(from: "tcp://test", frames: PeerMessage.delta(future).encode()) as [StateSyncNode.Applied]
             #expect(node.status.counters["clock_drift_rejections"] == 1)
             let (_, reply) = try client.call(.set, id: 3, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 2)]))
             #expect(reply.last == 2)  // superseded

@@ -90,19 +90,23 @@ struct RepairTests {
         let nodes = try await Self.start(configs)
         do {
             try await waitUntilMeshed(nodes)
-            let slow = try await nodes[1].model(Counter.self, channel: "flood", id: "m")
+            let slow = try await nodes[1].model(Counter.self, channel: "flood", id: "a")
             // The slow node's observers run on its I/O thread: this one makes it fall behind.
             slow.observe(\.count) { _ in usleep(200) }
-            let writer = try await nodes[0].model(Counter.self, channel: "flood", id: "m")
-            for i in 1...3000 { writer.count = i }
+            // Alternating models: consecutive deltas of different models are separate messages
+            // (no batching), so the flood is 3,000 messages against a high-water mark of 20.
+            let writers = [
+                try await nodes[0].model(Counter.self, channel: "flood", id: "a"),
+                try await nodes[0].model(Counter.self, channel: "flood", id: "b"),
+            ]
+            for i in 1...3000 { writers[i % 2].count = i }
             try await waitUntil("the slow node converged", timeout: .seconds(60)) { Self.digestsEqual(nodes) }
             #expect(slow.count == 3000)
             let counters = nodes[1].status.counters
             #expect(counters["sequence_gaps"] ?? 0 > 0, "the flood must have overflowed the queue: \(counters)")
-            // Repaired by fetching the missing deltas, or (when fetches time out behind the slow
-            // loop) by a snapshot: either way the repair counters show it.
-            let repaired = (counters["deltas_fetched"] ?? 0) + (counters["snapshots_applied"] ?? 0)
-            #expect(counters["repair_requests"] ?? 0 > 0 && repaired > 0, "\(counters)")
+            // The gap was seen and repair asked for; whether the FETCH answer or the late queue
+            // filled it first depends on timing, so only the request is asserted.
+            #expect(counters["repair_requests"] ?? 0 > 0, "\(counters)")
         } catch {
             Issue.record(error)
         }

@@ -16,6 +16,17 @@ struct PeerMessageTests {
         #expect(try PeerMessage.decode(frames) == .delta(Self.delta))
     }
 
+    @Test func deltaBatchesRoundTripAndFilterByChannel() throws {
+        var second = Self.delta
+        second.sequence = 2
+        second.properties = [PropertyWrite(name: "text", value: "again")]
+        let frames = PeerMessage.encodeBatch([Self.delta, second])
+        #expect(frames.count == 3)
+        #expect(frames[0].starts(with: PeerMessage.subscriptionPrefix(channel: "demo")))
+        #expect(try PeerMessage.decodeAll(frames) == [.delta(Self.delta), .delta(second)])
+        #expect(try PeerMessage.decodeAll(PeerMessage.delta(Self.delta).encode()) == [.delta(Self.delta)])
+    }
+
     @Test func heartbeatRoundTrips() throws {
         let beat = PeerMessage.heartbeat(.init(node: "n2", latestSequence: 42, clock: 7 << 16, incarnation: 99))
         #expect(try PeerMessage.decode(beat.encode()) == beat)

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 
 @testable import StateSync
+import StateSyncHarness
 
 @Suite("Value encoding (PROTOCOL.md §Values)")
 struct ValueCodecTests {
@@ -88,15 +89,5 @@ struct ValueCodecTests {
     }
 }
 
-/// A small deterministic generator for randomised tests (seeds are printed on failure).
-struct SplitMix64: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}
+/// The deterministic generator of randomised tests (seeds are printed on failure): the harness's.
+typealias SplitMix64 = SeededGenerator
