@@ -42,7 +42,8 @@ public enum Bench {
             var lines = ["StateSync bench (\(ProcessInfo.processInfo.processorCount) cores)"]
             func line(_ label: String, _ key: String, _ unit: String, _ suffix: String = "") {
                 guard let value = self[key] else { return }
-                lines.append(String(format: "  %-44@ %14.1f %@%@", label as NSString, value, unit as NSString, suffix as NSString))
+                let padded = label.padding(toLength: 46, withPad: " ", startingAt: 0)
+                lines.append("  \(padded)\(String(format: "%14.1f", value)) \(unit)\(suffix)")
             }
             line("raw libzmq PUB→SUB, delta-sized messages", "raw_msgs_per_s", "msg/s")
             line("raw one-way latency p50 at 10k/s", "raw_latency_p50_us", "µs")

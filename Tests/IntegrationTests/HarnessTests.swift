@@ -25,9 +25,24 @@ struct HarnessTests {
         #expect((report["notifications"] as? Int ?? 0) > 0)
     }
 
-    static var canCreateNamespaces: Bool {
-        getuid() == 0 && ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"].contains(where: FileManager.default.isExecutableFile)
-    }
+    /// Root, iproute2, and a kernel that lets this sandbox create a namespace (probed).
+    static let canCreateNamespaces: Bool = {
+        guard getuid() == 0, let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"].first(where: FileManager.default.isExecutableFile)
+        else { return false }
+        func run(_ arguments: [String]) -> Bool {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: ip)
+            process.arguments = arguments
+            process.standardError = FileHandle.nullDevice
+            process.standardOutput = FileHandle.nullDevice
+            guard (try? process.run()) != nil else { return false }
+            process.waitUntilExit()
+            return process.terminationStatus == 0
+        }
+        let probe = "ssprobe\(getpid())"
+        defer { _ = run(["netns", "del", probe]) }
+        return run(["netns", "add", probe])
+    }()
 
     /// Every node a host of its own in a network namespace: partitions are blackhole routes,
     /// loss is a link going down. Needs root (CI runs as root).

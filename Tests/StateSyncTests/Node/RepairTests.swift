@@ -100,7 +100,9 @@ struct RepairTests {
                 try await nodes[0].model(Counter.self, channel: "flood", id: "b"),
             ]
             for i in 1...3000 { writers[i % 2].count = i }
-            try await waitUntil("the slow node converged", timeout: .seconds(60)) { Self.digestsEqual(nodes) }
+            try await waitUntil("the slow node converged", timeout: .seconds(60)) {
+                nodes[0].status.publishedSequence == 3000 && Self.digestsEqual(nodes)
+            }
             #expect(slow.count == 3000)
             let counters = nodes[1].status.counters
             #expect(counters["sequence_gaps"] ?? 0 > 0, "the flood must have overflowed the queue: \(counters)")

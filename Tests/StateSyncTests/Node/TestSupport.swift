@@ -21,7 +21,7 @@ func temporaryDirectory(_ label: String) -> String {
 
 /// Waits for `condition` with a deadline, checking every 5 ms: never a fixed sleep.
 func waitUntil(
-    _ what: String, timeout: Duration = .seconds(10), sourceLocation: SourceLocation = #_sourceLocation,
+    _ what: String, timeout: Duration = .seconds(30), sourceLocation: SourceLocation = #_sourceLocation,
     _ condition: () async throws -> Bool
 ) async throws {
     let deadline = ContinuousClock.now + timeout
