@@ -257,7 +257,11 @@ final class ClientIO: Sendable {
         case .error:
             let message = (try? ClientProtocol.decodeError(body))?.message ?? "malformed error reply"
             if id == state.pingID { state.pingID = nil }
-            guard let pending = state.pending.removeValue(forKey: id) else { return }
+            guard let pending = state.pending.removeValue(forKey: id) else {
+                // An established watch ended by the node (e.g. it lagged with the "end" policy).
+                state.watches.removeValue(forKey: id)?.events.finish(throwing: StateSyncError(.remote, message))
+                return
+            }
             if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
                 watch.events.finish(throwing: StateSyncError(.remote, message))
             }

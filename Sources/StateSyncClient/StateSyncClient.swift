@@ -117,7 +117,12 @@ public final class StateSyncClient: Sendable {
     /// The sequence ends with an error when the connection to the node is lost (no answer to
     /// liveness pings within ``requestTimeout``) or the node restarted: a watch never silently
     /// misses changes; resume it with its replica. Stop iterating to end the watch.
-    public func watch(channel: String, replica: ChannelReplica? = nil) async throws -> (
+    /// `onLag` says what the node does when this client falls behind its history: `.resync` (the
+    /// default: a snapshot, changes flagged ``WatchEvent/Kind/resync``) or `.end` (the stream
+    /// ends with an error; watch again with the replica to continue).
+    public func watch(
+        channel: String, replica: ChannelReplica? = nil, onLag: ClientProtocol.LagPolicy = .resync
+    ) async throws -> (
         events: AsyncThrowingStream<WatchEvent, any Error>, replica: ChannelReplica
     ) {
         try Names.validateChannel(channel)
@@ -126,7 +131,7 @@ public final class StateSyncClient: Sendable {
             throw StateSyncError(.invalidName, "the replica is of channel '\(replica.channel)', not '\(channel)'")
         }
         let resume = replica.cursor.positions.isEmpty && replica.models.isEmpty ? nil : replica.cursor
-        let events = try await io.watch(ClientProtocol.encodeWatch(channel: channel, from: resume), replica: replica)
+        let events = try await io.watch(ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag), replica: replica)
         return (events, replica)
     }
 

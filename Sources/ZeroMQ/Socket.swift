@@ -180,6 +180,12 @@ public final class Socket {
         try setOption(ZMQ_RCVHWM, "ZMQ_RCVHWM", int: messages)
     }
 
+    /// The kernel's receive buffer of the socket's connections, in bytes (`ZMQ_RCVBUF`,
+    /// SO_RCVBUF); -1 = the OS default (which autotunes, on Linux up to `tcp_rmem`'s maximum).
+    public func setReceiveBufferSize(bytes: Int32) throws(ZeroMQError) {
+        try setOption(ZMQ_RCVBUF, "ZMQ_RCVBUF", int: bytes)
+    }
+
     /// How long a blocking receive waits before returning `nil` (`ZMQ_RCVTIMEO`); -1 = forever.
     public func setReceiveTimeout(milliseconds: Int32) throws(ZeroMQError) {
         try setOption(ZMQ_RCVTIMEO, "ZMQ_RCVTIMEO", int: milliseconds)

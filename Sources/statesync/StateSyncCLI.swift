@@ -185,10 +185,14 @@ extension StateSyncCLI {
         @Flag(help: "Also print markers (initial state complete, caught up) as lines.")
         var markers = false
 
+        @Option(name: .customLong("on-lag"), help: ArgumentHelp("If this watch falls behind the node's history: resync (send the current state) or end (exit 1).", valueName: "resync|end"))
+        var onLag: String = "resync"
+
         @OptionGroup var connection: ConnectionOptions
 
         func validate() throws {
             do { try Names.validateChannel(channel) } catch { throw ValidationError("\(error)") }
+            guard ["resync", "end"].contains(onLag) else { throw ValidationError("--on-lag must be resync or end") }
             if let from, WatchCursor(from) == nil {
                 if Version(from) != nil {
                     throw ValidationError(
@@ -203,7 +207,7 @@ extension StateSyncCLI {
                 let client = try connection.client()
                 defer { client.close() }
                 let replica = from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
-                let (events, watched) = try await client.watch(channel: channel, replica: replica)
+                let (events, watched) = try await client.watch(channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync)
                 FileHandle.standardError.write(Data("statesync: watching \(channel) on \(connection.daemon)\n".utf8))
                 do {
                     for try await event in events { show(event) }

@@ -44,11 +44,11 @@ extension NodeEventLoop {
                 try Names.validateModel(address.model)
                 reply(client, .ok, id, ClientProtocol.encodeProperties(node.properties(of: address)), api, node: node)
             case .watch:
-                let (channel, cursor) = try ClientProtocol.decodeWatch(body)
+                let (channel, cursor, onLag) = try ClientProtocol.decodeWatch(body)
                 try Names.validateChannel(channel)
                 // OK first: the watch's events (snapshot, deltas, markers) follow it.
                 reply(client, .ok, id, [], api, node: node)
-                addWatch(WatchKey(client: client, requestID: id), channel: channel, from: cursor, state: &state, node: node)
+                addWatch(WatchKey(client: client, requestID: id), channel: channel, from: cursor, onLag: onLag, state: &state, node: node)
             case .unwatch:
                 var reader = WireReader(body)
                 let watchID = try reader.uint64("watch id")

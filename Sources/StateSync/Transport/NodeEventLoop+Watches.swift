@@ -14,6 +14,9 @@ extension NodeEventLoop {
 
     struct Watch {
         let channel: String
+        var onLag: ClientProtocol.LagPolicy = .resync
+        /// The watch lagged with the "end" policy: its ERROR is still to be queued.
+        var ending = false
         var position: StateSyncNode.WatchPosition
         /// A snapshot (and why) still to send before any delta.
         var pendingSnapshot: ClientProtocol.SnapshotReason?
@@ -26,8 +29,11 @@ extension NodeEventLoop {
     static let snapshotChunk = 256
     static let pumpLimit = 256
 
-    func addWatch(_ key: WatchKey, channel: String, from cursor: WatchCursor?, state: inout LoopState, node: StateSyncNode) {
-        var watch = Watch(channel: channel, position: StateSyncNode.WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
+    func addWatch(
+        _ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy, state: inout LoopState,
+        node: StateSyncNode
+    ) {
+        var watch = Watch(channel: channel, onLag: onLag, position: StateSyncNode.WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
         if let cursor {
             if let position = node.resumePosition(after: cursor) {
                 watch.position = position
@@ -65,6 +71,7 @@ extension NodeEventLoop {
             let outcome = pump(&watch, key: key, api: api, node: node, published: published, now: now)
             switch outcome {
             case .clientGone: gone.insert(key.client)
+            case .ended: state.watches[key] = nil
             case .blocked:
                 if !watch.lagging, let suppressed = node.limiter.allow("slow-watcher") {
                     logger.warning(
@@ -87,7 +94,7 @@ extension NodeEventLoop {
         setWatcherCount(state.watches.count)
     }
 
-    enum PumpOutcome { case done, blocked, clientGone }
+    enum PumpOutcome { case done, blocked, clientGone, ended }
 
     private func pump(_ watch: inout Watch, key: WatchKey, api: Socket, node: StateSyncNode, published: UInt64, now: UInt64) -> PumpOutcome {
         func send(_ event: ClientProtocol.WatchEventBody) -> PumpOutcome {
@@ -102,6 +109,16 @@ extension NodeEventLoop {
             }
         }
 
+        if watch.ending {
+            let body = ClientProtocol.encodeError(
+                .lagged, "this watch fell behind the node's history and ended (its policy is to end on lag); watch again")
+            do {
+                return try api.send([key.client] + ClientProtocol.encodeReply(.error, id: key.requestID, body: body), dontWait: true)
+                    ? .ended : .blocked
+            } catch {
+                return .clientGone
+            }
+        }
         if let reason = watch.pendingSnapshot {
             let (models, position) = node.channelSnapshot(watch.channel, ownPublished: published)
             var outcome = send(.snapshotBegin(reason))
@@ -138,6 +155,11 @@ extension NodeEventLoop {
             let (deltas, end, historyGone) = node.nextDeltas(
                 channel: watch.channel, from: watch.position, ownPublished: published, limit: Self.pumpLimit)
             if historyGone {
+                if watch.onLag == .end {
+                    // Told once the client's queue takes it (it may be full now: that is the lag).
+                    watch.ending = true
+                    return pump(&watch, key: key, api: api, node: node, published: published, now: now)
+                }
                 watch.pendingSnapshot = .lagged
                 return pump(&watch, key: key, api: api, node: node, published: published, now: now)
             }
@@ -153,8 +175,10 @@ extension NodeEventLoop {
             }
             watch.position = end
             if deltas.isEmpty && end.journalIndex == before.journalIndex { break }
-            if !deltas.isEmpty { watch.caughtUpSent = false }
         }
+        // The first time the watch has everything (after its snapshot), then at most once per
+        // interval: "nothing changed" is told apart from "not yet synced" without a marker per
+        // delta.
         if !watch.caughtUpSent || now &- watch.lastMarker >= Self.markerInterval {
             let summary = node.progressSummary()
             let outcome = send(.caughtUp(cursor: watch.position.cursor, latest: summary.latest, missing: summary.missing))

@@ -31,6 +31,8 @@ public enum ClientProtocol {
         case invalidArgument = 3
         case unsupportedVersion = 4
         case `internal` = 5
+        /// A watch with the "end on lag" policy fell behind the node's history: it ended.
+        case lagged = 6
     }
 
     /// A request header.
@@ -182,23 +184,32 @@ public enum ClientProtocol {
         return result
     }
 
-    /// A WATCH request: the channel and, to resume, the cursor the client has reached.
-    public static func encodeWatch(channel: String, from cursor: WatchCursor?) -> [UInt8] {
+    /// What a node does with a watch whose client fell behind its history.
+    public enum LagPolicy: Sendable, Equatable {
+        /// Resynchronise it with a snapshot (the default).
+        case resync
+        /// End it with ERROR `lagged` (code 6).
+        case end
+    }
+
+    /// A WATCH request: the channel, to resume the cursor the client has reached, and the lag
+    /// policy. Flags: bit 0 = a cursor follows, bit 1 = end on lag.
+    public static func encodeWatch(channel: String, from cursor: WatchCursor?, onLag: LagPolicy = .resync) -> [UInt8] {
         var w = WireWriter()
         w.string(channel)
-        if let cursor {
-            w.byte(1)
-            cursor.encode(into: &w)
-        }
+        let flags: UInt8 = (cursor == nil ? 0 : 1) | (onLag == .end ? 2 : 0)
+        if flags != 0 { w.byte(flags) }
+        cursor?.encode(into: &w)
         return w.bytes
     }
 
-    public static func decodeWatch(_ body: [UInt8]) throws(WireError) -> (channel: String, cursor: WatchCursor?) {
+    public static func decodeWatch(_ body: [UInt8]) throws(WireError) -> (channel: String, cursor: WatchCursor?, onLag: LagPolicy) {
         var r = WireReader(body)
         let channel = try r.string("channel")
-        guard !r.isAtEnd else { return (channel, nil) }
+        guard !r.isAtEnd else { return (channel, nil, .resync) }
         let flags = try r.byte("watch flags")
-        return (channel, flags & 1 != 0 ? try WatchCursor.decode(from: &r) : nil)
+        let cursor = flags & 1 != 0 ? try WatchCursor.decode(from: &r) : nil
+        return (channel, cursor, flags & 2 != 0 ? .end : .resync)
     }
 
     /// What one EVENT of a watch carries (the first byte of its body).

@@ -179,6 +179,49 @@ struct WatchTests {
 
     /// A client that does not read: the node keeps nothing for it but a cursor, marks it lagging,
     /// and once it reads again resyncs it (its history is short) to the exact current state.
+    @Test func withTheEndPolicyALaggingWatchEndsWithAClearError() async throws {
+        var configs = meshConfigurations(1, label: "lagend", api: true)
+        configs[0].historyDeltas = 20
+        configs[0].clientHighWaterMark = 10
+        let node = try await StateSyncNode.start(configuration: configs[0])
+        do {
+            let context = try Context()
+            let dealer = try context.socket(.dealer)
+            try dealer.setReceiveHighWaterMark(5)
+            // A small kernel buffer: otherwise Linux autotunes it to tens of MB and nothing lags.
+            try dealer.setReceiveBufferSize(bytes: 16_384)
+            try dealer.connect(try #require(node.apiEndpoint))
+            try dealer.send(ClientProtocol.encodeRequest(.watch, id: 9, body: ClientProtocol.encodeWatch(channel: "c", from: nil, onLag: .end)))
+            try await waitUntil("the watch is registered") { node.status.watchers == 1 }
+            let writer = try StateSyncClient(endpoint: try #require(node.apiEndpoint))
+            defer { writer.close() }
+            let padding = String(repeating: "x", count: 16_000)
+            for i in 1...3000 {
+                try await writer.set(ModelAddress(channel: "c", model: "m\(i % 7)"), ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
+            }
+            var ended: String?
+            var kinds: [String: Int] = [:]
+            defer { if ended == nil { Issue.record("received \(kinds), status \(node.status.value)") } }
+            try await waitUntil("the watch ended with ERROR lagged") {
+                while ended == nil, let frames = try dealer.receive(dontWait: true) {
+                    let header = try ClientProtocol.decodeReplyHeader(frames[0])
+                    kinds["\(header.kind)-\(frames[1].first ?? 0)", default: 0] += 1
+                    if header.kind == .error && header.requestID == 9 {
+                        let error = try ClientProtocol.decodeError(frames[1])
+                        #expect(error.code == ClientProtocol.ErrorCode.lagged.rawValue)
+                        ended = error.message
+                    }
+                }
+                return ended != nil
+            }
+            #expect(ended?.contains("fell behind") == true)
+            #expect(node.status.watchers == 0)
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
+
     @Test func aClientThatDoesNotReadLagsThenResyncs() async throws {
         var configs = meshConfigurations(1, label: "lag", api: true)
         configs[0].historyDeltas = 50
@@ -188,13 +231,15 @@ struct WatchTests {
             let context = try Context()
             let dealer = try context.socket(.dealer)
             try dealer.setReceiveHighWaterMark(5)
+            // A small kernel buffer: otherwise Linux autotunes it to tens of MB and nothing lags.
+            try dealer.setReceiveBufferSize(bytes: 16_384)
             try dealer.connect(try #require(node.apiEndpoint))
             try dealer.send(ClientProtocol.encodeRequest(.watch, id: 1, body: ClientProtocol.encodeWatch(channel: "c", from: nil)))
             try await waitUntil("the watch is registered") { node.status.watchers == 1 }
             let writer = try StateSyncClient(endpoint: try #require(node.apiEndpoint))
             defer { writer.close() }
             // Large values: the kernel's socket buffers must fill too, not only libzmq's queue.
-            let padding = String(repeating: "x", count: 4000)
+            let padding = String(repeating: "x", count: 16_000)
             for i in 1...3000 {
                 try await writer.set(ModelAddress(channel: "c", model: "m\(i % 7)"), ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
             }
