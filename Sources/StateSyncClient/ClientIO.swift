@@ -185,10 +185,9 @@ final class ClientIO: Sendable {
                 watch.events.finish(throwing: timeoutError())
             }
         }
-        if let pingID = state.pingID, state.pingDeadline <= now {
+        if state.pingID != nil, state.pingDeadline <= now {
             state.pingID = nil
             failWatches(&state, StateSyncError(.connectionLost, "lost the connection to \(endpoint): no answer to a liveness ping within \(timeoutMilliseconds) ms"))
-            _ = pingID
         }
     }
 

@@ -19,11 +19,19 @@ extension StateSyncNode {
             countMalformed(kind: "malformed-peer", "dropped a malformed message from a peer", endpoint: endpoint, error: error)
             return []
         }
-        return messages.compactMap { receive($0, from: endpoint) }
+        let now = monotonicMilliseconds()
+        var deltas: [Delta] = []
+        for message in messages {
+            if case .delta(let delta) = message {
+                deltas.append(delta)
+            } else {
+                receive(message, from: endpoint, at: now)
+            }
+        }
+        return applyRemote(deltas, from: endpoint, at: now)
     }
 
-    private func receive(_ message: PeerMessage, from endpoint: String) -> Applied? {
-        let now = monotonicMilliseconds()
+    private func receive(_ message: PeerMessage, from endpoint: String, at now: UInt64) {
         switch message {
         case .heartbeat(let beat):
             core.withLock { core in
@@ -44,9 +52,8 @@ extension StateSyncNode {
             if let own = beat.progress[configuration.nodeID], own < UInt64.max {
                 outbox.withLock { $0.nextSequence = max($0.nextSequence, own + 1) }
             }
-            return nil
         case .delta(let delta):
-            return applyRemote(delta, from: endpoint, at: now)
+            _ = applyRemote([delta], from: endpoint, at: now)
         }
     }
 
@@ -70,40 +77,62 @@ extension StateSyncNode {
 
     /// Applies a delta from a peer (published or fetched by repair). Returns it when it is new.
     func applyRemote(_ delta: Delta, from endpoint: String, at now: UInt64, repaired: Bool = false) -> Applied? {
-        if delta.origin == configuration.nodeID && !repaired { return nil }  // our own write, echoed back
-        do {
-            try Names.validateChannel(delta.channel)
-            try Names.validateModel(delta.model)
-            for property in delta.properties { try Names.validateProperty(property.name) }
-        } catch {
-            countMalformed(kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
-            return nil
+        applyRemote([delta], from: endpoint, at: now, repaired: repaired).first
+    }
+
+    /// Applies deltas from one peer message (or one repair answer) under one lock. Returns the new
+    /// ones, in order.
+    func applyRemote(_ deltas: [Delta], from endpoint: String, at now: UInt64, repaired: Bool = false) -> [Applied] {
+        var accepted: [(delta: Delta, followed: Bool)] = []
+        accepted.reserveCapacity(deltas.count)
+        for delta in deltas {
+            if delta.origin == configuration.nodeID && !repaired { continue }  // our own write, echoed back
+            do {
+                try Names.validateChannel(delta.channel)
+                try Names.validateModel(delta.model)
+                for property in delta.properties { try Names.validateProperty(property.name) }
+            } catch {
+                countMalformed(kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
+                continue
+            }
+            if dropRemoteDeltas(delta) { continue }
+            accepted.append((delta, clock.observe(delta.version)))
         }
-        if dropRemoteDeltas(delta) { return nil }
-        let followed = clock.observe(delta.version)
-        let result = core.withLock { core -> (Applied, (any ReplicatedModel)?)? in
+        guard !accepted.isEmpty else { return [] }
+        let results = core.withLock { core -> [(Applied, (any ReplicatedModel)?)] in
             if !repaired {
                 core.peers[endpoint, default: .init()].lastMessageAt = now
-                core.peers[endpoint, default: .init()].node = delta.origin
-                core.peers[endpoint, default: .init()].deltasReceived += 1
-                core.counters.deltasReceived += 1
+                core.peers[endpoint, default: .init()].node = accepted[accepted.count - 1].delta.origin
+                core.peers[endpoint, default: .init()].deltasReceived += accepted.count
+                core.counters.deltasReceived += accepted.count
             }
-            if !followed { core.counters.clockDriftRejections += 1 }
-            guard core.record(delta) else { return nil }
-            let changes = core.store.apply(delta)
-            core.counters.propertiesStale += delta.properties.count - changes.count
-            if !changes.isEmpty { core.counters.deltasApplied += 1 }
-            let instance = changes.isEmpty ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
-            return (Applied(delta: delta, changes: changes), instance)
+            var results: [(Applied, (any ReplicatedModel)?)] = []
+            results.reserveCapacity(accepted.count)
+            for (delta, followed) in accepted {
+                if !followed { core.counters.clockDriftRejections += 1 }
+                guard core.record(delta) else { continue }
+                let changes = core.store.apply(delta)
+                core.counters.propertiesStale += delta.properties.count - changes.count
+                if !changes.isEmpty { core.counters.deltasApplied += 1 }
+                let instance = changes.isEmpty ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
+                results.append((Applied(delta: delta, changes: changes), instance))
+            }
+            return results
         }
-        if !followed, let suppressed = limiter.allow("clock-drift") {
+        if let drifted = accepted.first(where: { !$0.followed }), let suppressed = limiter.allow("clock-drift") {
             logger.warning(
                 "a peer's clock is further ahead than clock.max_drift_ms; not following it",
-                metadata: ["peer.id": "\(delta.origin)", "delta.version": "\(delta.version)", "suppressed": "\(suppressed)"])
+                metadata: [
+                    "peer.id": "\(drifted.delta.origin)", "delta.version": "\(drifted.delta.version)",
+                    "suppressed": "\(suppressed)",
+                ])
         }
-        guard let (applied, instance) = result else { return nil }
-        if let instance { apply(applied.changes, to: instance, version: delta.version, isRemote: delta.origin != configuration.nodeID) }
-        return applied
+        for (applied, instance) in results {
+            if let instance {
+                apply(applied.changes, to: instance, version: applied.delta.version, isRemote: applied.delta.origin != configuration.nodeID)
+            }
+        }
+        return results.map(\.0)
     }
 
     /// Test-only fault injection (`STATESYNC_TEST_DROP_REMOTE_DELTAS`, see the README): silently

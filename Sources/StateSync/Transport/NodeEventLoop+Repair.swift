@@ -142,10 +142,8 @@ extension NodeEventLoop {
         guard header.kind == .ok, let (deltas, droppedThrough) = try? ClientProtocol.decodeFetched(frames[1]) else {
             return ([], [])
         }
-        var fresh: [StateSyncNode.Applied] = []
-        for delta in deltas where delta.origin == origin && outstanding.range.contains(delta.sequence) {
-            if let applied = node.applyRemote(delta, from: link.peer, at: now, repaired: true) { fresh.append(applied) }
-        }
+        let wanted = deltas.filter { $0.origin == origin && outstanding.range.contains($0.sequence) }
+        let fresh = node.applyRemote(wanted, from: link.peer, at: now, repaired: true)
         node.core.withLock { $0.counters.deltasFetched += deltas.count }
         if deltas.isEmpty {
             // This peer does not hold them (dropped, or never had them); another may, else a
