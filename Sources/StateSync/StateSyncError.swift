@@ -1,3 +1,5 @@
+import Foundation
+
 /// An error of the StateSync library, with an extensible code and the context it happened in.
 public struct StateSyncError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What kind of error this is. Extensible: match on the static members, expect new ones.
@@ -53,6 +55,11 @@ public enum Names {
         guard !name.utf8.contains(0) else { throw StateSyncError(.invalidName, "\(what) contains a NUL byte") }
         if forbidSlash && name.utf8.contains(UInt8(ascii: "/")) {
             throw StateSyncError(.invalidName, "\(what) '\(name)' contains '/'")
+        }
+        // Names compare as bytes on the wire and in digests: canonically equivalent spellings
+        // must not both exist, so only the composed form (NFC) is accepted.
+        guard name.utf8.elementsEqual(name.precomposedStringWithCanonicalMapping.utf8) else {
+            throw StateSyncError(.invalidName, "\(what) '\(name)' is not in Unicode NFC form; normalize it (NFC) first")
         }
     }
 }

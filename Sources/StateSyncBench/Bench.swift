@@ -142,9 +142,19 @@ public enum Bench {
             return (process, output.fileHandleForReading, input.fileHandleForWriting)
         }
         let reader = try start(true)
-        let writer = try start(false)
+        let writer: (Process, FileHandle, FileHandle)
+        do {
+            writer = try start(false)
+        } catch {
+            kill(reader.0.processIdentifier, SIGKILL)
+            reader.0.waitUntilExit()
+            throw error
+        }
         defer {
-            for process in [reader.0, writer.0] where process.isRunning { kill(process.processIdentifier, SIGKILL) }
+            for process in [reader.0, writer.0] where process.isRunning {
+                kill(process.processIdentifier, SIGKILL)
+                process.waitUntilExit()
+            }
         }
         let readerLines = LineReader(reader.1)
         let writerLines = LineReader(writer.1)
@@ -191,19 +201,34 @@ public enum Bench {
         holderConfig.compactBytes = 1 << 40
         let before = residentBytes()
         let holder = try await StateSyncNode.start(configuration: holderConfig, logger: logger)
+        var joiner: StateSyncNode?
+        do {
+            return try await measureJoin(holder: holder, joiner: &joiner, properties: properties, before: before, work: work, publish: publish, api: api, logger: logger)
+        } catch {
+            await joiner?.stop()
+            await holder.stop()
+            throw error
+        }
+    }
+
+    private static func measureJoin(
+        holder: StateSyncNode, joiner joinerOut: inout StateSyncNode?, properties: Int, before: Int, work: String,
+        publish: [Int], api: [Int], logger: Logger
+    ) async throws -> (seconds: Double, bytesPerProperty: Double) {
         let client = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[0])", requestTimeout: .seconds(60))
+        defer { client.close() }
         let perModel = 1000
         for model in 0..<(properties / perModel) {
             let writes = (0..<perModel).map { PropertyWrite(name: "p\($0)", value: .int(Int64($0))) }
             try await client.set(ModelAddress(channel: "bench", model: "m\(model)"), writes)
         }
-        client.close()
         let held = residentBytes()
         let joinerConfig = NodeConfiguration(
             nodeID: "joiner", dataDirectory: "\(work)/joiner", publishEndpoint: "tcp://127.0.0.1:\(publish[1])",
             peers: ["tcp://127.0.0.1:\(publish[0])"], apiEndpoint: "tcp://127.0.0.1:\(api[1])", heartbeatIntervalMilliseconds: 50)
         let started = monotonicNanoseconds()
         let joiner = try await StateSyncNode.start(configuration: joinerConfig, logger: logger)
+        joinerOut = joiner
         let deadline = Date().addingTimeInterval(300)
         // Cheap checks while waiting (a digest walks the whole state): the snapshot applied and
         // nothing missing; then confirm with the digests once.

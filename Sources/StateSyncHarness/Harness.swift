@@ -93,6 +93,11 @@ public enum Harness {
         // Watchers: one per node, recording sessions between reconnections.
         let watchers = names.indices.map { WatchRecorder(node: names[$0], endpoint: nodes[$0].api) }
         let watchTasks = watchers.map { watcher in Task { await watcher.run() } }
+        defer {
+            // Also when a step below throws: no watcher may outlive the run.
+            for task in watchTasks { task.cancel() }
+            for watcher in watchers { watcher.stop() }
+        }
         try await waitFor("every watcher to be registered", seconds: 30) { watchers.allSatisfy(\.isWatching) }
 
         // Workload and faults run together.

@@ -38,6 +38,16 @@ public struct ReplicatedMacro: MemberMacro, MemberAttributeMacro, ExtensionMacro
         members.append(
             "\(raw: access)static let _$schema = StateSync.ModelSchema<\(raw: typeName)>([\(raw: list)])"
         )
+        // The class is declared Sendable: its `let`s and `@Local var`s must hold Sendable values
+        // (tracked properties are checked by ReplicatedProperty). Types written out are checked
+        // here; an inferred type is the compiler's to check wherever the value is shared.
+        let untracked = TrackedProperty.untrackedTypes(in: classDecl)
+        if !untracked.isEmpty {
+            let checks = untracked.map { "requireSendable((\($0)).self)" }.joined(separator: "; ")
+            members.append(
+                "private static func _$requireSendableStorage() { func requireSendable<T: Sendable>(_: T.Type) {}; \(raw: checks) }"
+            )
+        }
         return members
     }
 
@@ -158,6 +168,19 @@ struct TrackedProperty {
             }
         }
         return true
+    }
+
+    /// The written-out types of stored `let`s and `@Local var`s (instance members).
+    static func untrackedTypes(in classDecl: ClassDeclSyntax) -> [String] {
+        classDecl.memberBlock.members.compactMap { member -> String? in
+            guard let variable = member.decl.as(VariableDeclSyntax.self), variable.bindings.count == 1,
+                let binding = variable.bindings.first, binding.accessorBlock == nil || hasAttribute(variable, named: ["Local"]),
+                let type = binding.typeAnnotation?.type,
+                !variable.modifiers.contains(where: { [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind) })
+            else { return nil }
+            let isLet = variable.bindingSpecifier.tokenKind == .keyword(.let)
+            return isLet || hasAttribute(variable, named: ["Local"]) ? type.trimmedDescription : nil
+        }
     }
 
     static func hasAttribute(_ variable: VariableDeclSyntax, named names: Set<String>) -> Bool {

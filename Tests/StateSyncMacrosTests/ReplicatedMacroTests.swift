@@ -76,6 +76,12 @@ struct ReplicatedMacroTests {
                     })
 
                 static let _$schema = StateSync.ModelSchema<Counter>([Counter._$count])
+
+                private static func _$requireSendableStorage() {
+                    func requireSendable<T: Sendable>(_: T.Type) {
+                    };
+                    requireSendable((Int).self)
+                }
             }
 
             extension Counter: Observation.Observable {

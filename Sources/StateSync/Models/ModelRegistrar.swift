@@ -50,6 +50,13 @@ public final class ModelRegistrar: Sendable {
     private let transactionOwner = Atomic<UInt>(0)
     // Read and written only by the thread in `transactionOwner` while it holds `state`'s lock.
     nonisolated(unsafe) private var transactionLog: [Touched] = []
+    // The property versions at the start of the running transaction; same guard as above.
+    nonisolated(unsafe) private var transactionVersions: [String: Version] = [:]
+    private let supersededWrites = Atomic<Int>(0)
+
+    /// Local writes that did not apply because the property holds a version from a clock ahead
+    /// of this one (beyond the drift bound): last-writer-wins kept the held value.
+    public var supersededWriteCount: Int { supersededWrites.load(ordering: .relaxed) }
     /// Observation interop: `withObservationTracking` and SwiftUI see reads and writes.
     public let observationRegistrar = ObservationRegistrar()
 
@@ -103,8 +110,14 @@ public final class ModelRegistrar: Sendable {
         let deliver = state.withLock { state -> Bool in
             let old = property.get(model)
             if property.same(old, newValue) { return false }
-            property.set(model, newValue)
             let version = (state.binding?.clock ?? Self.standaloneClock).next()
+            // A peer whose clock runs ahead beyond the drift bound may have written a version this
+            // clock cannot pass yet: last-writer-wins says that write stands (as for a SET).
+            if let held = state.versions[property.name], held >= version {
+                supersededWrites.add(1, ordering: .relaxed)
+                return false
+            }
+            property.set(model, newValue)
             state.versions[property.name] = version
             enqueue(&state, ErasedChange(property: property.name, old: old, new: newValue, version: version, isRemote: false))
             if let binding = state.binding {
@@ -129,14 +142,27 @@ public final class ModelRegistrar: Sendable {
     public func transaction<Model: ReplicatedModel, R, E: Error>(
         _ model: Model, _ body: (Model) throws(E) -> R
     ) throws(E) -> R {
-        if inTransactionOnThisThread { return try body(model) }  // nested: part of the outer one
         let schema = Model._$schema
+        if inTransactionOnThisThread {
+            // Nested: part of the outer transaction; if it throws, its own writes are undone
+            // (the outer one may catch and go on).
+            let mark = transactionLog.count
+            let before = schema.properties.map { $0.currentValue(model) }
+            do throws(E) {
+                return try body(model)
+            } catch {
+                for (index, property) in schema.properties.enumerated() { property.restore(model, before[index]) }
+                transactionLog.removeSubrange(mark...)
+                throw error
+            }
+        }
         var result: R?
         var changedIndices: [Int] = []
         let deliver = try state.withLock { (state) throws(E) -> Bool in
             let me = currentThreadID()
             transactionOwner.store(me, ordering: .relaxed)
             transactionLog.removeAll(keepingCapacity: true)
+            transactionVersions = state.versions
             defer {
                 transactionLog.removeAll(keepingCapacity: true)
                 transactionOwner.store(0, ordering: .relaxed)
@@ -149,15 +175,21 @@ public final class ModelRegistrar: Sendable {
                 }
                 throw error
             }
+            let version = (state.binding?.clock ?? Self.standaloneClock).next()
             var changes: [(Int, any Sendable, any Sendable)] = []
             for touched in transactionLog {
                 let property = schema.properties[touched.index]
                 let new = property.currentValue(model)
                 if property.sameErased(touched.old, new) { continue }
+                if let held = state.versions[property.name], held >= version {
+                    // Superseded by a version from a clock ahead of ours: the held value stands.
+                    property.restore(model, touched.old)
+                    supersededWrites.add(1, ordering: .relaxed)
+                    continue
+                }
                 changes.append((touched.index, touched.old, new))
             }
             if changes.isEmpty { return false }
-            let version = (state.binding?.clock ?? Self.standaloneClock).next()
             var writes: [PropertyWrite] = []
             for (index, old, new) in changes {
                 let property = schema.properties[index]
@@ -255,7 +287,8 @@ public final class ModelRegistrar: Sendable {
 
     /// The version of each property that has one.
     public var propertyVersions: [String: Version] {
-        state.withLock { $0.versions }
+        if inTransactionOnThisThread { return transactionVersions }
+        return state.withLock { $0.versions }
     }
 
     // MARK: - Observers

@@ -132,7 +132,9 @@ extension NodeConfiguration {
         let compactBytes = try reader.int(.compactBytes) ?? 64 << 20
         guard compactBytes >= 4096 else { throw reader.invalid(.compactBytes, "\(compactBytes) is below 4096 bytes") }
         let historyDeltas = try reader.int(.historyDeltas) ?? 100_000
-        guard historyDeltas >= 0 else { throw reader.invalid(.historyDeltas, "\(historyDeltas) must not be negative") }
+        guard (0...100_000_000).contains(historyDeltas) else {
+            throw reader.invalid(.historyDeltas, "\(historyDeltas) is outside 0…100000000")
+        }
         let hwm = try reader.int(.highWaterMark) ?? 100_000
         guard hwm >= 0 else { throw reader.invalid(.highWaterMark, "\(hwm) must not be negative (0 = unbounded)") }
         let clientHWM = try reader.int(.clientHighWaterMark) ?? 10_000

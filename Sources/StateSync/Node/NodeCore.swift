@@ -62,7 +62,7 @@ struct NodeCore: Sendable {
             }
             guard delta.sequence > droppedThrough else { return }
             deltas[delta.sequence] = delta
-            if deltas.count > limit + limit / 8 {
+            if deltas.count > limit &+ limit / 8 {
                 let keep = deltas.keys.sorted().suffix(limit)
                 droppedThrough = max(droppedThrough, (keep.first ?? 1) - 1)
                 deltas = deltas.filter { $0.key > droppedThrough }
@@ -93,7 +93,7 @@ struct NodeCore: Sendable {
         mutating func append(_ delta: Delta, limit: Int) {
             let limit = max(limit, Self.minimumEntries)
             entries.append(Entry(delta: delta))
-            if entries.count > limit + limit / 8 {
+            if entries.count > limit &+ limit / 8 {
                 let drop = entries.count - limit
                 for entry in entries.prefix(drop) {
                     droppedThrough[entry.origin] = max(droppedThrough[entry.origin] ?? 0, entry.sequence)
@@ -135,7 +135,8 @@ struct NodeCore: Sendable {
         if gapBefore, progress.firstGap != nil { counters.sequenceGaps += 1 }
         origins[delta.origin] = progress
         history[delta.origin, default: OriginHistory()].insert(delta, limit: historyLimit)
-        journal.append(delta, limit: historyLimit * max(origins.count, 1))
+        let (limit, overflow) = historyLimit.multipliedReportingOverflow(by: max(origins.count, 1))
+        journal.append(delta, limit: overflow ? Int.max / 2 : limit)
         return true
     }
 
@@ -154,6 +155,18 @@ struct NodeCore: Sendable {
             ? range.compactMap { history.deltas[$0] }
             : history.deltas.values.filter { range.contains($0.sequence) }.sorted { $0.sequence < $1.sequence }
         return (deltas, history.droppedThrough)
+    }
+
+    /// Sequence numbers known to exist but not received, over all origins (saturating: a peer's
+    /// absurd announcement cannot overflow it).
+    var missingDeltas: Int {
+        var total: UInt64 = 0
+        for progress in origins.values {
+            let gap = progress.announced > progress.contiguous ? progress.announced - progress.contiguous : 0
+            let missing = gap > UInt64(progress.above.count) ? gap - UInt64(progress.above.count) : 0
+            total = total.addingReportingOverflow(missing).overflow ? .max : total + missing
+        }
+        return Int(clamping: total)
     }
 
     /// The live model instance at `address`, dropping the entry when it was deallocated.

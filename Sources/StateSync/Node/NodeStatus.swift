@@ -56,8 +56,8 @@ public struct NodeStatus: Sendable, Equatable {
                 }),
             "channels": .map(channels.mapValues { .int(Int64($0)) }),
             "latest_version": latestVersion.map { .string($0.description) } ?? .null,
-            "latest_sequence": .int(Int64(latestSequence)),
-            "published_sequence": .int(Int64(publishedSequence)),
+            "latest_sequence": .int(Int64(clamping: latestSequence)),
+            "published_sequence": .int(Int64(clamping: publishedSequence)),
             "state_digest": .string(String(stateDigest, radix: 16)),
             "counters": .map(counters.mapValues { .int(Int64($0)) }),
             "watchers": .int(Int64(watchers)),
@@ -102,8 +102,8 @@ public struct NodeStatus: Sendable, Equatable {
         if case .map(let c)? = map["channels"] { for (k, v) in c { channels[k] = int(v) ?? 0 } }
         self.channels = channels
         self.latestVersion = string("latest_version").flatMap(Version.init)
-        self.latestSequence = UInt64(int(map["latest_sequence"]) ?? 0)
-        self.publishedSequence = UInt64(int(map["published_sequence"]) ?? 0)
+        self.latestSequence = UInt64(clamping: int(map["latest_sequence"]) ?? 0)
+        self.publishedSequence = UInt64(clamping: int(map["published_sequence"]) ?? 0)
         self.stateDigest = string("state_digest").flatMap { UInt64($0, radix: 16) } ?? 0
         var counters: [String: Int] = [:]
         if case .map(let c)? = map["counters"] { for (k, v) in c { counters[k] = int(v) ?? 0 } }

@@ -183,14 +183,26 @@ extension StateSyncNode {
 
     private func applyLocal(_ deltas: [Delta]) -> [Applied] {
         if deltas.isEmpty { return [] }
-        return core.withLock { core in
-            deltas.map { delta in
+        let results = core.withLock { core in
+            deltas.map { delta -> (Applied, (any ReplicatedModel)?) in
                 _ = core.record(delta)
                 core.counters.deltasPublished += 1
-                return Applied(delta: delta, changes: core.store.apply(delta))
+                let changes = core.store.apply(delta)
+                // The instance that wrote it already holds it (same version: a no-op); a newer
+                // instance at the address may have adopted the store before this write landed.
+                let instance = changes.isEmpty ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
+                return (Applied(delta: delta, changes: changes), instance)
             }
         }
+        for (applied, instance) in results {
+            if let instance { apply(applied.changes, to: instance, version: applied.delta.version, isRemote: false) }
+        }
+        return results.map(\.0)
     }
+
+    /// The largest write a SET may carry (names and encoded values), so its delta fits a log
+    /// record and a message with room to spare.
+    static let maximumWriteBytes = 32 << 20
 
     /// What a client's SET did.
     enum SetResult: UInt8, Sendable {
@@ -220,6 +232,16 @@ extension StateSyncNode {
                 throw StateSyncError(.invalidName, "property '\(write.name)' is given twice")
             }
         }
+        let size = writes.reduce(0) { total, write in
+            var w = WireWriter()
+            w.value(write.value)
+            return total + write.name.utf8.count + w.bytes.count
+        }
+        guard size <= Self.maximumWriteBytes else {
+            throw StateSyncError(.invalidName, "the write is \(size) bytes; a delta may carry at most \(Self.maximumWriteBytes)")
+        }
+        // Writes queued by models go first: they were made before this SET.
+        var applied = takeLocalWrites()
         let current = core.withLock { $0.store.properties(of: address) }
         let effective = writes.filter { current[$0.name]?.value != $0.value }
         let batch = outbox.withLock { outbox -> [Delta] in
@@ -228,7 +250,7 @@ extension StateSyncNode {
             outbox.pending = []
             return all
         }
-        let applied = applyLocal(batch)
+        applied += applyLocal(batch)
         guard !effective.isEmpty, let mine = applied.last else {
             let newest = writes.compactMap { current[$0.name]?.version }.max() ?? .zero
             return (applied, newest, .unchanged)

@@ -89,11 +89,9 @@ extension StateSyncNode {
     /// already has are skipped), or `nil` when the node no longer holds deltas it needs.
     func resumePosition(after cursor: WatchCursor) -> WatchPosition? {
         core.withLock { core in
-            for (origin, progress) in core.origins where progress.contiguous > cursor[origin] {
-                // Every delta the cursor lacks must still be in the journal (not dropped, and not
-                // known only through a snapshot).
-                if core.journal.droppedThrough[origin] ?? 0 > cursor[origin] { return nil }
-            }
+            // Every delta the cursor lacks must still be in the journal (not dropped, and not known
+            // only through a snapshot) — also above a gap of the origin.
+            for (origin, through) in core.journal.droppedThrough where through > cursor[origin] { return nil }
             return WatchPosition(journalIndex: core.journal.base, cursor: cursor)
         }
     }
@@ -101,10 +99,7 @@ extension StateSyncNode {
     /// The current newest version and how many deltas the node itself is missing.
     func progressSummary() -> (latest: Version?, missing: Int) {
         core.withLock { core in
-            let missing = core.origins.values.reduce(0) { total, progress in
-                total + Int(clamping: progress.announced &- progress.contiguous) - progress.above.count
-            }
-            return (core.store.latestVersion == .zero ? nil : core.store.latestVersion, missing)
+            (core.store.latestVersion == .zero ? nil : core.store.latestVersion, core.missingDeltas)
         }
     }
 }

@@ -202,9 +202,7 @@ public final class StateSyncNode: Sendable {
                 latestVersion: core.store.latestVersion == .zero ? nil : core.store.latestVersion,
                 latestSequence: sequence, stateDigest: core.store.digest,
                 counters: Dictionary(uniqueKeysWithValues: core.counters.all), watchers: watchers,
-                missingDeltas: core.origins.values.reduce(0) { total, progress in
-                    total + Int(clamping: progress.announced &- progress.contiguous) - progress.above.count
-                }, laggingWatches: lagging)
+                missingDeltas: core.missingDeltas, laggingWatches: lagging)
         }
         status.publishedSequence = published
         return status
@@ -237,9 +235,11 @@ public final class StateSyncNode: Sendable {
             return
         case .doStop: break
         }
-        await loop.stop()
+        // Stop taking writes first: detached models stay local, so nothing is queued after the
+        // I/O thread's last flush.
         let instances = core.withLock { core in core.instances.values.compactMap(\.model) }
         for instance in instances { instance._$registrar.detach() }
+        await loop.stop()
         do {
             // Everything in the log is in the snapshot: write it durably, then empty the log.
             try compact()

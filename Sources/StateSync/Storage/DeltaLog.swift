@@ -102,7 +102,19 @@ final class DeltaLog: @unchecked Sendable {
         }
     }
 
-    /// Appends `deltas` (not yet durable: call ``sync()``).
+    /// Whether `delta` fits one record.
+    static func fits(_ delta: Delta) -> Bool {
+        var size = 64 + delta.channel.utf8.count + delta.model.utf8.count + delta.origin.utf8.count
+        for property in delta.properties {
+            var w = WireWriter()
+            w.value(property.value)
+            size += property.name.utf8.count + 10 + w.bytes.count
+            if size > maximumRecord { return false }
+        }
+        return true
+    }
+
+    /// Appends `deltas` (not yet durable: call ``sync()``). Every delta must ``fits(_:)``.
     func append(_ deltas: [Delta]) throws(StateSyncError) {
         if deltas.isEmpty { return }
         var buffer: [UInt8] = []
@@ -110,9 +122,7 @@ final class DeltaLog: @unchecked Sendable {
         for delta in deltas {
             let before = buffer.count
             Self.appendRecord(delta, to: &buffer)
-            guard buffer.count - before - 8 <= Self.maximumRecord else {
-                throw StateSyncError(.dataDirectory, "a delta of \(buffer.count - before) bytes exceeds the log's record limit")
-            }
+            precondition(buffer.count - before - 8 <= Self.maximumRecord, "callers keep deltas under the record limit")
         }
         let start = size
         do {

@@ -43,7 +43,10 @@ extension NodeEventLoop {
         let advertised = node.core.withLock { core in core.peers.compactMapValues(\.api) }
         var changed = false
         for (peer, api) in advertised where repair.links[peer]?.api != api {
-            repair.links[peer]?.socket.close()
+            if let old = repair.links.removeValue(forKey: peer) {
+                old.socket.close()
+                changed = true  // the poller must not keep the closed socket
+            }
             do {
                 let socket = try SocketFactory.makeRepairLink(context: context, api: api)
                 repair.links[peer] = RepairLink(peer: peer, api: api, socket: socket)

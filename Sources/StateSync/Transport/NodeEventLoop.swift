@@ -271,6 +271,15 @@ final class NodeEventLoop: Sendable {
     /// are neither published nor acknowledged: a write error stops the node (see `flush`).
     func stage(_ applied: [StateSyncNode.Applied], state: inout LoopState, node: StateSyncNode) {
         guard !applied.isEmpty else { return }
+        // A model's write too large for a record stays local (SETs are refused before this).
+        let applied = applied.filter { applied in
+            if DeltaLog.fits(applied.delta) { return true }
+            node.core.withLock { $0.counters.encodingFailures += 1 }
+            logger.error(
+                "a local write is too large to log and replicate; it stays local",
+                metadata: ["model": "\(applied.delta.channel)/\(applied.delta.model)", "delta.version": "\(applied.delta.version)"])
+            return false
+        }
         do {
             try node.log.append(applied.map(\.delta))
         } catch {
@@ -283,7 +292,7 @@ final class NodeEventLoop: Sendable {
     private func logRemote(_ fresh: [StateSyncNode.Applied], state: inout LoopState, api: Socket?, node: StateSyncNode) {
         guard !fresh.isEmpty else { return }
         do {
-            try node.log.append(fresh.map(\.delta))
+            try node.log.append(fresh.map(\.delta).filter(DeltaLog.fits))
         } catch {
             logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
         }

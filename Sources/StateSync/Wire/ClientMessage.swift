@@ -308,14 +308,14 @@ public enum ClientProtocol {
             guard let reason = SnapshotReason(rawValue: raw) else { throw .invalid(field: "snapshot reason", reason: "unknown \(raw)") }
             return .snapshotBegin(reason)
         case 0x04:
-            let records = Int(try r.varint("record count"))
+            let records = Int(clamping: try r.varint("record count"))
             let digest = try r.uint64("digest")
             return .snapshotEnd(records: records, digest: digest, cursor: try WatchCursor.decode(from: &r))
         case 0x05:
             let cursor = try WatchCursor.decode(from: &r)
             let timestamp = try r.uint64("latest version")
             let node = try r.string("latest version node")
-            let missing = Int(try r.varint("missing"))
+            let missing = Int(clamping: try r.varint("missing"))
             return .caughtUp(cursor: cursor, latest: node.isEmpty ? nil : Version(timestamp: timestamp, node: node), missing: missing)
         default:
             throw .unsupported("watch event kind 0x\(String(kind, radix: 16))")

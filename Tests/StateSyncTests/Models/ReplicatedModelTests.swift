@@ -187,3 +187,43 @@ struct ReplicatedModelTests {
         #expect(fired.load(ordering: .relaxed) == 1)
     }
 }
+
+@Suite("Replicated models: edge cases")
+struct ReplicatedModelEdgeTests {
+    @Test func aLocalWriteUnderAFutureVersionIsSupersededAndFiresNothing() {
+        let counter = Counter()
+        let future = Version(milliseconds: HybridLogicalClock.systemMilliseconds() + 3_600_000, counter: 0, node: "zeta")
+        _ = counter._$registrar.applyRemote(counter, writes: [PropertyWrite(name: "count", value: 9)], version: future)
+        let fired = Shared<Int>(0)
+        counter.observe(\.count) { _ in fired.withLock { $0 += 1 } }
+        counter.count = 1
+        counter.transaction { $0.count = 2 }
+        #expect(counter.count == 9, "last-writer-wins keeps the newer version")
+        #expect(fired.value == 0)
+        #expect(counter._$registrar.supersededWriteCount == 2)
+    }
+
+    @Test func aNestedTransactionThatThrowsIsUndoneAndTheOuterOneGoesOn() {
+        struct Abort: Error {}
+        let counter = Counter()
+        counter.transaction { model in
+            model.count = 1
+            do {
+                try model.transaction { (inner) throws(Abort) in
+                    inner.count = 50
+                    inner.title = "inner"
+                    throw Abort()
+                }
+            } catch {}
+            model.title = "outer"
+            // Reading versions inside a transaction must not deadlock.
+            _ = model.propertyVersions
+        }
+        #expect(counter.count == 1 && counter.title == "outer")
+    }
+
+    @Test func namesMustBeNFC() {
+        #expect(throws: StateSyncError.self) { try Names.validateProperty("e\u{301}") }
+        #expect(throws: Never.self) { try Names.validateProperty("\u{e9}") }
+    }
+}
