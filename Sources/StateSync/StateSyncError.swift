@@ -51,7 +51,9 @@ public enum Names {
     private static func validate(_ name: String, what: String, forbidSlash: Bool) throws(StateSyncError) {
         let count = name.utf8.count
         guard count > 0 else { throw StateSyncError(.invalidName, "\(what) is empty") }
-        guard count <= 255 else { throw StateSyncError(.invalidName, "\(what) '\(name.prefix(32))…' is longer than 255 bytes") }
+        guard count <= 255 else {
+            throw StateSyncError(.invalidName, "\(what) '\(name.prefix(32))…' is longer than 255 bytes")
+        }
         guard !name.utf8.contains(0) else { throw StateSyncError(.invalidName, "\(what) contains a NUL byte") }
         if forbidSlash && name.utf8.contains(UInt8(ascii: "/")) {
             throw StateSyncError(.invalidName, "\(what) '\(name)' contains '/'")

@@ -4,7 +4,7 @@ public import StateSync
 import StateSyncClient
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `statesync bench`: the whole path measured against raw libzmq, in one run on one machine.
@@ -37,7 +37,9 @@ public enum Bench {
             let rawLatency = self["raw_latency_p50_us"] ?? .nan
             func ratio(_ value: Double?, to base: Double, inverse: Bool = false) -> String {
                 guard let value, base.isFinite, base > 0, value.isFinite, value > 0 else { return "" }
-                return inverse ? String(format: "  (%.1f× raw)", value / base) : String(format: "  (%.0f%% of raw)", 100 * value / base)
+                return inverse
+                    ? String(format: "  (%.1f× raw)", value / base)
+                    : String(format: "  (%.0f%% of raw)", 100 * value / base)
             }
             var lines = ["StateSync bench (\(ProcessInfo.processInfo.processorCount) cores)"]
             func line(_ label: String, _ key: String, _ unit: String, _ suffix: String = "") {
@@ -49,10 +51,18 @@ public enum Bench {
             line("raw one-way latency p50 at 10k/s", "raw_latency_p50_us", "µs")
             line("raw one-way latency p99 at 10k/s", "raw_latency_p99_us", "µs")
             line("deltas/s at the reader, single sets", "deltas_per_s", "/s", ratio(self["deltas_per_s"], to: raw))
-            line("deltas/s at the reader, 8-property tx", "deltas_per_s_tx", "/s", ratio(self["deltas_per_s_tx"], to: raw))
-            line("properties/s at the reader, 8-property tx", "properties_per_s_tx", "/s", ratio(self["properties_per_s_tx"], to: raw))
-            line("set → remote observer p50 at 10k/s", "latency_p50_us", "µs", ratio(self["latency_p50_us"], to: rawLatency, inverse: true))
-            line("set → remote observer p99 at 10k/s", "latency_p99_us", "µs", ratio(self["latency_p99_us"], to: self["raw_latency_p99_us"] ?? .nan, inverse: true))
+            line(
+                "deltas/s at the reader, 8-property tx", "deltas_per_s_tx", "/s",
+                ratio(self["deltas_per_s_tx"], to: raw))
+            line(
+                "properties/s at the reader, 8-property tx", "properties_per_s_tx", "/s",
+                ratio(self["properties_per_s_tx"], to: raw))
+            line(
+                "set → remote observer p50 at 10k/s", "latency_p50_us", "µs",
+                ratio(self["latency_p50_us"], to: rawLatency, inverse: true))
+            line(
+                "set → remote observer p99 at 10k/s", "latency_p99_us", "µs",
+                ratio(self["latency_p99_us"], to: self["raw_latency_p99_us"] ?? .nan, inverse: true))
             line("set → remote observer p99.9 at 10k/s", "latency_p999_us", "µs")
             line("late join: snapshot of 1M properties", "snapshot_1m_s", "s")
             line("memory per replicated property", "bytes_per_property", "B")
@@ -66,7 +76,8 @@ public enum Bench {
         let seconds = options.quick ? 1.0 : 2.5
 
         progress("raw libzmq throughput")
-        report.figures.append(("raw_msgs_per_s", try RawBench.throughput(messages: options.quick ? 300_000 : 2_000_000)))
+        report.figures.append(
+            ("raw_msgs_per_s", try RawBench.throughput(messages: options.quick ? 300_000 : 2_000_000)))
         progress("raw libzmq latency at 10k/s")
         let rawLatency = try RawBench.latency(rate: 10_000, seconds: seconds)
         report.figures.append(("raw_latency_p50_us", rawLatency.p50))
@@ -87,7 +98,9 @@ public enum Bench {
                 report.figures.append(("latency_p999_us", result.p999))
             }
             if result.written > 0, mode != .latency {
-                report.notes.append("\(mode): the writer made \(result.written) writes; the reader's observers fired \(result.count) times")
+                report.notes.append(
+                    "\(mode): the writer made \(result.written) writes; the reader's observers fired \(result.count) times"
+                )
             }
         }
 
@@ -99,15 +112,17 @@ public enum Bench {
         if options.quick {
             report.notes.append("--quick: late join measured with \(properties) properties and scaled linearly to 1M")
         }
-        report.notes.append("storage.fsync is 'always' (the default) on both nodes; build: \(isDebugBuild ? "DEBUG (use swift build -c release for real numbers)" : "release")")
+        report.notes.append(
+            "storage.fsync is 'always' (the default) on both nodes; build: \(isDebugBuild ? "DEBUG (use swift build -c release for real numbers)" : "release")"
+        )
         return report
     }
 
     static var isDebugBuild: Bool {
         #if DEBUG
-        return true
+            return true
         #else
-        return false
+            return false
         #endif
     }
 
@@ -120,7 +135,9 @@ public enum Bench {
 
     /// Starts a reader and a writer node process, lets the writer run, and reads the reader's
     /// measurements.
-    static func twoProcesses(_ options: Options, mode: NodeBenchRole.Mode, seconds: Double) async throws -> TwoProcessResult {
+    static func twoProcesses(_ options: Options, mode: NodeBenchRole.Mode, seconds: Double) async throws
+        -> TwoProcessResult
+    {
         let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: work) }
         let ports = [try port(), try port()]
@@ -129,7 +146,8 @@ public enum Bench {
             process.executableURL = URL(fileURLWithPath: options.executable)
             let me = reader ? 0 : 1
             process.arguments = [
-                "bench-node", "--role", reader ? "reader" : "writer", "--mode", mode.rawValue, "--id", reader ? "reader" : "writer",
+                "bench-node", "--role", reader ? "reader" : "writer", "--mode", mode.rawValue, "--id",
+                reader ? "reader" : "writer",
                 "--publish", "tcp://127.0.0.1:\(ports[me])", "--peer", "tcp://127.0.0.1:\(ports[1 - me])",
                 "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "10000",
             ]
@@ -196,14 +214,17 @@ public enum Bench {
         let api = [try port(), try port()]
         var holderConfig = NodeConfiguration(
             nodeID: "holder", dataDirectory: "\(work)/holder", publishEndpoint: "tcp://127.0.0.1:\(publish[0])",
-            peers: ["tcp://127.0.0.1:\(publish[1])"], apiEndpoint: "tcp://127.0.0.1:\(api[0])", heartbeatIntervalMilliseconds: 50)
+            peers: ["tcp://127.0.0.1:\(publish[1])"], apiEndpoint: "tcp://127.0.0.1:\(api[0])",
+            heartbeatIntervalMilliseconds: 50)
         holderConfig.historyDeltas = 0  // a late joiner must take a snapshot
         holderConfig.compactBytes = 1 << 40
         let before = residentBytes()
         let holder = try await StateSyncNode.start(configuration: holderConfig, logger: logger)
         var joiner: StateSyncNode?
         do {
-            return try await measureJoin(holder: holder, joiner: &joiner, properties: properties, before: before, work: work, publish: publish, api: api, logger: logger)
+            return try await measureJoin(
+                holder: holder, joiner: &joiner, properties: properties, before: before, work: work, publish: publish,
+                api: api, logger: logger)
         } catch {
             await joiner?.stop()
             await holder.stop()
@@ -225,7 +246,8 @@ public enum Bench {
         let held = residentBytes()
         let joinerConfig = NodeConfiguration(
             nodeID: "joiner", dataDirectory: "\(work)/joiner", publishEndpoint: "tcp://127.0.0.1:\(publish[1])",
-            peers: ["tcp://127.0.0.1:\(publish[0])"], apiEndpoint: "tcp://127.0.0.1:\(api[1])", heartbeatIntervalMilliseconds: 50)
+            peers: ["tcp://127.0.0.1:\(publish[0])"], apiEndpoint: "tcp://127.0.0.1:\(api[1])",
+            heartbeatIntervalMilliseconds: 50)
         let started = monotonicNanoseconds()
         let joiner = try await StateSyncNode.start(configuration: joinerConfig, logger: logger)
         joinerOut = joiner
@@ -234,8 +256,14 @@ public enum Bench {
         // nothing missing; then confirm with the digests once.
         while true {
             let status = joiner.status
-            if status.counters["snapshots_applied"] ?? 0 >= 1, status.missingDeltas == 0, status.peers.allSatisfy(\.connected) { break }
-            guard Date() < deadline else { throw StateSyncError(.timeout, "bench: the late joiner did not catch up in 300 s") }
+            if status.counters["snapshots_applied"] ?? 0 >= 1, status.missingDeltas == 0,
+                status.peers.allSatisfy(\.connected)
+            {
+                break
+            }
+            guard Date() < deadline else {
+                throw StateSyncError(.timeout, "bench: the late joiner did not catch up in 300 s")
+            }
             try await Task.sleep(for: .milliseconds(2))
         }
         let seconds = Double(monotonicNanoseconds() - started) / 1e9

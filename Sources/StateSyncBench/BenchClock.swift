@@ -1,5 +1,5 @@
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Nanoseconds of CLOCK_MONOTONIC: one clock for every process of the machine, so a value

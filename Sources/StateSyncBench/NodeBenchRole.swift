@@ -106,7 +106,8 @@ public enum NodeBenchRole {
             return [
                 "count": .int(Int64(tally.count)), "seconds": .double(seconds),
                 "per_second": .double(seconds > 0 ? Double(tally.count - 1) / seconds : 0),
-                "p50_us": .double(latency.p50.isNaN ? 0 : latency.p50), "p99_us": .double(latency.p99.isNaN ? 0 : latency.p99),
+                "p50_us": .double(latency.p50.isNaN ? 0 : latency.p50),
+                "p99_us": .double(latency.p99.isNaN ? 0 : latency.p99),
                 "p999_us": .double(latency.p999.isNaN ? 0 : latency.p999), "samples": .int(Int64(latency.samples)),
                 "done": .bool(tally.done),
             ]
@@ -131,7 +132,14 @@ public enum NodeBenchRole {
                     written += 1
                     let v = written
                     model.transaction { m in
-                        m.f0 = v; m.f1 = v; m.f2 = v; m.f3 = v; m.f4 = v; m.f5 = v; m.f6 = v; m.f7 = v
+                        m.f0 = v
+                        m.f1 = v
+                        m.f2 = v
+                        m.f3 = v
+                        m.f4 = v
+                        m.f5 = v
+                        m.f6 = v
+                        m.f7 = v
                     }
                 }
             }

@@ -41,10 +41,12 @@ public final class ChannelReplica: Sendable {
             for write in delta.properties {
                 let current = state.models[delta.model]?[write.name]
                 if let current, current.version >= delta.version { continue }
-                state.models[delta.model, default: [:]][write.name] = ReplicaStore.Register(value: write.value, version: delta.version)
+                state.models[delta.model, default: [:]][write.name] = ReplicaStore.Register(
+                    value: write.value, version: delta.version)
                 changes.append(
                     PropertyChange(
-                        channel: delta.channel, model: delta.model, property: write.name, old: current?.value, new: write.value,
+                        channel: delta.channel, model: delta.model, property: write.name, old: current?.value,
+                        new: write.value,
                         version: delta.version))
             }
             return changes
@@ -58,7 +60,8 @@ public final class ChannelReplica: Sendable {
             if let current, current.version >= register.version { return nil }
             state.models[model, default: [:]][property] = register
             return PropertyChange(
-                channel: channel, model: model, property: property, old: current?.value, new: register.value, version: register.version)
+                channel: channel, model: model, property: property, old: current?.value, new: register.value,
+                version: register.version)
         }
     }
 

@@ -77,7 +77,9 @@ final class ClientIO: Sendable {
     func request(_ command: ClientProtocol.Command, _ body: [UInt8]) async throws -> [UInt8] {
         let id = nextID.add(1, ordering: .relaxed).newValue
         return try await withCheckedThrowingContinuation { (reply: Reply) in
-            if !enqueue(.request(id: id, command: command, body: body, reply: reply)) { reply.resume(throwing: closedError) }
+            if !enqueue(.request(id: id, command: command, body: body, reply: reply)) {
+                reply.resume(throwing: closedError)
+            }
         }
     }
 
@@ -187,12 +189,19 @@ final class ClientIO: Sendable {
         }
         if state.pingID != nil, state.pingDeadline <= now {
             state.pingID = nil
-            failWatches(&state, StateSyncError(.connectionLost, "lost the connection to \(endpoint): no answer to a liveness ping within \(timeoutMilliseconds) ms"))
+            failWatches(
+                &state,
+                StateSyncError(
+                    .connectionLost,
+                    "lost the connection to \(endpoint): no answer to a liveness ping within \(timeoutMilliseconds) ms")
+            )
         }
     }
 
     private func timeoutError() -> StateSyncError {
-        StateSyncError(.timeout, "no answer from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s; is statesyncd running there?")
+        StateSyncError(
+            .timeout,
+            "no answer from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s; is statesyncd running there?")
     }
 
     private func failWatches(_ state: inout State, _ error: StateSyncError) {
@@ -237,7 +246,9 @@ final class ClientIO: Sendable {
                 guard case .map(let map)? = try? ClientProtocol.decodeValue(body) else { return }
                 if case .string(let incarnation)? = map["incarnation"] {
                     if let known = state.incarnation, known != incarnation {
-                        failWatches(&state, StateSyncError(.connectionLost, "the node at \(endpoint) restarted; its watches ended"))
+                        failWatches(
+                            &state,
+                            StateSyncError(.connectionLost, "the node at \(endpoint) restarted; its watches ended"))
                     }
                     state.incarnation = incarnation
                 }
@@ -246,7 +257,8 @@ final class ClientIO: Sendable {
                         state.watches.removeValue(forKey: UInt64(bitPattern: raw))?.events.finish(
                             throwing: StateSyncError(
                                 .connectionLost,
-                                "the node at \(endpoint) dropped this watch while the connection was interrupted; changes may have been missed"))
+                                "the node at \(endpoint) dropped this watch while the connection was interrupted; changes may have been missed"
+                            ))
                     }
                 }
                 return
@@ -303,7 +315,8 @@ extension ClientIO {
                 watch.events.finish(
                     throwing: StateSyncError(
                         .protocolError,
-                        "the snapshot from \(endpoint) is incomplete: \(watch.digest.count) of \(records) records, digest mismatch; watch again"))
+                        "the snapshot from \(endpoint) is incomplete: \(watch.digest.count) of \(records) records, digest mismatch; watch again"
+                    ))
                 return false
             }
             watch.replica.advance(to: cursor)

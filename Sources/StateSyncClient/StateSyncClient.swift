@@ -131,7 +131,8 @@ public final class StateSyncClient: Sendable {
             throw StateSyncError(.invalidName, "the replica is of channel '\(replica.channel)', not '\(channel)'")
         }
         let resume = replica.cursor.positions.isEmpty && replica.models.isEmpty ? nil : replica.cursor
-        let events = try await io.watch(ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag), replica: replica)
+        let events = try await io.watch(
+            ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag), replica: replica)
         return (events, replica)
     }
 

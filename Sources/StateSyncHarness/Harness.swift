@@ -4,7 +4,7 @@ import StateSyncClient
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The multi-node convergence harness behind `statesync harness`: starts real `statesyncd`
@@ -14,14 +14,19 @@ public enum Harness {
     static let channel = "harness"
 
     /// Runs the harness. `progress` receives one-line updates for a live display.
-    public static func run(_ options: HarnessOptions, progress: @escaping @Sendable (Progress) -> Void) async throws -> HarnessReport {
+    public static func run(_ options: HarnessOptions, progress: @escaping @Sendable (Progress) -> Void) async throws
+        -> HarnessReport
+    {
         guard (2...9).contains(options.nodes) else { throw HarnessError("--nodes must be between 2 and 9") }
         guard options.operations > 0 else { throw HarnessError("--ops must be positive") }
         guard FileManager.default.isExecutableFile(atPath: options.daemonPath) else {
-            throw HarnessError("cannot run statesyncd at \(options.daemonPath); build it (swift build) or pass --statesyncd PATH")
+            throw HarnessError(
+                "cannot run statesyncd at \(options.daemonPath); build it (swift build) or pass --statesyncd PATH")
         }
         let started = Date()
-        let work = options.workDirectory ?? (NSTemporaryDirectory() + "statesync-harness-\(options.seed)-\(UUID().uuidString.prefix(8))")
+        let work =
+            options.workDirectory
+            ?? (NSTemporaryDirectory() + "statesync-harness-\(options.seed)-\(UUID().uuidString.prefix(8))")
         try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
         var rng = SeededGenerator(seed: options.seed)
 
@@ -55,7 +60,8 @@ public enum Harness {
                 "STATESYNC_NODE_DATA_DIR": "\(work)/\(names[i])",
                 "STATESYNC_NETWORK_PUBLISH": "tcp://\(hosts[i]):\(publishPorts[i])",
                 "STATESYNC_NETWORK_API": "tcp://\(hosts[i]):\(apiPorts[i])",
-                "STATESYNC_NETWORK_PEERS": names.indices.filter { $0 != i }.map { peerEndpoint(i, $0) }.joined(separator: ","),
+                "STATESYNC_NETWORK_PEERS": names.indices.filter { $0 != i }.map { peerEndpoint(i, $0) }.joined(
+                    separator: ","),
                 "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
                 "STATESYNC_LOG_LEVEL": "info",
             ]
@@ -69,8 +75,14 @@ public enum Harness {
         }
         let nodes = built
         let faults = FaultLog()
-        if let skewed { faults.record(kind: "clock", target: names[skewed], detail: "+\(skewMilliseconds) ms for the whole run", at: 0, healed: nil) }
-        if let planted { faults.record(kind: "planted-bug", target: names[planted], detail: "drop-deltas 30%", at: 0, healed: nil) }
+        if let skewed {
+            faults.record(
+                kind: "clock", target: names[skewed], detail: "+\(skewMilliseconds) ms for the whole run", at: 0,
+                healed: nil)
+        }
+        if let planted {
+            faults.record(kind: "planted-bug", target: names[planted], detail: "drop-deltas 30%", at: 0, healed: nil)
+        }
 
         defer {
             for node in nodes { _ = node.stop() }
@@ -78,14 +90,16 @@ public enum Harness {
         }
         for node in nodes { try node.start() }
         let clients = try nodes.map { try StateSyncClient(endpoint: $0.api, requestTimeout: .seconds(2)) }
-        defer { clients.forEach { $0.close() } }
+        defer { for client in clients { client.close() } }
         try await waitFor("every node to answer", seconds: 30) {
             for client in clients where (try? await client.status()) == nil { return false }
             return true
         }
         try await waitFor("every node to see its peers", seconds: 30) {
             for client in clients {
-                guard let status = try? await client.status(), status.peers.allSatisfy(\.connected) else { return false }
+                guard let status = try? await client.status(), status.peers.allSatisfy(\.connected) else {
+                    return false
+                }
             }
             return true
         }
@@ -107,12 +121,17 @@ public enum Harness {
         let workloadStart = Date()
         let writes = WriteLog()
         let faultTask = Task {
-            await FaultController(nodes: nodes, relays: relays, lab: lab, names: names, seed: options.seed &+ 1, log: faults)
-                .run(faults: options.faults.filter { $0 != .clock }, until: { workloadDone.isSet }, start: workloadStart)
+            await FaultController(
+                nodes: nodes, relays: relays, lab: lab, names: names, seed: options.seed &+ 1, log: faults
+            )
+            .run(faults: options.faults.filter { $0 != .clock }, until: { workloadDone.isSet }, start: workloadStart)
         }
         let progressTask = Task {
             while !workloadDone.isSet {
-                progress(Progress(operations: counter.value, total: options.operations, faults: faults.count, active: faults.active))
+                progress(
+                    Progress(
+                        operations: counter.value, total: options.operations, faults: faults.count,
+                        active: faults.active))
                 try? await Task.sleep(for: .milliseconds(100))
             }
         }
@@ -136,12 +155,15 @@ public enum Harness {
                             properties["p\(rng.next() % 4)"] = .string("c\(client)-\(index)")
                         }
                         var acknowledged: Version?
-                        if let result = try? await clients[target].set(ModelAddress(channel: channel, model: model), properties),
+                        if let result = try? await clients[target].set(
+                            ModelAddress(channel: channel, model: model), properties),
                             result.outcome == .changed
                         {
                             acknowledged = result.version
                         }
-                        writes.append(HarnessChecker.Write(model: model, properties: properties, node: names[target], acknowledged: acknowledged))
+                        writes.append(
+                            HarnessChecker.Write(
+                                model: model, properties: properties, node: names[target], acknowledged: acknowledged))
                     }
                 }
             }
@@ -149,7 +171,9 @@ public enum Harness {
         workloadDone.set()
         await faultTask.value
         await progressTask.value
-        progress(Progress(operations: options.operations, total: options.operations, faults: faults.count, active: "healing"))
+        progress(
+            Progress(operations: options.operations, total: options.operations, faults: faults.count, active: "healing")
+        )
 
         // Heal everything, then wait for quiet.
         for relay in relays.values {
@@ -172,7 +196,8 @@ public enum Harness {
         while Date() < deadline {
             var statuses: [NodeStatus] = []
             for client in clients { if let status = try? await client.status() { statuses.append(status) } }
-            let settled = statuses.count == clients.count
+            let settled =
+                statuses.count == clients.count
                 && statuses.allSatisfy({ $0.missingDeltas == 0 && $0.peers.allSatisfy(\.connected) })
             if settled, Set(statuses.map(\.stateDigest)).count == 1 {
                 converged = true
@@ -211,7 +236,8 @@ public enum Harness {
         let findings = HarnessChecker().check(
             writes: writes.all, nodes: states,
             watches: watchers.map { watcher in
-                let models = Dictionary(uniqueKeysWithValues: watcher.replica.models.map { ($0, watcher.replica.properties(of: $0)) })
+                let models = Dictionary(
+                    uniqueKeysWithValues: watcher.replica.models.map { ($0, watcher.replica.properties(of: $0)) })
                 return HarnessChecker.WatchHistory(node: watcher.node, sessions: watcher.sessions, finalState: models)
             })
         var report = HarnessReport(

@@ -41,7 +41,9 @@ public struct HarnessChecker: Sendable {
         /// keeps one: it must equal the nodes' converged state, or the watch missed changes.
         public var finalState: [String: [String: ReplicaStore.Register]]?
 
-        public init(node: String, sessions: [[PropertyChange]], finalState: [String: [String: ReplicaStore.Register]]? = nil) {
+        public init(
+            node: String, sessions: [[PropertyChange]], finalState: [String: [String: ReplicaStore.Register]]? = nil
+        ) {
             self.node = node
             self.sessions = sessions
             self.finalState = finalState
@@ -87,19 +89,23 @@ public struct HarnessChecker: Sendable {
         var written: [String: [String: [Version: Value]]] = [:]
         for write in writes {
             guard let version = write.acknowledged else { continue }
-            for (name, value) in write.properties { written[write.model, default: [:]][name, default: [:]][version] = value }
+            for (name, value) in write.properties {
+                written[write.model, default: [:]][name, default: [:]][version] = value
+            }
         }
         for node in nodes {
             for write in writes {
                 guard let version = write.acknowledged else { continue }
                 for (name, value) in write.properties {
                     guard let held = node.models[write.model]?[name] else {
-                        findings.lostWrites.append("\(node.node): \(write.model).\(name) missing (written \(version) via \(write.node))")
+                        findings.lostWrites.append(
+                            "\(node.node): \(write.model).\(name) missing (written \(version) via \(write.node))")
                         continue
                     }
                     if held.version < version || (held.version == version && held.value != value) {
                         findings.lostWrites.append(
-                            "\(node.node): \(write.model).\(name) holds \(held.value) @\(held.version), not \(value) @\(version) or later")
+                            "\(node.node): \(write.model).\(name) holds \(held.value) @\(held.version), not \(value) @\(version) or later"
+                        )
                     }
                 }
             }
@@ -109,10 +115,14 @@ public struct HarnessChecker: Sendable {
                     // writes are unknown here: only a held version that an acknowledged write also
                     // carries can be checked for its value.
                     if let value = written[model]?[name]?[held.version], value != held.value {
-                        findings.lwwViolations.append("\(node.node): \(model).\(name) holds \(held.value) for \(held.version), which wrote \(value)")
+                        findings.lwwViolations.append(
+                            "\(node.node): \(model).\(name) holds \(held.value) for \(held.version), which wrote \(value)"
+                        )
                     }
                     if let newest = written[model]?[name]?.keys.max(), newest > held.version {
-                        findings.lwwViolations.append("\(node.node): \(model).\(name) holds \(held.version), older than the acknowledged \(newest)")
+                        findings.lwwViolations.append(
+                            "\(node.node): \(model).\(name) holds \(held.version), older than the acknowledged \(newest)"
+                        )
                     }
                 }
             }
@@ -125,7 +135,8 @@ public struct HarnessChecker: Sendable {
             if let final = watch.finalState, findings.converged, final != majority {
                 let differing = Set(final.keys).union(majority.keys).filter { final[$0] != majority[$0] }.sorted()
                 findings.chainViolations.append(
-                    "\(watch.node)'s watcher ended with a state different from the nodes' (models \(differing.prefix(5).joined(separator: ", "))): it missed changes")
+                    "\(watch.node)'s watcher ended with a state different from the nodes' (models \(differing.prefix(5).joined(separator: ", "))): it missed changes"
+                )
             }
             for (sessionIndex, session) in watch.sessions.enumerated() {
                 var last: [String: PropertyChange] = [:]
@@ -134,10 +145,12 @@ public struct HarnessChecker: Sendable {
                     let key = "\(change.model).\(change.property)"
                     if let previous = last[key], change.old != previous.new {
                         findings.chainViolations.append(
-                            "\(watch.node) session \(sessionIndex): \(key) old \(change.old?.description ?? "null") != previous new \(previous.new) at \(change.version)")
+                            "\(watch.node) session \(sessionIndex): \(key) old \(change.old?.description ?? "null") != previous new \(previous.new) at \(change.version)"
+                        )
                     }
                     if !seen[key, default: []].insert(change.version).inserted {
-                        findings.chainViolations.append("\(watch.node) session \(sessionIndex): \(key) notified twice for \(change.version)")
+                        findings.chainViolations.append(
+                            "\(watch.node) session \(sessionIndex): \(key) notified twice for \(change.version)")
                     }
                     last[key] = change
                 }

@@ -45,7 +45,9 @@ public struct HarnessReport: Sendable {
                         "heal_ms": fault.healMilliseconds.map { .int(Int64($0)) } ?? .null,
                     ])
                 }),
-            "details": .array((findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5)).map(Value.string)),
+            "details": .array(
+                (findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5))
+                    .map(Value.string)),
         ]
         map["convergence_ms"] = convergenceMilliseconds.map { .int(Int64($0)) } ?? .null
         map["work_dir"] = workDirectory.map(Value.string) ?? .null
@@ -54,19 +56,32 @@ public struct HarnessReport: Sendable {
 
     public var humanText: String {
         var lines: [String] = []
-        lines.append("StateSync harness: \(nodes) nodes, \(operations) ops (\(acknowledged) acknowledged), seed \(seed), \(String(format: "%.1f", durationSeconds)) s")
+        lines.append(
+            "StateSync harness: \(nodes) nodes, \(operations) ops (\(acknowledged) acknowledged), seed \(seed), \(String(format: "%.1f", durationSeconds)) s"
+        )
         lines.append("faults (\(faults.count)):")
         for fault in faults {
             lines.append("  \(fault.startMilliseconds) ms  \(fault.kind) \(fault.target): \(fault.detail)")
         }
         func mark(_ ok: Bool) -> String { ok ? "ok  " : "FAIL" }
         lines.append("verdict:")
-        lines.append("  [\(mark(converged))] replicas converged (equal state digests)" + (convergenceMilliseconds.map { " in \($0) ms after the last heal" } ?? ""))
-        if !findings.divergedNodes.isEmpty { lines.append("         diverged: \(findings.divergedNodes.joined(separator: ", "))") }
-        lines.append("  [\(mark(findings.lwwViolations.isEmpty))] final values are the last-writer-wins winners (\(findings.lwwViolations.count) violations)")
-        lines.append("  [\(mark(findings.lostWrites.isEmpty))] no acknowledged write lost (\(findings.lostWrites.count) lost)")
-        lines.append("  [\(mark(findings.chainViolations.isEmpty))] watchers' old/new chains unbroken, no duplicates (\(notifications) notifications, \(findings.chainViolations.count) violations)")
-        for detail in (findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5)) {
+        lines.append(
+            "  [\(mark(converged))] replicas converged (equal state digests)"
+                + (convergenceMilliseconds.map { " in \($0) ms after the last heal" } ?? ""))
+        if !findings.divergedNodes.isEmpty {
+            lines.append("         diverged: \(findings.divergedNodes.joined(separator: ", "))")
+        }
+        lines.append(
+            "  [\(mark(findings.lwwViolations.isEmpty))] final values are the last-writer-wins winners (\(findings.lwwViolations.count) violations)"
+        )
+        lines.append(
+            "  [\(mark(findings.lostWrites.isEmpty))] no acknowledged write lost (\(findings.lostWrites.count) lost)")
+        lines.append(
+            "  [\(mark(findings.chainViolations.isEmpty))] watchers' old/new chains unbroken, no duplicates (\(notifications) notifications, \(findings.chainViolations.count) violations)"
+        )
+        for detail
+            in (findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5))
+        {
             lines.append("         \(detail)")
         }
         lines.append(passed ? "PASSED" : "FAILED")

@@ -2,7 +2,7 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// A TCP relay for one directed link between two nodes on loopback: the harness's wire cutter.
@@ -120,8 +120,12 @@ final class LinkProxy: Sendable {
             for (index, pair) in pairs.enumerated() {
                 let inEvents = fds[1 + 2 * index].revents
                 let outEvents = fds[2 + 2 * index].revents
-                if inEvents != 0 { pump(from: pair.inbound, into: &pair.toTarget, pair: pair, buffer: &buffer, delay: delay, now: now) }
-                if outEvents != 0 { pump(from: pair.outbound, into: &pair.toClient, pair: pair, buffer: &buffer, delay: delay, now: now) }
+                if inEvents != 0 {
+                    pump(from: pair.inbound, into: &pair.toTarget, pair: pair, buffer: &buffer, delay: delay, now: now)
+                }
+                if outEvents != 0 {
+                    pump(from: pair.outbound, into: &pair.toClient, pair: pair, buffer: &buffer, delay: delay, now: now)
+                }
                 flush(&pair.toTarget, to: pair.outbound, pair: pair)
                 flush(&pair.toClient, to: pair.inbound, pair: pair)
             }
@@ -132,7 +136,9 @@ final class LinkProxy: Sendable {
         Glibc.close(listener)
     }
 
-    private func pump(from fd: Int32, into queue: inout [Chunk], pair: Pair, buffer: inout [UInt8], delay: Int, now: UInt64) {
+    private func pump(
+        from fd: Int32, into queue: inout [Chunk], pair: Pair, buffer: inout [UInt8], delay: Int, now: UInt64
+    ) {
         let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
         if n > 0 {
             queue.append(Chunk(due: now + UInt64(delay), bytes: Array(buffer[0..<n])))

@@ -17,7 +17,10 @@ final class NetnsLab: Sendable {
 
     init(nodes: Int, seed: UInt64) throws {
         guard getuid() == 0 else { throw HarnessError("--netns needs root (it creates network namespaces)") }
-        guard let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"].first(where: FileManager.default.isExecutableFile) else {
+        guard
+            let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"].first(
+                where: FileManager.default.isExecutableFile)
+        else {
             throw HarnessError("--netns needs the ip command (Debian: apt-get install iproute2)")
         }
         self.ip = ip
@@ -48,7 +51,9 @@ final class NetnsLab: Sendable {
         let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
         process.waitUntilExit()
         guard process.terminationStatus == 0 else {
-            throw HarnessError("ip \(arguments.joined(separator: " ")) failed: \(message.trimmingCharacters(in: .whitespacesAndNewlines))")
+            throw HarnessError(
+                "ip \(arguments.joined(separator: " ")) failed: \(message.trimmingCharacters(in: .whitespacesAndNewlines))"
+            )
         }
     }
 

@@ -55,7 +55,10 @@ final class FaultLog: Sendable {
     private let state = Mutex<(events: [HarnessReport.FaultEvent], active: String)>(([], "-"))
 
     func record(kind: String, target: String, detail: String, at: Int, healed: Int?) {
-        state.withLock { $0.events.append(.init(kind: kind, target: target, detail: detail, startMilliseconds: at, healMilliseconds: healed)) }
+        state.withLock {
+            $0.events.append(
+                .init(kind: kind, target: target, detail: detail, startMilliseconds: at, healMilliseconds: healed))
+        }
     }
 
     func setActive(_ text: String) { state.withLock { $0.active = text } }
@@ -90,13 +93,17 @@ struct FaultController {
                     nodes[target].killHard()
                     try? await Task.sleep(for: .milliseconds(hold))
                     try? nodes[target].start()
-                    log.record(kind: "kill", target: names[target], detail: "kill -9, restarted after \(hold) ms", at: at, healed: elapsed(start))
+                    log.record(
+                        kind: "kill", target: names[target], detail: "kill -9, restarted after \(hold) ms", at: at,
+                        healed: elapsed(start))
                 case .pause:
                     log.setActive("pause \(names[target])")
                     nodes[target].pause()
                     try? await Task.sleep(for: .milliseconds(hold))
                     nodes[target].resume()
-                    log.record(kind: "pause", target: names[target], detail: "SIGSTOP for \(hold) ms", at: at, healed: elapsed(start))
+                    log.record(
+                        kind: "pause", target: names[target], detail: "SIGSTOP for \(hold) ms", at: at,
+                        healed: elapsed(start))
                 case .partition:
                     var group = Set([target])
                     let extra = nodes.count > 3 ? Int(rng.next() % UInt64(nodes.count / 2)) : 0
@@ -112,7 +119,8 @@ struct FaultController {
                     lab?.setPartition(group, cut: false)
                     log.record(
                         kind: "partition", target: "\(side) | \(other)",
-                        detail: lab == nil ? "links cut both ways for \(hold) ms" : "blackhole routes both ways for \(hold) ms",
+                        detail: lab == nil
+                            ? "links cut both ways for \(hold) ms" : "blackhole routes both ways for \(hold) ms",
                         at: at, healed: elapsed(start))
                 case .loss where lab != nil:
                     // A real link, going down in bursts: packets dropped, TCP retransmits.
@@ -124,7 +132,9 @@ struct FaultController {
                         lab?.setLink(node: target, up: true)
                         try? await Task.sleep(for: .milliseconds(50))
                     }
-                    log.record(kind: "loss", target: names[target], detail: "link down in \(steps) bursts over \(hold) ms", at: at, healed: elapsed(start))
+                    log.record(
+                        kind: "loss", target: names[target], detail: "link down in \(steps) bursts over \(hold) ms",
+                        at: at, healed: elapsed(start))
                 case .loss:
                     log.setActive("loss at \(names[target])")
                     let delay = 10 + Int(rng.next() % 40)
@@ -137,7 +147,8 @@ struct FaultController {
                     }
                     for relay in inbound { relay.setDelay(milliseconds: 0) }
                     log.record(
-                        kind: "loss", target: names[target], detail: "inbound delay \(delay) ms and connection resets for \(hold) ms",
+                        kind: "loss", target: names[target],
+                        detail: "inbound delay \(delay) ms and connection resets for \(hold) ms",
                         at: at, healed: elapsed(start))
                 case .clock:
                     break  // applied at start (one node runs skewed)

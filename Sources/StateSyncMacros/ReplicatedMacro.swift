@@ -117,7 +117,9 @@ public struct ReplicatedMacro: MemberMacro, MemberAttributeMacro, ExtensionMacro
                         changes: [
                             .replace(
                                 oldNode: Syntax(classDecl.classKeyword),
-                                newNode: Syntax(TokenSyntax.keyword(.class, leadingTrivia: [.spaces(0)]).with(\.leadingTrivia, "final "))
+                                newNode: Syntax(
+                                    TokenSyntax.keyword(.class, leadingTrivia: [.spaces(0)]).with(
+                                        \.leadingTrivia, "final "))
                             )
                         ])))
             return nil
@@ -174,9 +176,12 @@ struct TrackedProperty {
     static func untrackedTypes(in classDecl: ClassDeclSyntax) -> [String] {
         classDecl.memberBlock.members.compactMap { member -> String? in
             guard let variable = member.decl.as(VariableDeclSyntax.self), variable.bindings.count == 1,
-                let binding = variable.bindings.first, binding.accessorBlock == nil || hasAttribute(variable, named: ["Local"]),
+                let binding = variable.bindings.first,
+                binding.accessorBlock == nil || hasAttribute(variable, named: ["Local"]),
                 let type = binding.typeAnnotation?.type,
-                !variable.modifiers.contains(where: { [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind) })
+                !variable.modifiers.contains(where: {
+                    [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind)
+                })
             else { return nil }
             let isLet = variable.bindingSpecifier.tokenKind == .keyword(.let)
             return isLet || hasAttribute(variable, named: ["Local"]) ? type.trimmedDescription : nil
@@ -192,12 +197,16 @@ struct TrackedProperty {
     }
 
     /// The tracked properties of `classDecl`, diagnosing the ones the macro cannot support.
-    static func all(in classDecl: ClassDeclSyntax, diagnosingIn context: some MacroExpansionContext) -> [TrackedProperty] {
+    static func all(in classDecl: ClassDeclSyntax, diagnosingIn context: some MacroExpansionContext)
+        -> [TrackedProperty]
+    {
         var result: [TrackedProperty] = []
         for member in classDecl.memberBlock.members {
             guard let variable = member.decl.as(VariableDeclSyntax.self) else { continue }
             diagnoseUnsupported(variable, in: context)
-            let isStatic = variable.modifiers.contains { [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind) }
+            let isStatic = variable.modifiers.contains {
+                [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind)
+            }
             guard variable.bindingSpecifier.tokenKind == .keyword(.var), !isStatic,
                 !hasAttribute(variable, named: ["Local", "ObservationIgnored"]),
                 variable.bindings.count == 1, let binding = variable.bindings.first,
@@ -207,14 +216,18 @@ struct TrackedProperty {
                 context.diagnose(
                     Diagnostic(
                         node: type,
-                        message: ReplicatedDiagnostic.notCodable(identifier.identifier.text, type.trimmedDescription, reason)))
+                        message: ReplicatedDiagnostic.notCodable(
+                            identifier.identifier.text, type.trimmedDescription, reason)))
                 continue
             }
             if let accessors = binding.accessorBlock, case .accessors(let list) = accessors.accessors,
-                let observer = list.first(where: { [.keyword(.willSet), .keyword(.didSet)].contains($0.accessorSpecifier.tokenKind) })
+                let observer = list.first(where: {
+                    [.keyword(.willSet), .keyword(.didSet)].contains($0.accessorSpecifier.tokenKind)
+                })
             {
                 context.diagnose(
-                    Diagnostic(node: observer, message: ReplicatedDiagnostic.propertyObserver(identifier.identifier.text)))
+                    Diagnostic(
+                        node: observer, message: ReplicatedDiagnostic.propertyObserver(identifier.identifier.text)))
                 continue
             }
             guard isTracked(variable) else { continue }
@@ -224,7 +237,9 @@ struct TrackedProperty {
     }
 
     static func diagnoseUnsupported(_ variable: VariableDeclSyntax, in context: some MacroExpansionContext) {
-        let isStatic = variable.modifiers.contains { [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind) }
+        let isStatic = variable.modifiers.contains {
+            [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind)
+        }
         guard variable.bindingSpecifier.tokenKind == .keyword(.var), !isStatic else { return }
         if hasAttribute(variable, named: ["Local"]) { return }
         if variable.bindings.count > 1 {

@@ -22,7 +22,9 @@ extension StateSyncCLI {
         var quick = false
 
         func run() async throws {
-            let executable = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+            let executable =
+                (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
+                ?? CommandLine.arguments[0]
             let interactive = isatty(STDERR_FILENO) == 1
             let report = try await StateSyncBench.Bench.run(.init(executable: executable, quick: quick)) { phase in
                 if interactive { FileHandle.standardError.write(Data("\r\u{1B}[Kbench: \(phase)…".utf8)) }

@@ -33,7 +33,9 @@ extension StateSyncCLI {
         @Option(help: "The seed of the workload and the fault schedule.")
         var seed: UInt64 = 1
 
-        @Option(help: ArgumentHelp("Faults to inject, comma-separated: kill,pause,partition,loss,clock.", valueName: "LIST"))
+        @Option(
+            help: ArgumentHelp("Faults to inject, comma-separated: kill,pause,partition,loss,clock.", valueName: "LIST")
+        )
         var faults: String = ""
 
         @Option(help: ArgumentHelp("Concurrent writer clients.", valueName: "N"))
@@ -84,7 +86,8 @@ extension StateSyncCLI {
                     let width = 30
                     let filled = min(width, width * progress.operations / max(progress.total, 1))
                     let bar = String(repeating: "=", count: filled) + String(repeating: " ", count: width - filled)
-                    let line = "\r[\(bar)] \(min(progress.operations, progress.total))/\(progress.total) ops  faults: \(progress.faults)  now: \(progress.active)\u{1B}[K"
+                    let line =
+                        "\r[\(bar)] \(min(progress.operations, progress.total))/\(progress.total) ops  faults: \(progress.faults)  now: \(progress.active)\u{1B}[K"
                     FileHandle.standardError.write(Data(line.utf8))
                 }
             } catch {
@@ -97,7 +100,9 @@ extension StateSyncCLI {
         }
 
         static func siblingDaemon() -> String {
-            let me = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+            let me = URL(
+                fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
+                    ?? CommandLine.arguments[0])
             return me.deletingLastPathComponent().appendingPathComponent("statesyncd").path
         }
     }

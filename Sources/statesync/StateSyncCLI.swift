@@ -22,7 +22,9 @@ struct ConnectionOptions: ParsableArguments {
     var timeout: Double = 5
 
     func validate() throws {
-        guard timeout > 0, timeout <= 3600 else { throw ValidationError("--timeout must be between 0 and 3600 seconds") }
+        guard timeout > 0, timeout <= 3600 else {
+            throw ValidationError("--timeout must be between 0 and 3600 seconds")
+        }
         if let problem = NodeConfiguration.endpointProblem(daemon) { throw ValidationError("--daemon: \(problem)") }
     }
 
@@ -179,13 +181,18 @@ extension StateSyncCLI {
         @Flag(name: .long, help: "Print one JSON object per line.")
         var json = false
 
-        @Option(help: ArgumentHelp("Resume after this cursor (as printed in a watch's JSON lines).", valueName: "CURSOR"))
+        @Option(
+            help: ArgumentHelp("Resume after this cursor (as printed in a watch's JSON lines).", valueName: "CURSOR"))
         var from: String?
 
         @Flag(help: "Also print markers (initial state complete, caught up) as lines.")
         var markers = false
 
-        @Option(name: .customLong("on-lag"), help: ArgumentHelp("If this watch falls behind the node's history: resync (send the current state) or end (exit 1).", valueName: "resync|end"))
+        @Option(
+            name: .customLong("on-lag"),
+            help: ArgumentHelp(
+                "If this watch falls behind the node's history: resync (send the current state) or end (exit 1).",
+                valueName: "resync|end"))
         var onLag: String = "resync"
 
         @OptionGroup var connection: ConnectionOptions
@@ -196,7 +203,8 @@ extension StateSyncCLI {
             if let from, WatchCursor(from) == nil {
                 if Version(from) != nil {
                     throw ValidationError(
-                        "--from takes a cursor (the \"cursor\" of a watch's JSON line, like n1:12,n2:7), not a version: with many writers, no single version orders changes the same way on every node")
+                        "--from takes a cursor (the \"cursor\" of a watch's JSON line, like n1:12,n2:7), not a version: with many writers, no single version orders changes the same way on every node"
+                    )
                 }
                 throw ValidationError("--from '\(from)' is not a cursor (origin:sequence pairs, like n1:12,n2:7)")
             }
@@ -207,7 +215,8 @@ extension StateSyncCLI {
                 let client = try connection.client()
                 defer { client.close() }
                 let replica = from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
-                let (events, watched) = try await client.watch(channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync)
+                let (events, watched) = try await client.watch(
+                    channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync)
                 FileHandle.standardError.write(Data("statesync: watching \(channel) on \(connection.daemon)\n".utf8))
                 do {
                     for try await event in events { show(event) }
@@ -222,19 +231,31 @@ extension StateSyncCLI {
             case .change(let change, let kind, let cursor):
                 emit(json ? Self.json(change, kind: kind, cursor: cursor) : Self.human(change, kind: kind))
             case .initialStateComplete(let records, let cursor):
-                marker("initial", "initial state complete: \(records) properties", ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
+                marker(
+                    "initial", "initial state complete: \(records) properties",
+                    ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
             case .resyncStarted(let reason):
-                let why = reason == .lagged
+                let why =
+                    reason == .lagged
                     ? "this watch fell behind the node's history"
                     : "the node's history no longer reaches back to the cursor"
-                FileHandle.standardError.write(Data("statesync: resync: \(why); the current state follows as changes marked resync\n".utf8))
-                marker("resync", "resync started", ["reason": .string(reason == .lagged ? "lagged" : "history_gone")], always: false)
+                FileHandle.standardError.write(
+                    Data("statesync: resync: \(why); the current state follows as changes marked resync\n".utf8))
+                marker(
+                    "resync", "resync started", ["reason": .string(reason == .lagged ? "lagged" : "history_gone")],
+                    always: false)
             case .resyncComplete(let records, let cursor):
-                marker("resynced", "resync complete: \(records) properties", ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
+                marker(
+                    "resynced", "resync complete: \(records) properties",
+                    ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
             case .caughtUp(let cursor, let latest, let missing):
                 marker(
-                    "caught_up", "caught up to \(latest?.description ?? "nothing yet")\(missing > 0 ? " (node still missing \(missing) deltas)" : "")",
-                    ["cursor": .string(cursor.description), "latest": latest.map { .string($0.description) } ?? .null, "node_missing": .int(Int64(missing))])
+                    "caught_up",
+                    "caught up to \(latest?.description ?? "nothing yet")\(missing > 0 ? " (node still missing \(missing) deltas)" : "")",
+                    [
+                        "cursor": .string(cursor.description),
+                        "latest": latest.map { .string($0.description) } ?? .null, "node_missing": .int(Int64(missing)),
+                    ])
             }
         }
 
@@ -252,7 +273,8 @@ extension StateSyncCLI {
 
         static func json(_ change: PropertyChange, kind: WatchEvent.Kind, cursor: WatchCursor) -> String {
             Value.map([
-                "channel": .string(change.channel), "model": .string(change.model), "property": .string(change.property),
+                "channel": .string(change.channel), "model": .string(change.model),
+                "property": .string(change.property),
                 "old": change.old ?? .null, "new": change.new, "version": .string(change.version.description),
                 "origin": .string(change.origin), "kind": .string("\(kind)"), "cursor": .string(cursor.description),
             ]).jsonText()
@@ -260,7 +282,8 @@ extension StateSyncCLI {
 
         static func human(_ change: PropertyChange, kind: WatchEvent.Kind) -> String {
             let tag = kind == .live ? "" : " (\(kind))"
-            return "\(change.channel)/\(change.model) \(change.property): \(change.old?.jsonText() ?? "null") -> \(change.new.jsonText())  [\(change.version)]\(tag)"
+            return
+                "\(change.channel)/\(change.model) \(change.property): \(change.old?.jsonText() ?? "null") -> \(change.new.jsonText())  [\(change.version)]\(tag)"
         }
     }
 
@@ -288,7 +311,8 @@ extension StateSyncCLI {
                 defer {
                     if ready, !status.peers.allSatisfy(\.connected) {
                         let down = status.peers.filter { !$0.connected }.map(\.endpoint)
-                        FileHandle.standardError.write(Data("statesync: not ready: peers not connected: \(down.joined(separator: ", "))\n".utf8))
+                        FileHandle.standardError.write(
+                            Data("statesync: not ready: peers not connected: \(down.joined(separator: ", "))\n".utf8))
                     }
                 }
                 if ready, !status.peers.allSatisfy(\.connected) {
@@ -302,21 +326,32 @@ extension StateSyncCLI {
                 emit("node:      \(status.node) (incarnation \(String(status.incarnation, radix: 16)))")
                 emit("publish:   \(status.publishEndpoint)")
                 emit("api:       \(status.apiEndpoint ?? "-")")
-                emit("version:   \(status.latestVersion?.description ?? "none yet")  (sequence \(status.latestSequence))")
+                emit(
+                    "version:   \(status.latestVersion?.description ?? "none yet")  (sequence \(status.latestSequence))"
+                )
                 emit("digest:    \(String(status.stateDigest, radix: 16))")
                 emit("peers:")
                 if status.peers.isEmpty { emit("  (none)") }
                 for peer in status.peers {
                     let seen = peer.lastSeenMillisecondsAgo.map { "last seen \($0) ms ago" } ?? "never seen"
-                    emit("  \(peer.endpoint)  \(peer.node ?? "?")  \(peer.connected ? "connected" : "NOT CONNECTED")  \(seen)")
+                    emit(
+                        "  \(peer.endpoint)  \(peer.node ?? "?")  \(peer.connected ? "connected" : "NOT CONNECTED")  \(seen)"
+                    )
                 }
                 emit("channels:")
                 if status.channels.isEmpty { emit("  (none)") }
                 for name in status.channels.keys.sorted() { emit("  \(name): \(status.channels[name]!) models") }
-                emit("missing:   \(status.missingDeltas) deltas known but not yet received (repair in progress when > 0)")
-                emit("watchers:  \(status.watchers)\(status.laggingWatches > 0 ? " (\(status.laggingWatches) lagging)" : "")")
+                emit(
+                    "missing:   \(status.missingDeltas) deltas known but not yet received (repair in progress when > 0)"
+                )
+                emit(
+                    "watchers:  \(status.watchers)\(status.laggingWatches > 0 ? " (\(status.laggingWatches) lagging)" : "")"
+                )
                 let nonZero = status.counters.filter { $0.value != 0 }.sorted { $0.key < $1.key }
-                emit("counters:  " + (nonZero.isEmpty ? "all zero" : nonZero.map { "\($0.key)=\($0.value)" }.joined(separator: " ")))
+                emit(
+                    "counters:  "
+                        + (nonZero.isEmpty
+                            ? "all zero" : nonZero.map { "\($0.key)=\($0.value)" }.joined(separator: " ")))
             }
         }
     }

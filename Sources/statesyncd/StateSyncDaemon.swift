@@ -48,7 +48,8 @@ struct StateSyncDaemon: AsyncParsableCommand {
         do {
             node = try await StateSyncNode.start(configuration: configuration, logger: logger)
         } catch {
-            FileHandle.standardError.write(Data("statesyncd: cannot start node \(configuration.nodeID): \(error)\n".utf8))
+            FileHandle.standardError.write(
+                Data("statesyncd: cannot start node \(configuration.nodeID): \(error)\n".utf8))
             throw ExitCode(1)
         }
         let group = ServiceGroup(

@@ -18,7 +18,9 @@ public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         // A DELTA: split the input into topic and body at the first 0xFF (or the middle).
         let split = bytes.firstIndex(of: 0xFF) ?? bytes.count / 2
         _ = try? PeerMessage.decodeAll([[UInt8(ascii: "D")] + bytes[..<split], Array(bytes[split...].dropFirst())])
-        _ = try? PeerMessage.decodeAll([[UInt8(ascii: "D")] + bytes[..<split], Array(bytes[split...].dropFirst()), bytes])
+        _ = try? PeerMessage.decodeAll([
+            [UInt8(ascii: "D")] + bytes[..<split], Array(bytes[split...].dropFirst()), bytes,
+        ])
     case 2:
         _ = try? PeerMessage.decode([PeerMessage.heartbeatTopic, bytes])
     case 3:

@@ -4,7 +4,7 @@ import StateSyncClient
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Real `statesyncd` processes on loopback, driven by the real `statesync` CLI and client.
@@ -67,10 +67,14 @@ struct ClusterTests {
             let first = try await cli(["set", "demo/greeting", "text=\"hello\""])
             #expect(first.status == 0, "\(first.stderr)")
             #expect(Version(first.stdout.trimmingCharacters(in: .whitespacesAndNewlines))?.node == "node1")
-            try await waitUntil("node3's watch prints the first change") { watch.stdout.split(separator: "\n").count == 1 }
+            try await waitUntil("node3's watch prints the first change") {
+                watch.stdout.split(separator: "\n").count == 1
+            }
             let second = try await cli(["set", "demo/greeting", "text=\"world\"", "--daemon", "tcp://127.0.0.1:7101"])
             #expect(second.status == 0, "\(second.stderr)")
-            try await waitUntil("node3's watch prints the second change") { watch.stdout.split(separator: "\n").count == 2 }
+            try await waitUntil("node3's watch prints the second change") {
+                watch.stdout.split(separator: "\n").count == 2
+            }
 
             let lines = watch.stdout.split(separator: "\n").compactMap(jsonObject)
             #expect(lines.count == 2)
@@ -90,7 +94,8 @@ struct ClusterTests {
             let status = try await cli(["status", "--json", "--daemon", "tcp://127.0.0.1:7103"])
             let statusObject = jsonObject(Substring(status.stdout))
             #expect(statusObject?["node"] as? String == "node3")
-            #expect((statusObject?["peers"] as? [[String: Any]])?.allSatisfy { $0["connected"] as? Bool == true } == true)
+            #expect(
+                (statusObject?["peers"] as? [[String: Any]])?.allSatisfy { $0["connected"] as? Bool == true } == true)
             #expect((statusObject?["channels"] as? [String: Any])?["demo"] as? Int == 1)
         } catch {
             Issue.record("\(error)\n\(daemons.logs())")
@@ -99,7 +104,8 @@ struct ClusterTests {
         let statuses = await daemons.stopAll()
         #expect(statuses == [0, 0, 0], "SIGTERM must stop every daemon cleanly (exit 0)\n\(daemons.logs())")
         for i in 1...3 {
-            #expect(FileManager.default.fileExists(atPath: "\(dataRoot)/node\(i)/state.snapshot"), "state flushed at stop")
+            #expect(
+                FileManager.default.fileExists(atPath: "\(dataRoot)/node\(i)/state.snapshot"), "state flushed at stop")
         }
     }
 
@@ -124,7 +130,7 @@ struct ClusterTests {
             let apis = ports.map { "tcp://127.0.0.1:\($0.api)" }
             for api in apis { try await Self.waitUntilReady(api, peers: 2) }
             let clients = try apis.map { try StateSyncClient(endpoint: $0) }
-            defer { clients.forEach { $0.close() } }
+            defer { for client in clients { client.close() } }
 
             let writersPerNode = 4
             let setsPerWriter = 150
@@ -137,7 +143,10 @@ struct ClusterTests {
                                 let model = "m\(i % 3)"
                                 try await client.set(
                                     ModelAddress(channel: "race", model: model),
-                                    [PropertyWrite(name: "a", value: .string(tag)), PropertyWrite(name: "b", value: .int(Int64(i)))])
+                                    [
+                                        PropertyWrite(name: "a", value: .string(tag)),
+                                        PropertyWrite(name: "b", value: .int(Int64(i))),
+                                    ])
                             }
                         }
                     }
@@ -170,7 +179,9 @@ struct ClusterTests {
                     "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_API": api,
                     "STATESYNC_NETWORK_PEERS": "tcp://127.0.0.1:\(freePort())",  // nobody is there
                 ], name: "lonely")
-            try await waitUntil("the daemon answers") { try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0 }
+            try await waitUntil("the daemon answers") {
+                try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0
+            }
             let probe = try await cli(["status", "--ready", "--daemon", api])
             #expect(probe.status == 3)
             #expect(probe.stderr.contains("not ready: peers not connected"), "\(probe.stderr)")

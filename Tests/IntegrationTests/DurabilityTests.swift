@@ -4,7 +4,7 @@ import StateSyncClient
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// Issue #5 with real processes: kill -9, restarts, late joiners, a damaged log.
@@ -58,7 +58,7 @@ struct DurabilityTests {
                 try StateSyncClient(endpoint: nodes[0].api, requestTimeout: .seconds(2)),
                 try StateSyncClient(endpoint: nodes[1].api, requestTimeout: .seconds(1)),
             ]
-            defer { writers.forEach { $0.close() } }
+            defer { for writer in writers { writer.close() } }
 
             // 2,000 sets, alternating between node1 and node2; node2 is killed with SIGKILL after
             // 600 and restarted on the same data directory. Only acknowledged sets are promised.
@@ -68,7 +68,8 @@ struct DurabilityTests {
                 if i == 600 {
                     kill(node2.process.processIdentifier, SIGKILL)
                     _ = await node2.wait()
-                    node2 = try daemons.start(config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2-restarted")
+                    node2 = try daemons.start(
+                        config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2-restarted")
                 }
                 do {
                     try await writers[i % 2].set(ModelAddress(channel: "kill", model: "m\(i)"), ["v": .int(Int64(i))])
@@ -83,7 +84,7 @@ struct DurabilityTests {
             _ = try daemons.start(config: "Config/node3.yaml", environment: nodes[2].environment, name: "node3")
             try await Self.waitUntilAnswering(nodes[2].api)
             let readers = try nodes.map { try StateSyncClient(endpoint: $0.api) }
-            defer { readers.forEach { $0.close() } }
+            defer { for reader in readers { reader.close() } }
             try await Self.waitUntilConverged(readers)
 
             var lost: [String] = []
@@ -121,7 +122,8 @@ struct DurabilityTests {
             try handle.truncate(atOffset: UInt64(size - 3))
             try handle.close()
 
-            node1 = try daemons.start(config: "Config/node1.yaml", environment: nodes[0].environment, name: "node1-restarted")
+            node1 = try daemons.start(
+                config: "Config/node1.yaml", environment: nodes[0].environment, name: "node1-restarted")
             try await Self.waitUntilAnswering(nodes[0].api)
             let status = try await client.status()
             #expect(status.counters["log_bytes_cut"] ?? 0 > 0, "the torn tail must be detected and cut")
@@ -149,15 +151,19 @@ struct ResumableWatchTests {
         let daemons = ClusterTests.Daemons()
         do {
             for (index, node) in nodes.prefix(2).enumerated() {
-                _ = try daemons.start(config: "Config/node\(index + 1).yaml", environment: node.environment, name: node.name)
+                _ = try daemons.start(
+                    config: "Config/node\(index + 1).yaml", environment: node.environment, name: node.name)
             }
             for node in nodes.prefix(2) { try await DurabilityTests.waitUntilAnswering(node.api) }
-            let first = try ChildProcess("statesync", ["watch", "r", "--json", "--daemon", nodes[0].api], name: "watch1")
+            let first = try ChildProcess(
+                "statesync", ["watch", "r", "--json", "--daemon", nodes[0].api], name: "watch1")
             let node1 = try StateSyncClient(endpoint: nodes[0].api)
             defer { node1.close() }
             try await waitUntil("the first watch is registered") { (try? await node1.status().watchers) == 1 }
             for i in 1...10 { try await node1.set(ModelAddress(channel: "r", model: "m"), ["n": .int(Int64(i))]) }
-            try await waitUntil("the first watch printed 10 changes") { first.stdout.split(separator: "\n").count == 10 }
+            try await waitUntil("the first watch printed 10 changes") {
+                first.stdout.split(separator: "\n").count == 10
+            }
             _ = await first.stop(SIGINT)
             let firstLines = first.stdout.split(separator: "\n").compactMap(jsonObject)
             let cursor = try #require(firstLines.last?["cursor"] as? String)
@@ -166,13 +172,20 @@ struct ResumableWatchTests {
             let node2 = try StateSyncClient(endpoint: nodes[1].api)
             defer { node2.close() }
             for i in 11...20 { try await node2.set(ModelAddress(channel: "r", model: "m"), ["n": .int(Int64(i))]) }
-            let resumed = try ChildProcess("statesync", ["watch", "r", "--json", "--from", cursor, "--daemon", nodes[1].api], name: "watch2")
-            try await waitUntil("the resumed watch printed the 10 later changes") { resumed.stdout.split(separator: "\n").count >= 10 }
+            let resumed = try ChildProcess(
+                "statesync", ["watch", "r", "--json", "--from", cursor, "--daemon", nodes[1].api], name: "watch2")
+            try await waitUntil("the resumed watch printed the 10 later changes") {
+                resumed.stdout.split(separator: "\n").count >= 10
+            }
             _ = await resumed.stop(SIGINT)
             let lines = resumed.stdout.split(separator: "\n").compactMap(jsonObject)
-            #expect(lines.map { $0["new"] as? Int } == (11...20).map { $0 }, "each later change exactly once: \(resumed.stdout)")
+            #expect(
+                lines.map { $0["new"] as? Int } == (11...20).map { $0 },
+                "each later change exactly once: \(resumed.stdout)")
             #expect(lines.allSatisfy { $0["kind"] as? String == "live" })
-            for index in lines.indices.dropFirst() { #expect(lines[index]["old"] as? Int == lines[index - 1]["new"] as? Int) }
+            for index in lines.indices.dropFirst() {
+                #expect(lines[index]["old"] as? Int == lines[index - 1]["new"] as? Int)
+            }
 
             let bad = try await cli(["watch", "r", "--from", "1795305830695.0@node1", "--daemon", nodes[1].api])
             #expect(bad.status != 0 && bad.stderr.contains("takes a cursor"), "\(bad.stderr)")

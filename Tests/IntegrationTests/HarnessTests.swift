@@ -2,7 +2,7 @@ import Foundation
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// `statesync harness` as CI runs it: a small cluster with kill and partition must pass, and the
@@ -11,7 +11,10 @@ import Glibc
 struct HarnessTests {
     @Test func smallClusterWithKillAndPartitionPasses() async throws {
         let run = try await cli(
-            ["harness", "--nodes", "3", "--ops", "3000", "--seed", "1", "--faults", "kill,partition,pause,loss,clock", "--json"],
+            [
+                "harness", "--nodes", "3", "--ops", "3000", "--seed", "1", "--faults",
+                "kill,partition,pause,loss,clock", "--json",
+            ],
             timeout: .seconds(240))
         let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
         #expect(run.status == 0, "\(run.stdout)")
@@ -27,7 +30,8 @@ struct HarnessTests {
 
     /// Root, iproute2, and a kernel that lets this sandbox create a namespace (probed).
     static let canCreateNamespaces: Bool = {
-        guard getuid() == 0, let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"].first(where: FileManager.default.isExecutableFile)
+        guard getuid() == 0,
+            let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"].first(where: FileManager.default.isExecutableFile)
         else { return false }
         func run(_ arguments: [String]) -> Bool {
             let process = Process()
@@ -49,7 +53,10 @@ struct HarnessTests {
     @Test(.enabled(if: canCreateNamespaces, "needs root and iproute2"))
     func netnsModeWithRealLinkFaultsPasses() async throws {
         let run = try await cli(
-            ["harness", "--netns", "--nodes", "3", "--ops", "1500", "--seed", "3", "--faults", "kill,partition,loss", "--json"],
+            [
+                "harness", "--netns", "--nodes", "3", "--ops", "1500", "--seed", "3", "--faults", "kill,partition,loss",
+                "--json",
+            ],
             timeout: .seconds(240))
         let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
         #expect(run.status == 0, "\(run.stdout)")
@@ -61,7 +68,10 @@ struct HarnessTests {
 
     @Test func aPlantedBugFailsTheVerdictAndNamesTheNode() async throws {
         let run = try await cli(
-            ["harness", "--nodes", "3", "--ops", "1500", "--seed", "7", "--faults", "kill", "--plant-bug", "drop-deltas", "--json"],
+            [
+                "harness", "--nodes", "3", "--ops", "1500", "--seed", "7", "--faults", "kill", "--plant-bug",
+                "drop-deltas", "--json",
+            ],
             timeout: .seconds(240))
         let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
         #expect(run.status == 1)

@@ -3,7 +3,7 @@ import StateSync
 import Testing
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 /// The directory holding the built executables (next to the test bundle on Linux).
@@ -16,7 +16,8 @@ let binaries: URL = {
     return directory
 }()
 
-let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+    .deletingLastPathComponent()
 
 /// A child process whose output goes to files (a full pipe can never block it), stopped by
 /// the test that started it.
@@ -75,7 +76,9 @@ final class ChildProcess: @unchecked Sendable {
 }
 
 /// Runs a `statesync` CLI command to completion.
-func cli(_ arguments: [String], timeout: Duration = .seconds(20)) async throws -> (status: Int32, stdout: String, stderr: String) {
+func cli(_ arguments: [String], timeout: Duration = .seconds(20)) async throws -> (
+    status: Int32, stdout: String, stderr: String
+) {
     let child = try ChildProcess("statesync", arguments)
     let status = await child.wait(timeout: timeout)
     return (status, child.stdout, child.stderr)

@@ -128,10 +128,16 @@ struct ReplicatedMacroTests {
     }
 
     @Test(arguments: [
-        ("@Replicated struct S { var x = 0 }", "@Replicated cannot be applied to a struct; apply it to a 'final class'"),
+        (
+            "@Replicated struct S { var x = 0 }",
+            "@Replicated cannot be applied to a struct; apply it to a 'final class'"
+        ),
         ("@Replicated enum E { case a }", "@Replicated cannot be applied to an enum; apply it to a 'final class'"),
         ("@Replicated actor A { var x = 0 }", "@Replicated cannot be applied to an actor; apply it to a 'final class'"),
-        ("@Replicated class C { var x = 0 }", "@Replicated class 'C' must be 'final' (subclasses would bypass its tracked storage)"),
+        (
+            "@Replicated class C { var x = 0 }",
+            "@Replicated class 'C' must be 'final' (subclasses would bypass its tracked storage)"
+        ),
         (
             "@Replicated final class C { var x: Int { get { 0 } set { } } }",
             "@Replicated cannot replicate computed property 'x' with a setter; make it stored, or get-only"
@@ -152,7 +158,10 @@ struct ReplicatedMacroTests {
             "@Replicated final class C { var a = 0 { didSet { } } }",
             "tracked property 'a' cannot have willSet/didSet; use observe(\\.a) instead"
         ),
-        ("@Replicated final class C { var a = 1, b = 2 }", "@Replicated needs one property per 'var' declaration; split this declaration"),
+        (
+            "@Replicated final class C { var a = 1, b = 2 }",
+            "@Replicated needs one property per 'var' declaration; split this declaration"
+        ),
         (
             "@Replicated final class C { lazy var a = 1 }",
             "@Replicated cannot track a 'lazy var'; make it a plain stored 'var' or mark it @Local"
@@ -193,7 +202,8 @@ struct ReplicatedMacroTests {
             """,
             diagnostics: [
                 DiagnosticSpec(
-                    message: "property 'bad' of type '() -> Void' cannot be replicated: a function type is neither Codable nor Sendable; tracked properties must be Codable & Sendable (or mark it @Local)",
+                    message:
+                        "property 'bad' of type '() -> Void' cannot be replicated: a function type is neither Codable nor Sendable; tracked properties must be Codable & Sendable (or mark it @Local)",
                     line: 3, column: 14)
             ])
     }

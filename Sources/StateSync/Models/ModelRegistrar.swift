@@ -119,7 +119,9 @@ public final class ModelRegistrar: Sendable {
             }
             property.set(model, newValue)
             state.versions[property.name] = version
-            enqueue(&state, ErasedChange(property: property.name, old: old, new: newValue, version: version, isRemote: false))
+            enqueue(
+                &state,
+                ErasedChange(property: property.name, old: old, new: newValue, version: version, isRemote: false))
             if let binding = state.binding {
                 do {
                     let value = try ValueEncoder().encode(newValue)
@@ -195,7 +197,9 @@ public final class ModelRegistrar: Sendable {
                 let property = schema.properties[index]
                 state.versions[property.name] = version
                 changedIndices.append(index)
-                enqueue(&state, ErasedChange(property: property.name, old: old, new: new, version: version, isRemote: false))
+                enqueue(
+                    &state, ErasedChange(property: property.name, old: old, new: new, version: version, isRemote: false)
+                )
                 if let binding = state.binding {
                     do {
                         writes.append(PropertyWrite(name: property.name, value: try property.encodeErased(new)))
@@ -250,7 +254,9 @@ public final class ModelRegistrar: Sendable {
                     guard let (old, new) = try property.assign(model, from: write.value) else { continue }
                     result.applied += 1
                     changed.append(index)
-                    enqueue(&state, ErasedChange(property: write.name, old: old, new: new, version: version, isRemote: isRemote))
+                    enqueue(
+                        &state,
+                        ErasedChange(property: write.name, old: old, new: new, version: version, isRemote: isRemote))
                 } catch {
                     result.rejected.append((write.name, "\(error)"))
                 }
@@ -266,7 +272,9 @@ public final class ModelRegistrar: Sendable {
 
     /// Attaches the model to a node: adopts the node's state for it silently (no notifications,
     /// no deltas) and from now on publishes local writes through `binding`.
-    func attach<Model: ReplicatedModel>(_ model: Model, adopting registers: [String: ReplicaStore.Register], binding: ModelBinding) {
+    func attach<Model: ReplicatedModel>(
+        _ model: Model, adopting registers: [String: ReplicaStore.Register], binding: ModelBinding
+    ) {
         let schema = Model._$schema
         state.withLock { state in
             for (name, register) in registers {
@@ -294,7 +302,8 @@ public final class ModelRegistrar: Sendable {
     // MARK: - Observers
 
     /// Registers `callback` for changes of the property called `name`.
-    func addObserver(property name: String, _ callback: @escaping @Sendable (ErasedChange) -> Void) -> ObservationToken {
+    func addObserver(property name: String, _ callback: @escaping @Sendable (ErasedChange) -> Void) -> ObservationToken
+    {
         let entry = observers.withLock { table in
             let entry = ObserverEntry(id: table.nextID, callback: callback)
             table.nextID += 1

@@ -2,9 +2,9 @@ import Foundation
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// A node's data directory: an exclusive lock (one node per directory) and the state snapshot
@@ -29,7 +29,8 @@ final class DataDirectory: Sendable {
         do {
             try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
         } catch {
-            throw StateSyncError(.dataDirectory, "cannot create data directory \(path): \((error as NSError).localizedDescription)")
+            throw StateSyncError(
+                .dataDirectory, "cannot create data directory \(path): \((error as NSError).localizedDescription)")
         }
         let lockPath = path + "/LOCK"
         let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
@@ -39,7 +40,9 @@ final class DataDirectory: Sendable {
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
             close(fd)
             throw StateSyncError(
-                .dataDirectory, "data directory \(path) is in use by another node (its LOCK is held); give each node its own node.data_dir")
+                .dataDirectory,
+                "data directory \(path) is in use by another node (its LOCK is held); give each node its own node.data_dir"
+            )
         }
         lockDescriptor = fd
     }

@@ -92,7 +92,8 @@ extension NodeConfiguration {
             let reason = lines.filter { !$0.isEmpty && !$0.allSatisfy({ $0 == "^" }) }.prefix(2).joined(separator: " ")
             throw StateSyncError(.invalidConfiguration, "\(path): not a valid YAML mapping: \(reason)")
         }
-        let reader = KeyReader(path: path, file: snapshot, environment: EnvironmentVariablesProvider(environmentVariables: environment))
+        let reader = KeyReader(
+            path: path, file: snapshot, environment: EnvironmentVariablesProvider(environmentVariables: environment))
 
         let nodeID = try reader.requiredString(.nodeID)
         guard nodeID.range(of: #"^[A-Za-z0-9._-]{1,64}$"#, options: .regularExpression) != nil else {
@@ -162,11 +163,14 @@ extension NodeConfiguration {
         private func lookup(_ key: Key, _ type: ConfigType) throws(StateSyncError) -> ConfigContent? {
             let components = key.rawValue.split(separator: ".").map(String.init)
             do {
-                if let value = try environment.value(forKey: AbsoluteConfigKey(["statesync"] + components), type: type).value {
+                if let value = try environment.value(forKey: AbsoluteConfigKey(["statesync"] + components), type: type)
+                    .value
+                {
                     return value.content
                 }
             } catch {
-                throw invalid(key, "expected \(Self.describe(type))", source: "environment variable \(key.environmentVariable)")
+                throw invalid(
+                    key, "expected \(Self.describe(type))", source: "environment variable \(key.environmentVariable)")
             }
             do {
                 return try file.value(forKey: AbsoluteConfigKey(components), type: type).value?.content

@@ -151,7 +151,8 @@ struct NodeCore: Sendable {
     /// The retained deltas of `origin` in `range`, and the lowest sequence number still held.
     func retained(origin: String, range: ClosedRange<UInt64>) -> (deltas: [Delta], droppedThrough: UInt64) {
         guard let history = history[origin] else { return ([], 0) }
-        let deltas = range.count <= history.deltas.count
+        let deltas =
+            range.count <= history.deltas.count
             ? range.compactMap { history.deltas[$0] }
             : history.deltas.values.filter { range.contains($0.sequence) }.sorted { $0.sequence < $1.sequence }
         return (deltas, history.droppedThrough)
@@ -196,7 +197,9 @@ struct Outbox: Sendable {
     /// Gives `delta` the next sequence number and queues it.
     mutating func enqueue(address: ModelAddress, version: Version, writes: [PropertyWrite]) {
         pending.append(
-            Delta(channel: address.channel, model: address.model, version: version, sequence: nextSequence, properties: writes))
+            Delta(
+                channel: address.channel, model: address.model, version: version, sequence: nextSequence,
+                properties: writes))
         nextSequence += 1
     }
 

@@ -94,7 +94,8 @@ public struct NodeStatus: Sendable, Equatable {
                 peers.append(
                     Peer(
                         endpoint: endpoint, node: peerNode, connected: connected,
-                        lastSeenMillisecondsAgo: int(p["last_seen_ms_ago"]), deltasReceived: int(p["deltas_received"]) ?? 0))
+                        lastSeenMillisecondsAgo: int(p["last_seen_ms_ago"]),
+                        deltasReceived: int(p["deltas_received"]) ?? 0))
             }
         }
         self.peers = peers

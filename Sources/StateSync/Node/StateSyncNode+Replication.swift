@@ -16,7 +16,8 @@ extension StateSyncNode {
         do {
             messages = try PeerMessage.decodeAll(frames)
         } catch {
-            countMalformed(kind: "malformed-peer", "dropped a malformed message from a peer", endpoint: endpoint, error: error)
+            countMalformed(
+                kind: "malformed-peer", "dropped a malformed message from a peer", endpoint: endpoint, error: error)
             return []
         }
         let now = monotonicMilliseconds()
@@ -37,7 +38,8 @@ extension StateSyncNode {
             core.withLock { core in
                 core.peers[endpoint, default: .init()].lastMessageAt = now
                 core.peers[endpoint, default: .init()].node = beat.node
-                core.peers[endpoint, default: .init()].api = beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
+                core.peers[endpoint, default: .init()].api =
+                    beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
                 guard beat.node != configuration.nodeID else { return }
                 core.origins[beat.node, default: .init()].incarnation = beat.incarnation
                 core.origins[beat.node, default: .init()].announced = max(
@@ -46,7 +48,8 @@ extension StateSyncNode {
                 // too. For our own origin this means we lost deltas we had published (a damaged
                 // or removed log): fetch them back and never reuse their sequence numbers.
                 for (origin, through) in beat.progress {
-                    core.origins[origin, default: .init()].announced = max(core.origins[origin]?.announced ?? 0, through)
+                    core.origins[origin, default: .init()].announced = max(
+                        core.origins[origin]?.announced ?? 0, through)
                 }
             }
             if let own = beat.progress[configuration.nodeID], own < UInt64.max {
@@ -71,7 +74,8 @@ extension StateSyncNode {
     private func countMalformed(kind: String, _ message: Logger.Message, endpoint: String, error: any Error) {
         core.withLock { $0.counters.malformedMessages += 1 }
         if let suppressed = limiter.allow(kind) {
-            logger.warning(message, metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)", "suppressed": "\(suppressed)"])
+            logger.warning(
+                message, metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)", "suppressed": "\(suppressed)"])
         }
     }
 
@@ -92,7 +96,8 @@ extension StateSyncNode {
                 try Names.validateModel(delta.model)
                 for property in delta.properties { try Names.validateProperty(property.name) }
             } catch {
-                countMalformed(kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
+                countMalformed(
+                    kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
                 continue
             }
             if dropRemoteDeltas(delta) { continue }
@@ -114,7 +119,9 @@ extension StateSyncNode {
                 let changes = core.store.apply(delta)
                 core.counters.propertiesStale += delta.properties.count - changes.count
                 if !changes.isEmpty { core.counters.deltasApplied += 1 }
-                let instance = changes.isEmpty ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
+                let instance =
+                    changes.isEmpty
+                    ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
                 results.append((Applied(delta: delta, changes: changes), instance))
             }
             return results
@@ -129,7 +136,9 @@ extension StateSyncNode {
         }
         for (applied, instance) in results {
             if let instance {
-                apply(applied.changes, to: instance, version: applied.delta.version, isRemote: applied.delta.origin != configuration.nodeID)
+                apply(
+                    applied.changes, to: instance, version: applied.delta.version,
+                    isRemote: applied.delta.origin != configuration.nodeID)
             }
         }
         return results.map(\.0)
@@ -146,7 +155,8 @@ extension StateSyncNode {
     }
 
     /// Applies store changes to a live model instance and accounts for what it rejected.
-    private func apply(_ changes: [PropertyChange], to instance: any ReplicatedModel, version: Version, isRemote: Bool) {
+    private func apply(_ changes: [PropertyChange], to instance: any ReplicatedModel, version: Version, isRemote: Bool)
+    {
         let writes = changes.map { PropertyWrite(name: $0.property, value: $0.new) }
         let result = Self.apply(writes, to: instance, version: version, isRemote: isRemote)
         let rejected = result.rejected.count + result.unknownProperties.count
@@ -190,7 +200,9 @@ extension StateSyncNode {
                 let changes = core.store.apply(delta)
                 // The instance that wrote it already holds it (same version: a no-op); a newer
                 // instance at the address may have adopted the store before this write landed.
-                let instance = changes.isEmpty ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
+                let instance =
+                    changes.isEmpty
+                    ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
                 return (Applied(delta: delta, changes: changes), instance)
             }
         }
@@ -238,7 +250,8 @@ extension StateSyncNode {
             return total + write.name.utf8.count + w.bytes.count
         }
         guard size <= Self.maximumWriteBytes else {
-            throw StateSyncError(.invalidName, "the write is \(size) bytes; a delta may carry at most \(Self.maximumWriteBytes)")
+            throw StateSyncError(
+                .invalidName, "the write is \(size) bytes; a delta may carry at most \(Self.maximumWriteBytes)")
         }
         // Writes queued by models go first: they were made before this SET.
         var applied = takeLocalWrites()
@@ -313,7 +326,9 @@ extension StateSyncNode {
         for (address, registers) in snapshot.store.allModels {
             // One model at a time under the lock: no long stall for readers of the node.
             let (changes, instance) = core.withLock { core -> ([PropertyChange], (any ReplicatedModel)?) in
-                let changes = registers.compactMap { name, register in core.store.merge(address, property: name, register: register) }
+                let changes = registers.compactMap { name, register in
+                    core.store.merge(address, property: name, register: register)
+                }
                 return (changes, changes.isEmpty ? nil : core.liveInstance(at: address))
             }
             guard let newest = changes.map(\.version).max() else { continue }

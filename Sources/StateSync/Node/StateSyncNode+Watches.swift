@@ -36,7 +36,8 @@ extension StateSyncNode {
             if position.journalIndex < core.journal.base {
                 // Entries this watch has not passed were dropped: only those it still needs matter.
                 let needed = core.journal.droppedThrough.contains { origin, through in
-                    through > position.cursor[origin] && !(position.cursor[origin] + 1...through).allSatisfy { position.covers(origin, $0) }
+                    through > position.cursor[origin]
+                        && !(position.cursor[origin] + 1...through).allSatisfy { position.covers(origin, $0) }
                 }
                 if needed { return ([], position, true) }
                 position.journalIndex = core.journal.base
@@ -79,7 +80,10 @@ extension StateSyncNode {
                 index += 1
             }
             let models = core.store.models(in: channel).sorted().map { model in
-                (model, core.store.properties(of: ModelAddress(channel: channel, model: model)).sorted { $0.key < $1.key })
+                (
+                    model,
+                    core.store.properties(of: ModelAddress(channel: channel, model: model)).sorted { $0.key < $1.key }
+                )
             }
             return (models, position)
         }

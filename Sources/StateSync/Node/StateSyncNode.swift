@@ -69,7 +69,9 @@ public final class StateSyncNode: Sendable {
         // Replay the write-ahead log: every delta applied since the snapshot, own and remote.
         let log = try directory.openLog()
         let recovery = try log.recover()
-        var ownLatest = core.store.allModels.flatMap { $0.1.values.map(\.version) }.filter { $0.node == configuration.nodeID }.max()
+        var ownLatest = core.store.allModels.flatMap { $0.1.values.map(\.version) }.filter {
+            $0.node == configuration.nodeID
+        }.max()
         for delta in recovery.deltas where core.record(delta) {
             _ = core.store.apply(delta)
             if delta.origin == configuration.nodeID {
@@ -87,7 +89,8 @@ public final class StateSyncNode: Sendable {
         if !recovery.deltas.isEmpty {
             logger.info("replayed the log", metadata: ["deltas": "\(recovery.deltas.count)"])
         }
-        let node = StateSyncNode(configuration: configuration, directory: directory, log: log, core: core, logger: logger)
+        let node = StateSyncNode(
+            configuration: configuration, directory: directory, log: log, core: core, logger: logger)
         // Never reuse a sequence number or issue a version below what this node already wrote.
         node.outbox.withLock { $0.nextSequence = latestSequence + 1 }
         if let ownLatest { node.clock.advance(past: ownLatest) }
@@ -109,7 +112,9 @@ public final class StateSyncNode: Sendable {
         return node
     }
 
-    private init(configuration: NodeConfiguration, directory: DataDirectory, log: DeltaLog, core: NodeCore, logger: Logger) {
+    private init(
+        configuration: NodeConfiguration, directory: DataDirectory, log: DeltaLog, core: NodeCore, logger: Logger
+    ) {
         self.log = log
         let share = ProcessInfo.processInfo.environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"].flatMap(Double.init) ?? 0
         self.plantedDropShare = min(max(share, 0), 1)
@@ -155,7 +160,9 @@ public final class StateSyncNode: Sendable {
         let binding = ModelBinding(
             address: address, clock: clock,
             emit: { [weak self] address, version, writes in self?.enqueueLocalWrite(address, version, writes) },
-            reportEncodingFailure: { [weak self] property, error in self?.reportEncodingFailure(address, property, error) })
+            reportEncodingFailure: { [weak self] property, error in
+                self?.reportEncodingFailure(address, property, error)
+            })
         return try core.withLock { core throws(StateSyncError) -> M in
             if let existing = core.liveInstance(at: address) {
                 guard let typed = existing as? M else {

@@ -58,7 +58,8 @@ public struct ReplicaStore: Sendable {
         account(address.channel, address.model, property, old: current, new: register)
         if register.version > latestVersion { latestVersion = register.version }
         return PropertyChange(
-            channel: address.channel, model: address.model, property: property, old: current?.value, new: register.value,
+            channel: address.channel, model: address.model, property: property, old: current?.value,
+            new: register.value,
             version: register.version)
     }
 
@@ -116,8 +117,11 @@ public struct ReplicaStore: Sendable {
         fnv1a(canonicalBytes(channel: channel, model: model, property: property, register: register))
     }
 
-    private mutating func account(_ channel: String, _ model: String, _ property: String, old: Register?, new: Register) {
-        if let old { digestSum &-= Self.registerHash(channel: channel, model: model, property: property, register: old) }
+    private mutating func account(_ channel: String, _ model: String, _ property: String, old: Register?, new: Register)
+    {
+        if let old {
+            digestSum &-= Self.registerHash(channel: channel, model: model, property: property, register: old)
+        }
         digestSum &+= Self.registerHash(channel: channel, model: model, property: property, register: new)
     }
 }

@@ -73,7 +73,8 @@ public struct RegisterDigest: Sendable, Equatable {
 
     public mutating func add(channel: String, model: String, property: String, register: ReplicaStore.Register) {
         value = ReplicaStore.fnv1a(
-            ReplicaStore.canonicalBytes(channel: channel, model: model, property: property, register: register), from: value)
+            ReplicaStore.canonicalBytes(channel: channel, model: model, property: property, register: register),
+            from: value)
         count += 1
     }
 }

@@ -1,9 +1,9 @@
 import Foundation
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// The node's write-ahead log: every delta the node applies, appended as a checksummed record.
@@ -61,7 +61,8 @@ final class DeltaLog: @unchecked Sendable {
         let bytes = [UInt8](data)
         var recovery = Recovery()
         guard bytes.count >= Self.magic.count, Array(bytes.prefix(Self.magic.count)) == Self.magic else {
-            throw StateSyncError(.dataDirectory, "\(path) is not a StateSync log (bad magic); move it aside to start empty")
+            throw StateSyncError(
+                .dataDirectory, "\(path) is not a StateSync log (bad magic); move it aside to start empty")
         }
         var offset = Self.magic.count
         while offset < bytes.count {
@@ -83,8 +84,12 @@ final class DeltaLog: @unchecked Sendable {
             reason = "a record header is cut short"
             return nil
         }
-        let length = Int(UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8 | UInt32(bytes[offset + 3]))
-        let crc = UInt32(bytes[offset + 4]) << 24 | UInt32(bytes[offset + 5]) << 16 | UInt32(bytes[offset + 6]) << 8 | UInt32(bytes[offset + 7])
+        let length = Int(
+            UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8
+                | UInt32(bytes[offset + 3]))
+        let crc =
+            UInt32(bytes[offset + 4]) << 24 | UInt32(bytes[offset + 5]) << 16 | UInt32(bytes[offset + 6]) << 8
+            | UInt32(bytes[offset + 7])
         guard length <= maximumRecord, bytes.count - offset - 8 >= length else {
             reason = "a record of \(length) bytes is cut short"
             return nil
@@ -139,9 +144,9 @@ final class DeltaLog: @unchecked Sendable {
     func sync() throws(StateSyncError) {
         guard unsyncedBytes > 0 else { return }
         #if canImport(Glibc)
-        guard fdatasync(descriptor) == 0 else { throw Self.error("fdatasync", path) }
+            guard fdatasync(descriptor) == 0 else { throw Self.error("fdatasync", path) }
         #else
-        guard fsync(descriptor) == 0 else { throw Self.error("fsync", path) }
+            guard fsync(descriptor) == 0 else { throw Self.error("fsync", path) }
         #endif
         unsyncedBytes = 0
     }

@@ -1,9 +1,9 @@
 import Synchronization
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #elseif canImport(Darwin)
-import Darwin
+    import Darwin
 #endif
 
 /// Free TCP ports on 127.0.0.1 for tools that start nodes on loopback (the harness, the
@@ -27,7 +27,9 @@ public enum LoopbackPorts {
             address.sin_port = in_port_t(UInt16(candidate).bigEndian)
             address.sin_addr.s_addr = inet_addr("127.0.0.1")
             let ok = withUnsafePointer(to: &address) {
-                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0 }
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    bind(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size)) == 0
+                }
             }
             close(fd)
             if ok, handedOut.withLock({ $0.insert(candidate).inserted }) { return candidate }

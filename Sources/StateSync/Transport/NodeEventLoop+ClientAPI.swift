@@ -24,7 +24,10 @@ extension NodeEventLoop {
         let id = header.requestID
         guard let command = ClientProtocol.Command(rawValue: header.command) else {
             node.countClientRequest(error: true)
-            reply(client, .error, id, ClientProtocol.encodeError(.unknownCommand, "unknown command 0x\(String(header.command, radix: 16))"), api, node: node)
+            reply(
+                client, .error, id,
+                ClientProtocol.encodeError(.unknownCommand, "unknown command 0x\(String(header.command, radix: 16))"),
+                api, node: node)
             return
         }
         let body = frames[2]
@@ -48,7 +51,9 @@ extension NodeEventLoop {
                 try Names.validateChannel(channel)
                 // OK first: the watch's events (snapshot, deltas, markers) follow it.
                 reply(client, .ok, id, [], api, node: node)
-                addWatch(WatchKey(client: client, requestID: id), channel: channel, from: cursor, onLag: onLag, state: &state, node: node)
+                addWatch(
+                    WatchKey(client: client, requestID: id), channel: channel, from: cursor, onLag: onLag,
+                    state: &state, node: node)
             case .unwatch:
                 var reader = WireReader(body)
                 let watchID = try reader.uint64("watch id")
@@ -84,7 +89,9 @@ extension NodeEventLoop {
             node.countClientRequest(error: false)
         } catch let error as WireError {
             node.countClientRequest(error: true)
-            reply(client, .error, id, ClientProtocol.encodeError(.malformed, "malformed \(command) request: \(error)"), api, node: node)
+            reply(
+                client, .error, id, ClientProtocol.encodeError(.malformed, "malformed \(command) request: \(error)"),
+                api, node: node)
         } catch let error as StateSyncError {
             node.countClientRequest(error: true)
             reply(client, .error, id, ClientProtocol.encodeError(.invalidArgument, error.message), api, node: node)

@@ -79,10 +79,14 @@ extension NodeEventLoop {
             let link = usable[repair.rotation % usable.count]
             let id = repair.nextID
             repair.nextID += 1
-            if (try? link.socket.send(ClientProtocol.encodeRequest(.snapshot, id: id, body: []), dontWait: true)) == true {
-                repair.snapshot = Outstanding(link: link.peer, requestID: id, deadline: now + 10 * Self.repairTimeout, range: 0...0)
+            if (try? link.socket.send(ClientProtocol.encodeRequest(.snapshot, id: id, body: []), dontWait: true))
+                == true
+            {
+                repair.snapshot = Outstanding(
+                    link: link.peer, requestID: id, deadline: now + 10 * Self.repairTimeout, range: 0...0)
                 repair.needsSnapshot = false
-                logger.info("history is gone on the peers; asking for a snapshot", metadata: ["peer.endpoint": "\(link.peer)"])
+                logger.info(
+                    "history is gone on the peers; asking for a snapshot", metadata: ["peer.endpoint": "\(link.peer)"])
             }
             return
         }
@@ -96,17 +100,21 @@ extension NodeEventLoop {
                 repair.needsSnapshot = true
                 continue
             }
-            let link = candidates.first { connected[$0.peer] == .some(origin) } ?? {
-                repair.rotation += 1
-                return candidates[repair.rotation % candidates.count]
-            }()
+            let link =
+                candidates.first { connected[$0.peer] == .some(origin) }
+                ?? {
+                    repair.rotation += 1
+                    return candidates[repair.rotation % candidates.count]
+                }()
             let (end, overflow) = gap.lowerBound.addingReportingOverflow(Self.maximumFetch - 1)
             let range = gap.lowerBound...(overflow ? gap.upperBound : min(gap.upperBound, end))
             let id = repair.nextID
             repair.nextID += 1
-            let request = ClientProtocol.encodeRequest(.fetch, id: id, body: ClientProtocol.encodeFetch(origin: origin, range: range))
+            let request = ClientProtocol.encodeRequest(
+                .fetch, id: id, body: ClientProtocol.encodeFetch(origin: origin, range: range))
             if (try? link.socket.send(request, dontWait: true)) == true {
-                repair.fetches[origin] = Outstanding(link: link.peer, requestID: id, deadline: now + Self.repairTimeout, range: range)
+                repair.fetches[origin] = Outstanding(
+                    link: link.peer, requestID: id, deadline: now + Self.repairTimeout, range: range)
                 node.countRepairRequest()
                 logger.debug(
                     "fetching missing deltas",

@@ -30,10 +30,13 @@ extension NodeEventLoop {
     static let pumpLimit = 256
 
     func addWatch(
-        _ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy, state: inout LoopState,
+        _ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy,
+        state: inout LoopState,
         node: StateSyncNode
     ) {
-        var watch = Watch(channel: channel, onLag: onLag, position: StateSyncNode.WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
+        var watch = Watch(
+            channel: channel, onLag: onLag,
+            position: StateSyncNode.WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
         if let cursor {
             if let position = node.resumePosition(after: cursor) {
                 watch.position = position
@@ -96,10 +99,15 @@ extension NodeEventLoop {
 
     enum PumpOutcome { case done, blocked, clientGone, ended }
 
-    private func pump(_ watch: inout Watch, key: WatchKey, api: Socket, node: StateSyncNode, published: UInt64, now: UInt64) -> PumpOutcome {
+    private func pump(
+        _ watch: inout Watch, key: WatchKey, api: Socket, node: StateSyncNode, published: UInt64, now: UInt64
+    ) -> PumpOutcome {
         func send(_ event: ClientProtocol.WatchEventBody) -> PumpOutcome {
             do {
-                let frames = [key.client] + ClientProtocol.encodeReply(.event, id: key.requestID, body: ClientProtocol.encodeWatchEvent(event))
+                let frames =
+                    [key.client]
+                    + ClientProtocol.encodeReply(
+                        .event, id: key.requestID, body: ClientProtocol.encodeWatchEvent(event))
                 return try api.send(frames, dontWait: true) ? .done : .blocked
             } catch let error where error.isHostUnreachable {
                 return .clientGone
@@ -111,9 +119,11 @@ extension NodeEventLoop {
 
         if watch.ending {
             let body = ClientProtocol.encodeError(
-                .lagged, "this watch fell behind the node's history and ended (its policy is to end on lag); watch again")
+                .lagged,
+                "this watch fell behind the node's history and ended (its policy is to end on lag); watch again")
             do {
-                return try api.send([key.client] + ClientProtocol.encodeReply(.error, id: key.requestID, body: body), dontWait: true)
+                return try api.send(
+                    [key.client] + ClientProtocol.encodeReply(.error, id: key.requestID, body: body), dontWait: true)
                     ? .ended : .blocked
             } catch {
                 return .clientGone
@@ -181,7 +191,8 @@ extension NodeEventLoop {
         // delta.
         if !watch.caughtUpSent || now &- watch.lastMarker >= Self.markerInterval {
             let summary = node.progressSummary()
-            let outcome = send(.caughtUp(cursor: watch.position.cursor, latest: summary.latest, missing: summary.missing))
+            let outcome = send(
+                .caughtUp(cursor: watch.position.cursor, latest: summary.latest, missing: summary.missing))
             guard outcome == .done else { return outcome }
             watch.caughtUpSent = true
             watch.lastMarker = now

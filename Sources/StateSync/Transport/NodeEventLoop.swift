@@ -95,7 +95,8 @@ final class NodeEventLoop: Sendable {
         let sockets: Sockets
         do {
             let made = try SocketFactory.makeNodeSockets(configuration: configuration)
-            sockets = Sockets(context: made.context, publisher: made.publisher, subscribers: made.subscribers, api: made.api)
+            sockets = Sockets(
+                context: made.context, publisher: made.publisher, subscribers: made.subscribers, api: made.api)
             let publish = (try? made.publisher.lastEndpoint()) ?? configuration.publishEndpoint
             let api = made.api.map { (try? $0.lastEndpoint()) ?? configuration.apiEndpoint ?? "" }
             bound.withLock { $0 = (publish, api) }
@@ -151,14 +152,19 @@ final class NodeEventLoop: Sendable {
                 // After a failed fsync the kernel may have dropped the dirty pages: retrying can
                 // "succeed" without the data on disk. Stop rather than acknowledge lost writes;
                 // a restart recovers from what the log really holds.
-                fatalError("statesyncd: cannot make the write-ahead log durable (\(error)); stopping before acknowledging writes")
+                fatalError(
+                    "statesyncd: cannot make the write-ahead log durable (\(error)); stopping before acknowledging writes"
+                )
             }
             lastSync = now
             // Consecutive deltas of one model go out as one message (a DELTA batch).
             var batch: [Delta] = []
             for applied in state.staged.applied {
                 let delta = applied.delta
-                if let first = batch.first, first.channel != delta.channel || first.model != delta.model || batch.count >= Self.batchMessageLimit {
+                if let first = batch.first,
+                    first.channel != delta.channel || first.model != delta.model
+                        || batch.count >= Self.batchMessageLimit
+                {
                     publish(batch: batch, on: sockets.publisher)
                     batch = []
                 }
@@ -277,19 +283,24 @@ final class NodeEventLoop: Sendable {
             node.core.withLock { $0.counters.encodingFailures += 1 }
             logger.error(
                 "a local write is too large to log and replicate; it stays local",
-                metadata: ["model": "\(applied.delta.channel)/\(applied.delta.model)", "delta.version": "\(applied.delta.version)"])
+                metadata: [
+                    "model": "\(applied.delta.channel)/\(applied.delta.model)",
+                    "delta.version": "\(applied.delta.version)",
+                ])
             return false
         }
         do {
             try node.log.append(applied.map(\.delta))
         } catch {
-            fatalError("statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
+            fatalError(
+                "statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
         }
         state.staged.applied.append(contentsOf: applied)
     }
 
     /// Logs deltas received from peers (no fsync: a peer can always send them again).
-    private func logRemote(_ fresh: [StateSyncNode.Applied], state: inout LoopState, api: Socket?, node: StateSyncNode) {
+    private func logRemote(_ fresh: [StateSyncNode.Applied], state: inout LoopState, api: Socket?, node: StateSyncNode)
+    {
         guard !fresh.isEmpty else { return }
         do {
             try node.log.append(fresh.map(\.delta).filter(DeltaLog.fits))

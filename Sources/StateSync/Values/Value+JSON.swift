@@ -88,7 +88,8 @@ extension Value {
             case "\r": out += "\\r"
             case "\t": out += "\\t"
             case let s where s.value < 0x20:
-                out += "\\u" + String(repeating: "0", count: 4 - String(s.value, radix: 16).count)
+                out +=
+                    "\\u" + String(repeating: "0", count: 4 - String(s.value, radix: 16).count)
                     + String(s.value, radix: 16)
             default: out.unicodeScalars.append(scalar)
             }

@@ -15,7 +15,8 @@ public struct ValueEncoder: Sendable {
         let result = encoder.storage.value ?? .map([:])
         if result.depth >= WireReader.maximumDepth {
             throw EncodingError.invalidValue(
-                value, .init(codingPath: [], debugDescription: "nested deeper than \(WireReader.maximumDepth - 1) levels"))
+                value,
+                .init(codingPath: [], debugDescription: "nested deeper than \(WireReader.maximumDepth - 1) levels"))
         }
         return result
     }
@@ -188,7 +189,8 @@ private struct _ValueEncoder: Encoder {
         static func signed<U: BinaryInteger>(_ value: U, _ path: [any CodingKey]) throws -> Int64 {
             guard let v = Int64(exactly: value) else {
                 throw EncodingError.invalidValue(
-                    value, .init(codingPath: path, debugDescription: "\(value) does not fit in a 64-bit signed integer"))
+                    value, .init(codingPath: path, debugDescription: "\(value) does not fit in a 64-bit signed integer")
+                )
             }
             return v
         }

@@ -77,7 +77,9 @@ public enum ClientProtocol {
         let v = try reader.byte("protocol version")
         guard v == version else { throw .unsupported("client protocol version \(v)") }
         let rawKind = try reader.byte("kind")
-        guard let kind = ReplyKind(rawValue: rawKind) else { throw .unsupported("reply kind 0x\(String(rawKind, radix: 16))") }
+        guard let kind = ReplyKind(rawValue: rawKind) else {
+            throw .unsupported("reply kind 0x\(String(rawKind, radix: 16))")
+        }
         return ReplyHeader(kind: kind, requestID: try reader.uint64("request id"))
     }
 
@@ -203,7 +205,9 @@ public enum ClientProtocol {
         return w.bytes
     }
 
-    public static func decodeWatch(_ body: [UInt8]) throws(WireError) -> (channel: String, cursor: WatchCursor?, onLag: LagPolicy) {
+    public static func decodeWatch(_ body: [UInt8]) throws(WireError) -> (
+        channel: String, cursor: WatchCursor?, onLag: LagPolicy
+    ) {
         var r = WireReader(body)
         let channel = try r.string("channel")
         guard !r.isAtEnd else { return (channel, nil, .resync) }
@@ -305,7 +309,9 @@ public enum ClientProtocol {
             return .records(models)
         case 0x03:
             let raw = try r.byte("snapshot reason")
-            guard let reason = SnapshotReason(rawValue: raw) else { throw .invalid(field: "snapshot reason", reason: "unknown \(raw)") }
+            guard let reason = SnapshotReason(rawValue: raw) else {
+                throw .invalid(field: "snapshot reason", reason: "unknown \(raw)")
+            }
             return .snapshotBegin(reason)
         case 0x04:
             let records = Int(clamping: try r.varint("record count"))
@@ -316,7 +322,9 @@ public enum ClientProtocol {
             let timestamp = try r.uint64("latest version")
             let node = try r.string("latest version node")
             let missing = Int(clamping: try r.varint("missing"))
-            return .caughtUp(cursor: cursor, latest: node.isEmpty ? nil : Version(timestamp: timestamp, node: node), missing: missing)
+            return .caughtUp(
+                cursor: cursor, latest: node.isEmpty ? nil : Version(timestamp: timestamp, node: node), missing: missing
+            )
         default:
             throw .unsupported("watch event kind 0x\(String(kind, radix: 16))")
         }
@@ -336,7 +344,9 @@ public enum ClientProtocol {
         let origin = try r.string("origin")
         let first = try r.varint("first sequence")
         let last = try r.varint("last sequence")
-        guard first >= 1, first <= last else { throw .invalid(field: "sequence range", reason: "\(first)...\(last) is empty") }
+        guard first >= 1, first <= last else {
+            throw .invalid(field: "sequence range", reason: "\(first)...\(last) is empty")
+        }
         return (origin, first...last)
     }
 

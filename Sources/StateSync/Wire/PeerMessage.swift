@@ -92,7 +92,8 @@ public enum PeerMessage: Sendable, Equatable {
         precondition(!deltas.isEmpty)
         var frames = PeerMessage.delta(deltas[0]).encode()
         for delta in deltas.dropFirst() {
-            precondition(delta.channel == deltas[0].channel && delta.model == deltas[0].model, "a batch is of one model")
+            precondition(
+                delta.channel == deltas[0].channel && delta.model == deltas[0].model, "a batch is of one model")
             frames.append(PeerMessage.delta(delta).encode()[1])
         }
         return frames
@@ -112,7 +113,9 @@ public enum PeerMessage: Sendable, Equatable {
     /// (room for later versions); everything else malformed throws. Of a DELTA batch only the
     /// first delta is decoded: use ``decodeAll(_:)``.
     public static func decode(_ frames: [[UInt8]]) throws(WireError) -> PeerMessage {
-        guard frames.count >= 2 else { throw .invalid(field: "message", reason: "expected 2 frames, got \(frames.count)") }
+        guard frames.count >= 2 else {
+            throw .invalid(field: "message", reason: "expected 2 frames, got \(frames.count)")
+        }
         let topic = frames[0]
         var body = WireReader(frames[1])
         let version = try body.byte("protocol version")
@@ -133,9 +136,13 @@ public enum PeerMessage: Sendable, Equatable {
                 }
             }
             return .heartbeat(
-                Heartbeat(node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api, progress: progress))
+                Heartbeat(
+                    node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api,
+                    progress: progress))
         }
-        guard topic.first == deltaTopicPrefix else { throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))") }
+        guard topic.first == deltaTopicPrefix else {
+            throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))")
+        }
         let (channel, model) = try splitDeltaTopic(topic)
         let timestamp = try body.uint64("version")
         let origin = try body.string("origin")
@@ -148,7 +155,9 @@ public enum PeerMessage: Sendable, Equatable {
         var names = Set<String>()
         for _ in 0..<count {
             let name = try body.string("property name")
-            guard names.insert(name).inserted else { throw .invalid(field: "property name", reason: "'\(name)' appears twice") }
+            guard names.insert(name).inserted else {
+                throw .invalid(field: "property name", reason: "'\(name)' appears twice")
+            }
             properties.append(PropertyWrite(name: name, value: try body.value("property value")))
         }
         return .delta(

@@ -167,7 +167,8 @@ struct ReplicatedModelTests {
         let counter = Counter()
         let version = HybridLogicalClock(node: "n1").next()
         let result = counter._$registrar.applyRemote(
-            counter, writes: [PropertyWrite(name: "count", value: "not a number"), PropertyWrite(name: "nope", value: 1)],
+            counter,
+            writes: [PropertyWrite(name: "count", value: "not a number"), PropertyWrite(name: "nope", value: 1)],
             version: version)
         #expect(result.rejected.map(\.property) == ["count"])
         #expect(result.unknownProperties == ["nope"])
@@ -181,7 +182,8 @@ struct ReplicatedModelTests {
         let newer = Version(milliseconds: 200, counter: 0, node: "b")
         let older = Version(milliseconds: 100, counter: 0, node: "a")
         _ = counter._$registrar.applyRemote(counter, writes: [PropertyWrite(name: "count", value: 2)], version: newer)
-        let result = counter._$registrar.applyRemote(counter, writes: [PropertyWrite(name: "count", value: 1)], version: older)
+        let result = counter._$registrar.applyRemote(
+            counter, writes: [PropertyWrite(name: "count", value: 1)], version: older)
         #expect(result.stale == 1)
         #expect(counter.count == 2)
         #expect(fired.load(ordering: .relaxed) == 1)
@@ -192,7 +194,8 @@ struct ReplicatedModelTests {
 struct ReplicatedModelEdgeTests {
     @Test func aLocalWriteUnderAFutureVersionIsSupersededAndFiresNothing() {
         let counter = Counter()
-        let future = Version(milliseconds: HybridLogicalClock.systemMilliseconds() + 3_600_000, counter: 0, node: "zeta")
+        let future = Version(
+            milliseconds: HybridLogicalClock.systemMilliseconds() + 3_600_000, counter: 0, node: "zeta")
         _ = counter._$registrar.applyRemote(counter, writes: [PropertyWrite(name: "count", value: 9)], version: future)
         let fired = Shared<Int>(0)
         counter.observe(\.count) { _ in fired.withLock { $0 += 1 } }

@@ -25,7 +25,9 @@ struct ClientAPIProtocolTests {
         }
 
         /// Sends a request and returns its reply, collecting the watch EVENTs that arrive meanwhile.
-        func call(_ command: ClientProtocol.Command, id: UInt64, _ body: [UInt8]) throws -> (ClientProtocol.ReplyHeader, [UInt8]) {
+        func call(_ command: ClientProtocol.Command, id: UInt64, _ body: [UInt8]) throws -> (
+            ClientProtocol.ReplyHeader, [UInt8]
+        ) {
             var reply = try #require(try request(ClientProtocol.encodeRequest(command, id: id, body: body)))
             while true {
                 let header = try ClientProtocol.decodeReplyHeader(reply[0])
@@ -79,10 +81,12 @@ struct ClientAPIProtocolTests {
             let (truncated, body) = try client.call(.set, id: 1, [0x04, 0x64])
             #expect(truncated.kind == .error)
             #expect(try ClientProtocol.decodeError(body).code == ClientProtocol.ErrorCode.malformed.rawValue)
-            let bad = ClientProtocol.encodeSet(ModelAddress(channel: "a/b", model: "m"), [PropertyWrite(name: "x", value: 1)])
+            let bad = ClientProtocol.encodeSet(
+                ModelAddress(channel: "a/b", model: "m"), [PropertyWrite(name: "x", value: 1)])
             let (invalid, invalidBody) = try client.call(.set, id: 2, bad)
             #expect(invalid.kind == .error)
-            #expect(try ClientProtocol.decodeError(invalidBody).code == ClientProtocol.ErrorCode.invalidArgument.rawValue)
+            #expect(
+                try ClientProtocol.decodeError(invalidBody).code == ClientProtocol.ErrorCode.invalidArgument.rawValue)
         }
     }
 
@@ -94,11 +98,14 @@ struct ClientAPIProtocolTests {
             #expect(try client.call(.set, id: 2, set).1.last == 0)  // unchanged
             // A peer far ahead in time wrote x: a local write now loses and says so.
             let future = Delta(
-                channel: "c", model: "m", version: Version(milliseconds: HybridLogicalClock.systemMilliseconds() + 3_600_000, counter: 0, node: "zeta"),
+                channel: "c", model: "m",
+                version: Version(
+                    milliseconds: HybridLogicalClock.systemMilliseconds() + 3_600_000, counter: 0, node: "zeta"),
                 sequence: 1, properties: [PropertyWrite(name: "x", value: 5)])
             _ = node.receive(from: "tcp://test", frames: PeerMessage.delta(future).encode()) as [StateSyncNode.Applied]
             #expect(node.status.counters["clock_drift_rejections"] == 1)
-            let (_, reply) = try client.call(.set, id: 3, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 2)]))
+            let (_, reply) = try client.call(
+                .set, id: 3, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 2)]))
             #expect(reply.last == 2)  // superseded
             #expect(try ClientProtocol.decodeVersion(Array(reply.dropLast())) == future.version)
             #expect(node.properties(of: address)["x"]?.value == 5)
@@ -114,7 +121,10 @@ struct ClientAPIProtocolTests {
             ping.uint64(77)
             ping.uint64(78)  // never registered: reported lost
             let (_, body) = try client.call(.ping, id: 5, ping.bytes)
-            guard case .map(let map) = try ClientProtocol.decodeValue(body) else { Issue.record("not a map"); return }
+            guard case .map(let map) = try ClientProtocol.decodeValue(body) else {
+                Issue.record("not a map")
+                return
+            }
             #expect(map["lost"] == .array([.int(78)]))
         }
     }
@@ -151,7 +161,10 @@ struct WireStrictnessTests {
     }
 
     @Test func valuesTooDeepForTheWireAreNotEncoded() {
-        indirect enum Deep: Codable { case leaf, node(Deep) }
+        indirect enum Deep: Codable {
+            case leaf
+            case node(Deep)
+        }
         var deep = Deep.leaf
         for _ in 0..<40 { deep = .node(deep) }
         #expect(throws: EncodingError.self) { try ValueEncoder().encode(deep) }

@@ -54,7 +54,8 @@ struct EmbeddedNodeTests {
                 $0.title = "busy"
             }
             try await waitUntil("node1 sees the transaction") { titles.value.count == 1 && local.count == 12 }
-            #expect(titles.value[0].old == "untitled" && titles.value[0].new == "busy" && titles.value[0].origin == "node2")
+            #expect(
+                titles.value[0].old == "untitled" && titles.value[0].new == "busy" && titles.value[0].origin == "node2")
             #expect(local.propertyVersions["count"] == local.propertyVersions["title"])
         } catch { Issue.record(error) }
         await node1.stop()
@@ -125,7 +126,9 @@ struct EmbeddedNodeTests {
         let node = try await StateSyncNode.start(configuration: configs[0])
         var clash = configs[0]
         clash.dataDirectory = temporaryDirectory("bind-clash")
-        let error = await #expect(throws: StateSyncError.self) { _ = try await StateSyncNode.start(configuration: clash) }
+        let error = await #expect(throws: StateSyncError.self) {
+            _ = try await StateSyncNode.start(configuration: clash)
+        }
         #expect(error?.message.contains("cannot bind network.publish \(configs[0].publishEndpoint)") == true)
         await node.stop()
     }

@@ -25,7 +25,8 @@ struct NodeConfigurationTests {
     @Test func theExampleClusterConfigsLoad() throws {
         let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../../Config")
         for i in 1...3 {
-            let config = try NodeConfiguration.load(file: root.appendingPathComponent("node\(i).yaml").path, environment: [:])
+            let config = try NodeConfiguration.load(
+                file: root.appendingPathComponent("node\(i).yaml").path, environment: [:])
             #expect(config.nodeID == "node\(i)")
             #expect(config.apiEndpoint == "tcp://127.0.0.1:710\(i)")
             #expect(config.peers.count == 2)
@@ -35,9 +36,11 @@ struct NodeConfigurationTests {
 
     @Test func readsEveryKeyWithDefaults() throws {
         let config = try NodeConfiguration.load(file: try Self.write(Self.valid), environment: [:])
-        #expect(config == NodeConfiguration(
-            nodeID: "n1", dataDirectory: "/tmp/x", publishEndpoint: "tcp://127.0.0.1:7001",
-            peers: ["tcp://127.0.0.1:7002"], apiEndpoint: "tcp://127.0.0.1:7101"))
+        #expect(
+            config
+                == NodeConfiguration(
+                    nodeID: "n1", dataDirectory: "/tmp/x", publishEndpoint: "tcp://127.0.0.1:7001",
+                    peers: ["tcp://127.0.0.1:7002"], apiEndpoint: "tcp://127.0.0.1:7101"))
     }
 
     @Test func environmentVariablesOverrideTheFile() throws {
@@ -60,8 +63,14 @@ struct NodeConfigurationTests {
     /// Each broken config must name the file (or variable), the key and the reason.
     @Test(arguments: [
         ("node:\n  data_dir: /tmp\nnetwork:\n  publish: tcp://127.0.0.1:1", "node.id: missing"),
-        (valid.replacingOccurrences(of: "tcp://127.0.0.1:7001", with: "tpc://127.0.0.1:7001"), "network.publish: 'tpc://127.0.0.1:7001' is not a ZeroMQ endpoint"),
-        (valid.replacingOccurrences(of: "127.0.0.1:7002", with: "127.0.0.1:99999"), "network.peers: 'tcp://127.0.0.1:99999' has no valid port"),
+        (
+            valid.replacingOccurrences(of: "tcp://127.0.0.1:7001", with: "tpc://127.0.0.1:7001"),
+            "network.publish: 'tpc://127.0.0.1:7001' is not a ZeroMQ endpoint"
+        ),
+        (
+            valid.replacingOccurrences(of: "127.0.0.1:7002", with: "127.0.0.1:99999"),
+            "network.peers: 'tcp://127.0.0.1:99999' has no valid port"
+        ),
         (valid.replacingOccurrences(of: "id: n1", with: "id: 'bad id!'"), "node.id: 'bad id!' must be"),
         (valid + "\n  heartbeat_ms: fast", "network.heartbeat_ms: expected an integer"),
         (valid + "\n  heartbeat_ms: 0", "network.heartbeat_ms: 0 is outside"),
@@ -70,7 +79,9 @@ struct NodeConfigurationTests {
     ])
     func invalidConfigNamesFileKeyAndReason(yaml: String, expected: String) throws {
         let path = try Self.write(yaml)
-        let error = try #require(throws: StateSyncError.self) { try NodeConfiguration.load(file: path, environment: [:]) }
+        let error = try #require(throws: StateSyncError.self) {
+            try NodeConfiguration.load(file: path, environment: [:])
+        }
         #expect(error.code == .invalidConfiguration)
         #expect(error.message.hasPrefix(path + ": "), "\(error.message)")
         #expect(error.message.contains(expected), "\(error.message)")
@@ -79,13 +90,16 @@ struct NodeConfigurationTests {
 
     @Test func badEnvironmentOverrideNamesTheVariable() throws {
         let error = try #require(throws: StateSyncError.self) {
-            try NodeConfiguration.load(file: try Self.write(Self.valid), environment: ["STATESYNC_NETWORK_HEARTBEAT_MS": "soon"])
+            try NodeConfiguration.load(
+                file: try Self.write(Self.valid), environment: ["STATESYNC_NETWORK_HEARTBEAT_MS": "soon"])
         }
         #expect(error.message.contains("environment variable STATESYNC_NETWORK_HEARTBEAT_MS: network.heartbeat_ms"))
     }
 
     @Test func missingFileIsAClearError() {
-        let error = #expect(throws: StateSyncError.self) { try NodeConfiguration.load(file: "/nonexistent/x.yaml", environment: [:]) }
+        let error = #expect(throws: StateSyncError.self) {
+            try NodeConfiguration.load(file: "/nonexistent/x.yaml", environment: [:])
+        }
         #expect(error?.message.hasPrefix("/nonexistent/x.yaml: cannot read the file") == true)
     }
 }

@@ -21,7 +21,9 @@ struct RepairTests {
         let early = try await Self.start(Array(configs.prefix(2)))
         var late: StateSyncNode?
         do {
-            try await waitUntil("node1 and node2 connected") { early.allSatisfy { $0.status.peers.filter(\.connected).count == 1 } }
+            try await waitUntil("node1 and node2 connected") {
+                early.allSatisfy { $0.status.peers.filter(\.connected).count == 1 }
+            }
             let writer = try await early[0].model(Counter.self, channel: "c", id: "m")
             for i in 1...200 { writer.count = i }
             let other = try await early[1].model(Counter.self, channel: "c", id: "other")

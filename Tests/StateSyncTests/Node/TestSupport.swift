@@ -4,7 +4,7 @@ import Testing
 @testable import StateSync
 
 #if canImport(Glibc)
-import Glibc
+    import Glibc
 #endif
 
 func freePort() -> Int {

@@ -1,8 +1,8 @@
 import Foundation
 import StateSyncClient
+import Synchronization
 import Testing
 import ZeroMQ
-import Synchronization
 
 @testable import StateSync
 
@@ -52,7 +52,11 @@ struct WatchTests {
                 collector.lock.withLock { collector.events.contains { if case .caughtUp = $0 { true } else { false } } }
             }
             let initial = collector.lock.withLock { collector.events }
-            guard case .initialStateComplete(let records, _) = initial.first(where: { if case .initialStateComplete = $0 { true } else { false } }) else {
+            guard
+                case .initialStateComplete(let records, _) = initial.first(where: {
+                    if case .initialStateComplete = $0 { true } else { false }
+                })
+            else {
                 Issue.record("no initial-state marker in \(initial)")
                 return
             }
@@ -126,7 +130,9 @@ struct WatchTests {
             do {
                 try await waitUntil("the resumed watch saw 25 changes") { after.changes.count >= 25 }
             } catch {
-                Issue.record("resumed from \(replica.cursor): got \(after.lock.withLock { after.events }), node2 status \(nodes[1].status.value)")
+                Issue.record(
+                    "resumed from \(replica.cursor): got \(after.lock.withLock { after.events }), node2 status \(nodes[1].status.value)"
+                )
                 throw error
             }
             resumedTask.cancel()
@@ -135,7 +141,8 @@ struct WatchTests {
             #expect(changes.map(\.new) == (21...45).map { Value.int(Int64($0)) })
             #expect(changes.first?.old == 20, "old continues the chain across the gap")
             for index in changes.indices.dropFirst() { #expect(changes[index].old == changes[index - 1].new) }
-            #expect(after.lock.withLock { after.events.allSatisfy { if case .resyncStarted = $0 { false } else { true } } })
+            #expect(
+                after.lock.withLock { after.events.allSatisfy { if case .resyncStarted = $0 { false } else { true } } })
         } catch {
             Issue.record(error)
         }
@@ -166,7 +173,11 @@ struct WatchTests {
             resumedTask.cancel()
             let seen = after.lock.withLock { after.events }
             #expect(seen.contains { if case .resyncStarted(.historyGone) = $0 { true } else { false } })
-            guard case .change(let change, let kind, _) = seen.first(where: { if case .change = $0 { true } else { false } }) else {
+            guard
+                case .change(let change, let kind, _) = seen.first(where: {
+                    if case .change = $0 { true } else { false }
+                })
+            else {
                 Issue.record("no change in \(seen)")
                 return
             }
@@ -191,13 +202,17 @@ struct WatchTests {
             // A small kernel buffer: otherwise Linux autotunes it to tens of MB and nothing lags.
             try dealer.setReceiveBufferSize(bytes: 16_384)
             try dealer.connect(try #require(node.apiEndpoint))
-            try dealer.send(ClientProtocol.encodeRequest(.watch, id: 9, body: ClientProtocol.encodeWatch(channel: "c", from: nil, onLag: .end)))
+            try dealer.send(
+                ClientProtocol.encodeRequest(
+                    .watch, id: 9, body: ClientProtocol.encodeWatch(channel: "c", from: nil, onLag: .end)))
             try await waitUntil("the watch is registered") { node.status.watchers == 1 }
             let writer = try StateSyncClient(endpoint: try #require(node.apiEndpoint))
             defer { writer.close() }
             let padding = String(repeating: "x", count: 16_000)
             for i in 1...3000 {
-                try await writer.set(ModelAddress(channel: "c", model: "m\(i % 7)"), ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
+                try await writer.set(
+                    ModelAddress(channel: "c", model: "m\(i % 7)"),
+                    ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
             }
             var ended: String?
             var kinds: [String: Int] = [:]
@@ -234,14 +249,17 @@ struct WatchTests {
             // A small kernel buffer: otherwise Linux autotunes it to tens of MB and nothing lags.
             try dealer.setReceiveBufferSize(bytes: 16_384)
             try dealer.connect(try #require(node.apiEndpoint))
-            try dealer.send(ClientProtocol.encodeRequest(.watch, id: 1, body: ClientProtocol.encodeWatch(channel: "c", from: nil)))
+            try dealer.send(
+                ClientProtocol.encodeRequest(.watch, id: 1, body: ClientProtocol.encodeWatch(channel: "c", from: nil)))
             try await waitUntil("the watch is registered") { node.status.watchers == 1 }
             let writer = try StateSyncClient(endpoint: try #require(node.apiEndpoint))
             defer { writer.close() }
             // Large values: the kernel's socket buffers must fill too, not only libzmq's queue.
             let padding = String(repeating: "x", count: 16_000)
             for i in 1...3000 {
-                try await writer.set(ModelAddress(channel: "c", model: "m\(i % 7)"), ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
+                try await writer.set(
+                    ModelAddress(channel: "c", model: "m\(i % 7)"),
+                    ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
             }
             try await waitUntil("the watch is lagging") { node.status.laggingWatches == 1 }
             // Now read everything: a resync brings the client to the exact current state.
@@ -254,14 +272,17 @@ struct WatchTests {
                     let event = try ClientProtocol.decodeWatchEvent(frames[1])
                     switch event {
                     case .delta(let delta, _): state[delta.model] = delta.properties[0].value
-                    case .records(let models): for (model, properties) in models { state[model] = properties.first { $0.0 == "n" }?.1.value }
+                    case .records(let models):
+                        for (model, properties) in models { state[model] = properties.first { $0.0 == "n" }?.1.value }
                     case .snapshotBegin(let r): if r != .initial { reason = r }
                     default: break
                     }
                     kinds.append(frames[1][0])
                 }
                 return reason == .lagged && state.count == 7 && node.status.laggingWatches == 0
-                    && (0..<7).allSatisfy { state["m\($0)"] == node.properties(of: ModelAddress(channel: "c", model: "m\($0)"))["n"]?.value }
+                    && (0..<7).allSatisfy {
+                        state["m\($0)"] == node.properties(of: ModelAddress(channel: "c", model: "m\($0)"))["n"]?.value
+                    }
             }
         } catch {
             Issue.record(error)
@@ -291,14 +312,19 @@ struct WatchSnapshotTests {
             let collector = WatchTests.Collector()
             let task = collector.collect(events)
             try await waitUntil("the empty initial state") {
-                collector.lock.withLock { collector.events.contains { if case .initialStateComplete = $0 { true } else { false } } }
+                collector.lock.withLock {
+                    collector.events.contains { if case .initialStateComplete = $0 { true } else { false } }
+                }
             }
             first = try await StateSyncNode.start(configuration: configs[0])
-            try await waitUntil("node2's watch got node1's state by resync") { collector.changes.contains { $0.new == 7 } }
+            try await waitUntil("node2's watch got node1's state by resync") {
+                collector.changes.contains { $0.new == 7 }
+            }
             task.cancel()
-            let change = try #require(collector.lock.withLock { collector.events }.compactMap { event -> (PropertyChange, WatchEvent.Kind)? in
-                if case .change(let c, let kind, _) = event { (c, kind) } else { nil }
-            }.first)
+            let change = try #require(
+                collector.lock.withLock { collector.events }.compactMap { event -> (PropertyChange, WatchEvent.Kind)? in
+                    if case .change(let c, let kind, _) = event { (c, kind) } else { nil }
+                }.first)
             #expect(change.1 == .resync && change.0.old == nil && change.0.new == 7)
             #expect(replica.properties(of: "m")["count"]?.value == 7)
 
@@ -306,7 +332,8 @@ struct WatchSnapshotTests {
             // it is told so and resynced, not skipped.
             let node1Client = try StateSyncClient(endpoint: try #require(first.apiEndpoint))
             defer { node1Client.close() }
-            let (resumed, _) = try await node1Client.watch(channel: "c", replica: ChannelReplica(channel: "c", cursor: WatchCursor(["node1": 1])))
+            let (resumed, _) = try await node1Client.watch(
+                channel: "c", replica: ChannelReplica(channel: "c", cursor: WatchCursor(["node1": 1])))
             var sawHistoryGone = false
             for try await event in resumed {
                 if case .resyncStarted(.historyGone) = event { sawHistoryGone = true }

@@ -23,12 +23,16 @@ struct ConvergenceTests {
             self.wall = wall
             self.clock = HybridLogicalClock(node: id, wallClock: { wall.value })
             let chains = self.chains
-            model.observe(\.count) { c in chains.withLock { $0["count", default: []].append(("\(c.old)", "\(c.new)", c.version)) } }
-            model.observe(\.title) { c in chains.withLock { $0["title", default: []].append((c.old, c.new, c.version)) } }
+            model.observe(\.count) { c in
+                chains.withLock { $0["count", default: []].append(("\(c.old)", "\(c.new)", c.version)) }
+            }
+            model.observe(\.title) { c in chains.withLock { $0["title", default: []].append((c.old, c.new, c.version)) }
+            }
         }
 
         func write(_ properties: [PropertyWrite], sequence: UInt64) -> Delta {
-            let delta = Delta(channel: "c", model: "m", version: clock.next(), sequence: sequence, properties: properties)
+            let delta = Delta(
+                channel: "c", model: "m", version: clock.next(), sequence: sequence, properties: properties)
             receive(delta, remote: false)
             return delta
         }
@@ -38,7 +42,8 @@ struct ConvergenceTests {
             let changes = store.apply(delta)
             if !changes.isEmpty {
                 let writes = changes.map { PropertyWrite(name: $0.property, value: $0.new) }
-                let result = model._$registrar.applyRemote(model, writes: writes, version: delta.version, isRemote: remote)
+                let result = model._$registrar.applyRemote(
+                    model, writes: writes, version: delta.version, isRemote: remote)
                 #expect(result.rejected.isEmpty)
             }
         }
@@ -92,8 +97,12 @@ struct ConvergenceTests {
             if let count = stored["count"] { #expect(count.value == .int(Int64(replica.model.count)), "seed \(seed)") }
             for (property, chain) in replica.chains.withLock({ $0 }) {
                 for index in chain.indices.dropFirst() {
-                    #expect(chain[index].old == chain[index - 1].new, "seed \(seed): \(replica.id).\(property) chain broken at \(index)")
-                    #expect(chain[index].version > chain[index - 1].version, "seed \(seed): \(replica.id).\(property) went back")
+                    #expect(
+                        chain[index].old == chain[index - 1].new,
+                        "seed \(seed): \(replica.id).\(property) chain broken at \(index)")
+                    #expect(
+                        chain[index].version > chain[index - 1].version,
+                        "seed \(seed): \(replica.id).\(property) went back")
                 }
             }
         }

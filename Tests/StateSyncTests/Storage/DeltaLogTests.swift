@@ -7,7 +7,8 @@ import Testing
 struct DeltaLogTests {
     static func delta(_ sequence: UInt64, _ value: Value = "v") -> Delta {
         Delta(
-            channel: "c", model: "m\(sequence)", version: Version(milliseconds: 1000 + sequence, counter: 0, node: "n1"),
+            channel: "c", model: "m\(sequence)",
+            version: Version(milliseconds: 1000 + sequence, counter: 0, node: "n1"),
             sequence: sequence, properties: [PropertyWrite(name: "p", value: value)])
     }
 

@@ -5,7 +5,8 @@ import Testing
 @Suite("Peer messages (PROTOCOL.md §Peer messages)")
 struct PeerMessageTests {
     static let delta = Delta(
-        channel: "demo", model: "greeting", version: Version(milliseconds: 1_763_769_600_123, counter: 0, node: "node1"),
+        channel: "demo", model: "greeting",
+        version: Version(milliseconds: 1_763_769_600_123, counter: 0, node: "node1"),
         sequence: 1, properties: [PropertyWrite(name: "text", value: "hello"), PropertyWrite(name: "n", value: 1)])
 
     @Test func deltaRoundTripsAndTopicAllowsChannelPrefixSubscription() throws {

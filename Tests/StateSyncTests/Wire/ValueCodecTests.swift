@@ -1,8 +1,8 @@
 import Foundation
+import StateSyncHarness
 import Testing
 
 @testable import StateSync
-import StateSyncHarness
 
 @Suite("Value encoding (PROTOCOL.md §Values)")
 struct ValueCodecTests {
