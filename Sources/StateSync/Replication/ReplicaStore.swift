@@ -30,22 +30,19 @@ public struct ReplicaStore: Sendable {
     public mutating func apply(_ delta: Delta) -> [PropertyChange] {
         var changes: [PropertyChange] = []
         changes.reserveCapacity(delta.properties.count)
-        var model = channels[delta.channel, default: [:]][delta.model, default: [:]]
         for write in delta.properties {
-            let current = model[write.name]
+            // In place (no copy of the model's dictionary per delta).
+            let current = channels[delta.channel]?[delta.model]?[write.name]
             if let current, current.version >= delta.version { continue }
             let register = Register(value: write.value, version: delta.version)
-            model[write.name] = register
+            channels[delta.channel, default: [:]][delta.model, default: [:]][write.name] = register
             account(delta.channel, delta.model, write.name, old: current, new: register)
             changes.append(
                 PropertyChange(
                     channel: delta.channel, model: delta.model, property: write.name,
                     old: current?.value, new: write.value, version: delta.version))
         }
-        if !changes.isEmpty {
-            channels[delta.channel, default: [:]][delta.model] = model
-            if delta.version > latestVersion { latestVersion = delta.version }
-        }
+        if !changes.isEmpty, delta.version > latestVersion { latestVersion = delta.version }
         return changes
     }
 
@@ -112,9 +109,17 @@ public struct ReplicaStore: Sendable {
         return hash
     }
 
-    /// The hash of one register, as summed into ``digest``.
+    /// The hash of one register, as summed into ``digest``: FNV-1a 64 of its canonical bytes,
+    /// computed as they would be written, without building them.
     public static func registerHash(channel: String, model: String, property: String, register: Register) -> UInt64 {
-        fnv1a(canonicalBytes(channel: channel, model: model, property: property, register: register))
+        var hash = StreamingFNV()
+        hash.string(channel)
+        hash.string(model)
+        hash.string(property)
+        hash.value(register.value)
+        hash.uint64(register.version.timestamp)
+        hash.string(register.version.node)
+        return hash.value
     }
 
     private mutating func account(_ channel: String, _ model: String, _ property: String, old: Register?, new: Register)
@@ -123,5 +128,65 @@ public struct ReplicaStore: Sendable {
             digestSum &-= Self.registerHash(channel: channel, model: model, property: property, register: old)
         }
         digestSum &+= Self.registerHash(channel: channel, model: model, property: property, register: new)
+    }
+}
+
+/// FNV-1a 64 over the bytes ``WireWriter`` would write, fed field by field (no allocation).
+struct StreamingFNV {
+    private(set) var value: UInt64 = 0xcbf2_9ce4_8422_2325
+
+    @inline(__always)
+    mutating func byte(_ b: UInt8) {
+        value ^= UInt64(b)
+        value &*= 0x100_0000_01b3
+    }
+
+    mutating func varint(_ v: UInt64) {
+        var v = v
+        while v >= 0x80 {
+            byte(UInt8(truncatingIfNeeded: v) | 0x80)
+            v >>= 7
+        }
+        byte(UInt8(v))
+    }
+
+    mutating func uint64(_ v: UInt64) {
+        for shift in stride(from: 56, through: 0, by: -8) { byte(UInt8(truncatingIfNeeded: v >> UInt64(shift))) }
+    }
+
+    mutating func string(_ s: String) {
+        varint(UInt64(s.utf8.count))
+        for b in s.utf8 { byte(b) }
+    }
+
+    mutating func value(_ v: Value) {
+        switch v {
+        case .null: byte(ValueTag.null)
+        case .bool(let b): byte(b ? ValueTag.true : ValueTag.false)
+        case .int(let i):
+            byte(ValueTag.int)
+            varint(UInt64(bitPattern: (i << 1) ^ (i >> 63)))
+        case .double(let d):
+            byte(ValueTag.double)
+            uint64(d.bitPattern)
+        case .string(let s):
+            byte(ValueTag.string)
+            string(s)
+        case .bytes(let bytes):
+            byte(ValueTag.bytes)
+            varint(UInt64(bytes.count))
+            for b in bytes { byte(b) }
+        case .array(let items):
+            byte(ValueTag.array)
+            varint(UInt64(items.count))
+            for item in items { value(item) }
+        case .map(let map):
+            byte(ValueTag.map)
+            varint(UInt64(map.count))
+            for key in map.keys.sorted() {
+                string(key)
+                value(map[key]!)
+            }
+        }
     }
 }

@@ -97,6 +97,15 @@ struct ReplicaStoreTests {
         #expect(store.digest == digest)
     }
 
+    @Test(arguments: ValueCodecTests.samples)
+    func theStreamingRegisterHashEqualsFNVOfTheCanonicalBytes(_ value: Value) {
+        let register = ReplicaStore.Register(value: value, version: Version(milliseconds: 77, counter: 3, node: "nodé"))
+        let bytes = ReplicaStore.canonicalBytes(channel: "c", model: "m", property: "p", register: register)
+        #expect(
+            ReplicaStore.registerHash(channel: "c", model: "m", property: "p", register: register)
+                == ReplicaStore.fnv1a(bytes))
+    }
+
     @Test func aDeltaAppliesPerPropertyNotAllOrNothing() {
         var store = ReplicaStore()
         _ = store.apply(Self.delta(20, "a", [("x", 1)]))
