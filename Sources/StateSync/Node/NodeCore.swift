@@ -193,9 +193,14 @@ final class InstanceReference: Sendable {
 struct Outbox: Sendable {
     var nextSequence: UInt64 = 1
     var pending: [Delta] = []
+    /// The model instance that made each pending delta (by sequence number), when one did.
+    var emitters: [UInt64: ObjectIdentifier] = [:]
 
     /// Gives `delta` the next sequence number and queues it.
-    mutating func enqueue(address: ModelAddress, version: Version, writes: [PropertyWrite]) {
+    mutating func enqueue(
+        address: ModelAddress, version: Version, writes: [PropertyWrite], emitter: ObjectIdentifier? = nil
+    ) {
+        if let emitter { emitters[nextSequence] = emitter }
         pending.append(
             Delta(
                 channel: address.channel, model: address.model, version: version, sequence: nextSequence,

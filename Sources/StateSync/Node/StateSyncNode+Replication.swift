@@ -183,15 +183,17 @@ extension StateSyncNode {
     /// Takes the local writes queued by attached models and applies them to the store, in
     /// sequence order. The I/O thread logs them and publishes them in this order.
     func takeLocalWrites() -> [Applied] {
-        let pending = outbox.withLock { outbox -> [Delta] in
-            let pending = outbox.pending
-            outbox.pending = []
-            return pending
+        let (pending, emitters) = outbox.withLock { outbox -> ([Delta], [UInt64: ObjectIdentifier]) in
+            defer {
+                outbox.pending = []
+                outbox.emitters = [:]
+            }
+            return (outbox.pending, outbox.emitters)
         }
-        return applyLocal(pending)
+        return applyLocal(pending, emitters: emitters)
     }
 
-    private func applyLocal(_ deltas: [Delta]) -> [Applied] {
+    private func applyLocal(_ deltas: [Delta], emitters: [UInt64: ObjectIdentifier] = [:]) -> [Applied] {
         if deltas.isEmpty { return [] }
         let results = core.withLock { core in
             deltas.map { delta -> (Applied, (any ReplicatedModel)?) in
@@ -257,13 +259,15 @@ extension StateSyncNode {
         var applied = takeLocalWrites()
         let current = core.withLock { $0.store.properties(of: address) }
         let effective = writes.filter { current[$0.name]?.value != $0.value }
-        let batch = outbox.withLock { outbox -> [Delta] in
+        let (batch, emitters) = outbox.withLock { outbox -> ([Delta], [UInt64: ObjectIdentifier]) in
             if !effective.isEmpty { outbox.enqueue(address: address, version: clock.next(), writes: effective) }
-            let all = outbox.pending
-            outbox.pending = []
-            return all
+            defer {
+                outbox.pending = []
+                outbox.emitters = [:]
+            }
+            return (outbox.pending, outbox.emitters)
         }
-        applied += applyLocal(batch)
+        applied += applyLocal(batch, emitters: emitters)
         guard !effective.isEmpty, let mine = applied.last else {
             let newest = writes.compactMap { current[$0.name]?.version }.max() ?? .zero
             return (applied, newest, .unchanged)
@@ -273,8 +277,7 @@ extension StateSyncNode {
             let held = properties(of: address)
             return (applied, writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
         }
-        let instance = core.withLock { $0.liveInstance(at: address) }
-        if let instance { apply(mine.changes, to: instance, version: version, isRemote: false) }
+        // (A live model at the address got the change in applyLocal.)
         return (applied, version, .changed)
     }
 

@@ -157,9 +157,11 @@ public final class StateSyncNode: Sendable {
         guard isRunning else { throw StateSyncError(.stopped, "node \(configuration.nodeID) is stopped") }
         let address = ModelAddress(channel: channel, model: id)
         let fresh = M()
+        let emitter = ObjectIdentifier(fresh)
         let binding = ModelBinding(
             address: address, clock: clock,
-            emit: { [weak self] address, version, writes in self?.enqueueLocalWrite(address, version, writes) },
+            emit: { [weak self] address, version, writes in self?.enqueueLocalWrite(address, version, writes, emitter)
+            },
             reportEncodingFailure: { [weak self] property, error in
                 self?.reportEncodingFailure(address, property, error)
             })
@@ -303,8 +305,10 @@ public final class StateSyncNode: Sendable {
     // MARK: - Local writes from models
 
     /// Called by an attached model, under its lock, for every local write.
-    private func enqueueLocalWrite(_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) {
-        outbox.withLock { $0.enqueue(address: address, version: version, writes: writes) }
+    private func enqueueLocalWrite(
+        _ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite], _ emitter: ObjectIdentifier
+    ) {
+        outbox.withLock { $0.enqueue(address: address, version: version, writes: writes, emitter: emitter) }
         loop.wake()
     }
 

@@ -1,4 +1,5 @@
 import Foundation
+import StateSyncClient
 import Testing
 
 @testable import StateSync
@@ -130,6 +131,36 @@ struct EmbeddedNodeTests {
             _ = try await StateSyncNode.start(configuration: clash)
         }
         #expect(error?.message.contains("cannot bind network.publish \(configs[0].publishEndpoint)") == true)
+        await node.stop()
+    }
+}
+
+@Suite("Embedded nodes and clients")
+struct EmbeddedNodeClientTests {
+    /// A SET through a node's API reaches the live model the node hosts at that address, and a
+    /// model instance made after a write adopts it.
+    @Test func aClientSetReachesTheNodesLiveModel() async throws {
+        let config = meshConfigurations(1, label: "setmodel", api: true)[0]
+        let node = try await StateSyncNode.start(configuration: config)
+        let client = try StateSyncClient(endpoint: try #require(node.apiEndpoint))
+        do {
+            let model = try await node.model(Counter.self, channel: "c", id: "m")
+            let seen = Shared<[Change<Int>]>([])
+            model.observe(\.count) { change in seen.withLock { $0.append(change) } }
+            try await client.set(ModelAddress(channel: "c", model: "m"), ["count": 5])
+            try await waitUntil("the model got the SET") { seen.value.count == 1 }
+            #expect(model.count == 5)
+            #expect(seen.value[0].old == 0 && seen.value[0].new == 5 && seen.value[0].origin == config.nodeID)
+            // The model's own writes are not applied to it a second time.
+            model.count = 6
+            try await waitUntil("the write reached the store") {
+                node.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == 6
+            }
+            #expect(seen.value.map(\.new) == [5, 6])
+        } catch {
+            Issue.record(error)
+        }
+        client.close()
         await node.stop()
     }
 }
