@@ -112,14 +112,14 @@ public struct ReplicaStore: Sendable {
     /// The hash of one register, as summed into ``digest``: FNV-1a 64 of its canonical bytes,
     /// computed as they would be written, without building them.
     public static func registerHash(channel: String, model: String, property: String, register: Register) -> UInt64 {
-        var hash = StreamingFNV()
-        hash.string(channel)
-        hash.string(model)
-        hash.string(property)
-        hash.value(register.value)
-        hash.uint64(register.version.timestamp)
-        hash.string(register.version.node)
-        return hash.value
+        var fnv = StreamingFNV()
+        fnv.string(channel)
+        fnv.string(model)
+        fnv.string(property)
+        fnv.value(register.value)
+        fnv.uint64(register.version.timestamp)
+        fnv.string(register.version.node)
+        return fnv.hash
     }
 
     private mutating func account(_ channel: String, _ model: String, _ property: String, old: Register?, new: Register)
@@ -131,62 +131,17 @@ public struct ReplicaStore: Sendable {
     }
 }
 
-/// FNV-1a 64 over the bytes ``WireWriter`` would write, fed field by field (no allocation).
-struct StreamingFNV {
-    private(set) var value: UInt64 = 0xcbf2_9ce4_8422_2325
+/// FNV-1a 64 over the bytes ``WireWriter`` would write, fed as they are produced (no buffer).
+struct StreamingFNV: WireSink {
+    private(set) var hash: UInt64 = 0xcbf2_9ce4_8422_2325
 
     @inline(__always)
     mutating func byte(_ b: UInt8) {
-        value ^= UInt64(b)
-        value &*= 0x100_0000_01b3
+        hash ^= UInt64(b)
+        hash &*= 0x100_0000_01b3
     }
 
-    mutating func varint(_ v: UInt64) {
-        var v = v
-        while v >= 0x80 {
-            byte(UInt8(truncatingIfNeeded: v) | 0x80)
-            v >>= 7
-        }
-        byte(UInt8(v))
-    }
-
-    mutating func uint64(_ v: UInt64) {
-        for shift in stride(from: 56, through: 0, by: -8) { byte(UInt8(truncatingIfNeeded: v >> UInt64(shift))) }
-    }
-
-    mutating func string(_ s: String) {
-        varint(UInt64(s.utf8.count))
-        for b in s.utf8 { byte(b) }
-    }
-
-    mutating func value(_ v: Value) {
-        switch v {
-        case .null: byte(ValueTag.null)
-        case .bool(let b): byte(b ? ValueTag.true : ValueTag.false)
-        case .int(let i):
-            byte(ValueTag.int)
-            varint(UInt64(bitPattern: (i << 1) ^ (i >> 63)))
-        case .double(let d):
-            byte(ValueTag.double)
-            uint64(d.bitPattern)
-        case .string(let s):
-            byte(ValueTag.string)
-            string(s)
-        case .bytes(let bytes):
-            byte(ValueTag.bytes)
-            varint(UInt64(bytes.count))
-            for b in bytes { byte(b) }
-        case .array(let items):
-            byte(ValueTag.array)
-            varint(UInt64(items.count))
-            for item in items { value(item) }
-        case .map(let map):
-            byte(ValueTag.map)
-            varint(UInt64(map.count))
-            for key in map.keys.sorted() {
-                string(key)
-                value(map[key]!)
-            }
-        }
+    mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8 {
+        for b in values { byte(b) }
     }
 }

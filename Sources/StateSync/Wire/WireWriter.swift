@@ -1,22 +1,21 @@
-/// Appends protocol primitives to a byte buffer (docs/PROTOCOL.md, "Primitives").
-public struct WireWriter: Sendable {
-    public private(set) var bytes: [UInt8]
+/// Anything protocol primitives can be written to: a byte buffer (``WireWriter``) or a running
+/// hash of the same bytes. The encoding is defined once, here (docs/PROTOCOL.md, "Primitives").
+public protocol WireSink {
+    /// Takes one more byte of the encoding.
+    mutating func byte(_ value: UInt8)
+    /// Takes several bytes of the encoding, in order.
+    mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8
+}
 
-    public init(capacity: Int = 64) {
-        bytes = []
-        bytes.reserveCapacity(capacity)
-    }
-
-    public mutating func byte(_ value: UInt8) { bytes.append(value) }
-
+extension WireSink {
     /// An unsigned LEB128 varint.
     public mutating func varint(_ value: UInt64) {
         var value = value
         while value >= 0x80 {
-            bytes.append(UInt8(truncatingIfNeeded: value) | 0x80)
+            byte(UInt8(truncatingIfNeeded: value) | 0x80)
             value >>= 7
         }
-        bytes.append(UInt8(value))
+        byte(UInt8(value))
     }
 
     /// A signed integer as a zigzag varint.
@@ -27,23 +26,20 @@ public struct WireWriter: Sendable {
     /// A big-endian 64-bit unsigned integer.
     public mutating func uint64(_ value: UInt64) {
         for shift in stride(from: 56, through: 0, by: -8) {
-            bytes.append(UInt8(truncatingIfNeeded: value >> UInt64(shift)))
+            byte(UInt8(truncatingIfNeeded: value >> UInt64(shift)))
         }
     }
 
     /// A length-prefixed UTF-8 string.
     public mutating func string(_ value: String) {
-        var value = value
-        value.withUTF8 { utf8 in
-            varint(UInt64(utf8.count))
-            bytes.append(contentsOf: utf8)
-        }
+        varint(UInt64(value.utf8.count))
+        bytes(value.utf8)
     }
 
     /// Length-prefixed raw bytes.
     public mutating func blob(_ value: [UInt8]) {
         varint(UInt64(value.count))
-        bytes.append(contentsOf: value)
+        bytes(value)
     }
 
     /// A tagged ``Value`` (docs/PROTOCOL.md, "Values").
@@ -77,6 +73,20 @@ public struct WireWriter: Sendable {
             }
         }
     }
+}
+
+/// Appends protocol primitives to a byte buffer.
+public struct WireWriter: WireSink, Sendable {
+    public private(set) var bytes: [UInt8]
+
+    public init(capacity: Int = 64) {
+        bytes = []
+        bytes.reserveCapacity(capacity)
+    }
+
+    public mutating func byte(_ value: UInt8) { bytes.append(value) }
+
+    public mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8 { bytes.append(contentsOf: values) }
 }
 
 /// The one-byte tags of ``Value`` on the wire.
