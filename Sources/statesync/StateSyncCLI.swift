@@ -168,11 +168,12 @@ extension StateSyncCLI {
                 property, old, new, version, origin, kind (initial | live | resync) and cursor.
 
                 To resume after an interruption — on this node or any other — pass the last \
-                cursor printed: --from CURSOR delivers every change after it exactly once, then the \
-                live ones. (A fresh process does not hold the earlier state, so the first change \
-                of each property after resuming shows old as null.) If the node's history no \
-                longer reaches back to the cursor, it says so and sends the current state as a \
-                resync instead of skipping anything.
+                cursor printed: --from CURSOR delivers every change after it, then the live ones. \
+                A fresh process does not hold the earlier state: the first change of each \
+                property after resuming shows old as null, and a change the earlier watch got out \
+                of order (above a gap that was being repaired) can be printed again. If the \
+                node's history no longer reaches back to the cursor, it says so and sends the \
+                current state as a resync instead of skipping anything.
                 """)
 
         @Argument(help: "The channel to watch.")
