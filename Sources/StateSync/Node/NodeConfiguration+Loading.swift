@@ -151,13 +151,23 @@ extension NodeConfiguration {
     }
 
     /// Reads keys from the environment first, then the file, and names the source of any error.
-    private struct KeyReader {
+    private final class KeyReader {
         let path: String
         let file: YAMLSnapshot
         let environment: EnvironmentVariablesProvider
+        /// Keys whose value came from the environment: errors about them name the variable.
+        private var fromEnvironment: Set<Key> = []
+
+        init(path: String, file: YAMLSnapshot, environment: EnvironmentVariablesProvider) {
+            self.path = path
+            self.file = file
+            self.environment = environment
+        }
 
         func invalid(_ key: Key, _ reason: String, source: String? = nil) -> StateSyncError {
-            StateSyncError(.invalidConfiguration, "\(source ?? path): \(key.rawValue): \(reason)")
+            let origin =
+                source ?? (fromEnvironment.contains(key) ? "environment variable \(key.environmentVariable)" : path)
+            return StateSyncError(.invalidConfiguration, "\(origin): \(key.rawValue): \(reason)")
         }
 
         private func lookup(_ key: Key, _ type: ConfigType) throws(StateSyncError) -> ConfigContent? {
@@ -166,6 +176,7 @@ extension NodeConfiguration {
                 if let value = try environment.value(forKey: AbsoluteConfigKey(["statesync"] + components), type: type)
                     .value
                 {
+                    fromEnvironment.insert(key)
                     return value.content
                 }
             } catch {

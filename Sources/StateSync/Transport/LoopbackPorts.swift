@@ -11,7 +11,9 @@ import Synchronization
 ///
 /// Ports are chosen below Linux's ephemeral range (32768–60999), where outgoing connections take
 /// their local ports: a port probed free there can be taken by any `connect()` a moment later.
-/// A port handed out by this process is not handed out again.
+/// A port handed out by this process is not handed out again, nor one another live process has
+/// claimed through this type (a claim is a file named after the port in a shared directory,
+/// holding the claimant's pid; claims of dead processes are taken over).
 public enum LoopbackPorts {
     private static let handedOut = Mutex<Set<Int>>([])
 
@@ -32,8 +34,37 @@ public enum LoopbackPorts {
                 }
             }
             close(fd)
-            if ok, handedOut.withLock({ $0.insert(candidate).inserted }) { return candidate }
+            if ok, claim(candidate), handedOut.withLock({ $0.insert(candidate).inserted }) { return candidate }
         }
         throw StateSyncError(.transport, "no free port on 127.0.0.1 in 20000...32000")
+    }
+
+    private static let claims = "/tmp/statesync-loopback-ports"
+
+    /// Claims `port` for this process across processes; `false` when a live process holds it.
+    private static func claim(_ port: Int) -> Bool {
+        mkdir(claims, 0o777)
+        let path = "\(claims)/\(port)"
+        let me = getpid()
+        for _ in 0..<2 {
+            let fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o666)
+            if fd >= 0 {
+                let text = Array("\(me)".utf8)
+                _ = text.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+                close(fd)
+                return true
+            }
+            guard errno == EEXIST else { return true }  // no shared directory: rely on the probe
+            var buffer = [UInt8](repeating: 0, count: 32)
+            let reader = open(path, O_RDONLY | O_CLOEXEC)
+            guard reader >= 0 else { return false }
+            let count = buffer.withUnsafeMutableBytes { read(reader, $0.baseAddress, $0.count) }
+            close(reader)
+            let owner = Int32(String(decoding: buffer.prefix(max(count, 0)), as: UTF8.self)) ?? 0
+            if owner == me { return true }
+            if owner > 0 && kill(owner, 0) == 0 { return false }  // a live process holds it
+            unlink(path)  // a dead process's claim: take it over
+        }
+        return false
     }
 }

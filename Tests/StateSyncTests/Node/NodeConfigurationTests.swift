@@ -31,6 +31,8 @@ struct NodeConfigurationTests {
             #expect(config.apiEndpoint == "tcp://127.0.0.1:710\(i)")
             #expect(config.peers.count == 2)
             #expect(!config.peers.contains(config.publishEndpoint))
+            #expect(config.fsync == .always && config.highWaterMark == 100_000 && config.clientHighWaterMark == 10_000)
+            #expect(config.historyDeltas == 100_000 && config.compactBytes == 64 << 20)
         }
     }
 
@@ -53,6 +55,20 @@ struct NodeConfigurationTests {
         #expect(config.nodeID == "other")
         #expect(config.peers == ["tcp://127.0.0.1:9001", "tcp://127.0.0.1:9002"])
         #expect(config.heartbeatIntervalMilliseconds == 250)
+    }
+
+    @Test func storageSettingsAreReadAndChecked() throws {
+        let config = try NodeConfiguration.load(
+            file: try Self.write(Self.valid),
+            environment: ["STATESYNC_STORAGE_FSYNC": "interval", "STATESYNC_STORAGE_FSYNC_INTERVAL_MS": "20"])
+        #expect(config.fsync == .interval && config.fsyncIntervalMilliseconds == 20)
+        let error = try #require(throws: StateSyncError.self) {
+            try NodeConfiguration.load(
+                file: try Self.write(Self.valid), environment: ["STATESYNC_STORAGE_FSYNC": "sometimes"])
+        }
+        #expect(
+            error.message.hasPrefix(
+                "environment variable STATESYNC_STORAGE_FSYNC: storage.fsync: 'sometimes' is not one of"))
     }
 
     @Test func builtInDefaultsLoad() throws {
