@@ -22,8 +22,6 @@ public struct NodeCounters: Sendable, Equatable {
     /// Client requests served, and those answered with an error.
     public var clientRequests = 0
     public var clientErrors = 0
-    /// Watch events that could not be queued to a slow client.
-    public var watchEventsDropped = 0
     /// Gap repairs asked of peers (FETCH requests sent).
     public var repairRequests = 0
     /// Deltas received through repair.
@@ -49,7 +47,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),
             ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),
             ("rejected_properties", rejectedProperties), ("client_requests", clientRequests),
-            ("client_errors", clientErrors), ("watch_events_dropped", watchEventsDropped),
+            ("client_errors", clientErrors),
             ("replies_dropped", repliesDropped), ("repair_requests", repairRequests),
             ("deltas_fetched", deltasFetched), ("deltas_served", deltasServed),
             ("snapshots_served", snapshotsServed), ("snapshots_applied", snapshotsApplied),

@@ -362,10 +362,6 @@ extension StateSyncNode {
         }
     }
 
-    func countDroppedWatchEvent() {
-        core.withLock { $0.counters.watchEventsDropped += 1 }
-    }
-
     func countDroppedReply() {
         core.withLock { $0.counters.repliesDropped += 1 }
     }

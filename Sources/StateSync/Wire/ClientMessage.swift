@@ -148,17 +148,6 @@ public enum ClientProtocol {
         return ModelAddress(channel: try r.string("channel"), model: try r.string("model"))
     }
 
-    public static func encodeChannel(_ channel: String) -> [UInt8] {
-        var w = WireWriter()
-        w.string(channel)
-        return w.bytes
-    }
-
-    public static func decodeChannel(_ body: [UInt8]) throws(WireError) -> String {
-        var r = WireReader(body)
-        return try r.string("channel")
-    }
-
     /// The OK body of a GET: every property with its value and version.
     public static func encodeProperties(_ registers: [String: ReplicaStore.Register]) -> [UInt8] {
         var w = WireWriter()

@@ -114,7 +114,7 @@ struct ClientAPIProtocolTests {
 
     @Test func pingNamesWatchesTheNodeNoLongerHolds() async throws {
         try await Self.withNode { _, client in
-            let (watch, _) = try client.call(.watch, id: 77, ClientProtocol.encodeChannel("c"))
+            let (watch, _) = try client.call(.watch, id: 77, ClientProtocol.encodeWatch(channel: "c", from: nil))
             #expect(watch.kind == .ok)
             var ping = WireWriter()
             ping.varint(2)
