@@ -90,35 +90,22 @@ public struct ReplicaStore: Sendable {
     /// A register's canonical bytes: channel, model, property, value, version (wire encodings).
     public static func canonicalBytes(channel: String, model: String, property: String, register: Register) -> [UInt8] {
         var writer = WireWriter()
-        writer.string(channel)
-        writer.string(model)
-        writer.string(property)
-        writer.value(register.value)
-        writer.uint64(register.version.timestamp)
-        writer.string(register.version.node)
+        writer.register(channel: channel, model: model, property: property, register: register)
         return writer.bytes
     }
 
     /// FNV-1a 64 of `bytes`, continuing from `hash`.
-    public static func fnv1a(_ bytes: [UInt8], from hash: UInt64 = 0xcbf2_9ce4_8422_2325) -> UInt64 {
-        var hash = hash
-        for byte in bytes {
-            hash ^= UInt64(byte)
-            hash &*= 0x100_0000_01b3
-        }
-        return hash
+    public static func fnv1a(_ bytes: [UInt8], from hash: UInt64 = StreamingFNV.offsetBasis) -> UInt64 {
+        var fnv = StreamingFNV(hash: hash)
+        fnv.bytes(bytes)
+        return fnv.hash
     }
 
     /// The hash of one register, as summed into ``digest``: FNV-1a 64 of its canonical bytes,
     /// computed as they would be written, without building them.
     public static func registerHash(channel: String, model: String, property: String, register: Register) -> UInt64 {
         var fnv = StreamingFNV()
-        fnv.string(channel)
-        fnv.string(model)
-        fnv.string(property)
-        fnv.value(register.value)
-        fnv.uint64(register.version.timestamp)
-        fnv.string(register.version.node)
+        fnv.register(channel: channel, model: model, property: property, register: register)
         return fnv.hash
     }
 
@@ -132,16 +119,35 @@ public struct ReplicaStore: Sendable {
 }
 
 /// FNV-1a 64 over the bytes ``WireWriter`` would write, fed as they are produced (no buffer).
-struct StreamingFNV: WireSink {
-    private(set) var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+public struct StreamingFNV: WireSink, Sendable {
+    public static let offsetBasis: UInt64 = 0xcbf2_9ce4_8422_2325
+    public private(set) var hash: UInt64
+
+    /// Starts from `hash` (the offset basis for a new digest, or an earlier digest to continue).
+    public init(hash: UInt64 = StreamingFNV.offsetBasis) {
+        self.hash = hash
+    }
 
     @inline(__always)
-    mutating func byte(_ b: UInt8) {
+    public mutating func byte(_ b: UInt8) {
         hash ^= UInt64(b)
         hash &*= 0x100_0000_01b3
     }
 
-    mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8 {
+    public mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8 {
         for b in values { byte(b) }
+    }
+}
+
+extension WireSink {
+    /// A register's canonical fields: channel, model, property, value, version timestamp and node
+    /// (what digests hash).
+    public mutating func register(channel: String, model: String, property: String, register: ReplicaStore.Register) {
+        string(channel)
+        string(model)
+        string(property)
+        value(register.value)
+        uint64(register.version.timestamp)
+        string(register.version.node)
     }
 }

@@ -66,15 +66,15 @@ public struct WatchCursor: Sendable, Hashable, CustomStringConvertible {
 /// A running digest of registers, computed the same way by a node sending a snapshot and by the
 /// client receiving it, so the client can verify the snapshot arrived whole.
 public struct RegisterDigest: Sendable, Equatable {
-    public private(set) var value: UInt64 = 0xcbf2_9ce4_8422_2325
+    public private(set) var value: UInt64 = StreamingFNV.offsetBasis
     public private(set) var count = 0
 
     public init() {}
 
     public mutating func add(channel: String, model: String, property: String, register: ReplicaStore.Register) {
-        value = ReplicaStore.fnv1a(
-            ReplicaStore.canonicalBytes(channel: channel, model: model, property: property, register: register),
-            from: value)
+        var fnv = StreamingFNV(hash: value)
+        fnv.register(channel: channel, model: model, property: property, register: register)
+        value = fnv.hash
         count += 1
     }
 }
