@@ -188,32 +188,41 @@ struct WatchTests {
         await node.stop()
     }
 
-    /// A client that does not read: the node keeps nothing for it but a cursor, marks it lagging,
-    /// and once it reads again resyncs it (its history is short) to the exact current state.
+    /// A raw watcher that never reads (small queues, small kernel buffer), then 3,000 large
+    /// writes on 7 models: far more than the watch's queue and the node's history hold.
+    static func floodAStalledWatcher(
+        _ node: StateSyncNode, watchID: UInt64, onLag: ClientProtocol.LagPolicy
+    ) async throws -> (Context, Socket) {
+        let context = try Context()
+        let dealer = try context.socket(.dealer)
+        try dealer.setReceiveHighWaterMark(5)
+        // A small kernel buffer: otherwise Linux autotunes it to tens of MB and nothing lags.
+        try dealer.setReceiveBufferSize(bytes: 16_384)
+        try dealer.connect(try #require(node.apiEndpoint))
+        try dealer.send(
+            ClientProtocol.encodeRequest(
+                .watch, id: watchID, body: ClientProtocol.encodeWatch(channel: "c", from: nil, onLag: onLag)))
+        try await waitUntil("the watch is registered") { node.status.watchers == 1 }
+        let writer = try StateSyncClient(endpoint: try #require(node.apiEndpoint))
+        defer { writer.close() }
+        // Large, distinct values: the kernel's buffers must fill too, not only libzmq's queue.
+        let padding = String(repeating: "x", count: 16_000)
+        for i in 1...3000 {
+            try await writer.set(
+                ModelAddress(channel: "c", model: "m\(i % 7)"), ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
+        }
+        return (context, dealer)
+    }
+
+    /// With the "end" policy, a watch that falls behind the history ends with ERROR lagged.
     @Test func withTheEndPolicyALaggingWatchEndsWithAClearError() async throws {
         var configs = meshConfigurations(1, label: "lagend", api: true)
         configs[0].historyDeltas = 20
         configs[0].clientHighWaterMark = 10
         let node = try await StateSyncNode.start(configuration: configs[0])
         do {
-            let context = try Context()
-            let dealer = try context.socket(.dealer)
-            try dealer.setReceiveHighWaterMark(5)
-            // A small kernel buffer: otherwise Linux autotunes it to tens of MB and nothing lags.
-            try dealer.setReceiveBufferSize(bytes: 16_384)
-            try dealer.connect(try #require(node.apiEndpoint))
-            try dealer.send(
-                ClientProtocol.encodeRequest(
-                    .watch, id: 9, body: ClientProtocol.encodeWatch(channel: "c", from: nil, onLag: .end)))
-            try await waitUntil("the watch is registered") { node.status.watchers == 1 }
-            let writer = try StateSyncClient(endpoint: try #require(node.apiEndpoint))
-            defer { writer.close() }
-            let padding = String(repeating: "x", count: 16_000)
-            for i in 1...3000 {
-                try await writer.set(
-                    ModelAddress(channel: "c", model: "m\(i % 7)"),
-                    ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
-            }
+            let (context, dealer) = try await Self.floodAStalledWatcher(node, watchID: 9, onLag: .end)
+            defer { withExtendedLifetime(context) {} }
             var ended: String?
             var kinds: [String: Int] = [:]
             defer { if ended == nil { Issue.record("received \(kinds), status \(node.status.value)") } }
@@ -237,30 +246,16 @@ struct WatchTests {
         await node.stop()
     }
 
+    /// A client that does not read: the node keeps nothing for it but a cursor, marks it lagging,
+    /// and once it reads again resyncs it (its history is short) to the exact current state.
     @Test func aClientThatDoesNotReadLagsThenResyncs() async throws {
         var configs = meshConfigurations(1, label: "lag", api: true)
         configs[0].historyDeltas = 50
         configs[0].clientHighWaterMark = 10
         let node = try await StateSyncNode.start(configuration: configs[0])
         do {
-            let context = try Context()
-            let dealer = try context.socket(.dealer)
-            try dealer.setReceiveHighWaterMark(5)
-            // A small kernel buffer: otherwise Linux autotunes it to tens of MB and nothing lags.
-            try dealer.setReceiveBufferSize(bytes: 16_384)
-            try dealer.connect(try #require(node.apiEndpoint))
-            try dealer.send(
-                ClientProtocol.encodeRequest(.watch, id: 1, body: ClientProtocol.encodeWatch(channel: "c", from: nil)))
-            try await waitUntil("the watch is registered") { node.status.watchers == 1 }
-            let writer = try StateSyncClient(endpoint: try #require(node.apiEndpoint))
-            defer { writer.close() }
-            // Large values: the kernel's socket buffers must fill too, not only libzmq's queue.
-            let padding = String(repeating: "x", count: 16_000)
-            for i in 1...3000 {
-                try await writer.set(
-                    ModelAddress(channel: "c", model: "m\(i % 7)"),
-                    ["n": .int(Int64(i)), "pad": .string(padding + "\(i)")])
-            }
+            let (context, dealer) = try await Self.floodAStalledWatcher(node, watchID: 1, onLag: .resync)
+            defer { withExtendedLifetime(context) {} }
             try await waitUntil("the watch is lagging") { node.status.laggingWatches == 1 }
             // Now read everything: a resync brings the client to the exact current state.
             var kinds: [UInt8] = []
