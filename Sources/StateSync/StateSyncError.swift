@@ -60,7 +60,11 @@ public enum Names {
         }
         // Names compare as bytes on the wire and in digests: canonically equivalent spellings
         // must not both exist, so only the composed form (NFC) is accepted.
-        guard name.utf8.elementsEqual(name.precomposedStringWithCanonicalMapping.utf8) else {
+        // (ASCII is always NFC: the usual names skip the normalisation on the delta path.)
+        guard
+            name.utf8.allSatisfy({ $0 < 0x80 })
+                || name.utf8.elementsEqual(name.precomposedStringWithCanonicalMapping.utf8)
+        else {
             throw StateSyncError(.invalidName, "\(what) '\(name)' is not in Unicode NFC form; normalize it (NFC) first")
         }
     }
