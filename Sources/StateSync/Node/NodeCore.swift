@@ -148,6 +148,17 @@ struct NodeCore: Sendable {
         journal.markAbsent(origin: origin, through: sequence)
     }
 
+    /// Records that `origin`'s deltas exist through `sequence` (a heartbeat or a peer's progress
+    /// said so): a gap at the tail, with no later delta to reveal it, is counted like any other.
+    mutating func announce(origin: String, through sequence: UInt64) {
+        var progress = origins[origin, default: OriginProgress()]
+        guard sequence > progress.announced else { return }
+        let gapBefore = progress.firstGap == nil
+        progress.announced = sequence
+        if gapBefore, progress.firstGap != nil { counters.sequenceGaps += 1 }
+        origins[origin] = progress
+    }
+
     /// The retained deltas of `origin` in `range`, and the lowest sequence number still held.
     func retained(origin: String, range: ClosedRange<UInt64>) -> (deltas: [Delta], droppedThrough: UInt64) {
         guard let history = history[origin] else { return ([], 0) }

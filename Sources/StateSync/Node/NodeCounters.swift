@@ -11,7 +11,8 @@ public struct NodeCounters: Sendable, Equatable {
     public var propertiesStale = 0
     /// Messages from peers or clients that could not be decoded and were dropped.
     public var malformedMessages = 0
-    /// Sequence numbers found missing from an origin (deltas lost on the way).
+    /// Gaps found in an origin's sequence numbers, by a later delta or by an announcement of
+    /// later ones (deltas lost on the way): each one is a repair to make.
     public var sequenceGaps = 0
     /// Deltas received again (a sequence number already seen from that origin).
     public var duplicateDeltas = 0

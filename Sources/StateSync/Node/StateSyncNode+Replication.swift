@@ -42,15 +42,11 @@ extension StateSyncNode {
                     beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
                 guard beat.node != configuration.nodeID else { return }
                 core.origins[beat.node, default: .init()].incarnation = beat.incarnation
-                core.origins[beat.node, default: .init()].announced = max(
-                    core.origins[beat.node]?.announced ?? 0, beat.latestSequence)
+                core.announce(origin: beat.node, through: beat.latestSequence)
                 // What the peer holds of every origin: a delta it has exists, so it is owed to us
                 // too. For our own origin this means we lost deltas we had published (a damaged
                 // or removed log): fetch them back and never reuse their sequence numbers.
-                for (origin, through) in beat.progress {
-                    core.origins[origin, default: .init()].announced = max(
-                        core.origins[origin]?.announced ?? 0, through)
-                }
+                for (origin, through) in beat.progress { core.announce(origin: origin, through: through) }
             }
             if let own = beat.progress[configuration.nodeID], own < UInt64.max {
                 outbox.withLock { $0.nextSequence = max($0.nextSequence, own + 1) }
