@@ -105,6 +105,7 @@ struct RepairTests {
             // The model is updated just after the store, on the same thread: wait for both.
             try await waitUntil("the slow node converged", timeout: .seconds(60)) {
                 nodes[0].status.publishedSequence == 3000 && Self.digestsEqual(nodes) && slow.count == 3000
+                    && nodes[1].status.missingDeltas == 0
             }
             let counters = nodes[1].status.counters
             #expect(counters["sequence_gaps"] ?? 0 > 0, "the flood must have overflowed the queue: \(counters)")
