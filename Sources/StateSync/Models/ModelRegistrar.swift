@@ -230,40 +230,66 @@ public final class ModelRegistrar: Sendable {
         var rejected: [(property: String, reason: String)] = []
     }
 
+    /// One write set from a replica: a delta's properties with its version.
+    struct RemoteWriteSet: Sendable {
+        let writes: [PropertyWrite]
+        let version: Version
+        /// `false` for this node's own writes coming back (e.g. fetched after losing its log).
+        var isRemote = true
+    }
+
     /// Applies writes from a replica: each property whose version wins is decoded and stored, and
     /// its observers are notified (on the calling thread, outside the lock).
     func applyRemote<Model: ReplicatedModel>(
         _ model: Model, writes: [PropertyWrite], version: Version, isRemote: Bool = true
     ) -> RemoteApplyResult {
+        applyRemote(model, [RemoteWriteSet(writes: writes, version: version, isRemote: isRemote)])
+    }
+
+    /// Applies several write sets in order, as one state transition: one lock, one look-up of each
+    /// property's observers, one Observation notification per property, one delivery. Observers
+    /// still get one change per write, in order, with exact old and new values.
+    func applyRemote<Model: ReplicatedModel>(_ model: Model, _ sets: [RemoteWriteSet]) -> RemoteApplyResult {
         let schema = Model._$schema
         var result = RemoteApplyResult()
-        var changed: [Int] = []
+        var changed: [Bool] = []
         let deliver = state.withLock { state -> Bool in
-            for write in writes {
-                guard let index = schema.index(of: write.name) else {
-                    result.unknownProperties.append(write.name)
-                    continue
-                }
-                if let current = state.versions[write.name], current >= version {
-                    result.stale += 1
-                    continue
-                }
-                let property = schema.properties[index]
-                do {
-                    state.versions[write.name] = version
-                    guard let (old, new) = try property.assign(model, from: write.value) else { continue }
-                    result.applied += 1
-                    changed.append(index)
-                    enqueue(
-                        &state,
-                        ErasedChange(property: write.name, old: old, new: new, version: version, isRemote: isRemote))
-                } catch {
-                    result.rejected.append((write.name, "\(error)"))
+            var observerLists: [[ObserverEntry]?] = Array(repeating: nil, count: schema.properties.count)
+            changed = Array(repeating: false, count: schema.properties.count)
+            for set in sets {
+                for write in set.writes {
+                    guard let index = schema.index(of: write.name) else {
+                        result.unknownProperties.append(write.name)
+                        continue
+                    }
+                    let slot = state.versions.index(forKey: write.name)  // one hash for the read and the write
+                    if let slot, state.versions.values[slot] >= set.version {
+                        result.stale += 1
+                        continue
+                    }
+                    let property = schema.properties[index]
+                    do {
+                        if let slot {
+                            state.versions.values[slot] = set.version
+                        } else {
+                            state.versions[write.name] = set.version
+                        }
+                        guard let (old, new) = try property.assign(model, from: write.value) else { continue }
+                        result.applied += 1
+                        changed[index] = true
+                        if observerLists[index] == nil { observerLists[index] = observers(of: write.name) }
+                        guard let list = observerLists[index], !list.isEmpty else { continue }
+                        let change = ErasedChange(
+                            property: write.name, old: old, new: new, version: set.version, isRemote: set.isRemote)
+                        state.pending.append(Pending(change: change, observers: list))
+                    } catch {
+                        result.rejected.append((write.name, "\(error)"))
+                    }
                 }
             }
             return claimDelivery(&state)
         }
-        for index in changed {
+        for (index, didChange) in changed.enumerated() where didChange {
             schema.properties[index].notifyObservation(model, registrar: observationRegistrar)
         }
         if deliver { drain() }
@@ -321,9 +347,14 @@ public final class ModelRegistrar: Sendable {
     // MARK: - Delivery
 
     private func enqueue(_ state: inout State, _ change: ErasedChange) {
-        let list = observers.withLock { $0.byProperty[change.property] ?? [] }
+        let list = observers(of: change.property)
         if list.isEmpty { return }
         state.pending.append(Pending(change: change, observers: list))
+    }
+
+    /// The observers registered for the property called `name`, now.
+    private func observers(of name: String) -> [ObserverEntry] {
+        observers.withLock { $0.byProperty[name] ?? [] }
     }
 
     /// Makes the caller the delivering thread if no delivery is running and there is work.

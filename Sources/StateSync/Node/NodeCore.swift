@@ -24,11 +24,23 @@ struct NodeCore: Sendable {
 
         /// Records `sequence`; returns `false` when it was already received.
         mutating func receive(_ sequence: UInt64) -> Bool {
-            if sequence <= contiguous || above.contains(sequence) || sequence == UInt64.max { return false }
-            above.insert(sequence)
-            while above.remove(contiguous + 1) != nil { contiguous += 1 }
+            if sequence <= contiguous || sequence == UInt64.max { return false }
+            if sequence == contiguous + 1 {
+                // The usual case, in order: no set to touch unless a gap is being closed.
+                contiguous = sequence
+                if !above.isEmpty { while above.remove(contiguous + 1) != nil { contiguous += 1 } }
+            } else {
+                guard above.insert(sequence).inserted else { return false }
+            }
             announced = max(announced, sequence)
             return true
+        }
+
+        /// Records `sequence` like ``receive(_:)``; also says whether it opened the first gap.
+        mutating func receiveNotingGap(_ sequence: UInt64) -> (isNew: Bool, openedGap: Bool) {
+            let gapBefore = firstGap == nil
+            guard receive(sequence) else { return (false, false) }
+            return (true, gapBefore && firstGap != nil)
         }
 
         /// Everything up to `sequence` is covered (by a snapshot that includes it).
@@ -46,27 +58,6 @@ struct NodeCore: Sendable {
             let next = contiguous + 1
             let end = (above.min().map { $0 - 1 }) ?? announced
             return end >= next ? next...end : nil
-        }
-    }
-
-    /// The retained deltas of one origin, for serving repairs.
-    struct OriginHistory: Sendable {
-        var deltas: [UInt64: Delta] = [:]
-        /// Sequence numbers at or below this were dropped to bound memory.
-        var droppedThrough: UInt64 = 0
-
-        mutating func insert(_ delta: Delta, limit: Int) {
-            guard limit > 0 else {
-                droppedThrough = max(droppedThrough, delta.sequence)
-                return
-            }
-            guard delta.sequence > droppedThrough else { return }
-            deltas[delta.sequence] = delta
-            if deltas.count > limit &+ limit / 8 {
-                let keep = deltas.keys.sorted().suffix(limit)
-                droppedThrough = max(droppedThrough, (keep.first ?? 1) - 1)
-                deltas = deltas.filter { $0.key > droppedThrough }
-            }
         }
     }
 
@@ -95,9 +86,18 @@ struct NodeCore: Sendable {
             entries.append(Entry(delta: delta))
             if entries.count > limit &+ limit / 8 {
                 let drop = entries.count - limit
+                // Runs of one origin are common: one dictionary update per run, not per entry.
+                var origin = entries[0].origin
+                var through: UInt64 = 0
                 for entry in entries.prefix(drop) {
-                    droppedThrough[entry.origin] = max(droppedThrough[entry.origin] ?? 0, entry.sequence)
+                    if entry.origin != origin {
+                        droppedThrough[origin] = max(droppedThrough[origin] ?? 0, through)
+                        origin = entry.origin
+                        through = 0
+                    }
+                    through = max(through, entry.sequence)
                 }
+                droppedThrough[origin] = max(droppedThrough[origin] ?? 0, through)
                 entries.removeFirst(drop)
                 base += drop
             }
@@ -126,14 +126,14 @@ struct NodeCore: Sendable {
     /// Records a delta's sequence number and keeps it for repairs. Returns `false` for a delta
     /// already received (applying it again would be harmless, but it is not logged twice).
     mutating func record(_ delta: Delta) -> Bool {
-        var progress = origins[delta.origin, default: OriginProgress()]
-        let gapBefore = progress.firstGap == nil
-        guard progress.receive(delta.sequence) else {
+        // Mutated in place: a copy would share (and then copy) the set of sequence numbers above
+        // a gap.
+        let (isNew, openedGap) = origins[delta.origin, default: OriginProgress()].receiveNotingGap(delta.sequence)
+        guard isNew else {
             counters.duplicateDeltas += 1
             return false
         }
-        if gapBefore, progress.firstGap != nil { counters.sequenceGaps += 1 }
-        origins[delta.origin] = progress
+        if openedGap { counters.sequenceGaps += 1 }
         history[delta.origin, default: OriginHistory()].insert(delta, limit: historyLimit)
         let (limit, overflow) = historyLimit.multipliedReportingOverflow(by: max(origins.count, 1))
         journal.append(delta, limit: overflow ? Int.max / 2 : limit)
@@ -144,7 +144,7 @@ struct NodeCore: Sendable {
     /// snapshot): neither repairs nor watch resumes can be served from history below it.
     mutating func coverWithoutHistory(origin: String, through sequence: UInt64) {
         origins[origin, default: OriginProgress()].cover(through: sequence)
-        history[origin, default: OriginHistory()].droppedThrough = max(history[origin]?.droppedThrough ?? 0, sequence)
+        history[origin, default: OriginHistory()].drop(through: sequence)
         journal.markAbsent(origin: origin, through: sequence)
     }
 
@@ -162,11 +162,7 @@ struct NodeCore: Sendable {
     /// The retained deltas of `origin` in `range`, and the lowest sequence number still held.
     func retained(origin: String, range: ClosedRange<UInt64>) -> (deltas: [Delta], droppedThrough: UInt64) {
         guard let history = history[origin] else { return ([], 0) }
-        let deltas =
-            range.count <= history.deltas.count
-            ? range.compactMap { history.deltas[$0] }
-            : history.deltas.values.filter { range.contains($0.sequence) }.sorted { $0.sequence < $1.sequence }
-        return (deltas, history.droppedThrough)
+        return (history.deltas(in: range), history.droppedThrough)
     }
 
     /// Sequence numbers known to exist but not received, over all origins (saturating: a peer's

@@ -83,13 +83,17 @@ extension StateSyncNode {
     /// Applies deltas from one peer message (or one repair answer) under one lock. Returns the new
     /// ones, in order.
     func applyRemote(_ deltas: [Delta], from endpoint: String, at now: UInt64, repaired: Bool = false) -> [Applied] {
-        var accepted: [(delta: Delta, followed: Bool)] = []
+        var accepted: [Delta] = []
         accepted.reserveCapacity(deltas.count)
+        var validated: ModelAddress?  // a batch is of one model: its names are checked once
         for delta in deltas {
             if delta.origin == configuration.nodeID && !repaired { continue }  // our own write, echoed back
             do {
-                try Names.validateChannel(delta.channel)
-                try Names.validateModel(delta.model)
+                if validated?.channel != delta.channel || validated?.model != delta.model {
+                    try Names.validateChannel(delta.channel)
+                    try Names.validateModel(delta.model)
+                    validated = delta.address
+                }
                 for property in delta.properties { try Names.validateProperty(property.name) }
             } catch {
                 countMalformed(
@@ -97,47 +101,53 @@ extension StateSyncNode {
                 continue
             }
             if dropRemoteDeltas(delta) { continue }
-            accepted.append((delta, clock.observe(delta.version)))
+            accepted.append(delta)
         }
-        guard !accepted.isEmpty else { return [] }
-        let results = core.withLock { core -> [(Applied, (any ReplicatedModel)?)] in
+        guard let newest = accepted.max(by: { $0.version < $1.version }) else { return [] }
+        // Every version at or below one the clock follows is within the drift bound too.
+        let drifted = clock.observe(newest.version) ? [] : accepted.filter { !clock.observe($0.version) }
+        let (applied, instances) = core.withLock { core -> ([Applied], [(any ReplicatedModel)?]) in
             if !repaired {
                 core.peers[endpoint, default: .init()].lastMessageAt = now
-                core.peers[endpoint, default: .init()].node = accepted[accepted.count - 1].delta.origin
+                core.peers[endpoint, default: .init()].node = accepted[accepted.count - 1].origin
                 core.peers[endpoint, default: .init()].deltasReceived += accepted.count
                 core.counters.deltasReceived += accepted.count
             }
-            var results: [(Applied, (any ReplicatedModel)?)] = []
-            results.reserveCapacity(accepted.count)
-            for (delta, followed) in accepted {
-                if !followed { core.counters.clockDriftRejections += 1 }
+            core.counters.clockDriftRejections += drifted.count
+            var applied: [Applied] = []
+            var instances: [(any ReplicatedModel)?] = []
+            applied.reserveCapacity(accepted.count)
+            instances.reserveCapacity(accepted.count)
+            var last: (address: ModelAddress, instance: (any ReplicatedModel)?)?
+            for delta in accepted {
                 guard core.record(delta) else { continue }
                 let changes = core.store.apply(delta)
                 core.counters.propertiesStale += delta.properties.count - changes.count
-                if !changes.isEmpty { core.counters.deltasApplied += 1 }
-                let instance =
-                    changes.isEmpty
-                    ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
-                results.append((Applied(delta: delta, changes: changes), instance))
+                var instance: (any ReplicatedModel)?
+                if !changes.isEmpty {
+                    core.counters.deltasApplied += 1
+                    if let last, last.address.channel == delta.channel, last.address.model == delta.model {
+                        instance = last.instance
+                    } else {
+                        instance = core.liveInstance(at: delta.address)
+                        last = (delta.address, instance)
+                    }
+                }
+                applied.append(Applied(delta: delta, changes: changes))
+                instances.append(instance)
             }
-            return results
+            return (applied, instances)
         }
-        if let drifted = accepted.first(where: { !$0.followed }), let suppressed = limiter.allow("clock-drift") {
+        if let drifted = drifted.first, let suppressed = limiter.allow("clock-drift") {
             logger.warning(
                 "a peer's clock is further ahead than clock.max_drift_ms; not following it",
                 metadata: [
-                    "peer.id": "\(drifted.delta.origin)", "delta.version": "\(drifted.delta.version)",
+                    "peer.id": "\(drifted.origin)", "delta.version": "\(drifted.version)",
                     "suppressed": "\(suppressed)",
                 ])
         }
-        for (applied, instance) in results {
-            if let instance {
-                apply(
-                    applied.changes, to: instance, version: applied.delta.version,
-                    isRemote: applied.delta.origin != configuration.nodeID)
-            }
-        }
-        return results.map(\.0)
+        deliverToModels(applied, instances)
+        return applied
     }
 
     /// Test-only fault injection (`STATESYNC_TEST_DROP_REMOTE_DELTAS`, see the README): silently
@@ -150,11 +160,35 @@ extension StateSyncNode {
         return true
     }
 
-    /// Applies store changes to a live model instance and accounts for what it rejected.
-    private func apply(_ changes: [PropertyChange], to instance: any ReplicatedModel, version: Version, isRemote: Bool)
+    /// Applies store changes to the live model instances they belong to (`instances[i]` is the
+    /// instance of `applied[i]`, if live): each run of consecutive deltas of one instance (a DELTA
+    /// batch, usually) in one registrar transition.
+    private func deliverToModels(_ applied: [Applied], _ instances: [(any ReplicatedModel)?]) {
+        var index = 0
+        while index < applied.count {
+            guard let instance = instances[index] else {
+                index += 1
+                continue
+            }
+            var sets: [ModelRegistrar.RemoteWriteSet] = []
+            var end = index
+            while end < applied.count, let next = instances[end], next === instance {
+                let delta = applied[end].delta
+                sets.append(
+                    ModelRegistrar.RemoteWriteSet(
+                        writes: applied[end].changes.map { PropertyWrite(name: $0.property, value: $0.new) },
+                        version: delta.version, isRemote: delta.origin != configuration.nodeID))
+                end += 1
+            }
+            apply(sets, to: instance, address: applied[index].delta.address)
+            index = end
+        }
+    }
+
+    /// Applies write sets to a live model instance and accounts for what it rejected.
+    private func apply(_ sets: [ModelRegistrar.RemoteWriteSet], to instance: any ReplicatedModel, address: ModelAddress)
     {
-        let writes = changes.map { PropertyWrite(name: $0.property, value: $0.new) }
-        let result = Self.apply(writes, to: instance, version: version, isRemote: isRemote)
+        let result = Self.apply(sets, to: instance)
         let rejected = result.rejected.count + result.unknownProperties.count
         if rejected > 0 {
             core.withLock { $0.counters.rejectedProperties += rejected }
@@ -162,7 +196,7 @@ extension StateSyncNode {
                 logger.warning(
                     "a replicated value does not fit the local model; the model keeps its value",
                     metadata: [
-                        "model": "\(changes[0].channel)/\(changes[0].model)", "model.type": "\(type(of: instance))",
+                        "model": "\(address.channel)/\(address.model)", "model.type": "\(type(of: instance))",
                         "rejected": "\(result.rejected.map { "\($0.property): \($0.reason)" })",
                         "unknown": "\(result.unknownProperties)", "suppressed": "\(suppressed)",
                     ])
@@ -171,9 +205,9 @@ extension StateSyncNode {
     }
 
     private static func apply<M: ReplicatedModel>(
-        _ writes: [PropertyWrite], to model: M, version: Version, isRemote: Bool
+        _ sets: [ModelRegistrar.RemoteWriteSet], to model: M
     ) -> ModelRegistrar.RemoteApplyResult {
-        model._$registrar.applyRemote(model, writes: writes, version: version, isRemote: isRemote)
+        model._$registrar.applyRemote(model, sets)
     }
 
     /// Takes the local writes queued by attached models and applies them to the store, in
@@ -191,23 +225,24 @@ extension StateSyncNode {
 
     private func applyLocal(_ deltas: [Delta], emitters: [UInt64: ObjectIdentifier] = [:]) -> [Applied] {
         if deltas.isEmpty { return [] }
-        let results = core.withLock { core in
-            deltas.map { delta -> (Applied, (any ReplicatedModel)?) in
+        let (applied, instances) = core.withLock { core -> ([Applied], [(any ReplicatedModel)?]) in
+            var applied: [Applied] = []
+            var instances: [(any ReplicatedModel)?] = []
+            applied.reserveCapacity(deltas.count)
+            instances.reserveCapacity(deltas.count)
+            for delta in deltas {
                 _ = core.record(delta)
                 core.counters.deltasPublished += 1
                 let changes = core.store.apply(delta)
                 // The instance that wrote it already holds it (same version: a no-op); a newer
                 // instance at the address may have adopted the store before this write landed.
-                let instance =
-                    changes.isEmpty
-                    ? nil : core.liveInstance(at: ModelAddress(channel: delta.channel, model: delta.model))
-                return (Applied(delta: delta, changes: changes), instance)
+                applied.append(Applied(delta: delta, changes: changes))
+                instances.append(changes.isEmpty ? nil : core.liveInstance(at: delta.address))
             }
+            return (applied, instances)
         }
-        for (applied, instance) in results {
-            if let instance { apply(applied.changes, to: instance, version: applied.delta.version, isRemote: false) }
-        }
-        return results.map(\.0)
+        deliverToModels(applied, instances)
+        return applied
     }
 
     /// The largest write a SET may carry (names and encoded values), so its delta fits a log
@@ -334,7 +369,11 @@ extension StateSyncNode {
             clock.observe(newest)
             changed.insert(address.channel)
             if let instance {
-                for change in changes { apply([change], to: instance, version: change.version, isRemote: true) }
+                let sets = changes.map { change in
+                    ModelRegistrar.RemoteWriteSet(
+                        writes: [PropertyWrite(name: change.property, value: change.new)], version: change.version)
+                }
+                apply(sets, to: instance, address: address)
             }
         }
         core.withLock { core in

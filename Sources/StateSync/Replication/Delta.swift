@@ -24,6 +24,9 @@ public struct Delta: Sendable, Equatable {
 
     /// The node that wrote the delta.
     public var origin: String { version.node }
+
+    /// The model the delta writes.
+    public var address: ModelAddress { ModelAddress(channel: channel, model: model) }
 }
 
 /// One property of a ``Delta``.

@@ -30,18 +30,36 @@ public struct ReplicaStore: Sendable {
     public mutating func apply(_ delta: Delta) -> [PropertyChange] {
         var changes: [PropertyChange] = []
         changes.reserveCapacity(delta.properties.count)
-        for write in delta.properties {
-            // In place (no copy of the model's dictionary per delta).
-            let current = channels[delta.channel]?[delta.model]?[write.name]
-            if let current, current.version >= delta.version { continue }
-            let register = Register(value: write.value, version: delta.version)
-            channels[delta.channel, default: [:]][delta.model, default: [:]][write.name] = register
-            account(delta.channel, delta.model, write.name, old: current, new: register)
-            changes.append(
-                PropertyChange(
-                    channel: delta.channel, model: delta.model, property: write.name,
-                    old: current?.value, new: write.value, version: delta.version))
+        // The digest hash of every register of this model starts with the same bytes.
+        var prefix = StreamingFNV()
+        prefix.registerAddress(channel: delta.channel, model: delta.model)
+        var digestSum = self.digestSum
+        // In place: one look-up of the model's registers per delta, one per property. (A delta
+        // has at least one property and a model not held yet takes them all: no empty entry.)
+        func applyWrites(to registers: inout [String: Register]) {
+            for write in delta.properties {
+                let register = Register(value: write.value, version: delta.version)
+                let current: Register?
+                if let index = registers.index(forKey: write.name) {
+                    current = registers.values[index]
+                    if current!.version >= delta.version { continue }
+                    registers.values[index] = register
+                } else {
+                    current = nil
+                    registers[write.name] = register
+                }
+                if let current {
+                    digestSum &-= Self.registerHash(prefix: prefix, property: write.name, register: current)
+                }
+                digestSum &+= Self.registerHash(prefix: prefix, property: write.name, register: register)
+                changes.append(
+                    PropertyChange(
+                        channel: delta.channel, model: delta.model, property: write.name,
+                        old: current?.value, new: write.value, version: delta.version))
+            }
         }
+        applyWrites(to: &channels[delta.channel, default: [:]][delta.model, default: [:]])
+        self.digestSum = digestSum
         if !changes.isEmpty, delta.version > latestVersion { latestVersion = delta.version }
         return changes
     }
@@ -109,6 +127,15 @@ public struct ReplicaStore: Sendable {
         return fnv.hash
     }
 
+    /// ``registerHash(channel:model:property:register:)`` continued from a hash of the
+    /// register's address (``WireSink/registerAddress(channel:model:)``), shared by a model's
+    /// registers.
+    static func registerHash(prefix: StreamingFNV, property: String, register: Register) -> UInt64 {
+        var fnv = prefix
+        fnv.registerFields(property: property, register: register)
+        return fnv.hash
+    }
+
     private mutating func account(_ channel: String, _ model: String, _ property: String, old: Register?, new: Register)
     {
         if let old {
@@ -143,8 +170,18 @@ extension WireSink {
     /// A register's canonical fields: channel, model, property, value, version timestamp and node
     /// (what digests hash).
     public mutating func register(channel: String, model: String, property: String, register: ReplicaStore.Register) {
+        registerAddress(channel: channel, model: model)
+        registerFields(property: property, register: register)
+    }
+
+    /// The first canonical fields of a register: the model's address.
+    mutating func registerAddress(channel: String, model: String) {
         string(channel)
         string(model)
+    }
+
+    /// The canonical fields of a register after its address.
+    mutating func registerFields(property: String, register: ReplicaStore.Register) {
         string(property)
         value(register.value)
         uint64(register.version.timestamp)

@@ -107,37 +107,27 @@ final class DeltaLog: @unchecked Sendable {
         }
     }
 
-    /// Whether `delta` fits one record.
-    static func fits(_ delta: Delta) -> Bool {
-        var size = 64 + delta.channel.utf8.count + delta.model.utf8.count + delta.origin.utf8.count
-        for property in delta.properties {
-            var w = WireWriter()
-            w.value(property.value)
-            size += property.name.utf8.count + 10 + w.bytes.count
-            if size > maximumRecord { return false }
+    /// Appends `deltas` as records (not yet durable: call ``sync()``), except those too large
+    /// for a record (over ``maximumRecord``): those are not logged, and their positions in
+    /// `deltas` are returned.
+    @discardableResult
+    func append<Deltas: Sequence<Delta>>(_ deltas: Deltas) throws(StateSyncError) -> [Int] {
+        var buffer = WireWriter(capacity: deltas.underestimatedCount * 64)
+        var tooLarge: [Int] = []
+        for (position, delta) in deltas.enumerated() where !Self.appendRecord(delta, to: &buffer) {
+            tooLarge.append(position)
         }
-        return true
-    }
-
-    /// Appends `deltas` (not yet durable: call ``sync()``). Every delta must ``fits(_:)``.
-    func append(_ deltas: [Delta]) throws(StateSyncError) {
-        if deltas.isEmpty { return }
-        var buffer: [UInt8] = []
-        buffer.reserveCapacity(deltas.count * 64)
-        for delta in deltas {
-            let before = buffer.count
-            Self.appendRecord(delta, to: &buffer)
-            precondition(buffer.count - before - 8 <= Self.maximumRecord, "callers keep deltas under the record limit")
-        }
+        if buffer.bytes.isEmpty { return tooLarge }
         let start = size
         do {
-            try write(buffer)
+            try write(buffer.bytes)
         } catch {
             // Never leave half a record in the middle of the log: cut back to where it was.
             _ = ftruncate(descriptor, off_t(start))
             size = start
             throw error
         }
+        return tooLarge
     }
 
     /// Makes everything appended durable (`fdatasync`).
@@ -173,22 +163,34 @@ final class DeltaLog: @unchecked Sendable {
         unsyncedBytes += bytes.count
     }
 
-    static func appendRecord(_ delta: Delta, to buffer: inout [UInt8]) {
-        let payload = encodePayload(delta)
-        let length = UInt32(payload.count)
-        let crc = CRC32.checksum(payload)
-        for shift in [24, 16, 8, 0] { buffer.append(UInt8(truncatingIfNeeded: length >> UInt32(shift))) }
-        for shift in [24, 16, 8, 0] { buffer.append(UInt8(truncatingIfNeeded: crc >> UInt32(shift))) }
-        buffer.append(contentsOf: payload)
+    /// Appends `delta`'s record to `writer`; returns `false` (and appends nothing) when its
+    /// payload is larger than ``maximumRecord``.
+    @discardableResult
+    static func appendRecord(_ delta: Delta, to writer: inout WireWriter) -> Bool {
+        let start = writer.bytes.count
+        writer.uint64(0)  // length and CRC, filled in below
+        writePayload(delta, to: &writer)
+        let length = writer.bytes.count - start - 8
+        guard length <= maximumRecord else {
+            writer.cut(to: start)
+            return false
+        }
+        let crc = CRC32.checksum(writer.bytes[(start + 8)...])
+        writer.overwrite(UInt64(length) << 32 | UInt64(crc), at: start)
+        return true
     }
 
     /// channel · model · DELTA body (the same bytes as on the wire).
+    static func writePayload<Sink: WireSink>(_ delta: Delta, to sink: inout Sink) {
+        sink.string(delta.channel)
+        sink.string(delta.model)
+        PeerMessage.writeDeltaBody(delta, to: &sink)
+    }
+
     static func encodePayload(_ delta: Delta) -> [UInt8] {
-        let frames = PeerMessage.delta(delta).encode()
-        var writer = WireWriter(capacity: frames[1].count + 32)
-        writer.string(delta.channel)
-        writer.string(delta.model)
-        return writer.bytes + frames[1]
+        var writer = WireWriter(capacity: 48 + delta.properties.count * 16)
+        writePayload(delta, to: &writer)
+        return writer.bytes
     }
 
     static func decodePayload(_ payload: [UInt8]) throws(WireError) -> Delta {

@@ -277,33 +277,40 @@ final class NodeEventLoop: Sendable {
     /// are neither published nor acknowledged: a write error stops the node (see `flush`).
     func stage(_ applied: [StateSyncNode.Applied], state: inout LoopState, node: StateSyncNode) {
         guard !applied.isEmpty else { return }
-        // A model's write too large for a record stays local (SETs are refused before this).
-        let applied = applied.filter { applied in
-            if DeltaLog.fits(applied.delta) { return true }
-            node.core.withLock { $0.counters.encodingFailures += 1 }
-            logger.error(
-                "a local write is too large to log and replicate; it stays local",
-                metadata: [
-                    "model": "\(applied.delta.channel)/\(applied.delta.model)",
-                    "delta.version": "\(applied.delta.version)",
-                ])
-            return false
-        }
+        let tooLarge: [Int]
         do {
-            try node.log.append(applied.map(\.delta))
+            tooLarge = try node.log.append(applied.lazy.map { $0.delta })
         } catch {
             fatalError(
                 "statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
         }
-        state.staged.applied.append(contentsOf: applied)
+        guard !tooLarge.isEmpty else {
+            state.staged.applied.append(contentsOf: applied)
+            return
+        }
+        // A model's write too large for a record stays local (SETs are refused before this).
+        for position in tooLarge {
+            node.core.withLock { $0.counters.encodingFailures += 1 }
+            logger.error(
+                "a local write is too large to log and replicate; it stays local",
+                metadata: [
+                    "model": "\(applied[position].delta.channel)/\(applied[position].delta.model)",
+                    "delta.version": "\(applied[position].delta.version)",
+                ])
+        }
+        let skipped = Set(tooLarge)
+        state.staged.applied.append(
+            contentsOf: applied.indices.lazy.filter { !skipped.contains($0) }.map { applied[$0] })
     }
 
-    /// Logs deltas received from peers (no fsync: a peer can always send them again).
+    /// Logs deltas received from peers (no fsync: a peer can always send them again). One too
+    /// large for a record (possible only by a few bytes: frames are capped at the same size) is
+    /// applied but not logged.
     private func logRemote(_ fresh: [StateSyncNode.Applied], state: inout LoopState, api: Socket?, node: StateSyncNode)
     {
         guard !fresh.isEmpty else { return }
         do {
-            try node.log.append(fresh.map(\.delta).filter(DeltaLog.fits))
+            try node.log.append(fresh.lazy.map { $0.delta })
         } catch {
             logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
         }

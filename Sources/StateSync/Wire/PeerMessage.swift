@@ -58,15 +58,7 @@ public enum PeerMessage: Sendable, Equatable {
             topic.append(contentsOf: delta.model.utf8)
             topic.append(0)
             var body = WireWriter(capacity: 32 + delta.properties.count * 16)
-            body.byte(Self.protocolVersion)
-            body.uint64(delta.version.timestamp)
-            body.string(delta.version.node)
-            body.varint(delta.sequence)
-            body.varint(UInt64(delta.properties.count))
-            for property in delta.properties {
-                body.string(property.name)
-                body.value(property.value)
-            }
+            Self.writeDeltaBody(delta, to: &body)
             return [topic, body.bytes]
         case .heartbeat(let beat):
             var body = WireWriter()
@@ -85,16 +77,33 @@ public enum PeerMessage: Sendable, Equatable {
         }
     }
 
+    /// The body frame of a DELTA (everything but the topic), written to `sink`: the one
+    /// definition of those bytes, shared by the wire and the log.
+    static func writeDeltaBody<Sink: WireSink>(_ delta: Delta, to sink: inout Sink) {
+        sink.byte(Self.protocolVersion)
+        sink.uint64(delta.version.timestamp)
+        sink.string(delta.version.node)
+        sink.varint(delta.sequence)
+        sink.varint(UInt64(delta.properties.count))
+        for property in delta.properties {
+            sink.string(property.name)
+            sink.value(property.value)
+        }
+    }
+
     /// Encodes consecutive deltas of one model as one message: the topic, then one body frame
     /// per delta (a DELTA batch; a batch of one is a plain DELTA). Fewer, larger messages under
     /// load; subscribers filter batches by channel exactly like single deltas.
     public static func encodeBatch(_ deltas: [Delta]) -> [[UInt8]] {
         precondition(!deltas.isEmpty)
         var frames = PeerMessage.delta(deltas[0]).encode()
+        frames.reserveCapacity(deltas.count + 1)
         for delta in deltas.dropFirst() {
             precondition(
                 delta.channel == deltas[0].channel && delta.model == deltas[0].model, "a batch is of one model")
-            frames.append(PeerMessage.delta(delta).encode()[1])
+            var body = WireWriter(capacity: 32 + delta.properties.count * 16)
+            writeDeltaBody(delta, to: &body)
+            frames.append(body.bytes)
         }
         return frames
     }
@@ -103,9 +112,15 @@ public enum PeerMessage: Sendable, Equatable {
     /// single delta gives one message.
     public static func decodeAll(_ frames: [[UInt8]]) throws(WireError) -> [PeerMessage] {
         guard frames.count > 2, frames[0].first == deltaTopicPrefix else { return [try decode(frames)] }
+        let (channel, model) = try splitDeltaTopic(frames[0])
         var messages: [PeerMessage] = []
         messages.reserveCapacity(frames.count - 1)
-        for body in frames.dropFirst() { messages.append(try decode([frames[0], body])) }
+        for body in frames.dropFirst() {
+            var reader = WireReader(body)
+            let version = try reader.byte("protocol version")
+            guard version == protocolVersion else { throw .unsupported("protocol version \(version)") }
+            messages.append(.delta(try decodeDeltaBody(&reader, channel: channel, model: model)))
+        }
         return messages
     }
 
@@ -144,6 +159,13 @@ public enum PeerMessage: Sendable, Equatable {
             throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))")
         }
         let (channel, model) = try splitDeltaTopic(topic)
+        return .delta(try decodeDeltaBody(&body, channel: channel, model: model))
+    }
+
+    /// The fields of a DELTA body after its protocol version byte.
+    private static func decodeDeltaBody(
+        _ body: inout WireReader, channel: String, model: String
+    ) throws(WireError) -> Delta {
         let timestamp = try body.uint64("version")
         let origin = try body.string("origin")
         guard !origin.isEmpty else { throw .invalid(field: "origin", reason: "empty node id") }
@@ -152,18 +174,20 @@ public enum PeerMessage: Sendable, Equatable {
         guard count > 0 else { throw .invalid(field: "property count", reason: "a delta writes at least one property") }
         var properties: [PropertyWrite] = []
         properties.reserveCapacity(count)
-        var names = Set<String>()
+        // Duplicate names: a linear scan for the usual few properties, a set beyond.
+        var names = count > 16 ? Set<String>() : nil
         for _ in 0..<count {
             let name = try body.string("property name")
-            guard names.insert(name).inserted else {
+            let duplicate =
+                names != nil ? !names!.insert(name).inserted : properties.contains { $0.name == name }
+            guard !duplicate else {
                 throw .invalid(field: "property name", reason: "'\(name)' appears twice")
             }
             properties.append(PropertyWrite(name: name, value: try body.value("property value")))
         }
-        return .delta(
-            Delta(
-                channel: channel, model: model, version: Version(timestamp: timestamp, node: origin),
-                sequence: sequence, properties: properties))
+        return Delta(
+            channel: channel, model: model, version: Version(timestamp: timestamp, node: origin),
+            sequence: sequence, properties: properties)
     }
 
     private static func splitDeltaTopic(_ topic: [UInt8]) throws(WireError) -> (String, String) {
@@ -173,10 +197,10 @@ public enum PeerMessage: Sendable, Equatable {
         }
         let channelBytes = topic[1..<firstNul]
         let modelBytes = topic[(firstNul + 1)..<(topic.count - 1)]
-        guard let channel = String(validating: channelBytes, as: UTF8.self), !channel.isEmpty else {
+        guard let channel = String(utf8Bytes: channelBytes), !channel.isEmpty else {
             throw .invalidUTF8(field: "topic channel")
         }
-        guard let model = String(validating: modelBytes, as: UTF8.self), !model.isEmpty, !modelBytes.contains(0) else {
+        guard let model = String(utf8Bytes: modelBytes), !model.isEmpty, !modelBytes.contains(0) else {
             throw .invalid(field: "topic model", reason: "empty, not UTF-8 or contains NUL")
         }
         return (channel, model)

@@ -65,7 +65,7 @@ public struct WireReader {
         let length = try count(field)
         let slice = bytes[offset..<offset + length]
         offset += length
-        guard let text = String(validating: slice, as: UTF8.self) else { throw .invalidUTF8(field: field) }
+        guard let text = String(utf8Bytes: slice) else { throw .invalidUTF8(field: field) }
         return text
     }
 
@@ -113,5 +113,22 @@ public struct WireReader {
         default:
             throw .unknownTag(tag)
         }
+    }
+}
+
+extension String {
+    /// Decodes `bytes` as UTF-8; `nil` when they are not valid UTF-8. Names are nearly always
+    /// ASCII: those skip the general validation, which is several times slower.
+    init?(utf8Bytes bytes: ArraySlice<UInt8>) {
+        let decoded = bytes.withUnsafeBufferPointer { buffer -> String? in
+            var ascii = true
+            for byte in buffer where byte >= 0x80 {
+                ascii = false
+                break
+            }
+            return ascii ? String(decoding: buffer, as: UTF8.self) : String(validating: buffer, as: UTF8.self)
+        }
+        guard let decoded else { return nil }
+        self = decoded
     }
 }

@@ -87,6 +87,17 @@ public struct WireWriter: WireSink, Sendable {
     public mutating func byte(_ value: UInt8) { bytes.append(value) }
 
     public mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8 { bytes.append(contentsOf: values) }
+
+    /// Removes everything written from `offset` on.
+    mutating func cut(to offset: Int) {
+        bytes.removeSubrange(offset...)
+    }
+
+    /// Replaces the 8 bytes at `offset` with `value`, big-endian (a length or checksum known
+    /// only once what follows it is written).
+    mutating func overwrite(_ value: UInt64, at offset: Int) {
+        for index in 0..<8 { bytes[offset + index] = UInt8(truncatingIfNeeded: value >> UInt64(56 - 8 * index)) }
+    }
 }
 
 /// The one-byte tags of ``Value`` on the wire.

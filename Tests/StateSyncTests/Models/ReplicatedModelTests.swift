@@ -188,6 +188,27 @@ struct ReplicatedModelTests {
         #expect(counter.count == 2)
         #expect(fired.load(ordering: .relaxed) == 1)
     }
+
+    /// A DELTA batch is applied in one transition, but observers still see every write, in
+    /// order, each with the exact value it replaced; a stale write in the middle fires nothing.
+    @Test func aBatchOfWriteSetsFiresOneChangePerWriteInOrder() {
+        let counter = Counter()
+        let seen = Shared<[Change<Int>]>([])
+        counter.observe(\.count) { change in seen.withLock { $0.append(change) } }
+        func set(_ value: Int64, at milliseconds: UInt64) -> ModelRegistrar.RemoteWriteSet {
+            ModelRegistrar.RemoteWriteSet(
+                writes: [PropertyWrite(name: "count", value: .int(value))],
+                version: Version(milliseconds: milliseconds, counter: 0, node: "b"))
+        }
+        let result = counter._$registrar.applyRemote(
+            counter, [set(1, at: 100), set(2, at: 200), set(7, at: 150), set(3, at: 300)])
+        #expect(result.applied == 3)
+        #expect(result.stale == 1)
+        #expect(counter.count == 3)
+        #expect(seen.value.map { [$0.old, $0.new] } == [[0, 1], [1, 2], [2, 3]])
+        #expect(seen.value.map(\.version.milliseconds) == [100, 200, 300])
+        #expect(seen.value.allSatisfy { $0.isRemote })
+    }
 }
 
 @Suite("Replicated models: edge cases")

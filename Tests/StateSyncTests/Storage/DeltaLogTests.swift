@@ -14,6 +14,25 @@ struct DeltaLogTests {
 
     static func path() -> String { temporaryDirectory("log") + "/deltas.log" }
 
+    /// The standard check value of CRC-32/ISO-HDLC, and agreement with the bitwise definition at
+    /// every length around the 8-byte steps.
+    @Test func crc32MatchesItsDefinition() {
+        #expect(CRC32.checksum(Array("123456789".utf8)) == 0xCBF4_3926)
+        #expect(CRC32.checksum([UInt8]()) == 0)
+        func bitwise(_ bytes: [UInt8]) -> UInt32 {
+            var crc: UInt32 = 0xFFFF_FFFF
+            for byte in bytes {
+                crc ^= UInt32(byte)
+                for _ in 0..<8 { crc = crc & 1 != 0 ? 0xEDB8_8320 ^ (crc >> 1) : crc >> 1 }
+            }
+            return crc ^ 0xFFFF_FFFF
+        }
+        let bytes = (0..<100).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+        for length in 0...bytes.count {
+            #expect(CRC32.checksum(bytes.prefix(length)) == bitwise(Array(bytes.prefix(length))), "length \(length)")
+        }
+    }
+
     @Test func appendedDeltasAreRecoveredInOrder() throws {
         let path = Self.path()
         do {
@@ -36,8 +55,9 @@ struct DeltaLogTests {
             try log.sync()
         }
         let full = try Data(contentsOf: URL(fileURLWithPath: path))
-        var record: [UInt8] = []
-        DeltaLog.appendRecord(Self.delta(2), to: &record)
+        var writer = WireWriter()
+        DeltaLog.appendRecord(Self.delta(2), to: &writer)
+        let record = writer.bytes
         let secondStart = full.count - record.count
         for cut in secondStart..<full.count {
             try full.prefix(cut).write(to: URL(fileURLWithPath: path))

@@ -1,0 +1,111 @@
+import Testing
+
+@testable import StateSync
+
+@Suite("Per-origin history kept for repairs")
+struct OriginHistoryTests {
+    static func delta(_ sequence: UInt64) -> Delta {
+        Delta(
+            channel: "c", model: "m", version: Version(milliseconds: sequence, counter: 0, node: "n1"),
+            sequence: sequence, properties: [PropertyWrite(name: "p", value: .int(Int64(sequence)))])
+    }
+
+    @Test func inOrderInsertsKeepTheLastLimitSequenceNumbers() {
+        var history = OriginHistory()
+        for sequence in UInt64(1)...10_000 { history.insert(Self.delta(sequence), limit: 3_000) }
+        #expect(history.droppedThrough == 7_000)
+        #expect(history.count == 3_000)
+        #expect(history[7_000] == nil)
+        #expect(history[7_001] == Self.delta(7_001))
+        #expect(history[10_000] == Self.delta(10_000))
+        #expect(history.deltas(in: 6_990...7_010).map(\.sequence) == Array(7_001...7_010))
+        // The dead front is cut: the array does not grow with the number of inserts.
+        #expect(history.windowCount == 3_000)
+    }
+
+    @Test func gapsAreEmptySlotsAndFillLater() {
+        var history = OriginHistory()
+        for sequence: UInt64 in [1, 2, 5, 9] { history.insert(Self.delta(sequence), limit: 100) }
+        #expect(history.deltas(in: 1...9).map(\.sequence) == [1, 2, 5, 9])
+        history.insert(Self.delta(4), limit: 100)
+        #expect(history.deltas(in: 3...6).map(\.sequence) == [4, 5])
+        #expect(history[3] == nil)
+    }
+
+    @Test func aJumpFarAheadDropsEverythingBelowTheNewWindow() {
+        var history = OriginHistory()
+        for sequence in UInt64(1)...50 { history.insert(Self.delta(sequence), limit: 100) }
+        history.insert(Self.delta(1_000_000), limit: 100)
+        #expect(history.droppedThrough == 999_900)
+        #expect(history.count == 1)
+        #expect(history.windowCount == 100)
+        // Late arrivals below the window are not kept.
+        history.insert(Self.delta(60), limit: 100)
+        #expect(history[60] == nil)
+    }
+
+    @Test func dropThroughCoversASnapshot() {
+        var history = OriginHistory()
+        for sequence in UInt64(1)...20 { history.insert(Self.delta(sequence), limit: 100) }
+        history.drop(through: 15)
+        #expect(history.droppedThrough == 15)
+        #expect(history.deltas(in: 1...100).map(\.sequence) == Array(16...20))
+        history.drop(through: 10)  // never moves back
+        #expect(history.droppedThrough == 15)
+        history.drop(through: 500)
+        #expect(history.count == 0)
+        history.insert(Self.delta(501), limit: 100)
+        #expect(history[501] == Self.delta(501))
+    }
+
+    @Test func aZeroLimitKeepsNothing() {
+        var history = OriginHistory()
+        for sequence in UInt64(1)...10 { history.insert(Self.delta(sequence), limit: 0) }
+        #expect(history.count == 0)
+        #expect(history.droppedThrough == 10)
+    }
+
+    /// Shuffled, duplicated inserts against a plain reference: the same deltas held, the same
+    /// lower bound.
+    @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8])
+    func randomDeliveryMatchesAReference(seed: UInt64) {
+        var random = SplitMix64(seed: seed)
+        let limit = Int(random.next() % 400) + 1
+        var history = OriginHistory()
+        var held: Set<UInt64> = []
+        var dropped: UInt64 = 0
+        var next: UInt64 = 1
+        for step in 0..<5_000 {
+            // Mostly in order, sometimes a duplicate, a late one, a skip ahead, or a snapshot.
+            let roll = random.next() % 100
+            let sequence: UInt64
+            if roll < 70 {
+                sequence = next
+                next += 1
+            } else if roll < 85 {
+                sequence = next > 1 ? 1 + random.next() % (next - 1) : next
+            } else if roll < 98 {
+                next += random.next() % 50
+                sequence = next
+                next += 1
+            } else {
+                let through = random.next() % (next + 10)
+                history.drop(through: through)
+                dropped = max(dropped, through)
+                held = held.filter { $0 > dropped }
+                continue
+            }
+            history.insert(Self.delta(sequence), limit: limit)
+            if sequence > dropped {
+                if sequence > UInt64(limit) { dropped = max(dropped, sequence - UInt64(limit)) }
+                held.insert(sequence)
+                held = held.filter { $0 > dropped }
+            }
+            #expect(history.droppedThrough == dropped, "seed \(seed), step \(step)")
+            if history.droppedThrough != dropped { return }
+        }
+        let top = next + 10
+        #expect(history.deltas(in: 1...top).map(\.sequence) == held.sorted(), "seed \(seed)")
+        #expect(history.windowCount <= limit, "seed \(seed)")
+    }
+}
