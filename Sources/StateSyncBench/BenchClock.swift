@@ -10,13 +10,13 @@ func monotonicNanoseconds() -> UInt64 {
     return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
 }
 
-/// Waits until `deadline` (monotonic ns): sleeps while far, spins for the last 100 µs.
+/// Waits until `deadline` (monotonic ns) asleep: a fixed-rate sender must not spin, or on a
+/// 2-core machine it takes a core from the threads whose latency is being measured. The send
+/// time is stamped after waking, so wake-up jitter (timer slack, 50 µs by default) shifts the
+/// rate a little, not the measured latency.
 func waitUntilNanoseconds(_ deadline: UInt64) {
-    while true {
-        let now = monotonicNanoseconds()
-        if now >= deadline { return }
-        if deadline - now > 200_000 { usleep(UInt32((deadline - now - 150_000) / 1000)) }
-    }
+    var target = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+    while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &target, nil) == EINTR {}
 }
 
 /// Percentiles of latency samples, in microseconds.

@@ -65,11 +65,13 @@ public enum NodeBenchRole {
     }
 
     final class Tally: @unchecked Sendable {
-        // Safe: every field is read and written only under `lock`.
+        // Safe: `latencies` and `done` are read and written only under `lock`; the counters are
+        // atomics (the count observer runs per change: it must cost little next to what it
+        // measures).
         let lock = NSLock()
-        var count = 0
-        var first: UInt64 = 0
-        var last: UInt64 = 0
+        let count = Atomic<Int>(0)
+        let first = Atomic<UInt64>(0)
+        let last = Atomic<UInt64>(0)
         var latencies: [UInt64] = []
         var done = false
     }
@@ -79,11 +81,8 @@ public enum NodeBenchRole {
         tally.latencies.reserveCapacity(Int(Double(options.rate) * options.seconds) + 16)
         let count: @Sendable () -> Void = {
             let now = monotonicNanoseconds()
-            tally.lock.withLock {
-                if tally.count == 0 { tally.first = now }
-                tally.count += 1
-                tally.last = now
-            }
+            if tally.count.add(1, ordering: .relaxed).newValue == 1 { tally.first.store(now, ordering: .relaxed) }
+            tally.last.store(now, ordering: .relaxed)
         }
         switch options.mode {
         case .single: model.observe(\.value) { _ in count() }
@@ -101,11 +100,12 @@ public enum NodeBenchRole {
             try await Task.sleep(for: .milliseconds(5))
         }
         let result = tally.lock.withLock { () -> Value in
-            let seconds = Double(tally.last &- tally.first) / 1e9
+            let count = tally.count.load(ordering: .relaxed)
+            let seconds = Double(tally.last.load(ordering: .relaxed) &- tally.first.load(ordering: .relaxed)) / 1e9
             let latency = LatencySummary(nanoseconds: tally.latencies)
             return [
-                "count": .int(Int64(tally.count)), "seconds": .double(seconds),
-                "per_second": .double(seconds > 0 ? Double(tally.count - 1) / seconds : 0),
+                "count": .int(Int64(count)), "seconds": .double(seconds),
+                "per_second": .double(seconds > 0 ? Double(count - 1) / seconds : 0),
                 "p50_us": .double(latency.p50.isNaN ? 0 : latency.p50),
                 "p99_us": .double(latency.p99.isNaN ? 0 : latency.p99),
                 "p999_us": .double(latency.p999.isNaN ? 0 : latency.p999), "samples": .int(Int64(latency.samples)),

@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import ZeroMQ
 
@@ -114,6 +115,37 @@ struct SocketTests {
         #expect(woke)
         wake.drain()
         #expect(try poller.poll(timeoutMilliseconds: 0)[0].isEmpty)
+    }
+
+    /// Coalesced signals must never lose a wake-up: a consumer that drains, then takes the queue,
+    /// sees every item although most signals write nothing to the pipe.
+    @Test func coalescedWakeUpsLoseNoWork() throws {
+        let wake = try WakeUp()
+        let queue = Mutex<[Int]>([])
+        let producers = 4
+        let perProducer = 20_000
+        let threads = (0..<producers).map { producer in
+            Thread {
+                for item in 0..<perProducer {
+                    queue.withLock { $0.append(producer * perProducer + item) }
+                    wake.signal()
+                }
+            }
+        }
+        for thread in threads { thread.start() }
+        var poller = Poller([.fileDescriptor(wake.fileDescriptor, .readable)])
+        var taken = 0
+        while taken < producers * perProducer {
+            // A lost wake-up would leave items queued and this poll asleep: 5 s ends the test.
+            let ready = try poller.poll(timeoutMilliseconds: 5_000)
+            guard ready[0].contains(.readable) else { break }
+            wake.drain()
+            taken += queue.withLock { items in
+                defer { items = [] }
+                return items.count
+            }
+        }
+        #expect(taken == producers * perProducer)
     }
 
     @Test func curveKeysRoundTripThroughZ85() throws {

@@ -17,18 +17,43 @@ public struct Change<Value: Sendable>: Sendable {
 
     /// The node that made the write (`"local"` for a standalone model).
     public var origin: String { version.node }
+
+    // swift-format-ignore: UseSynthesizedInitializer
+    // Explicit to be @usableFromInline: the inlinable observe(_:_:) builds changes.
+    @usableFromInline
+    init(property: String, old: Value, new: Value, version: Version, isRemote: Bool) {
+        self.property = property
+        self.old = old
+        self.new = new
+        self.version = version
+        self.isRemote = isRemote
+    }
 }
 
 extension Change: Equatable where Value: Equatable {}
 
 /// A change with its values type-erased, as the registrar queues it.
+///
+/// Inlinable with ``typed(as:)`` so that the observer wrapper ``ReplicatedModel/observe(_:_:)``
+/// builds is specialised in the caller's module for the property's type: the casts back to it
+/// are then cheap, and no generic metadata is looked up per notification.
+@usableFromInline
 struct ErasedChange: Sendable {
-    let property: String
-    let old: any Sendable
-    let new: any Sendable
-    let version: Version
-    let isRemote: Bool
+    @usableFromInline let property: String
+    @usableFromInline let old: any Sendable
+    @usableFromInline let new: any Sendable
+    @usableFromInline let version: Version
+    @usableFromInline let isRemote: Bool
 
+    init(property: String, old: any Sendable, new: any Sendable, version: Version, isRemote: Bool) {
+        self.property = property
+        self.old = old
+        self.new = new
+        self.version = version
+        self.isRemote = isRemote
+    }
+
+    @inlinable
     func typed<T: Sendable>(as type: T.Type) -> Change<T> {
         // The registrar only hands an observer changes of the property it registered for, whose
         // type the macro fixed at compile time: the casts cannot fail.

@@ -59,6 +59,10 @@ public final class ModelRegistrar: Sendable {
     public var supersededWriteCount: Int { supersededWrites.load(ordering: .relaxed) }
     /// Observation interop: `withObservationTracking` and SwiftUI see reads and writes.
     public let observationRegistrar = ObservationRegistrar()
+    /// Unique in this process, never reused (unlike an `ObjectIdentifier`): tells a node which
+    /// instance made a local write.
+    let instanceID = ModelRegistrar.nextInstanceID.add(1, ordering: .relaxed).newValue
+    private static let nextInstanceID = Atomic<UInt64>(0)
 
     /// The clock of models that are not attached to a node.
     static let standaloneClock = HybridLogicalClock(node: "local")
@@ -328,6 +332,7 @@ public final class ModelRegistrar: Sendable {
     // MARK: - Observers
 
     /// Registers `callback` for changes of the property called `name`.
+    @usableFromInline
     func addObserver(property name: String, _ callback: @escaping @Sendable (ErasedChange) -> Void) -> ObservationToken
     {
         let entry = observers.withLock { table in

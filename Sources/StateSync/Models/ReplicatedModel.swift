@@ -22,6 +22,7 @@ extension ReplicatedModel {
     /// - Returns: a token; ``ObservationToken/cancel()`` stops the observer.
     /// - Precondition: `keyPath` names a tracked property (not `@Local`, not a `let`).
     @discardableResult
+    @inlinable  // specialised for the property's type where it is called (see ErasedChange)
     public func observe<T: Sendable>(
         _ keyPath: KeyPath<Self, T>, _ callback: @escaping @Sendable (Change<T>) -> Void
     ) -> ObservationToken {

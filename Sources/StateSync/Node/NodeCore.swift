@@ -200,19 +200,27 @@ final class InstanceReference: Sendable {
 struct Outbox: Sendable {
     var nextSequence: UInt64 = 1
     var pending: [Delta] = []
-    /// The model instance that made each pending delta (by sequence number), when one did.
-    var emitters: [UInt64: ObjectIdentifier] = [:]
+    /// For each pending delta, the ``ModelRegistrar/instanceID`` of the model instance that made
+    /// it, or 0 (a client's SET).
+    var emitters: [UInt64] = []
 
     /// Gives `delta` the next sequence number and queues it.
-    mutating func enqueue(
-        address: ModelAddress, version: Version, writes: [PropertyWrite], emitter: ObjectIdentifier? = nil
-    ) {
-        if let emitter { emitters[nextSequence] = emitter }
+    mutating func enqueue(address: ModelAddress, version: Version, writes: [PropertyWrite], emitter: UInt64 = 0) {
         pending.append(
             Delta(
                 channel: address.channel, model: address.model, version: version, sequence: nextSequence,
                 properties: writes))
+        emitters.append(emitter)
         nextSequence += 1
+    }
+
+    /// Takes every pending delta with its emitter.
+    mutating func takeAll() -> (deltas: [Delta], emitters: [UInt64]) {
+        defer {
+            pending = []
+            emitters = []
+        }
+        return (pending, emitters)
     }
 
     var latestSequence: UInt64 { nextSequence - 1 }

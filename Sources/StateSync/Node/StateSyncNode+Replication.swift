@@ -3,10 +3,41 @@ import Logging
 /// The node's replication transitions, called by its I/O thread. Each returns what the I/O thread
 /// must do next (log, publish, notify watchers); none touches a socket.
 extension StateSyncNode {
-    /// A delta new to this node, applied to the store, with the changes it made (possibly none).
+    /// A delta new to this node, applied to the store, with its writes that won (possibly none).
     struct Applied: Sendable {
         let delta: Delta
-        let changes: [PropertyChange]
+        let won: [PropertyWrite]
+    }
+
+    /// Which live model instances get which applied deltas: runs of consecutive deltas of one
+    /// model (a DELTA batch, usually), each delivered in one registrar transition. Built under
+    /// the core's lock; holds each instance once per run, not once per delta.
+    struct ModelDeliveries {
+        struct Run {
+            let instance: any ReplicatedModel
+            let address: ModelAddress
+            /// Positions in the applied deltas.
+            var indices: [Int] = []
+        }
+        private(set) var runs: [Run] = []
+        private var lastAddress: ModelAddress?
+        /// The instance id of `runs.last` while it is the live instance at `lastAddress`, else 0.
+        private var lastInstanceID: UInt64 = 0
+
+        /// Adds the applied delta at `index` (which has writes that won), unless the live instance
+        /// at its address is `emitter` (the instance that made it holds it already).
+        mutating func add(_ index: Int, of delta: Delta, core: inout NodeCore, emitter: UInt64 = 0) {
+            if lastAddress?.channel != delta.channel || lastAddress?.model != delta.model {
+                lastAddress = delta.address
+                lastInstanceID = 0
+                if let instance = core.liveInstance(at: delta.address) {
+                    lastInstanceID = instance._$registrar.instanceID
+                    runs.append(Run(instance: instance, address: delta.address))
+                }
+            }
+            guard lastInstanceID != 0, lastInstanceID != emitter else { return }
+            runs[runs.count - 1].indices.append(index)
+        }
     }
 
     /// Handles one message (or DELTA batch) from the peer at `endpoint`. Returns the deltas it
@@ -106,7 +137,7 @@ extension StateSyncNode {
         guard let newest = accepted.max(by: { $0.version < $1.version }) else { return [] }
         // Every version at or below one the clock follows is within the drift bound too.
         let drifted = clock.observe(newest.version) ? [] : accepted.filter { !clock.observe($0.version) }
-        let (applied, instances) = core.withLock { core -> ([Applied], [(any ReplicatedModel)?]) in
+        let (applied, deliveries) = core.withLock { core -> ([Applied], ModelDeliveries) in
             if !repaired {
                 core.peers[endpoint, default: .init()].lastMessageAt = now
                 core.peers[endpoint, default: .init()].node = accepted[accepted.count - 1].origin
@@ -115,28 +146,19 @@ extension StateSyncNode {
             }
             core.counters.clockDriftRejections += drifted.count
             var applied: [Applied] = []
-            var instances: [(any ReplicatedModel)?] = []
             applied.reserveCapacity(accepted.count)
-            instances.reserveCapacity(accepted.count)
-            var last: (address: ModelAddress, instance: (any ReplicatedModel)?)?
+            var deliveries = ModelDeliveries()
             for delta in accepted {
                 guard core.record(delta) else { continue }
-                let changes = core.store.apply(delta)
-                core.counters.propertiesStale += delta.properties.count - changes.count
-                var instance: (any ReplicatedModel)?
-                if !changes.isEmpty {
+                let won = core.store.applyWinning(delta)
+                core.counters.propertiesStale += delta.properties.count - won.count
+                if !won.isEmpty {
                     core.counters.deltasApplied += 1
-                    if let last, last.address.channel == delta.channel, last.address.model == delta.model {
-                        instance = last.instance
-                    } else {
-                        instance = core.liveInstance(at: delta.address)
-                        last = (delta.address, instance)
-                    }
+                    deliveries.add(applied.count, of: delta, core: &core)
                 }
-                applied.append(Applied(delta: delta, changes: changes))
-                instances.append(instance)
+                applied.append(Applied(delta: delta, won: won))
             }
-            return (applied, instances)
+            return (applied, deliveries)
         }
         if let drifted = drifted.first, let suppressed = limiter.allow("clock-drift") {
             logger.warning(
@@ -146,7 +168,7 @@ extension StateSyncNode {
                     "suppressed": "\(suppressed)",
                 ])
         }
-        deliverToModels(applied, instances)
+        deliver(deliveries, of: applied)
         return applied
     }
 
@@ -160,28 +182,16 @@ extension StateSyncNode {
         return true
     }
 
-    /// Applies store changes to the live model instances they belong to (`instances[i]` is the
-    /// instance of `applied[i]`, if live): each run of consecutive deltas of one instance (a DELTA
-    /// batch, usually) in one registrar transition.
-    private func deliverToModels(_ applied: [Applied], _ instances: [(any ReplicatedModel)?]) {
-        var index = 0
-        while index < applied.count {
-            guard let instance = instances[index] else {
-                index += 1
-                continue
+    /// Applies the writes that won to the live model instances they belong to, one registrar
+    /// transition per run.
+    private func deliver(_ deliveries: ModelDeliveries, of applied: [Applied]) {
+        for run in deliveries.runs where !run.indices.isEmpty {
+            let sets = run.indices.map { index in
+                ModelRegistrar.RemoteWriteSet(
+                    writes: applied[index].won, version: applied[index].delta.version,
+                    isRemote: applied[index].delta.origin != configuration.nodeID)
             }
-            var sets: [ModelRegistrar.RemoteWriteSet] = []
-            var end = index
-            while end < applied.count, let next = instances[end], next === instance {
-                let delta = applied[end].delta
-                sets.append(
-                    ModelRegistrar.RemoteWriteSet(
-                        writes: applied[end].changes.map { PropertyWrite(name: $0.property, value: $0.new) },
-                        version: delta.version, isRemote: delta.origin != configuration.nodeID))
-                end += 1
-            }
-            apply(sets, to: instance, address: applied[index].delta.address)
-            index = end
+            apply(sets, to: run.instance, address: run.address)
         }
     }
 
@@ -213,35 +223,29 @@ extension StateSyncNode {
     /// Takes the local writes queued by attached models and applies them to the store, in
     /// sequence order. The I/O thread logs them and publishes them in this order.
     func takeLocalWrites() -> [Applied] {
-        let (pending, emitters) = outbox.withLock { outbox -> ([Delta], [UInt64: ObjectIdentifier]) in
-            defer {
-                outbox.pending = []
-                outbox.emitters = [:]
-            }
-            return (outbox.pending, outbox.emitters)
-        }
+        let (pending, emitters) = outbox.withLock { $0.takeAll() }
         return applyLocal(pending, emitters: emitters)
     }
 
-    private func applyLocal(_ deltas: [Delta], emitters: [UInt64: ObjectIdentifier] = [:]) -> [Applied] {
+    /// `emitters[i]` is the instance id of the model that made `deltas[i]` (0 for none).
+    private func applyLocal(_ deltas: [Delta], emitters: [UInt64]) -> [Applied] {
         if deltas.isEmpty { return [] }
-        let (applied, instances) = core.withLock { core -> ([Applied], [(any ReplicatedModel)?]) in
+        let (applied, deliveries) = core.withLock { core -> ([Applied], ModelDeliveries) in
             var applied: [Applied] = []
-            var instances: [(any ReplicatedModel)?] = []
             applied.reserveCapacity(deltas.count)
-            instances.reserveCapacity(deltas.count)
-            for delta in deltas {
+            var deliveries = ModelDeliveries()
+            for (delta, emitter) in zip(deltas, emitters) {
                 _ = core.record(delta)
                 core.counters.deltasPublished += 1
-                let changes = core.store.apply(delta)
-                // The instance that wrote it already holds it (same version: a no-op); a newer
-                // instance at the address may have adopted the store before this write landed.
-                applied.append(Applied(delta: delta, changes: changes))
-                instances.append(changes.isEmpty ? nil : core.liveInstance(at: delta.address))
+                let won = core.store.applyWinning(delta)
+                // The instance that wrote it already holds it; another instance at the address
+                // (a newer one may have adopted the store before this write landed) gets it.
+                if !won.isEmpty { deliveries.add(applied.count, of: delta, core: &core, emitter: emitter) }
+                applied.append(Applied(delta: delta, won: won))
             }
-            return (applied, instances)
+            return (applied, deliveries)
         }
-        deliverToModels(applied, instances)
+        deliver(deliveries, of: applied)
         return applied
     }
 
@@ -290,13 +294,9 @@ extension StateSyncNode {
         var applied = takeLocalWrites()
         let current = core.withLock { $0.store.properties(of: address) }
         let effective = writes.filter { current[$0.name]?.value != $0.value }
-        let (batch, emitters) = outbox.withLock { outbox -> ([Delta], [UInt64: ObjectIdentifier]) in
+        let (batch, emitters) = outbox.withLock { outbox in
             if !effective.isEmpty { outbox.enqueue(address: address, version: clock.next(), writes: effective) }
-            defer {
-                outbox.pending = []
-                outbox.emitters = [:]
-            }
-            return (outbox.pending, outbox.emitters)
+            return outbox.takeAll()
         }
         applied += applyLocal(batch, emitters: emitters)
         guard !effective.isEmpty, let mine = applied.last else {
@@ -304,7 +304,7 @@ extension StateSyncNode {
             return (applied, newest, .unchanged)
         }
         let version = mine.delta.version
-        if mine.changes.isEmpty {
+        if mine.won.isEmpty {
             let held = properties(of: address)
             return (applied, writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
         }

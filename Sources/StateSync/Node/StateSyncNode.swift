@@ -157,7 +157,7 @@ public final class StateSyncNode: Sendable {
         guard isRunning else { throw StateSyncError(.stopped, "node \(configuration.nodeID) is stopped") }
         let address = ModelAddress(channel: channel, model: id)
         let fresh = M()
-        let emitter = ObjectIdentifier(fresh)
+        let emitter = fresh._$registrar.instanceID
         let binding = ModelBinding(
             address: address, clock: clock,
             emit: { [weak self] address, version, writes in self?.enqueueLocalWrite(address, version, writes, emitter)
@@ -306,7 +306,7 @@ public final class StateSyncNode: Sendable {
 
     /// Called by an attached model, under its lock, for every local write.
     private func enqueueLocalWrite(
-        _ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite], _ emitter: ObjectIdentifier
+        _ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite], _ emitter: UInt64
     ) {
         outbox.withLock { $0.enqueue(address: address, version: version, writes: writes, emitter: emitter) }
         loop.wake()

@@ -30,20 +30,51 @@ public struct ReplicaStore: Sendable {
     public mutating func apply(_ delta: Delta) -> [PropertyChange] {
         var changes: [PropertyChange] = []
         changes.reserveCapacity(delta.properties.count)
+        mergeWrites(of: delta) { index, old in
+            let write = delta.properties[index]
+            changes.append(
+                PropertyChange(
+                    channel: delta.channel, model: delta.model, property: write.name, old: old?.value,
+                    new: write.value, version: delta.version))
+        }
+        return changes
+    }
+
+    /// Applies `delta` like ``apply(_:)``; returns only the writes that won, in order — the
+    /// delta's own array when all of them did (the usual case: no allocation).
+    mutating func applyWinning(_ delta: Delta) -> [PropertyWrite] {
+        var leadingWinners = 0
+        var subset: [PropertyWrite]?
+        mergeWrites(of: delta) { index, _ in
+            if subset == nil, index == leadingWinners {
+                leadingWinners += 1
+            } else {
+                if subset == nil { subset = Array(delta.properties[..<leadingWinners]) }
+                subset!.append(delta.properties[index])
+            }
+        }
+        if let subset { return subset }
+        return leadingWinners == delta.properties.count ? delta.properties : Array(delta.properties[..<leadingWinners])
+    }
+
+    /// The merge itself: calls `won` with the position of each property that won and the
+    /// register it replaced, in the delta's property order.
+    private mutating func mergeWrites(of delta: Delta, won: (_ index: Int, _ old: Register?) -> Void) {
         // The digest hash of every register of this model starts with the same bytes.
         var prefix = StreamingFNV()
         prefix.registerAddress(channel: delta.channel, model: delta.model)
         var digestSum = self.digestSum
+        var anyWon = false
         // In place: one look-up of the model's registers per delta, one per property. (A delta
         // has at least one property and a model not held yet takes them all: no empty entry.)
         func applyWrites(to registers: inout [String: Register]) {
-            for write in delta.properties {
+            for (index, write) in delta.properties.enumerated() {
                 let register = Register(value: write.value, version: delta.version)
                 let current: Register?
-                if let index = registers.index(forKey: write.name) {
-                    current = registers.values[index]
+                if let slot = registers.index(forKey: write.name) {
+                    current = registers.values[slot]
                     if current!.version >= delta.version { continue }
-                    registers.values[index] = register
+                    registers.values[slot] = register
                 } else {
                     current = nil
                     registers[write.name] = register
@@ -52,16 +83,13 @@ public struct ReplicaStore: Sendable {
                     digestSum &-= Self.registerHash(prefix: prefix, property: write.name, register: current)
                 }
                 digestSum &+= Self.registerHash(prefix: prefix, property: write.name, register: register)
-                changes.append(
-                    PropertyChange(
-                        channel: delta.channel, model: delta.model, property: write.name,
-                        old: current?.value, new: write.value, version: delta.version))
+                anyWon = true
+                won(index, current)
             }
         }
         applyWrites(to: &channels[delta.channel, default: [:]][delta.model, default: [:]])
         self.digestSum = digestSum
-        if !changes.isEmpty, delta.version > latestVersion { latestVersion = delta.version }
-        return changes
+        if anyWon, delta.version > latestVersion { latestVersion = delta.version }
     }
 
     /// Merges one register (from a peer's snapshot) by last-writer-wins. Returns the change it

@@ -107,27 +107,45 @@ final class DeltaLog: @unchecked Sendable {
         }
     }
 
-    /// Appends `deltas` as records (not yet durable: call ``sync()``), except those too large
-    /// for a record (over ``maximumRecord``): those are not logged, and their positions in
-    /// `deltas` are returned.
-    @discardableResult
-    func append<Deltas: Sequence<Delta>>(_ deltas: Deltas) throws(StateSyncError) -> [Int] {
-        var buffer = WireWriter(capacity: deltas.underestimatedCount * 64)
-        var tooLarge: [Int] = []
-        for (position, delta) in deltas.enumerated() where !Self.appendRecord(delta, to: &buffer) {
-            tooLarge.append(position)
+    /// Records encoded and waiting to be appended together (one `write`).
+    struct Batch {
+        fileprivate var buffer = WireWriter(capacity: 4096)
+        /// How many deltas were offered.
+        private(set) var offered = 0
+        /// The positions (in the order deltas were offered) of those too large for a record
+        /// (over ``DeltaLog/maximumRecord``): they are not in the batch.
+        private(set) var tooLarge: [Int] = []
+
+        var isEmpty: Bool { buffer.bytes.isEmpty }
+
+        mutating func add(_ delta: Delta) {
+            if !DeltaLog.appendRecord(delta, to: &buffer) { tooLarge.append(offered) }
+            offered += 1
         }
-        if buffer.bytes.isEmpty { return tooLarge }
+    }
+
+    /// Appends `deltas` as records (not yet durable: call ``sync()``), except those too large
+    /// for a record: those are not logged, and their positions in `deltas` are returned.
+    @discardableResult
+    func append(_ deltas: [Delta]) throws(StateSyncError) -> [Int] {
+        var batch = Batch()
+        for index in deltas.indices { batch.add(deltas[index]) }
+        try append(batch)
+        return batch.tooLarge
+    }
+
+    /// Appends a batch of records in one `write` (not yet durable: call ``sync()``).
+    func append(_ batch: Batch) throws(StateSyncError) {
+        if batch.isEmpty { return }
         let start = size
         do {
-            try write(buffer.bytes)
+            try write(batch.buffer.bytes)
         } catch {
             // Never leave half a record in the middle of the log: cut back to where it was.
             _ = ftruncate(descriptor, off_t(start))
             size = start
             throw error
         }
-        return tooLarge
     }
 
     /// Makes everything appended durable (`fdatasync`).

@@ -236,12 +236,13 @@ final class NodeEventLoop: Sendable {
             for (endpoint, subscriber) in sockets.subscribers {
                 defer { index += 1 }
                 guard ready[index].contains(.readable) else { continue }
-                var fresh: [StateSyncNode.Applied] = []
+                var records = DeltaLog.Batch()
                 for _ in 0..<Self.batchLimit {
                     guard let frames = receive(from: subscriber, what: "peer \(endpoint)") else { break }
-                    fresh.append(contentsOf: node.receive(from: endpoint, frames: frames))
+                    let fresh = node.receive(from: endpoint, frames: frames)
+                    for index in fresh.indices { records.add(fresh[index].delta) }
                 }
-                logRemote(fresh, state: &state, api: sockets.api, node: node)
+                logRemote(records, node: node)
                 pumpWatches(state: &state, api: sockets.api, node: node, published: published)
             }
             if let api = sockets.api {
@@ -260,7 +261,9 @@ final class NodeEventLoop: Sendable {
                 for _ in 0..<Self.batchLimit {
                     guard let frames = receive(from: link.socket, what: "repair link \(link.api)") else { break }
                     let (fresh, merged) = handleRepairReply(frames, from: link, repair: &repair, node: node)
-                    logRemote(fresh, state: &state, api: sockets.api, node: node)
+                    var records = DeltaLog.Batch()
+                    for index in fresh.indices { records.add(fresh[index].delta) }
+                    logRemote(records, node: node)
                     if !merged.isEmpty { resyncWatches(of: merged, state: &state) }
                     // Own deltas fetched back (this node had lost them) were published long ago.
                     for applied in fresh where applied.delta.origin == configuration.nodeID {
@@ -277,19 +280,20 @@ final class NodeEventLoop: Sendable {
     /// are neither published nor acknowledged: a write error stops the node (see `flush`).
     func stage(_ applied: [StateSyncNode.Applied], state: inout LoopState, node: StateSyncNode) {
         guard !applied.isEmpty else { return }
-        let tooLarge: [Int]
+        var records = DeltaLog.Batch()
+        for index in applied.indices { records.add(applied[index].delta) }
         do {
-            tooLarge = try node.log.append(applied.lazy.map { $0.delta })
+            try node.log.append(records)
         } catch {
             fatalError(
                 "statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
         }
-        guard !tooLarge.isEmpty else {
+        guard !records.tooLarge.isEmpty else {
             state.staged.applied.append(contentsOf: applied)
             return
         }
         // A model's write too large for a record stays local (SETs are refused before this).
-        for position in tooLarge {
+        for position in records.tooLarge {
             node.core.withLock { $0.counters.encodingFailures += 1 }
             logger.error(
                 "a local write is too large to log and replicate; it stays local",
@@ -298,7 +302,7 @@ final class NodeEventLoop: Sendable {
                     "delta.version": "\(applied[position].delta.version)",
                 ])
         }
-        let skipped = Set(tooLarge)
+        let skipped = Set(records.tooLarge)
         state.staged.applied.append(
             contentsOf: applied.indices.lazy.filter { !skipped.contains($0) }.map { applied[$0] })
     }
@@ -306,11 +310,9 @@ final class NodeEventLoop: Sendable {
     /// Logs deltas received from peers (no fsync: a peer can always send them again). One too
     /// large for a record (possible only by a few bytes: frames are capped at the same size) is
     /// applied but not logged.
-    private func logRemote(_ fresh: [StateSyncNode.Applied], state: inout LoopState, api: Socket?, node: StateSyncNode)
-    {
-        guard !fresh.isEmpty else { return }
+    private func logRemote(_ records: DeltaLog.Batch, node: StateSyncNode) {
         do {
-            try node.log.append(fresh.lazy.map { $0.delta })
+            try node.log.append(records)
         } catch {
             logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
         }

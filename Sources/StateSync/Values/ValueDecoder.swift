@@ -12,39 +12,41 @@ public struct ValueDecoder: Sendable {
         return try T(from: _ValueDecoder(value: value, codingPath: []))
     }
 
+    // Each `unsafeBitCast` follows a check that `T` is exactly that type: a reinterpretation of a
+    // value as its own type, without the dynamic cast `as! T` costs in generic code.
     @inline(__always)
     static func directDecode<T>(_ type: T.Type, _ value: Value, path: [any CodingKey]) throws -> T? {
         if T.self == Int.self {
             guard case .int(let i) = value, let v = Int(exactly: i) else { throw mismatch(type, value, path) }
-            return (v as! T)
+            return unsafeBitCast(v, to: T.self)
         }
         if T.self == String.self {
             guard case .string(let s) = value else { throw mismatch(type, value, path) }
-            return (s as! T)
+            return unsafeBitCast(s, to: T.self)
         }
         if T.self == Bool.self {
             guard case .bool(let b) = value else { throw mismatch(type, value, path) }
-            return (b as! T)
+            return unsafeBitCast(b, to: T.self)
         }
         if T.self == Double.self {
             switch value {
-            case .double(let d): return (d as! T)
-            case .int(let i): return (Double(i) as! T)
+            case .double(let d): return unsafeBitCast(d, to: T.self)
+            case .int(let i): return unsafeBitCast(Double(i), to: T.self)
             default: throw mismatch(type, value, path)
             }
         }
         if T.self == Data.self {
             guard case .bytes(let b) = value else { throw mismatch(type, value, path) }
-            return (Data(b) as! T)
+            return unsafeBitCast(Data(b), to: T.self)
         }
         if T.self == Date.self {
             switch value {
-            case .double(let d): return (Date(timeIntervalSinceReferenceDate: d) as! T)
-            case .int(let i): return (Date(timeIntervalSinceReferenceDate: Double(i)) as! T)
+            case .double(let d): return unsafeBitCast(Date(timeIntervalSinceReferenceDate: d), to: T.self)
+            case .int(let i): return unsafeBitCast(Date(timeIntervalSinceReferenceDate: Double(i)), to: T.self)
             default: throw mismatch(type, value, path)
             }
         }
-        if T.self == Value.self { return (value as! T) }
+        if T.self == Value.self { return unsafeBitCast(value, to: T.self) }
         return nil
     }
 

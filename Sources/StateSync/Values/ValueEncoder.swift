@@ -24,6 +24,12 @@ public struct ValueEncoder: Sendable {
     /// The fast path for the common property types: no encoder allocation.
     @inline(__always)
     static func directValue<T>(_ value: T) -> Value? {
+        // Exact types first: a metadata comparison, no dynamic cast (`unsafeBitCast` reinterprets
+        // a value as its own type). The casts below also catch these wrapped (e.g. optionals).
+        if T.self == Int.self { return .int(Int64(unsafeBitCast(value, to: Int.self))) }
+        if T.self == String.self { return .string(unsafeBitCast(value, to: String.self)) }
+        if T.self == Double.self { return .double(unsafeBitCast(value, to: Double.self)) }
+        if T.self == Bool.self { return .bool(unsafeBitCast(value, to: Bool.self)) }
         switch value {
         case let v as Int: return .int(Int64(v))
         case let v as String: return .string(v)
