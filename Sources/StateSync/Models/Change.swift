@@ -18,8 +18,8 @@ public struct Change<Value: Sendable>: Sendable {
     /// The node that made the write (`"local"` for a standalone model).
     public var origin: String { version.node }
 
-    // swift-format-ignore: UseSynthesizedInitializer
     // Explicit to be @usableFromInline: the inlinable observe(_:_:) builds changes.
+    // swift-format-ignore: UseSynthesizedInitializer
     @usableFromInline
     init(property: String, old: Value, new: Value, version: Version, isRemote: Bool) {
         self.property = property
@@ -44,14 +44,6 @@ struct ErasedChange: Sendable {
     @usableFromInline let new: any Sendable
     @usableFromInline let version: Version
     @usableFromInline let isRemote: Bool
-
-    init(property: String, old: any Sendable, new: any Sendable, version: Version, isRemote: Bool) {
-        self.property = property
-        self.old = old
-        self.new = new
-        self.version = version
-        self.isRemote = isRemote
-    }
 
     @inlinable
     func typed<T: Sendable>(as type: T.Type) -> Change<T> {
