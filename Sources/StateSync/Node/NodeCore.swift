@@ -126,18 +126,41 @@ struct NodeCore: Sendable {
     /// Records a delta's sequence number and keeps it for repairs. Returns `false` for a delta
     /// already received (applying it again would be harmless, but it is not logged twice).
     mutating func record(_ delta: Delta) -> Bool {
-        // Mutated in place: a copy would share (and then copy) the set of sequence numbers above
-        // a gap.
-        let (isNew, openedGap) = origins[delta.origin, default: OriginProgress()].receiveNotingGap(delta.sequence)
-        guard isNew else {
-            counters.duplicateDeltas += 1
-            return false
-        }
-        if openedGap { counters.sequenceGaps += 1 }
-        history[delta.origin, default: OriginHistory()].insert(delta, limit: historyLimit)
+        record(run: CollectionOfOne(delta))[0]
+    }
+
+    /// Records a run of deltas of one origin like ``record(_:)``, with one look-up of the
+    /// origin's progress and history for the whole run. Returns whether each was new.
+    mutating func record<Run: Collection<Delta>>(run deltas: Run) -> [Bool] {
+        guard let origin = deltas.first?.origin else { return [] }
+        // In place (no copy of the origin's set of received-above sequence numbers).
+        let isNew = Self.record(
+            deltas, progress: &origins[origin, default: OriginProgress()],
+            history: &history[origin, default: OriginHistory()], historyLimit: historyLimit, counters: &counters)
         let (limit, overflow) = historyLimit.multipliedReportingOverflow(by: max(origins.count, 1))
-        journal.append(delta, limit: overflow ? Int.max / 2 : limit)
-        return true
+        for (delta, new) in zip(deltas, isNew) where new {
+            journal.append(delta, limit: overflow ? Int.max / 2 : limit)
+        }
+        return isNew
+    }
+
+    private static func record<Run: Collection<Delta>>(
+        _ deltas: Run, progress: inout OriginProgress, history: inout OriginHistory, historyLimit: Int,
+        counters: inout NodeCounters
+    ) -> [Bool] {
+        var isNew: [Bool] = []
+        isNew.reserveCapacity(deltas.count)
+        for delta in deltas {
+            let (new, openedGap) = progress.receiveNotingGap(delta.sequence)
+            isNew.append(new)
+            guard new else {
+                counters.duplicateDeltas += 1
+                continue
+            }
+            if openedGap { counters.sequenceGaps += 1 }
+            history.insert(delta, limit: historyLimit)
+        }
+        return isNew
     }
 
     /// The state now covers `origin` through `sequence` without the deltas themselves (a

@@ -43,24 +43,15 @@ extension StateSyncNode {
     /// Handles one message (or DELTA batch) from the peer at `endpoint`. Returns the deltas it
     /// applied that were new.
     func receive(from endpoint: String, frames: [[UInt8]]) -> [Applied] {
-        let messages: [PeerMessage]
+        let now = monotonicMilliseconds()
         do {
-            messages = try PeerMessage.decodeAll(frames)
+            if let deltas = try PeerMessage.decodeDeltas(frames) { return applyRemote(deltas, from: endpoint, at: now) }
+            receive(try PeerMessage.decode(frames), from: endpoint, at: now)
         } catch {
             countMalformed(
                 kind: "malformed-peer", "dropped a malformed message from a peer", endpoint: endpoint, error: error)
-            return []
         }
-        let now = monotonicMilliseconds()
-        var deltas: [Delta] = []
-        for message in messages {
-            if case .delta(let delta) = message {
-                deltas.append(delta)
-            } else {
-                receive(message, from: endpoint, at: now)
-            }
-        }
-        return applyRemote(deltas, from: endpoint, at: now)
+        return []
     }
 
     private func receive(_ message: PeerMessage, from endpoint: String, at now: UInt64) {
@@ -114,25 +105,34 @@ extension StateSyncNode {
     /// Applies deltas from one peer message (or one repair answer) under one lock. Returns the new
     /// ones, in order.
     func applyRemote(_ deltas: [Delta], from endpoint: String, at now: UInt64, repaired: Bool = false) -> [Applied] {
-        var accepted: [Delta] = []
-        accepted.reserveCapacity(deltas.count)
+        // The deltas to apply: all of them (the same array, no copy) unless one is refused.
+        var accepted = deltas
+        var refusedAny = false
         var validated: ModelAddress?  // a batch is of one model: its names are checked once
-        for delta in deltas {
-            if delta.origin == configuration.nodeID && !repaired { continue }  // our own write, echoed back
-            do {
-                if validated?.channel != delta.channel || validated?.model != delta.model {
-                    try Names.validateChannel(delta.channel)
-                    try Names.validateModel(delta.model)
-                    validated = delta.address
+        for index in deltas.indices {
+            let delta = deltas[index]
+            var refused = delta.origin == configuration.nodeID && !repaired  // our own write, echoed back
+            if !refused {
+                do {
+                    if validated?.channel != delta.channel || validated?.model != delta.model {
+                        try Names.validateChannel(delta.channel)
+                        try Names.validateModel(delta.model)
+                        validated = delta.address
+                    }
+                    for property in delta.properties { try Names.validateProperty(property.name) }
+                    refused = dropRemoteDeltas(delta)
+                } catch {
+                    countMalformed(
+                        kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
+                    refused = true
                 }
-                for property in delta.properties { try Names.validateProperty(property.name) }
-            } catch {
-                countMalformed(
-                    kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
-                continue
             }
-            if dropRemoteDeltas(delta) { continue }
-            accepted.append(delta)
+            if refused, !refusedAny {
+                refusedAny = true
+                accepted = Array(deltas[..<index])
+            } else if !refused, refusedAny {
+                accepted.append(delta)
+            }
         }
         guard let newest = accepted.max(by: { $0.version < $1.version }) else { return [] }
         // Every version at or below one the clock follows is within the drift bound too.
@@ -148,15 +148,27 @@ extension StateSyncNode {
             var applied: [Applied] = []
             applied.reserveCapacity(accepted.count)
             var deliveries = ModelDeliveries()
-            for delta in accepted {
-                guard core.record(delta) else { continue }
-                let won = core.store.applyWinning(delta)
-                core.counters.propertiesStale += delta.properties.count - won.count
-                if !won.isEmpty {
-                    core.counters.deltasApplied += 1
-                    deliveries.add(applied.count, of: delta, core: &core)
+            // Runs of one origin and one model (a DELTA batch, usually): their bookkeeping looks
+            // each up once per run.
+            var start = 0
+            while start < accepted.count {
+                var end = start + 1
+                while end < accepted.count, accepted[end].origin == accepted[start].origin,
+                    accepted[end].channel == accepted[start].channel, accepted[end].model == accepted[start].model
+                {
+                    end += 1
                 }
-                applied.append(Applied(delta: delta, won: won))
+                let isNew = core.record(run: accepted[start..<end])
+                let fresh = zip(accepted[start..<end], isNew).compactMap { $1 ? $0 : nil }
+                for (delta, won) in zip(fresh, core.store.applyWinning(run: fresh)) {
+                    core.counters.propertiesStale += delta.properties.count - won.count
+                    if !won.isEmpty {
+                        core.counters.deltasApplied += 1
+                        deliveries.add(applied.count, of: delta, core: &core)
+                    }
+                    applied.append(Applied(delta: delta, won: won))
+                }
+                start = end
             }
             return (applied, deliveries)
         }
@@ -234,8 +246,8 @@ extension StateSyncNode {
             var applied: [Applied] = []
             applied.reserveCapacity(deltas.count)
             var deliveries = ModelDeliveries()
+            _ = core.record(run: deltas)  // all of this node's origin, new by construction
             for (delta, emitter) in zip(deltas, emitters) {
-                _ = core.record(delta)
                 core.counters.deltasPublished += 1
                 let won = core.store.applyWinning(delta)
                 // The instance that wrote it already holds it; another instance at the address

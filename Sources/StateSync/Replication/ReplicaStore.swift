@@ -28,68 +28,128 @@ public struct ReplicaStore: Sendable {
     /// delta's property order, with the value each replaced; properties that lose or repeat
     /// the current value with the same version change nothing and are not returned.
     public mutating func apply(_ delta: Delta) -> [PropertyChange] {
-        var changes: [PropertyChange] = []
-        changes.reserveCapacity(delta.properties.count)
-        mergeWrites(of: delta) { index, old in
-            let write = delta.properties[index]
-            changes.append(
-                PropertyChange(
-                    channel: delta.channel, model: delta.model, property: write.name, old: old?.value,
-                    new: write.value, version: delta.version))
-        }
-        return changes
+        var changes = ChangeCollector(delta: delta)
+        mergeWrites(of: delta, into: &changes)
+        return changes.changes
     }
 
     /// Applies `delta` like ``apply(_:)``; returns only the writes that won, in order — the
     /// delta's own array when all of them did (the usual case: no allocation).
     mutating func applyWinning(_ delta: Delta) -> [PropertyWrite] {
-        var leadingWinners = 0
-        var subset: [PropertyWrite]?
-        mergeWrites(of: delta) { index, _ in
-            if subset == nil, index == leadingWinners {
-                leadingWinners += 1
-            } else {
-                if subset == nil { subset = Array(delta.properties[..<leadingWinners]) }
-                subset!.append(delta.properties[index])
-            }
-        }
-        if let subset { return subset }
-        return leadingWinners == delta.properties.count ? delta.properties : Array(delta.properties[..<leadingWinners])
+        var winners = WinnerCollector()
+        mergeWrites(of: delta, into: &winners)
+        return winners.writes(of: delta.properties)
     }
 
-    /// The merge itself: calls `won` with the position of each property that won and the
-    /// register it replaced, in the delta's property order.
-    private mutating func mergeWrites(of delta: Delta, won: (_ index: Int, _ old: Register?) -> Void) {
+    /// ``applyWinning(_:)`` for consecutive deltas of one model, with one look-up of the model
+    /// for the whole run. Returns each delta's winning writes.
+    mutating func applyWinning(run deltas: [Delta]) -> [[PropertyWrite]] {
+        guard let first = deltas.first else { return [] }
+        var prefix = StreamingFNV()
+        prefix.registerAddress(channel: first.channel, model: first.model)
+        var digestSum = self.digestSum
+        var latest = latestVersion
+        var won: [[PropertyWrite]] = []
+        won.reserveCapacity(deltas.count)
+        func merge(into registers: inout [String: Register]) {
+            for index in deltas.indices {
+                precondition(deltas[index].channel == first.channel && deltas[index].model == first.model)
+                var winners = WinnerCollector()
+                let anyWon = Self.mergeWrites(
+                    deltas[index].properties, version: deltas[index].version, into: &registers, prefix: prefix,
+                    digestSum: &digestSum, outcome: &winners)
+                if anyWon, deltas[index].version > latest { latest = deltas[index].version }
+                won.append(winners.writes(of: deltas[index].properties))
+            }
+        }
+        merge(into: &channels[first.channel, default: [:]][first.model, default: [:]])
+        self.digestSum = digestSum
+        latestVersion = latest
+        return won
+    }
+
+    /// Told about each property of a delta that won, in the delta's order.
+    private protocol MergeOutcome {
+        mutating func won(_ index: Int, of properties: [PropertyWrite], replacing old: Register?)
+    }
+
+    private struct ChangeCollector: MergeOutcome {
+        let channel: String, model: String, version: Version
+        var changes: [PropertyChange] = []
+
+        init(delta: Delta) {
+            (channel, model, version) = (delta.channel, delta.model, delta.version)
+            changes.reserveCapacity(delta.properties.count)
+        }
+
+        mutating func won(_ index: Int, of properties: [PropertyWrite], replacing old: Register?) {
+            changes.append(
+                PropertyChange(
+                    channel: channel, model: model, property: properties[index].name, old: old?.value,
+                    new: properties[index].value, version: version))
+        }
+    }
+
+    /// Counts the leading run of winners; copies the winners out only once one lost.
+    private struct WinnerCollector: MergeOutcome {
+        var leading = 0
+        var subset: [PropertyWrite]?
+
+        mutating func won(_ index: Int, of properties: [PropertyWrite], replacing old: Register?) {
+            if subset == nil, index == leading {
+                leading += 1
+            } else {
+                if subset == nil { subset = Array(properties[..<leading]) }
+                subset!.append(properties[index])
+            }
+        }
+
+        func writes(of properties: [PropertyWrite]) -> [PropertyWrite] {
+            if let subset { return subset }
+            return leading == properties.count ? properties : Array(properties[..<leading])
+        }
+    }
+
+    /// The merge itself: one look-up of the model's registers per delta and one per property,
+    /// in place; the digest sum kept up to date.
+    private mutating func mergeWrites<Outcome: MergeOutcome>(of delta: Delta, into outcome: inout Outcome) {
         // The digest hash of every register of this model starts with the same bytes.
         var prefix = StreamingFNV()
         prefix.registerAddress(channel: delta.channel, model: delta.model)
         var digestSum = self.digestSum
-        var anyWon = false
-        // In place: one look-up of the model's registers per delta, one per property. (A delta
-        // has at least one property and a model not held yet takes them all: no empty entry.)
-        func applyWrites(to registers: inout [String: Register]) {
-            for (index, write) in delta.properties.enumerated() {
-                let register = Register(value: write.value, version: delta.version)
-                let current: Register?
-                if let slot = registers.index(forKey: write.name) {
-                    current = registers.values[slot]
-                    if current!.version >= delta.version { continue }
-                    registers.values[slot] = register
-                } else {
-                    current = nil
-                    registers[write.name] = register
-                }
-                if let current {
-                    digestSum &-= Self.registerHash(prefix: prefix, property: write.name, register: current)
-                }
-                digestSum &+= Self.registerHash(prefix: prefix, property: write.name, register: register)
-                anyWon = true
-                won(index, current)
-            }
-        }
-        applyWrites(to: &channels[delta.channel, default: [:]][delta.model, default: [:]])
+        // (A delta has at least one property and a model not held yet takes them all: the
+        // default empty entry never stays empty.)
+        let anyWon = Self.mergeWrites(
+            delta.properties, version: delta.version,
+            into: &channels[delta.channel, default: [:]][delta.model, default: [:]], prefix: prefix,
+            digestSum: &digestSum, outcome: &outcome)
         self.digestSum = digestSum
         if anyWon, delta.version > latestVersion { latestVersion = delta.version }
+    }
+
+    private static func mergeWrites<Outcome: MergeOutcome>(
+        _ properties: [PropertyWrite], version: Version, into registers: inout [String: Register],
+        prefix: StreamingFNV, digestSum: inout UInt64, outcome: inout Outcome
+    ) -> Bool {
+        var anyWon = false
+        for index in properties.indices {
+            let name = properties[index].name
+            let register = Register(value: properties[index].value, version: version)
+            let current: Register?
+            if let slot = registers.index(forKey: name) {
+                current = registers.values[slot]
+                if current!.version >= version { continue }
+                registers.values[slot] = register
+            } else {
+                current = nil
+                registers[name] = register
+            }
+            if let current { digestSum &-= registerHash(prefix: prefix, property: name, register: current) }
+            digestSum &+= registerHash(prefix: prefix, property: name, register: register)
+            anyWon = true
+            outcome.won(index, of: properties, replacing: current)
+        }
+        return anyWon
     }
 
     /// Merges one register (from a peer's snapshot) by last-writer-wins. Returns the change it

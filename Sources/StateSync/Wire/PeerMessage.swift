@@ -111,17 +111,23 @@ public enum PeerMessage: Sendable, Equatable {
     /// Decodes a message that may be a DELTA batch (one body frame per delta); a heartbeat or a
     /// single delta gives one message.
     public static func decodeAll(_ frames: [[UInt8]]) throws(WireError) -> [PeerMessage] {
-        guard frames.count > 2, frames[0].first == deltaTopicPrefix else { return [try decode(frames)] }
+        if let deltas = try decodeDeltas(frames) { return deltas.map(PeerMessage.delta) }
+        return [try decode(frames)]
+    }
+
+    /// Decodes a DELTA or a DELTA batch into its deltas, in order; `nil` for any other message.
+    public static func decodeDeltas(_ frames: [[UInt8]]) throws(WireError) -> [Delta]? {
+        guard frames.count >= 2, frames[0].first == deltaTopicPrefix else { return nil }
         let (channel, model) = try splitDeltaTopic(frames[0])
-        var messages: [PeerMessage] = []
-        messages.reserveCapacity(frames.count - 1)
-        for body in frames.dropFirst() {
-            var reader = WireReader(body)
+        var deltas: [Delta] = []
+        deltas.reserveCapacity(frames.count - 1)
+        for index in 1..<frames.count {
+            var reader = WireReader(frames[index])
             let version = try reader.byte("protocol version")
             guard version == protocolVersion else { throw .unsupported("protocol version \(version)") }
-            messages.append(.delta(try decodeDeltaBody(&reader, channel: channel, model: model)))
+            deltas.append(try decodeDeltaBody(&reader, channel: channel, model: model))
         }
-        return messages
+        return deltas
     }
 
     /// Decodes a message from its frames. Bytes after the fields this version knows are ignored
