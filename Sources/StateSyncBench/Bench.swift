@@ -75,9 +75,18 @@ public enum Bench {
         var report = Report()
         let seconds = options.quick ? 1.0 : 2.5
 
-        progress("raw libzmq throughput")
-        report.figures.append(
-            ("raw_msgs_per_s", try RawBench.throughput(messages: options.quick ? 300_000 : 2_000_000)))
+        // libzmq's own rate swings by up to 3x between runs on 2 cores (how its I/O thread and
+        // the two application threads happen to be scheduled): the ceiling is the best of a few
+        // runs, which makes every ratio to it conservative.
+        var rawRuns: [Double] = []
+        for run in 1...(options.quick ? 2 : 3) {
+            progress("raw libzmq throughput (run \(run))")
+            rawRuns.append(try RawBench.throughput(messages: options.quick ? 300_000 : 2_000_000))
+        }
+        report.figures.append(("raw_msgs_per_s", rawRuns.max() ?? .nan))
+        report.notes.append(
+            "raw_msgs_per_s is the best of \(rawRuns.count) runs: "
+                + rawRuns.map { String(format: "%.0f", $0) }.joined(separator: ", "))
         progress("raw libzmq latency at 10k/s")
         let rawLatency = try RawBench.latency(rate: 10_000, seconds: seconds)
         report.figures.append(("raw_latency_p50_us", rawLatency.p50))

@@ -21,9 +21,10 @@ struct ModelBinding: Sendable {
 /// Observers never run while the model's lock is held. Changes are queued under the lock in apply
 /// order; the thread that made a change and found no delivery in progress then delivers the queue
 /// (its own change and any that other threads queue meanwhile) until it is empty. So a callback
-/// runs on the writing thread (for remote changes: the node's receive thread), or on another
-/// writer's thread that was already delivering. A write made inside a callback is queued and
-/// delivered after the current notification, by the same delivering thread.
+/// runs on the writing thread, or on another writer's thread that was already delivering. For
+/// remote changes the delivering thread is the node's observer queue (``ObserverExecutor``): the
+/// node's I/O thread applies the values and moves on. A write made inside a callback is queued
+/// and delivered after the current notification, by the same delivering thread.
 ///
 /// Thread safety: every method may be called from any thread.
 public final class ModelRegistrar: Sendable {
@@ -253,7 +254,12 @@ public final class ModelRegistrar: Sendable {
     /// Applies several write sets in order, as one state transition: one lock, one look-up of each
     /// property's observers, one Observation notification per property, one delivery. Observers
     /// still get one change per write, in order, with exact old and new values.
-    func applyRemote<Model: ReplicatedModel>(_ model: Model, _ sets: [RemoteWriteSet]) -> RemoteApplyResult {
+    ///
+    /// With `executor`, the values are applied now and the notifications (observers and
+    /// Observation) run on the executor; without, on the calling thread before this returns.
+    func applyRemote<Model: ReplicatedModel>(
+        _ model: Model, _ sets: [RemoteWriteSet], notifyingOn executor: ObserverExecutor? = nil
+    ) -> RemoteApplyResult {
         let schema = Model._$schema
         var result = RemoteApplyResult()
         var changed: [Bool] = []
@@ -293,12 +299,25 @@ public final class ModelRegistrar: Sendable {
             }
             return claimDelivery(&state)
         }
-        for (index, didChange) in changed.enumerated() where didChange {
-            schema.properties[index].notifyObservation(model, registrar: observationRegistrar)
+        let changedIndices = changed.indices.filter { changed[$0] }
+        let notify: @Sendable () -> Void = { [self] in
+            for index in changedIndices {
+                schema.properties[index].notifyObservation(model, registrar: observationRegistrar)
+            }
+            if deliver { drain() }
         }
-        if deliver { drain() }
+        if changedIndices.isEmpty && !deliver {
+            return result
+        } else if let executor {
+            executor.run(notify)
+        } else {
+            notify()
+        }
         return result
     }
+
+    /// Changes queued for this model's observers and not yet handed to them.
+    var undeliveredCount: Int { state.withLock { $0.pending.count } }
 
     /// Attaches the model to a node: adopts the node's state for it silently (no notifications,
     /// no deltas) and from now on publishes local writes through `binding`.

@@ -37,6 +37,10 @@ public struct NodeCounters: Sendable, Equatable {
     public var repliesDropped = 0
     /// Local writes whose value could not be encoded for the wire.
     public var encodingFailures = 0
+    /// Times the I/O thread waited for a model's observers, more than
+    /// `observerBacklogLimit` changes behind, and the milliseconds it waited in all.
+    public var observerBackpressureWaits = 0
+    public var observerBackpressureMilliseconds = 0
 
     public init() {}
 
@@ -53,7 +57,8 @@ public struct NodeCounters: Sendable, Equatable {
             ("deltas_fetched", deltasFetched), ("deltas_served", deltasServed),
             ("snapshots_served", snapshotsServed), ("snapshots_applied", snapshotsApplied),
             ("log_bytes_cut", logBytesCut),
-            ("encoding_failures", encodingFailures),
+            ("encoding_failures", encodingFailures), ("observer_backpressure_waits", observerBackpressureWaits),
+            ("observer_backpressure_ms", observerBackpressureMilliseconds),
         ]
     }
 }

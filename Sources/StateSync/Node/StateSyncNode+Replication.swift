@@ -1,5 +1,9 @@
 import Logging
 
+#if canImport(Glibc)
+    import Glibc
+#endif
+
 /// The node's replication transitions, called by its I/O thread. Each returns what the I/O thread
 /// must do next (log, publish, notify watchers); none touches a socket.
 extension StateSyncNode {
@@ -207,10 +211,19 @@ extension StateSyncNode {
         }
     }
 
-    /// Applies write sets to a live model instance and accounts for what it rejected.
+    /// How many changes a model's observers may fall behind before the I/O thread waits for
+    /// them (backpressure, instead of buffering without bound).
+    static let observerBacklogLimit = 100_000
+
+    /// Applies write sets to a live model instance and accounts for what it rejected. Its
+    /// observers are notified on the observer queue; if they are more than
+    /// ``observerBacklogLimit`` changes behind, this waits until they are half-way caught up.
     private func apply(_ sets: [ModelRegistrar.RemoteWriteSet], to instance: any ReplicatedModel, address: ModelAddress)
     {
-        let result = Self.apply(sets, to: instance)
+        let result = Self.apply(sets, to: instance, executor: observerExecutor)
+        if instance._$registrar.undeliveredCount > Self.observerBacklogLimit {
+            waitForObservers(of: instance, address: address)
+        }
         let rejected = result.rejected.count + result.unknownProperties.count
         if rejected > 0 {
             core.withLock { $0.counters.rejectedProperties += rejected }
@@ -227,9 +240,27 @@ extension StateSyncNode {
     }
 
     private static func apply<M: ReplicatedModel>(
-        _ sets: [ModelRegistrar.RemoteWriteSet], to model: M
+        _ sets: [ModelRegistrar.RemoteWriteSet], to model: M, executor: ObserverExecutor
     ) -> ModelRegistrar.RemoteApplyResult {
-        model._$registrar.applyRemote(model, sets)
+        model._$registrar.applyRemote(model, sets, notifyingOn: executor)
+    }
+
+    /// Backpressure: holds the I/O thread (and so the intake of peer deltas, which ZeroMQ then
+    /// queues, drops past its high-water mark, and repair fetches again) until the observers of
+    /// `instance` are within half the backlog limit.
+    private func waitForObservers(of instance: any ReplicatedModel, address: ModelAddress) {
+        let started = monotonicMilliseconds()
+        core.withLock { $0.counters.observerBackpressureWaits += 1 }
+        if let suppressed = limiter.allow("observer-backpressure") {
+            logger.warning(
+                "a model's observers are more than \(Self.observerBacklogLimit) changes behind; replication waits for them",
+                metadata: ["model": "\(address.channel)/\(address.model)", "suppressed": "\(suppressed)"])
+        }
+        while instance._$registrar.undeliveredCount > Self.observerBacklogLimit / 2 {
+            usleep(200)
+        }
+        let waited = Int(monotonicMilliseconds() - started)
+        core.withLock { $0.counters.observerBackpressureMilliseconds += waited }
     }
 
     /// Takes the local writes queued by attached models and applies them to the store, in

@@ -15,7 +15,8 @@ import Synchronization
 /// ```
 ///
 /// Thread safety: all methods may be called from any thread or task. The node owns one I/O
-/// thread; remote changes are applied, and their observers called, on that thread.
+/// thread, which applies remote changes; their observers run on the node's observer queue, in
+/// apply order, so a slow observer never holds up replication (see ``ObserverExecutor``).
 public final class StateSyncNode: Sendable {
     /// The configuration the node runs with.
     public let configuration: NodeConfiguration
@@ -32,6 +33,8 @@ public final class StateSyncNode: Sendable {
     /// Test-only fault injection, from `STATESYNC_TEST_DROP_REMOTE_DELTAS` (0 = off).
     let plantedDropShare: Double
     private let loop: NodeEventLoop
+    /// Runs the observers of changes the I/O thread applies (see ``ObserverExecutor``).
+    let observerExecutor: ObserverExecutor
     private let lifecycle = Mutex<Lifecycle>(.running(waiters: []))
 
     private enum Lifecycle: Sendable {
@@ -132,6 +135,7 @@ public final class StateSyncNode: Sendable {
         self.logger = logger
         self.dataDirectory = directory
         self.loop = NodeEventLoop(configuration: configuration, logger: logger)
+        self.observerExecutor = ObserverExecutor(label: "statesync-observers.\(configuration.nodeID)")
         loop.node = self
     }
 
@@ -249,6 +253,8 @@ public final class StateSyncNode: Sendable {
         let instances = core.withLock { core in core.instances.values.compactMap(\.model) }
         for instance in instances { instance._$registrar.detach() }
         await loop.stop()
+        // Every change applied before the stop reaches its observers before stop() returns.
+        await observerExecutor.flush()
         do {
             // Everything in the log is in the snapshot: write it durably, then empty the log.
             try compact()

@@ -63,6 +63,48 @@ struct EmbeddedNodeTests {
         await node2.stop()
     }
 
+    /// Observers run off the I/O thread: while one is stuck, the node still receives, applies
+    /// (store and model values) and heartbeats; once it returns, it gets every change, in order,
+    /// with exact old and new values.
+    @Test func aStuckObserverDoesNotHoldUpReplication() async throws {
+        let configs = meshConfigurations(2, label: "stuck-observer")
+        let node1 = try await StateSyncNode.start(configuration: configs[0])
+        let node2 = try await StateSyncNode.start(configuration: configs[1])
+        let gate = DispatchSemaphore(value: 0)
+        do {
+            try await waitUntilMeshed([node1, node2])
+            let local = try await node1.model(Counter.self, channel: "counters", id: "stuck")
+            let remote = try await node2.model(Counter.self, channel: "counters", id: "stuck")
+            let seen = Shared<[Change<Int>]>([])
+            remote.observe(\.count) { change in
+                // The first notification blocks until the test opens the gate (30 s at most).
+                if seen.withLock({ $0.isEmpty }) { _ = gate.wait(timeout: .now() + 30) }
+                seen.withLock { $0.append(change) }
+            }
+            for value in 1...50 { local.count = value }
+            try await waitUntil("node2 applies every write while its observer is stuck") {
+                node2.properties(of: ModelAddress(channel: "counters", model: "stuck"))["count"]?.value == 50
+                    && remote.count == 50
+            }
+            #expect(seen.value.isEmpty, "the observer is still stuck in its first call")
+            // And it goes on receiving: a write to another model arrives too.
+            let other = try await node1.model(Counter.self, channel: "counters", id: "other")
+            other.title = "still flowing"
+            try await waitUntil("node2 receives a later write") {
+                node2.properties(of: ModelAddress(channel: "counters", model: "other"))["title"]?.value
+                    == "still flowing"
+            }
+            #expect(seen.value.isEmpty)
+            gate.signal()
+            try await waitUntil("the observer catches up") { seen.value.count == 50 }
+            #expect(seen.value.map(\.old) == Array(0...49))
+            #expect(seen.value.map(\.new) == Array(1...50))
+        } catch { Issue.record(error) }
+        gate.signal()
+        await node1.stop()
+        await node2.stop()
+    }
+
     @Test func sameAddressGivesTheSameInstanceAndANewInstanceAdoptsState() async throws {
         let configs = meshConfigurations(2, label: "adopt")
         let node1 = try await StateSyncNode.start(configuration: configs[0])
