@@ -20,6 +20,7 @@ extension NodeConfiguration {
         case historyDeltas = "history.deltas_per_origin"
         case highWaterMark = "network.hwm"
         case clientHighWaterMark = "network.client_hwm"
+        case batchMaximumDeltas = "network.batch_max_deltas"
 
         /// The environment variable that overrides this key.
         public var environmentVariable: String {
@@ -140,6 +141,10 @@ extension NodeConfiguration {
         guard hwm >= 0 else { throw reader.invalid(.highWaterMark, "\(hwm) must not be negative (0 = unbounded)") }
         let clientHWM = try reader.int(.clientHighWaterMark) ?? 10_000
         guard clientHWM >= 1 else { throw reader.invalid(.clientHighWaterMark, "\(clientHWM) must be at least 1") }
+        let batch = try reader.int(.batchMaximumDeltas) ?? 256
+        guard (1...65_536).contains(batch) else {
+            throw reader.invalid(.batchMaximumDeltas, "\(batch) is outside 1…65536 deltas per message")
+        }
         // A relative data directory is relative to the working directory, as for any CLI path.
         var configuration = NodeConfiguration(
             nodeID: nodeID, dataDirectory: dataDirectory, publishEndpoint: publish, peers: peers,
@@ -147,6 +152,7 @@ extension NodeConfiguration {
             logLevel: level, fsync: fsync, fsyncIntervalMilliseconds: fsyncInterval, compactBytes: compactBytes,
             historyDeltas: historyDeltas, highWaterMark: hwm)
         configuration.clientHighWaterMark = clientHWM
+        configuration.batchMaximumDeltas = batch
         return configuration
     }
 

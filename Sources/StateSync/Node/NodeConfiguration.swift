@@ -21,6 +21,9 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// The high-water mark of the client API socket, per client, in messages: watch events queue
     /// here before a slow client's watch waits (and, past the history, resyncs).
     public var clientHighWaterMark: Int = 10_000
+    /// At most this many consecutive deltas of one model travel in one DELTA batch message; 1
+    /// sends one message per delta. Batching adds no delay: a batch is what is ready to publish.
+    public var batchMaximumDeltas: Int = 256
     /// When local writes become durable (see ``FsyncPolicy``).
     public var fsync: FsyncPolicy
     /// With ``FsyncPolicy/interval``: how often the log is synced.

@@ -163,7 +163,7 @@ final class NodeEventLoop: Sendable {
                 let delta = applied.delta
                 if let first = batch.first,
                     first.channel != delta.channel || first.model != delta.model
-                        || batch.count >= Self.batchMessageLimit
+                        || batch.count >= configuration.batchMaximumDeltas
                 {
                     publish(batch: batch, on: sockets.publisher)
                     batch = []
@@ -334,9 +334,6 @@ final class NodeEventLoop: Sendable {
             return nil
         }
     }
-
-    /// Deltas per DELTA batch message, at most.
-    static let batchMessageLimit = 256
 
     func publish(batch: [Delta], on publisher: Socket) {
         do {

@@ -105,6 +105,28 @@ struct EmbeddedNodeTests {
         await node2.stop()
     }
 
+    /// With one delta per message (`network.batch_max_deltas: 1`) and with small batches, a
+    /// burst of writes arrives complete and in order.
+    @Test(arguments: [1, 3])
+    func burstsArriveInOrderWhateverTheBatchSize(batch: Int) async throws {
+        var configs = meshConfigurations(2, label: "batch-\(batch)")
+        configs[0].batchMaximumDeltas = batch
+        let node1 = try await StateSyncNode.start(configuration: configs[0])
+        let node2 = try await StateSyncNode.start(configuration: configs[1])
+        do {
+            try await waitUntilMeshed([node1, node2])
+            let local = try await node1.model(Counter.self, channel: "counters", id: "burst")
+            let remote = try await node2.model(Counter.self, channel: "counters", id: "burst")
+            let seen = Shared<[Int]>([])
+            remote.observe(\.count) { change in seen.withLock { $0.append(change.new) } }
+            for value in 1...2_000 { local.count = value }
+            try await waitUntil("node2 sees the whole burst") { seen.value.count == 2_000 }
+            #expect(seen.value == Array(1...2_000), "batch size \(batch)")
+        } catch { Issue.record(error) }
+        await node1.stop()
+        await node2.stop()
+    }
+
     @Test func sameAddressGivesTheSameInstanceAndANewInstanceAdoptsState() async throws {
         let configs = meshConfigurations(2, label: "adopt")
         let node1 = try await StateSyncNode.start(configuration: configs[0])

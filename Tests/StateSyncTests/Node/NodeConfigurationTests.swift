@@ -33,6 +33,7 @@ struct NodeConfigurationTests {
             #expect(!config.peers.contains(config.publishEndpoint))
             #expect(config.fsync == .always && config.highWaterMark == 100_000 && config.clientHighWaterMark == 10_000)
             #expect(config.historyDeltas == 100_000 && config.compactBytes == 64 << 20)
+            #expect(config.batchMaximumDeltas == 256)
         }
     }
 
@@ -91,6 +92,7 @@ struct NodeConfigurationTests {
         (valid + "\n  heartbeat_ms: fast", "network.heartbeat_ms: expected an integer"),
         (valid + "\n  heartbeat_ms: 0", "network.heartbeat_ms: 0 is outside"),
         (valid + "\nlog:\n  level: loud", "log.level: 'loud' is not one of"),
+        (valid + "\n  batch_max_deltas: 0", "network.batch_max_deltas: 0 is outside 1…65536"),
         ("node: [unclosed", "not a valid YAML mapping"),
     ])
     func invalidConfigNamesFileKeyAndReason(yaml: String, expected: String) throws {
