@@ -1,5 +1,7 @@
 #if canImport(Glibc)
     import Glibc
+#elseif canImport(Darwin)
+    import Darwin
 #endif
 
 /// Nanoseconds of CLOCK_MONOTONIC: one clock for every process of the machine, so a value
@@ -15,8 +17,12 @@ func monotonicNanoseconds() -> UInt64 {
 /// time is stamped after waking, so wake-up jitter (timer slack, 50 µs by default) shifts the
 /// rate a little, not the measured latency.
 func waitUntilNanoseconds(_ deadline: UInt64) {
-    var target = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
-    while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &target, nil) == EINTR {}
+    #if canImport(Glibc)
+        var target = timespec(tv_sec: Int(deadline / 1_000_000_000), tv_nsec: Int(deadline % 1_000_000_000))
+        while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &target, nil) == EINTR {}
+    #else
+        while case let now = monotonicNanoseconds(), now < deadline { usleep(UInt32((deadline - now) / 1000)) }
+    #endif
 }
 
 /// Percentiles of latency samples, in microseconds.

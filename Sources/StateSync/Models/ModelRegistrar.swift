@@ -263,6 +263,7 @@ public final class ModelRegistrar: Sendable {
         let schema = Model._$schema
         var result = RemoteApplyResult()
         var changed: [Bool] = []
+        var queued = 0
         let deliver = state.withLock { state -> Bool in
             var observerLists: [[ObserverEntry]?] = Array(repeating: nil, count: schema.properties.count)
             changed = Array(repeating: false, count: schema.properties.count)
@@ -292,6 +293,7 @@ public final class ModelRegistrar: Sendable {
                         let change = ErasedChange(
                             property: write.name, old: old, new: new, version: set.version, isRemote: set.isRemote)
                         state.pending.append(Pending(change: change, observers: list))
+                        queued += 1
                     } catch {
                         result.rejected.append((write.name, "\(error)"))
                     }
@@ -309,15 +311,12 @@ public final class ModelRegistrar: Sendable {
         if changedIndices.isEmpty && !deliver {
             return result
         } else if let executor {
-            executor.run(notify)
+            executor.run(weight: queued, notify)
         } else {
             notify()
         }
         return result
     }
-
-    /// Changes queued for this model's observers and not yet handed to them.
-    var undeliveredCount: Int { state.withLock { $0.pending.count } }
 
     /// Attaches the model to a node: adopts the node's state for it silently (no notifications,
     /// no deltas) and from now on publishes local writes through `binding`.

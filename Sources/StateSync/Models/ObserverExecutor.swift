@@ -1,4 +1,5 @@
 import Dispatch
+import Synchronization
 
 /// Where a node runs the observers of changes its I/O thread applied: one serial queue per node.
 ///
@@ -9,15 +10,26 @@ import Dispatch
 /// registrar delivers its own queue in order, one delivering thread at a time).
 final class ObserverExecutor: Sendable {
     private let queue: DispatchQueue
+    private let weights = Atomic<Int>(0)
 
     init(label: String) {
         queue = DispatchQueue(label: label)
     }
 
-    /// Runs `job` after every job submitted before it.
-    func run(_ job: @escaping @Sendable () -> Void) {
-        queue.async(execute: job)
+    /// Runs `job` after every job submitted before it. `weight` (the changes it delivers, at
+    /// least 1) counts in ``backlog`` until it has run.
+    func run(weight: Int = 1, _ job: @escaping @Sendable () -> Void) {
+        let weight = max(weight, 1)
+        weights.add(weight, ordering: .relaxed)
+        queue.async { [self] in
+            job()
+            weights.subtract(weight, ordering: .relaxed)
+        }
     }
+
+    /// The weight of the jobs submitted and not yet run: roughly, the changes waiting for their
+    /// observers. The node stops taking peer deltas while it is too high (backpressure).
+    var backlog: Int { weights.load(ordering: .relaxed) }
 
     /// Returns once every job submitted before the call has run.
     func flush() async {

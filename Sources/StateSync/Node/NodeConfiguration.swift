@@ -24,6 +24,9 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// At most this many consecutive deltas of one model travel in one DELTA batch message; 1
     /// sends one message per delta. Batching adds no delay: a batch is what is ready to publish.
     public var batchMaximumDeltas: Int = 256
+    /// When the node's observer queue is this many changes behind, the node stops taking peer
+    /// deltas until it is back under half of it: backpressure instead of unbounded memory.
+    public var observerBacklogLimit: Int = 100_000
     /// When local writes become durable (see ``FsyncPolicy``).
     public var fsync: FsyncPolicy
     /// With ``FsyncPolicy/interval``: how often the log is synced.

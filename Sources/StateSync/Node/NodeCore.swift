@@ -38,9 +38,9 @@ struct NodeCore: Sendable {
 
         /// Records `sequence` like ``receive(_:)``; also says whether it opened the first gap.
         mutating func receiveNotingGap(_ sequence: UInt64) -> (isNew: Bool, openedGap: Bool) {
-            let gapBefore = firstGap == nil
+            let gapBefore = hasGap
             guard receive(sequence) else { return (false, false) }
-            return (true, gapBefore && firstGap != nil)
+            return (true, !gapBefore && hasGap)
         }
 
         /// Everything up to `sequence` is covered (by a snapshot that includes it).
@@ -51,6 +51,11 @@ struct NodeCore: Sendable {
             while above.remove(contiguous + 1) != nil { contiguous += 1 }
             announced = max(announced, sequence)
         }
+
+        /// Whether some sequence number through `announced` is missing: O(1), for the per-delta
+        /// path. (Numbers in `above` are never `contiguous + 1`, which is absorbed at once, so a
+        /// number announced beyond `contiguous` always leaves one missing.)
+        var hasGap: Bool { announced > contiguous }
 
         /// The first run of missing sequence numbers, if any.
         var firstGap: ClosedRange<UInt64>? {
@@ -176,9 +181,9 @@ struct NodeCore: Sendable {
     mutating func announce(origin: String, through sequence: UInt64) {
         var progress = origins[origin, default: OriginProgress()]
         guard sequence > progress.announced else { return }
-        let gapBefore = progress.firstGap == nil
+        let gapBefore = progress.hasGap
         progress.announced = sequence
-        if gapBefore, progress.firstGap != nil { counters.sequenceGaps += 1 }
+        if !gapBefore, progress.hasGap { counters.sequenceGaps += 1 }
         origins[origin] = progress
     }
 

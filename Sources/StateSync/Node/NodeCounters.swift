@@ -37,9 +37,9 @@ public struct NodeCounters: Sendable, Equatable {
     public var repliesDropped = 0
     /// Local writes whose value could not be encoded for the wire.
     public var encodingFailures = 0
-    /// Times the I/O thread waited for a model's observers, more than
-    /// `observerBacklogLimit` changes behind, and the milliseconds it waited in all.
-    public var observerBackpressureWaits = 0
+    /// Times the node stopped taking peer deltas because its observer queue was more than
+    /// 100,000 changes behind, and the milliseconds it spent so in all.
+    public var observerBackpressurePauses = 0
     public var observerBackpressureMilliseconds = 0
 
     public init() {}
@@ -57,7 +57,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("deltas_fetched", deltasFetched), ("deltas_served", deltasServed),
             ("snapshots_served", snapshotsServed), ("snapshots_applied", snapshotsApplied),
             ("log_bytes_cut", logBytesCut),
-            ("encoding_failures", encodingFailures), ("observer_backpressure_waits", observerBackpressureWaits),
+            ("encoding_failures", encodingFailures), ("observer_backpressure_pauses", observerBackpressurePauses),
             ("observer_backpressure_ms", observerBackpressureMilliseconds),
         ]
     }

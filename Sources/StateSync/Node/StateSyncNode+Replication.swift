@@ -1,9 +1,5 @@
 import Logging
 
-#if canImport(Glibc)
-    import Glibc
-#endif
-
 /// The node's replication transitions, called by its I/O thread. Each returns what the I/O thread
 /// must do next (log, publish, notify watchers); none touches a socket.
 extension StateSyncNode {
@@ -138,9 +134,13 @@ extension StateSyncNode {
                 accepted.append(delta)
             }
         }
-        guard let newest = accepted.max(by: { $0.version < $1.version }) else { return [] }
+        guard let newest = accepted.indices.max(by: { accepted[$0].version < accepted[$1].version }) else {
+            return []
+        }
         // Every version at or below one the clock follows is within the drift bound too.
-        let drifted = clock.observe(newest.version) ? [] : accepted.filter { !clock.observe($0.version) }
+        let drifted =
+            clock.observe(accepted[newest].version)
+            ? [] : accepted.indices.filter { $0 == newest || !clock.observe(accepted[$0].version) }.map { accepted[$0] }
         let (applied, deliveries) = core.withLock { core -> ([Applied], ModelDeliveries) in
             if !repaired {
                 core.peers[endpoint, default: .init()].lastMessageAt = now
@@ -211,19 +211,11 @@ extension StateSyncNode {
         }
     }
 
-    /// How many changes a model's observers may fall behind before the I/O thread waits for
-    /// them (backpressure, instead of buffering without bound).
-    static let observerBacklogLimit = 100_000
-
-    /// Applies write sets to a live model instance and accounts for what it rejected. Its
-    /// observers are notified on the observer queue; if they are more than
-    /// ``observerBacklogLimit`` changes behind, this waits until they are half-way caught up.
+    /// Applies write sets to a live model instance (its observers are notified on the observer
+    /// queue) and accounts for what it rejected.
     private func apply(_ sets: [ModelRegistrar.RemoteWriteSet], to instance: any ReplicatedModel, address: ModelAddress)
     {
         let result = Self.apply(sets, to: instance, executor: observerExecutor)
-        if instance._$registrar.undeliveredCount > Self.observerBacklogLimit {
-            waitForObservers(of: instance, address: address)
-        }
         let rejected = result.rejected.count + result.unknownProperties.count
         if rejected > 0 {
             core.withLock { $0.counters.rejectedProperties += rejected }
@@ -243,24 +235,6 @@ extension StateSyncNode {
         _ sets: [ModelRegistrar.RemoteWriteSet], to model: M, executor: ObserverExecutor
     ) -> ModelRegistrar.RemoteApplyResult {
         model._$registrar.applyRemote(model, sets, notifyingOn: executor)
-    }
-
-    /// Backpressure: holds the I/O thread (and so the intake of peer deltas, which ZeroMQ then
-    /// queues, drops past its high-water mark, and repair fetches again) until the observers of
-    /// `instance` are within half the backlog limit.
-    private func waitForObservers(of instance: any ReplicatedModel, address: ModelAddress) {
-        let started = monotonicMilliseconds()
-        core.withLock { $0.counters.observerBackpressureWaits += 1 }
-        if let suppressed = limiter.allow("observer-backpressure") {
-            logger.warning(
-                "a model's observers are more than \(Self.observerBacklogLimit) changes behind; replication waits for them",
-                metadata: ["model": "\(address.channel)/\(address.model)", "suppressed": "\(suppressed)"])
-        }
-        while instance._$registrar.undeliveredCount > Self.observerBacklogLimit / 2 {
-            usleep(200)
-        }
-        let waited = Int(monotonicMilliseconds() - started)
-        core.withLock { $0.counters.observerBackpressureMilliseconds += waited }
     }
 
     /// Takes the local writes queued by attached models and applies them to the store, in

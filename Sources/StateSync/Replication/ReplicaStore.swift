@@ -45,6 +45,8 @@ public struct ReplicaStore: Sendable {
     /// for the whole run. Returns each delta's winning writes.
     mutating func applyWinning(run deltas: [Delta]) -> [[PropertyWrite]] {
         guard let first = deltas.first else { return [] }
+        // Never create an empty model entry (a delta has at least one property on the wire).
+        guard deltas.contains(where: { !$0.properties.isEmpty }) else { return deltas.map { _ in [] } }
         var prefix = StreamingFNV()
         prefix.registerAddress(channel: first.channel, model: first.model)
         var digestSum = self.digestSum
@@ -113,6 +115,7 @@ public struct ReplicaStore: Sendable {
     /// The merge itself: one look-up of the model's registers per delta and one per property,
     /// in place; the digest sum kept up to date.
     private mutating func mergeWrites<Outcome: MergeOutcome>(of delta: Delta, into outcome: inout Outcome) {
+        guard !delta.properties.isEmpty else { return }  // never create an empty model entry
         // The digest hash of every register of this model starts with the same bytes.
         var prefix = StreamingFNV()
         prefix.registerAddress(channel: delta.channel, model: delta.model)

@@ -134,7 +134,12 @@ final class NodeEventLoop: Sendable {
         var published = node.outbox.withLock { $0.latestSequence }
         publishedSequence.store(published, ordering: .relaxed)
         var repair = RepairState()
-        var poller = makePoller(sockets, repair: repair)
+        // Backpressure: while the observer queue is too far behind, peer deltas are not read
+        // (ZeroMQ queues them, drops past its high-water mark, and repair fetches those later);
+        // heartbeats, local writes and clients go on.
+        var intakePaused = false
+        var pausedSince: UInt64 = 0
+        var poller = makePoller(sockets, repair: repair, intake: true)
 
         /// Makes staged writes durable, then publishes them and sends their replies.
         func flush(force: Bool) {
@@ -158,20 +163,11 @@ final class NodeEventLoop: Sendable {
             }
             lastSync = now
             // Consecutive deltas of one model go out as one message (a DELTA batch).
-            var batch: [Delta] = []
-            for applied in state.staged.applied {
-                let delta = applied.delta
-                if let first = batch.first,
-                    first.channel != delta.channel || first.model != delta.model
-                        || batch.count >= configuration.batchMaximumDeltas
-                {
-                    publish(batch: batch, on: sockets.publisher)
-                    batch = []
-                }
-                batch.append(delta)
-                published = max(published, delta.sequence)
+            let deltas = state.staged.applied.map { $0.delta }
+            for range in Self.batchRanges(of: deltas, limit: configuration.batchMaximumDeltas) {
+                publish(batch: Array(deltas[range]), on: sockets.publisher)
             }
-            if !batch.isEmpty { publish(batch: batch, on: sockets.publisher) }
+            for delta in deltas { published = max(published, delta.sequence) }
             publishedSequence.store(published, ordering: .relaxed)
             for reply in state.staged.replies { send(reply, api: sockets.api, node: node) }
             state.staged = Staged()
@@ -204,9 +200,9 @@ final class NodeEventLoop: Sendable {
                 // sends caught-up markers.
                 pumpWatches(state: &state, api: sockets.api, node: node, published: published)
                 if updateRepairLinks(&repair, context: sockets.context, node: node) {
-                    poller = makePoller(sockets, repair: repair)
+                    poller = makePoller(sockets, repair: repair, intake: !intakePaused)
                 }
-                requestRepairs(&repair, node: node, now: now)
+                if !intakePaused { requestRepairs(&repair, node: node, now: now) }
                 lastRepair = now
                 if state.staged.isEmpty, node.log.size > configuration.compactBytes || repair.mergedSnapshot {
                     // Received deltas alone also grow the log; a merged snapshot is only durable
@@ -219,10 +215,27 @@ final class NodeEventLoop: Sendable {
                     }
                 }
             }
+            let backlog = node.observerExecutor.backlog
+            if !intakePaused, backlog > configuration.observerBacklogLimit {
+                intakePaused = true
+                pausedSince = now
+                poller = makePoller(sockets, repair: repair, intake: false)
+                node.core.withLock { $0.counters.observerBackpressurePauses += 1 }
+                if let suppressed = node.limiter.allow("observer-backpressure") {
+                    logger.warning(
+                        "observers are more than \(configuration.observerBacklogLimit) changes behind; not taking peer deltas until they catch up",
+                        metadata: ["suppressed": "\(suppressed)"])
+                }
+            } else if intakePaused, backlog <= configuration.observerBacklogLimit / 2 {
+                intakePaused = false
+                poller = makePoller(sockets, repair: repair, intake: true)
+                let paused = Int(monotonicMilliseconds() &- pausedSince)
+                node.core.withLock { $0.counters.observerBackpressureMilliseconds += paused }
+            }
             var timeout = Int(interval &- min(interval, monotonicMilliseconds() &- lastHeartbeat))
             timeout = min(timeout, Int(Self.repairTick))
             if !state.staged.isEmpty { timeout = min(timeout, Int(syncInterval)) }
-            if state.laggingWatches > 0 { timeout = min(timeout, 5) }
+            if state.laggingWatches > 0 || intakePaused { timeout = min(timeout, 5) }
             let ready: [PollEvents]
             do {
                 ready = try poller.poll(timeoutMilliseconds: timeout)
@@ -233,7 +246,7 @@ final class NodeEventLoop: Sendable {
             var index = 0
             if ready[index].contains(.readable) { wakeUp.drain() }
             index += 1
-            for (endpoint, subscriber) in sockets.subscribers {
+            for (endpoint, subscriber) in sockets.subscribers where !intakePaused {
                 defer { index += 1 }
                 guard ready[index].contains(.readable) else { continue }
                 var records = DeltaLog.Batch()
@@ -255,7 +268,7 @@ final class NodeEventLoop: Sendable {
                 }
                 index += 1
             }
-            for link in repair.links.values {
+            for link in repair.links.values where !intakePaused {
                 defer { index += 1 }
                 guard index < ready.count, ready[index].contains(.readable) else { continue }
                 for _ in 0..<Self.batchLimit {
@@ -318,11 +331,13 @@ final class NodeEventLoop: Sendable {
         }
     }
 
-    private func makePoller(_ sockets: Sockets, repair: RepairState) -> Poller {
+    /// The poll set: the wake-up pipe, then (with `intake`) every SUB socket, then the client
+    /// API, then (with `intake`) every repair link — the order the loop reads `ready` in.
+    private func makePoller(_ sockets: Sockets, repair: RepairState, intake: Bool) -> Poller {
         var items: [Poller.Item] = [.fileDescriptor(wakeUp.fileDescriptor, .readable)]
-        for (_, subscriber) in sockets.subscribers { items.append(.socket(subscriber, .readable)) }
+        if intake { for (_, subscriber) in sockets.subscribers { items.append(.socket(subscriber, .readable)) } }
         if let api = sockets.api { items.append(.socket(api, .readable)) }
-        for link in repair.links.values { items.append(.socket(link.socket, .readable)) }
+        if intake { for link in repair.links.values { items.append(.socket(link.socket, .readable)) } }
         return Poller(items)
     }
 
@@ -333,6 +348,23 @@ final class NodeEventLoop: Sendable {
             logger.error("receive failed", metadata: ["socket": "\(what)", "error": "\(error)"])
             return nil
         }
+    }
+
+    /// How `deltas` go out as DELTA batches: runs of consecutive deltas of one model, of at most
+    /// `limit` each, in order.
+    static func batchRanges(of deltas: [Delta], limit: Int) -> [Range<Int>] {
+        var ranges: [Range<Int>] = []
+        var start = 0
+        for index in deltas.indices.dropFirst() {
+            if deltas[index].channel != deltas[start].channel || deltas[index].model != deltas[start].model
+                || index - start >= limit
+            {
+                ranges.append(start..<index)
+                start = index
+            }
+        }
+        if !deltas.isEmpty { ranges.append(start..<deltas.count) }
+        return ranges
     }
 
     func publish(batch: [Delta], on publisher: Socket) {

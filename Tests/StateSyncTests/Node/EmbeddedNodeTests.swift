@@ -105,6 +105,47 @@ struct EmbeddedNodeTests {
         await node2.stop()
     }
 
+    /// Backpressure: with its observer stuck and the backlog past the limit, a node stops taking
+    /// peer deltas (counted) but stays alive; once the observer returns, every change arrives,
+    /// in order, with exact old/new.
+    @Test func observersFarBehindPauseIntakeAndLoseNothing() async throws {
+        var configs = meshConfigurations(2, label: "backpressure")
+        configs[1].observerBacklogLimit = 100
+        let node1 = try await StateSyncNode.start(configuration: configs[0])
+        let node2 = try await StateSyncNode.start(configuration: configs[1])
+        let gate = DispatchSemaphore(value: 0)
+        do {
+            try await waitUntilMeshed([node1, node2])
+            let local = try await node1.model(Counter.self, channel: "counters", id: "flood")
+            let remote = try await node2.model(Counter.self, channel: "counters", id: "flood")
+            let seen = Shared<[Change<Int>]>([])
+            remote.observe(\.count) { change in
+                if seen.withLock({ $0.isEmpty }) { _ = gate.wait(timeout: .now() + 30) }
+                seen.withLock { $0.append(change) }
+            }
+            for value in 1...1_000 { local.count = value }
+            try await waitUntil("node2 pauses its intake") {
+                node2.status.counters["observer_backpressure_pauses"] ?? 0 >= 1
+            }
+            // Still paused (the paused time is added when it resumes) for four heartbeat
+            // intervals, and node1 still hears node2's heartbeats: the node is alive.
+            let paused = ContinuousClock.now
+            try await waitUntil("node2 stays paused yet alive for 4 heartbeat intervals") {
+                ContinuousClock.now - paused > .milliseconds(200)
+                    && node2.status.counters["observer_backpressure_ms"] == 0
+                    && node1.status.peers.allSatisfy(\.connected)
+            }
+            gate.signal()
+            try await waitUntil("every change reaches the observer") { seen.value.last?.new == 1_000 }
+            #expect(seen.value.map(\.new) == Array(1...1_000))
+            #expect(seen.value.map(\.old) == Array(0...999))
+            try await waitUntil("node2 resumes") { node2.status.counters["observer_backpressure_ms"] ?? 0 > 0 }
+        } catch { Issue.record(error) }
+        gate.signal()
+        await node1.stop()
+        await node2.stop()
+    }
+
     /// With one delta per message (`network.batch_max_deltas: 1`) and with small batches, a
     /// burst of writes arrives complete and in order.
     @Test(arguments: [1, 3])

@@ -7,7 +7,8 @@ struct OriginHistoryTests {
     static func delta(_ sequence: UInt64) -> Delta {
         Delta(
             channel: "c", model: "m", version: Version(milliseconds: sequence, counter: 0, node: "n1"),
-            sequence: sequence, properties: [PropertyWrite(name: "p", value: .int(Int64(sequence)))])
+            sequence: sequence, properties: [PropertyWrite(name: "p", value: .int(Int64(truncatingIfNeeded: sequence)))]
+        )
     }
 
     @Test func inOrderInsertsKeepTheLastLimitSequenceNumbers() {
@@ -19,8 +20,6 @@ struct OriginHistoryTests {
         #expect(history[7_001] == Self.delta(7_001))
         #expect(history[10_000] == Self.delta(10_000))
         #expect(history.deltas(in: 6_990...7_010).map(\.sequence) == Array(7_001...7_010))
-        // The dead front is cut: the array does not grow with the number of inserts.
-        #expect(history.windowCount == 3_000)
     }
 
     @Test func gapsAreEmptySlotsAndFillLater() {
@@ -38,10 +37,35 @@ struct OriginHistoryTests {
         history.insert(Self.delta(1_000_000), limit: 100)
         #expect(history.droppedThrough == 999_900)
         #expect(history.count == 1)
-        #expect(history.windowCount == 100)
         // Late arrivals below the window are not kept.
         history.insert(Self.delta(60), limit: 100)
         #expect(history[60] == nil)
+        // A huge window holds what arrived, nothing more: memory follows the deltas held.
+        var sparse = OriginHistory()
+        sparse.insert(Self.delta(1), limit: 100_000_000)
+        sparse.insert(Self.delta(90_000_000), limit: 100_000_000)
+        #expect(sparse.count == 2 && sparse.droppedThrough == 0)
+        #expect(sparse.slotCount <= 2 * 4 + 4096, "no window of empty slots between 1 and 90,000,000")
+        #expect(sparse.deltas(in: 1...UInt64.max - 1).map(\.sequence) == [1, 90_000_000])
+        sparse.insert(Self.delta(UInt64.max - 1), limit: 100_000_000)
+        #expect(sparse.count == 1 && sparse.droppedThrough == UInt64.max - 1 - 100_000_000)
+    }
+
+    /// A node that first hears an origin at sequence 5,000,000 and then repairs what came
+    /// before, in ascending or descending order, keeps all of it; dense again once it is.
+    @Test(arguments: [true, false])
+    func repairsBelowTheFirstDeltaAreKept(ascending: Bool) {
+        var history = OriginHistory()
+        history.insert(Self.delta(5_000_000), limit: 100_000)
+        let repaired = Array(UInt64(4_990_000)..<5_000_000)
+        for sequence in ascending ? repaired : repaired.reversed() {
+            history.insert(Self.delta(sequence), limit: 100_000)
+        }
+        #expect(history.count == 10_001)
+        #expect(history.deltas(in: 4_989_999...5_000_000).map(\.sequence) == Array(4_990_000...5_000_000))
+        #expect(history.slotCount <= 4 * 10_001 + 4096)
+        for sequence in UInt64(5_000_001)...5_000_100 { history.insert(Self.delta(sequence), limit: 100_000) }
+        #expect(history[5_000_100] == Self.delta(5_000_100) && history[4_990_000] == Self.delta(4_990_000))
     }
 
     @Test func dropThroughCoversASnapshot() {
@@ -70,7 +94,8 @@ struct OriginHistoryTests {
     @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8])
     func randomDeliveryMatchesAReference(seed: UInt64) {
         var random = SplitMix64(seed: seed)
-        let limit = Int(random.next() % 400) + 1
+        // Small windows, and (every other seed) windows far larger than what arrives.
+        let limit = seed.isMultiple(of: 2) ? Int(random.next() % 400) + 1 : 1_000_000_000
         var history = OriginHistory()
         var held: Set<UInt64> = []
         var dropped: UInt64 = 0
@@ -84,10 +109,18 @@ struct OriginHistoryTests {
                 next += 1
             } else if roll < 85 {
                 sequence = next > 1 ? 1 + random.next() % (next - 1) : next
-            } else if roll < 98 {
+            } else if roll < 96 {
                 next += random.next() % 50
                 sequence = next
                 next += 1
+            } else if roll < 97 {
+                // A far jump (a long gap, or an absurd announcement): must not cost memory.
+                next += 1 + random.next() % 10_000_000
+                sequence = next
+                next += 1
+            } else if roll < 98 {
+                // A repair filling below, possibly far below, what is held.
+                sequence = next > 1 ? next - 1 - random.next() % min(next - 1, 5_000) : next
             } else {
                 let through = random.next() % (next + 10)
                 history.drop(through: through)
@@ -102,10 +135,12 @@ struct OriginHistoryTests {
                 held = held.filter { $0 > dropped }
             }
             #expect(history.droppedThrough == dropped, "seed \(seed), step \(step)")
-            if history.droppedThrough != dropped { return }
+            #expect(history.count == held.count, "seed \(seed), step \(step)")
+            #expect(history.slotCount <= 4 * held.count + 4096, "seed \(seed), step \(step): memory follows deltas")
+            if history.droppedThrough != dropped || history.count != held.count { return }
         }
         let top = next + 10
         #expect(history.deltas(in: 1...top).map(\.sequence) == held.sorted(), "seed \(seed)")
-        #expect(history.windowCount <= limit, "seed \(seed)")
+        #expect(history.count == held.count, "seed \(seed)")
     }
 }

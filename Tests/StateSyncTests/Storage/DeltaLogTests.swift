@@ -95,16 +95,36 @@ struct DeltaLogTests {
         #expect(error.message.contains("is not a StateSync log"))
     }
 
+    /// A delta too large for a record is left out of the batch (and reported by position); the
+    /// others are logged and recovered.
+    @Test func aRecordTooLargeIsLeftOutAndReported() throws {
+        let path = Self.path()
+        let huge = Delta(
+            channel: "c", model: "big", version: Version(milliseconds: 2, counter: 0, node: "n1"), sequence: 2,
+            properties: [PropertyWrite(name: "p", value: .bytes([UInt8](repeating: 7, count: DeltaLog.maximumRecord)))])
+        do {
+            let log = try DeltaLog(path: path)
+            var batch = DeltaLog.Batch()
+            batch.add(Self.delta(1))
+            batch.add(huge)
+            batch.add(Self.delta(3))
+            #expect(batch.tooLarge == [1])
+            try log.append(batch)
+            try log.sync()
+        }
+        #expect(try DeltaLog(path: path).recover().deltas == [Self.delta(1), Self.delta(3)])
+    }
+
     @Test func progressTracksGapsAndCovers() {
         var progress = NodeCore.OriginProgress()
         let received = [progress.receive(1), progress.receive(2), progress.receive(5), progress.receive(2)]
         #expect(received == [true, true, true, false])
-        #expect(progress.contiguous == 2 && progress.firstGap == 3...4)
+        #expect(progress.contiguous == 2 && progress.firstGap == 3...4 && progress.hasGap)
         progress.announced = 9
         let filled = [progress.receive(3), progress.receive(4)]
         #expect(filled == [true, true])
         #expect(progress.contiguous == 5 && progress.firstGap == 6...9)
         progress.cover(through: 9)
-        #expect(progress.firstGap == nil && progress.above.isEmpty)
+        #expect(progress.firstGap == nil && !progress.hasGap && progress.above.isEmpty)
     }
 }

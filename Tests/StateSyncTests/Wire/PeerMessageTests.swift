@@ -54,3 +54,21 @@ struct PeerMessageTests {
         #expect(throws: WireError.self) { try PeerMessage.decode([Array("Dnochannel".utf8), frames[1]]) }
     }
 }
+
+@Suite("DELTA batching")
+struct DeltaBatchingTests {
+    static func delta(_ model: String, _ sequence: UInt64) -> Delta {
+        Delta(
+            channel: "c", model: model, version: Version(milliseconds: sequence, counter: 0, node: "n1"),
+            sequence: sequence, properties: [PropertyWrite(name: "p", value: .int(1))])
+    }
+
+    /// Runs of one model, cut at `network.batch_max_deltas`, in order, covering every delta once.
+    @Test func batchesAreRunsOfOneModelCutAtTheLimit() {
+        let deltas = ["a", "a", "a", "a", "a", "b", "a", "a"].enumerated().map { Self.delta($1, UInt64($0 + 1)) }
+        #expect(NodeEventLoop.batchRanges(of: deltas, limit: 256) == [0..<5, 5..<6, 6..<8])
+        #expect(NodeEventLoop.batchRanges(of: deltas, limit: 2) == [0..<2, 2..<4, 4..<5, 5..<6, 6..<8])
+        #expect(NodeEventLoop.batchRanges(of: deltas, limit: 1) == (0..<8).map { $0..<($0 + 1) })
+        #expect(NodeEventLoop.batchRanges(of: [], limit: 3).isEmpty)
+    }
+}
