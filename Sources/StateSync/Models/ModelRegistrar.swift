@@ -389,22 +389,27 @@ public final class ModelRegistrar: Sendable {
 
     /// Delivers queued notifications in order until the queue is empty.
     private func drain() {
+        // Two buffers taking turns: the writers' queue and the batch being delivered, so a long
+        // delivery (changes keep arriving) allocates no new queue per batch.
+        var spare: [Pending] = []
         while true {
-            let batch = state.withLock { state -> [Pending] in
+            var batch = state.withLock { state -> [Pending] in
                 if state.pending.isEmpty {
                     state.delivering = false
                     return []
                 }
-                let batch = state.pending
-                state.pending = []
-                return batch
+                swap(&state.pending, &spare)
+                return spare
             }
+            spare = []
             if batch.isEmpty { return }
             for pending in batch {
                 for observer in pending.observers where !observer.cancelled.load(ordering: .acquiring) {
                     observer.callback(pending.change)
                 }
             }
+            batch.removeAll(keepingCapacity: true)
+            spare = batch
         }
     }
 }

@@ -71,7 +71,7 @@ struct OriginHistory: Sendable {
         if sequence >= base {
             let offset = sequence - base
             if offset < UInt64(windowCount) {
-                if slots[head + Int(offset)] == nil { held += 1 }
+                if case .none = slots[head + Int(offset)] { held += 1 }  // (`== nil` would compare deltas)
                 slots[head + Int(offset)] = delta
                 return true
             }
@@ -127,7 +127,8 @@ struct OriginHistory: Sendable {
             held = 0
             return
         }
-        for index in head..<(head + Int(cut)) where slots[index] != nil {
+        for index in head..<(head + Int(cut)) {
+            guard case .some = slots[index] else { continue }
             slots[index] = nil  // release it now
             held -= 1
         }
