@@ -138,6 +138,7 @@ struct NodeCore: Sendable {
     /// origin's progress and history for the whole run. Returns whether each was new.
     mutating func record<Run: Collection<Delta>>(run deltas: Run) -> [Bool] {
         guard let origin = deltas.first?.origin else { return [] }
+        assert(deltas.allSatisfy { $0.origin == origin }, "a run is of one origin")
         // In place (no copy of the origin's set of received-above sequence numbers).
         let isNew = Self.record(
             deltas, progress: &origins[origin, default: OriginProgress()],
