@@ -63,6 +63,17 @@ struct EmbeddedNodeTests {
         await node2.stop()
     }
 
+    /// Records every change of `model.count`; the first notification blocks until `gate` is
+    /// signalled (30 s at most): an observer stuck in its first call.
+    static func observeStuckUntil(_ gate: DispatchSemaphore, _ model: Counter) -> Shared<[Change<Int>]> {
+        let seen = Shared<[Change<Int>]>([])
+        model.observe(\.count) { change in
+            if seen.withLock({ $0.isEmpty }) { _ = gate.wait(timeout: .now() + 30) }
+            seen.withLock { $0.append(change) }
+        }
+        return seen
+    }
+
     /// Observers run off the I/O thread: while one is stuck, the node still receives, applies
     /// (store and model values) and heartbeats; once it returns, it gets every change, in order,
     /// with exact old and new values.
@@ -75,12 +86,7 @@ struct EmbeddedNodeTests {
             try await waitUntilMeshed([node1, node2])
             let local = try await node1.model(Counter.self, channel: "counters", id: "stuck")
             let remote = try await node2.model(Counter.self, channel: "counters", id: "stuck")
-            let seen = Shared<[Change<Int>]>([])
-            remote.observe(\.count) { change in
-                // The first notification blocks until the test opens the gate (30 s at most).
-                if seen.withLock({ $0.isEmpty }) { _ = gate.wait(timeout: .now() + 30) }
-                seen.withLock { $0.append(change) }
-            }
+            let seen = Self.observeStuckUntil(gate, remote)
             for value in 1...50 { local.count = value }
             try await waitUntil("node2 applies every write while its observer is stuck") {
                 node2.properties(of: ModelAddress(channel: "counters", model: "stuck"))["count"]?.value == 50
@@ -118,11 +124,7 @@ struct EmbeddedNodeTests {
             try await waitUntilMeshed([node1, node2])
             let local = try await node1.model(Counter.self, channel: "counters", id: "flood")
             let remote = try await node2.model(Counter.self, channel: "counters", id: "flood")
-            let seen = Shared<[Change<Int>]>([])
-            remote.observe(\.count) { change in
-                if seen.withLock({ $0.isEmpty }) { _ = gate.wait(timeout: .now() + 30) }
-                seen.withLock { $0.append(change) }
-            }
+            let seen = Self.observeStuckUntil(gate, remote)
             for value in 1...1_000 { local.count = value }
             try await waitUntil("node2 pauses its intake") {
                 node2.status.counters["observer_backpressure_pauses"] ?? 0 >= 1
