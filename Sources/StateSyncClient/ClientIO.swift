@@ -29,6 +29,10 @@ final class ClientIO: Sendable {
     private let commands = Mutex<(queue: [Command], closed: Bool)>(([], false))
     private let nextID = Atomic<UInt64>(1)
     private let exited = Atomic<Bool>(false)
+    /// Signalled once the I/O thread has exited (and passed on by every waiter).
+    private let exitedSignal = DispatchSemaphore(value: 0)
+    /// The I/O thread's id, once it runs (0 before).
+    private let ioThread = Atomic<UInt>(0)
 
     init(endpoint: String, timeout: Duration) throws {
         self.endpoint = endpoint
@@ -54,12 +58,26 @@ final class ClientIO: Sendable {
         thread.start()
     }
 
+    /// A number identifying the calling thread, never 0.
+    private static var callingThread: UInt {
+        #if canImport(Darwin)
+            UInt(bitPattern: pthread_self())
+        #else
+            UInt(pthread_self())
+        #endif
+    }
+
+    /// Stops the I/O thread and, unless called on it, returns once it has exited: after that no
+    /// watch event is delivered and no replica changes.
     func close() {
         let wasClosed = commands.withLock { state -> Bool in
             defer { state.closed = true }
             return state.closed
         }
         if !wasClosed { wakeUp.signal() }
+        guard ioThread.load(ordering: .acquiring) != Self.callingThread else { return }
+        exitedSignal.wait()
+        exitedSignal.signal()
     }
 
     private func enqueue(_ command: Command) -> Bool {
@@ -114,6 +132,7 @@ final class ClientIO: Sendable {
     }
 
     private func main(_ transfer: SocketTransfer) {
+        ioThread.store(Self.callingThread, ordering: .releasing)
         let dealer = transfer.socket
         var state = State()
         var poller = Poller([.fileDescriptor(wakeUp.fileDescriptor, .readable), .socket(dealer, .readable)])
@@ -151,6 +170,7 @@ final class ClientIO: Sendable {
         dealer.close()
         transfer.release()
         exited.store(true, ordering: .releasing)
+        exitedSignal.signal()
     }
 
     private func send(_ command: ClientProtocol.Command, id: UInt64, body: [UInt8], dealer: Socket) -> Bool {

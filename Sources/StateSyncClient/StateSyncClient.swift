@@ -37,7 +37,9 @@ public final class StateSyncClient: Sendable {
         io.close()
     }
 
-    /// Stops the client's thread and closes its socket; pending requests and watches fail.
+    /// Stops the client's thread and closes its socket; pending requests and watches fail. Returns
+    /// once the thread has stopped: from then on no watch event arrives and no replica changes, so
+    /// a replica can be handed to another client to resume from exactly where it stands.
     public func close() {
         io.close()
     }

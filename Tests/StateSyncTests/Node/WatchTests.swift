@@ -149,6 +149,36 @@ struct WatchTests {
         for node in nodes { await node.stop() }
     }
 
+    /// close() returns once the client's thread stopped: writes made afterwards never reach the
+    /// replica, so it can be handed to another client exactly as it stands.
+    @Test func afterCloseTheReplicaNoLongerChanges() async throws {
+        let configs = meshConfigurations(1, label: "close", api: true)
+        let node = try await StateSyncNode.start(configuration: configs[0])
+        do {
+            let endpoint = try #require(node.apiEndpoint)
+            let writer = try StateSyncClient(endpoint: endpoint)
+            defer { writer.close() }
+            let address = ModelAddress(channel: "c", model: "m")
+            try await writer.set(address, ["n": 0])
+            let watcher = try StateSyncClient(endpoint: endpoint)
+            let (events, replica) = try await watcher.watch(channel: "c")
+            let collector = Collector()
+            let task = collector.collect(events)
+            try await waitUntil("the initial state") { collector.changes.count == 1 }
+            // Writes in flight while the watcher closes.
+            let burst = Task { for i in 1...3_000 { _ = try? await writer.set(address, ["n": .int(Int64(i))]) } }
+            try await waitUntil("writes are streaming to the watch") { replica.cursor.positions["node1"] ?? 0 >= 100 }
+            watcher.close()
+            let frozen = replica.cursor
+            await burst.value
+            try await writer.set(address, ["n": 1_000])
+            // The node published everything; the closed watcher's replica did not move.
+            #expect(replica.cursor == frozen, "the replica changed after close(): \(frozen) -> \(replica.cursor)")
+            task.cancel()
+        } catch { Issue.record(error) }
+        await node.stop()
+    }
+
     /// When the node's history no longer reaches back to the cursor, the watch says so and
     /// resyncs with exact old → new from the replica.
     @Test func resumingPastTheHistoryResyncsWithExactOldNew() async throws {
