@@ -9,6 +9,7 @@ enum ReplicatedDiagnostic: DiagnosticMessage {
     case multipleBindings
     case lazy
     case propertyObserver(String)
+    case observationIgnored(String)
 
     var message: String {
         switch self {
@@ -26,6 +27,8 @@ enum ReplicatedDiagnostic: DiagnosticMessage {
             "@Replicated cannot track a 'lazy var'; make it a plain stored 'var' or mark it @Local"
         case .propertyObserver(let name):
             "tracked property '\(name)' cannot have willSet/didSet; use observe(\\.\(name)) instead"
+        case .observationIgnored(let name):
+            "@ObservationIgnored leaves '\(name)' unguarded in a model shared between threads; mark it @Local instead (not tracked, not replicated, guarded by the model's lock)"
         }
     }
 
@@ -38,7 +41,14 @@ enum ReplicatedDiagnostic: DiagnosticMessage {
 
 enum ReplicatedFixIt: FixItMessage {
     case addFinal
+    case useLocal
 
-    var message: String { "add 'final'" }
-    var fixItID: MessageID { MessageID(domain: "StateSyncMacros", id: "addFinal") }
+    var message: String {
+        switch self {
+        case .addFinal: "add 'final'"
+        case .useLocal: "use '@Local'"
+        }
+    }
+
+    var fixItID: MessageID { MessageID(domain: "StateSyncMacros", id: "\(self)") }
 }

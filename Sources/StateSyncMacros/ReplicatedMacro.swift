@@ -5,7 +5,8 @@ import SwiftSyntaxBuilder
 public import SwiftSyntaxMacros
 
 /// `@Replicated`: validates the class, marks its stored `var`s `@_ReplicatedTracked`, adds the
-/// registrar and the schema, and conforms the class to `ReplicatedModel` (hence `Observable`).
+/// registrar and the schema (and `Codable` members when the class declares that conformance), and
+/// conforms the class to `ReplicatedModel`, `Observable` and `Sendable` where it does not already.
 ///
 /// All semantics live in `StateSync.ModelRegistrar`; this only wires syntax to it.
 public struct ReplicatedMacro: MemberMacro, MemberAttributeMacro, ExtensionMacro {
@@ -18,36 +19,45 @@ public struct ReplicatedMacro: MemberMacro, MemberAttributeMacro, ExtensionMacro
         in context: some MacroExpansionContext
     ) throws -> [DeclSyntax] {
         guard let classDecl = validatedClass(declaration, attribute: node, in: context) else { return [] }
-        let typeName = classDecl.name.trimmed.text
-        let access = accessLevel(of: classDecl)
-        let properties = TrackedProperty.all(in: classDecl, diagnosingIn: context)
+        let model = ModelDeclaration(classDecl)
+        let access = model.access
+        for problem in model.problems { context.diagnose(problem) }
 
-        var members: [DeclSyntax] = [
-            "\(raw: access)let _$registrar = StateSync.ModelRegistrar()"
-        ]
-        for property in properties {
+        var members: [DeclSyntax] = ["\(raw: access)let _$registrar = StateSync.ModelRegistrar()"]
+        let properties = model.tracked.enumerated().map { index, property in
+            """
+            StateSync.ReplicatedProperty("\(property.name)", index: \(index), \\\(model.typeName).\(property.name), \
+            get: { $0._\(property.name) }, set: { $0._\(property.name) = $1 })
+            """
+        }
+        if model.isGeneric {
+            // Generic types have no static stored properties: the schema is built once per
+            // specialisation and cached by the library.
             members.append(
                 """
-                \(raw: access)static let _$\(raw: property.name) = StateSync.ReplicatedProperty(\
-                "\(raw: property.name)", \\\(raw: typeName).\(raw: property.name), \
-                get: { $0._\(raw: property.name) }, set: { $0._\(raw: property.name) = $1 })
-                """
-            )
+                \(raw: access)static var _$schema: StateSync.ModelSchema<\(raw: model.typeName)> {
+                    StateSync.ModelSchema<\(raw: model.typeName)>.shared { [\(raw: properties.joined(separator: ", "))] }
+                }
+                """)
+        } else {
+            for (property, made) in zip(model.tracked, properties) {
+                members.append("\(raw: access)static let _$\(raw: property.name) = \(raw: made)")
+            }
+            let list = model.tracked.map { "\(model.typeName)._$\($0.name)" }.joined(separator: ", ")
+            members.append(
+                "\(raw: access)static let _$schema = StateSync.ModelSchema<\(raw: model.typeName)>([\(raw: list)])")
         }
-        let list = properties.map { "\(typeName)._$\($0.name)" }.joined(separator: ", ")
-        members.append(
-            "\(raw: access)static let _$schema = StateSync.ModelSchema<\(raw: typeName)>([\(raw: list)])"
-        )
-        // The class is declared Sendable: its `let`s and `@Local var`s must hold Sendable values
-        // (tracked properties are checked by ReplicatedProperty). Types written out are checked
-        // here; an inferred type is the compiler's to check wherever the value is shared.
-        let untracked = TrackedProperty.untrackedTypes(in: classDecl)
-        if !untracked.isEmpty {
-            let checks = untracked.map { "requireSendable((\($0)).self)" }.joined(separator: "; ")
+        // `@Local` storage is exempt from the compiler's Sendable checking (it is guarded by the
+        // model's lock), so its values must be checked here: written-out types are; an inferred
+        // type is the compiler's to check wherever the value is shared.
+        let localTypes = model.localTypes
+        if !localTypes.isEmpty {
+            let checks = localTypes.map { "requireSendable((\($0)).self)" }.joined(separator: "; ")
             members.append(
                 "private static func _$requireSendableStorage() { func requireSendable<T: Sendable>(_: T.Type) {}; \(raw: checks) }"
             )
         }
+        members += CodableMembers.make(for: model)
         return members
     }
 
@@ -60,10 +70,15 @@ public struct ReplicatedMacro: MemberMacro, MemberAttributeMacro, ExtensionMacro
         in context: some MacroExpansionContext
     ) throws -> [AttributeSyntax] {
         guard let classDecl = declaration.as(ClassDeclSyntax.self), isFinal(classDecl) else { return [] }
-        guard let variable = member.as(VariableDeclSyntax.self), TrackedProperty.isTracked(variable) else {
+        guard let variable = member.as(VariableDeclSyntax.self), TrackedProperty.isTracked(variable),
+            let name = TrackedProperty.name(of: variable)
+        else {
             return []
         }
-        return ["@StateSync._ReplicatedTracked"]
+        let model = ModelDeclaration(classDecl)
+        guard model.isGeneric else { return ["@StateSync._ReplicatedTracked"] }
+        guard let index = model.tracked.firstIndex(where: { $0.name == name }) else { return [] }
+        return ["@StateSync._ReplicatedTrackedGeneric(\(raw: index))"]
     }
 
     // MARK: ExtensionMacro
@@ -76,14 +91,28 @@ public struct ReplicatedMacro: MemberMacro, MemberAttributeMacro, ExtensionMacro
         in context: some MacroExpansionContext
     ) throws -> [ExtensionDeclSyntax] {
         guard let classDecl = declaration.as(ClassDeclSyntax.self), isFinal(classDecl) else { return [] }
-        let observable: DeclSyntax = "extension \(type.trimmed): Observation.Observable {}"
-        let model: DeclSyntax = "extension \(type.trimmed): StateSync.ReplicatedModel {}"
-        let sendable: DeclSyntax = """
-            // Safe: every mutable stored property of a @Replicated class is a macro-generated backing
-            // store read and written only under its ModelRegistrar's lock.
-            extension \(type.trimmed): @unchecked Sendable {}
-            """
-        return [observable, model, sendable].compactMap { $0.as(ExtensionDeclSyntax.self) }
+        // Only what the class does not conform to already: a hand-written `: Observable` or
+        // `: Sendable` is accepted as it is.
+        let missing = Set(protocols.map { $0.trimmedDescription.split(separator: ".").last.map(String.init) ?? "" })
+        var extensions: [DeclSyntax] = []
+        if missing.contains("Observable") {
+            extensions.append("extension \(type.trimmed): Observation.Observable {}")
+        }
+        if missing.contains("ReplicatedModel") {
+            extensions.append("extension \(type.trimmed): StateSync.ReplicatedModel {}")
+        }
+        if missing.contains("Sendable") {
+            if ModelDeclaration(classDecl).problems.isEmpty {
+                // Checked by the compiler: tracked and @Local storage is `nonisolated(unsafe)` (the
+                // registrar's lock guards it), so what it checks are the `let`s.
+                extensions.append("extension \(type.trimmed): Sendable {}")
+            } else {
+                // The declaration has errors the member macro reports; a stored property it could
+                // not take over would add a second, confusing error here.
+                extensions.append("extension \(type.trimmed): @unchecked Sendable {}")
+            }
+        }
+        return extensions.compactMap { $0.as(ExtensionDeclSyntax.self) }
     }
 
     // MARK: Validation
@@ -129,6 +158,81 @@ public struct ReplicatedMacro: MemberMacro, MemberAttributeMacro, ExtensionMacro
         context.diagnose(Diagnostic(node: attribute, message: ReplicatedDiagnostic.notAClass(kind)))
         return nil
     }
+}
+
+/// What the macro reads from a `@Replicated` class: its name (with generic parameters), access
+/// level, tracked and `@Local` properties, the conformances it declares, and what is wrong with it.
+struct ModelDeclaration {
+    let classDecl: ClassDeclSyntax
+    /// `Counter`, or `Box<T>` for a generic class.
+    let typeName: String
+    let isGeneric: Bool
+    /// `public `, `package ` or empty.
+    let access: String
+    let tracked: [TrackedProperty]
+    let problems: [Diagnostic]
+
+    init(_ classDecl: ClassDeclSyntax) {
+        self.classDecl = classDecl
+        let name = classDecl.name.trimmed.text
+        if let generics = classDecl.genericParameterClause {
+            isGeneric = true
+            typeName = name + "<" + generics.parameters.map { $0.name.trimmed.text }.joined(separator: ", ") + ">"
+        } else {
+            isGeneric = false
+            typeName = name
+        }
+        access = Self.accessLevel(of: classDecl)
+        (tracked, problems) = TrackedProperty.all(in: classDecl)
+    }
+
+    /// The written-out types of `@Local var`s (instance members).
+    var localTypes: [String] {
+        classDecl.memberBlock.members.compactMap { member -> String? in
+            guard let variable = member.decl.as(VariableDeclSyntax.self), variable.bindings.count == 1,
+                TrackedProperty.hasAttribute(variable, named: ["Local"]),
+                let type = variable.bindings.first?.typeAnnotation?.type
+            else { return nil }
+            return type.trimmedDescription
+        }
+    }
+
+    /// The names of the `@Local var`s, whose storage `Codable` members also cover.
+    var localNames: [String] {
+        classDecl.memberBlock.members.compactMap { member -> String? in
+            guard let variable = member.decl.as(VariableDeclSyntax.self),
+                TrackedProperty.hasAttribute(variable, named: ["Local"])
+            else { return nil }
+            return TrackedProperty.name(of: variable)
+        }
+    }
+
+    /// Whether the class declaration itself lists `name` (e.g. `Codable`) among its inherited types.
+    func declares(_ names: Set<String>) -> Bool {
+        classDecl.inheritanceClause?.inheritedTypes.contains { inherited in
+            let text = inherited.type.trimmedDescription
+            return names.contains(text) || names.contains(String(text.split(separator: ".").last ?? ""))
+        } ?? false
+    }
+
+    /// Whether the class already has a member called `name` (a user-written `CodingKeys`,
+    /// `encode(to:)`, `init(from:)`).
+    func hasMember(named name: String) -> Bool {
+        func signature(_ base: String, _ parameters: FunctionParameterListSyntax) -> String {
+            base + "(" + parameters.map { $0.firstName.text + ":" }.joined() + ")"
+        }
+        return classDecl.memberBlock.members.contains { member in
+            if let type = member.decl.as(EnumDeclSyntax.self) { return type.name.text == name }
+            if let type = member.decl.as(StructDeclSyntax.self) { return type.name.text == name }
+            if let function = member.decl.as(FunctionDeclSyntax.self) {
+                return signature(function.name.text, function.signature.parameterClause.parameters) == name
+            }
+            if let initializer = member.decl.as(InitializerDeclSyntax.self) {
+                return signature("init", initializer.signature.parameterClause.parameters) == name
+            }
+            return false
+        }
+    }
 
     static func accessLevel(of classDecl: ClassDeclSyntax) -> String {
         for modifier in classDecl.modifiers {
@@ -142,10 +246,64 @@ public struct ReplicatedMacro: MemberMacro, MemberAttributeMacro, ExtensionMacro
     }
 }
 
+/// `Codable` for a `@Replicated` class that declares it: the compiler cannot synthesise it (the
+/// stored properties became accessors over macro-generated storage), so the macro writes what it
+/// would have. Encoding reads every tracked and `@Local` property under the model's lock (one
+/// consistent state); decoding makes a fresh standalone model with `init()` and sets the stored
+/// values it finds (no versions, no notifications). `let`s keep what `init()` gives them.
+enum CodableMembers {
+    static func make(for model: ModelDeclaration) -> [DeclSyntax] {
+        let encodable = model.declares(["Codable", "Encodable"])
+        let decodable = model.declares(["Codable", "Decodable"])
+        guard encodable || decodable else { return [] }
+        let names = model.tracked.map(\.name) + model.localNames
+        let access = model.access
+        var members: [DeclSyntax] = []
+        if !model.hasMember(named: "CodingKeys") {
+            let cases = names.isEmpty ? "" : "case " + names.joined(separator: ", ")
+            members.append("\(raw: access)enum CodingKeys: String, CodingKey { \(raw: cases) }")
+        }
+        if encodable && !model.hasMember(named: "encode(to:)") {
+            let encodes = names.map { "try container.encode(model._\($0), forKey: .\($0))" }.joined(separator: "\n")
+            members.append(
+                """
+                \(raw: access)func encode(to encoder: any Encoder) throws {
+                    try _$registrar.consistentRead(self) { (model) throws in
+                        var container = encoder.container(keyedBy: CodingKeys.self)
+                        \(raw: encodes)
+                    }
+                }
+                """)
+        }
+        if decodable && !model.hasMember(named: "init(from:)") {
+            let decodes = names.map {
+                "if container.contains(.\($0)) { _\($0) = try container.decode(Swift.type(of: _\($0)), forKey: .\($0)) }"
+            }.joined(separator: "\n")
+            members.append(
+                """
+                \(raw: access)convenience init(from decoder: any Decoder) throws {
+                    self.init()
+                    let container = try decoder.container(keyedBy: CodingKeys.self)
+                    \(raw: decodes)
+                }
+                """)
+        }
+        return members
+    }
+}
+
 /// A stored `var` of a `@Replicated` class that becomes a tracked property.
 struct TrackedProperty {
     let name: String
     let variable: VariableDeclSyntax
+
+    /// The identifier of a single-binding variable.
+    static func name(of variable: VariableDeclSyntax) -> String? {
+        guard variable.bindings.count == 1,
+            let identifier = variable.bindings.first?.pattern.as(IdentifierPatternSyntax.self)
+        else { return nil }
+        return identifier.identifier.trimmed.text
+    }
 
     /// Whether `variable` is a stored instance `var` the macro tracks (not `let`, `static`,
     /// computed, `@Local` or already expanded).
@@ -156,7 +314,11 @@ struct TrackedProperty {
         }) {
             return false
         }
-        if hasAttribute(variable, named: ["Local", "_ReplicatedTracked", "ObservationIgnored"]) { return false }
+        if hasAttribute(
+            variable, named: ["Local", "_ReplicatedTracked", "_ReplicatedTrackedGeneric", "ObservationIgnored"])
+        {
+            return false
+        }
         guard variable.bindings.count == 1, let binding = variable.bindings.first else { return false }
         guard binding.pattern.is(IdentifierPatternSyntax.self) else { return false }
         // Properties the member macro diagnoses get no accessors: one clear error, not a cascade.
@@ -172,48 +334,40 @@ struct TrackedProperty {
         return true
     }
 
-    /// The written-out types of stored `let`s and `@Local var`s (instance members).
-    static func untrackedTypes(in classDecl: ClassDeclSyntax) -> [String] {
-        classDecl.memberBlock.members.compactMap { member -> String? in
-            guard let variable = member.decl.as(VariableDeclSyntax.self), variable.bindings.count == 1,
-                let binding = variable.bindings.first,
-                binding.accessorBlock == nil || hasAttribute(variable, named: ["Local"]),
-                let type = binding.typeAnnotation?.type,
-                !variable.modifiers.contains(where: {
-                    [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind)
-                })
-            else { return nil }
-            let isLet = variable.bindingSpecifier.tokenKind == .keyword(.let)
-            return isLet || hasAttribute(variable, named: ["Local"]) ? type.trimmedDescription : nil
-        }
-    }
-
     static func hasAttribute(_ variable: VariableDeclSyntax, named names: Set<String>) -> Bool {
-        variable.attributes.contains { element in
-            guard case .attribute(let attribute) = element else { return false }
-            let name = attribute.attributeName.trimmedDescription
-            return names.contains(name) || names.contains(where: { name.hasSuffix(".\($0)") })
-        }
+        attribute(of: variable, named: names) != nil
     }
 
-    /// The tracked properties of `classDecl`, diagnosing the ones the macro cannot support.
-    static func all(in classDecl: ClassDeclSyntax, diagnosingIn context: some MacroExpansionContext)
-        -> [TrackedProperty]
-    {
+    static func attribute(of variable: VariableDeclSyntax, named names: Set<String>) -> AttributeSyntax? {
+        for element in variable.attributes {
+            guard case .attribute(let attribute) = element else { continue }
+            let name = attribute.attributeName.trimmedDescription
+            if names.contains(name) || names.contains(where: { name.hasSuffix(".\($0)") }) { return attribute }
+        }
+        return nil
+    }
+
+    /// The tracked properties of `classDecl`, in declaration order, and the diagnostics of the
+    /// declarations the macro cannot support.
+    static func all(in classDecl: ClassDeclSyntax) -> (tracked: [TrackedProperty], problems: [Diagnostic]) {
         var result: [TrackedProperty] = []
+        var problems: [Diagnostic] = []
         for member in classDecl.memberBlock.members {
             guard let variable = member.decl.as(VariableDeclSyntax.self) else { continue }
-            diagnoseUnsupported(variable, in: context)
+            if let problem = unsupported(variable) {
+                problems.append(problem)
+                continue
+            }
             let isStatic = variable.modifiers.contains {
                 [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind)
             }
             guard variable.bindingSpecifier.tokenKind == .keyword(.var), !isStatic,
-                !hasAttribute(variable, named: ["Local", "ObservationIgnored"]),
+                !hasAttribute(variable, named: ["Local"]),
                 variable.bindings.count == 1, let binding = variable.bindings.first,
                 let identifier = binding.pattern.as(IdentifierPatternSyntax.self)
             else { continue }
             if let type = binding.typeAnnotation?.type, let reason = nonCodableReason(type) {
-                context.diagnose(
+                problems.append(
                     Diagnostic(
                         node: type,
                         message: ReplicatedDiagnostic.notCodable(
@@ -225,7 +379,7 @@ struct TrackedProperty {
                     [.keyword(.willSet), .keyword(.didSet)].contains($0.accessorSpecifier.tokenKind)
                 })
             {
-                context.diagnose(
+                problems.append(
                     Diagnostic(
                         node: observer, message: ReplicatedDiagnostic.propertyObserver(identifier.identifier.text)))
                 continue
@@ -233,29 +387,41 @@ struct TrackedProperty {
             guard isTracked(variable) else { continue }
             result.append(TrackedProperty(name: identifier.identifier.text, variable: variable))
         }
-        return result
+        return (result, problems)
     }
 
-    static func diagnoseUnsupported(_ variable: VariableDeclSyntax, in context: some MacroExpansionContext) {
+    /// The diagnostic of a `var` declaration the macro cannot take over, if it is one.
+    static func unsupported(_ variable: VariableDeclSyntax) -> Diagnostic? {
         let isStatic = variable.modifiers.contains {
             [.keyword(.static), .keyword(.class)].contains($0.name.tokenKind)
         }
-        guard variable.bindingSpecifier.tokenKind == .keyword(.var), !isStatic else { return }
-        if hasAttribute(variable, named: ["Local"]) { return }
+        guard variable.bindingSpecifier.tokenKind == .keyword(.var), !isStatic else { return nil }
+        if hasAttribute(variable, named: ["Local"]) { return nil }
+        if let ignored = attribute(of: variable, named: ["ObservationIgnored"]) {
+            // Left alone, it would be plain unguarded storage in a class shared between threads.
+            return Diagnostic(
+                node: ignored, message: ReplicatedDiagnostic.observationIgnored(name(of: variable) ?? "this property"),
+                fixIt: FixIt(
+                    message: ReplicatedFixIt.useLocal,
+                    changes: [
+                        .replace(
+                            oldNode: Syntax(ignored),
+                            newNode: Syntax(
+                                ignored.with(\.attributeName, TypeSyntax(IdentifierTypeSyntax(name: "Local")))))
+                    ]))
+        }
         if variable.bindings.count > 1 {
-            context.diagnose(Diagnostic(node: variable, message: ReplicatedDiagnostic.multipleBindings))
-            return
+            return Diagnostic(node: variable, message: ReplicatedDiagnostic.multipleBindings)
         }
         if variable.modifiers.contains(where: { $0.name.tokenKind == .keyword(.lazy) }) {
-            context.diagnose(Diagnostic(node: variable, message: ReplicatedDiagnostic.lazy))
-            return
+            return Diagnostic(node: variable, message: ReplicatedDiagnostic.lazy)
         }
         guard let binding = variable.bindings.first, let accessors = binding.accessorBlock,
             case .accessors(let list) = accessors.accessors,
             let setter = list.first(where: { $0.accessorSpecifier.tokenKind == .keyword(.set) })
-        else { return }
+        else { return nil }
         let name = binding.pattern.trimmedDescription
-        context.diagnose(Diagnostic(node: setter, message: ReplicatedDiagnostic.computedSetter(name)))
+        return Diagnostic(node: setter, message: ReplicatedDiagnostic.computedSetter(name))
     }
 
     /// Why `type` cannot be `Codable & Sendable`, when that is visible from syntax alone.
@@ -281,6 +447,7 @@ struct StateSyncMacrosPlugin: CompilerPlugin {
     let providingMacros: [any Macro.Type] = [
         ReplicatedMacro.self,
         ReplicatedTrackedMacro.self,
+        ReplicatedTrackedGenericMacro.self,
         LocalMacro.self,
     ]
 }

@@ -1,3 +1,4 @@
+import SwiftSyntax
 import SwiftSyntaxMacroExpansion
 import SwiftSyntaxMacros
 import SwiftSyntaxMacrosGenericTestSupport
@@ -8,24 +9,32 @@ import Testing
 /// Expansion and diagnostics of `@Replicated`, checked without compiling the result.
 @Suite("@Replicated macro")
 struct ReplicatedMacroTests {
-    static let macros: [String: MacroSpec] = [
-        "Replicated": MacroSpec(type: ReplicatedMacro.self, conformances: []),
-        "Local": MacroSpec(type: LocalMacro.self),
-    ]
+    /// The conformances the compiler asks the macro for: those the class does not declare.
+    static func macros(missing conformances: [TypeSyntax] = ["ReplicatedModel", "Observable", "Sendable"])
+        -> [String: MacroSpec]
+    {
+        [
+            "Replicated": MacroSpec(type: ReplicatedMacro.self, conformances: conformances),
+            "Local": MacroSpec(type: LocalMacro.self),
+        ]
+    }
+    static let macros = macros()
 
     func expand(
         _ source: String, _ expanded: String, diagnostics: [DiagnosticSpec] = [],
-        sourceLocation: SourceLocation = #_sourceLocation
+        missing conformances: [TypeSyntax] = ["ReplicatedModel", "Observable", "Sendable"],
+        sourceLocation: Testing.SourceLocation = #_sourceLocation
     ) {
         assertMacroExpansion(
-            source, expandedSource: expanded, diagnostics: diagnostics, macroSpecs: Self.macros,
+            source, expandedSource: expanded, diagnostics: diagnostics,
+            macroSpecs: Self.macros(missing: conformances),
             indentationWidth: .spaces(4),
             failureHandler: { failure in
                 Issue.record(Comment(rawValue: failure.message), sourceLocation: sourceLocation)
             })
     }
 
-    func diagnostics(of source: String, sourceLocation: SourceLocation = #_sourceLocation) -> [String] {
+    func diagnostics(of source: String, sourceLocation: Testing.SourceLocation = #_sourceLocation) -> [String] {
         var messages: [String] = []
         assertMacroExpansion(
             source, expandedSource: "", macroSpecs: Self.macros,
@@ -65,11 +74,11 @@ struct ReplicatedMacroTests {
                     }
                 }
 
-                private var _scratch: Int = 0
+                nonisolated(unsafe) private var _scratch: Int = 0
 
                 let _$registrar = StateSync.ModelRegistrar()
 
-                static let _$count = StateSync.ReplicatedProperty("count", \\Counter.count, get: {
+                static let _$count = StateSync.ReplicatedProperty("count", index: 0, \\Counter.count, get: {
                         $0._count
                     }, set: {
                         $0._count = $1
@@ -90,9 +99,7 @@ struct ReplicatedMacroTests {
             extension Counter: StateSync.ReplicatedModel {
             }
 
-            // Safe: every mutable stored property of a @Replicated class is a macro-generated backing
-            // store read and written only under its ModelRegistrar's lock.
-            extension Counter: @unchecked Sendable {
+            extension Counter: Sendable {
             }
             """)
     }
@@ -121,7 +128,7 @@ struct ReplicatedMacroTests {
                         }
                     }
 
-                    private var _count: Int = 0
+                    nonisolated(unsafe) private var _count: Int = 0
                 }
                 """, macroSpecs: specs, indentationWidth: .spaces(4),
             failureHandler: { Issue.record(Comment(rawValue: $0.message)) })
@@ -195,8 +202,6 @@ struct ReplicatedMacroTests {
             extension C: StateSync.ReplicatedModel {
             }
 
-            // Safe: every mutable stored property of a @Replicated class is a macro-generated backing
-            // store read and written only under its ModelRegistrar's lock.
             extension C: @unchecked Sendable {
             }
             """,
@@ -205,6 +210,187 @@ struct ReplicatedMacroTests {
                     message:
                         "property 'bad' of type '() -> Void' cannot be replicated: a function type is neither Codable nor Sendable; tracked properties must be Codable & Sendable (or mark it @Local)",
                     line: 3, column: 14)
+            ])
+    }
+
+    /// A generic class has no static stored properties: the schema is a computed property over a
+    /// cache, and accessors reach their property by index.
+    @Test func expandsAGenericClass() {
+        expand(
+            """
+            @Replicated
+            public final class Box<T: Codable & Sendable> {
+                public var value: T? = nil
+            }
+            """,
+            """
+            public final class Box<T: Codable & Sendable> {
+                @StateSync._ReplicatedTrackedGeneric(0)
+                public var value: T? = nil
+
+                public let _$registrar = StateSync.ModelRegistrar()
+
+                public static var _$schema: StateSync.ModelSchema<Box<T>> {
+                    StateSync.ModelSchema<Box<T>>.shared {
+                        [StateSync.ReplicatedProperty("value", index: 0, \\Box<T>.value, get: {
+                                    $0._value
+                                }, set: {
+                                    $0._value = $1
+                                })]
+                    }
+                }
+            }
+
+            extension Box: Observation.Observable {
+            }
+
+            extension Box: StateSync.ReplicatedModel {
+            }
+
+            extension Box: Sendable {
+            }
+            """)
+    }
+
+    @Test func trackedPropertyOfAGenericClassReachesItsPropertyByIndex() {
+        let specs: [String: MacroSpec] = [
+            "_ReplicatedTrackedGeneric": MacroSpec(type: ReplicatedTrackedGenericMacro.self)
+        ]
+        assertMacroExpansion(
+            """
+            final class C<T> {
+                @_ReplicatedTrackedGeneric(1)
+                var value: T? = nil
+            }
+            """,
+            expandedSource: """
+                final class C<T> {
+                    var value: T? {
+                        @storageRestrictions(initializes: _value)
+                        init(initialValue) {
+                            _value = initialValue
+                        }
+                        get {
+                            _$registrar.read(self, Self._$schema.property(at: 1))
+                        }
+                        set {
+                            _$registrar.write(self, Self._$schema.property(at: 1), newValue)
+                        }
+                    }
+
+                    nonisolated(unsafe) private var _value: T? = nil
+                }
+                """, macroSpecs: specs, indentationWidth: .spaces(4),
+            failureHandler: { Issue.record(Comment(rawValue: $0.message)) })
+    }
+
+    /// Conformances the class already declares (`Observable`, `Sendable`) are not added again.
+    @Test func handWrittenConformancesAreNotRepeated() {
+        expand(
+            """
+            @Replicated
+            final class C: Observable, Sendable {
+            }
+            """,
+            """
+            final class C: Observable, Sendable {
+
+                let _$registrar = StateSync.ModelRegistrar()
+
+                static let _$schema = StateSync.ModelSchema<C>([])
+            }
+
+            extension C: StateSync.ReplicatedModel {
+            }
+            """, missing: ["ReplicatedModel"])
+    }
+
+    /// A class that declares `Codable` gets the members the compiler cannot synthesise.
+    @Test func aCodableClassGetsItsCodingMembers() {
+        expand(
+            """
+            @Replicated
+            final class C: Codable {
+                var count = 0
+            }
+            """,
+            """
+            final class C: Codable {
+                @StateSync._ReplicatedTracked
+                var count = 0
+
+                let _$registrar = StateSync.ModelRegistrar()
+
+                static let _$count = StateSync.ReplicatedProperty("count", index: 0, \\C.count, get: {
+                        $0._count
+                    }, set: {
+                        $0._count = $1
+                    })
+
+                static let _$schema = StateSync.ModelSchema<C>([C._$count])
+
+                enum CodingKeys: String, CodingKey {
+                    case count
+                }
+
+                func encode(to encoder: any Encoder) throws {
+                    try _$registrar.consistentRead(self) { (model) throws in
+                        var container = encoder.container(keyedBy: CodingKeys.self)
+                        try container.encode(model._count, forKey: .count)
+                    }
+                }
+
+                convenience init(from decoder: any Decoder) throws {
+                    self.init()
+                    let container = try decoder.container(keyedBy: CodingKeys.self)
+                    if container.contains(.count) {
+                        _count = try container.decode(Swift.type(of: _count), forKey: .count)
+                    }
+                }
+            }
+
+            extension C: Observation.Observable {
+            }
+
+            extension C: StateSync.ReplicatedModel {
+            }
+
+            extension C: Sendable {
+            }
+            """)
+    }
+
+    @Test func observationIgnoredIsRefusedWithAFixItToLocal() {
+        expand(
+            """
+            @Replicated
+            final class C {
+                @ObservationIgnored var cache = 0
+            }
+            """,
+            """
+            final class C {
+                @ObservationIgnored var cache = 0
+
+                let _$registrar = StateSync.ModelRegistrar()
+
+                static let _$schema = StateSync.ModelSchema<C>([])
+            }
+
+            extension C: Observation.Observable {
+            }
+
+            extension C: StateSync.ReplicatedModel {
+            }
+
+            extension C: @unchecked Sendable {
+            }
+            """,
+            diagnostics: [
+                DiagnosticSpec(
+                    message:
+                        "@ObservationIgnored leaves 'cache' unguarded in a model shared between threads; mark it @Local instead (not tracked, not replicated, guarded by the model's lock)",
+                    line: 3, column: 5, fixIts: [FixItSpec(message: "use '@Local'")])
             ])
     }
 }

@@ -26,16 +26,28 @@ struct ModelBinding: Sendable {
 /// node's I/O thread applies the values and moves on. A write made inside a callback is queued
 /// and delivered after the current notification, by the same delivering thread.
 ///
+/// ## Observation
+/// Observation's notifications (what `withObservationTracking`'s `onChange` and SwiftUI react to)
+/// travel in the same queue as the observers' changes: they are sent **after** the change is
+/// applied (a read in `onChange` sees the new value, or a later one), by the one thread that
+/// delivers the model's queue, for local and remote writes alike. Because one thread at a time
+/// sends them, a tracking's `onChange` runs once, however many threads write: the first
+/// notification cancels the tracking before the next one is sent. A write that changes nothing
+/// (an equal value, or one that loses last-writer-wins) sends nothing.
+///
 /// Thread safety: every method may be called from any thread.
 public final class ModelRegistrar: Sendable {
-    struct Pending: Sendable {
-        let change: ErasedChange
-        let observers: [ObserverEntry]
+    /// One entry of the delivery queue.
+    enum Notice: Sendable {
+        /// A change for the observers registered when it was applied.
+        case change(ErasedChange, [ObserverEntry])
+        /// Observation's willSet/didSet for the tracked property at this schema index.
+        case observation(Int)
     }
 
     struct State: Sendable {
         var versions: [String: Version] = [:]
-        var pending: [Pending] = []
+        var pending: [Notice] = []
         var delivering = false
         var binding: ModelBinding?
     }
@@ -70,6 +82,13 @@ public final class ModelRegistrar: Sendable {
 
     public init() {}
 
+    deinit {
+        // The model is gone: observers still registered end (an `AsyncStream` of changes
+        // finishes), and their closures are released with this table, tokens or not.
+        let entries = observers.withLock { table in table.byProperty.values.flatMap { $0 } }
+        for entry in entries where !entry.cancelled.load(ordering: .acquiring) { entry.onEnd?() }
+    }
+
     private var inTransactionOnThisThread: Bool {
         transactionOwner.load(ordering: .relaxed) == currentThreadID()
     }
@@ -97,17 +116,16 @@ public final class ModelRegistrar: Sendable {
         state.withLock { _ in set(model) }
     }
 
-    /// Writes a tracked property: applies it, stamps a version, queues its notification and (when
-    /// attached to a node) its delta, then delivers notifications outside the lock.
+    /// Writes a tracked property: applies it, stamps a version, queues its notifications and
+    /// (when attached to a node) its delta, then delivers notifications outside the lock. An equal
+    /// value, or a write that loses last-writer-wins, changes nothing and notifies nothing.
     public func write<Model: ReplicatedModel, T>(
         _ model: Model, _ property: ReplicatedProperty<Model, T>, _ newValue: T
     ) {
         if inTransactionOnThisThread {
             let old = property.get(model)
-            if let index = Model._$schema.index(of: property.name),
-                !transactionLog.contains(where: { $0.index == index })
-            {
-                transactionLog.append(Touched(index: index, old: old))
+            if !transactionLog.contains(where: { $0.index == property.index }) {
+                transactionLog.append(Touched(index: property.index, old: old))
             }
             property.set(model, newValue)
             return
@@ -124,6 +142,7 @@ public final class ModelRegistrar: Sendable {
             }
             property.set(model, newValue)
             state.versions[property.name] = version
+            state.pending.append(.observation(property.index))
             enqueue(
                 &state,
                 ErasedChange(property: property.name, old: old, new: newValue, version: version, isRemote: false))
@@ -137,8 +156,20 @@ public final class ModelRegistrar: Sendable {
             }
             return claimDelivery(&state)
         }
-        property.notifyObservation(model, registrar: observationRegistrar)
-        if deliver { drain() }
+        if deliver { drain(model) }
+    }
+
+    /// Runs `body` with the model's lock held and every read inside it consistent with the others
+    /// (no writer in between); for encoding a whole model (`Codable`). `body` must not write.
+    public func consistentRead<Model: ReplicatedModel, R, E: Error>(
+        _ model: Model, _ body: (Model) throws(E) -> R
+    ) throws(E) -> R {
+        if inTransactionOnThisThread { return try body(model) }
+        return try state.withLock { (_) throws(E) -> R in
+            transactionOwner.store(currentThreadID(), ordering: .relaxed)
+            defer { transactionOwner.store(0, ordering: .relaxed) }
+            return try body(model)
+        }
     }
 
     // MARK: - Transactions
@@ -164,7 +195,6 @@ public final class ModelRegistrar: Sendable {
             }
         }
         var result: R?
-        var changedIndices: [Int] = []
         let deliver = try state.withLock { (state) throws(E) -> Bool in
             let me = currentThreadID()
             transactionOwner.store(me, ordering: .relaxed)
@@ -182,26 +212,27 @@ public final class ModelRegistrar: Sendable {
                 }
                 throw error
             }
-            let version = (state.binding?.clock ?? Self.standaloneClock).next()
-            var changes: [(Int, any Sendable, any Sendable)] = []
-            for touched in transactionLog {
-                let property = schema.properties[touched.index]
+            var touched: [(Int, any Sendable, any Sendable)] = []
+            for entry in transactionLog {
+                let property = schema.properties[entry.index]
                 let new = property.currentValue(model)
-                if property.sameErased(touched.old, new) { continue }
+                if !property.sameErased(entry.old, new) { touched.append((entry.index, entry.old, new)) }
+            }
+            if touched.isEmpty { return false }  // no version for a transaction that changed nothing
+            let version = (state.binding?.clock ?? Self.standaloneClock).next()
+            var writes: [PropertyWrite] = []
+            var changed = false
+            for (index, old, new) in touched {
+                let property = schema.properties[index]
                 if let held = state.versions[property.name], held >= version {
                     // Superseded by a version from a clock ahead of ours: the held value stands.
-                    property.restore(model, touched.old)
+                    property.restore(model, old)
                     supersededWrites.add(1, ordering: .relaxed)
                     continue
                 }
-                changes.append((touched.index, touched.old, new))
-            }
-            if changes.isEmpty { return false }
-            var writes: [PropertyWrite] = []
-            for (index, old, new) in changes {
-                let property = schema.properties[index]
+                changed = true
                 state.versions[property.name] = version
-                changedIndices.append(index)
+                state.pending.append(.observation(index))
                 enqueue(
                     &state, ErasedChange(property: property.name, old: old, new: new, version: version, isRemote: false)
                 )
@@ -213,15 +244,13 @@ public final class ModelRegistrar: Sendable {
                     }
                 }
             }
+            if !changed { return false }
             if let binding = state.binding, !writes.isEmpty {
                 binding.emit(binding.address, version, writes)
             }
             return claimDelivery(&state)
         }
-        for index in changedIndices {
-            schema.properties[index].notifyObservation(model, registrar: observationRegistrar)
-        }
-        if deliver { drain() }
+        if deliver { drain(model) }
         return result!
     }
 
@@ -256,17 +285,18 @@ public final class ModelRegistrar: Sendable {
     /// still get one change per write, in order, with exact old and new values.
     ///
     /// With `executor`, the values are applied now and the notifications (observers and
-    /// Observation) run on the executor; without, on the calling thread before this returns.
+    /// Observation) run on the executor; without, on the calling thread before this returns —
+    /// unless another thread is delivering this model's notifications, which then delivers these
+    /// too, in order.
     func applyRemote<Model: ReplicatedModel>(
         _ model: Model, _ sets: [RemoteWriteSet], notifyingOn executor: ObserverExecutor? = nil
     ) -> RemoteApplyResult {
         let schema = Model._$schema
         var result = RemoteApplyResult()
-        var changed: [Bool] = []
         var queued = 0
         let deliver = state.withLock { state -> Bool in
             var observerLists: [[ObserverEntry]?] = Array(repeating: nil, count: schema.properties.count)
-            changed = Array(repeating: false, count: schema.properties.count)
+            var changed = Array(repeating: false, count: schema.properties.count)
             for set in sets {
                 for write in set.writes {
                     guard let index = schema.index(of: write.name) else {
@@ -292,28 +322,25 @@ public final class ModelRegistrar: Sendable {
                         guard let list = observerLists[index], !list.isEmpty else { continue }
                         let change = ErasedChange(
                             property: write.name, old: old, new: new, version: set.version, isRemote: set.isRemote)
-                        state.pending.append(Pending(change: change, observers: list))
+                        state.pending.append(.change(change, list))
                         queued += 1
                     } catch {
                         result.rejected.append((write.name, "\(error)"))
                     }
                 }
             }
+            for index in changed.indices where changed[index] {
+                state.pending.append(.observation(index))
+                queued += 1
+            }
             return claimDelivery(&state)
         }
-        let changedIndices = changed.indices.filter { changed[$0] }
-        let notify: @Sendable () -> Void = { [self] in
-            for index in changedIndices {
-                schema.properties[index].notifyObservation(model, registrar: observationRegistrar)
-            }
-            if deliver { drain() }
-        }
-        if changedIndices.isEmpty && !deliver {
-            return result
-        } else if let executor {
-            executor.run(weight: queued, notify)
-        } else {
-            notify()
+        if let executor, queued > 0 {
+            // Also when another thread is delivering (it sends these too): the job carries their
+            // weight through the executor's queue, so a stuck observer shows as a backlog.
+            executor.run(weight: queued) { [self] in if deliver { drain(model) } }
+        } else if deliver {
+            drain(model)
         }
         return result
     }
@@ -349,17 +376,24 @@ public final class ModelRegistrar: Sendable {
 
     // MARK: - Observers
 
-    /// Registers `callback` for changes of the property called `name`.
+    /// Registers `callback` for changes of the property called `name`. `onEnd` runs when the
+    /// model is deallocated while the observer is still registered.
+    ///
+    /// The token refers to the observer weakly: the callback (and what it captures) is released
+    /// when the observer is cancelled or the model goes away, whether the token is kept or not.
     @usableFromInline
-    func addObserver(property name: String, _ callback: @escaping @Sendable (ErasedChange) -> Void) -> ObservationToken
-    {
+    func addObserver(
+        property name: String, onEnd: (@Sendable () -> Void)? = nil,
+        _ callback: @escaping @Sendable (ErasedChange) -> Void
+    ) -> ObservationToken {
         let entry = observers.withLock { table in
-            let entry = ObserverEntry(id: table.nextID, callback: callback)
+            let entry = ObserverEntry(id: table.nextID, callback: callback, onEnd: onEnd)
             table.nextID += 1
             table.byProperty[name, default: []].append(entry)
             return entry
         }
-        return ObservationToken { [weak self] in
+        return ObservationToken { [weak self, weak entry] in
+            guard let entry else { return }
             entry.cancelled.store(true, ordering: .releasing)
             self?.observers.withLock { table in
                 table.byProperty[name]?.removeAll { $0 === entry }
@@ -372,7 +406,7 @@ public final class ModelRegistrar: Sendable {
     private func enqueue(_ state: inout State, _ change: ErasedChange) {
         let list = observers(of: change.property)
         if list.isEmpty { return }
-        state.pending.append(Pending(change: change, observers: list))
+        state.pending.append(.change(change, list))
     }
 
     /// The observers registered for the property called `name`, now.
@@ -387,13 +421,14 @@ public final class ModelRegistrar: Sendable {
         return true
     }
 
-    /// Delivers queued notifications in order until the queue is empty.
-    private func drain() {
+    /// Delivers queued notifications in order until the queue is empty. Only the thread that
+    /// claimed the delivery calls this: one thread at a time sends a model's notifications.
+    private func drain<Model: ReplicatedModel>(_ model: Model) {
         // Two buffers taking turns: the writers' queue and the batch being delivered, so a long
         // delivery (changes keep arriving) allocates no new queue per batch.
-        var spare: [Pending] = []
+        var spare: [Notice] = []
         while true {
-            var batch = state.withLock { state -> [Pending] in
+            var batch = state.withLock { state -> [Notice] in
                 if state.pending.isEmpty {
                     state.delivering = false
                     return []
@@ -403,9 +438,14 @@ public final class ModelRegistrar: Sendable {
             }
             spare = []
             if batch.isEmpty { return }
-            for pending in batch {
-                for observer in pending.observers where !observer.cancelled.load(ordering: .acquiring) {
-                    observer.callback(pending.change)
+            for notice in batch {
+                switch notice {
+                case .change(let change, let observers):
+                    for observer in observers where !observer.cancelled.load(ordering: .acquiring) {
+                        observer.callback(change)
+                    }
+                case .observation(let index):
+                    Model._$schema.properties[index].notifyObservation(model, registrar: observationRegistrar)
                 }
             }
             batch.removeAll(keepingCapacity: true)

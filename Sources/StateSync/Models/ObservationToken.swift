@@ -5,6 +5,10 @@ import Synchronization
 /// The observer stays registered until ``cancel()`` is called or the model is deallocated;
 /// dropping the token does not cancel it. After `cancel()` returns, the observer receives no
 /// further changes, except one whose delivery was already running on another thread.
+///
+/// The token does not keep the observer alive: once the model is deallocated (or the observer
+/// cancelled), the callback and everything it captures are released, even while the token is
+/// still held.
 public final class ObservationToken: Sendable, Hashable {
     private let cancelled = Atomic<Bool>(false)
     private let onCancel: @Sendable () -> Void
@@ -31,10 +35,13 @@ public final class ObservationToken: Sendable, Hashable {
 final class ObserverEntry: Sendable {
     let id: UInt64
     let callback: @Sendable (ErasedChange) -> Void
+    /// Called when the model is deallocated while this observer is registered.
+    let onEnd: (@Sendable () -> Void)?
     let cancelled = Atomic<Bool>(false)
 
-    init(id: UInt64, callback: @escaping @Sendable (ErasedChange) -> Void) {
+    init(id: UInt64, callback: @escaping @Sendable (ErasedChange) -> Void, onEnd: (@Sendable () -> Void)? = nil) {
         self.id = id
         self.callback = callback
+        self.onEnd = onEnd
     }
 }
