@@ -11,6 +11,7 @@ extension NodeConfiguration {
         case publish = "network.publish"
         case peers = "network.peers"
         case api = "network.api"
+        case repair = "network.repair"
         case heartbeat = "network.heartbeat_ms"
         case maximumDrift = "clock.max_drift_ms"
         case logLevel = "log.level"
@@ -113,6 +114,15 @@ extension NodeConfiguration {
         if let api, api == publish {
             throw reader.invalid(.api, "is the same endpoint as network.publish")
         }
+        let repair = try reader.string(.repair)
+        if let repair {
+            try reader.checkEndpoint(.repair, repair)
+            if api != nil {
+                throw reader.invalid(
+                    .repair, "is for nodes without network.api; with an API, peers repair through it (remove one)")
+            }
+            if repair == publish { throw reader.invalid(.repair, "is the same endpoint as network.publish") }
+        }
         let heartbeat = try reader.int(.heartbeat) ?? 500
         guard (10...60_000).contains(heartbeat) else {
             throw reader.invalid(.heartbeat, "\(heartbeat) is outside 10…60000 milliseconds")
@@ -151,6 +161,7 @@ extension NodeConfiguration {
             apiEndpoint: api, heartbeatIntervalMilliseconds: heartbeat, maximumClockDriftMilliseconds: drift,
             logLevel: level, fsync: fsync, fsyncIntervalMilliseconds: fsyncInterval, compactBytes: compactBytes,
             historyDeltas: historyDeltas, highWaterMark: hwm)
+        configuration.repairEndpoint = repair
         configuration.clientHighWaterMark = clientHWM
         configuration.batchMaximumDeltas = batch
         return configuration

@@ -10,8 +10,11 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// The publish endpoints of the other nodes, which this node's SUB sockets connect to.
     public var peers: [String]
     /// The endpoint of the client API (ROUTER), e.g. `tcp://127.0.0.1:7101`; `nil` for an
-    /// embedded node that serves no clients.
+    /// embedded node that serves no clients. Peers also fetch repairs here.
     public var apiEndpoint: String?
+    /// Without ``apiEndpoint``: where the node serves only its peers' repair requests (FETCH and
+    /// SNAPSHOT). `nil` picks one from ``publishEndpoint`` (see ``repairServiceEndpoint``).
+    public var repairEndpoint: String?
     /// How often the node publishes a heartbeat.
     public var heartbeatIntervalMilliseconds: Int
     /// A peer whose clock is further ahead than this is not followed (and is logged and counted).
@@ -38,6 +41,20 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// The high-water mark of the PUB socket and of each SUB socket, in messages: how much may be
     /// queued for or from one peer before libzmq drops (dropped deltas are then repaired).
     public var highWaterMark: Int
+
+    /// The endpoint where peers send this node repair requests: the client API when there is
+    /// one; otherwise ``repairEndpoint``, or, when that is not set either, one derived from the
+    /// publish endpoint — the same host on a free port (`tcp://HOST:*`), or the publish path with
+    /// `.repair` appended (`ipc://`, `inproc://`). Every node serves repairs: without them a peer
+    /// that missed deltas could never get them back.
+    public var repairServiceEndpoint: String {
+        if let apiEndpoint { return apiEndpoint }
+        if let repairEndpoint { return repairEndpoint }
+        if publishEndpoint.hasPrefix("tcp://"), let colon = publishEndpoint.lastIndex(of: ":") {
+            return publishEndpoint[..<colon] + ":*"
+        }
+        return publishEndpoint + ".repair"
+    }
 
     /// When a node's local writes become durable.
     public enum FsyncPolicy: String, Sendable, Equatable, CaseIterable {

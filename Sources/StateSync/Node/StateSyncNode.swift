@@ -110,7 +110,7 @@ public final class StateSyncNode: Sendable {
             "node started",
             metadata: [
                 "publish": "\(node.loop.boundPublishEndpoint)", "api": "\(node.loop.boundAPIEndpoint ?? "-")",
-                "peers": "\(configuration.peers.joined(separator: ","))",
+                "repair": "\(node.loop.boundRepairEndpoint)", "peers": "\(configuration.peers.joined(separator: ","))",
             ])
         return node
     }
@@ -143,6 +143,9 @@ public final class StateSyncNode: Sendable {
     public var publishEndpoint: String { loop.boundPublishEndpoint }
     /// The endpoint the client API is bound to (a `*` port resolved), if any.
     public var apiEndpoint: String? { loop.boundAPIEndpoint }
+    /// Where peers send this node repair requests (a `*` port resolved): the client API, or
+    /// without one the repair endpoint (``NodeConfiguration/repairServiceEndpoint``).
+    public var repairEndpoint: String { loop.boundRepairEndpoint }
 
     // MARK: - Models
 

@@ -31,6 +31,16 @@ extension NodeEventLoop {
             return
         }
         let body = frames[2]
+        guard configuration.apiEndpoint != nil || [.fetch, .snapshot, .ping].contains(command) else {
+            node.countClientRequest(error: true)
+            reply(
+                client, .error, id,
+                ClientProtocol.encodeError(
+                    .denied,
+                    "this is node \(configuration.nodeID)'s repair endpoint, which serves only its peers; it has no client API (network.api)"
+                ), api, node: node)
+            return
+        }
         do {
             switch command {
             case .set:

@@ -14,7 +14,8 @@ final class NodeEventLoop: Sendable {
     let logger: Logger
     private let wakeUp: WakeUp
     private let stopRequested = Atomic<Bool>(false)
-    private let bound = Mutex<(publish: String, api: String?)>(("", nil))
+    /// The bound publish endpoint, and the bound ROUTER: the client API, or the repair endpoint.
+    private let bound = Mutex<(publish: String, router: String)>(("", ""))
     private let watchers = Atomic<Int>(0)
     private let lagging = Atomic<Int>(0)
     private let publishedSequence = Atomic<UInt64>(0)
@@ -39,7 +40,10 @@ final class NodeEventLoop: Sendable {
     }
 
     var boundPublishEndpoint: String { bound.withLock { $0.publish } }
-    var boundAPIEndpoint: String? { bound.withLock { $0.api } }
+    /// The client API's bound endpoint; `nil` when the node serves no clients.
+    var boundAPIEndpoint: String? { configuration.apiEndpoint == nil ? nil : bound.withLock { $0.router } }
+    /// Where peers send repair requests (advertised in heartbeats): the API or the repair endpoint.
+    var boundRepairEndpoint: String { bound.withLock { $0.router } }
     var watcherCount: Int { watchers.load(ordering: .relaxed) }
     var laggingWatchCount: Int { lagging.load(ordering: .relaxed) }
     var latestPublished: UInt64 { publishedSequence.load(ordering: .relaxed) }
@@ -98,8 +102,8 @@ final class NodeEventLoop: Sendable {
             sockets = Sockets(
                 context: made.context, publisher: made.publisher, subscribers: made.subscribers, api: made.api)
             let publish = (try? made.publisher.lastEndpoint()) ?? configuration.publishEndpoint
-            let api = made.api.map { (try? $0.lastEndpoint()) ?? configuration.apiEndpoint ?? "" }
-            bound.withLock { $0 = (publish, api) }
+            let router = (try? made.api.lastEndpoint()) ?? configuration.repairServiceEndpoint
+            bound.withLock { $0 = (publish, router) }
         } catch {
             finish()
             ready.resume(throwing: error)
@@ -192,7 +196,7 @@ final class NodeEventLoop: Sendable {
 
             let now = monotonicMilliseconds()
             if now &- lastHeartbeat >= interval {
-                publish(node.heartbeat(published: published, api: boundAPIEndpoint), on: sockets.publisher)
+                publish(node.heartbeat(published: published, api: boundRepairEndpoint), on: sockets.publisher)
                 lastHeartbeat = now
             }
             if now &- lastRepair >= Self.repairTick {
@@ -261,7 +265,7 @@ final class NodeEventLoop: Sendable {
             if let api = sockets.api {
                 if ready[index].contains(.readable) {
                     for _ in 0..<Self.batchLimit {
-                        guard let frames = receive(from: api, what: "client API") else { break }
+                        guard let frames = receive(from: api, what: "client API or repair endpoint") else { break }
                         handleClientMessage(frames, state: &state, api: api, node: node)
                     }
                     pumpWatches(state: &state, api: sockets.api, node: node, published: published)

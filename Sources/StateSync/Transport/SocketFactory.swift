@@ -7,7 +7,7 @@ enum SocketFactory {
     static let maximumMessageSize: Int64 = 64 << 20
 
     static func makeNodeSockets(configuration: NodeConfiguration) throws(StateSyncError) -> (
-        context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], api: Socket?
+        context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], api: Socket
     ) {
         do {
             let context = try Context()
@@ -28,18 +28,19 @@ enum SocketFactory {
                 subscribers.append((peer, subscriber))
             }
 
-            var api: Socket?
-            if let endpoint = configuration.apiEndpoint {
-                let router = try context.socket(.router)
-                try router.setRouterMandatory(true)
-                // Clients keep one routing id across reconnects, so their watches can be checked.
-                try router.setRouterHandover(true)
-                try router.setMaximumMessageSize(maximumMessageSize)
-                try router.setSendHighWaterMark(Int32(clamping: configuration.clientHighWaterMark))
-                try bind(router, endpoint, key: "network.api")
-                api = router
-            }
-            return (context, publisher, subscribers, api)
+            // The client API, or without one the repair endpoint: every node serves its peers'
+            // FETCH and SNAPSHOT, or a peer that missed deltas could never get them back.
+            let router = try context.socket(.router)
+            try router.setRouterMandatory(true)
+            // Clients keep one routing id across reconnects, so their watches can be checked.
+            try router.setRouterHandover(true)
+            try router.setMaximumMessageSize(maximumMessageSize)
+            try router.setSendHighWaterMark(Int32(clamping: configuration.clientHighWaterMark))
+            try bind(
+                router, configuration.repairServiceEndpoint,
+                key: configuration.apiEndpoint != nil
+                    ? "network.api" : configuration.repairEndpoint != nil ? "network.repair" : "the repair endpoint")
+            return (context, publisher, subscribers, router)
         } catch let error as StateSyncError {
             throw error
         } catch {

@@ -33,6 +33,9 @@ public enum ClientProtocol {
         case `internal` = 5
         /// A watch with the "end on lag" policy fell behind the node's history: it ended.
         case lagged = 6
+        /// The endpoint does not serve this request: a node without `network.api` answers only
+        /// its peers' repair requests (FETCH, SNAPSHOT, PING) on its repair endpoint.
+        case denied = 7
     }
 
     /// A request header.

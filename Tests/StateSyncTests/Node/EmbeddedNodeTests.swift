@@ -170,6 +170,75 @@ struct EmbeddedNodeTests {
         await node2.stop()
     }
 
+    /// A generic model and a model declared `Sendable` (and `Observable`, `Codable`) replicate
+    /// like any other.
+    @Test func genericAndHandDeclaredModelsReplicate() async throws {
+        let configs = meshConfigurations(2, label: "declarations")
+        let node1 = try await StateSyncNode.start(configuration: configs[0])
+        let node2 = try await StateSyncNode.start(configuration: configs[1])
+        do {
+            try await waitUntilMeshed([node1, node2])
+            let local = try await node1.model(Box<String>.self, channel: "boxes", id: "b")
+            let remote = try await node2.model(Box<String>.self, channel: "boxes", id: "b")
+            let seen = Shared<[Change<String?>]>([])
+            remote.observe(\.value) { change in seen.withLock { $0.append(change) } }
+            local.value = "hello"
+            try await waitUntil("node2's generic model gets the change") { seen.value.count == 1 }
+            #expect(seen.value[0].old == nil && seen.value[0].new == "hello" && seen.value[0].origin == "node1")
+            // Another specialisation at another address is its own type.
+            let numbers = try await node2.model(Box<Int>.self, channel: "boxes", id: "n")
+            numbers.value = 42
+            let mirrored = try await node1.model(Box<Int>.self, channel: "boxes", id: "n")
+            try await waitUntil("node1 gets the Box<Int> write") { mirrored.value == 42 }
+
+            let declared = try await node1.model(DeclaredConformances.self, channel: "declared", id: "d")
+            let declaredRemote = try await node2.model(DeclaredConformances.self, channel: "declared", id: "d")
+            declared.transaction {
+                $0.count = 3
+                $0.tags = ["x"]
+            }
+            try await waitUntil("node2 gets the Sendable model's transaction") {
+                declaredRemote.count == 3 && declaredRemote.tags == ["x"]
+            }
+        } catch { Issue.record(error) }
+        await node1.stop()
+        await node2.stop()
+    }
+
+    /// Nodes without `network.api` still repair: each serves its peers' FETCH and SNAPSHOT on a
+    /// repair endpoint of its own (a free port on its publish host), and refuses client requests
+    /// there.
+    @Test func nodesWithoutAnAPIRepairMissedDeltas() async throws {
+        let configs = meshConfigurations(2, label: "no-api")
+        #expect(configs.allSatisfy { $0.apiEndpoint == nil })
+        let node1 = try await StateSyncNode.start(configuration: configs[0])
+        var node2: StateSyncNode?
+        do {
+            let writer = try await node1.model(Counter.self, channel: "c", id: "m")
+            for value in 1...300 { writer.count = value }  // node2 is not running: it misses them all
+            try await waitUntil("node1 logged its writes") { node1.status.latestSequence == 300 }
+            let late = try await StateSyncNode.start(configuration: configs[1])
+            node2 = late
+            try await waitUntil("node2 repairs the 300 deltas it missed") {
+                late.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == 300
+                    && late.status.missingDeltas == 0
+            }
+            #expect(late.status.counters["repair_requests"] ?? 0 > 0)
+            #expect(late.status.stateDigest == node1.status.stateDigest)
+            #expect(node1.apiEndpoint == nil, "no client API was opened")
+
+            // The repair endpoint serves peers only: a client request gets ERROR 7 (denied).
+            let client = try StateSyncClient(endpoint: node1.repairEndpoint, requestTimeout: .seconds(5))
+            defer { client.close() }
+            let error = await #expect(throws: StateSyncError.self) {
+                _ = try await client.get(ModelAddress(channel: "c", model: "m"))
+            }
+            #expect("\(error.map { "\($0)" } ?? "")".contains("repair endpoint"))
+        } catch { Issue.record(error) }
+        await node1.stop()
+        await node2?.stop()
+    }
+
     @Test func sameAddressGivesTheSameInstanceAndANewInstanceAdoptsState() async throws {
         let configs = meshConfigurations(2, label: "adopt")
         let node1 = try await StateSyncNode.start(configuration: configs[0])
