@@ -94,6 +94,12 @@ struct NodeConfigurationTests {
         (valid + "\nlog:\n  level: loud", "log.level: 'loud' is not one of"),
         (valid + "\n  batch_max_deltas: 0", "network.batch_max_deltas: 0 is outside 1…65536"),
         ("node: [unclosed", "not a valid YAML mapping"),
+        (valid + "\n  repair: tcp://127.0.0.1:7201", "network.repair: is for nodes without network.api"),
+        (
+            valid.replacingOccurrences(of: "  api: tcp://127.0.0.1:7101\n", with: "")
+                + "\n  repair: tcp://127.0.0.1:7001",
+            "network.repair: is the same endpoint as network.publish"
+        ),
     ])
     func invalidConfigNamesFileKeyAndReason(yaml: String, expected: String) throws {
         let path = try Self.write(yaml)
@@ -104,6 +110,23 @@ struct NodeConfigurationTests {
         #expect(error.message.hasPrefix(path + ": "), "\(error.message)")
         #expect(error.message.contains(expected), "\(error.message)")
         #expect(!error.message.contains("\n"))
+    }
+
+    /// Without an API a node still serves its peers' repairs: on `network.repair`, else on a
+    /// free port of its publish host (or the publish path + `.repair`).
+    @Test func theRepairEndpointIsTheAPIOrDerivedFromThePublishEndpoint() throws {
+        var config = try NodeConfiguration.load(file: try Self.write(Self.valid), environment: [:])
+        #expect(config.repairServiceEndpoint == "tcp://127.0.0.1:7101")
+        config.apiEndpoint = nil
+        #expect(config.repairServiceEndpoint == "tcp://127.0.0.1:*")
+        config.publishEndpoint = "ipc:///tmp/n1.pub"
+        #expect(config.repairServiceEndpoint == "ipc:///tmp/n1.pub.repair")
+        config.repairEndpoint = "tcp://10.0.0.1:7201"
+        #expect(config.repairServiceEndpoint == "tcp://10.0.0.1:7201")
+        let loaded = try NodeConfiguration.load(
+            file: try Self.write(Self.valid.replacingOccurrences(of: "  api: tcp://127.0.0.1:7101\n", with: "")),
+            environment: ["STATESYNC_NETWORK_REPAIR": "tcp://127.0.0.1:7201"])
+        #expect(loaded.repairEndpoint == "tcp://127.0.0.1:7201" && loaded.apiEndpoint == nil)
     }
 
     @Test func badEnvironmentOverrideNamesTheVariable() throws {
