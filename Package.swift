@@ -13,6 +13,7 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .library(name: "StateSync", targets: ["StateSync"]),
+        .library(name: "StateSyncZeroMQ", targets: ["StateSyncZeroMQ"]),
         .library(name: "StateSyncClient", targets: ["StateSyncClient"]),
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
         .executable(name: "statesyncd", targets: ["statesyncd"]),
@@ -47,16 +48,22 @@ let package = Package(
             ],
             swiftSettings: strictSettings
         ),
-        // The library: models, versions, deltas, replica store, wire codec, node, ZeroMQ transport.
+        // The core: models, values, versions, deltas, replica store, wire codec, the node machine
+        // and its host. No sockets, no threads of its own: a driver feeds it.
         .target(
             name: "StateSync",
             dependencies: [
-                "ZeroMQ",
                 "StateSyncMacros",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
+            swiftSettings: strictSettings
+        ),
+        // The production driver: the node's ZeroMQ sockets on an I/O thread, its observer queue.
+        .target(
+            name: "StateSyncZeroMQ",
+            dependencies: ["StateSync", "ZeroMQ", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strictSettings
         ),
         // The client library that apps and the CLI use to talk to a daemon.
@@ -68,19 +75,23 @@ let package = Package(
         // The multi-node convergence harness (`statesync harness`): real daemons, real faults.
         .target(
             name: "StateSyncHarness",
-            dependencies: ["StateSync", "StateSyncClient"],
+            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient"],
             swiftSettings: strictSettings
         ),
         // `statesync bench`: the whole path measured against raw libzmq in the same run.
         .target(
             name: "StateSyncBench",
-            dependencies: ["StateSync", "StateSyncClient", "ZeroMQ", .product(name: "Logging", package: "swift-log")],
+            dependencies: [
+                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ",
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: strictSettings
         ),
         .executableTarget(
             name: "statesyncd",
             dependencies: [
                 "StateSync",
+                "StateSyncZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -105,7 +116,7 @@ let package = Package(
         ),
         .testTarget(
             name: "StateSyncTests",
-            dependencies: ["StateSync", "ZeroMQ", "StateSyncHarness"],
+            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness"],
             swiftSettings: strictSettings
         ),
         .testTarget(
@@ -121,7 +132,7 @@ let package = Package(
         // Real processes: the built statesyncd and statesync binaries on loopback.
         .testTarget(
             name: "IntegrationTests",
-            dependencies: ["StateSync", "StateSyncClient", "statesyncd", "statesync"],
+            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient", "statesyncd", "statesync"],
             swiftSettings: strictSettings
         ),
     ]

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 public import StateSync
 import StateSyncClient
+import StateSyncZeroMQ
 
 #if canImport(Glibc)
     import Glibc

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import StateSync
+import StateSyncZeroMQ
 import Synchronization
 
 /// One side of a two-process node benchmark (`statesync bench-node`, started by `statesync

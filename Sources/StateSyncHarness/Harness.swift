@@ -1,6 +1,7 @@
 import Foundation
 import StateSync
 import StateSyncClient
+import StateSyncZeroMQ
 import Synchronization
 
 #if canImport(Glibc)

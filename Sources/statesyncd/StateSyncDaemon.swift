@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import ServiceLifecycle
 import StateSync
+import StateSyncZeroMQ
 
 /// `statesyncd`: one StateSync node in the foreground. SIGINT/SIGTERM stop it cleanly.
 @main
@@ -46,7 +47,8 @@ struct StateSyncDaemon: AsyncParsableCommand {
         let logger = Logger(label: "statesyncd")
         let node: StateSyncNode
         do {
-            node = try await StateSyncNode.start(configuration: configuration, logger: logger)
+            node = try await StateSyncNode.start(
+                configuration: configuration, logger: logger, testHooks: Self.testHooks(logger: logger))
         } catch {
             FileHandle.standardError.write(
                 Data("statesyncd: cannot start node \(configuration.nodeID): \(error)\n".utf8))
@@ -58,5 +60,19 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
         try await group.run()
+    }
+
+    /// The test harness's fault injection (docs/PROTOCOL.md, Appendix C): read here, by the
+    /// daemon, never by the library. Unset, empty, not a number or 0: no effect.
+    static func testHooks(logger: Logger) -> StateSyncNode.TestHooks {
+        let environment = ProcessInfo.processInfo.environment
+        let share = environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"].flatMap(Double.init) ?? 0
+        let offset = environment["STATESYNC_TEST_CLOCK_OFFSET_MS"].flatMap(Int64.init) ?? 0
+        if offset != 0 {
+            logger.warning(
+                "TEST FAULT INJECTION: this node's wall clock is skewed", metadata: ["offset_ms": "\(offset)"])
+        }
+        return StateSyncNode.TestHooks(
+            faults: NodeFaults(dropRemoteDeltasShare: share), clockOffsetMilliseconds: offset)
     }
 }

@@ -1,5 +1,6 @@
 import Foundation
 import StateSync
+import StateSyncZeroMQ
 import Testing
 
 #if canImport(Glibc)

@@ -257,7 +257,7 @@ public final class ModelRegistrar: Sendable {
     // MARK: - Remote changes
 
     /// Outcome of applying remote writes to a model.
-    struct RemoteApplyResult: Sendable {
+    package struct RemoteApplyResult: Sendable {
         var applied = 0
         var stale = 0
         var unknownProperties: [String] = []
@@ -265,11 +265,21 @@ public final class ModelRegistrar: Sendable {
     }
 
     /// One write set from a replica: a delta's properties with its version.
-    struct RemoteWriteSet: Sendable {
+    package struct RemoteWriteSet: Sendable {
         let writes: [PropertyWrite]
         let version: Version
         /// `false` for this node's own writes coming back (e.g. fetched after losing its log).
         var isRemote = true
+        /// The ``instanceID`` of the model that made the write (0: none): that model holds it
+        /// already and skips it.
+        var emitter: UInt64 = 0
+
+        init(writes: [PropertyWrite], version: Version, isRemote: Bool = true, emitter: UInt64 = 0) {
+            self.writes = writes
+            self.version = version
+            self.isRemote = isRemote
+            self.emitter = emitter
+        }
     }
 
     /// Applies writes from a replica: each property whose version wins is decoded and stored, and
@@ -289,7 +299,7 @@ public final class ModelRegistrar: Sendable {
     /// unless another thread is delivering this model's notifications, which then delivers these
     /// too, in order.
     func applyRemote<Model: ReplicatedModel>(
-        _ model: Model, _ sets: [RemoteWriteSet], notifyingOn executor: ObserverExecutor? = nil
+        _ model: Model, _ sets: [RemoteWriteSet], notifyingOn executor: (any ObserverExecutor)? = nil
     ) -> RemoteApplyResult {
         let schema = Model._$schema
         var result = RemoteApplyResult()
@@ -297,7 +307,7 @@ public final class ModelRegistrar: Sendable {
         let deliver = state.withLock { state -> Bool in
             var observerLists: [[ObserverEntry]?] = Array(repeating: nil, count: schema.properties.count)
             var changed = Array(repeating: false, count: schema.properties.count)
-            for set in sets {
+            for set in sets where set.emitter == 0 || set.emitter != instanceID {
                 for write in set.writes {
                     guard let index = schema.index(of: write.name) else {
                         result.unknownProperties.append(write.name)

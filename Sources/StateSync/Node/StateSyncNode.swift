@@ -1,41 +1,60 @@
-import Foundation
-public import Logging
+package import Logging
 public import ServiceLifecycle
 import Synchronization
 
-/// A StateSync node: hosts replicated models, publishes every local write as a delta over
-/// ZeroMQ PUB/SUB, applies its peers' deltas, and (with `network.api` set) serves clients.
+/// A StateSync node: hosts replicated models, publishes every local write as a delta, applies
+/// its peers' deltas, and (with `network.api` set) serves clients.
 ///
-/// The daemon `statesyncd` is a node; an app can embed one the same way:
+/// The daemon `statesyncd` is a node; an app embeds one the same way, over ZeroMQ with
+/// `StateSyncZeroMQ`:
 /// ```swift
+/// import StateSync
+/// import StateSyncZeroMQ
+///
 /// let node = try await StateSyncNode.start(configFile: "Config/node1.yaml")
 /// let counter = try await node.model(Counter.self, channel: "counters", id: "room-1")
 /// counter.count += 1          // replicated to every peer
 /// await node.stop()
 /// ```
 ///
-/// Thread safety: all methods may be called from any thread or task. The node owns one I/O
-/// thread, which applies remote changes; their observers run on the node's observer queue, in
-/// apply order, so a slow observer never holds up replication (see ``ObserverExecutor``).
+/// The node is a host around a ``NodeMachine`` — every protocol decision — and it does what the
+/// machine asks with what it was given: a driver's transport (ZeroMQ sockets on an I/O thread,
+/// or the simulator's network), a ``NodeStorage`` (the data directory, or a simulated disk) and
+/// an ``ObserverExecutor`` (a serial queue, or inline). It applies remote changes to the live
+/// models it hosts and collects their local writes.
+///
+/// Locks, in the one order they may nest: a model's lock (its ``ModelRegistrar``) → the outbox
+/// (a model hands its write over while holding its own lock); the node's state lock is never
+/// held while calling into a model or the outbox, nor the other way round, except that
+/// ``model(_:channel:id:)`` attaches a new model under the state lock (the model is not shared
+/// yet, so no one else can hold its lock).
+///
+/// Thread safety: all methods may be called from any thread or task. Remote changes are applied
+/// by the driver's thread; their observers run on the observer executor, in apply order, so a
+/// slow observer never holds up replication.
 public final class StateSyncNode: Sendable {
     /// The configuration the node runs with.
     public let configuration: NodeConfiguration
     /// A random number chosen at every start, so peers and clients can tell restarts apart.
     public let incarnation: UInt64
     let clock: HybridLogicalClock
-    let core: Mutex<NodeCore>
-    let outbox = Mutex(Outbox())
     let logger: Logger
-    let limiter = LogLimiter()
-    let dataDirectory: DataDirectory
-    /// The write-ahead log; used only by the I/O thread once the node has started.
-    let log: DeltaLog
-    /// Test-only fault injection, from `STATESYNC_TEST_DROP_REMOTE_DELTAS` (0 = off).
-    let plantedDropShare: Double
-    private let loop: NodeEventLoop
-    /// Runs the observers of changes the I/O thread applies (see ``ObserverExecutor``).
-    let observerExecutor: ObserverExecutor
+    let storage: any NodeStorage
+    package let observers: any ObserverExecutor
+    /// Milliseconds of a monotonic clock: the driver's time.
+    let monotonicNow: @Sendable () -> UInt64
+    private let state: Mutex<HostState>
+    private let outbox = Mutex<[LocalWrite]>([])
+    private let driver = Mutex<(any NodeDriver)?>(nil)
     private let lifecycle = Mutex<Lifecycle>(.running(waiters: []))
+
+    /// The machine and the live models, behind one lock: a delivery is resolved to instances in
+    /// the same critical section as the change, so a model attached meanwhile either adopted the
+    /// change or gets it, never both and never neither.
+    struct HostState: Sendable {
+        var machine: NodeMachine
+        var instances: [ModelAddress: InstanceReference] = [:]
+    }
 
     private enum Lifecycle: Sendable {
         case running(waiters: [CheckedContinuation<Void, Never>])
@@ -43,111 +62,200 @@ public final class StateSyncNode: Sendable {
         case stopped
     }
 
-    /// Starts a node from a YAML configuration file (see the README's configuration table).
-    public static func start(configFile: String, logger: Logger? = nil) async throws -> StateSyncNode {
-        let configuration = try NodeConfiguration.load(file: configFile)
-        return try await start(configuration: configuration, logger: logger)
-    }
-
-    /// Starts a node: takes its data directory, loads its last snapshot, binds its sockets and
-    /// connects to its peers. Returns once it is bound and ready.
+    /// A node that recovers its state from `storage` (snapshot, then the log replayed over it).
+    /// It does nothing until a driver feeds it inputs (``process(_:now:via:)``).
     ///
-    /// - Throws: ``StateSyncError`` when the data directory is unusable or in use, or an endpoint
-    ///   cannot be bound (the message names which).
-    public static func start(configuration: NodeConfiguration, logger: Logger? = nil) async throws -> StateSyncNode {
-        var logger = logger ?? Logger(label: "statesync")
+    /// - Parameters:
+    ///   - clock: the node's hybrid logical clock; its wall clock is the node's notion of time
+    ///     for versions (the simulator's, or the system's).
+    ///   - monotonicNow: milliseconds of a monotonic clock, for liveness and timers.
+    ///   - incarnation: random and non-zero, new at every start.
+    package init(
+        configuration: NodeConfiguration, storage: any NodeStorage, clock: HybridLogicalClock,
+        monotonicNow: @escaping @Sendable () -> UInt64, incarnation: UInt64, observers: any ObserverExecutor,
+        faults: NodeFaults = NodeFaults(), logger: Logger
+    ) throws(StateSyncError) {
+        var logger = logger
         logger[metadataKey: "node.id"] = .string(configuration.nodeID)
-        let directory = try DataDirectory(path: configuration.dataDirectory)
-        var core = NodeCore()
-        core.historyLimit = configuration.historyDeltas
-        var latestSequence: UInt64 = 0
-        if let snapshot = directory.loadSnapshot(onCorrupt: { logger.error("\($0)") }) {
-            core.store = snapshot.store
-            latestSequence = snapshot.latestSequence
-            for (origin, through) in snapshot.progress { core.coverWithoutHistory(origin: origin, through: through) }
+        let recovery = try storage.recover(onCorruptSnapshot: { logger.error("\($0)") })
+        if let snapshot = recovery.snapshot {
             logger.info(
                 "loaded snapshot",
-                metadata: ["models": "\(snapshot.store.allModels.count)", "sequence": "\(latestSequence)"])
-        }
-        // Replay the write-ahead log: every delta applied since the snapshot, own and remote.
-        let log = try directory.openLog()
-        let recovery = try log.recover()
-        var ownLatest = core.store.allModels.flatMap { $0.1.values.map(\.version) }.filter {
-            $0.node == configuration.nodeID
-        }.max()
-        for delta in recovery.deltas where core.record(delta) {
-            _ = core.store.apply(delta)
-            if delta.origin == configuration.nodeID {
-                latestSequence = max(latestSequence, delta.sequence)
-                ownLatest = max(ownLatest ?? delta.version, delta.version)
-            }
-        }
-        core.counters = NodeCounters()
-        core.counters.logBytesCut = recovery.cutBytes
-        if recovery.cutBytes > 0 {
-            logger.warning(
-                "cut a torn or corrupt tail from the log (a crash interrupted a write); it was never acknowledged",
-                metadata: ["log.bytes_cut": "\(recovery.cutBytes)", "reason": "\(recovery.cutReason ?? "-")"])
+                metadata: ["models": "\(snapshot.store.allModels.count)", "sequence": "\(snapshot.latestSequence)"])
         }
         if !recovery.deltas.isEmpty {
             logger.info("replayed the log", metadata: ["deltas": "\(recovery.deltas.count)"])
         }
-        let node = StateSyncNode(
-            configuration: configuration, directory: directory, log: log, core: core, logger: logger)
-        // Never reuse a sequence number or issue a version below what this node already wrote.
-        node.outbox.withLock { $0.nextSequence = latestSequence + 1 }
-        if let ownLatest { node.clock.advance(past: ownLatest) }
-        // Peers' versions it holds are followed as if just received (within the drift bound), so a
-        // restart with a lagging wall clock does not stamp writes that lose at once.
-        node.clock.observe(core.store.latestVersion)
-        if node.plantedDropShare > 0 {
-            logger.critical(
-                "TEST FAULT INJECTION: silently dropping a share of remote deltas without repair",
-                metadata: ["share": "\(node.plantedDropShare)"])
-        }
-        try await node.loop.start()
-        logger.info(
-            "node started",
-            metadata: [
-                "publish": "\(node.loop.boundPublishEndpoint)", "api": "\(node.loop.boundAPIEndpoint ?? "-")",
-                "repair": "\(node.loop.boundRepairEndpoint)", "peers": "\(configuration.peers.joined(separator: ","))",
-            ])
-        return node
+        self.configuration = configuration
+        self.incarnation = incarnation
+        self.clock = clock
+        self.logger = logger
+        self.storage = storage
+        self.observers = observers
+        self.monotonicNow = monotonicNow
+        state = Mutex(
+            HostState(
+                machine: NodeMachine(
+                    configuration: configuration, clock: clock, incarnation: incarnation, recovery: recovery,
+                    faults: faults, logger: logger)))
     }
 
-    private init(
-        configuration: NodeConfiguration, directory: DataDirectory, log: DeltaLog, core: NodeCore, logger: Logger
-    ) {
-        self.log = log
-        let share = ProcessInfo.processInfo.environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"].flatMap(Double.init) ?? 0
-        self.plantedDropShare = min(max(share, 0), 1)
-        self.configuration = configuration
-        self.incarnation = UInt64.random(in: 1...UInt64.max)
-        // Test-only: `STATESYNC_TEST_CLOCK_OFFSET_MS` skews this node's wall clock (the harness's
-        // clock fault).
-        let offset = ProcessInfo.processInfo.environment["STATESYNC_TEST_CLOCK_OFFSET_MS"].flatMap(Int64.init) ?? 0
-        self.clock = HybridLogicalClock(
-            node: configuration.nodeID, maximumDriftMilliseconds: UInt64(configuration.maximumClockDriftMilliseconds),
-            wallClock: { UInt64(max(0, Int64(HybridLogicalClock.systemMilliseconds()) + offset)) })
-        var core = core
-        for peer in configuration.peers { core.peers[peer] = NodeCore.PeerProgress() }
-        self.core = Mutex(core)
-        self.logger = logger
-        self.dataDirectory = directory
-        self.loop = NodeEventLoop(configuration: configuration, logger: logger)
-        self.observerExecutor = ObserverExecutor(label: "statesync-observers.\(configuration.nodeID)")
-        loop.node = self
+    /// Hands the node the driver that feeds it (and that ``stop()`` stops).
+    package func attach(driver: any NodeDriver) {
+        self.driver.withLock { $0 = driver }
     }
 
     /// The endpoint the PUB socket is bound to (a `*` port resolved).
-    public var publishEndpoint: String { loop.boundPublishEndpoint }
+    public var publishEndpoint: String { state.withLock { $0.machine.boundPublish } }
     /// The endpoint the client API is bound to (a `*` port resolved), if any.
-    public var apiEndpoint: String? { loop.boundAPIEndpoint }
+    public var apiEndpoint: String? {
+        configuration.apiEndpoint == nil ? nil : state.withLock { $0.machine.boundRepair }
+    }
     /// Where peers send this node repair requests (a `*` port resolved): the client API, or
     /// without one the repair endpoint (``NodeConfiguration/repairServiceEndpoint``).
-    public var repairEndpoint: String { loop.boundRepairEndpoint }
+    public var repairEndpoint: String { state.withLock { $0.machine.boundRepair } }
+
+    // MARK: - Driving
+
+    /// Feeds the machine `input` (after the local writes models made meanwhile), then performs
+    /// what it asks — storage here, sockets through `transport`, model deliveries on the live
+    /// models — feeding the outcomes back until nothing follows. The driver calls this from its
+    /// one thread.
+    package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
+        var inputs: [NodeInput] = []
+        let written = outbox.withLock { pending -> [LocalWrite] in
+            defer { pending = [] }
+            return pending
+        }
+        if !written.isEmpty { inputs.append(.localWrites(written)) }
+        inputs.append(input)
+        var next = 0
+        while next < inputs.count {
+            let (actions, deliveries) = state.withLock { state in
+                let actions = state.machine.handle(inputs[next], now: now)
+                return (actions, Self.resolve(actions, in: &state))
+            }
+            next += 1
+            for delivery in deliveries { deliver(delivery) }
+            for action in actions {
+                if let outcome = perform(action, via: transport) { inputs.append(outcome) }
+            }
+        }
+    }
+
+    /// The latest time (monotonic milliseconds) the driver should call ``process(_:now:via:)``
+    /// with a tick.
+    package func nextDeadline() -> UInt64 {
+        state.withLock { $0.machine.nextDeadline() }
+    }
+
+    /// Performs one action; returns the input that reports its outcome, if the machine needs it.
+    private func perform(_ action: NodeAction, via transport: some NodeTransport) -> NodeInput? {
+        switch action {
+        case .publish(let frames):
+            transport.publish(frames)
+        case .appendLog(let bytes, let mustSucceed):
+            do {
+                try storage.append(bytes)
+            } catch {
+                // A peer's deltas can be sent again; the node's own writes must not be
+                // acknowledged or published unless logged.
+                guard mustSucceed else {
+                    logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
+                    return nil
+                }
+                fatalError(
+                    "statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
+            }
+        case .syncLog(let position):
+            do {
+                try storage.sync()
+            } catch {
+                // After a failed fsync the kernel may have dropped the dirty pages: retrying can
+                // "succeed" without the data on disk. Stop rather than acknowledge lost writes;
+                // a restart recovers from what the log really holds.
+                fatalError(
+                    "statesyncd: cannot make the write-ahead log durable (\(error)); stopping before acknowledging writes"
+                )
+            }
+            return .logDurable(through: position)
+        case .compact(let snapshot):
+            do {
+                try storage.compact(snapshot)
+            } catch {
+                return .compactionFailed("\(error)")
+            }
+        case .deliver:
+            break  // resolved under the lock, applied before the other actions
+        case .connectRepairLink(let peer, let endpoint):
+            transport.connectRepairLink(peer: peer, endpoint: endpoint)
+        case .sendRepairRequest(let peer, let requestID, let frames):
+            if !transport.sendRepairRequest(peer: peer, frames: frames) {
+                return .repairRequestUnsent(peer: peer, requestID: requestID)
+            }
+        case .reply(let client, let frames):
+            if transport.reply(client: client, frames: frames) == .full { return .replyDropped }
+        case .sendWatchEvents(let key, let events):
+            let (accepted, gone) = transport.sendWatchEvents(client: key.client, events: events)
+            return .watchEventsSent(key, accepted: accepted, clientGone: gone)
+        case .pauseIntake(let paused):
+            transport.pauseIntake(paused)
+        }
+        return nil
+    }
 
     // MARK: - Models
+
+    /// One delivery resolved to its live instance.
+    private struct ResolvedDelivery {
+        let instance: any ReplicatedModel
+        let delivery: ModelDelivery
+    }
+
+    /// The live instances the deliveries among `actions` go to; instances that were deallocated
+    /// are forgotten (and the machine stops delivering to their addresses).
+    private static func resolve(_ actions: [NodeAction], in state: inout HostState) -> [ResolvedDelivery] {
+        var resolved: [ResolvedDelivery] = []
+        for case .deliver(let deliveries) in actions {
+            for delivery in deliveries {
+                if let instance = state.instances[delivery.address]?.model {
+                    resolved.append(ResolvedDelivery(instance: instance, delivery: delivery))
+                } else {
+                    state.instances[delivery.address] = nil
+                    state.machine.attachedModels.remove(delivery.address)
+                }
+            }
+        }
+        return resolved
+    }
+
+    /// Applies a delivery to its model (observers are notified on the observer executor) and
+    /// accounts for what the model rejected.
+    private func deliver(_ resolved: ResolvedDelivery) {
+        let result = Self.apply(resolved.delivery.sets, to: resolved.instance, executor: observers)
+        let rejected = result.rejected.count + result.unknownProperties.count
+        guard rejected > 0 else { return }
+        let suppressed = state.withLock { state -> Int? in
+            state.machine.counters.rejectedProperties += rejected
+            return state.machine.limiter.allow("rejected-property", now: monotonicNow())
+        }
+        if let suppressed {
+            let address = resolved.delivery.address
+            logger.warning(
+                "a replicated value does not fit the local model; the model keeps its value",
+                metadata: [
+                    "model": "\(address.channel)/\(address.model)", "model.type": "\(type(of: resolved.instance))",
+                    "rejected": "\(result.rejected.map { "\($0.property): \($0.reason)" })",
+                    "unknown": "\(result.unknownProperties)", "suppressed": "\(suppressed)",
+                ])
+        }
+    }
+
+    private static func apply<M: ReplicatedModel>(
+        _ sets: [ModelRegistrar.RemoteWriteSet], to model: M, executor: any ObserverExecutor
+    ) -> ModelRegistrar.RemoteApplyResult {
+        model._$registrar.applyRemote(model, sets, notifyingOn: executor)
+    }
 
     /// The model of type `M` at `channel`/`id`, attached to this node.
     ///
@@ -167,13 +275,15 @@ public final class StateSyncNode: Sendable {
         let emitter = fresh._$registrar.instanceID
         let binding = ModelBinding(
             address: address, clock: clock,
-            emit: { [weak self] address, version, writes in self?.enqueueLocalWrite(address, version, writes, emitter)
+            emit: { [weak self] address, version, writes in
+                self?.enqueueLocalWrite(
+                    LocalWrite(address: address, version: version, writes: writes, emitter: emitter))
             },
             reportEncodingFailure: { [weak self] property, error in
                 self?.reportEncodingFailure(address, property, error)
             })
-        return try core.withLock { core throws(StateSyncError) -> M in
-            if let existing = core.liveInstance(at: address) {
+        return try state.withLock { state throws(StateSyncError) -> M in
+            if let existing = state.instances[address]?.model {
                 guard let typed = existing as? M else {
                     throw StateSyncError(
                         .modelTypeMismatch,
@@ -181,47 +291,37 @@ public final class StateSyncNode: Sendable {
                 }
                 return typed
             }
-            fresh._$registrar.attach(fresh, adopting: core.store.properties(of: address), binding: binding)
-            core.instances[address] = InstanceReference(fresh)
+            fresh._$registrar.attach(fresh, adopting: state.machine.store.properties(of: address), binding: binding)
+            state.instances[address] = InstanceReference(fresh)
+            state.machine.attachedModels.insert(address)
             return fresh
         }
+    }
+
+    /// Called by an attached model, under its lock, for every local write: queued for the driver.
+    private func enqueueLocalWrite(_ write: LocalWrite) {
+        outbox.withLock { $0.append(write) }
+        driver.withLock { $0 }?.wake()
+    }
+
+    private func reportEncodingFailure(_ address: ModelAddress, _ property: String, _ error: any Error) {
+        state.withLock { $0.machine.counters.encodingFailures += 1 }
+        logger.error(
+            "a local write could not be encoded and was not replicated",
+            metadata: ["model": "\(address)", "property": "\(property)", "error": "\(error)"])
     }
 
     // MARK: - Untyped access (what the client API and embedding apps without models use)
 
     /// The properties of a model as this node holds them.
     public func properties(of address: ModelAddress) -> [String: ReplicaStore.Register] {
-        core.withLock { $0.store.properties(of: address) }
+        state.withLock { $0.machine.store.properties(of: address) }
     }
 
     /// The node's status.
     public var status: NodeStatus {
-        let now = monotonicMilliseconds()
-        let staleAfter = UInt64(3 * configuration.heartbeatIntervalMilliseconds)
-        let sequence = outbox.withLock { $0.latestSequence }
-        let watchers = loop.watcherCount
-        let lagging = loop.laggingWatchCount
-        let published = loop.latestPublished
-        var status = core.withLock { core in
-            NodeStatus(
-                node: configuration.nodeID, incarnation: incarnation, publishEndpoint: loop.boundPublishEndpoint,
-                apiEndpoint: loop.boundAPIEndpoint,
-                peers: configuration.peers.map { endpoint in
-                    let progress = core.peers[endpoint] ?? NodeCore.PeerProgress()
-                    let ago = progress.lastMessageAt.map { Int(now &- $0) }
-                    return NodeStatus.Peer(
-                        endpoint: endpoint, node: progress.node,
-                        connected: progress.lastMessageAt.map { now &- $0 <= staleAfter } ?? false,
-                        lastSeenMillisecondsAgo: ago, deltasReceived: progress.deltasReceived)
-                },
-                channels: core.store.channelModelCounts,
-                latestVersion: core.store.latestVersion == .zero ? nil : core.store.latestVersion,
-                latestSequence: sequence, stateDigest: core.store.digest,
-                counters: Dictionary(uniqueKeysWithValues: core.counters.all), watchers: watchers,
-                missingDeltas: core.missingDeltas, laggingWatches: lagging)
-        }
-        status.publishedSequence = published
-        return status
+        let now = monotonicNow()
+        return state.withLock { $0.machine.status(now: now) }
     }
 
     // MARK: - Lifecycle
@@ -251,21 +351,13 @@ public final class StateSyncNode: Sendable {
             return
         case .doStop: break
         }
-        // Stop taking writes first: detached models stay local, so nothing is queued after the
-        // I/O thread's last flush.
-        let instances = core.withLock { core in core.instances.values.compactMap(\.model) }
-        for instance in instances { instance._$registrar.detach() }
-        await loop.stop()
+        detachModels()
+        // The driver feeds the machine `.stop` (every local write made durable and published),
+        // then closes its sockets.
+        await driver.withLock { $0 }?.stop()
         // Every change applied before the stop reaches its observers before stop() returns.
-        await observerExecutor.flush()
-        do {
-            // Everything in the log is in the snapshot: write it durably, then empty the log.
-            try compact()
-            logger.info("node stopped; snapshot written")
-        } catch {
-            logger.error("node stopped but the snapshot could not be written; the log keeps every write: \(error)")
-        }
-        dataDirectory.unlock()
+        await observers.flush()
+        finishStop()
         let waiters = lifecycle.withLock { state -> [CheckedContinuation<Void, Never>] in
             defer { state = .stopped }
             switch state {
@@ -274,6 +366,26 @@ public final class StateSyncNode: Sendable {
             }
         }
         for waiter in waiters { waiter.resume() }
+    }
+
+    /// Stops taking writes: detached models stay local, so nothing is queued after the driver's
+    /// last round.
+    package func detachModels() {
+        let instances = state.withLock { state in state.instances.values.compactMap(\.model) }
+        for instance in instances { instance._$registrar.detach() }
+    }
+
+    /// Writes the snapshot (everything in the log is in it) and releases the storage: the end of
+    /// a clean stop, once the driver is done.
+    package func finishStop() {
+        do {
+            let snapshot = state.withLock { $0.machine.snapshot }
+            try storage.compact(snapshot)
+            logger.info("node stopped; snapshot written")
+        } catch {
+            logger.error("node stopped but the snapshot could not be written; the log keeps every write: \(error)")
+        }
+        storage.close()
     }
 
     /// Returns when the node has stopped.
@@ -295,76 +407,30 @@ public final class StateSyncNode: Sendable {
             if resumeNow { continuation.resume() }
         }
     }
-
-    /// Writes the whole state as the snapshot (durably), then empties the log. Called by the I/O
-    /// thread when the log grows past `storage.compact_bytes`, and at stop.
-    func compact() throws(StateSyncError) {
-        try log.sync()
-        let snapshot = core.withLock { core in
-            // Own deltas are recorded when the I/O thread takes them, in the same turn as it logs
-            // them: the recorded ones are exactly the logged ones.
-            DataDirectory.Snapshot(
-                store: core.store, latestSequence: core.origins[configuration.nodeID]?.contiguous ?? 0,
-                progress: core.origins.mapValues(\.contiguous))
-        }
-        try dataDirectory.writeSnapshot(snapshot)
-        try log.reset()
-    }
-
-    // MARK: - Local writes from models
-
-    /// Called by an attached model, under its lock, for every local write.
-    private func enqueueLocalWrite(
-        _ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite], _ emitter: UInt64
-    ) {
-        outbox.withLock { $0.enqueue(address: address, version: version, writes: writes, emitter: emitter) }
-        loop.wake()
-    }
-
-    private func reportEncodingFailure(_ address: ModelAddress, _ property: String, _ error: any Error) {
-        core.withLock { $0.counters.encodingFailures += 1 }
-        logger.error(
-            "a local write could not be encoded and was not replicated",
-            metadata: ["model": "\(address)", "property": "\(property)", "error": "\(error)"])
-    }
 }
 
 extension StateSyncNode: Service {
-    /// Runs until graceful shutdown (SIGTERM/SIGINT in a `ServiceGroup`), then stops the node.
+    /// Runs until graceful shutdown (SIGTERM/SIGINT in a `ServiceGroup`) or until its task is
+    /// cancelled, then stops the node and returns.
     public func run() async throws {
         await withGracefulShutdownHandler {
-            await waitUntilStopped()
+            await withTaskCancellationHandler {
+                await waitUntilStopped()
+            } onCancel: {
+                Task { await self.stop() }
+            }
         } onGracefulShutdown: {
             Task { await self.stop() }
         }
     }
 }
 
-/// Milliseconds of a monotonic clock (for liveness, never for versions).
-func monotonicMilliseconds() -> UInt64 {
-    var spec = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &spec)
-    return UInt64(spec.tv_sec) * 1000 + UInt64(spec.tv_nsec) / 1_000_000
-}
+/// A weak reference to a model instance attached to a node: the node does not keep models alive.
+final class InstanceReference: Sendable {
+    // Written once at init; `weak` reads are atomic in Swift.
+    nonisolated(unsafe) weak var model: (any ReplicatedModel)?
 
-/// Rate-limits logs of bad input: at most one line per kind per second, with the count of the
-/// ones it suppressed.
-final class LogLimiter: Sendable {
-    private let state = Mutex<[String: (last: UInt64, suppressed: Int)]>([:])
-
-    /// Returns the number of suppressed messages to report when `kind` may be logged now.
-    func allow(_ kind: String) -> Int? {
-        let now = monotonicMilliseconds()
-        return state.withLock { table in
-            var entry = table[kind] ?? (0, 0)
-            if entry.last != 0 && now &- entry.last < 1000 {
-                entry.suppressed += 1
-                table[kind] = entry
-                return nil
-            }
-            let suppressed = entry.suppressed
-            table[kind] = (now, 0)
-            return suppressed
-        }
+    init(_ model: any ReplicatedModel) {
+        self.model = model
     }
 }

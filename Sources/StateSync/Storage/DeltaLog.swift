@@ -20,8 +20,9 @@ import Foundation
 ///
 /// Thread safety: none. Recovered by the task starting the node, then owned by the node's I/O
 /// thread alone (the hand-over happens before the thread starts).
-final class DeltaLog: @unchecked Sendable {
-    static let magic: [UInt8] = Array("SSLOG1\n".utf8)
+package final class DeltaLog: @unchecked Sendable {
+    // Unchecked: no lock; one thread at a time uses it (see above), handed over between them.
+    package static let magic: [UInt8] = Array("SSLOG1\n".utf8)
     static let maximumRecord = 64 << 20
 
     let path: String
@@ -30,11 +31,11 @@ final class DeltaLog: @unchecked Sendable {
     private(set) var unsyncedBytes = 0
 
     /// What recovery found.
-    struct Recovery {
-        var deltas: [Delta] = []
+    package struct Recovery {
+        package var deltas: [Delta] = []
         /// Bytes cut from the end (a torn or corrupt tail), and why.
-        var cutBytes = 0
-        var cutReason: String?
+        package var cutBytes = 0
+        package var cutReason: String?
     }
 
     /// Opens (creating when missing) the log at `path` and recovers its records.
@@ -59,6 +60,20 @@ final class DeltaLog: @unchecked Sendable {
     func recover() throws(StateSyncError) -> Recovery {
         guard let data = FileManager.default.contents(atPath: path) else { throw Self.error("read", path) }
         let bytes = [UInt8](data)
+        let recovery = try Self.parse(bytes, path: path)
+        let intact = bytes.count - recovery.cutBytes
+        if recovery.cutBytes > 0 {
+            guard ftruncate(descriptor, off_t(intact)) == 0 else { throw Self.error("truncate", path) }
+            size = intact
+            unsyncedBytes = 1
+            try sync()
+        }
+        return recovery
+    }
+
+    /// The intact records of a log's bytes, and how many bytes at the end are torn or corrupt
+    /// (to cut). The one definition of recovery, for a file and for a simulated disk.
+    package static func parse(_ bytes: [UInt8], path: String) throws(StateSyncError) -> Recovery {
         var recovery = Recovery()
         guard bytes.count >= Self.magic.count, Array(bytes.prefix(Self.magic.count)) == Self.magic else {
             throw StateSyncError(
@@ -70,12 +85,7 @@ final class DeltaLog: @unchecked Sendable {
             recovery.deltas.append(delta)
             offset = next
         }
-        if offset < bytes.count {
-            recovery.cutBytes = bytes.count - offset
-            guard ftruncate(descriptor, off_t(offset)) == 0 else { throw Self.error("truncate", path) }
-            size = offset
-            try sync()
-        }
+        recovery.cutBytes = bytes.count - offset
         return recovery
     }
 
@@ -117,6 +127,8 @@ final class DeltaLog: @unchecked Sendable {
         private(set) var tooLarge: [Int] = []
 
         var isEmpty: Bool { buffer.bytes.isEmpty }
+        /// The encoded records.
+        var bytes: [UInt8] { buffer.bytes }
 
         mutating func add(_ delta: Delta) {
             if !DeltaLog.appendRecord(delta, to: &buffer) { tooLarge.append(offered) }
@@ -136,10 +148,15 @@ final class DeltaLog: @unchecked Sendable {
 
     /// Appends a batch of records in one `write` (not yet durable: call ``sync()``).
     func append(_ batch: Batch) throws(StateSyncError) {
-        if batch.isEmpty { return }
+        try append(encoded: batch.buffer.bytes)
+    }
+
+    /// Appends records already encoded (a ``Batch``'s bytes) in one `write`.
+    func append(encoded bytes: [UInt8]) throws(StateSyncError) {
+        if bytes.isEmpty { return }
         let start = size
         do {
-            try write(batch.buffer.bytes)
+            try write(bytes)
         } catch {
             // Never leave half a record in the middle of the log: cut back to where it was.
             _ = ftruncate(descriptor, off_t(start))

@@ -35,6 +35,9 @@ public final class HybridLogicalClock: Sendable {
         return UInt64(spec.tv_sec) * 1000 + UInt64(spec.tv_nsec) / 1_000_000
     }
 
+    /// The wall clock this clock reads, in milliseconds since 1970 (the injected one).
+    public func wallMilliseconds() -> UInt64 { wallClock() }
+
     /// A new version for a local write, greater than every version issued or observed before.
     public func next() -> Version {
         let physical = wallClock() << 16

@@ -1,4 +1,5 @@
 import Foundation
+import StateSyncZeroMQ
 import Synchronization
 import Testing
 
@@ -81,7 +82,7 @@ struct ObservationParityTests {
         _ = counter._$registrar.applyRemote(counter, writes: [PropertyWrite(name: "count", value: 2)], version: version)
         arm()
         // Remote changes a node applies notify on its observer queue, after the values are set.
-        let executor = ObserverExecutor(label: "test-observers")
+        let executor = DispatchObserverExecutor(label: "test-observers")
         _ = counter._$registrar.applyRemote(
             counter,
             [

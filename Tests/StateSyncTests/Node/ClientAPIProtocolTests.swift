@@ -1,4 +1,5 @@
 import Foundation
+import StateSyncZeroMQ
 import Testing
 import ZeroMQ
 
@@ -87,28 +88,6 @@ struct ClientAPIProtocolTests {
             #expect(invalid.kind == .error)
             #expect(
                 try ClientProtocol.decodeError(invalidBody).code == ClientProtocol.ErrorCode.invalidArgument.rawValue)
-        }
-    }
-
-    @Test func setReportsChangedUnchangedAndSuperseded() async throws {
-        try await Self.withNode { node, client in
-            let address = ModelAddress(channel: "c", model: "m")
-            let set = ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 1)])
-            #expect(try client.call(.set, id: 1, set).1.last == 1)  // changed
-            #expect(try client.call(.set, id: 2, set).1.last == 0)  // unchanged
-            // A peer far ahead in time wrote x: a local write now loses and says so.
-            let future = Delta(
-                channel: "c", model: "m",
-                version: Version(
-                    milliseconds: HybridLogicalClock.systemMilliseconds() + 3_600_000, counter: 0, node: "zeta"),
-                sequence: 1, properties: [PropertyWrite(name: "x", value: 5)])
-            _ = node.receive(from: "tcp://test", frames: PeerMessage.delta(future).encode()) as [StateSyncNode.Applied]
-            #expect(node.status.counters["clock_drift_rejections"] == 1)
-            let (_, reply) = try client.call(
-                .set, id: 3, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 2)]))
-            #expect(reply.last == 2)  // superseded
-            #expect(try ClientProtocol.decodeVersion(Array(reply.dropLast())) == future.version)
-            #expect(node.properties(of: address)["x"]?.value == 5)
         }
     }
 

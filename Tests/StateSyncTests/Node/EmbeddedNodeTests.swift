@@ -1,5 +1,6 @@
 import Foundation
 import StateSyncClient
+import StateSyncZeroMQ
 import Testing
 
 @testable import StateSync

@@ -1,4 +1,5 @@
 import Foundation
+import StateSyncZeroMQ
 import Testing
 
 @testable import StateSync

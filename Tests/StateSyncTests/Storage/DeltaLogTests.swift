@@ -116,7 +116,7 @@ struct DeltaLogTests {
     }
 
     @Test func progressTracksGapsAndCovers() {
-        var progress = NodeCore.OriginProgress()
+        var progress = OriginProgress()
         let received = [progress.receive(1), progress.receive(2), progress.receive(5), progress.receive(2)]
         #expect(received == [true, true, true, false])
         #expect(progress.contiguous == 2 && progress.firstGap == 3...4 && progress.hasGap)

@@ -66,9 +66,9 @@ struct DeltaBatchingTests {
     /// Runs of one model, cut at `network.batch_max_deltas`, in order, covering every delta once.
     @Test func batchesAreRunsOfOneModelCutAtTheLimit() {
         let deltas = ["a", "a", "a", "a", "a", "b", "a", "a"].enumerated().map { Self.delta($1, UInt64($0 + 1)) }
-        #expect(NodeEventLoop.batchRanges(of: deltas, limit: 256) == [0..<5, 5..<6, 6..<8])
-        #expect(NodeEventLoop.batchRanges(of: deltas, limit: 2) == [0..<2, 2..<4, 4..<5, 5..<6, 6..<8])
-        #expect(NodeEventLoop.batchRanges(of: deltas, limit: 1) == (0..<8).map { $0..<($0 + 1) })
-        #expect(NodeEventLoop.batchRanges(of: [], limit: 3).isEmpty)
+        #expect(NodeMachine.batchRanges(of: deltas, limit: 256) == [0..<5, 5..<6, 6..<8])
+        #expect(NodeMachine.batchRanges(of: deltas, limit: 2) == [0..<2, 2..<4, 4..<5, 5..<6, 6..<8])
+        #expect(NodeMachine.batchRanges(of: deltas, limit: 1) == (0..<8).map { $0..<($0 + 1) })
+        #expect(NodeMachine.batchRanges(of: [], limit: 3).isEmpty)
     }
 }

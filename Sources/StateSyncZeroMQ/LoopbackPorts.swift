@@ -1,3 +1,4 @@
+public import StateSync
 import Synchronization
 
 #if canImport(Glibc)

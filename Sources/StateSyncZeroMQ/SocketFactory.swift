@@ -1,3 +1,4 @@
+import StateSync
 import ZeroMQ
 
 /// The one place where the node's sockets are created and configured: linger, high-water marks
@@ -7,7 +8,7 @@ enum SocketFactory {
     static let maximumMessageSize: Int64 = 64 << 20
 
     static func makeNodeSockets(configuration: NodeConfiguration) throws(StateSyncError) -> (
-        context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], api: Socket
+        context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket
     ) {
         do {
             let context = try Context()
@@ -48,14 +49,14 @@ enum SocketFactory {
         }
     }
 
-    /// A DEALER to a peer's client API, for repairs.
-    static func makeRepairLink(context: Context, api: String) throws(ZeroMQError) -> Socket {
+    /// A DEALER to a peer's API (or repair endpoint), for repairs.
+    static func makeRepairLink(context: Context, endpoint: String) throws(ZeroMQError) -> Socket {
         let dealer = try context.socket(.dealer)
         try dealer.setSendHighWaterMark(1000)
         try dealer.setReceiveHighWaterMark(1000)
         try dealer.setMaximumMessageSize(maximumMessageSize)
         try dealer.setReconnectInterval(milliseconds: 100)
-        try dealer.connect(api)
+        try dealer.connect(endpoint)
         return dealer
     }
 

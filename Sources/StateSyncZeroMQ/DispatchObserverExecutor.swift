@@ -1,4 +1,5 @@
 import Dispatch
+import StateSync
 import Synchronization
 
 /// Where a node runs the observers of changes its I/O thread applied: one serial queue per node.
@@ -8,17 +9,15 @@ import Synchronization
 /// is slow, or waits, delays other observers, never the node's receiving, publishing, repairs
 /// or heartbeats. One queue keeps each model's notifications in apply order (the model's
 /// registrar delivers its own queue in order, one delivering thread at a time).
-final class ObserverExecutor: Sendable {
+package final class DispatchObserverExecutor: ObserverExecutor {
     private let queue: DispatchQueue
     private let weights = Atomic<Int>(0)
 
-    init(label: String) {
+    package init(label: String) {
         queue = DispatchQueue(label: label)
     }
 
-    /// Runs `job` after every job submitted before it. `weight` (the changes it delivers, at
-    /// least 1) counts in ``backlog`` until it has run.
-    func run(weight: Int = 1, _ job: @escaping @Sendable () -> Void) {
+    package func run(weight: Int, _ job: @escaping @Sendable () -> Void) {
         let weight = max(weight, 1)
         weights.add(weight, ordering: .relaxed)
         queue.async { [self] in
@@ -27,12 +26,9 @@ final class ObserverExecutor: Sendable {
         }
     }
 
-    /// The weight of the jobs submitted and not yet run: roughly, the changes waiting for their
-    /// observers. The node stops taking peer deltas while it is too high (backpressure).
-    var backlog: Int { weights.load(ordering: .relaxed) }
+    package var backlog: Int { weights.load(ordering: .relaxed) }
 
-    /// Returns once every job submitted before the call has run.
-    func flush() async {
+    package func flush() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
             queue.async { continuation.resume() }
         }

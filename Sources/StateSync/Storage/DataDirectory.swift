@@ -7,24 +7,30 @@ import Synchronization
     import Darwin
 #endif
 
-/// A node's data directory: an exclusive lock (one node per directory) and the state snapshot
-/// written at shutdown.
+/// A node's data directory, its ``NodeStorage``: an exclusive lock (one node per directory), the
+/// write-ahead log (``DeltaLog``) and the state snapshot.
 ///
 /// The snapshot is written to a temporary file, fsynced, renamed over the old one and the
 /// directory fsynced, so a crash leaves either the old or the new snapshot, never a mix. Its
 /// checksum is verified on load; a damaged snapshot is moved aside, never loaded as data.
-/// (Crash-safe write-ahead durability of every acknowledged write is issue #5's store.)
-final class DataDirectory: Sendable {
+///
+/// Thread safety: the log is opened by ``recover(onCorruptSnapshot:)`` and then used by one
+/// thread at a time (the node's I/O thread, then the task stopping it).
+package final class DataDirectory: NodeStorage, @unchecked Sendable {
+    // Unchecked: `log` is set once by `recover` before the node's I/O thread starts and from then
+    // on used only by the thread performing the node's actions (one at a time, handed over at
+    // stop); every other member is immutable or atomic.
     let path: String
     private let lockDescriptor: Int32
     private let locked = Atomic<Bool>(true)
+    private var log: DeltaLog?
 
     static let snapshotName = "state.snapshot"
     static let logName = "deltas.log"
     static let magic: [UInt8] = Array("SSNAP2\n".utf8)
 
     /// Creates the directory when missing and takes its lock.
-    init(path: String) throws(StateSyncError) {
+    package init(path: String) throws(StateSyncError) {
         self.path = path
         do {
             try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
@@ -38,7 +44,7 @@ final class DataDirectory: Sendable {
             throw StateSyncError(.dataDirectory, "cannot open \(lockPath): \(String(cString: strerror(errno)))")
         }
         guard flock(fd, LOCK_EX | LOCK_NB) == 0 else {
-            close(fd)
+            Glibc.close(fd)
             throw StateSyncError(
                 .dataDirectory,
                 "data directory \(path) is in use by another node (its LOCK is held); give each node its own node.data_dir"
@@ -48,10 +54,13 @@ final class DataDirectory: Sendable {
     }
 
     /// Releases the directory for another node. Idempotent.
+    package func close() { unlock() }
+
+    /// Releases the directory for another node. Idempotent.
     func unlock() {
         if locked.exchange(false, ordering: .acquiringAndReleasing) {
             flock(lockDescriptor, LOCK_UN)
-            close(lockDescriptor)
+            Glibc.close(lockDescriptor)
         }
     }
 
@@ -59,11 +68,48 @@ final class DataDirectory: Sendable {
         unlock()
     }
 
-    struct Snapshot {
-        var store: ReplicaStore
-        var latestSequence: UInt64
+    package func recover(onCorruptSnapshot: (String) -> Void) throws(StateSyncError) -> NodeMachine.Recovery {
+        let snapshot = loadSnapshot(onCorrupt: onCorruptSnapshot)
+        let log = try openLog()
+        self.log = log
+        let recovered = try log.recover()
+        return NodeMachine.Recovery(
+            snapshot: snapshot, deltas: recovered.deltas, cutBytes: recovered.cutBytes,
+            cutReason: recovered.cutReason, logSize: log.size)
+    }
+
+    package func append(_ records: [UInt8]) throws(StateSyncError) {
+        try openedLog().append(encoded: records)
+    }
+
+    package func sync() throws(StateSyncError) {
+        try openedLog().sync()
+    }
+
+    package func compact(_ snapshot: Snapshot) throws(StateSyncError) {
+        let log = try openedLog()
+        try log.sync()
+        try writeSnapshot(snapshot)
+        try log.reset()
+    }
+
+    private func openedLog() throws(StateSyncError) -> DeltaLog {
+        guard let log else { throw StateSyncError(.dataDirectory, "\(path): the log is used before recovery") }
+        return log
+    }
+
+    /// A node's whole state and how far it includes each origin's deltas.
+    package struct Snapshot: Sendable {
+        package var store: ReplicaStore
+        package var latestSequence: UInt64
         /// For each origin, the sequence number through which the store includes its deltas.
-        var progress: [String: UInt64] = [:]
+        package var progress: [String: UInt64] = [:]
+
+        package init(store: ReplicaStore, latestSequence: UInt64, progress: [String: UInt64] = [:]) {
+            self.store = store
+            self.latestSequence = latestSequence
+            self.progress = progress
+        }
     }
 
     /// Opens (and recovers) the directory's write-ahead log.
@@ -98,21 +144,21 @@ final class DataDirectory: Sendable {
             let n = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
             if n < 0 {
                 if errno == EINTR { continue }
-                close(fd)
+                Glibc.close(fd)
                 throw Self.ioError("write", temporary)
             }
             written += n
         }
         guard fsync(fd) == 0 else {
-            close(fd)
+            Glibc.close(fd)
             throw Self.ioError("fsync", temporary)
         }
-        close(fd)
+        Glibc.close(fd)
         guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
         let dir = open(path, O_RDONLY | O_CLOEXEC)
         if dir >= 0 {
             fsync(dir)
-            close(dir)
+            Glibc.close(dir)
         }
     }
 
@@ -120,7 +166,7 @@ final class DataDirectory: Sendable {
         StateSyncError(.dataDirectory, "cannot \(op) \(file): \(String(cString: strerror(errno)))")
     }
 
-    static func encode(_ snapshot: Snapshot) -> [UInt8] {
+    package static func encode(_ snapshot: Snapshot) -> [UInt8] {
         var w = WireWriter(capacity: 4096)
         for b in magic { w.byte(b) }
         w.varint(snapshot.latestSequence)
@@ -150,7 +196,7 @@ final class DataDirectory: Sendable {
         return w.bytes
     }
 
-    static func decode(_ bytes: [UInt8]) throws(WireError) -> Snapshot {
+    package static func decode(_ bytes: [UInt8]) throws(WireError) -> Snapshot {
         guard bytes.count >= magic.count + 8, Array(bytes.prefix(magic.count)) == magic else {
             throw .invalid(field: "snapshot", reason: "not a StateSync snapshot")
         }

@@ -1,0 +1,41 @@
+/// What a ``NodeMachine`` asks its driver to do, in order. The driver performs them in the order
+/// given; where an action has an outcome the machine needs, the driver reports it as an input
+/// (``NodeInput/logDurable(through:)``, ``NodeInput/watchEventsSent(_:accepted:clientGone:)``, ...).
+package enum NodeAction: Sendable {
+    /// Send a message on the PUB socket.
+    case publish([[UInt8]])
+    /// Append encoded log records (Appendix B). `mustSucceed`: the node's own writes, which it
+    /// must not acknowledge or publish unless logged — a failure stops the node. A failure to log
+    /// a peer's deltas is logged and survived (a peer can send them again).
+    case appendLog(bytes: [UInt8], mustSucceed: Bool)
+    /// Make the log durable (fdatasync) through `position`, then report
+    /// ``NodeInput/logDurable(through:)``. A failure stops the node (after a failed fsync the
+    /// kernel may have dropped the data; acknowledging would lie).
+    case syncLog(through: UInt64)
+    /// Write `snapshot` durably as the state snapshot (after syncing the log), then empty the log.
+    case compact(DataDirectory.Snapshot)
+    /// Apply writes to the live models at their addresses (the node's host does; observers run
+    /// on its observer executor).
+    case deliver([ModelDelivery])
+    /// Connect (or reconnect) the repair link to `peer` at `endpoint` (its advertised API or
+    /// repair endpoint).
+    case connectRepairLink(peer: String, endpoint: String)
+    /// Send a repair request (FETCH, SNAPSHOT) on the link to `peer`; report
+    /// ``NodeInput/repairRequestUnsent(peer:requestID:)`` if it cannot be queued.
+    case sendRepairRequest(peer: String, requestID: UInt64, frames: [[UInt8]])
+    /// Send a reply to a client (routing id first, then the frames); report
+    /// ``NodeInput/replyDropped`` if its queue is full.
+    case reply(client: [UInt8], frames: [[UInt8]])
+    /// Send a watch's events in order, as many as the client's queue takes, then report how many
+    /// with ``NodeInput/watchEventsSent(_:accepted:clientGone:)``. Each element is the frames of
+    /// one EVENT (or the final ERROR), without the routing id.
+    case sendWatchEvents(WatchKey, [[[UInt8]]])
+    /// Stop (or resume) reading peers' deltas: backpressure while observers are far behind.
+    case pauseIntake(Bool)
+}
+
+/// Writes for the live model at one address, in apply order.
+package struct ModelDelivery: Sendable {
+    package let address: ModelAddress
+    package var sets: [ModelRegistrar.RemoteWriteSet]
+}

@@ -1,0 +1,161 @@
+/// The client API on the node's ROUTER (docs/PROTOCOL.md section 10): requests in, replies and
+/// watch events out. Without `network.api` the same socket is the repair endpoint, which serves
+/// only peers (FETCH, SNAPSHOT, PING).
+extension NodeMachine {
+    /// The largest write a SET may carry (names and encoded values), so its delta fits a log
+    /// record and a message with room to spare.
+    static let maximumWriteBytes = 32 << 20
+
+    /// What a client's SET did (the outcome octet of its OK).
+    enum SetResult: UInt8, Sendable {
+        /// Every value was already current: no delta.
+        case unchanged = 0
+        /// The write applied.
+        case changed = 1
+        /// The write lost last-writer-wins for every property: this node already holds newer
+        /// versions (written by a peer whose clock is ahead). It is published but changes nothing.
+        case superseded = 2
+    }
+
+    /// Handles one request: `frames` are its header and body.
+    mutating func handleClientRequest(_ frames: [[UInt8]], from client: [UInt8]) {
+        guard frames.count == 2 else {
+            counters.malformedMessages += 1
+            return
+        }
+        let header: ClientProtocol.RequestHeader
+        do {
+            header = try ClientProtocol.decodeRequestHeader(frames[0])
+        } catch {
+            counters.malformedMessages += 1
+            if case .unsupported = error {
+                reply(client, .error, 0, ClientProtocol.encodeError(.unsupportedVersion, "\(error)"))
+            }
+            return
+        }
+        let id = header.requestID
+        counters.clientRequests += 1
+        guard let command = ClientProtocol.Command(rawValue: header.command) else {
+            counters.clientErrors += 1
+            reply(
+                client, .error, id,
+                ClientProtocol.encodeError(.unknownCommand, "unknown command 0x\(String(header.command, radix: 16))"))
+            return
+        }
+        guard configuration.apiEndpoint != nil || [.fetch, .snapshot, .ping].contains(command) else {
+            counters.clientErrors += 1
+            reply(
+                client, .error, id,
+                ClientProtocol.encodeError(
+                    .denied,
+                    "this is node \(configuration.nodeID)'s repair endpoint, which serves only its peers; it has no client API (network.api)"
+                ))
+            return
+        }
+        let body = frames[1]
+        do {
+            switch command {
+            case .set:
+                let (address, writes) = try ClientProtocol.decodeSet(body)
+                let (version, result) = try clientSet(address, writes)
+                var answer = ClientProtocol.encodeVersion(version)
+                answer.append(result.rawValue)
+                // Answered once durable: an acknowledged write survives a crash.
+                replyWhenDurable(client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: answer))
+            case .get:
+                let address = try ClientProtocol.decodeAddress(body)
+                try Names.validateChannel(address.channel)
+                try Names.validateModel(address.model)
+                reply(client, .ok, id, ClientProtocol.encodeProperties(store.properties(of: address)))
+            case .watch:
+                let (channel, cursor, onLag) = try ClientProtocol.decodeWatch(body)
+                try Names.validateChannel(channel)
+                // OK first: the watch's events (snapshot, deltas, markers) follow it.
+                reply(client, .ok, id, [])
+                addWatch(WatchKey(client: client, requestID: id), channel: channel, from: cursor, onLag: onLag)
+            case .unwatch:
+                var reader = WireReader(body)
+                let watchID = try reader.uint64("watch id")
+                removeWatch(WatchKey(client: client, requestID: watchID))
+                reply(client, .ok, id, [])
+            case .status:
+                reply(client, .ok, id, ClientProtocol.encodeValue(status(now: now).value))
+            case .fetch:
+                let (origin, range) = try ClientProtocol.decodeFetch(body)
+                let (deltas, dropped) = fetch(origin: origin, range: Self.limited(range))
+                reply(client, .ok, id, ClientProtocol.encodeFetched(deltas, droppedThrough: dropped))
+            case .snapshot:
+                counters.snapshotsServed += 1
+                reply(client, .ok, id, DataDirectory.encode(snapshot))
+            case .ping:
+                // The body lists the watch ids the client holds; the reply names those this node
+                // no longer has (dropped when the client was unreachable), so no gap goes unseen.
+                var reader = WireReader(body)
+                var lost: [Value] = []
+                if !reader.isAtEnd {
+                    let count = try reader.count("watch count", minimumItemSize: 8)
+                    for _ in 0..<count {
+                        let watchID = try reader.uint64("watch id")
+                        if watches[WatchKey(client: client, requestID: watchID)] == nil {
+                            lost.append(.int(Int64(bitPattern: watchID)))
+                        }
+                    }
+                }
+                let answer: Value = ["incarnation": .string(String(incarnation, radix: 16)), "lost": .array(lost)]
+                reply(client, .ok, id, ClientProtocol.encodeValue(answer))
+            }
+        } catch let error as WireError {
+            counters.clientErrors += 1
+            reply(client, .error, id, ClientProtocol.encodeError(.malformed, "malformed \(command) request: \(error)"))
+        } catch let error as StateSyncError {
+            counters.clientErrors += 1
+            reply(client, .error, id, ClientProtocol.encodeError(.invalidArgument, error.message))
+        } catch {
+            counters.clientErrors += 1
+            reply(client, .error, id, ClientProtocol.encodeError(.internal, "\(error)"))
+        }
+    }
+
+    private mutating func reply(_ client: [UInt8], _ kind: ClientProtocol.ReplyKind, _ id: UInt64, _ body: [UInt8]) {
+        actions.append(.reply(client: client, frames: ClientProtocol.encodeReply(kind, id: id, body: body)))
+    }
+
+    /// A client's SET: the properties whose value differs become one delta with a new version.
+    /// Returns the version to report (the write's, or when nothing changed the newest of the
+    /// named properties) and what happened.
+    mutating func clientSet(_ address: ModelAddress, _ writes: [PropertyWrite]) throws(StateSyncError) -> (
+        version: Version, result: SetResult
+    ) {
+        try Names.validateChannel(address.channel)
+        try Names.validateModel(address.model)
+        guard !writes.isEmpty else { throw StateSyncError(.invalidName, "a set needs at least one property") }
+        var seen = Set<String>()
+        for write in writes {
+            try Names.validateProperty(write.name)
+            guard seen.insert(write.name).inserted else {
+                throw StateSyncError(.invalidName, "property '\(write.name)' is given twice")
+            }
+        }
+        let size = writes.reduce(0) { total, write in
+            var w = WireWriter()
+            w.value(write.value)
+            return total + write.name.utf8.count + w.bytes.count
+        }
+        guard size <= Self.maximumWriteBytes else {
+            throw StateSyncError(
+                .invalidName, "the write is \(size) bytes; a delta may carry at most \(Self.maximumWriteBytes)")
+        }
+        let current = store.properties(of: address)
+        let effective = writes.filter { current[$0.name]?.value != $0.value }
+        guard !effective.isEmpty else {
+            return (writes.compactMap { current[$0.name]?.version }.max() ?? .zero, .unchanged)
+        }
+        let version = clock.next()
+        let applied = applyLocal([LocalWrite(address: address, version: version, writes: effective)])
+        if applied.first?.won.isEmpty ?? true {
+            let held = store.properties(of: address)
+            return (writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
+        }
+        return (version, .changed)
+    }
+}

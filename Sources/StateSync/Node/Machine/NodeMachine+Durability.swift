@@ -1,0 +1,140 @@
+/// Durability (docs/PROTOCOL.md section 11.2): every applied delta is appended to the
+/// write-ahead log; the node's own writes are published — and, with `storage.fsync: always`,
+/// acknowledged — only once the log is durable through them. Group commit: all writes staged
+/// before a sync share it, and a sync is asked for at the end of every round of inputs, so a lone
+/// write never waits for a timer.
+extension NodeMachine {
+    struct Durability: Sendable {
+        /// Local writes logged but not yet durable, with the log position after each.
+        var staged: [(applied: Applied, position: UInt64)] = []
+        /// SET replies waiting for the log position of their write.
+        var replies: [(client: [UInt8], frames: [[UInt8]], position: UInt64)] = []
+        /// Bytes appended since the node started (a position, never reset).
+        var appended: UInt64 = 0
+        /// The position through which the log is durable.
+        var durable: UInt64 = 0
+        /// The position of the sync asked for and not yet reported.
+        var syncRequested: UInt64?
+        /// The size of the log file (for compaction).
+        var logSize = 0
+        /// When the log was last synced (for `storage.fsync: interval`).
+        var lastSync: UInt64 = 0
+        /// A compaction failed: it is retried at a later repair round.
+        var compactionPending = false
+    }
+
+    /// Appends `applied` as log records. A local write too large for a record stays local: it
+    /// is neither logged nor published (SETs are refused before this; a model's write is
+    /// reported).
+    @discardableResult
+    mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool) -> Set<Int> {
+        guard !applied.isEmpty else { return [] }
+        var records = DeltaLog.Batch()
+        for entry in applied { records.add(entry.delta) }
+        if !records.isEmpty {
+            let bytes = records.bytes
+            durability.appended += UInt64(bytes.count)
+            durability.logSize += bytes.count
+            actions.append(.appendLog(bytes: bytes, mustSucceed: mustSucceed))
+        }
+        return Set(records.tooLarge)
+    }
+
+    /// Logs this node's own writes and stages them to be published once durable.
+    mutating func stage(_ applied: [Applied]) {
+        let tooLarge = appendToLog(applied, mustSucceed: true)
+        for (index, entry) in applied.enumerated() {
+            if tooLarge.contains(index) {
+                counters.encodingFailures += 1
+                logger.error(
+                    "a local write is too large to log and replicate; it stays local",
+                    metadata: [
+                        "model": "\(entry.delta.channel)/\(entry.delta.model)",
+                        "delta.version": "\(entry.delta.version)",
+                    ])
+                continue
+            }
+            durability.staged.append((entry, durability.appended))
+        }
+    }
+
+    /// Queues a SET's reply for when its write is durable (at once if it is, or with
+    /// `storage.fsync: interval`, where a write is acknowledged once the OS has it).
+    mutating func replyWhenDurable(client: [UInt8], frames: [[UInt8]]) {
+        if configuration.fsync == .interval || durability.durable >= durability.appended {
+            actions.append(.reply(client: client, frames: frames))
+        } else {
+            durability.replies.append((client, frames, durability.appended))
+        }
+    }
+
+    /// Asks for a sync of what is staged: at once with `storage.fsync: always` (or when
+    /// `force`d), every `storage.fsync_interval_ms` with `interval`.
+    mutating func requestSync(force: Bool) {
+        guard durability.appended > durability.durable, !durability.staged.isEmpty || !durability.replies.isEmpty
+        else { return }
+        if !force, configuration.fsync == .interval,
+            now &- durability.lastSync < UInt64(configuration.fsyncIntervalMilliseconds)
+        {
+            return
+        }
+        let position = durability.appended
+        if let requested = durability.syncRequested, requested >= position { return }
+        durability.syncRequested = position
+        actions.append(.syncLog(through: position))
+    }
+
+    /// The log is durable through `position`: what was staged up to there is published, in
+    /// DELTA batches, and its replies sent.
+    mutating func logDurable(through position: UInt64) {
+        durability.durable = max(durability.durable, position)
+        durability.lastSync = now
+        if let requested = durability.syncRequested, requested <= position { durability.syncRequested = nil }
+        var ready = 0
+        while ready < durability.staged.count, durability.staged[ready].position <= position { ready += 1 }
+        if ready > 0 {
+            let deltas = durability.staged[..<ready].map(\.applied.delta)
+            durability.staged.removeFirst(ready)
+            // Consecutive deltas of one model go out as one message (a DELTA batch).
+            for range in Self.batchRanges(of: deltas, limit: configuration.batchMaximumDeltas) {
+                actions.append(.publish(PeerMessage.encodeBatch(Array(deltas[range]))))
+            }
+            for delta in deltas { published = max(published, delta.sequence) }
+        }
+        var answered = 0
+        while answered < durability.replies.count, durability.replies[answered].position <= position {
+            let reply = durability.replies[answered]
+            actions.append(.reply(client: reply.client, frames: reply.frames))
+            answered += 1
+        }
+        durability.replies.removeFirst(answered)
+        pumpWatches()
+        if durability.logSize > configuration.compactBytes, durability.staged.isEmpty { compact() }
+    }
+
+    /// Writes the whole state as the snapshot and empties the log (`storage.compact_bytes`, a
+    /// merged peer snapshot, and at stop).
+    mutating func compact() {
+        // Everything appended so far is in the snapshot: once written, it is durable.
+        actions.append(.compact(snapshot))
+        durability.logSize = DeltaLog.magic.count
+        durability.compactionPending = false
+    }
+
+    /// How `deltas` go out as DELTA batches: runs of consecutive deltas of one model, of at most
+    /// `limit` each, in order.
+    static func batchRanges(of deltas: [Delta], limit: Int) -> [Range<Int>] {
+        var ranges: [Range<Int>] = []
+        var start = 0
+        for index in deltas.indices.dropFirst() {
+            if deltas[index].channel != deltas[start].channel || deltas[index].model != deltas[start].model
+                || index - start >= limit
+            {
+                ranges.append(start..<index)
+                start = index
+            }
+        }
+        if !deltas.isEmpty { ranges.append(start..<deltas.count) }
+        return ranges
+    }
+}

@@ -1,0 +1,215 @@
+/// Gap repair between nodes (docs/PROTOCOL.md section 11.3): per-origin sequence numbers reveal
+/// missing deltas; the node FETCHes exactly those from a peer over a link to the peer's API (or
+/// repair endpoint), preferring the origin itself, and falls back to a SNAPSHOT when no peer
+/// still holds them.
+extension NodeMachine {
+    struct Outstanding: Sendable {
+        let peer: String
+        let requestID: UInt64
+        let deadline: UInt64
+        let range: ClosedRange<UInt64>
+    }
+
+    struct RepairState: Sendable {
+        /// Per peer (its configured publish endpoint), the endpoint its link is connected to.
+        var links: [String: String] = [:]
+        /// Per origin, the FETCH in flight.
+        var fetches: [String: Outstanding] = [:]
+        var snapshot: Outstanding?
+        var nextID: UInt64 = 1
+        /// Per origin, the peers that answered a FETCH saying they no longer hold what is missing.
+        var exhausted: [String: Set<String>] = [:]
+        var needsSnapshot = false
+        var rotation = 0
+        /// A snapshot was merged and must be made durable (compaction).
+        var mergedSnapshot = false
+    }
+
+    static let repairTimeout: UInt64 = 1000
+    static let maximumFetch: UInt64 = 2000
+
+    /// Connects a link to each peer whose heartbeat advertised a repair endpoint (again when it
+    /// changed).
+    mutating func updateRepairLinks() {
+        for peer in configuration.peers {
+            guard let endpoint = peers[peer]?.repairEndpoint, repair.links[peer] != endpoint else { continue }
+            repair.links[peer] = endpoint
+            actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
+        }
+    }
+
+    /// Sends a FETCH for every origin with a gap and no request in flight; a SNAPSHOT when needed.
+    mutating func requestRepairs() {
+        guard !faults.skipRepair else { return }
+        var connected: [String: String?] = [:]  // peer → its node id
+        for (peer, progress) in peers where isConnected(progress) { connected[peer] = progress.node }
+        let usable = repair.links.keys.filter { connected[$0] != nil }.sorted()
+        guard !usable.isEmpty else { return }
+        for origin in repair.fetches.keys.sorted() {
+            guard let fetch = repair.fetches[origin], fetch.deadline <= now else { continue }
+            // No answer in time: try another peer next.
+            repair.fetches[origin] = nil
+            repair.exhausted[origin, default: []].insert(fetch.peer)
+        }
+        if let snapshot = repair.snapshot, snapshot.deadline <= now { repair.snapshot = nil }
+
+        if repair.needsSnapshot, repair.snapshot == nil {
+            repair.rotation += 1
+            let peer = usable[repair.rotation % usable.count]
+            let id = nextRepairID()
+            repair.snapshot = Outstanding(
+                peer: peer, requestID: id, deadline: now + 10 * Self.repairTimeout, range: 0...0)
+            repair.needsSnapshot = false
+            actions.append(
+                .sendRepairRequest(
+                    peer: peer, requestID: id, frames: ClientProtocol.encodeRequest(.snapshot, id: id, body: [])))
+            logger.info("history is gone on the peers; asking for a snapshot", metadata: ["peer.endpoint": "\(peer)"])
+            return
+        }
+        guard repair.snapshot == nil else { return }
+        for origin in origins.keys.sorted() where repair.fetches[origin] == nil {
+            guard let gap = origins[origin]?.firstGap else { continue }
+            // Prefer the origin itself; otherwise rotate through the connected peers that may
+            // still hold the deltas. When none does, only a snapshot can fill the gap.
+            let candidates = usable.filter { !(repair.exhausted[origin]?.contains($0) ?? false) }
+            guard !candidates.isEmpty else {
+                repair.exhausted[origin] = nil
+                repair.needsSnapshot = true
+                continue
+            }
+            let peer: String
+            if let own = candidates.first(where: { connected[$0] == .some(origin) }) {
+                peer = own
+            } else {
+                repair.rotation += 1
+                peer = candidates[repair.rotation % candidates.count]
+            }
+            let range = Self.limited(gap)
+            let id = nextRepairID()
+            repair.fetches[origin] = Outstanding(
+                peer: peer, requestID: id, deadline: now + Self.repairTimeout, range: range)
+            counters.repairRequests += 1
+            actions.append(
+                .sendRepairRequest(
+                    peer: peer, requestID: id,
+                    frames: ClientProtocol.encodeRequest(
+                        .fetch, id: id, body: ClientProtocol.encodeFetch(origin: origin, range: range))))
+            logger.debug(
+                "fetching missing deltas",
+                metadata: ["peer.id": "\(origin)", "delta.range": "\(range)", "peer.endpoint": "\(peer)"])
+        }
+    }
+
+    private mutating func nextRepairID() -> UInt64 {
+        defer { repair.nextID += 1 }
+        return repair.nextID
+    }
+
+    /// A FETCH range limited to 2000 sequence numbers, without overflow (section 10.8).
+    static func limited(_ range: ClosedRange<UInt64>) -> ClosedRange<UInt64> {
+        let (end, overflow) = range.lowerBound.addingReportingOverflow(maximumFetch - 1)
+        return range.lowerBound...(overflow ? range.upperBound : min(range.upperBound, end))
+    }
+
+    /// The driver could not queue a request: it is not in flight, and the next round retries.
+    mutating func repairRequestUnsent(peer: String, requestID: UInt64) {
+        if repair.snapshot?.requestID == requestID {
+            repair.snapshot = nil
+            repair.needsSnapshot = true
+            return
+        }
+        if let origin = repair.fetches.first(where: { $0.value.requestID == requestID })?.key {
+            repair.fetches[origin] = nil
+            counters.repairRequests -= 1
+        }
+    }
+
+    /// Applies a FETCH or SNAPSHOT reply from the link to `peer`.
+    mutating func handleRepairReply(_ frames: [[UInt8]], from peer: String) {
+        guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]) else {
+            counters.malformedMessages += 1
+            return
+        }
+        if let snapshot = repair.snapshot, snapshot.requestID == header.requestID {
+            repair.snapshot = nil
+            guard header.kind == .ok, let decoded = try? DataDirectory.decode(frames[1]) else {
+                logger.warning("a peer's snapshot reply was unusable", metadata: ["peer.endpoint": "\(peer)"])
+                return
+            }
+            let channels = merge(decoded)
+            repair.mergedSnapshot = true
+            logger.info(
+                "merged a peer's snapshot",
+                metadata: ["peer.endpoint": "\(peer)", "channels.changed": "\(channels.count)"])
+            // Their state changed without deltas, which the journal cannot show them.
+            resyncWatches(of: channels)
+            return
+        }
+        guard let (origin, outstanding) = repair.fetches.first(where: { $0.value.requestID == header.requestID }) else {
+            return  // a late answer to a request already retried
+        }
+        repair.fetches[origin] = nil
+        guard header.kind == .ok, let (deltas, _) = try? ClientProtocol.decodeFetched(frames[1]) else { return }
+        let wanted = deltas.filter { $0.origin == origin && outstanding.range.contains($0.sequence) }
+        let fresh = applyRemote(wanted, from: peer, repaired: true)
+        counters.deltasFetched += deltas.count
+        // Own deltas fetched back (this node had lost them) were published long ago.
+        for entry in fresh where entry.delta.origin == configuration.nodeID {
+            published = max(published, entry.delta.sequence)
+        }
+        if deltas.isEmpty {
+            // This peer does not hold them (dropped, or never had them); another may, else a
+            // snapshot will do.
+            repair.exhausted[origin, default: []].insert(peer)
+        } else {
+            repair.exhausted[origin] = nil
+        }
+    }
+
+    /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
+    /// covers. Returns the channels it changed.
+    mutating func merge(_ snapshot: DataDirectory.Snapshot) -> Set<String> {
+        var changed = Set<String>()
+        var deliveries: [ModelDelivery] = []
+        let models = snapshot.store.allModels.sorted {
+            ($0.0.channel, $0.0.model) < ($1.0.channel, $1.0.model)
+        }
+        for (address, registers) in models {
+            let changes = registers.sorted(by: { $0.key < $1.key }).compactMap { name, register in
+                store.merge(address, property: name, register: register)
+            }
+            guard let newest = changes.map(\.version).max() else { continue }
+            clock.observe(newest)
+            changed.insert(address.channel)
+            if attachedModels.contains(address) {
+                deliveries.append(
+                    ModelDelivery(
+                        address: address,
+                        sets: changes.map { change in
+                            ModelRegistrar.RemoteWriteSet(
+                                writes: [PropertyWrite(name: change.property, value: change.new)],
+                                version: change.version)
+                        }))
+            }
+        }
+        if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
+        for (origin, through) in snapshot.progress.sorted(by: { $0.key < $1.key }) {
+            coverWithoutHistory(origin: origin, through: through)
+        }
+        counters.snapshotsApplied += 1
+        if let own = snapshot.progress[configuration.nodeID], own < UInt64.max {
+            nextSequence = max(nextSequence, own + 1)
+        }
+        return changed
+    }
+
+    // MARK: - Serving peers
+
+    /// Serves a FETCH: the retained deltas of `origin` in `range`, and its dropped-through mark.
+    mutating func fetch(origin: String, range: ClosedRange<UInt64>) -> (deltas: [Delta], droppedThrough: UInt64) {
+        guard let history = history[origin] else { return ([], 0) }
+        let deltas = history.deltas(in: range)
+        counters.deltasServed += deltas.count
+        return (deltas, history.droppedThrough)
+    }
+}

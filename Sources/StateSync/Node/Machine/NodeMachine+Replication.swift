@@ -1,0 +1,311 @@
+/// Replication (docs/PROTOCOL.md sections 7 and 8): peer messages in, local writes out, the
+/// bookkeeping of every origin's sequence numbers, and what live models are sent.
+extension NodeMachine {
+    /// A delta new to this node, applied to the store, with its writes that won (possibly none).
+    struct Applied: Sendable {
+        let delta: Delta
+        let won: [PropertyWrite]
+        /// The instance id of the model that made it (local writes), else 0.
+        var emitter: UInt64 = 0
+    }
+
+    // MARK: - Peer messages
+
+    /// One message (or DELTA batch) from the peer at `endpoint`.
+    mutating func receivePeerMessage(_ frames: [[UInt8]], from endpoint: String) {
+        do {
+            if let deltas = try PeerMessage.decodeDeltas(frames) {
+                applyRemote(deltas, from: endpoint)
+                return
+            }
+            switch try PeerMessage.decode(frames) {
+            case .heartbeat(let beat): receiveHeartbeat(beat, from: endpoint)
+            case .delta(let delta): applyRemote([delta], from: endpoint)
+            }
+        } catch {
+            countMalformed(
+                kind: "malformed-peer", "dropped a malformed message from a peer", endpoint: endpoint, error: error)
+        }
+    }
+
+    /// A HEARTBEAT (section 7.3): liveness, the peer's repair endpoint, and what exists.
+    mutating func receiveHeartbeat(_ beat: PeerMessage.Heartbeat, from endpoint: String) {
+        peers[endpoint, default: PeerProgress()].lastMessageAt = now
+        peers[endpoint, default: PeerProgress()].node = beat.node
+        peers[endpoint, default: PeerProgress()].repairEndpoint =
+            beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
+        guard beat.node != configuration.nodeID else { return }
+        origins[beat.node, default: OriginProgress()].incarnation = beat.incarnation
+        announce(origin: beat.node, through: beat.latestSequence)
+        // What the peer holds of every origin: a delta it has exists, so it is owed to us too.
+        // For our own origin this means we lost deltas we had published (a damaged or removed
+        // log): fetch them back and never reuse their sequence numbers.
+        for (origin, through) in beat.progress.sorted(by: { $0.key < $1.key }) {
+            announce(origin: origin, through: through)
+        }
+        if let own = beat.progress[configuration.nodeID], own < UInt64.max {
+            nextSequence = max(nextSequence, own + 1)
+        }
+    }
+
+    /// An advertised endpoint bound to a wildcard host is reached at the host we reach the peer at.
+    static func reachable(_ advertised: String, via peerEndpoint: String) -> String {
+        for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where advertised.hasPrefix(wildcard) {
+            let port = advertised.dropFirst(wildcard.count)
+            let hostPart = peerEndpoint.dropFirst("tcp://".count)
+            guard peerEndpoint.hasPrefix("tcp://"), let colon = hostPart.lastIndex(of: ":") else { return advertised }
+            return "tcp://\(hostPart[..<colon]):\(port)"
+        }
+        return advertised
+    }
+
+    mutating func countMalformed(kind: String, _ message: String, endpoint: String, error: any Error) {
+        counters.malformedMessages += 1
+        if let suppressed = limiter.allow(kind, now: now) {
+            logger.warning(
+                "\(message)",
+                metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)", "suppressed": "\(suppressed)"])
+        }
+    }
+
+    /// Applies deltas from one peer message (or one repair answer). Returns the new ones, in
+    /// order; they are logged, followed by the clock and sent to live models.
+    @discardableResult
+    mutating func applyRemote(_ deltas: [Delta], from endpoint: String, repaired: Bool = false) -> [Applied] {
+        // The deltas to apply: all of them (the same array, no copy) unless one is refused.
+        var accepted = deltas
+        var refusedAny = false
+        var validated: ModelAddress?  // a batch is of one model: its names are checked once
+        for index in deltas.indices {
+            let delta = deltas[index]
+            var refused = delta.origin == configuration.nodeID && !repaired  // our own write, echoed back
+            if !refused {
+                do {
+                    if validated?.channel != delta.channel || validated?.model != delta.model {
+                        try Names.validateChannel(delta.channel)
+                        try Names.validateModel(delta.model)
+                        validated = delta.address
+                    }
+                    for property in delta.properties { try Names.validateProperty(property.name) }
+                    refused = plantedDrop(delta)
+                } catch {
+                    countMalformed(
+                        kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
+                    refused = true
+                }
+            }
+            if refused, !refusedAny {
+                refusedAny = true
+                accepted = Array(deltas[..<index])
+            } else if !refused, refusedAny {
+                accepted.append(delta)
+            }
+        }
+        guard let newest = accepted.indices.max(by: { accepted[$0].version < accepted[$1].version }) else {
+            return []
+        }
+        // Every version at or below one the clock follows is within the drift bound too.
+        let drifted =
+            clock.observe(accepted[newest].version)
+            ? [] : accepted.indices.filter { $0 == newest || !clock.observe(accepted[$0].version) }.map { accepted[$0] }
+        if !repaired {
+            peers[endpoint, default: PeerProgress()].lastMessageAt = now
+            peers[endpoint, default: PeerProgress()].node = accepted[accepted.count - 1].origin
+            peers[endpoint, default: PeerProgress()].deltasReceived += accepted.count
+            counters.deltasReceived += accepted.count
+        }
+        counters.clockDriftRejections += drifted.count
+        let applied = apply(accepted) { machine, delta, won in
+            machine.counters.propertiesStale += delta.properties.count - won.count
+            if !won.isEmpty { machine.counters.deltasApplied += 1 }
+        }
+        if let drifted = drifted.first, let suppressed = limiter.allow("clock-drift", now: now) {
+            logger.warning(
+                "a peer's clock is further ahead than clock.max_drift_ms; not following it",
+                metadata: [
+                    "peer.id": "\(drifted.origin)", "delta.version": "\(drifted.version)",
+                    "suppressed": "\(suppressed)",
+                ])
+        }
+        // Logged without fsync: a peer can always send them again.
+        appendToLog(applied, mustSucceed: false)
+        deliver(applied)
+        return applied
+    }
+
+    /// Records and merges deltas in runs of one origin and one model (a DELTA batch, usually):
+    /// their bookkeeping looks each up once per run. `account` sees each new delta with the
+    /// writes that won.
+    mutating func apply(
+        _ deltas: [Delta], emitters: [UInt64]? = nil,
+        account: (inout NodeMachine, Delta, [PropertyWrite]) -> Void
+    ) -> [Applied] {
+        var applied: [Applied] = []
+        applied.reserveCapacity(deltas.count)
+        var start = 0
+        while start < deltas.count {
+            var end = start + 1
+            while end < deltas.count, deltas[end].origin == deltas[start].origin,
+                deltas[end].channel == deltas[start].channel, deltas[end].model == deltas[start].model
+            {
+                end += 1
+            }
+            let isNew = record(run: deltas[start..<end])
+            var fresh: [Delta] = []
+            var freshEmitters: [UInt64] = []
+            for offset in 0..<(end - start) where isNew[offset] {
+                fresh.append(deltas[start + offset])
+                freshEmitters.append(emitters?[start + offset] ?? 0)
+            }
+            for (index, won) in store.applyWinning(run: fresh).enumerated() {
+                account(&self, fresh[index], won)
+                applied.append(Applied(delta: fresh[index], won: won, emitter: freshEmitters[index]))
+            }
+            start = end
+        }
+        return applied
+    }
+
+    /// Test-only fault (``NodeFaults/dropRemoteDeltasShare``): silently discards a share of
+    /// remote deltas and marks them received, so they are never repaired.
+    mutating func plantedDrop(_ delta: Delta) -> Bool {
+        let share = faults.dropRemoteDeltasShare
+        guard share > 0, delta.origin != configuration.nodeID,
+            Double(delta.sequence &* 2_654_435_761 % 1000) / 1000 < share
+        else { return false }
+        _ = record(delta)
+        return true
+    }
+
+    /// Sends the writes that won to the live models at their addresses, in runs of one address.
+    mutating func deliver(_ applied: [Applied]) {
+        guard !attachedModels.isEmpty else { return }
+        var deliveries: [ModelDelivery] = []
+        for entry in applied where !entry.won.isEmpty && attachedModels.contains(entry.delta.address) {
+            let set = ModelRegistrar.RemoteWriteSet(
+                writes: entry.won, version: entry.delta.version,
+                isRemote: entry.delta.origin != configuration.nodeID, emitter: entry.emitter)
+            if deliveries.last?.address == entry.delta.address {
+                deliveries[deliveries.count - 1].sets.append(set)
+            } else {
+                deliveries.append(ModelDelivery(address: entry.delta.address, sets: [set]))
+            }
+        }
+        if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
+    }
+
+    // MARK: - Local writes
+
+    /// Numbers the writes live models made, applies them, logs them and stages them to be
+    /// published (and acknowledged) once durable.
+    mutating func takeLocalWrites(_ writes: [LocalWrite]) {
+        guard !writes.isEmpty else { return }
+        _ = applyLocal(writes)
+    }
+
+    /// Numbers `writes` in order and applies them as this node's deltas. Returns them as applied.
+    mutating func applyLocal(_ writes: [LocalWrite]) -> [Applied] {
+        var deltas: [Delta] = []
+        deltas.reserveCapacity(writes.count)
+        for write in writes {
+            deltas.append(
+                Delta(
+                    channel: write.address.channel, model: write.address.model, version: write.version,
+                    sequence: nextSequence, properties: write.writes))
+            nextSequence += 1
+        }
+        let applied = apply(deltas, emitters: writes.map(\.emitter)) { machine, _, _ in
+            machine.counters.deltasPublished += 1
+        }
+        stage(applied)
+        // The instance that wrote it already holds it; another instance at the address (a newer
+        // one may have adopted the store before this write landed) gets it.
+        deliver(applied)
+        return applied
+    }
+
+    // MARK: - Sequence bookkeeping (section 8.1)
+
+    /// Records a delta's sequence number and keeps it for repairs. Returns `false` for a delta
+    /// already received (applying it again would be harmless, but it is not logged twice).
+    mutating func record(_ delta: Delta) -> Bool {
+        record(run: CollectionOfOne(delta))[0]
+    }
+
+    /// Records a run of deltas of one origin like ``record(_:)``, with one look-up of the
+    /// origin's progress and history for the whole run. Returns whether each was new.
+    mutating func record<Run: Collection<Delta>>(run deltas: Run) -> [Bool] {
+        guard let origin = deltas.first?.origin else { return [] }
+        assert(deltas.allSatisfy { $0.origin == origin }, "a run is of one origin")
+        // In place (no copy of the origin's set of received-above sequence numbers).
+        let isNew = Self.record(
+            deltas, progress: &origins[origin, default: OriginProgress()],
+            history: &history[origin, default: OriginHistory()], historyLimit: configuration.historyDeltas,
+            counters: &counters)
+        let (limit, overflow) = configuration.historyDeltas.multipliedReportingOverflow(by: max(origins.count, 1))
+        for (delta, new) in zip(deltas, isNew) where new {
+            journal.append(delta, limit: overflow ? Int.max / 2 : limit)
+        }
+        return isNew
+    }
+
+    private static func record<Run: Collection<Delta>>(
+        _ deltas: Run, progress: inout OriginProgress, history: inout OriginHistory, historyLimit: Int,
+        counters: inout NodeCounters
+    ) -> [Bool] {
+        var isNew: [Bool] = []
+        isNew.reserveCapacity(deltas.count)
+        for delta in deltas {
+            let (new, openedGap) = progress.receiveNotingGap(delta.sequence)
+            isNew.append(new)
+            guard new else {
+                counters.duplicateDeltas += 1
+                continue
+            }
+            if openedGap { counters.sequenceGaps += 1 }
+            history.insert(delta, limit: historyLimit)
+        }
+        return isNew
+    }
+
+    /// The state now covers `origin` through `sequence` without the deltas themselves (a
+    /// snapshot): neither repairs nor watch resumes can be served from history below it.
+    mutating func coverWithoutHistory(origin: String, through sequence: UInt64) {
+        origins[origin, default: OriginProgress()].cover(through: sequence)
+        history[origin, default: OriginHistory()].drop(through: sequence)
+        journal.markAbsent(origin: origin, through: sequence)
+    }
+
+    /// Records that `origin`'s deltas exist through `sequence` (a heartbeat or a peer's progress
+    /// said so): a gap at the tail, with no later delta to reveal it, is counted like any other.
+    mutating func announce(origin: String, through sequence: UInt64) {
+        var progress = origins[origin, default: OriginProgress()]
+        guard sequence > progress.announced else { return }
+        let gapBefore = progress.hasGap
+        progress.announced = sequence
+        if !gapBefore, progress.hasGap { counters.sequenceGaps += 1 }
+        origins[origin] = progress
+    }
+
+    /// Sequence numbers known to exist but not received, over all origins (saturating: a peer's
+    /// absurd announcement cannot overflow it).
+    package var missingDeltas: Int {
+        var total: UInt64 = 0
+        for progress in origins.values {
+            let gap = progress.announced > progress.contiguous ? progress.announced - progress.contiguous : 0
+            let missing = gap > UInt64(progress.above.count) ? gap - UInt64(progress.above.count) : 0
+            total = total.addingReportingOverflow(missing).overflow ? .max : total + missing
+        }
+        return Int(clamping: total)
+    }
+
+    /// This node's heartbeat (section 7.3).
+    func heartbeat() -> PeerMessage {
+        var progress: [String: UInt64] = [:]
+        for (origin, state) in origins where state.contiguous > 0 { progress[origin] = state.contiguous }
+        return .heartbeat(
+            PeerMessage.Heartbeat(
+                node: configuration.nodeID, latestSequence: published, clock: clock.wallMilliseconds() << 16,
+                incarnation: incarnation, api: boundRepair, progress: progress))
+    }
+}

@@ -1,0 +1,359 @@
+/// Watches on the client API (docs/PROTOCOL.md section 10.5): a snapshot of the channel and an
+/// "initial state complete" marker, then every delta of the channel in this node's apply order,
+/// and "caught up" markers. Nothing is buffered per watch: a watch is a cursor into the node's
+/// journal, advanced only as far as the client's queue took its events (the driver reports how
+/// many it sent). A client too slow for the history is resynchronised with a snapshot, or its
+/// watch ends, as it asked.
+extension NodeMachine {
+    /// Where a watch is: its position in this node's journal, and what it has been delivered, as
+    /// a cursor (every sequence number through it) plus the numbers delivered above it.
+    struct WatchPosition: Sendable {
+        var journalIndex: Int
+        var cursor: WatchCursor
+        var above: [String: Set<UInt64>] = [:]
+
+        /// Whether the delta of `origin`/`sequence` was already delivered.
+        func covers(_ origin: String, _ sequence: UInt64) -> Bool {
+            sequence <= cursor[origin] || above[origin]?.contains(sequence) == true
+        }
+
+        mutating func deliver(_ origin: String, _ sequence: UInt64) {
+            if sequence == cursor[origin] + 1 {
+                var position = sequence
+                while above[origin]?.remove(position + 1) != nil { position += 1 }
+                cursor[origin] = position
+                if above[origin]?.isEmpty == true { above[origin] = nil }
+            } else {
+                above[origin, default: []].insert(sequence)
+            }
+        }
+    }
+
+    /// A batch of events sent to a watch's client, waiting for the driver to say how many it took.
+    enum InFlight: Sendable {
+        /// The final ERROR of a watch that lagged with the "end" policy.
+        case ending
+        /// A whole snapshot of `events` events; the position it stands for.
+        case snapshot(WatchPosition, events: Int)
+        /// Deltas: the position after each event, and where the batch left the watch.
+        case deltas(before: WatchPosition, after: [WatchPosition], end: WatchPosition)
+        /// A caught-up marker.
+        case marker
+    }
+
+    struct Watch: Sendable {
+        let channel: String
+        var onLag: ClientProtocol.LagPolicy = .resync
+        /// The watch lagged with the "end" policy: its ERROR is still to be sent.
+        var ending = false
+        var position: WatchPosition
+        /// A snapshot (and why) still to send before any delta.
+        var pendingSnapshot: ClientProtocol.SnapshotReason?
+        var caughtUpSent = false
+        var lastMarker: UInt64 = 0
+        var lagging = false
+        var inFlight: InFlight?
+    }
+
+    /// The watches, in the order they were opened (so every run treats them in one order).
+    struct WatchTable: Sendable {
+        private(set) var byKey: [WatchKey: Watch] = [:]
+        private(set) var order: [WatchKey] = []
+        /// Watches whose client is not taking events as fast as they come.
+        var lagging = 0
+
+        var count: Int { byKey.count }
+
+        subscript(key: WatchKey) -> Watch? {
+            get { byKey[key] }
+            set {
+                if newValue == nil, byKey[key] != nil {
+                    byKey[key] = nil
+                    order.removeAll { $0 == key }
+                } else if let newValue {
+                    if byKey.updateValue(newValue, forKey: key) == nil { order.append(key) }
+                }
+            }
+        }
+
+        mutating func removeAll(of client: [UInt8]) {
+            for key in order where key.client == client { byKey[key] = nil }
+            order.removeAll { $0.client == client }
+        }
+    }
+
+    static let markerInterval: UInt64 = 1000
+    static let snapshotChunk = 256
+    static let pumpLimit = 256
+
+    // MARK: - Opening and closing
+
+    mutating func addWatch(_ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy)
+    {
+        var watch = Watch(
+            channel: channel, onLag: onLag, position: WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
+        if let cursor {
+            if let position = resumePosition(after: cursor) {
+                watch.position = position
+            } else {
+                watch.pendingSnapshot = .historyGone
+            }
+        } else {
+            watch.pendingSnapshot = .initial
+        }
+        watches[key] = watch
+    }
+
+    mutating func removeWatch(_ key: WatchKey) {
+        if watches[key]?.lagging == true { watches.lagging -= 1 }
+        watches[key] = nil
+    }
+
+    /// Watches of `channels` get a resync snapshot: their state changed without deltas (a peer's
+    /// snapshot was merged), which the journal cannot show them.
+    mutating func resyncWatches(of channels: Set<String>) {
+        for key in watches.order {
+            guard let watch = watches[key], channels.contains(watch.channel), watch.pendingSnapshot == nil else {
+                continue
+            }
+            watches[key]?.pendingSnapshot = .lagged
+        }
+    }
+
+    // MARK: - Sending
+
+    /// Sends every watch what it is owed (as far as its client's queue takes it: see
+    /// ``watchEventsSent(_:accepted:clientGone:)``).
+    mutating func pumpWatches() {
+        for key in watches.order where watches[key]?.inFlight == nil { pump(key) }
+    }
+
+    /// Emits the next batch of events `key` is owed, if any.
+    private mutating func pump(_ key: WatchKey) {
+        guard var watch = watches[key], watch.inFlight == nil else { return }
+        defer { watches[key] = watch }
+        func event(_ body: ClientProtocol.WatchEventBody) -> [[UInt8]] {
+            ClientProtocol.encodeReply(.event, id: key.requestID, body: ClientProtocol.encodeWatchEvent(body))
+        }
+        while true {
+            if watch.ending {
+                let body = ClientProtocol.encodeError(
+                    .lagged,
+                    "this watch fell behind the node's history and ended (its policy is to end on lag); watch again")
+                watch.inFlight = .ending
+                actions.append(
+                    .sendWatchEvents(key, [ClientProtocol.encodeReply(.error, id: key.requestID, body: body)]))
+                return
+            }
+            if let reason = watch.pendingSnapshot {
+                let events = snapshotEvents(of: watch.channel, reason: reason, event)
+                watch.inFlight = .snapshot(events.position, events: events.frames.count)
+                actions.append(.sendWatchEvents(key, events.frames))
+                return
+            }
+            let before = watch.position
+            let (deltas, end, historyGone) = nextDeltas(
+                channel: watch.channel, from: watch.position, limit: Self.pumpLimit)
+            if historyGone {
+                // The end policy's ERROR is told once the client's queue takes it (it may be full
+                // now: that is the lag); the resync policy sends the state again.
+                if watch.onLag == .end { watch.ending = true } else { watch.pendingSnapshot = .lagged }
+                continue
+            }
+            if deltas.isEmpty {
+                watch.position = end
+                if end.journalIndex == before.journalIndex { break }
+                continue
+            }
+            var events: [[[UInt8]]] = []
+            var after: [WatchPosition] = []
+            for (delta, position) in deltas {
+                let frames = event(.delta(delta, cursor: position.cursor))
+                events.append(frames)
+                after.append(position)
+                if faults.duplicateWatchEvents {
+                    events.append(frames)
+                    after.append(position)
+                }
+            }
+            watch.inFlight = .deltas(before: before, after: after, end: end)
+            actions.append(.sendWatchEvents(key, events))
+            return
+        }
+        // The first time the watch has everything (after its snapshot), then at most once per
+        // interval: "nothing changed" is told apart from "not yet synced" without a marker per
+        // delta.
+        if !watch.caughtUpSent || now &- watch.lastMarker >= Self.markerInterval {
+            watch.inFlight = .marker
+            let marker = ClientProtocol.WatchEventBody.caughtUp(
+                cursor: watch.position.cursor, latest: store.latestVersion == .zero ? nil : store.latestVersion,
+                missing: missingDeltas)
+            actions.append(.sendWatchEvents(key, [event(marker)]))
+        } else {
+            setLagging(&watch, false)
+        }
+    }
+
+    /// A whole snapshot of `channel` as EVENTs: its start, the records in chunks, and its end
+    /// with the record count and digest the client verifies.
+    private func snapshotEvents(
+        of channel: String, reason: ClientProtocol.SnapshotReason,
+        _ event: (ClientProtocol.WatchEventBody) -> [[UInt8]]
+    ) -> (frames: [[[UInt8]]], position: WatchPosition) {
+        let (models, position) = channelSnapshot(channel)
+        var frames = [event(.snapshotBegin(reason))]
+        var digest = RegisterDigest()
+        var chunk: [(model: String, properties: [(String, ReplicaStore.Register)])] = []
+        var inChunk = 0
+        for (model, properties) in models {
+            for (name, register) in properties {
+                digest.add(channel: channel, model: model, property: name, register: register)
+            }
+            chunk.append((model, properties))
+            inChunk += properties.count
+            if inChunk >= Self.snapshotChunk {
+                frames.append(event(.records(chunk)))
+                chunk = []
+                inChunk = 0
+            }
+        }
+        if !chunk.isEmpty { frames.append(event(.records(chunk))) }
+        frames.append(event(.snapshotEnd(records: digest.count, digest: digest.value, cursor: position.cursor)))
+        return (frames, position)
+    }
+
+    /// The driver sent the first `accepted` events of `key`'s batch.
+    mutating func watchEventsSent(_ key: WatchKey, accepted: Int, clientGone: Bool) {
+        if clientGone {
+            for other in watches.order where other.client == key.client && watches[other]?.lagging == true {
+                watches.lagging -= 1
+            }
+            watches.removeAll(of: key.client)
+            return
+        }
+        guard var watch = watches[key], let inFlight = watch.inFlight else { return }
+        watch.inFlight = nil
+        var complete = false
+        switch inFlight {
+        case .ending:
+            if accepted > 0 {
+                removeWatch(key)
+                return
+            }
+        case .snapshot(let position, let events):
+            // A snapshot cut short is sent again whole (the client restarts it at its begin).
+            if accepted == events {
+                watch.position = position
+                watch.pendingSnapshot = nil
+                watch.caughtUpSent = false
+                complete = true
+            }
+        case .deltas(let before, let after, let end):
+            if accepted >= after.count {
+                watch.position = end
+                complete = true
+            } else {
+                // Advance delta by delta, so a refusal resumes exactly where it stopped.
+                watch.position = accepted > 0 ? after[accepted - 1] : before
+            }
+        case .marker:
+            if accepted > 0 {
+                watch.caughtUpSent = true
+                watch.lastMarker = now
+                complete = true
+            }
+        }
+        if complete {
+            watches[key] = watch
+            pump(key)  // the next batch, or nothing more owed
+            if let current = watches[key], current.inFlight == nil { setLagging(key, false) }
+        } else {
+            if !watch.lagging, let suppressed = limiter.allow("slow-watcher", now: now) {
+                logger.warning(
+                    "a watching client is not keeping up; its watch waits (and resyncs if it falls behind history)",
+                    metadata: ["watch.channel": "\(watch.channel)", "suppressed": "\(suppressed)"])
+            }
+            setLagging(&watch, true)
+            watches[key] = watch
+        }
+    }
+
+    private mutating func setLagging(_ key: WatchKey, _ lagging: Bool) {
+        guard var watch = watches[key] else { return }
+        setLagging(&watch, lagging)
+        watches[key] = watch
+    }
+
+    private mutating func setLagging(_ watch: inout Watch, _ lagging: Bool) {
+        guard watch.lagging != lagging else { return }
+        watch.lagging = lagging
+        watches.lagging += lagging ? 1 : -1
+    }
+
+    // MARK: - The journal seen from a watch
+
+    /// The next deltas of `channel` a watch at `position` must get, in this node's apply order, up
+    /// to `limit`, with the position after each. Stops before this node's own deltas that are not
+    /// yet published. `historyGone` says the watch needs deltas the node no longer holds.
+    func nextDeltas(channel: String, from position: WatchPosition, limit: Int) -> (
+        deltas: [(Delta, WatchPosition)], end: WatchPosition, historyGone: Bool
+    ) {
+        var position = position
+        if position.journalIndex < journal.base {
+            // Entries this watch has not passed were dropped: only those it still needs matter.
+            let needed = journal.droppedThrough.contains { origin, through in
+                through > position.cursor[origin]
+                    && !(position.cursor[origin] + 1...through).allSatisfy { position.covers(origin, $0) }
+            }
+            if needed { return ([], position, true) }
+            position.journalIndex = journal.base
+        }
+        var deltas: [(Delta, WatchPosition)] = []
+        while deltas.count < limit, let entry = journal.entry(at: position.journalIndex) {
+            if entry.origin == configuration.nodeID && entry.sequence > published { break }
+            position.journalIndex += 1
+            if position.covers(entry.origin, entry.sequence) { continue }
+            position.deliver(entry.origin, entry.sequence)
+            if entry.delta.channel == channel { deltas.append((entry.delta, position)) }
+        }
+        return (deltas, position, false)
+    }
+
+    /// The registers of `channel` and the watch position they stand for.
+    func channelSnapshot(_ channel: String) -> (
+        records: [(String, [(String, ReplicaStore.Register)])], position: WatchPosition
+    ) {
+        var position = WatchPosition(journalIndex: journal.end, cursor: WatchCursor())
+        for (origin, progress) in origins {
+            if origin == configuration.nodeID {
+                position.cursor[origin] = min(progress.contiguous, published)
+            } else {
+                position.cursor[origin] = progress.contiguous
+                if !progress.above.isEmpty { position.above[origin] = progress.above }
+            }
+        }
+        // Own deltas not yet published are in the state but not in the cursor: the watch goes
+        // through them again (harmless: a client ignores a delta it already holds).
+        var index = journal.base
+        while let entry = journal.entry(at: index) {
+            if entry.origin == configuration.nodeID && entry.sequence > published {
+                position.journalIndex = index
+                break
+            }
+            index += 1
+        }
+        let models = store.models(in: channel).sorted().map { model in
+            (model, store.properties(of: ModelAddress(channel: channel, model: model)).sorted { $0.key < $1.key })
+        }
+        return (models, position)
+    }
+
+    /// Where a watch resuming at `cursor` starts: the oldest retained journal entry (entries it
+    /// already has are skipped), or `nil` when the node no longer holds deltas it needs.
+    func resumePosition(after cursor: WatchCursor) -> WatchPosition? {
+        // Every delta the cursor lacks must still be in the journal (not dropped, and not known
+        // only through a snapshot) — also above a gap of the origin.
+        for (origin, through) in journal.droppedThrough where through > cursor[origin] { return nil }
+        return WatchPosition(journalIndex: journal.base, cursor: cursor)
+    }
+}

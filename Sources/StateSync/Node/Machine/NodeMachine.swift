@@ -1,0 +1,341 @@
+package import Logging
+
+/// Every protocol decision of one node, with no I/O: ``NodeInput``s go in, ``NodeAction``s come
+/// out (docs/PROTOCOL.md is what it implements).
+///
+/// The machine owns the node's replicated state (the store, what it has received of each
+/// origin, the retained history, the journal watches follow), its links to peers, its repairs,
+/// its watches and what waits to become durable. It has no sockets, threads, files, wall clock,
+/// randomness or environment: time comes with every input, the incarnation is given, the hybrid
+/// logical clock it stamps with reads the wall time its owner injected, and test faults are
+/// configuration (``NodeFaults``). So the same machine runs in `statesyncd` (driven by the
+/// ZeroMQ I/O thread) and in the cluster simulator (driven by a seed), and a test can drive it
+/// input by input.
+///
+/// Files by concern: replication (peer messages, local writes, SET), durability, repair,
+/// watches, the client API.
+///
+/// Thread safety: a value type; its owner serialises access (``StateSyncNode`` keeps it behind
+/// its lock).
+package struct NodeMachine: Sendable {
+    package let configuration: NodeConfiguration
+    package let incarnation: UInt64
+    /// The node's clock: models stamp their writes from it on their own threads; the machine
+    /// stamps SETs and follows peers' versions.
+    package let clock: HybridLogicalClock
+    package var logger: Logger
+    let faults: NodeFaults
+    var limiter = LogLimiter()
+
+    // MARK: Replicated state
+
+    /// The node's replica of every model.
+    package internal(set) var store = ReplicaStore()
+    /// What has been received of each origin's sequence numbers.
+    var origins: [String: OriginProgress] = [:]
+    /// Per origin, the deltas retained to serve repairs.
+    var history: [String: OriginHistory] = [:]
+    /// Every recorded delta in apply order: what watches follow.
+    var journal = Journal()
+    /// Per configured peer endpoint, what this node has heard from it.
+    var peers: [String: PeerProgress] = [:]
+    package var counters = NodeCounters()
+    /// The sequence number the next local write gets.
+    package internal(set) var nextSequence: UInt64 = 1
+    /// The highest own sequence number published (durable and sent).
+    package internal(set) var published: UInt64 = 0
+    /// Addresses that have a live model on this node: only their changes are delivered.
+    package var attachedModels: Set<ModelAddress> = []
+
+    // MARK: Endpoints, timers, flow
+
+    package internal(set) var boundPublish: String
+    package internal(set) var boundRepair: String
+    var lastHeartbeat: UInt64?
+    var lastRepairRound: UInt64?
+    var intakePaused = false
+    var pausedSince: UInt64 = 0
+    package internal(set) var stopping = false
+
+    var durability = Durability()
+    var repair = RepairState()
+    var watches = WatchTable()
+
+    /// The actions of the input being handled.
+    var actions: [NodeAction] = []
+    /// The `now` of the input being handled (monotonic milliseconds).
+    var now: UInt64 = 0
+
+    /// What a node recovered from its data directory before it starts.
+    package struct Recovery: Sendable {
+        package var snapshot: DataDirectory.Snapshot?
+        /// The deltas of the log, in order (own and remote).
+        package var deltas: [Delta] = []
+        /// Torn or corrupt bytes cut from the log's tail.
+        package var cutBytes = 0
+        package var cutReason: String?
+        /// The log's size after recovery (its magic and its intact records).
+        package var logSize = 0
+
+        package init(
+            snapshot: DataDirectory.Snapshot? = nil, deltas: [Delta] = [], cutBytes: Int = 0, cutReason: String? = nil,
+            logSize: Int = 0
+        ) {
+            self.snapshot = snapshot
+            self.deltas = deltas
+            self.cutBytes = cutBytes
+            self.cutReason = cutReason
+            self.logSize = logSize
+        }
+    }
+
+    /// A machine that continues from `recovery`: the snapshot, then the log replayed over it.
+    package init(
+        configuration: NodeConfiguration, clock: HybridLogicalClock, incarnation: UInt64, recovery: Recovery,
+        faults: NodeFaults = NodeFaults(), logger: Logger
+    ) {
+        self.configuration = configuration
+        self.clock = clock
+        self.incarnation = incarnation
+        self.faults = faults
+        self.logger = logger
+        boundPublish = configuration.publishEndpoint
+        boundRepair = configuration.repairServiceEndpoint
+        for peer in configuration.peers { peers[peer] = PeerProgress() }
+        var latestSequence: UInt64 = 0
+        if let snapshot = recovery.snapshot {
+            store = snapshot.store
+            latestSequence = snapshot.latestSequence
+            for (origin, through) in snapshot.progress.sorted(by: { $0.key < $1.key }) {
+                coverWithoutHistory(origin: origin, through: through)
+            }
+        }
+        // Replay the write-ahead log: every delta applied since the snapshot, own and remote.
+        var ownLatest = store.allModels.flatMap { $0.1.values.map(\.version) }.filter {
+            $0.node == configuration.nodeID
+        }.max()
+        for delta in recovery.deltas where record(delta) {
+            _ = store.apply(delta)
+            if delta.origin == configuration.nodeID {
+                latestSequence = max(latestSequence, delta.sequence)
+                ownLatest = max(ownLatest ?? delta.version, delta.version)
+            }
+        }
+        counters = NodeCounters()
+        counters.logBytesCut = recovery.cutBytes
+        // Never reuse a sequence number or issue a version below what this node already wrote.
+        nextSequence = latestSequence + 1
+        published = latestSequence
+        if let ownLatest { clock.advance(past: ownLatest) }
+        // Peers' versions it holds are followed as if just received (within the drift bound), so a
+        // restart with a lagging wall clock does not stamp writes that lose at once.
+        clock.observe(store.latestVersion)
+        durability.logSize = recovery.logSize
+        if recovery.cutBytes > 0 {
+            logger.warning(
+                "cut a torn or corrupt tail from the log (a crash interrupted a write); it was never acknowledged",
+                metadata: ["log.bytes_cut": "\(recovery.cutBytes)", "reason": "\(recovery.cutReason ?? "-")"])
+        }
+        if faults.dropRemoteDeltasShare > 0 {
+            logger.critical(
+                "TEST FAULT INJECTION: silently dropping a share of remote deltas without repair",
+                metadata: ["share": "\(faults.dropRemoteDeltasShare)"])
+        }
+    }
+
+    // MARK: - Inputs
+
+    /// Handles one input at time `now` (monotonic milliseconds) and returns what to do, in order.
+    package mutating func handle(_ input: NodeInput, now: UInt64) -> [NodeAction] {
+        self.now = now
+        switch input {
+        case .endpointsBound(let publish, let repair):
+            boundPublish = publish
+            boundRepair = repair
+        case .peerMessage(let peer, let frames):
+            receivePeerMessage(frames, from: peer)
+        case .clientRequest(let client, let frames):
+            handleClientRequest(frames, from: client)
+        case .repairReply(let peer, let frames):
+            handleRepairReply(frames, from: peer)
+        case .repairRequestUnsent(let peer, let requestID):
+            repairRequestUnsent(peer: peer, requestID: requestID)
+        case .localWrites(let writes):
+            takeLocalWrites(writes)
+        case .logDurable(let position):
+            logDurable(through: position)
+        case .compactionFailed(let reason):
+            durability.compactionPending = true
+            logger.error("log compaction failed; will retry", metadata: ["error": "\(reason)"])
+        case .watchEventsSent(let key, let accepted, let gone):
+            watchEventsSent(key, accepted: accepted, clientGone: gone)
+        case .replyDropped:
+            counters.repliesDropped += 1
+        case .tick(let backlog):
+            tick(observerBacklog: backlog)
+        case .stop:
+            stopping = true
+            requestSync(force: true)
+        }
+        let result = actions
+        actions = []
+        return result
+    }
+
+    /// Runs what is due: durability of staged writes, heartbeat, the repair round (with
+    /// compaction), backpressure, and the watches.
+    mutating func tick(observerBacklog: Int) {
+        requestSync(force: false)
+        let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
+        if lastHeartbeat.map({ now &- $0 >= interval }) ?? true {
+            actions.append(.publish(heartbeat().encode()))
+            lastHeartbeat = now
+        }
+        if lastRepairRound.map({ now &- $0 >= Self.repairInterval }) ?? true {
+            lastRepairRound = now
+            updateRepairLinks()
+            if !intakePaused { requestRepairs() }
+            // Received deltas alone also grow the log; a merged snapshot is only durable once it
+            // is in the snapshot file.
+            if durability.staged.isEmpty, durability.replies.isEmpty,
+                durability.logSize > configuration.compactBytes || repair.mergedSnapshot
+                    || durability.compactionPending
+            {
+                compact()
+                repair.mergedSnapshot = false
+            }
+        }
+        applyBackpressure(observerBacklog: observerBacklog)
+        pumpWatches()
+    }
+
+    /// How often gaps are looked for and repairs (re)requested, in milliseconds.
+    static let repairInterval: UInt64 = 50
+
+    /// The latest time the driver should call ``NodeInput/tick(observerBacklog:)`` again (it may
+    /// call it earlier, and does after every round of inputs).
+    package func nextDeadline() -> UInt64 {
+        let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
+        var deadline = (lastHeartbeat ?? now) &+ interval
+        deadline = min(deadline, (lastRepairRound ?? now) &+ Self.repairInterval)
+        if !durability.staged.isEmpty || !durability.replies.isEmpty {
+            deadline = min(deadline, durability.lastSync &+ UInt64(configuration.fsyncIntervalMilliseconds))
+        }
+        if watches.lagging > 0 || intakePaused { deadline = min(deadline, now &+ 5) }
+        return max(deadline, now)
+    }
+
+    /// Stops or resumes reading peers' deltas with the observers' backlog.
+    mutating func applyBackpressure(observerBacklog backlog: Int) {
+        let limit = configuration.observerBacklogLimit
+        if !intakePaused, backlog > limit {
+            intakePaused = true
+            pausedSince = now
+            counters.observerBackpressurePauses += 1
+            actions.append(.pauseIntake(true))
+            if let suppressed = limiter.allow("observer-backpressure", now: now) {
+                logger.warning(
+                    "observers are more than \(limit) changes behind; not taking peer deltas until they catch up",
+                    metadata: ["suppressed": "\(suppressed)"])
+            }
+        } else if intakePaused, backlog <= limit / 2 {
+            intakePaused = false
+            counters.observerBackpressureMilliseconds += Int(now &- pausedSince)
+            actions.append(.pauseIntake(false))
+        }
+    }
+
+    /// Whether the node has stopped reading peers' deltas (backpressure).
+    package var isIntakePaused: Bool { intakePaused }
+
+    // MARK: - Status
+
+    /// Whether the peer at `endpoint` sent a message within 3 heartbeat intervals.
+    func isConnected(_ peer: PeerProgress) -> Bool {
+        guard let last = peer.lastMessageAt else { return false }
+        return now &- last <= UInt64(3 * configuration.heartbeatIntervalMilliseconds)
+    }
+
+    /// The node's status at `now`.
+    package mutating func status(now: UInt64) -> NodeStatus {
+        self.now = now
+        var status = NodeStatus(
+            node: configuration.nodeID, incarnation: incarnation, publishEndpoint: boundPublish,
+            apiEndpoint: configuration.apiEndpoint == nil ? nil : boundRepair,
+            peers: configuration.peers.map { endpoint in
+                let progress = peers[endpoint] ?? PeerProgress()
+                return NodeStatus.Peer(
+                    endpoint: endpoint, node: progress.node, connected: isConnected(progress),
+                    lastSeenMillisecondsAgo: progress.lastMessageAt.map { Int(now &- $0) },
+                    deltasReceived: progress.deltasReceived)
+            },
+            channels: store.channelModelCounts,
+            latestVersion: store.latestVersion == .zero ? nil : store.latestVersion,
+            latestSequence: nextSequence - 1, stateDigest: store.digest,
+            counters: Dictionary(uniqueKeysWithValues: counters.all), watchers: watches.count,
+            missingDeltas: missingDeltas, laggingWatches: watches.lagging)
+        status.publishedSequence = published
+        return status
+    }
+
+    /// The whole state and, per origin, how far it includes its deltas: a snapshot to write or
+    /// to serve.
+    package var snapshot: DataDirectory.Snapshot {
+        DataDirectory.Snapshot(
+            store: store, latestSequence: nextSequence - 1, progress: origins.mapValues(\.contiguous))
+    }
+}
+
+/// What a node has heard from one configured peer endpoint.
+struct PeerProgress: Sendable {
+    var node: String?
+    var lastMessageAt: UInt64?
+    var deltasReceived = 0
+    /// The peer's advertised repair endpoint (its API, or its repair endpoint), from its
+    /// heartbeats: where repairs are fetched.
+    var repairEndpoint: String?
+}
+
+/// Faults a test can plant in a node on purpose, to prove its checkers catch them. Never set in
+/// production (docs/PROTOCOL.md, Appendix C).
+package struct NodeFaults: Sendable, Equatable {
+    /// The share (0–1) of remote deltas silently discarded and marked received, never repaired.
+    package var dropRemoteDeltasShare: Double = 0
+    /// Breaks last-writer-wins on this node: equal timestamps are decided by node id backwards.
+    package var wrongTieBreak = false
+    /// This node never sends repair requests: a gap stays open for good.
+    package var skipRepair = false
+    /// This node sends every watch each live delta twice.
+    package var duplicateWatchEvents = false
+
+    package init(
+        dropRemoteDeltasShare: Double = 0, wrongTieBreak: Bool = false, skipRepair: Bool = false,
+        duplicateWatchEvents: Bool = false
+    ) {
+        self.dropRemoteDeltasShare = min(max(dropRemoteDeltasShare, 0), 1)
+        self.wrongTieBreak = wrongTieBreak
+        self.skipRepair = skipRepair
+        self.duplicateWatchEvents = duplicateWatchEvents
+    }
+
+    package var isEmpty: Bool { self == NodeFaults() }
+}
+
+/// Rate-limits logs of bad input: at most one line per kind per second, with the count of the
+/// ones it suppressed.
+struct LogLimiter: Sendable {
+    private var entries: [String: (last: UInt64, suppressed: Int)] = [:]
+
+    /// Returns the number of suppressed messages to report when `kind` may be logged at `now`.
+    mutating func allow(_ kind: String, now: UInt64) -> Int? {
+        var entry = entries[kind] ?? (0, 0)
+        if entry.last != 0 && now &- entry.last < 1000 {
+            entry.suppressed += 1
+            entries[kind] = entry
+            return nil
+        }
+        let suppressed = entry.suppressed
+        entries[kind] = (max(now, 1), 0)
+        return suppressed
+    }
+}

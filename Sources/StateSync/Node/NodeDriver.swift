@@ -1,0 +1,35 @@
+/// What a node's driver does with a ``NodeMachine``'s network actions: it owns the sockets (or
+/// the simulated links) and is called only from the thread that drives the node.
+package protocol NodeTransport {
+    /// Sends a message on the node's PUB socket (to every peer that subscribes).
+    func publish(_ frames: [[UInt8]])
+    /// Connects (or reconnects) the repair link to `peer` at `endpoint`.
+    func connectRepairLink(peer: String, endpoint: String)
+    /// Queues a repair request on the link to `peer`; `false` when it cannot be queued now.
+    func sendRepairRequest(peer: String, frames: [[UInt8]]) -> Bool
+    /// Sends a reply to the client with routing id `client`.
+    func reply(client: [UInt8], frames: [[UInt8]]) -> ReplyOutcome
+    /// Sends events in order until the client's queue is full; returns how many were sent, and
+    /// whether the client is gone.
+    func sendWatchEvents(client: [UInt8], events: [[[UInt8]]]) -> (accepted: Int, clientGone: Bool)
+    /// Stops (or resumes) reading peers' deltas.
+    func pauseIntake(_ paused: Bool)
+}
+
+/// What became of a reply.
+package enum ReplyOutcome: Sendable, Equatable {
+    case sent
+    /// The client's queue is full: the reply is dropped (the client times out and retries).
+    case full
+    /// The client is unreachable.
+    case gone
+}
+
+/// The part of a driver its node calls from other threads.
+package protocol NodeDriver: Sendable {
+    /// Local writes are waiting in the node's outbox: feed them soon.
+    func wake()
+    /// Feeds the node ``NodeInput/stop``, closes the driver's sockets within a bounded linger and
+    /// returns once it has stopped driving the node.
+    func stop() async
+}

@@ -1,0 +1,40 @@
+/// Where a node keeps what must survive it: the write-ahead log and the state snapshot
+/// (docs/PROTOCOL.md section 11.2 and appendices A and B). The node's host calls it while it
+/// performs a ``NodeMachine``'s actions, from one thread at a time.
+///
+/// ``DataDirectory`` is the real one (files, `fdatasync`, an exclusive lock); the cluster
+/// simulator's disk loses what was not synced when its node crashes.
+package protocol NodeStorage: AnyObject, Sendable {
+    /// Reads the snapshot and the log, cutting a torn or corrupt tail from the log.
+    func recover(onCorruptSnapshot: (String) -> Void) throws(StateSyncError) -> NodeMachine.Recovery
+    /// Appends encoded log records (not yet durable).
+    func append(_ records: [UInt8]) throws(StateSyncError)
+    /// Makes everything appended durable.
+    func sync() throws(StateSyncError)
+    /// Syncs the log, writes `snapshot` durably (atomically), then empties the log.
+    func compact(_ snapshot: DataDirectory.Snapshot) throws(StateSyncError)
+    /// Releases the storage for another node. Idempotent.
+    func close()
+}
+
+/// Runs observers' notifications of the changes a node applied, off the thread that applied
+/// them (see ``ModelRegistrar``).
+package protocol ObserverExecutor: Sendable {
+    /// Runs `job` after every job submitted before it. `weight` (the changes it delivers, at
+    /// least 1) counts in ``backlog`` until it has run.
+    func run(weight: Int, _ job: @escaping @Sendable () -> Void)
+    /// The weight of the jobs submitted and not yet run: roughly, the changes waiting for their
+    /// observers. The node stops taking peer deltas while it is too high (backpressure).
+    var backlog: Int { get }
+    /// Returns once every job submitted before the call has run.
+    func flush() async
+}
+
+/// An executor that runs every job at once, on the calling thread: for the simulator and tests,
+/// where the driver is single-threaded and order must be deterministic.
+package final class InlineObserverExecutor: ObserverExecutor {
+    package init() {}
+    package func run(weight: Int, _ job: @escaping @Sendable () -> Void) { job() }
+    package var backlog: Int { 0 }
+    package func flush() async {}
+}

@@ -1,0 +1,76 @@
+public import Logging
+public import StateSync
+
+extension StateSyncNode {
+    /// Starts a node from a YAML configuration file (see the README's configuration table), over
+    /// ZeroMQ.
+    public static func start(configFile: String, logger: Logger? = nil) async throws -> StateSyncNode {
+        let configuration = try NodeConfiguration.load(file: configFile)
+        return try await start(configuration: configuration, logger: logger)
+    }
+
+    /// Starts a node over ZeroMQ: takes its data directory, recovers its state (snapshot, then
+    /// the write-ahead log), binds its sockets and connects to its peers. Returns once it is
+    /// bound and ready.
+    ///
+    /// - Throws: ``StateSyncError`` when the data directory is unusable or in use, or an endpoint
+    ///   cannot be bound (the message names which).
+    public static func start(configuration: NodeConfiguration, logger: Logger? = nil) async throws -> StateSyncNode {
+        try await start(configuration: configuration, logger: logger, testHooks: TestHooks())
+    }
+
+    /// Faults the test harness plants in a daemon (docs/PROTOCOL.md, Appendix C); never in
+    /// production.
+    package struct TestHooks: Sendable {
+        package var faults = NodeFaults()
+        /// Added to the node's wall clock (the harness's clock fault).
+        package var clockOffsetMilliseconds: Int64 = 0
+
+        package init(faults: NodeFaults = NodeFaults(), clockOffsetMilliseconds: Int64 = 0) {
+            self.faults = faults
+            self.clockOffsetMilliseconds = clockOffsetMilliseconds
+        }
+    }
+
+    package static func start(
+        configuration: NodeConfiguration, logger: Logger?, testHooks: TestHooks
+    ) async throws -> StateSyncNode {
+        var logger = logger ?? Logger(label: "statesync")
+        logger[metadataKey: "node.id"] = .string(configuration.nodeID)
+        let storage = try DataDirectory(path: configuration.dataDirectory)
+        let offset = testHooks.clockOffsetMilliseconds
+        let wallClock: @Sendable () -> UInt64 = {
+            UInt64(max(0, Int64(HybridLogicalClock.systemMilliseconds()) + offset))
+        }
+        let clock = HybridLogicalClock(
+            node: configuration.nodeID, maximumDriftMilliseconds: UInt64(configuration.maximumClockDriftMilliseconds),
+            wallClock: wallClock)
+        let node: StateSyncNode
+        do {
+            node = try StateSyncNode(
+                configuration: configuration, storage: storage, clock: clock,
+                monotonicNow: { MonotonicClock.milliseconds() },
+                incarnation: UInt64.random(in: 1...UInt64.max),
+                observers: DispatchObserverExecutor(label: "statesync-observers.\(configuration.nodeID)"),
+                faults: testHooks.faults, logger: logger)
+        } catch {
+            storage.close()
+            throw error
+        }
+        let driver = ZeroMQNodeDriver(configuration: configuration, logger: logger)
+        node.attach(driver: driver)
+        do {
+            try await driver.start(node)
+        } catch {
+            storage.close()
+            throw error
+        }
+        logger.info(
+            "node started",
+            metadata: [
+                "publish": "\(node.publishEndpoint)", "api": "\(node.apiEndpoint ?? "-")",
+                "repair": "\(node.repairEndpoint)", "peers": "\(configuration.peers.joined(separator: ","))",
+            ])
+        return node
+    }
+}

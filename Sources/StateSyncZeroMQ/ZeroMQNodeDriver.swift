@@ -1,0 +1,275 @@
+import Foundation
+package import Logging
+package import StateSync
+import Synchronization
+import ZeroMQ
+
+/// Drives a ``StateSyncNode`` over ZeroMQ: one I/O thread owns every socket of the node
+/// (czmq's actor pattern — one thread, sockets never shared, other threads wake it through a
+/// pipe), turns what arrives into ``NodeInput``s and performs the node's network actions.
+///
+/// Sockets: one PUB bound to `network.publish`; one SUB per peer, connected to its publish
+/// endpoint and subscribed to everything; one ROUTER bound to `network.api` (or, without it, the
+/// repair endpoint); one DEALER per peer that advertised a repair endpoint. Every socket is made
+/// in ``SocketFactory`` with explicit linger and high-water marks.
+///
+/// A round of the loop: poll (until the node's next deadline, or a wake-up), feed the node every
+/// message that arrived (at most ``batchLimit`` per socket), then a tick — which also makes the
+/// round's local writes durable and published (group commit).
+package final class ZeroMQNodeDriver: NodeDriver {
+    let configuration: NodeConfiguration
+    let logger: Logger
+    private let wakeUp: WakeUp
+    private let stopRequested = Atomic<Bool>(false)
+    private let exit = Mutex<(exited: Bool, waiters: [CheckedContinuation<Void, Never>])>((false, []))
+
+    /// How many messages one socket may deliver before the loop looks at the others.
+    static let batchLimit = 512
+
+    package init(configuration: NodeConfiguration, logger: Logger) {
+        self.configuration = configuration
+        self.logger = logger
+        // A pipe cannot fail to open short of descriptor exhaustion, where nothing else works.
+        do {
+            self.wakeUp = try WakeUp()
+        } catch {
+            fatalError("cannot create the node's wake-up pipe: \(error)")
+        }
+    }
+
+    package func wake() { wakeUp.signal() }
+
+    /// Starts the I/O thread driving `node`; returns once every socket is bound and connected,
+    /// or throws why not.
+    package func start(_ node: StateSyncNode) async throws {
+        try await withCheckedThrowingContinuation { (ready: CheckedContinuation<Void, any Error>) in
+            let thread = Thread { [self] in self.main(node, ready: ready) }
+            thread.name = "statesync-io"
+            thread.stackSize = 8 << 20
+            thread.start()
+        }
+    }
+
+    /// Asks the thread to publish what is queued, close its sockets and exit; returns when it has.
+    package func stop() async {
+        stopRequested.store(true, ordering: .releasing)
+        wakeUp.signal()
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            let done = exit.withLock { state -> Bool in
+                if state.exited { return true }
+                state.waiters.append(continuation)
+                return false
+            }
+            if done { continuation.resume() }
+        }
+    }
+
+    private func finish() {
+        let waiters = exit.withLock { state -> [CheckedContinuation<Void, Never>] in
+            state.exited = true
+            defer { state.waiters = [] }
+            return state.waiters
+        }
+        for waiter in waiters { waiter.resume() }
+    }
+
+    // MARK: - The thread
+
+    private func main(_ node: StateSyncNode, ready: CheckedContinuation<Void, any Error>) {
+        let transport: ZeroMQTransport
+        do {
+            let made = try SocketFactory.makeNodeSockets(configuration: configuration)
+            transport = ZeroMQTransport(
+                context: made.context, publisher: made.publisher, subscribers: made.subscribers, router: made.router,
+                logger: logger)
+        } catch {
+            finish()
+            ready.resume(throwing: error)
+            return
+        }
+        let publish = (try? transport.publisher.lastEndpoint()) ?? configuration.publishEndpoint
+        let router = (try? transport.router.lastEndpoint()) ?? configuration.repairServiceEndpoint
+        node.process(
+            .endpointsBound(publish: publish, repair: router), now: MonotonicClock.milliseconds(), via: transport)
+        ready.resume()
+        run(node, transport)
+        transport.close()
+        finish()
+    }
+
+    private func run(_ node: StateSyncNode, _ transport: ZeroMQTransport) {
+        var poller = transport.makePoller(wakeUp: wakeUp.fileDescriptor)
+        while true {
+            if stopRequested.load(ordering: .acquiring) {
+                node.process(.stop, now: MonotonicClock.milliseconds(), via: transport)
+                return
+            }
+            node.process(
+                .tick(observerBacklog: node.observers.backlog), now: MonotonicClock.milliseconds(), via: transport)
+            if transport.pollerChanged { poller = transport.makePoller(wakeUp: wakeUp.fileDescriptor) }
+            let now = MonotonicClock.milliseconds()
+            let deadline = node.nextDeadline()
+            let ready: [PollEvents]
+            do {
+                ready = try poller.poll(timeoutMilliseconds: Int(min(deadline &- min(deadline, now), 1000)))
+            } catch {
+                logger.error("zmq_poll failed; stopping the node's I/O", metadata: ["error": "\(error)"])
+                return
+            }
+            if ready[0].contains(.readable) { wakeUp.drain() }
+            for (index, source) in transport.polled.enumerated() where ready[index + 1].contains(.readable) {
+                // (Links change only in a tick; should one change, the next round re-polls.)
+                if transport.pollerChanged { break }
+                for _ in 0..<Self.batchLimit {
+                    guard let frames = transport.receive(from: source) else { break }
+                    let input: NodeInput
+                    switch source {
+                    case .subscriber(let peer, _): input = .peerMessage(peer: peer, frames: frames)
+                    case .router:
+                        // [client routing id][header][body]; anything else is malformed.
+                        input = .clientRequest(
+                            client: frames.first ?? [], frames: frames.count == 3 ? Array(frames[1...]) : [])
+                    case .repairLink(let peer, _): input = .repairReply(peer: peer, frames: frames)
+                    }
+                    node.process(input, now: MonotonicClock.milliseconds(), via: transport)
+                }
+            }
+        }
+    }
+}
+
+/// The node's sockets, owned by its I/O thread: what ``NodeTransport`` actions are performed on.
+///
+/// Not `Sendable`: it lives and dies on the I/O thread.
+final class ZeroMQTransport: NodeTransport {
+    /// A socket the loop reads.
+    enum Source {
+        case subscriber(peer: String, Socket)
+        case router(Socket)
+        case repairLink(peer: String, Socket)
+
+        var socket: Socket {
+            switch self {
+            case .subscriber(_, let socket), .router(let socket), .repairLink(_, let socket): socket
+            }
+        }
+    }
+
+    let context: Context
+    let publisher: Socket
+    let subscribers: [(endpoint: String, socket: Socket)]
+    let router: Socket
+    let logger: Logger
+    /// Per peer, the DEALER to its repair endpoint and that endpoint.
+    private var links: [String: (endpoint: String, socket: Socket)] = [:]
+    private var intakePaused = false
+    /// The sources in the order of the poll set after the wake-up pipe.
+    private(set) var polled: [Source] = []
+    /// The poll set must be rebuilt (a link changed, intake paused or resumed).
+    private(set) var pollerChanged = false
+
+    init(
+        context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
+        logger: Logger
+    ) {
+        self.context = context
+        self.publisher = publisher
+        self.subscribers = subscribers
+        self.router = router
+        self.logger = logger
+    }
+
+    /// The poll set: the wake-up pipe, then (unless intake is paused) every SUB socket, then the
+    /// ROUTER, then (unless paused) every repair link.
+    func makePoller(wakeUp: Int32) -> Poller {
+        polled = []
+        if !intakePaused { polled += subscribers.map { .subscriber(peer: $0.endpoint, $0.socket) } }
+        polled.append(.router(router))
+        if !intakePaused {
+            polled += links.keys.sorted().map { .repairLink(peer: $0, links[$0]!.socket) }
+        }
+        pollerChanged = false
+        return Poller([.fileDescriptor(wakeUp, .readable)] + polled.map { .socket($0.socket, .readable) })
+    }
+
+    func receive(from source: Source) -> [[UInt8]]? {
+        do {
+            return try source.socket.receive(dontWait: true)
+        } catch {
+            logger.error("receive failed", metadata: ["socket": "\(source)", "error": "\(error)"])
+            return nil
+        }
+    }
+
+    func publish(_ frames: [[UInt8]]) {
+        do {
+            // PUB never blocks: past the high-water mark libzmq drops, and sequence numbers let
+            // peers see the gap.
+            _ = try publisher.send(frames, dontWait: true)
+        } catch {
+            logger.error("publish failed", metadata: ["error": "\(error)"])
+        }
+    }
+
+    func connectRepairLink(peer: String, endpoint: String) {
+        if let old = links.removeValue(forKey: peer) { old.socket.close() }
+        pollerChanged = true
+        do {
+            links[peer] = (endpoint, try SocketFactory.makeRepairLink(context: context, endpoint: endpoint))
+        } catch {
+            logger.error("cannot open a repair link", metadata: ["peer.endpoint": "\(peer)", "error": "\(error)"])
+        }
+    }
+
+    func sendRepairRequest(peer: String, frames: [[UInt8]]) -> Bool {
+        guard let link = links[peer] else { return false }
+        return (try? link.socket.send(frames, dontWait: true)) ?? false
+    }
+
+    func reply(client: [UInt8], frames: [[UInt8]]) -> ReplyOutcome {
+        do {
+            return try router.send([client] + frames, dontWait: true) ? .sent : .full
+        } catch  where error.isHostUnreachable {
+            return .gone  // the client left before its answer
+        } catch {
+            logger.error("sending a reply failed", metadata: ["error": "\(error)"])
+            return .gone
+        }
+    }
+
+    func sendWatchEvents(client: [UInt8], events: [[[UInt8]]]) -> (accepted: Int, clientGone: Bool) {
+        for (index, frames) in events.enumerated() {
+            switch reply(client: client, frames: frames) {
+            case .sent: continue
+            case .full: return (index, false)
+            case .gone: return (index, true)
+            }
+        }
+        return (events.count, false)
+    }
+
+    func pauseIntake(_ paused: Bool) {
+        guard paused != intakePaused else { return }
+        intakePaused = paused
+        pollerChanged = true
+    }
+
+    /// Closes every socket and terminates the context (releasing the endpoints at once: a
+    /// restart may bind them).
+    func close() {
+        for (_, link) in links { link.socket.close() }
+        publisher.close()
+        for (_, subscriber) in subscribers { subscriber.close() }
+        router.close()
+        context.terminate()
+    }
+}
+
+/// Milliseconds of a monotonic clock (for liveness and timers, never for versions).
+package enum MonotonicClock {
+    package static func milliseconds() -> UInt64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &spec)
+        return UInt64(spec.tv_sec) * 1000 + UInt64(spec.tv_nsec) / 1_000_000
+    }
+}

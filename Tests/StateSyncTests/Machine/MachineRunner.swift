@@ -1,0 +1,118 @@
+import Logging
+import Testing
+
+@testable import StateSync
+
+/// Drives one ``NodeMachine`` by hand, with no thread, socket or file: a test feeds inputs at a
+/// time it chooses and reads what came out. Actions are performed the simplest way (the log is
+/// durable at once, a client takes `clientCapacity` events per batch) and their outcomes fed
+/// back, as a driver would.
+struct MachineRunner {
+    var machine: NodeMachine
+    /// Monotonic milliseconds.
+    var now: UInt64 = 10_000
+    var wall: Wall
+    /// Messages published on the PUB socket, in order.
+    var published: [[[UInt8]]] = []
+    /// Replies and watch events sent to clients, in order (routing id, frames).
+    var sent: [(client: [UInt8], frames: [[UInt8]])] = []
+    /// Repair requests sent, per peer.
+    var repairRequests: [(peer: String, frames: [[UInt8]])] = []
+    var logBytes: [UInt8] = []
+    var compactions = 0
+    /// How many watch events a client takes per batch (its queue space).
+    var clientCapacity = Int.max
+    var intakePaused = false
+
+    /// A wall clock tests can move (the node's clock reads it).
+    final class Wall: Sendable {
+        private let value: Shared<UInt64>
+        init(_ milliseconds: UInt64) { value = Shared(milliseconds) }
+        var milliseconds: UInt64 {
+            get { value.value }
+            set { value.withLock { $0 = newValue } }
+        }
+    }
+
+    init(
+        _ configuration: NodeConfiguration, wall: UInt64 = 1_800_000_000_000, recovery: NodeMachine.Recovery = .init(),
+        faults: NodeFaults = NodeFaults()
+    ) {
+        let wall = Wall(wall)
+        self.wall = wall
+        let clock = HybridLogicalClock(node: configuration.nodeID, wallClock: { wall.milliseconds })
+        machine = NodeMachine(
+            configuration: configuration, clock: clock, incarnation: 0xABCD, recovery: recovery, faults: faults,
+            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+    }
+
+    /// A configuration for a node `id` with peers `peers` (their publish endpoints are their ids).
+    static func configuration(_ id: String, peers: [String] = [], api: Bool = true) -> NodeConfiguration {
+        var configuration = NodeConfiguration(
+            nodeID: id, dataDirectory: "/nonexistent", publishEndpoint: "inproc://\(id)",
+            peers: peers.map { "inproc://\($0)" }, apiEndpoint: api ? "inproc://\(id).api" : nil,
+            heartbeatIntervalMilliseconds: 100)
+        configuration.historyDeltas = 1000
+        return configuration
+    }
+
+    /// Feeds `input` and everything its actions report back.
+    mutating func handle(_ input: NodeInput) {
+        var inputs = [input]
+        var next = 0
+        while next < inputs.count {
+            let actions = machine.handle(inputs[next], now: now)
+            next += 1
+            for action in actions {
+                switch action {
+                case .publish(let frames): published.append(frames)
+                case .appendLog(let bytes, _): logBytes += bytes
+                case .syncLog(let position): inputs.append(.logDurable(through: position))
+                case .compact: compactions += 1
+                case .deliver: break
+                case .connectRepairLink: break
+                case .sendRepairRequest(let peer, _, let frames): repairRequests.append((peer, frames))
+                case .reply(let client, let frames): sent.append((client, frames))
+                case .sendWatchEvents(let key, let events):
+                    let accepted = min(events.count, clientCapacity)
+                    for frames in events.prefix(accepted) { sent.append((key.client, frames)) }
+                    inputs.append(.watchEventsSent(key, accepted: accepted, clientGone: false))
+                case .pauseIntake(let paused): intakePaused = paused
+                }
+            }
+        }
+    }
+
+    /// Moves time on by `milliseconds` and ticks.
+    mutating func advance(_ milliseconds: UInt64) {
+        now += milliseconds
+        wall.milliseconds += milliseconds
+        handle(.tick(observerBacklog: 0))
+    }
+
+    /// Sends a client request and returns the reply to it (header, body), if one was sent.
+    mutating func request(
+        _ command: ClientProtocol.Command, id: UInt64, _ body: [UInt8], client: [UInt8] = [0x53, 1]
+    ) -> (ClientProtocol.ReplyHeader, [UInt8])? {
+        let before = sent.count
+        handle(.clientRequest(client: client, frames: ClientProtocol.encodeRequest(command, id: id, body: body)))
+        handle(.tick(observerBacklog: 0))
+        for (to, frames) in sent[before...] where to == client {
+            guard let header = try? ClientProtocol.decodeReplyHeader(frames[0]), header.requestID == id,
+                header.kind != .event
+            else { continue }
+            return (header, frames[1])
+        }
+        return nil
+    }
+
+    /// The watch events sent to `client` for watch `id`, decoded, from position `from` of `sent`.
+    func events(of client: [UInt8] = [0x53, 1], watch id: UInt64, from: Int = 0) -> [ClientProtocol.WatchEventBody] {
+        sent[from...].compactMap { to, frames in
+            guard to == client, let header = try? ClientProtocol.decodeReplyHeader(frames[0]), header.kind == .event,
+                header.requestID == id
+            else { return nil }
+            return try? ClientProtocol.decodeWatchEvent(frames[1])
+        }
+    }
+}
