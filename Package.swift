@@ -15,6 +15,7 @@ let package = Package(
         .library(name: "StateSync", targets: ["StateSync"]),
         .library(name: "StateSyncZeroMQ", targets: ["StateSyncZeroMQ"]),
         .library(name: "StateSyncClient", targets: ["StateSyncClient"]),
+        .library(name: "StateSyncTesting", targets: ["StateSyncTesting"]),
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
         .executable(name: "statesyncd", targets: ["statesyncd"]),
         .executable(name: "statesync", targets: ["statesync"]),
@@ -66,6 +67,13 @@ let package = Package(
             dependencies: ["StateSync", "ZeroMQ", .product(name: "Logging", package: "swift-log")],
             swiftSettings: strictSettings
         ),
+        // Test support, public: the deterministic cluster simulator, simulated network and disk,
+        // manual clock, seeded randomness, and the convergence checker.
+        .target(
+            name: "StateSyncTesting",
+            dependencies: ["StateSync", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: strictSettings
+        ),
         // The client library that apps and the CLI use to talk to a daemon.
         .target(
             name: "StateSyncClient",
@@ -75,7 +83,7 @@ let package = Package(
         // The multi-node convergence harness (`statesync harness`): real daemons, real faults.
         .target(
             name: "StateSyncHarness",
-            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient"],
+            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient", "StateSyncTesting"],
             swiftSettings: strictSettings
         ),
         // `statesync bench`: the whole path measured against raw libzmq in the same run.
@@ -105,7 +113,9 @@ let package = Package(
                 "StateSyncClient",
                 "StateSyncHarness",
                 "StateSyncBench",
+                "StateSyncTesting",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings
         ),
@@ -116,7 +126,9 @@ let package = Package(
         ),
         .testTarget(
             name: "StateSyncTests",
-            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness"],
+            dependencies: [
+                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness", "StateSyncTesting",
+            ],
             swiftSettings: strictSettings
         ),
         .testTarget(

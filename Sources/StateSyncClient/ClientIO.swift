@@ -9,12 +9,10 @@ final class ClientIO: Sendable {
     typealias Reply = CheckedContinuation<[UInt8], any Error>
     typealias Events = AsyncThrowingStream<WatchEvent, any Error>.Continuation
 
-    /// A watch's client-side state: its stream, its replica, the snapshot being received.
+    /// A watch's client-side state: its stream and its session (replica, snapshot being received).
     struct WatchState {
         let events: Events
-        let replica: ChannelReplica
-        var snapshotReason: ClientProtocol.SnapshotReason?
-        var digest = RegisterDigest()
+        var session: WatchSession
     }
 
     enum Command: Sendable {
@@ -186,7 +184,7 @@ final class ClientIO: Sendable {
         case .watch(let id, let body, let events, let replica, let registered):
             _ = send(.watch, id: id, body: body, dealer: dealer)
             state.pending[id] = Pending(reply: registered, deadline: now + timeoutMilliseconds, command: .watch)
-            state.watches[id] = WatchState(events: events, replica: replica)
+            state.watches[id] = WatchState(events: events, session: WatchSession(replica: replica))
             if state.lastPing == 0 { state.lastPing = now }
         case .unwatch(let id):
             if state.watches.removeValue(forKey: id) != nil {
@@ -305,53 +303,13 @@ extension ClientIO {
     /// Applies one watch event to the watch's replica and yields what it means. Returns `false`
     /// when the watch has ended (with an error).
     func handleWatchEvent(_ event: ClientProtocol.WatchEventBody, watch: inout WatchState) -> Bool {
-        switch event {
-        case .delta(let delta, let position):
-            let changes = watch.replica.apply(delta)
-            watch.replica.advance(to: position)
-            let cursor = watch.replica.cursor
-            for change in changes { watch.events.yield(.change(change, kind: .live, cursor: cursor)) }
-        case .snapshotBegin(let reason):
-            watch.snapshotReason = reason
-            watch.digest = RegisterDigest()
-            switch reason {
-            case .initial: break
-            case .lagged: watch.events.yield(.resyncStarted(.lagged))
-            case .historyGone: watch.events.yield(.resyncStarted(.historyGone))
-            }
-        case .records(let models):
-            let kind: WatchEvent.Kind = watch.snapshotReason == .initial ? .initial : .resync
-            let cursor = watch.replica.cursor
-            for (model, properties) in models {
-                for (name, register) in properties {
-                    watch.digest.add(channel: watch.replica.channel, model: model, property: name, register: register)
-                    if let change = watch.replica.apply(model: model, property: name, register: register) {
-                        watch.events.yield(.change(change, kind: kind, cursor: cursor))
-                    }
-                }
-            }
-        case .snapshotEnd(let records, let digest, let cursor):
-            guard watch.digest.count == records, watch.digest.value == digest else {
-                watch.events.finish(
-                    throwing: StateSyncError(
-                        .protocolError,
-                        "the snapshot from \(endpoint) is incomplete: \(watch.digest.count) of \(records) records, digest mismatch; watch again"
-                    ))
-                return false
-            }
-            watch.replica.advance(to: cursor)
-            let cursorNow = watch.replica.cursor
-            if watch.snapshotReason == .initial {
-                watch.events.yield(.initialStateComplete(records: records, cursor: cursorNow))
-            } else {
-                watch.events.yield(.resyncComplete(records: records, cursor: cursorNow))
-            }
-            watch.snapshotReason = nil
-        case .caughtUp(let cursor, let latest, let missing):
-            watch.replica.advance(to: cursor)
-            watch.events.yield(.caughtUp(cursor: watch.replica.cursor, latest: latest, nodeMissing: missing))
+        do {
+            for meaning in try watch.session.handle(event, from: endpoint) { watch.events.yield(meaning) }
+            return true
+        } catch {
+            watch.events.finish(throwing: error)
+            return false
         }
-        return true
     }
 }
 

@@ -1,5 +1,5 @@
 import Foundation
-public import StateSync
+@_exported public import StateSync
 import Synchronization
 import ZeroMQ
 

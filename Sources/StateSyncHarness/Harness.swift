@@ -1,6 +1,7 @@
 import Foundation
 import StateSync
 import StateSyncClient
+import StateSyncTesting
 import StateSyncZeroMQ
 import Synchronization
 
@@ -10,7 +11,7 @@ import Synchronization
 
 /// The multi-node convergence harness behind `statesync harness`: starts real `statesyncd`
 /// processes on loopback, runs concurrent writers and a watcher per node, injects faults on a
-/// seeded schedule, heals, waits for quiet, and checks the result (``HarnessChecker``).
+/// seeded schedule, heals, waits for quiet, and checks the result (``ConvergenceChecker``).
 public enum Harness {
     static let channel = "harness"
 
@@ -163,7 +164,7 @@ public enum Harness {
                             acknowledged = result.version
                         }
                         writes.append(
-                            HarnessChecker.Write(
+                            ConvergenceChecker.Write(
                                 model: model, properties: properties, node: names[target], acknowledged: acknowledged))
                     }
                 }
@@ -219,7 +220,7 @@ public enum Harness {
         let convergenceMilliseconds = converged ? Int(Date().timeIntervalSince(healed) * 1000) : nil
 
         // Final states.
-        var states: [HarnessChecker.NodeState] = []
+        var states: [ConvergenceChecker.NodeState] = []
         for (index, client) in clients.enumerated() {
             var models: [String: [String: ReplicaStore.Register]] = [:]
             for m in 0..<options.models {
@@ -227,19 +228,20 @@ public enum Harness {
                 if !registers.isEmpty { models["m\(m)"] = registers }
             }
             let digest = (try? await client.status().stateDigest) ?? 0
-            states.append(HarnessChecker.NodeState(node: names[index], digest: digest, models: models))
+            states.append(ConvergenceChecker.NodeState(node: names[index], digest: digest, models: models))
         }
         // Let the watchers take what is already on its way, then stop them.
         try? await waitFor("watchers to go quiet", seconds: 5) { watchers.allSatisfy { $0.idleMilliseconds > 300 } }
         for task in watchTasks { task.cancel() }
         for watcher in watchers { watcher.stop() }
 
-        let findings = HarnessChecker().check(
+        let findings = ConvergenceChecker().check(
             writes: writes.all, nodes: states,
             watches: watchers.map { watcher in
                 let models = Dictionary(
                     uniqueKeysWithValues: watcher.replica.models.map { ($0, watcher.replica.properties(of: $0)) })
-                return HarnessChecker.WatchHistory(node: watcher.node, sessions: watcher.sessions, finalState: models)
+                return ConvergenceChecker.WatchHistory(
+                    node: watcher.node, sessions: watcher.sessions, finalState: models)
             })
         var report = HarnessReport(
             seed: options.seed, nodes: options.nodes, operations: options.operations,
@@ -280,9 +282,9 @@ public enum Harness {
 
 /// The writes the workload made, from all clients.
 final class WriteLog: Sendable {
-    private let writes = Mutex<[HarnessChecker.Write]>([])
-    func append(_ write: HarnessChecker.Write) { writes.withLock { $0.append(write) } }
-    var all: [HarnessChecker.Write] { writes.withLock { $0 } }
+    private let writes = Mutex<[ConvergenceChecker.Write]>([])
+    func append(_ write: ConvergenceChecker.Write) { writes.withLock { $0.append(write) } }
+    var all: [ConvergenceChecker.Write] { writes.withLock { $0 } }
 }
 
 /// A deterministic generator (SplitMix64): the same seed gives the same workload and schedule.

@@ -1,4 +1,5 @@
 public import StateSync
+public import StateSyncTesting
 
 /// The harness's verdict, for people and for machines.
 public struct HarnessReport: Sendable {
@@ -14,7 +15,7 @@ public struct HarnessReport: Sendable {
     public var nodes: Int
     public var operations: Int
     public var acknowledged: Int
-    public var findings: HarnessChecker.Findings
+    public var findings: ConvergenceChecker.Findings
     public var converged: Bool
     /// From the last heal until every node held the same state with nothing missing.
     public var convergenceMilliseconds: Int?

@@ -10,7 +10,9 @@ struct StateSyncCLI: AsyncParsableCommand {
         commandName: "statesync",
         abstract: "Get, set and watch replicated models on a StateSync node.",
         discussion: "The node is chosen with --daemon (default: $STATESYNC_DAEMON, else tcp://127.0.0.1:7101).",
-        subcommands: [Set.self, Get.self, Watch.self, Status.self, Harness.self, Bench.self, BenchNode.self])
+        subcommands: [
+            Set.self, Get.self, Watch.self, Status.self, Harness.self, Simulate.self, Bench.self, BenchNode.self,
+        ])
 }
 
 /// Options every subcommand shares: which node, how long to wait for it.

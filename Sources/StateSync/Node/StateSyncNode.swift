@@ -318,6 +318,11 @@ public final class StateSyncNode: Sendable {
         state.withLock { $0.machine.store.properties(of: address) }
     }
 
+    /// Per origin with a gap, the first run of sequence numbers this node is missing.
+    package var firstGaps: [String: ClosedRange<UInt64>] {
+        state.withLock { $0.machine.firstGaps }
+    }
+
     /// The node's status.
     public var status: NodeStatus {
         let now = monotonicNow()

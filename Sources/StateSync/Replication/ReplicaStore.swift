@@ -21,8 +21,20 @@ public struct ReplicaStore: Sendable {
     /// The highest version applied so far.
     public private(set) var latestVersion: Version = .zero
     private var digestSum: UInt64 = 0
+    /// A planted bug (``NodeFaults/wrongTieBreak``), never set in production: equal timestamps
+    /// are decided by node id the wrong way round.
+    var plantedWrongTieBreak = false
 
     public init() {}
+
+    /// Whether a write at `version` wins over a register at `held` (last-writer-wins).
+    @inline(__always)
+    static func wins(_ version: Version, over held: Version, wrongTieBreak: Bool) -> Bool {
+        if wrongTieBreak, version.timestamp == held.timestamp, version.node != held.node {
+            return version.node < held.node
+        }
+        return version > held
+    }
 
     /// Applies `delta`'s properties that win against what is held. Returns the changes, in the
     /// delta's property order, with the value each replaced; properties that lose or repeat
@@ -59,7 +71,7 @@ public struct ReplicaStore: Sendable {
                 var winners = WinnerCollector()
                 let anyWon = Self.mergeWrites(
                     deltas[index].properties, version: deltas[index].version, into: &registers, prefix: prefix,
-                    digestSum: &digestSum, outcome: &winners)
+                    digestSum: &digestSum, wrongTieBreak: plantedWrongTieBreak, outcome: &winners)
                 if anyWon, deltas[index].version > latest { latest = deltas[index].version }
                 won.append(winners.writes(of: deltas[index].properties))
             }
@@ -125,14 +137,14 @@ public struct ReplicaStore: Sendable {
         let anyWon = Self.mergeWrites(
             delta.properties, version: delta.version,
             into: &channels[delta.channel, default: [:]][delta.model, default: [:]], prefix: prefix,
-            digestSum: &digestSum, outcome: &outcome)
+            digestSum: &digestSum, wrongTieBreak: plantedWrongTieBreak, outcome: &outcome)
         self.digestSum = digestSum
         if anyWon, delta.version > latestVersion { latestVersion = delta.version }
     }
 
     private static func mergeWrites<Outcome: MergeOutcome>(
         _ properties: [PropertyWrite], version: Version, into registers: inout [String: Register],
-        prefix: StreamingFNV, digestSum: inout UInt64, outcome: inout Outcome
+        prefix: StreamingFNV, digestSum: inout UInt64, wrongTieBreak: Bool, outcome: inout Outcome
     ) -> Bool {
         var anyWon = false
         for index in properties.indices {
@@ -141,7 +153,7 @@ public struct ReplicaStore: Sendable {
             let current: Register?
             if let slot = registers.index(forKey: name) {
                 current = registers.values[slot]
-                if current!.version >= version { continue }
+                if !Self.wins(version, over: current!.version, wrongTieBreak: wrongTieBreak) { continue }
                 registers.values[slot] = register
             } else {
                 current = nil
@@ -159,7 +171,9 @@ public struct ReplicaStore: Sendable {
     /// made, if it won.
     public mutating func merge(_ address: ModelAddress, property: String, register: Register) -> PropertyChange? {
         let current = channels[address.channel]?[address.model]?[property]
-        if let current, current.version >= register.version { return nil }
+        if let current, !Self.wins(register.version, over: current.version, wrongTieBreak: plantedWrongTieBreak) {
+            return nil
+        }
         channels[address.channel, default: [:]][address.model, default: [:]][property] = register
         account(address.channel, address.model, property, old: current, new: register)
         if register.version > latestVersion { latestVersion = register.version }

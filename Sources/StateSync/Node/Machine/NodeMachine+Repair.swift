@@ -20,7 +20,10 @@ extension NodeMachine {
         /// Per origin, the peers that answered a FETCH saying they no longer hold what is missing.
         var exhausted: [String: Set<String>] = [:]
         var needsSnapshot = false
+        /// Turns among the peers asked: one for FETCHes, one for SNAPSHOTs (shared, a snapshot
+        /// could keep landing on the same peer whatever the number of fetches in between).
         var rotation = 0
+        var snapshotRotation = 0
         /// A snapshot was merged and must be made durable (compaction).
         var mergedSnapshot = false
     }
@@ -54,8 +57,16 @@ extension NodeMachine {
         if let snapshot = repair.snapshot, snapshot.deadline <= now { repair.snapshot = nil }
 
         if repair.needsSnapshot, repair.snapshot == nil {
-            repair.rotation += 1
-            let peer = usable[repair.rotation % usable.count]
+            // Prefer peers whose last heartbeat shows they hold what this node lacks: a snapshot
+            // from a peer that lacks it too would cover nothing.
+            let gaps = origins.compactMapValues(\.firstGap)
+            let holders = usable.filter { peer in
+                let progress = peers[peer]?.progress ?? [:]
+                return gaps.allSatisfy { origin, gap in (progress[origin] ?? 0) >= gap.upperBound }
+            }
+            let choices = holders.isEmpty ? usable : holders
+            repair.snapshotRotation += 1
+            let peer = choices[repair.snapshotRotation % choices.count]
             let id = nextRepairID()
             repair.snapshot = Outstanding(
                 peer: peer, requestID: id, deadline: now + 10 * Self.repairTimeout, range: 0...0)

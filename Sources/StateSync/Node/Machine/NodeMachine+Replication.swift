@@ -34,6 +34,9 @@ extension NodeMachine {
         peers[endpoint, default: PeerProgress()].node = beat.node
         peers[endpoint, default: PeerProgress()].repairEndpoint =
             beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
+        var covered = beat.progress
+        covered[beat.node] = max(covered[beat.node] ?? 0, beat.latestSequence)
+        peers[endpoint, default: PeerProgress()].progress = covered
         guard beat.node != configuration.nodeID else { return }
         origins[beat.node, default: OriginProgress()].incarnation = beat.incarnation
         announce(origin: beat.node, through: beat.latestSequence)
@@ -297,6 +300,11 @@ extension NodeMachine {
             total = total.addingReportingOverflow(missing).overflow ? .max : total + missing
         }
         return Int(clamping: total)
+    }
+
+    /// Per origin with a gap, its first run of missing sequence numbers.
+    package var firstGaps: [String: ClosedRange<UInt64>] {
+        origins.compactMapValues(\.firstGap)
     }
 
     /// This node's heartbeat (section 7.3).

@@ -110,6 +110,7 @@ package struct NodeMachine: Sendable {
                 coverWithoutHistory(origin: origin, through: through)
             }
         }
+        store.plantedWrongTieBreak = faults.wrongTieBreak
         // Replay the write-ahead log: every delta applied since the snapshot, own and remote.
         var ownLatest = store.allModels.flatMap { $0.1.values.map(\.version) }.filter {
             $0.node == configuration.nodeID
@@ -294,6 +295,9 @@ struct PeerProgress: Sendable {
     /// The peer's advertised repair endpoint (its API, or its repair endpoint), from its
     /// heartbeats: where repairs are fetched.
     var repairEndpoint: String?
+    /// Per origin, the contiguous mark the peer's last heartbeat reported (its own included): a
+    /// snapshot from it covers at least that much.
+    var progress: [String: UInt64] = [:]
 }
 
 /// Faults a test can plant in a node on purpose, to prove its checkers catch them. Never set in

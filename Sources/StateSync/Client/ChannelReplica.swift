@@ -1,4 +1,3 @@
-public import StateSync
 import Synchronization
 
 /// A client's copy of one channel's state, kept up to date by a watch: every model's properties
@@ -6,7 +5,7 @@ import Synchronization
 ///
 /// The replica is what makes a watch's old and new values exact across interruptions: changes
 /// are computed against it (last-writer-wins, as on the nodes), so a delta seen twice changes
-/// nothing, and a watch resumed with ``StateSyncClient/watch(channel:replica:)`` on any node
+/// nothing, and a watch resumed with it (`StateSyncClient.watch(channel:replica:)`) on any node
 /// continues the same chains: old is always the previous new.
 ///
 /// Thread safety: all members may be used from any thread.
@@ -35,7 +34,7 @@ public final class ChannelReplica: Sendable {
     /// Applies a delta; returns the changes it made (old from this replica). The cursor is moved
     /// by the node's own account of the watch's position (``advance(to:)``), not from the delta:
     /// deltas come in apply order, not in each origin's sequence order.
-    func apply(_ delta: Delta) -> [PropertyChange] {
+    package func apply(_ delta: Delta) -> [PropertyChange] {
         state.withLock { state in
             var changes: [PropertyChange] = []
             for write in delta.properties {
@@ -54,7 +53,7 @@ public final class ChannelReplica: Sendable {
     }
 
     /// Applies one snapshot record; returns the change it made, if it won.
-    func apply(model: String, property: String, register: ReplicaStore.Register) -> PropertyChange? {
+    package func apply(model: String, property: String, register: ReplicaStore.Register) -> PropertyChange? {
         state.withLock { state in
             let current = state.models[model]?[property]
             if let current, current.version >= register.version { return nil }
@@ -66,7 +65,7 @@ public final class ChannelReplica: Sendable {
     }
 
     /// Moves the cursor to cover `cursor` (per origin, never backwards).
-    func advance(to cursor: WatchCursor) {
+    package func advance(to cursor: WatchCursor) {
         state.withLock { state in
             for (origin, sequence) in cursor.positions { state.cursor[origin] = max(state.cursor[origin], sequence) }
         }
@@ -105,4 +104,68 @@ public enum WatchEvent: Sendable {
     /// The watch holds everything the node has applied. `nodeMissing` is how many deltas the node
     /// itself still lacks (0 = the node is fully synced): "nothing changed" versus "not yet synced".
     case caughtUp(cursor: WatchCursor, latest: Version?, nodeMissing: Int)
+}
+
+/// The client side of one watch (docs/PROTOCOL.md section 10.5.8): applies the node's EVENTs to
+/// the watch's replica, verifies every snapshot whole, and says what each event means. Shared by
+/// `StateSyncClient` and the cluster simulator's watchers.
+package struct WatchSession: Sendable {
+    package let replica: ChannelReplica
+    private var snapshotReason: ClientProtocol.SnapshotReason?
+    private var digest = RegisterDigest()
+
+    package init(replica: ChannelReplica) {
+        self.replica = replica
+    }
+
+    /// Applies one event; returns what it means, in order. Throws when the watch must end (a
+    /// snapshot that arrived incomplete).
+    package mutating func handle(_ event: ClientProtocol.WatchEventBody, from endpoint: String) throws(StateSyncError)
+        -> [WatchEvent]
+    {
+        switch event {
+        case .delta(let delta, let position):
+            let changes = replica.apply(delta)
+            replica.advance(to: position)
+            let cursor = replica.cursor
+            return changes.map { .change($0, kind: .live, cursor: cursor) }
+        case .snapshotBegin(let reason):
+            snapshotReason = reason
+            digest = RegisterDigest()
+            switch reason {
+            case .initial: return []
+            case .lagged: return [.resyncStarted(.lagged)]
+            case .historyGone: return [.resyncStarted(.historyGone)]
+            }
+        case .records(let models):
+            let kind: WatchEvent.Kind = snapshotReason == .initial ? .initial : .resync
+            let cursor = replica.cursor
+            var events: [WatchEvent] = []
+            for (model, properties) in models {
+                for (name, register) in properties {
+                    digest.add(channel: replica.channel, model: model, property: name, register: register)
+                    if let change = replica.apply(model: model, property: name, register: register) {
+                        events.append(.change(change, kind: kind, cursor: cursor))
+                    }
+                }
+            }
+            return events
+        case .snapshotEnd(let records, let expected, let cursor):
+            guard digest.count == records, digest.value == expected else {
+                throw StateSyncError(
+                    .protocolError,
+                    "the snapshot from \(endpoint) is incomplete: \(digest.count) of \(records) records, digest mismatch; watch again"
+                )
+            }
+            replica.advance(to: cursor)
+            let reason = snapshotReason
+            snapshotReason = nil
+            return reason == .initial
+                ? [.initialStateComplete(records: records, cursor: replica.cursor)]
+                : [.resyncComplete(records: records, cursor: replica.cursor)]
+        case .caughtUp(let cursor, let latest, let missing):
+            replica.advance(to: cursor)
+            return [.caughtUp(cursor: replica.cursor, latest: latest, nodeMissing: missing)]
+        }
+    }
 }

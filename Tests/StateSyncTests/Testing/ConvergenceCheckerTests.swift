@@ -1,28 +1,28 @@
 import Testing
 
 @testable import StateSync
-@testable import StateSyncHarness
+@testable import StateSyncTesting
 
 /// The harness's checker must be able to fail: it is fed corrupted histories and states.
 @Suite("Harness checker")
-struct HarnessCheckerTests {
+struct ConvergenceCheckerTests {
     static let v1 = Version(milliseconds: 100, counter: 0, node: "n1")
     static let v2 = Version(milliseconds: 200, counter: 0, node: "n2")
 
     static func state(_ node: String, _ value: Value, _ version: Version, digest: UInt64 = 1)
-        -> HarnessChecker.NodeState
+        -> ConvergenceChecker.NodeState
     {
-        HarnessChecker.NodeState(
+        ConvergenceChecker.NodeState(
             node: node, digest: digest, models: ["m": ["p": .init(value: value, version: version)]])
     }
 
     static let writes = [
-        HarnessChecker.Write(model: "m", properties: ["p": "a"], node: "n1", acknowledged: v1),
-        HarnessChecker.Write(model: "m", properties: ["p": "b"], node: "n2", acknowledged: v2),
+        ConvergenceChecker.Write(model: "m", properties: ["p": "a"], node: "n1", acknowledged: v1),
+        ConvergenceChecker.Write(model: "m", properties: ["p": "b"], node: "n2", acknowledged: v2),
     ]
 
     @Test func aHealthyRunPasses() {
-        let findings = HarnessChecker().check(
+        let findings = ConvergenceChecker().check(
             writes: Self.writes, nodes: [Self.state("n1", "b", Self.v2), Self.state("n2", "b", Self.v2)],
             watches: [
                 .init(
@@ -40,7 +40,7 @@ struct HarnessCheckerTests {
     }
 
     @Test func aDivergedNodeIsNamed() {
-        let findings = HarnessChecker().check(
+        let findings = ConvergenceChecker().check(
             writes: Self.writes,
             nodes: [
                 Self.state("n1", "b", Self.v2), Self.state("n2", "b", Self.v2),
@@ -53,7 +53,7 @@ struct HarnessCheckerTests {
     }
 
     @Test func aValueThatIsNotTheWritesValueIsALWWViolation() {
-        let findings = HarnessChecker().check(
+        let findings = ConvergenceChecker().check(
             writes: Self.writes, nodes: [Self.state("n1", "corrupt", Self.v2), Self.state("n2", "corrupt", Self.v2)],
             watches: [])
         #expect(findings.converged)
@@ -61,7 +61,7 @@ struct HarnessCheckerTests {
     }
 
     @Test func equalDigestsOfDifferentModelsAreStillDivergence() {
-        let findings = HarnessChecker().check(
+        let findings = ConvergenceChecker().check(
             writes: [], nodes: [Self.state("n1", "a", Self.v1, digest: 5), Self.state("n2", "a", Self.v1, digest: 6)],
             watches: [])
         #expect(!findings.converged && findings.divergedNodes.count == 1)
@@ -71,7 +71,7 @@ struct HarnessCheckerTests {
         let change = { (old: Value?, new: Value, version: Version) in
             PropertyChange(channel: "c", model: "m", property: "p", old: old, new: new, version: version)
         }
-        let findings = HarnessChecker().check(
+        let findings = ConvergenceChecker().check(
             writes: [], nodes: [],
             watches: [
                 .init(
@@ -87,7 +87,7 @@ struct HarnessCheckerTests {
     }
 
     @Test func sessionsAreCheckedSeparately() {
-        let findings = HarnessChecker().check(
+        let findings = ConvergenceChecker().check(
             writes: [], nodes: [],
             watches: [
                 .init(

@@ -1,8 +1,9 @@
 public import StateSync
 
 /// The verdict's rules, pure and separately testable: given what the workload wrote, what every
-/// node holds at the end and what every watcher saw, find what is wrong.
-public struct HarnessChecker: Sendable {
+/// node holds at the end and what every watcher saw, find what is wrong. One checker for
+/// `statesync harness` (real processes) and `statesync simulate` (the simulator).
+public struct ConvergenceChecker: Sendable {
     /// One write the workload issued.
     public struct Write: Sendable, Equatable {
         public var model: String

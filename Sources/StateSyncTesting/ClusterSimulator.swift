@@ -1,0 +1,595 @@
+public import Logging
+public import StateSync
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// What `statesync simulate` runs: a whole cluster in one process, driven by one seed.
+public struct SimulationOptions: Sendable {
+    /// The faults the simulator can inject.
+    public enum Fault: String, Sendable, CaseIterable {
+        /// A node crashes (what it had not synced is lost, a torn write is possible) and restarts
+        /// on its disk.
+        case crash
+        /// Every link between two groups of nodes is cut, both ways, then healed.
+        case partition
+        /// A node's inbound peer links lose messages.
+        case loss
+        /// Peer links deliver some messages twice.
+        case dup
+        /// Peer links hold some messages back so that later ones overtake them.
+        case reorder
+        /// A node's wall clock jumps (forwards or backwards).
+        case clock
+    }
+
+    /// Bugs planted in one node on purpose, to prove the verdict catches them.
+    public enum PlantedBug: String, Sendable, CaseIterable {
+        /// The node silently drops 30 % of the remote deltas it should apply, and never repairs
+        /// them.
+        case dropDeltas = "drop-deltas"
+        /// The node breaks last-writer-wins ties (equal timestamps) the wrong way round.
+        case wrongTieBreak = "wrong-tie-break"
+        /// The node never sends repair requests.
+        case skipRepair = "skip-repair"
+        /// The node sends its watchers every live delta twice.
+        case duplicateWatchEvents = "duplicate-watch-events"
+    }
+
+    public var nodes = 5
+    public var operations = 10_000
+    public var seed: UInt64 = 1
+    public var faults: [Fault] = []
+    public var plantedBug: PlantedBug?
+    /// Concurrent writers (besides two that make concurrent writes of one property).
+    public var writers = 4
+    /// Distinct models written (in channel `sim`).
+    public var models = 16
+    /// How long (simulated) the cluster may take to converge after the last fault heals.
+    public var convergenceTimeoutMilliseconds: UInt64 = 120_000
+    /// Where the nodes log (nothing by default: a simulation makes many lines).
+    public var logger: Logger?
+
+    public init() {}
+
+    /// The command that replays this run.
+    public var replayCommand: String {
+        var parts = ["statesync simulate --nodes \(nodes) --ops \(operations) --seed \(seed)"]
+        if !faults.isEmpty { parts.append("--faults \(faults.map(\.rawValue).joined(separator: ","))") }
+        if let plantedBug { parts.append("--plant-bug \(plantedBug.rawValue)") }
+        if writers != 4 { parts.append("--writers \(writers)") }
+        return parts.joined(separator: " ")
+    }
+}
+
+/// The simulator's verdict: the harness's checks on a simulated run, and its trace digest.
+public struct SimulationReport: Sendable {
+    public struct FaultEvent: Sendable, Equatable {
+        public var kind: String
+        public var target: String
+        public var detail: String
+        public var startMilliseconds: UInt64
+        public var healMilliseconds: UInt64?
+    }
+
+    public var options: SimulationOptions
+    /// What the seed drew for this run (swarm testing: every seed its own mix).
+    public var parameters: [String: String]
+    public var acknowledged: Int
+    public var findings: ConvergenceChecker.Findings
+    public var converged: Bool
+    /// Simulated milliseconds from the last heal until every node held the same state.
+    public var convergenceMilliseconds: UInt64?
+    public var faults: [FaultEvent]
+    /// A digest of everything that happened, in order: the same seed and build always give the
+    /// same digest.
+    public var traceDigest: UInt64
+    public var simulatedMilliseconds: UInt64
+    /// Node inputs processed.
+    public var steps: Int
+    /// Deltas the nodes applied (their own and their peers').
+    public var deltasApplied: Int
+    public var notifications: Int
+    /// CPU time of the run (of the simulating thread).
+    public var cpuSeconds: Double
+    /// The node the planted bug was planted in.
+    public var culprit: String?
+
+    public var passed: Bool { converged && findings.passed }
+
+    public var value: Value {
+        var map: [String: Value] = [
+            "passed": .bool(passed), "converged": .bool(converged), "seed": .int(Int64(bitPattern: options.seed)),
+            "nodes": .int(Int64(options.nodes)), "ops": .int(Int64(options.operations)),
+            "acknowledged": .int(Int64(acknowledged)), "lost_writes": .int(Int64(findings.lostWrites.count)),
+            "chain_violations": .int(Int64(findings.chainViolations.count)),
+            "lww_violations": .int(Int64(findings.lwwViolations.count)),
+            "diverged_nodes": .array(findings.divergedNodes.map(Value.string)),
+            "notifications": .int(Int64(notifications)),
+            "duration_s": .double((cpuSeconds * 1000).rounded() / 1000),
+            "cpu_s": .double((cpuSeconds * 1000).rounded() / 1000),
+            "trace_digest": .string(String(traceDigest, radix: 16)),
+            "simulated_ms": .int(Int64(simulatedMilliseconds)), "steps": .int(Int64(steps)),
+            "deltas_applied": .int(Int64(deltasApplied)),
+            "deltas_applied_per_s": .int(cpuSeconds > 0 ? Int64(Double(deltasApplied) / cpuSeconds) : 0),
+            "parameters": .map(parameters.mapValues(Value.string)),
+            "faults": .array(
+                faults.map { fault in
+                    .map([
+                        "kind": .string(fault.kind), "target": .string(fault.target), "detail": .string(fault.detail),
+                        "start_ms": .int(Int64(fault.startMilliseconds)),
+                        "heal_ms": fault.healMilliseconds.map { .int(Int64($0)) } ?? .null,
+                    ])
+                }),
+            "details": .array(details.map(Value.string)),
+            "replay": .string(options.replayCommand),
+            "work_dir": .null,
+        ]
+        map["convergence_ms"] = convergenceMilliseconds.map { .int(Int64($0)) } ?? .null
+        map["planted_bug"] = options.plantedBug.map { .string($0.rawValue) } ?? .null
+        map["culprit"] = culprit.map(Value.string) ?? .null
+        return .map(map)
+    }
+
+    var details: [String] {
+        Array(findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5))
+    }
+
+    public var humanText: String {
+        var lines: [String] = []
+        lines.append(
+            "StateSync simulator: \(options.nodes) nodes, \(options.operations) ops (\(acknowledged) acknowledged), seed \(options.seed)"
+        )
+        lines.append(
+            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied"
+        )
+        lines.append("drawn: " + parameters.keys.sorted().map { "\($0)=\(parameters[$0]!)" }.joined(separator: " "))
+        if let plantedBug = options.plantedBug, let culprit {
+            lines.append("planted bug: \(plantedBug.rawValue) in \(culprit)")
+        }
+        lines.append("faults (\(faults.count)):")
+        for fault in faults.prefix(40) {
+            lines.append("  \(fault.startMilliseconds) ms  \(fault.kind) \(fault.target): \(fault.detail)")
+        }
+        if faults.count > 40 { lines.append("  … \(faults.count - 40) more") }
+        func mark(_ ok: Bool) -> String { ok ? "ok  " : "FAIL" }
+        lines.append("verdict:")
+        lines.append(
+            "  [\(mark(converged))] replicas converged (equal state digests)"
+                + (convergenceMilliseconds.map { " in \($0) simulated ms after the last heal" } ?? ""))
+        if !findings.divergedNodes.isEmpty {
+            lines.append("         diverged: \(findings.divergedNodes.joined(separator: ", "))")
+        }
+        lines.append(
+            "  [\(mark(findings.lwwViolations.isEmpty))] final values are the last-writer-wins winners (\(findings.lwwViolations.count) violations)"
+        )
+        lines.append(
+            "  [\(mark(findings.lostWrites.isEmpty))] no acknowledged write lost (\(findings.lostWrites.count) lost)")
+        lines.append(
+            "  [\(mark(findings.chainViolations.isEmpty))] watchers' old/new chains unbroken, nothing sent twice, final copies equal (\(notifications) notifications, \(findings.chainViolations.count) violations)"
+        )
+        for detail in details { lines.append("         \(detail)") }
+        lines.append("trace digest: \(String(traceDigest, radix: 16))")
+        lines.append(passed ? "PASSED" : "FAILED — replay: \(options.replayCommand)")
+        return lines.joined(separator: "\n")
+    }
+}
+
+/// Runs a whole cluster of real node machines in one process from one seed: writers set
+/// properties (single sets and multi-property writes, and concurrent writes of one property on
+/// two nodes) on random nodes, a watcher on every node records every change, faults follow a
+/// schedule drawn from the seed; then everything heals and the harness's checker gives the
+/// verdict.
+public enum ClusterSimulator {
+    static let channel = "sim"
+
+    public static func run(_ options: SimulationOptions) throws -> SimulationReport {
+        guard (2...64).contains(options.nodes) else {
+            throw StateSyncError(.invalidConfiguration, "--nodes must be 2…64")
+        }
+        guard options.operations > 0 else { throw StateSyncError(.invalidConfiguration, "--ops must be positive") }
+        let started = threadCPUSeconds()
+        let root = SeededRandom(seed: options.seed)
+        var swarm = root.fork("swarm")
+        var parameters: [String: String] = [:]
+        func draw<T>(_ name: String, _ choices: [T]) -> T {
+            let value = choices[swarm.below(choices.count)]
+            parameters[name] = "\(value)"
+            return value
+        }
+
+        // Swarm testing: each seed draws its own cluster and fault parameters.
+        var clusterRandom = root.fork("cluster")
+        var configuration = SimulatedCluster.Configuration(nodes: options.nodes, seed: clusterRandom.next())
+        configuration.heartbeatMilliseconds = draw("heartbeat_ms", [50, 100, 200])
+        configuration.historyDeltas = draw("history", [40, 400, 5000, 100_000])
+        if options.plantedBug == .dropDeltas {
+            // Snapshot repairs would mask dropped deltas: keep the history long enough to fetch.
+            configuration.historyDeltas = 100_000
+            parameters["history"] = "100000"
+        }
+        configuration.compactBytes = draw("compact_bytes", [4096, 65536, 64 << 20])
+        configuration.clientHighWaterMark = draw("client_hwm", [64, 1000, 10_000])
+        configuration.batchMaximumDeltas = draw("batch", [1, 8, 256])
+        configuration.fsync = draw("fsync", [NodeConfiguration.FsyncPolicy.always, .always, .interval])
+        configuration.fsyncIntervalMilliseconds = draw("fsync_interval_ms", [5, 20, 50])
+        let baseDelay = UInt64(draw("delay_ms", [1, 2, 5]))
+        let jitter = UInt64(draw("jitter_ms", [0, 3, 10]))
+        let baseLinks = SimulatedNetwork<SimulatedCluster.Packet>.LinkConditions(
+            delay: baseDelay...(baseDelay + jitter))
+        configuration.peerLinks = baseLinks
+        let lossRate = draw("loss", [0.02, 0.1, 0.3])
+        let duplicateRate = draw("dup", [0.02, 0.1])
+        let reorderRate = draw("reorder", [0.05, 0.3])
+        let conflictRate = options.plantedBug == .wrongTieBreak ? 0.3 : draw("conflicts", [0.0, 0.02, 0.1])
+        let slowWatcher = draw("slow_watcher_ms", [0, 0, 1])
+        // A wrong tie-break shows only on ties (equal timestamps, two nodes): keep the clocks in
+        // step so that concurrent writes on two nodes tie.
+        let clocksInStep = options.plantedBug == .wrongTieBreak
+        let faults = Set(options.faults.filter { !(clocksInStep && $0 == .clock) })
+        var clockRandom = root.fork("clocks")
+        if faults.contains(.clock) {
+            for index in 0..<options.nodes {
+                configuration.clockSkew[index] = Int64(clockRandom.inRange(-3000...3000))
+            }
+        }
+        let culprit = options.plantedBug == nil ? nil : options.nodes - 1
+        if let culprit, let bug = options.plantedBug {
+            switch bug {
+            case .dropDeltas: configuration.faults[culprit] = NodeFaults(dropRemoteDeltasShare: 0.3)
+            case .wrongTieBreak: configuration.faults[culprit] = NodeFaults(wrongTieBreak: true)
+            case .skipRepair: configuration.faults[culprit] = NodeFaults(skipRepair: true)
+            case .duplicateWatchEvents: configuration.faults[culprit] = NodeFaults(duplicateWatchEvents: true)
+            }
+        }
+        if let logger = options.logger { configuration.logger = logger }
+        let cluster = try SimulatedCluster(configuration)
+        cluster.run(for: UInt64(3 * configuration.heartbeatMilliseconds))  // links up
+
+        // Watchers: one per node.
+        let watchers = (0..<options.nodes).map { index in
+            let watcher = SimulatedWatcher(
+                node: index, channel: channel, name: "watch-\(cluster.nodes[index].id)",
+                capacity: configuration.clientHighWaterMark)
+            if index == 0 { watcher.client.processingDelay = UInt64(slowWatcher) }
+            return watcher
+        }
+        for watcher in watchers { watcher.start(in: cluster) }
+
+        // The workload: writers issue one write at a time until the operations are used up.
+        let workload = Workload(
+            options: options, random: root.fork("workload"), conflictRate: conflictRate, channel: channel)
+        workload.start(in: cluster)
+
+        // Faults: one after another until the workload is done (each kind at least once).
+        let schedule = FaultSchedule(
+            kinds: options.faults.filter { faults.contains($0) }, random: root.fork("faults"), base: baseLinks,
+            lossRate: lossRate,
+            duplicateRate: duplicateRate, reorderRate: reorderRate, culprit: culprit,
+            forceLoss: options.plantedBug == .skipRepair)
+        schedule.start(in: cluster, until: { workload.isDone })
+        let workloadLimit = cluster.now + 600_000 + UInt64(options.operations) * 20
+        cluster.run(until: workloadLimit, stoppingWhen: { _ in workload.isDone && schedule.isDone })
+        let workloadFinished = workload.isDone
+        if options.plantedBug == .wrongTieBreak {
+            // Ties for certain: after a quiet moment two nodes' clocks issue the same timestamp.
+            for probe in 0..<4 {
+                cluster.run(for: 200)
+                workload.writeTie(probe: probe, nodes: (probe % (options.nodes - 1), options.nodes - 1), in: cluster)
+            }
+            cluster.run(for: 200)
+        }
+
+        // Heal everything, then wait for quiet: every node up, nothing missing, equal digests.
+        schedule.healAll(in: cluster)
+        let healed = cluster.now
+        var convergedAt: UInt64?
+        while cluster.now < healed + options.convergenceTimeoutMilliseconds {
+            cluster.run(for: 20)
+            if isQuiet(cluster) {
+                convergedAt = cluster.now
+                break
+            }
+        }
+        // Let the watchers take what is on its way, then a caught-up marker each.
+        let settle = cluster.now
+        cluster.run(until: settle + 5000) { _ in
+            watchers.allSatisfy { (watcher: SimulatedWatcher) -> Bool in
+                guard watcher.isWatching, let caughtUp = watcher.lastCaughtUp else { return false }
+                return caughtUp.at > settle + 100
+            }
+        }
+
+        // The verdict.
+        var states: [ConvergenceChecker.NodeState] = []
+        for node in cluster.nodes {
+            guard let host = node.host else { continue }
+            var models: [String: [String: ReplicaStore.Register]] = [:]
+            for model in 0..<options.models {
+                let registers = host.properties(of: ModelAddress(channel: channel, model: "m\(model)"))
+                if !registers.isEmpty { models["m\(model)"] = registers }
+            }
+            states.append(ConvergenceChecker.NodeState(node: node.id, digest: host.status.stateDigest, models: models))
+        }
+        let writes = workload.writes
+        var findings = ConvergenceChecker().check(
+            writes: writes, nodes: states,
+            watches: watchers.map { watcher in
+                ConvergenceChecker.WatchHistory(
+                    node: cluster.nodes[watcher.nodeIndex].id, sessions: [watcher.changes],
+                    finalState: watcher.finalState)
+            })
+        findings.chainViolations += watchers.flatMap { $0.violations }
+        if convergedAt == nil {
+            // Not quiet: name what never settled.
+            for node in cluster.nodes {
+                guard let status = node.host?.status else {
+                    findings.divergedNodes.append(node.id)
+                    continue
+                }
+                let disconnected = status.peers.filter { !$0.connected }.map(\.endpoint)
+                if status.missingDeltas > 0 || !disconnected.isEmpty {
+                    if !findings.divergedNodes.contains(node.id) { findings.divergedNodes.append(node.id) }
+                    findings.lostWrites.append(
+                        "\(node.id) never settled: \(status.missingDeltas) deltas still missing (first gaps: \(node.host?.firstGaps.sorted { $0.key < $1.key }.map { "\($0.key):\($0.value)" } ?? [])), disconnected from \(disconnected)"
+                    )
+                }
+            }
+        }
+        if !workloadFinished {
+            findings.lostWrites.append(
+                "the workload did not finish within \(workloadLimit) simulated ms: writes stopped being answered")
+        }
+        let cpu = threadCPUSeconds() - started
+        return SimulationReport(
+            options: options, parameters: parameters, acknowledged: writes.filter { $0.acknowledged != nil }.count,
+            findings: findings, converged: convergedAt != nil && findings.converged,
+            convergenceMilliseconds: convergedAt.map { $0 - healed }, faults: schedule.events,
+            traceDigest: cluster.trace.hash, simulatedMilliseconds: cluster.now, steps: cluster.steps,
+            deltasApplied: schedule.deltasAppliedBeforeCrashes
+                + cluster.nodes.reduce(0) { total, node in
+                    let counters = node.host?.status.counters ?? [:]
+                    return total + (counters["deltas_applied"] ?? 0) + (counters["deltas_published"] ?? 0)
+                }, notifications: watchers.reduce(0) { $0 + $1.changes.count }, cpuSeconds: cpu,
+            culprit: culprit.map { cluster.nodes[$0].id })
+    }
+
+    /// Every node up, connected to every peer, missing nothing, and all with one digest.
+    static func isQuiet(_ cluster: SimulatedCluster) -> Bool {
+        var digests = Set<UInt64>()
+        for node in cluster.nodes {
+            guard let status = node.host?.status else { return false }
+            guard status.missingDeltas == 0, status.peers.allSatisfy(\.connected) else { return false }
+            digests.insert(status.stateDigest)
+        }
+        return digests.count == 1
+    }
+
+    /// CPU seconds of the calling thread.
+    static func threadCPUSeconds() -> Double {
+        var spec = timespec()
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &spec)
+        return Double(spec.tv_sec) + Double(spec.tv_nsec) / 1e9
+    }
+}
+
+/// The writers of a simulation and what they wrote.
+final class Workload {
+    let options: SimulationOptions
+    var random: SeededRandom
+    let conflictRate: Double
+    let channel: String
+    private var issued = 0
+    private var writers: [SimulatedWriter] = []
+    /// Two writers that set one property on two nodes at the same instant.
+    private var conflictPair: [SimulatedWriter] = []
+
+    init(options: SimulationOptions, random: SeededRandom, conflictRate: Double, channel: String) {
+        self.options = options
+        self.random = random
+        self.conflictRate = conflictRate
+        self.channel = channel
+    }
+
+    var isDone: Bool {
+        issued >= options.operations && !writers.contains(where: \.isBusy) && !conflictPair.contains(where: \.isBusy)
+    }
+
+    var writes: [ConvergenceChecker.Write] {
+        (writers + conflictPair).flatMap(\.writes)
+    }
+
+    func start(in cluster: SimulatedCluster) {
+        writers = (0..<max(1, options.writers)).map { SimulatedWriter(name: "writer-\($0)") }
+        conflictPair = [SimulatedWriter(name: "conflict-a"), SimulatedWriter(name: "conflict-b")]
+        for writer in writers {
+            writer.onSettled = { [unowned self, unowned writer] cluster in self.next(writer, in: cluster) }
+            next(writer, in: cluster)
+        }
+    }
+
+    /// Writes one property on two nodes at the same instant (two values): with their clocks in
+    /// step and nothing else written meanwhile, both versions have the same timestamp.
+    func writeTie(probe: Int, nodes: (Int, Int), in cluster: SimulatedCluster) {
+        let model = "m\(probe % options.models)"
+        conflictPair[0].write(
+            channel: channel, model: model, properties: ["tie": .string("probe-\(probe)-a")], to: nodes.0, in: cluster)
+        conflictPair[1].write(
+            channel: channel, model: model, properties: ["tie": .string("probe-\(probe)-b")], to: nodes.1, in: cluster)
+    }
+
+    private func next(_ writer: SimulatedWriter, in cluster: SimulatedCluster) {
+        guard issued < options.operations else { return }
+        issued += 1
+        let index = issued
+        let think = UInt64(random.below(4))
+        let node = random.below(options.nodes)
+        let model = "m\(random.below(options.models))"
+        var properties: [String: Value] = [:]
+        let count = random.chance(0.3) ? 2 + random.below(2) : 1
+        for _ in 0..<count { properties["p\(random.below(4))"] = .string("\(writer.name)-\(index)") }
+        let conflict = random.chance(conflictRate) && options.nodes > 1
+        var other = random.below(options.nodes - 1)
+        if other >= node { other += 1 }
+        let property = "p\(random.below(4))"
+        cluster.schedule(at: cluster.now + think) { [unowned self] cluster in
+            writer.write(channel: channel, model: model, properties: properties, to: node, in: cluster)
+            guard conflict, self.issued + 2 <= options.operations, !self.conflictPair.contains(where: \.isBusy) else {
+                return
+            }
+            // The same property, two values, two nodes, one instant: a last-writer-wins tie is
+            // likely, decided by node id.
+            self.issued += 2
+            self.conflictPair[0].write(
+                channel: channel, model: model, properties: [property: .string("tie-a-\(index)")], to: node,
+                in: cluster)
+            self.conflictPair[1].write(
+                channel: channel, model: model, properties: [property: .string("tie-b-\(index)")], to: other,
+                in: cluster)
+        }
+    }
+}
+
+/// Injects the requested faults one after another, on a schedule drawn from the seed, until the
+/// workload is done (and each kind at least once).
+final class FaultSchedule {
+    let kinds: [SimulationOptions.Fault]
+    var random: SeededRandom
+    let base: SimulatedNetwork<SimulatedCluster.Packet>.LinkConditions
+    let lossRate: Double
+    let duplicateRate: Double
+    let reorderRate: Double
+    let culprit: Int?
+    let forceLoss: Bool
+    private(set) var events: [SimulationReport.FaultEvent] = []
+    private(set) var isDone = false
+    private(set) var deltasAppliedBeforeCrashes = 0
+    private var round = 0
+    private var position = 0
+
+    init(
+        kinds: [SimulationOptions.Fault], random: SeededRandom,
+        base: SimulatedNetwork<SimulatedCluster.Packet>.LinkConditions, lossRate: Double, duplicateRate: Double,
+        reorderRate: Double, culprit: Int?, forceLoss: Bool
+    ) {
+        self.kinds = kinds
+        self.random = random
+        self.base = base
+        self.lossRate = lossRate
+        self.duplicateRate = duplicateRate
+        self.reorderRate = reorderRate
+        self.culprit = culprit
+        self.forceLoss = forceLoss
+    }
+
+    private var schedule: [SimulationOptions.Fault] {
+        var kinds = self.kinds
+        if forceLoss && !kinds.contains(.loss) { kinds.append(.loss) }
+        return kinds
+    }
+
+    func start(in cluster: SimulatedCluster, until done: @escaping () -> Bool) {
+        guard !schedule.isEmpty else {
+            isDone = true
+            return
+        }
+        scheduleNext(in: cluster, until: done)
+    }
+
+    private func scheduleNext(in cluster: SimulatedCluster, until done: @escaping () -> Bool) {
+        if position == schedule.count {
+            position = 0
+            round += 1
+        }
+        if round > 0 && done() {
+            isDone = true
+            return
+        }
+        let kind = schedule[position]
+        position += 1
+        let wait = UInt64(random.inRange(100...400))
+        let hold = UInt64(random.inRange(200...1500))
+        cluster.schedule(at: cluster.now + wait) { [unowned self] cluster in
+            self.inject(kind, hold: hold, in: cluster) { cluster in self.scheduleNext(in: cluster, until: done) }
+        }
+    }
+
+    private func inject(
+        _ kind: SimulationOptions.Fault, hold: UInt64, in cluster: SimulatedCluster,
+        then next: @escaping (SimulatedCluster) -> Void
+    ) {
+        let nodes = cluster.nodes
+        let start = cluster.now
+        // A planted skip-repair bug is exposed by loss on the culprit's links.
+        let target = kind == .loss && forceLoss ? (culprit ?? 0) : random.below(nodes.count)
+        var detail = ""
+        var heal: (SimulatedCluster) -> Void = { _ in }
+        switch kind {
+        case .crash:
+            let counters = nodes[target].host?.status.counters ?? [:]
+            deltasAppliedBeforeCrashes += (counters["deltas_applied"] ?? 0) + (counters["deltas_published"] ?? 0)
+            let unsynced = nodes[target].disk.unsyncedBytes
+            let torn = unsynced > 0 && random.chance(0.5) ? random.below(unsynced + 1) : 0
+            cluster.crash(target, tornBytes: torn)
+            detail = "crashed (\(unsynced) bytes unsynced, \(torn) of them torn onto disk), restarted after \(hold) ms"
+            heal = { cluster in try? cluster.restart(target) }
+        case .partition:
+            var group = Set([target])
+            let extra = nodes.count > 3 ? random.below(nodes.count / 2) : 0
+            for _ in 0..<extra { group.insert(random.below(nodes.count)) }
+            if group.count == nodes.count { group.remove(target == 0 ? 1 : 0) }
+            cluster.partition(group, cut: true)
+            let side = group.sorted().map { nodes[$0].id }.joined(separator: ",")
+            let others = nodes.indices.filter { !group.contains($0) }.map { nodes[$0].id }.joined(separator: ",")
+            detail = "\(side) | \(others) cut both ways for \(hold) ms"
+            heal = { cluster in cluster.partition(group, cut: false) }
+        case .loss:
+            var lossy = base
+            lossy.loss = lossRate
+            for peer in nodes where peer.index != target {
+                cluster.network.setConditions(lossy, from: peer.id, to: nodes[target].id)
+            }
+            detail = "inbound peer links lose \(Int(lossRate * 100)) % for \(hold) ms"
+            heal = { cluster in
+                for peer in nodes where peer.index != target {
+                    cluster.network.setConditions(nil, from: peer.id, to: nodes[target].id)
+                }
+            }
+        case .dup:
+            cluster.network.defaultConditions.duplicate = duplicateRate
+            detail = "every peer link duplicates \(Int(duplicateRate * 100)) % for \(hold) ms"
+            heal = { cluster in cluster.network.defaultConditions.duplicate = 0 }
+        case .reorder:
+            cluster.network.defaultConditions.reorder = reorderRate
+            cluster.network.defaultConditions.reorderDelay = 60
+            detail = "every peer link holds back \(Int(reorderRate * 100)) % by up to 60 ms for \(hold) ms"
+            heal = { cluster in cluster.network.defaultConditions.reorder = 0 }
+        case .clock:
+            let jump = Int64(random.inRange(-5000...5000))
+            let before = nodes[target].clockSkew
+            cluster.setClockSkew(target, before + jump)
+            detail = "wall clock jumps \(jump) ms (skew now \(before + jump) ms)"
+        }
+        cluster.record("fault", "\(kind.rawValue) \(nodes[target].id)", [Array(detail.utf8)])
+        let index = events.count
+        events.append(.init(kind: kind.rawValue, target: nodes[target].id, detail: detail, startMilliseconds: start))
+        cluster.schedule(at: cluster.now + hold) { [unowned self] cluster in
+            heal(cluster)
+            self.events[index].healMilliseconds = cluster.now
+            next(cluster)
+        }
+    }
+
+    /// Restarts every crashed node and restores every link.
+    func healAll(in cluster: SimulatedCluster) {
+        cluster.network.healAll()
+        cluster.network.defaultConditions = base
+        for node in cluster.nodes {
+            for peer in cluster.nodes { cluster.network.setConditions(nil, from: peer.id, to: node.id) }
+            if !node.isUp { try? cluster.restart(node.index) }
+        }
+    }
+}

@@ -1,0 +1,184 @@
+import StateSync
+
+/// A client that writes: one SET at a time to a node of its choosing, recording what it wrote and
+/// whether (and with which version) the node acknowledged it.
+final class SimulatedWriter {
+    let client: SimulatedCluster.Client
+    var name: String { client.name }
+    private var nextRequestID: UInt64 = 1
+    /// The write in flight (request id 0: its node was down, it fails on the next turn).
+    private var pending: (id: UInt64, write: ConvergenceChecker.Write, deadline: UInt64)?
+    /// Every write issued, in order.
+    private(set) var writes: [ConvergenceChecker.Write] = []
+    /// Called when the write in flight is settled (acknowledged or not).
+    var onSettled: ((SimulatedCluster) -> Void)?
+    static let timeout: UInt64 = 3000
+
+    var isBusy: Bool { pending != nil }
+
+    init(name: String) {
+        client = SimulatedCluster.Client(name: name)
+        client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
+        client.onConnectionLost = { [unowned self] cluster in self.connectionLost(in: cluster) }
+    }
+
+    /// Sends `properties` of `model` to node `node` (connecting to it). `false` when the node is
+    /// down: the write is recorded as not acknowledged.
+    @discardableResult
+    func write(
+        channel: String, model: String, properties: [String: Value], to node: Int, in cluster: SimulatedCluster
+    ) -> Bool {
+        let write = ConvergenceChecker.Write(
+            model: model, properties: properties, node: cluster.nodes[node].id, acknowledged: nil)
+        guard pending == nil else { preconditionFailure("one write at a time") }
+        guard client.connection?.node == node || cluster.connect(client, to: node) else {
+            // The node is down: the write fails at once (settled on the next turn, not re-entrantly).
+            pending = (0, write, cluster.now)
+            cluster.schedule(at: cluster.now) { [weak self] cluster in self?.settle(acknowledged: nil, in: cluster) }
+            return false
+        }
+        let id = nextRequestID
+        nextRequestID += 1
+        pending = (id, write, cluster.now + Self.timeout)
+        let ordered = properties.keys.sorted().map { PropertyWrite(name: $0, value: properties[$0]!) }
+        cluster.send(
+            ClientProtocol.encodeRequest(
+                .set, id: id, body: ClientProtocol.encodeSet(ModelAddress(channel: channel, model: model), ordered)),
+            from: client)
+        cluster.schedule(at: cluster.now + Self.timeout) { [weak self] cluster in
+            guard let self, let pending = self.pending, pending.id == id else { return }
+            self.settle(acknowledged: nil, in: cluster)
+        }
+        return true
+    }
+
+    private func settle(acknowledged: Version?, in cluster: SimulatedCluster) {
+        guard var write = pending?.write else { return }
+        pending = nil
+        write.acknowledged = acknowledged
+        writes.append(write)
+        cluster.record("write", name, [Array("\(write.model) \(acknowledged?.description ?? "-")".utf8)])
+        onSettled?(cluster)
+    }
+
+    private func received(_ frames: [[UInt8]], in cluster: SimulatedCluster) {
+        guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]),
+            let pending, pending.id != 0, header.requestID == pending.id
+        else { return }
+        var version: Version?
+        // Acknowledged: an OK whose outcome is "changed" (1), with the write's version.
+        if header.kind == .ok, frames[1].last == 1,
+            let decoded = try? ClientProtocol.decodeVersion(Array(frames[1].dropLast()))
+        {
+            version = decoded
+        }
+        settle(acknowledged: version, in: cluster)
+    }
+
+    private func connectionLost(in cluster: SimulatedCluster) {
+        // The node crashed before answering: the write may or may not have been made durable.
+        if pending != nil { settle(acknowledged: nil, in: cluster) }
+    }
+}
+
+/// A client that watches a channel on one node and records every change it is told of, exactly as
+/// `StateSyncClient` would compute them (its ``WatchSession`` and replica). When its node
+/// crashes it resumes with its replica once the node is back, so one chain runs through the run.
+/// It also checks what a client cannot see through its replica: within one connection a node
+/// sends each delta at most once.
+final class SimulatedWatcher {
+    let client: SimulatedCluster.Client
+    let nodeIndex: Int
+    let channel: String
+    private(set) var session: WatchSession
+    private var watchID: UInt64 = 0
+    private var nextRequestID: UInt64 = 1
+    /// The (origin, sequence) of every DELTA event of the current connection.
+    private var seen: Set<String> = []
+    /// Every change told, in order.
+    private(set) var changes: [PropertyChange] = []
+    /// Deltas a node sent twice on one connection, and protocol errors.
+    private(set) var violations: [String] = []
+    /// Whether the node registered the watch (OK) and it is running.
+    private(set) var isWatching = false
+    /// When a caught-up marker last came, and what it said the node was missing.
+    private(set) var lastCaughtUp: (at: UInt64, nodeMissing: Int)?
+
+    init(node: Int, channel: String, name: String, capacity: Int) {
+        self.nodeIndex = node
+        self.channel = channel
+        self.session = WatchSession(replica: ChannelReplica(channel: channel))
+        client = SimulatedCluster.Client(name: name, capacity: capacity)
+        client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
+        client.onConnectionLost = { [unowned self] cluster in self.connectionLost(in: cluster) }
+    }
+
+    var replica: ChannelReplica { session.replica }
+
+    /// Opens (or resumes, with its replica) the watch; retries while the node is down.
+    func start(in cluster: SimulatedCluster) {
+        guard cluster.connect(client, to: nodeIndex) else {
+            cluster.schedule(at: cluster.now + 100) { [weak self] cluster in self?.retry(in: cluster) }
+            return
+        }
+        seen = []
+        isWatching = false
+        watchID = nextRequestID
+        nextRequestID += 1
+        let resume = replica.cursor.positions.isEmpty && replica.models.isEmpty ? nil : replica.cursor
+        cluster.send(
+            ClientProtocol.encodeRequest(
+                .watch, id: watchID, body: ClientProtocol.encodeWatch(channel: channel, from: resume)),
+            from: client)
+    }
+
+    private func received(_ frames: [[UInt8]], in cluster: SimulatedCluster) {
+        guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]),
+            header.requestID == watchID
+        else { return }
+        switch header.kind {
+        case .ok:
+            isWatching = true
+        case .error:
+            let message = (try? ClientProtocol.decodeError(frames[1]))?.message ?? "malformed error"
+            violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: the watch ended: \(message)")
+            cluster.disconnect(client)
+            start(in: cluster)
+        case .event:
+            guard let event = try? ClientProtocol.decodeWatchEvent(frames[1]) else {
+                violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: a malformed watch event")
+                return
+            }
+            if case .delta(let delta, _) = event,
+                !seen.insert("\(delta.origin)\u{0}\(delta.sequence)").inserted
+            {
+                violations.append(
+                    "\(cluster.nodes[nodeIndex].id)'s watcher: delta \(delta.origin):\(delta.sequence) sent twice on one watch"
+                )
+            }
+            do {
+                for meaning in try session.handle(event, from: cluster.nodes[nodeIndex].id) {
+                    switch meaning {
+                    case .change(let change, _, _): changes.append(change)
+                    case .caughtUp(_, _, let missing): lastCaughtUp = (cluster.now, missing)
+                    default: break
+                    }
+                }
+            } catch {
+                violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: \(error)")
+            }
+        }
+    }
+
+    private func connectionLost(in cluster: SimulatedCluster) {
+        isWatching = false
+        cluster.schedule(at: cluster.now + 100) { [weak self] cluster in self?.retry(in: cluster) }
+    }
+
+    private func retry(in cluster: SimulatedCluster) { start(in: cluster) }
+
+    /// The watcher's copy of the channel: model → property → register.
+    var finalState: [String: [String: ReplicaStore.Register]] {
+        Dictionary(uniqueKeysWithValues: replica.models.map { ($0, replica.properties(of: $0)) })
+    }
+}

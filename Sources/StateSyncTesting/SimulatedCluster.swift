@@ -1,0 +1,487 @@
+package import Logging
+package import StateSync
+import Synchronization
+
+/// A whole cluster in one process and one thread: real ``StateSyncNode`` hosts (each a real
+/// ``NodeMachine``) on a ``SimulatedNetwork``, each with a ``SimulatedDisk``, under one
+/// ``ManualClock``. Nothing happens unless the cluster is run: time jumps from one due event to
+/// the next (a message arrives, a node's timer is due, a client acts), so simulated hours cost
+/// seconds and the same seed always gives the same run.
+///
+/// Nodes are `n1`…`nN`; their endpoints are `sim://nX/pub` and `sim://nX/api`. Peer traffic
+/// (DELTA, HEARTBEAT, and repair requests and replies) travels on links with the conditions of
+/// the peer network; clients are connected to one node at a time over reliable, in-order links
+/// (a TCP connection), which a crash of the node breaks.
+///
+/// Not thread-safe: one thread runs a simulation.
+package final class SimulatedCluster {
+    /// What the cluster is made of.
+    package struct Configuration: Sendable {
+        package var nodes = 3
+        package var seed: UInt64 = 1
+        package var heartbeatMilliseconds = 100
+        package var historyDeltas = 100_000
+        package var compactBytes = 64 << 20
+        package var clientHighWaterMark = 10_000
+        package var batchMaximumDeltas = 256
+        package var fsync: NodeConfiguration.FsyncPolicy = .always
+        package var fsyncIntervalMilliseconds = 20
+        /// The conditions of every peer link (until changed).
+        package var peerLinks = SimulatedNetwork<Packet>.LinkConditions(delay: 1...3)
+        /// The one-way delay between a client and its node.
+        package var clientDelay: UInt64 = 1
+        /// Faults planted in nodes (by index).
+        package var faults: [Int: NodeFaults] = [:]
+        /// Per node (by index), how far its wall clock is off, in milliseconds.
+        package var clockSkew: [Int: Int64] = [:]
+        /// Where nodes log (nothing, by default: a simulation makes many).
+        package var logger = Logger(label: "statesync-sim", factory: { _ in SwiftLogNoOpLogHandler() })
+
+        package init(nodes: Int = 3, seed: UInt64 = 1) {
+            self.nodes = nodes
+            self.seed = seed
+        }
+    }
+
+    /// What travels between nodes and clients.
+    package enum Packet: Sendable {
+        /// A message from a node's PUB socket.
+        case peer(frames: [[UInt8]])
+        /// A request to a node's ROUTER: from a client, or from a peer's repair link.
+        case request(client: [UInt8], frames: [[UInt8]])
+        /// A reply on a node's repair link; `peer` is the answering node's publish endpoint.
+        case repairReply(peer: String, frames: [[UInt8]])
+        /// A reply or watch event to a client, from one incarnation of a node.
+        case toClient(frames: [[UInt8]], generation: Int)
+    }
+
+    /// One node of the cluster.
+    package final class Node {
+        package let index: Int
+        package let id: String
+        package let configuration: NodeConfiguration
+        package let disk = SimulatedDisk()
+        /// The running node; `nil` while crashed.
+        package fileprivate(set) var host: StateSyncNode?
+        /// Counts restarts: a message or timer of an earlier run is ignored.
+        package fileprivate(set) var generation = 0
+        fileprivate var tickAt: UInt64?
+        fileprivate var intakePaused = false
+        fileprivate var held: [SimulatedNetwork<Packet>.Message] = []
+        fileprivate var links: [String: Int] = [:]
+        fileprivate let skew: Skew
+
+        init(index: Int, configuration: NodeConfiguration, skew: Int64) {
+            self.index = index
+            self.id = configuration.nodeID
+            self.configuration = configuration
+            self.skew = Skew(skew)
+        }
+
+        package var isUp: Bool { host != nil }
+        /// How far this node's wall clock is off, in milliseconds.
+        package var clockSkew: Int64 { skew.milliseconds }
+    }
+
+    /// How far a node's wall clock is off: read by its clock, moved by the clock fault.
+    final class Skew: Sendable {
+        private let value: Atomic<Int64>
+        init(_ milliseconds: Int64) { value = Atomic(milliseconds) }
+        var milliseconds: Int64 {
+            get { value.load(ordering: .relaxed) }
+            set { value.store(newValue, ordering: .relaxed) }
+        }
+    }
+
+    /// A client of the cluster: it talks to one node at a time; its owner acts on what arrives.
+    package final class Client {
+        /// The ZeroMQ routing id it would have.
+        package let routingID: [UInt8]
+        package let name: String
+        /// How many messages its queue holds before the node's sends to it fail (its
+        /// `network.client_hwm`).
+        package var capacity: Int
+        /// Milliseconds it takes to process one message (0: at once). A slow client lags.
+        package var processingDelay: UInt64 = 0
+        /// The node it is connected to (index, generation), if any.
+        package fileprivate(set) var connection: (node: Int, generation: Int)?
+        fileprivate var queued = 0
+        fileprivate var inbox: [[[UInt8]]] = []
+        fileprivate var consuming = false
+
+        package init(name: String, capacity: Int = 10_000) {
+            self.name = name
+            self.routingID = [0x53] + Array(name.utf8)
+            self.capacity = capacity
+        }
+
+        /// Called with each message from its node (a reply or a watch event).
+        package var onReceive: ([[UInt8]], SimulatedCluster) -> Void = { _, _ in }
+        /// Called when its node crashed: the connection is gone, with whatever was on its way.
+        package var onConnectionLost: (SimulatedCluster) -> Void = { _ in }
+    }
+
+    package let configuration: Configuration
+    package let clock = ManualClock(start: 0)
+    /// The wall clock of the simulation starts here (2027-01-15), plus each node's skew.
+    package static let epoch: UInt64 = 1_800_000_000_000
+    package private(set) var nodes: [Node] = []
+    package let network: SimulatedNetwork<Packet>
+    private let clientNetwork: SimulatedNetwork<Packet>
+    private var timers = EventQueue<Timer>()
+    private var clients: [[UInt8]: Client] = [:]
+    private var random: SeededRandom
+    private var touched: [Bool]
+    /// A digest of everything that happened: every message delivered, with its time and bytes.
+    package private(set) var trace = StreamingFNV()
+    /// How many inputs the nodes processed.
+    package private(set) var steps = 0
+
+    private enum Timer {
+        case tick(node: Int, generation: Int)
+        case action((SimulatedCluster) -> Void)
+        case consume(client: [UInt8])
+    }
+
+    package init(_ configuration: Configuration) throws(StateSyncError) {
+        self.configuration = configuration
+        let root = SeededRandom(seed: configuration.seed)
+        random = root.fork("cluster")
+        network = SimulatedNetwork(random: root.fork("network"), defaultConditions: configuration.peerLinks)
+        clientNetwork = SimulatedNetwork(
+            random: root.fork("client-network"), defaultConditions: .reliable(delay: configuration.clientDelay))
+        touched = Array(repeating: false, count: configuration.nodes)
+        let ids = (1...configuration.nodes).map { "n\($0)" }
+        for (index, id) in ids.enumerated() {
+            var node = NodeConfiguration(
+                nodeID: id, dataDirectory: "sim://\(id)", publishEndpoint: Self.publishEndpoint(id),
+                peers: ids.filter { $0 != id }.map(Self.publishEndpoint), apiEndpoint: Self.apiEndpoint(id),
+                heartbeatIntervalMilliseconds: configuration.heartbeatMilliseconds, fsync: configuration.fsync,
+                fsyncIntervalMilliseconds: configuration.fsyncIntervalMilliseconds,
+                compactBytes: configuration.compactBytes, historyDeltas: configuration.historyDeltas)
+            node.clientHighWaterMark = configuration.clientHighWaterMark
+            node.batchMaximumDeltas = configuration.batchMaximumDeltas
+            nodes.append(Node(index: index, configuration: node, skew: configuration.clockSkew[index] ?? 0))
+        }
+        for node in nodes { try start(node) }
+    }
+
+    package static func publishEndpoint(_ id: String) -> String { "sim://\(id)/pub" }
+    package static func apiEndpoint(_ id: String) -> String { "sim://\(id)/api" }
+
+    // MARK: - Running
+
+    /// The current simulated time, in milliseconds.
+    package var now: UInt64 { clock.now }
+
+    /// Runs until `time` (milliseconds), or until `stop` says so after an instant; returns
+    /// whether `stop` did.
+    @discardableResult
+    package func run(until time: UInt64, stoppingWhen stop: (SimulatedCluster) -> Bool = { _ in false }) -> Bool {
+        while let next = nextTime(), next <= time {
+            clock.advance(to: next)
+            runInstant()
+            if stop(self) { return true }
+        }
+        clock.advance(to: max(clock.now, time))
+        return stop(self)
+    }
+
+    /// Runs for `milliseconds` more.
+    @discardableResult
+    package func run(for milliseconds: UInt64, stoppingWhen stop: (SimulatedCluster) -> Bool = { _ in false }) -> Bool {
+        run(until: now + milliseconds, stoppingWhen: stop)
+    }
+
+    private func nextTime() -> UInt64? {
+        [network.nextDueTime, clientNetwork.nextDueTime, timers.nextTime].compactMap { $0 }.min()
+    }
+
+    /// Everything due now: messages, then timers; then every node that got input ticks once
+    /// (the end of its round).
+    private func runInstant() {
+        let time = clock.now
+        var progressed = true
+        while progressed {
+            progressed = false
+            for message in network.deliverDue(at: time) + clientNetwork.deliverDue(at: time) {
+                progressed = true
+                deliver(message)
+            }
+            while let due = timers.nextTime, due <= time, let (_, timer) = timers.pop() {
+                progressed = true
+                fire(timer)
+            }
+        }
+        for index in touched.indices where touched[index] {
+            touched[index] = false
+            tick(nodes[index])
+        }
+    }
+
+    private func fire(_ timer: Timer) {
+        switch timer {
+        case .tick(let index, let generation):
+            let node = nodes[index]
+            guard node.generation == generation, node.tickAt == now else { return }
+            node.tickAt = nil
+            tick(node)
+        case .action(let action):
+            action(self)
+        case .consume(let routingID):
+            guard let client = clients[routingID] else { return }
+            consumeOne(client)
+        }
+    }
+
+    /// Runs `action` at `time` (not earlier than now).
+    package func schedule(at time: UInt64, _ action: @escaping (SimulatedCluster) -> Void) {
+        timers.schedule(.action(action), at: max(time, now))
+    }
+
+    // MARK: - Nodes
+
+    private func start(_ node: Node) throws(StateSyncError) {
+        let clock = self.clock
+        let skew = node.skew
+        let wallClock: @Sendable () -> UInt64 = {
+            UInt64(max(0, Int64(Self.epoch &+ clock.now) &+ skew.milliseconds))
+        }
+        let host = try StateSyncNode(
+            configuration: node.configuration, storage: node.disk,
+            clock: HybridLogicalClock(
+                node: node.id, maximumDriftMilliseconds: UInt64(node.configuration.maximumClockDriftMilliseconds),
+                wallClock: wallClock),
+            monotonicNow: { clock.now }, incarnation: random.next() | 1, observers: InlineObserverExecutor(),
+            faults: configuration.faults[node.index] ?? NodeFaults(), logger: configuration.logger)
+        node.host = host
+        node.links = [:]
+        node.intakePaused = false
+        node.held = []
+        process(
+            .endpointsBound(publish: Self.publishEndpoint(node.id), repair: Self.apiEndpoint(node.id)), at: node)
+        touched[node.index] = true
+    }
+
+    /// Feeds `input` to `node` (if it is up) and marks it for a tick at the end of the instant.
+    private func process(_ input: NodeInput, at node: Node) {
+        guard let host = node.host else { return }
+        steps += 1
+        host.process(input, now: now, via: Transport(cluster: self, node: node))
+        touched[node.index] = true
+    }
+
+    private func tick(_ node: Node) {
+        guard let host = node.host else { return }
+        steps += 1
+        host.process(.tick(observerBacklog: 0), now: now, via: Transport(cluster: self, node: node))
+        let deadline = max(host.nextDeadline(), now + 1)
+        if node.tickAt.map({ deadline < $0 }) ?? true {
+            node.tickAt = deadline
+            timers.schedule(.tick(node: node.index, generation: node.generation), at: deadline)
+        }
+    }
+
+    /// Crashes node `index`: its process is gone (what it had not synced is lost, but for a torn
+    /// part of it when `tornBytes` > 0), its clients are disconnected.
+    package func crash(_ index: Int, tornBytes: Int = 0) {
+        let node = nodes[index]
+        guard node.host != nil else { return }
+        node.host = nil
+        node.generation += 1
+        node.tickAt = nil
+        node.disk.crash(keepingTorn: tornBytes)
+        record("crash", node.id, [])
+        for routingID in clients.keys.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
+            guard let client = clients[routingID], client.connection?.node == index else { continue }
+            disconnect(client)
+            client.onConnectionLost(self)
+        }
+    }
+
+    /// Restarts node `index` on its disk (recovering from its snapshot and log).
+    package func restart(_ index: Int) throws(StateSyncError) {
+        let node = nodes[index]
+        guard node.host == nil else { return }
+        record("restart", node.id, [])
+        try start(node)
+    }
+
+    /// Moves node `index`'s wall clock: its skew becomes `skew` milliseconds.
+    package func setClockSkew(_ index: Int, _ skew: Int64) {
+        nodes[index].skew.milliseconds = skew
+    }
+
+    /// Cuts (or heals) every peer link between the nodes of `group` and the others, both ways.
+    package func partition(_ group: Set<Int>, cut: Bool) {
+        for a in nodes.indices where group.contains(a) {
+            for b in nodes.indices where !group.contains(b) {
+                network.setCut(cut, from: nodes[a].id, to: nodes[b].id)
+                network.setCut(cut, from: nodes[b].id, to: nodes[a].id)
+            }
+        }
+    }
+
+    // MARK: - Clients
+
+    /// Connects `client` to node `index` (replacing an earlier connection). `false` when the node
+    /// is down.
+    @discardableResult
+    package func connect(_ client: Client, to index: Int) -> Bool {
+        guard nodes[index].isUp else { return false }
+        disconnect(client)
+        clients[client.routingID] = client
+        client.connection = (index, nodes[index].generation)
+        return true
+    }
+
+    /// Closes `client`'s connection; what was on its way to it is dropped.
+    package func disconnect(_ client: Client) {
+        client.connection = nil
+        client.queued = 0
+        client.inbox = []
+    }
+
+    /// Sends a request from `client` to the node it is connected to.
+    package func send(_ frames: [[UInt8]], from client: Client) {
+        guard let connection = client.connection else { return }
+        clientNetwork.send(
+            .request(client: client.routingID, frames: frames), from: client.name, to: nodes[connection.node].id,
+            at: now)
+    }
+
+    private func consumeOne(_ client: Client) {
+        guard !client.inbox.isEmpty else {
+            client.consuming = false
+            return
+        }
+        let frames = client.inbox.removeFirst()
+        client.queued = max(0, client.queued - 1)
+        client.onReceive(frames, self)
+        if client.inbox.isEmpty {
+            client.consuming = false
+        } else {
+            timers.schedule(.consume(client: client.routingID), at: now + client.processingDelay)
+        }
+    }
+
+    // MARK: - Delivery
+
+    private func deliver(_ message: SimulatedNetwork<Packet>.Message) {
+        switch message.payload {
+        case .peer(let frames):
+            guard let node = node(named: message.to) else { return }
+            if node.intakePaused {
+                node.held.append(message)
+                return
+            }
+            record("peer", message.from + ">" + message.to, frames)
+            process(.peerMessage(peer: Self.publishEndpoint(message.from), frames: frames), at: node)
+        case .request(let client, let frames):
+            guard let node = node(named: message.to) else { return }
+            record("request", message.from + ">" + message.to, frames)
+            process(.clientRequest(client: client, frames: frames), at: node)
+        case .repairReply(let peer, let frames):
+            guard let node = node(named: message.to) else { return }
+            if node.intakePaused {
+                node.held.append(message)
+                return
+            }
+            record("repair-reply", message.from + ">" + message.to, frames)
+            process(.repairReply(peer: peer, frames: frames), at: node)
+        case .toClient(let frames, let generation):
+            guard let client = clients[Array([0x53] + message.to.utf8)],
+                let connection = client.connection, nodes[connection.node].id == message.from,
+                connection.generation == generation
+            else { return }  // the connection it was sent on is gone
+            record("to-client", message.from + ">" + message.to, frames)
+            client.inbox.append(frames)
+            if !client.consuming {
+                client.consuming = true
+                if client.processingDelay == 0 {
+                    while client.consuming { consumeOne(client) }
+                } else {
+                    timers.schedule(.consume(client: client.routingID), at: now + client.processingDelay)
+                }
+            }
+        }
+    }
+
+    private func node(named id: String) -> Node? {
+        guard let node = nodes.first(where: { $0.id == id }), node.isUp else { return nil }
+        return node
+    }
+
+    /// Adds an event to the trace digest.
+    package func record(_ kind: String, _ detail: String, _ frames: [[UInt8]]) {
+        trace.uint64(now)
+        trace.string(kind)
+        trace.string(detail)
+        for frame in frames { trace.bytes(frame) }
+    }
+
+    // MARK: - The transport a node's actions go through
+
+    private struct Transport: NodeTransport {
+        let cluster: SimulatedCluster
+        let node: Node
+
+        func publish(_ frames: [[UInt8]]) {
+            for peer in cluster.nodes where peer.index != node.index {
+                cluster.network.send(.peer(frames: frames), from: node.id, to: peer.id, at: cluster.now)
+            }
+        }
+
+        func connectRepairLink(peer: String, endpoint: String) {
+            guard let target = cluster.nodes.firstIndex(where: { SimulatedCluster.apiEndpoint($0.id) == endpoint })
+            else { return }
+            node.links[peer] = target
+        }
+
+        func sendRepairRequest(peer: String, frames: [[UInt8]]) -> Bool {
+            guard let target = node.links[peer] else { return false }
+            cluster.network.send(
+                .request(client: Array("link:\(node.id)".utf8), frames: frames), from: node.id,
+                to: cluster.nodes[target].id, at: cluster.now)
+            return true
+        }
+
+        func reply(client: [UInt8], frames: [[UInt8]]) -> ReplyOutcome {
+            if client.starts(with: Array("link:".utf8)) {
+                let requester = String(decoding: client.dropFirst(5), as: UTF8.self)
+                cluster.network.send(
+                    .repairReply(peer: SimulatedCluster.publishEndpoint(node.id), frames: frames), from: node.id,
+                    to: requester, at: cluster.now)
+                return .sent
+            }
+            guard let target = cluster.clients[client], let connection = target.connection,
+                connection.node == node.index, connection.generation == node.generation
+            else { return .gone }
+            guard target.queued < target.capacity else { return .full }
+            target.queued += 1
+            cluster.clientNetwork.send(
+                .toClient(frames: frames, generation: node.generation), from: node.id, to: target.name,
+                at: cluster.now)
+            return .sent
+        }
+
+        func sendWatchEvents(client: [UInt8], events: [[[UInt8]]]) -> (accepted: Int, clientGone: Bool) {
+            for (index, frames) in events.enumerated() {
+                switch reply(client: client, frames: frames) {
+                case .sent: continue
+                case .full: return (index, false)
+                case .gone: return (index, true)
+                }
+            }
+            return (events.count, false)
+        }
+
+        func pauseIntake(_ paused: Bool) {
+            node.intakePaused = paused
+            guard !paused else { return }
+            let held = node.held
+            node.held = []
+            for message in held { cluster.deliver(message) }
+        }
+    }
+}

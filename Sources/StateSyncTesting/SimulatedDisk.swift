@@ -1,0 +1,87 @@
+public import StateSync
+import Synchronization
+
+/// A node's disk in the simulator: the log and the snapshot in memory, with a crash that loses
+/// what was not synced — and, when asked, keeps a torn part of it, as a power loss in the middle
+/// of a write can.
+///
+/// Recovery reads it with the same code as a real data directory (the log's records and their
+/// checksums, the snapshot's checksum), so a torn tail is cut exactly as on a real disk.
+///
+/// Thread safety: all methods may be called from any thread (one lock).
+public final class SimulatedDisk: NodeStorage {
+    private struct State {
+        var snapshot: [UInt8]?
+        var durableLog: [UInt8] = DeltaLog.magic
+        var pendingLog: [UInt8] = []
+        var syncs = 0
+        var bytesAppended = 0
+    }
+
+    private let state = Mutex(State())
+
+    public init() {}
+
+    package func recover(onCorruptSnapshot: (String) -> Void) throws(StateSyncError) -> NodeMachine.Recovery {
+        let (snapshotBytes, log) = state.withLock { state in
+            state.pendingLog = []
+            return (state.snapshot, state.durableLog)
+        }
+        var snapshot: DataDirectory.Snapshot?
+        if let snapshotBytes {
+            do {
+                snapshot = try DataDirectory.decode(snapshotBytes)
+            } catch {
+                onCorruptSnapshot("the simulated snapshot is damaged (\(error)); starting empty")
+            }
+        }
+        let parsed = try DeltaLog.parse(log, path: "simulated log")
+        let intact = log.count - parsed.cutBytes
+        state.withLock { $0.durableLog = Array(log.prefix(intact)) }
+        return NodeMachine.Recovery(
+            snapshot: snapshot, deltas: parsed.deltas, cutBytes: parsed.cutBytes, cutReason: parsed.cutReason,
+            logSize: intact)
+    }
+
+    package func append(_ records: [UInt8]) throws(StateSyncError) {
+        state.withLock { state in
+            state.pendingLog += records
+            state.bytesAppended += records.count
+        }
+    }
+
+    package func sync() throws(StateSyncError) {
+        state.withLock { state in
+            state.durableLog += state.pendingLog
+            state.pendingLog = []
+            state.syncs += 1
+        }
+    }
+
+    package func compact(_ snapshot: DataDirectory.Snapshot) throws(StateSyncError) {
+        let bytes = DataDirectory.encode(snapshot)
+        state.withLock { state in
+            // Written and renamed into place atomically, then the log emptied.
+            state.snapshot = bytes
+            state.durableLog = DeltaLog.magic
+            state.pendingLog = []
+            state.syncs += 1
+        }
+    }
+
+    package func close() {}
+
+    /// The node crashed: what was not synced is lost, except the first `tornBytes` of it (at most
+    /// what was pending), which reached the platter — possibly half a record.
+    public func crash(keepingTorn tornBytes: Int = 0) {
+        state.withLock { state in
+            state.durableLog += state.pendingLog.prefix(max(0, tornBytes))
+            state.pendingLog = []
+        }
+    }
+
+    /// Bytes appended but not yet synced.
+    public var unsyncedBytes: Int { state.withLock { $0.pendingLog.count } }
+    /// How many times the log was synced (or a snapshot written).
+    public var syncCount: Int { state.withLock { $0.syncs } }
+}

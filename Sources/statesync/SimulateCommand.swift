@@ -1,0 +1,150 @@
+import ArgumentParser
+import Foundation
+import Logging
+import StateSync
+import StateSyncTesting
+
+extension StateSyncCLI {
+    struct Simulate: ParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Run a whole cluster in one process from one seed, with faults, and check it converges.",
+            discussion: """
+                Runs N real node machines (the same code as statesyncd) on a simulated network, \
+                simulated disks and one simulated clock, all driven by --seed: writers set random \
+                properties (single sets, multi-property writes, and concurrent writes of one \
+                property on two nodes) on random nodes, a watcher on every node records every \
+                change, and faults follow a schedule drawn from the seed. Each seed also draws the \
+                cluster's parameters (history size, compaction, batching, fsync policy, link delays, \
+                fault rates): different seeds stress different mixes.
+
+                Faults: crash (a node crashes — what it had not synced is lost, a torn write is \
+                possible — and restarts on its disk), partition (links between two groups cut both \
+                ways), loss, dup, reorder (on peer links), clock (a node's wall clock jumps).
+
+                Then everything heals and the harness's verdict is given: equal state everywhere, \
+                last-writer-wins winners, no acknowledged write lost, unbroken old/new chains, each \
+                watcher's copy equal to the nodes', no delta sent twice on one watch. It prints a \
+                digest of the whole trace: the same seed (and build) gives the same digest. Exits 0 \
+                only when every check passes; a failure prints the command that replays it.
+
+                --plant-bug plants a bug in the last node to prove the verdict catches it: \
+                drop-deltas, wrong-tie-break, skip-repair, duplicate-watch-events.
+                """)
+
+        @Option(help: "How many nodes (2–64).")
+        var nodes = 5
+
+        @Option(help: "How many write operations.")
+        var ops = 10_000
+
+        @Option(help: "The seed of the whole run.")
+        var seed: UInt64 = 1
+
+        @Option(help: ArgumentHelp("Sweep seeds A..B (inclusive); report the first failure.", valueName: "A..B"))
+        var seeds: String?
+
+        @Option(
+            help: ArgumentHelp("Faults, comma-separated: crash,partition,loss,dup,reorder,clock.", valueName: "LIST"))
+        var faults: String = ""
+
+        @Option(help: ArgumentHelp("Concurrent writers.", valueName: "N"))
+        var writers = 4
+
+        @Option(
+            help: ArgumentHelp(
+                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, duplicate-watch-events.",
+                valueName: "BUG"))
+        var plantBug: String?
+
+        @Flag(help: "Print the report as one JSON object (a sweep: one per line, then a summary).")
+        var json = false
+
+        @Option(
+            help: ArgumentHelp("Print the nodes' logs at this level to stderr (trace … critical).", valueName: "LEVEL"))
+        var logLevel: String?
+
+        func validate() throws {
+            for name in faults.split(separator: ",") where SimulationOptions.Fault(rawValue: String(name)) == nil {
+                throw ValidationError("unknown fault '\(name)'; use crash, partition, loss, dup, reorder, clock")
+            }
+            if let plantBug, SimulationOptions.PlantedBug(rawValue: plantBug) == nil {
+                throw ValidationError(
+                    "unknown bug '\(plantBug)'; plant one of: \(SimulationOptions.PlantedBug.allCases.map(\.rawValue).joined(separator: ", "))"
+                )
+            }
+            guard (2...64).contains(nodes) else { throw ValidationError("--nodes must be between 2 and 64") }
+            guard ops > 0 else { throw ValidationError("--ops must be positive") }
+            guard (1...64).contains(writers) else { throw ValidationError("--writers must be between 1 and 64") }
+            if let seeds, Self.range(seeds) == nil {
+                throw ValidationError("--seeds takes A..B with A ≤ B, e.g. --seeds 1..200")
+            }
+        }
+
+        static func range(_ text: String) -> ClosedRange<UInt64>? {
+            let parts = text.components(separatedBy: "..")
+            guard parts.count == 2, let low = UInt64(parts[0]), let high = UInt64(parts[1]), low <= high else {
+                return nil
+            }
+            return low...high
+        }
+
+        func options(seed: UInt64) -> SimulationOptions {
+            var options = SimulationOptions()
+            options.nodes = nodes
+            options.operations = ops
+            options.seed = seed
+            options.faults = faults.split(separator: ",").compactMap { SimulationOptions.Fault(rawValue: String($0)) }
+            options.plantedBug = plantBug.flatMap(SimulationOptions.PlantedBug.init)
+            options.writers = writers
+            if let logLevel, let level = Logger.Level(rawValue: logLevel) {
+                options.logger = Logger(label: "sim") { label in
+                    var handler = StreamLogHandler.standardError(label: label)
+                    handler.logLevel = level
+                    return handler
+                }
+            }
+            return options
+        }
+
+        func run() throws {
+            guard let seeds, let range = Self.range(seeds) else {
+                let report = try simulate(seed: seed)
+                emit(json ? report.value.jsonText() : report.humanText)
+                if !report.passed { throw ExitCode(1) }
+                return
+            }
+            var passed = 0
+            var cpu = 0.0
+            for seed in range {
+                let report = try simulate(seed: seed)
+                cpu += report.cpuSeconds
+                if json { emit(report.value.jsonText()) }
+                guard report.passed else {
+                    if !json { emit(report.humanText) }
+                    emit(
+                        "seed \(seed) FAILED after \(passed) passing seeds; replay: \(report.options.replayCommand)")
+                    throw ExitCode(1)
+                }
+                passed += 1
+                if !json {
+                    FileHandle.standardError.write(
+                        Data(
+                            "seed \(seed): passed (\(report.simulatedMilliseconds) simulated ms, \(String(format: "%.2f", report.cpuSeconds)) s CPU, digest \(String(report.traceDigest, radix: 16)))\n"
+                                .utf8))
+                }
+            }
+            emit(
+                "\(passed) seeds passed (\(range.lowerBound)...\(range.upperBound)) in \(String(format: "%.1f", cpu)) s of CPU"
+            )
+        }
+
+        func simulate(seed: UInt64) throws -> SimulationReport {
+            do {
+                return try ClusterSimulator.run(options(seed: seed))
+            } catch {
+                FileHandle.standardError.write(Data("statesync: simulate: \(error)\n".utf8))
+                throw ExitCode(2)
+            }
+        }
+    }
+}
