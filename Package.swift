@@ -128,6 +128,8 @@ let package = Package(
             name: "StateSyncTests",
             dependencies: [
                 "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness", "StateSyncTesting",
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strictSettings
         ),

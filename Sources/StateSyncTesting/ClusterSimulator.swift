@@ -260,8 +260,11 @@ public enum ClusterSimulator {
         for watcher in watchers { watcher.start(in: cluster) }
 
         // The workload: writers issue one write at a time until the operations are used up.
+        // The writes are spread over the fault schedule (about 1.2 simulated seconds per fault
+        // kind), as the harness does: faults must meet writes.
         let workload = Workload(
-            options: options, random: root.fork("workload"), conflictRate: conflictRate, channel: channel)
+            options: options, random: root.fork("workload"), conflictRate: conflictRate, channel: channel,
+            duration: UInt64(max(2000, 1200 * options.faults.count)))
         workload.start(in: cluster)
 
         // Faults: one after another until the workload is done (each kind at least once).
@@ -387,11 +390,16 @@ final class Workload {
     /// Two writers that set one property on two nodes at the same instant.
     private var conflictPair: [SimulatedWriter] = []
 
-    init(options: SimulationOptions, random: SeededRandom, conflictRate: Double, channel: String) {
+    /// The simulated milliseconds the writes are spread over, and when they started.
+    let duration: UInt64
+    private var start: UInt64 = 0
+
+    init(options: SimulationOptions, random: SeededRandom, conflictRate: Double, channel: String, duration: UInt64) {
         self.options = options
         self.random = random
         self.conflictRate = conflictRate
         self.channel = channel
+        self.duration = duration
     }
 
     var isDone: Bool {
@@ -403,6 +411,7 @@ final class Workload {
     }
 
     func start(in cluster: SimulatedCluster) {
+        start = cluster.now
         writers = (0..<max(1, options.writers)).map { SimulatedWriter(name: "writer-\($0)") }
         conflictPair = [SimulatedWriter(name: "conflict-a"), SimulatedWriter(name: "conflict-b")]
         for writer in writers {
@@ -425,7 +434,9 @@ final class Workload {
         guard issued < options.operations else { return }
         issued += 1
         let index = issued
-        let think = UInt64(random.below(4))
+        // A few milliseconds of thought, and never ahead of the schedule the writes are paced by.
+        let due = start + duration * UInt64(index) / UInt64(options.operations)
+        let think = max(UInt64(random.below(4)), due > cluster.now ? due - cluster.now : 0)
         let node = random.below(options.nodes)
         let model = "m\(random.below(options.models))"
         var properties: [String: Value] = [:]
@@ -532,9 +543,16 @@ final class FaultSchedule {
             let counters = nodes[target].host?.status.counters ?? [:]
             deltasAppliedBeforeCrashes += (counters["deltas_applied"] ?? 0) + (counters["deltas_published"] ?? 0)
             let unsynced = nodes[target].disk.unsyncedBytes
-            let torn = unsynced > 0 && random.chance(0.5) ? random.below(unsynced + 1) : 0
+            // A power loss loses what was not synced (a torn part may remain); a process crash
+            // loses nothing the node had written to the OS. `storage.fsync: interval` promises
+            // durability only against process crashes.
+            let powerLoss = cluster.configuration.fsync == .always && random.chance(0.5)
+            let torn = powerLoss ? (unsynced > 0 && random.chance(0.5) ? random.below(unsynced + 1) : 0) : unsynced
             cluster.crash(target, tornBytes: torn)
-            detail = "crashed (\(unsynced) bytes unsynced, \(torn) of them torn onto disk), restarted after \(hold) ms"
+            detail =
+                powerLoss
+                ? "power loss (\(unsynced) bytes unsynced, \(torn) of them torn onto disk), restarted after \(hold) ms"
+                : "process crash (\(unsynced) bytes written to the OS survive), restarted after \(hold) ms"
             heal = { cluster in try? cluster.restart(target) }
         case .partition:
             var group = Set([target])

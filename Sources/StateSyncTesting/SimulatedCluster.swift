@@ -70,6 +70,8 @@ package final class SimulatedCluster {
         fileprivate var held: [SimulatedNetwork<Packet>.Message] = []
         fileprivate var links: [String: Int] = [:]
         fileprivate let skew: Skew
+        /// Set when a live model on this node wrote: the next instant feeds the write.
+        fileprivate let woken = WakeFlag()
 
         init(index: Int, configuration: NodeConfiguration, skew: Int64) {
             self.index = index
@@ -81,6 +83,16 @@ package final class SimulatedCluster {
         package var isUp: Bool { host != nil }
         /// How far this node's wall clock is off, in milliseconds.
         package var clockSkew: Int64 { skew.milliseconds }
+    }
+
+    /// A node's driver in the simulation: a model's write raises the flag, the cluster feeds the
+    /// write at its next instant (a wake-up costs no simulated time).
+    final class WakeFlag: NodeDriver {
+        private let raised = Atomic<Bool>(false)
+        func wake() { raised.store(true, ordering: .releasing) }
+        func take() -> Bool { raised.exchange(false, ordering: .acquiringAndReleasing) }
+        /// Simulated nodes are crashed and restarted by the cluster, not stopped.
+        func stop() async {}
     }
 
     /// How far a node's wall clock is off: read by its clock, moved by the clock fault.
@@ -133,7 +145,7 @@ package final class SimulatedCluster {
     private var random: SeededRandom
     private var touched: [Bool]
     /// A digest of everything that happened: every message delivered, with its time and bytes.
-    package private(set) var trace = StreamingFNV()
+    package private(set) var trace = TraceDigest()
     /// How many inputs the nodes processed.
     package private(set) var steps = 0
 
@@ -178,10 +190,12 @@ package final class SimulatedCluster {
     /// whether `stop` did.
     @discardableResult
     package func run(until time: UInt64, stoppingWhen stop: (SimulatedCluster) -> Bool = { _ in false }) -> Bool {
+        feedModelWrites()
         while let next = nextTime(), next <= time {
             clock.advance(to: next)
             runInstant()
             if stop(self) { return true }
+            feedModelWrites()
         }
         clock.advance(to: max(clock.now, time))
         return stop(self)
@@ -191,6 +205,16 @@ package final class SimulatedCluster {
     @discardableResult
     package func run(for milliseconds: UInt64, stoppingWhen stop: (SimulatedCluster) -> Bool = { _ in false }) -> Bool {
         run(until: now + milliseconds, stoppingWhen: stop)
+    }
+
+    /// Nodes whose live models wrote (from the test's code, or an observer) get a round now.
+    private func feedModelWrites() {
+        var any = false
+        for node in nodes where node.woken.take() {
+            touched[node.index] = true
+            any = true
+        }
+        if any { runInstant() }
     }
 
     private func nextTime() -> UInt64? {
@@ -254,6 +278,7 @@ package final class SimulatedCluster {
                 wallClock: wallClock),
             monotonicNow: { clock.now }, incarnation: random.next() | 1, observers: InlineObserverExecutor(),
             faults: configuration.faults[node.index] ?? NodeFaults(), logger: configuration.logger)
+        host.attach(driver: node.woken)
         node.host = host
         node.links = [:]
         node.intakePaused = false
@@ -414,10 +439,10 @@ package final class SimulatedCluster {
 
     /// Adds an event to the trace digest.
     package func record(_ kind: String, _ detail: String, _ frames: [[UInt8]]) {
-        trace.uint64(now)
-        trace.string(kind)
-        trace.string(detail)
-        for frame in frames { trace.bytes(frame) }
+        trace.add(now)
+        trace.add(kind)
+        trace.add(detail)
+        for frame in frames { trace.add(frame) }
     }
 
     // MARK: - The transport a node's actions go through
@@ -483,5 +508,46 @@ package final class SimulatedCluster {
             node.held = []
             for message in held { cluster.deliver(message) }
         }
+    }
+}
+
+/// FNV-1a 64 over a run's events, fed straight from their buffers (it sees every byte of every
+/// message, so it must be cheap).
+package struct TraceDigest: Sendable {
+    package private(set) var hash: UInt64 = 0xcbf2_9ce4_8422_2325
+
+    mutating func add(_ bytes: [UInt8]) {
+        var hash = self.hash
+        bytes.withUnsafeBufferPointer { buffer in
+            for byte in buffer {
+                hash ^= UInt64(byte)
+                hash &*= 0x100_0000_01b3
+            }
+        }
+        hash ^= 0xff  // a separator: ["ab"] and ["a", "b"] differ
+        hash &*= 0x100_0000_01b3
+        self.hash = hash
+    }
+
+    mutating func add(_ text: String) {
+        var text = text
+        text.withUTF8 { buffer in
+            var hash = self.hash
+            for byte in buffer {
+                hash ^= UInt64(byte)
+                hash &*= 0x100_0000_01b3
+            }
+            self.hash = hash
+        }
+        add([])
+    }
+
+    mutating func add(_ value: UInt64) {
+        var hash = self.hash
+        for shift in stride(from: 0, to: 64, by: 8) {
+            hash ^= (value >> UInt64(shift)) & 0xff
+            hash &*= 0x100_0000_01b3
+        }
+        self.hash = hash
     }
 }

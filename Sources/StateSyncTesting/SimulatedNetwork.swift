@@ -4,8 +4,9 @@
 ///
 /// Every directed link has conditions drawn by the owner — a delay range, and the chances that a
 /// message is lost, duplicated, or held back long enough to be overtaken — and links can be cut
-/// (a partition): a cut link drops what is sent on it and what was in flight on it when it
-/// arrives. Randomness comes only from the ``SeededRandom`` given at creation.
+/// (a partition). Like a TCP connection, a link keeps its messages in order despite the jitter of
+/// its delay; only a message chosen to be held back arrives out of order.
+/// A cut link drops what is sent on it and what was in flight on it when it arrives. Randomness comes only from the ``SeededRandom`` given at creation.
 ///
 /// Not thread-safe: a simulation runs on one thread.
 public final class SimulatedNetwork<Payload> {
@@ -51,6 +52,8 @@ public final class SimulatedNetwork<Payload> {
     private var queue = EventQueue<Message>()
     private var conditions: [Link: LinkConditions] = [:]
     private var cut: Set<Link> = []
+    /// Per link, when its latest in-order message is due: the next one is not due earlier.
+    private var lastDue: [Link: UInt64] = [:]
     /// Used for links without conditions of their own.
     public var defaultConditions: LinkConditions
     /// Messages dropped (lost, or on a cut link), duplicated, and delivered.
@@ -92,12 +95,12 @@ public final class SimulatedNetwork<Payload> {
     /// Sends `payload` at `now`: it is queued with a due time drawn from the link's conditions
     /// (or dropped, or queued twice).
     public func send(_ payload: Payload, from: String, to: String, at now: UInt64) {
-        let link = Link(from: from, to: to)
-        if cut.contains(link) {
+        if !cut.isEmpty, cut.contains(Link(from: from, to: to)) {
             dropped += 1
             return
         }
-        let conditions = self.conditions[link] ?? defaultConditions
+        let conditions =
+            self.conditions.isEmpty ? defaultConditions : self.conditions[Link(from: from, to: to)] ?? defaultConditions
         if random.chance(conditions.loss) {
             dropped += 1
             return
@@ -106,10 +109,15 @@ public final class SimulatedNetwork<Payload> {
         if copies == 2 { duplicated += 1 }
         for _ in 0..<copies {
             let span = conditions.delay.upperBound - conditions.delay.lowerBound
-            var delay = conditions.delay.lowerBound + (span == 0 ? 0 : random.next() % (span + 1))
-            if random.chance(conditions.reorder) { delay += random.next() % (conditions.reorderDelay + 1) }
-            queue.schedule(
-                Message(from: from, to: to, payload: payload, sentAt: now, dueAt: now + delay), at: now + delay)
+            var due = now + conditions.delay.lowerBound + (span == 0 ? 0 : random.next() % (span + 1))
+            if random.chance(conditions.reorder) {
+                due += random.next() % (conditions.reorderDelay + 1)  // held back: later ones overtake it
+            } else if span > 0 {
+                let link = Link(from: from, to: to)
+                due = max(due, lastDue[link] ?? 0)
+                lastDue[link] = due
+            }
+            queue.schedule(Message(from: from, to: to, payload: payload, sentAt: now, dueAt: due), at: due)
         }
     }
 
@@ -134,7 +142,7 @@ public final class SimulatedNetwork<Payload> {
 
     private func take(notAfter time: UInt64) -> Message? {
         while let next = queue.nextTime, next <= time, let (_, message) = queue.pop() {
-            if cut.contains(Link(from: message.from, to: message.to)) {
+            if !cut.isEmpty, cut.contains(Link(from: message.from, to: message.to)) {
                 dropped += 1
                 continue
             }

@@ -23,11 +23,12 @@ import Synchronization
 /// an ``ObserverExecutor`` (a serial queue, or inline). It applies remote changes to the live
 /// models it hosts and collects their local writes.
 ///
-/// Locks, in the one order they may nest: a model's lock (its ``ModelRegistrar``) → the outbox
-/// (a model hands its write over while holding its own lock); the node's state lock is never
-/// held while calling into a model or the outbox, nor the other way round, except that
-/// ``model(_:channel:id:)`` attaches a new model under the state lock (the model is not shared
-/// yet, so no one else can hold its lock).
+/// Locks, written down once. A model's lock (its ``ModelRegistrar``) may be held while taking
+/// the outbox lock (a model hands over its write), then the driver's wake-up, and the node's
+/// state lock (a model's value that cannot be encoded is counted). The state lock is never held
+/// while calling into a model — deliveries are resolved under it and applied after it is
+/// released — except that ``model(_:channel:id:)`` attaches a new model under it, whose lock no
+/// one else can hold yet (it is not shared). The outbox and state locks are never nested.
 ///
 /// Thread safety: all methods may be called from any thread or task. Remote changes are applied
 /// by the driver's thread; their observers run on the observer executor, in apply order, so a
@@ -136,9 +137,15 @@ public final class StateSyncNode: Sendable {
                 return (actions, Self.resolve(actions, in: &state))
             }
             next += 1
-            for delivery in deliveries { deliver(delivery) }
+            var delivered = 0
             for action in actions {
-                if let outcome = perform(action, via: transport) { inputs.append(outcome) }
+                if case .deliver = action {
+                    // In the machine's order (after the log append it asked for first).
+                    for delivery in deliveries[delivered] { deliver(delivery) }
+                    delivered += 1
+                } else if let outcome = perform(action, via: transport) {
+                    inputs.append(outcome)
+                }
             }
         }
     }
@@ -186,7 +193,7 @@ public final class StateSyncNode: Sendable {
                 return .compactionFailed("\(error)")
             }
         case .deliver:
-            break  // resolved under the lock, applied before the other actions
+            break  // resolved under the lock, applied in order by `process`
         case .connectRepairLink(let peer, let endpoint):
             transport.connectRepairLink(peer: peer, endpoint: endpoint)
         case .sendRepairRequest(let peer, let requestID, let frames):
@@ -212,19 +219,21 @@ public final class StateSyncNode: Sendable {
         let delivery: ModelDelivery
     }
 
-    /// The live instances the deliveries among `actions` go to; instances that were deallocated
-    /// are forgotten (and the machine stops delivering to their addresses).
-    private static func resolve(_ actions: [NodeAction], in state: inout HostState) -> [ResolvedDelivery] {
-        var resolved: [ResolvedDelivery] = []
+    /// For each `.deliver` among `actions`, the live instances its deliveries go to; instances
+    /// that were deallocated are forgotten (and the machine stops delivering to their addresses).
+    private static func resolve(_ actions: [NodeAction], in state: inout HostState) -> [[ResolvedDelivery]] {
+        var resolved: [[ResolvedDelivery]] = []
         for case .deliver(let deliveries) in actions {
+            var group: [ResolvedDelivery] = []
             for delivery in deliveries {
                 if let instance = state.instances[delivery.address]?.model {
-                    resolved.append(ResolvedDelivery(instance: instance, delivery: delivery))
+                    group.append(ResolvedDelivery(instance: instance, delivery: delivery))
                 } else {
                     state.instances[delivery.address] = nil
                     state.machine.attachedModels.remove(delivery.address)
                 }
             }
+            resolved.append(group)
         }
         return resolved
     }

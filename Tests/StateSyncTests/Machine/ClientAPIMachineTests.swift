@@ -29,3 +29,72 @@ struct ClientAPIMachineTests {
         #expect(node.machine.store.properties(of: address)["x"]?.value == 5)
     }
 }
+
+/// Bad requests get a clear error and change nothing (PROTOCOL.md sections 10.1, 10.10, 12).
+@Suite("Bad requests on the node machine")
+struct BadRequestMachineTests {
+    static func error(_ reply: (ClientProtocol.ReplyHeader, [UInt8])?) -> UInt64? {
+        guard let reply, reply.0.kind == .error else { return nil }
+        return try? ClientProtocol.decodeError(reply.1).code
+    }
+
+    @Test func unknownCommandsMalformedBodiesAndBadNamesGetTheirCodes() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        var unknown = ClientProtocol.encodeRequest(.get, id: 5, body: [])
+        unknown[0][1] = 0x0A
+        node.handle(.clientRequest(client: [0x53, 1], frames: unknown))
+        #expect(
+            node.sent.last.flatMap { try? ClientProtocol.decodeError($0.frames[1]).code }
+                == ClientProtocol.ErrorCode.unknownCommand.rawValue)
+        #expect(Self.error(node.request(.set, id: 6, [1, 2, 3])) == ClientProtocol.ErrorCode.malformed.rawValue)
+        let badName = ClientProtocol.encodeSet(
+            ModelAddress(channel: "a/b", model: "m"), [PropertyWrite(name: "x", value: 1)])
+        #expect(Self.error(node.request(.set, id: 7, badName)) == ClientProtocol.ErrorCode.invalidArgument.rawValue)
+        let repeated = ClientProtocol.encodeSet(
+            ModelAddress(channel: "c", model: "m"),
+            [PropertyWrite(name: "x", value: 1), PropertyWrite(name: "x", value: 2)])
+        #expect(Self.error(node.request(.set, id: 8, repeated)) == ClientProtocol.ErrorCode.invalidArgument.rawValue)
+        #expect(node.machine.store.channelModelCounts.isEmpty, "nothing was written")
+        #expect(node.machine.counters.clientErrors == 4)
+    }
+
+    /// 10.1: a header of another protocol version gets ERROR 4 with request id 0; frames that
+    /// are not header + body are dropped and counted.
+    @Test func aWrongVersionGetsErrorFourAndBadFramingIsCounted() {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        var request = ClientProtocol.encodeRequest(.get, id: 5, body: [])
+        request[0][0] = 2
+        node.handle(.clientRequest(client: [0x53, 1], frames: request))
+        let header = node.sent.last.flatMap { try? ClientProtocol.decodeReplyHeader($0.frames[0]) }
+        #expect(header?.kind == .error && header?.requestID == 0)
+        node.handle(.clientRequest(client: [0x53, 1], frames: []))
+        #expect(node.machine.counters.malformedMessages == 2)
+    }
+
+    /// 3 and 10.10: a node without a client API serves its peers' repairs and refuses clients
+    /// with ERROR 7.
+    @Test func aRepairEndpointRefusesClientsWithErrorSeven() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", api: false))
+        let get = node.request(.get, id: 1, ClientProtocol.encodeAddress(ModelAddress(channel: "c", model: "m")))
+        #expect(Self.error(get) == ClientProtocol.ErrorCode.denied.rawValue)
+        let fetch = node.request(.fetch, id: 2, ClientProtocol.encodeFetch(origin: "n2", range: 1...3))
+        #expect(fetch?.0.kind == .ok)
+    }
+
+    /// 10.6: PING names the watches the node does not hold (dropped while the client was away).
+    @Test func pingNamesWatchesTheNodeNoLongerHolds() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        _ = node.request(.watch, id: 77, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        var ping = WireWriter()
+        ping.varint(2)
+        ping.uint64(77)
+        ping.uint64(78)
+        let replyAnswer = node.request(.ping, id: 5, ping.bytes)
+        let reply = try #require(replyAnswer)
+        guard case .map(let map) = try ClientProtocol.decodeValue(reply.1) else {
+            Issue.record("not a map")
+            return
+        }
+        #expect(map["lost"] == .array([.int(78)]))
+    }
+}

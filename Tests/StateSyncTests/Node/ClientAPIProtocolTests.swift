@@ -76,37 +76,6 @@ struct ClientAPIProtocolTests {
             #expect(node.status.counters["malformed_messages"] ?? 0 >= 2)
         }
     }
-
-    @Test func malformedSetGetsErrorOneAndInvalidNamesErrorThree() async throws {
-        try await Self.withNode { _, client in
-            let (truncated, body) = try client.call(.set, id: 1, [0x04, 0x64])
-            #expect(truncated.kind == .error)
-            #expect(try ClientProtocol.decodeError(body).code == ClientProtocol.ErrorCode.malformed.rawValue)
-            let bad = ClientProtocol.encodeSet(
-                ModelAddress(channel: "a/b", model: "m"), [PropertyWrite(name: "x", value: 1)])
-            let (invalid, invalidBody) = try client.call(.set, id: 2, bad)
-            #expect(invalid.kind == .error)
-            #expect(
-                try ClientProtocol.decodeError(invalidBody).code == ClientProtocol.ErrorCode.invalidArgument.rawValue)
-        }
-    }
-
-    @Test func pingNamesWatchesTheNodeNoLongerHolds() async throws {
-        try await Self.withNode { _, client in
-            let (watch, _) = try client.call(.watch, id: 77, ClientProtocol.encodeWatch(channel: "c", from: nil))
-            #expect(watch.kind == .ok)
-            var ping = WireWriter()
-            ping.varint(2)
-            ping.uint64(77)
-            ping.uint64(78)  // never registered: reported lost
-            let (_, body) = try client.call(.ping, id: 5, ping.bytes)
-            guard case .map(let map) = try ClientProtocol.decodeValue(body) else {
-                Issue.record("not a map")
-                return
-            }
-            #expect(map["lost"] == .array([.int(78)]))
-        }
-    }
 }
 
 @Suite("Review fixes")

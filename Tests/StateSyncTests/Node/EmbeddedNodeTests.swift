@@ -171,41 +171,6 @@ struct EmbeddedNodeTests {
         await node2.stop()
     }
 
-    /// A generic model and a model declared `Sendable` (and `Observable`, `Codable`) replicate
-    /// like any other.
-    @Test func genericAndHandDeclaredModelsReplicate() async throws {
-        let configs = meshConfigurations(2, label: "declarations")
-        let node1 = try await StateSyncNode.start(configuration: configs[0])
-        let node2 = try await StateSyncNode.start(configuration: configs[1])
-        do {
-            try await waitUntilMeshed([node1, node2])
-            let local = try await node1.model(Box<String>.self, channel: "boxes", id: "b")
-            let remote = try await node2.model(Box<String>.self, channel: "boxes", id: "b")
-            let seen = Shared<[Change<String?>]>([])
-            remote.observe(\.value) { change in seen.withLock { $0.append(change) } }
-            local.value = "hello"
-            try await waitUntil("node2's generic model gets the change") { seen.value.count == 1 }
-            #expect(seen.value[0].old == nil && seen.value[0].new == "hello" && seen.value[0].origin == "node1")
-            // Another specialisation at another address is its own type.
-            let numbers = try await node2.model(Box<Int>.self, channel: "boxes", id: "n")
-            numbers.value = 42
-            let mirrored = try await node1.model(Box<Int>.self, channel: "boxes", id: "n")
-            try await waitUntil("node1 gets the Box<Int> write") { mirrored.value == 42 }
-
-            let declared = try await node1.model(DeclaredConformances.self, channel: "declared", id: "d")
-            let declaredRemote = try await node2.model(DeclaredConformances.self, channel: "declared", id: "d")
-            declared.transaction {
-                $0.count = 3
-                $0.tags = ["x"]
-            }
-            try await waitUntil("node2 gets the Sendable model's transaction") {
-                declaredRemote.count == 3 && declaredRemote.tags == ["x"]
-            }
-        } catch { Issue.record(error) }
-        await node1.stop()
-        await node2.stop()
-    }
-
     /// Nodes without `network.api` still repair: each serves its peers' FETCH and SNAPSHOT on a
     /// repair endpoint of its own (a free port on its publish host), and refuses client requests
     /// there.

@@ -1,0 +1,117 @@
+import Logging
+import Testing
+
+@testable import StateSync
+
+/// Durability on the node machine alone (PROTOCOL.md section 11.2): the order of log, sync,
+/// publish and acknowledgement, seen action by action.
+@Suite("Durability on the node machine")
+struct DurabilityMachineTests {
+    static func machine(_ fsync: NodeConfiguration.FsyncPolicy = .always, compactBytes: Int = 64 << 20) -> NodeMachine {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        configuration.fsync = fsync
+        configuration.fsyncIntervalMilliseconds = 50
+        configuration.compactBytes = compactBytes
+        let clock = HybridLogicalClock(node: "n1", wallClock: { 1_800_000_000_000 })
+        return NodeMachine(
+            configuration: configuration, clock: clock, incarnation: 1, recovery: .init(),
+            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+    }
+
+    static let set = ClientProtocol.encodeRequest(
+        .set, id: 1,
+        body: ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: 1)]))
+
+    static func kinds(_ actions: [NodeAction]) -> [String] {
+        actions.map { action in
+            switch action {
+            case .publish(let frames): frames[0] == PeerMessage.heartbeatTopic ? "heartbeat" : "publish"
+            case .appendLog: "append"
+            case .syncLog: "sync"
+            case .compact: "compact"
+            case .deliver: "deliver"
+            case .connectRepairLink: "link"
+            case .sendRepairRequest: "repair"
+            case .reply: "reply"
+            case .sendWatchEvents: "watch"
+            case .pauseIntake: "pause"
+            }
+        }
+    }
+
+    /// With `always`, a SET is logged at once but published and acknowledged only after the log
+    /// reported it durable — and the sync is asked for in the same round (no timer).
+    @Test func alwaysPublishesAndAcknowledgesOnlyOnceDurable() {
+        var machine = Self.machine()
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        #expect(Self.kinds(machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)) == ["append"])
+        let tick = machine.handle(.tick(observerBacklog: 0), now: 2)
+        #expect(Self.kinds(tick).first == "sync")
+        #expect(!Self.kinds(tick).contains("publish") && !Self.kinds(tick).contains("reply"))
+        guard case .syncLog(let position) = tick.first else { return }
+        #expect(Self.kinds(machine.handle(.logDurable(through: position), now: 3)) == ["publish", "reply"])
+        #expect(machine.published == 1)
+    }
+
+    /// With `interval`, a SET is acknowledged once logged (the OS has it), and published with
+    /// the next sync, one interval later.
+    @Test func intervalAcknowledgesAtOnceAndPublishesAfterTheSync() {
+        var machine = Self.machine(.interval)
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        #expect(
+            Self.kinds(machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)) == ["append", "reply"])
+        #expect(!Self.kinds(machine.handle(.tick(observerBacklog: 0), now: 10)).contains("sync"))
+        let later = machine.handle(.tick(observerBacklog: 0), now: 60)
+        guard let sync = later.first(where: { if case .syncLog = $0 { true } else { false } }),
+            case .syncLog(let position) = sync
+        else {
+            Issue.record("no sync after the interval: \(Self.kinds(later))")
+            return
+        }
+        #expect(Self.kinds(machine.handle(.logDurable(through: position), now: 61)).contains("publish"))
+    }
+
+    /// `storage.compact_bytes`: once the log grows past it, the state is compacted.
+    @Test func aLogPastCompactBytesIsCompacted() {
+        var machine = Self.machine(compactBytes: 4096)
+        var compacted = false
+        for id in 1...300 as ClosedRange<UInt64> {
+            let request = ClientProtocol.encodeRequest(
+                .set, id: id,
+                body: ClientProtocol.encodeSet(
+                    ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
+            _ = machine.handle(.clientRequest(client: [1], frames: request), now: id)
+            for action in machine.handle(.tick(observerBacklog: 0), now: id) {
+                guard case .syncLog(let position) = action else { continue }
+                compacted =
+                    compacted || Self.kinds(machine.handle(.logDurable(through: position), now: id)).contains("compact")
+            }
+        }
+        #expect(compacted)
+    }
+
+    /// Recovery: the snapshot, then the log replayed over it; the next sequence number and the
+    /// clock continue past everything recovered (7.2, 11.2).
+    @Test func recoveryContinuesPastTheSnapshotAndTheLog() {
+        var store = ReplicaStore()
+        let old = Delta(
+            channel: "c", model: "m", version: Version(milliseconds: 1_900_000_000_000, counter: 0, node: "n1"),
+            sequence: 4,
+            properties: [PropertyWrite(name: "x", value: 4)])
+        _ = store.apply(old)
+        let logged = Delta(
+            channel: "c", model: "m", version: Version(milliseconds: 1_900_000_000_001, counter: 0, node: "n1"),
+            sequence: 5,
+            properties: [PropertyWrite(name: "x", value: 5)])
+        let clock = HybridLogicalClock(node: "n1", wallClock: { 1_800_000_000_000 })
+        let machine = NodeMachine(
+            configuration: MachineRunner.configuration("n1"), clock: clock, incarnation: 1,
+            recovery: .init(
+                snapshot: DataDirectory.Snapshot(store: store, latestSequence: 4, progress: ["n1": 4]), deltas: [logged]
+            ),
+            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+        #expect(machine.nextSequence == 6)
+        #expect(machine.store.properties(of: ModelAddress(channel: "c", model: "m"))["x"]?.value == 5)
+        #expect(clock.next() > logged.version, "never a version below one this node already wrote")
+    }
+}

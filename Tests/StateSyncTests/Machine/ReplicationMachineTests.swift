@@ -1,0 +1,83 @@
+import Testing
+
+@testable import StateSync
+
+/// Replication on the node machine alone (PROTOCOL.md sections 7 and 8).
+@Suite("Replication on the node machine")
+struct ReplicationMachineTests {
+    static func delta(_ origin: String, _ sequence: UInt64, _ value: Int64, at milliseconds: UInt64) -> Delta {
+        Delta(
+            channel: "c", model: "m", version: Version(milliseconds: milliseconds, counter: 0, node: origin),
+            sequence: sequence, properties: [PropertyWrite(name: "x", value: .int(value))])
+    }
+
+    /// 7.3: a heartbeat at the first tick and every interval, carrying the repair endpoint and
+    /// what the node holds of each origin.
+    @Test func heartbeatsCarryTheRepairEndpointAndProgress() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        node.handle(.endpointsBound(publish: "inproc://n1", repair: "tcp://10.0.0.1:7101"))
+        node.handle(
+            .peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(Self.delta("n2", 1, 1, at: 5)).encode()))
+        node.handle(.tick(observerBacklog: 0))
+        node.advance(50)
+        node.advance(50)
+        let beats = node.published.compactMap { frames -> PeerMessage.Heartbeat? in
+            guard case .heartbeat(let beat)? = try? PeerMessage.decode(frames) else { return nil }
+            return beat
+        }
+        #expect(beats.count == 2, "one at the first tick, one 100 ms later")
+        #expect(beats.last?.api == "tcp://10.0.0.1:7101" && beats.last?.progress == ["n2": 1])
+    }
+
+    /// 8: a delta of this node's own origin coming back through a peer is ignored; a duplicate
+    /// is counted and applied once; a stale write changes nothing.
+    @Test func echoesDuplicatesAndStaleWritesChangeNothing() {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        let echo = Self.delta("n1", 1, 99, at: 9_999_999_999_999)
+        node.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(echo).encode()))
+        #expect(node.machine.store.channelModelCounts.isEmpty)
+        let newer = Self.delta("n2", 2, 2, at: 200)
+        let older = Self.delta("n2", 1, 1, at: 100)
+        for delta in [newer, newer, older] {
+            node.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(delta).encode()))
+        }
+        #expect(node.machine.counters.duplicateDeltas == 1)
+        #expect(node.machine.counters.propertiesStale == 1)
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: "m"))["x"]?.value == 2)
+        #expect(node.machine.missingDeltas == 0)
+    }
+
+    /// Backpressure: past the observers' backlog limit the node stops reading peers' deltas;
+    /// below half of it, it reads again, and counts the pause.
+    @Test func observersFarBehindPauseIntake() {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        configuration.observerBacklogLimit = 100
+        var node = MachineRunner(configuration)
+        node.handle(.tick(observerBacklog: 101))
+        #expect(node.intakePaused)
+        node.now += 40
+        node.handle(.tick(observerBacklog: 60))
+        #expect(node.intakePaused, "not yet under half")
+        node.now += 10
+        node.handle(.tick(observerBacklog: 50))
+        #expect(!node.intakePaused)
+        #expect(node.machine.counters.observerBackpressurePauses == 1)
+        #expect(node.machine.counters.observerBackpressureMilliseconds == 50)
+    }
+
+    /// 7.1 and 7.2: consecutive local writes of one model go out as one DELTA batch, numbered
+    /// 1, 2, 3…; other models start a new batch.
+    @Test func localWritesArePublishedInBatchesInSequenceOrder() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        let clock = node.machine.clock
+        let writes = ["a", "a", "a", "b", "a"].map { model in
+            LocalWrite(
+                address: ModelAddress(channel: "c", model: model), version: clock.next(),
+                writes: [PropertyWrite(name: "x", value: 1)])
+        }
+        node.handle(.localWrites(writes))
+        node.handle(.tick(observerBacklog: 0))
+        let batches = try node.published.compactMap { try PeerMessage.decodeDeltas($0) }
+        #expect(batches.map { $0.map(\.sequence) } == [[1, 2, 3], [4], [5]])
+    }
+}

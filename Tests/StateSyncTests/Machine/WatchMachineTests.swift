@@ -1,0 +1,167 @@
+import Testing
+
+@testable import StateSync
+
+/// Watches on the node machine alone (PROTOCOL.md section 10.5): no socket, no thread, no
+/// waiting — the test decides how much a client's queue takes.
+@Suite("Watches on the node machine")
+struct WatchMachineTests {
+    static let address = ModelAddress(channel: "c", model: "m")
+
+    static func set(_ node: inout MachineRunner, _ id: UInt64, _ properties: [String: Value], model: String = "m") {
+        let writes = properties.keys.sorted().map { PropertyWrite(name: $0, value: properties[$0]!) }
+        _ = node.request(.set, id: id, ClientProtocol.encodeSet(ModelAddress(channel: "c", model: model), writes))
+    }
+
+    /// What a client makes of the events: the same code as StateSyncClient.
+    static func replay(_ events: [ClientProtocol.WatchEventBody]) throws -> (WatchSession, [WatchEvent]) {
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        var meanings: [WatchEvent] = []
+        for event in events { meanings += try session.handle(event, from: "test") }
+        return (session, meanings)
+    }
+
+    /// 10.5.4: the channel's state, then a marker whose count and digest the client verifies,
+    /// then a caught-up marker.
+    @Test func aWatchStartsWithTheStateAndAVerifiedMarker() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        Self.set(&node, 1, ["a": 1, "b": "two"])
+        _ = node.request(
+            .set, id: 2,
+            ClientProtocol.encodeSet(ModelAddress(channel: "other", model: "x"), [PropertyWrite(name: "z", value: 0)]))
+        let reply = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        #expect(reply?.0.kind == .ok)
+        let events = node.events(watch: 7)
+        guard case .snapshotBegin(.initial) = events.first, case .caughtUp(_, _, let missing) = events.last else {
+            Issue.record("unexpected events \(events)")
+            return
+        }
+        #expect(missing == 0)
+        let (session, meanings) = try Self.replay(events)
+        #expect(meanings.contains { if case .initialStateComplete(2, _) = $0 { true } else { false } })
+        #expect(session.replica.models == ["m"] && session.replica.properties(of: "m")["b"]?.value == "two")
+    }
+
+    /// 10.5.4: an empty channel still gets its begin and its "initial state complete" (0
+    /// records), so a client can tell "empty" from "not yet sent".
+    @Test func anEmptyChannelStillGetsItsInitialMarker() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        _ = node.request(.watch, id: 3, ClientProtocol.encodeWatch(channel: "nothing-here", from: nil))
+        var session = WatchSession(replica: ChannelReplica(channel: "nothing-here"))
+        var meanings: [WatchEvent] = []
+        for event in node.events(watch: 3) { meanings += try session.handle(event, from: "n1") }
+        #expect(meanings.contains { if case .initialStateComplete(0, _) = $0 { true } else { false } })
+    }
+
+    /// 10.5.3 and 10.5.6: a client whose queue takes 3 events at a time still gets every delta
+    /// of the channel exactly once, in the node's apply order: the watch resumes exactly where
+    /// the client's queue refused.
+    @Test func aSlowClientGetsEveryDeltaOnceInOrder() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        _ = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        node.clientCapacity = 3
+        for value in 1...50 { Self.set(&node, UInt64(100 + value), ["n": .int(Int64(value))]) }
+        for _ in 0..<40 { node.advance(5) }
+        let deltas = node.events(watch: 7).compactMap { event -> Delta? in
+            if case .delta(let delta, _) = event { delta } else { nil }
+        }
+        #expect(deltas.map(\.sequence) == Array(1...50))
+        let (session, _) = try Self.replay(node.events(watch: 7))
+        #expect(session.replica.properties(of: "m")["n"]?.value == 50)
+        #expect(node.machine.watches.lagging == 0)
+    }
+
+    /// 10.5.6: a client that takes nothing lags; past the history it is resynchronised with a
+    /// snapshot (reason `lagged`) and ends with the exact current state.
+    @Test func aClientFallingBehindTheHistoryIsResynced() throws {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.historyDeltas = 20
+        var node = MachineRunner(configuration)
+        _ = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        node.clientCapacity = 0
+        for value in 1...100 { Self.set(&node, UInt64(100 + value), ["n": .int(Int64(value))], model: "m\(value % 3)") }
+        node.advance(5)
+        #expect(node.machine.status(now: node.now).laggingWatches == 1)
+        node.clientCapacity = .max
+        node.advance(5)
+        let events = node.events(watch: 7)
+        #expect(events.contains { if case .snapshotBegin(.lagged) = $0 { true } else { false } })
+        let (session, _) = try Self.replay(events)
+        for model in 0..<3 {
+            #expect(
+                session.replica.properties(of: "m\(model)")
+                    == node.machine.store.properties(of: ModelAddress(channel: "c", model: "m\(model)")))
+        }
+        #expect(node.machine.status(now: node.now).laggingWatches == 0)
+    }
+
+    /// 10.5.6 and 10.10: with the "end" policy the lagging watch ends with ERROR 6 once the
+    /// client's queue takes it, and the node forgets it.
+    @Test func withTheEndPolicyALaggingWatchEndsWithErrorSix() throws {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.historyDeltas = 20
+        var node = MachineRunner(configuration)
+        _ = node.request(.watch, id: 9, ClientProtocol.encodeWatch(channel: "c", from: nil, onLag: .end))
+        node.clientCapacity = 0
+        for value in 1...100 { Self.set(&node, UInt64(100 + value), ["n": .int(Int64(value))]) }
+        node.advance(5)
+        #expect(node.machine.watches.count == 1, "still waiting for the client's queue")
+        node.clientCapacity = .max
+        node.advance(5)
+        let errors = node.sent.compactMap { _, frames -> UInt64? in
+            guard let header = try? ClientProtocol.decodeReplyHeader(frames[0]), header.kind == .error,
+                header.requestID == 9
+            else { return nil }
+            return try? ClientProtocol.decodeError(frames[1]).code
+        }
+        #expect(errors == [ClientProtocol.ErrorCode.lagged.rawValue])
+        #expect(node.machine.watches.count == 0)
+    }
+
+    /// 10.5.2 and 10.5.4: a watch resumed on another node from a cursor gets every later delta
+    /// exactly once — old → new exact against the replica — and nothing it already had.
+    @Test func aWatchResumedOnAnotherNodeGetsEveryLaterDeltaOnce() throws {
+        var writer = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        var other = MachineRunner(MachineRunner.configuration("n2", peers: ["n1"]))
+        _ = writer.request(.watch, id: 1, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        for value in 1...10 { Self.set(&writer, UInt64(100 + value), ["n": .int(Int64(value))]) }
+        let (first, _) = try Self.replay(writer.events(watch: 1))
+        #expect(first.replica.properties(of: "m")["n"]?.value == 10)
+        for value in 11...25 { Self.set(&writer, UInt64(100 + value), ["n": .int(Int64(value))]) }
+        // n2 gets everything n1 published, in order.
+        for frames in writer.published { other.handle(.peerMessage(peer: "inproc://n1", frames: frames)) }
+        other.handle(.tick(observerBacklog: 0))
+        let resume = other.request(.watch, id: 2, ClientProtocol.encodeWatch(channel: "c", from: first.replica.cursor))
+        #expect(resume?.0.kind == .ok)
+        var session = first
+        var changes: [PropertyChange] = []
+        for event in other.events(watch: 2) {
+            for case .change(let change, _, _) in try session.handle(event, from: "n2") { changes.append(change) }
+        }
+        #expect(changes.map(\.new) == (11...25).map { .int(Int64($0)) })
+        #expect(changes.map(\.old) == (10...24).map { Value.int(Int64($0)) })
+        #expect(!other.events(watch: 2).contains { if case .snapshotBegin = $0 { true } else { false } })
+    }
+
+    /// 10.5.4: resuming from a cursor older than the node's history gets a snapshot flagged
+    /// `history gone`, and exact old → new from the replica.
+    @Test func resumingPastTheHistoryResyncs() throws {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.historyDeltas = 4
+        var node = MachineRunner(configuration)
+        Self.set(&node, 1, ["n": 1])
+        _ = node.request(.watch, id: 1, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        let (before, _) = try Self.replay(node.events(watch: 1))
+        for value in 2...30 { Self.set(&node, UInt64(100 + value), ["n": .int(Int64(value))]) }
+        let from = node.sent.count
+        _ = node.request(.watch, id: 2, ClientProtocol.encodeWatch(channel: "c", from: before.replica.cursor))
+        var session = before
+        var meanings: [WatchEvent] = []
+        for event in node.events(watch: 2, from: from) { meanings += try session.handle(event, from: "n1") }
+        #expect(meanings.contains { if case .resyncStarted(.historyGone) = $0 { true } else { false } })
+        let changes = meanings.compactMap { meaning -> PropertyChange? in
+            if case .change(let change, .resync, _) = meaning { change } else { nil }
+        }
+        #expect(changes.count == 1 && changes.first?.old == 1 && changes.first?.new == 30)
+    }
+}
