@@ -4,25 +4,38 @@ import Foundation
 public struct StateSyncError: Error, Sendable, Equatable, CustomStringConvertible {
     /// What kind of error this is. Extensible: match on the static members, expect new ones.
     public struct Code: Hashable, Sendable, CustomStringConvertible {
+        /// A short name of the code.
         public let description: String
         init(_ description: String) { self.description = description }
 
+        /// A configuration file or environment variable is invalid.
         public static let invalidConfiguration = Code("invalid configuration")
+        /// A channel, model or property name, or a request, breaks the rules.
         public static let invalidName = Code("invalid name")
+        /// A live model of another type holds the address.
         public static let modelTypeMismatch = Code("model type mismatch")
+        /// A socket could not be set up or bound.
         public static let transport = Code("transport")
+        /// The node or client is stopped or closed.
         public static let stopped = Code("stopped")
+        /// The data directory, its log or its snapshot cannot be used.
         public static let dataDirectory = Code("data directory")
+        /// No answer came in time.
         public static let timeout = Code("timeout")
+        /// The node answered with an error.
         public static let remote = Code("remote error")
+        /// A message broke the protocol (malformed, or a snapshot cut short).
         public static let protocolError = Code("protocol error")
+        /// The connection to the node was lost, or the node restarted.
         public static let connectionLost = Code("connection lost")
     }
 
+    /// What kind of error this is.
     public var code: Code
     /// One line a person can act on: what, where, what to do.
     public var message: String
 
+    /// An error of kind `code`, described by `message` (one line a person can act on).
     public init(_ code: Code, _ message: String) {
         self.code = code
         self.message = message

@@ -59,6 +59,7 @@ public final class StateSyncClient: Sendable {
         /// The version of the write; when it did not apply, the newest version of the properties
         /// named.
         public var version: Version
+        /// What the SET did.
         public var outcome: Outcome
         /// Whether any property changed.
         public var changed: Bool { outcome == .changed }

@@ -39,10 +39,15 @@ public struct SimulationOptions: Sendable {
         case duplicateWatchEvents = "duplicate-watch-events"
     }
 
+    /// How many nodes (2–64).
     public var nodes = 5
+    /// How many writes the workload makes.
     public var operations = 10_000
+    /// The seed of the whole run.
     public var seed: UInt64 = 1
+    /// The faults to inject.
     public var faults: [Fault] = []
+    /// A bug to plant in the last node, if any.
     public var plantedBug: PlantedBug?
     /// Concurrent writers (besides two that make concurrent writes of one property).
     public var writers = 4
@@ -53,6 +58,7 @@ public struct SimulationOptions: Sendable {
     /// Where the nodes log (nothing by default: a simulation makes many lines).
     public var logger: Logger?
 
+    /// The defaults: 5 nodes, 10,000 operations, seed 1, no faults.
     public init() {}
 
     /// The command that replays this run.
@@ -67,39 +73,54 @@ public struct SimulationOptions: Sendable {
 
 /// The simulator's verdict: the harness's checks on a simulated run, and its trace digest.
 public struct SimulationReport: Sendable {
+    /// One fault the run injected.
     public struct FaultEvent: Sendable, Equatable {
+        /// Its kind (`crash`, `partition`, …).
         public var kind: String
+        /// The node (or the sides) it hit.
         public var target: String
+        /// What happened, for people.
         public var detail: String
+        /// When it started (simulated milliseconds).
         public var startMilliseconds: UInt64
+        /// When it healed.
         public var healMilliseconds: UInt64?
     }
 
+    /// What was run.
     public var options: SimulationOptions
     /// What the seed drew for this run (swarm testing: every seed its own mix).
     public var parameters: [String: String]
+    /// Writes the nodes acknowledged.
     public var acknowledged: Int
+    /// The checker's findings.
     public var findings: ConvergenceChecker.Findings
+    /// Whether every node settled with the same state.
     public var converged: Bool
     /// Simulated milliseconds from the last heal until every node held the same state.
     public var convergenceMilliseconds: UInt64?
+    /// The faults injected.
     public var faults: [FaultEvent]
     /// A digest of everything that happened, in order: the same seed and build always give the
     /// same digest.
     public var traceDigest: UInt64
+    /// How much simulated time the run took.
     public var simulatedMilliseconds: UInt64
     /// Node inputs processed.
     public var steps: Int
     /// Deltas the nodes applied (their own and their peers').
     public var deltasApplied: Int
+    /// Changes the watchers were told of.
     public var notifications: Int
     /// CPU time of the run (of the simulating thread).
     public var cpuSeconds: Double
     /// The node the planted bug was planted in.
     public var culprit: String?
 
+    /// Whether every check passed.
     public var passed: Bool { converged && findings.passed }
 
+    /// The report as a value (`--json`).
     public var value: Value {
         var map: [String: Value] = [
             "passed": .bool(passed), "converged": .bool(converged), "seed": .int(Int64(bitPattern: options.seed)),
@@ -138,6 +159,7 @@ public struct SimulationReport: Sendable {
         Array(findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5))
     }
 
+    /// The report for people.
     public var humanText: String {
         var lines: [String] = []
         lines.append(
@@ -186,6 +208,7 @@ public struct SimulationReport: Sendable {
 public enum ClusterSimulator {
     static let channel = "sim"
 
+    /// Runs one simulation. Throws only for options out of range.
     public static func run(_ options: SimulationOptions) throws -> SimulationReport {
         guard (2...64).contains(options.nodes) else {
             throw StateSyncError(.invalidConfiguration, "--nodes must be 2…64")

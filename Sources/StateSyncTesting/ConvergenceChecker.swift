@@ -6,12 +6,16 @@ public import StateSync
 public struct ConvergenceChecker: Sendable {
     /// One write the workload issued.
     public struct Write: Sendable, Equatable {
+        /// The model written.
         public var model: String
+        /// The values written.
         public var properties: [String: Value]
+        /// The node it was sent to.
         public var node: String
         /// The version the node answered with, when the write was acknowledged as applied.
         public var acknowledged: Version?
 
+        /// A write of `properties` of `model` through `node`, acknowledged with a version or not.
         public init(model: String, properties: [String: Value], node: String, acknowledged: Version?) {
             self.model = model
             self.properties = properties
@@ -22,11 +26,14 @@ public struct ConvergenceChecker: Sendable {
 
     /// What one node holds at the end.
     public struct NodeState: Sendable, Equatable {
+        /// The node.
         public var node: String
+        /// Its state digest.
         public var digest: UInt64
         /// model → property → register.
         public var models: [String: [String: ReplicaStore.Register]]
 
+        /// What `node` holds.
         public init(node: String, digest: UInt64, models: [String: [String: ReplicaStore.Register]]) {
             self.node = node
             self.digest = digest
@@ -36,12 +43,15 @@ public struct ConvergenceChecker: Sendable {
 
     /// What one watcher saw: sessions split where its connection was re-established.
     public struct WatchHistory: Sendable, Equatable {
+        /// The watched node.
         public var node: String
+        /// The changes told, per session.
         public var sessions: [[PropertyChange]]
         /// The watcher's own copy of the state at the end (model → property → register), when it
         /// keeps one: it must equal the nodes' converged state, or the watch missed changes.
         public var finalState: [String: [String: ReplicaStore.Register]]?
 
+        /// What a watcher on `node` saw.
         public init(
             node: String, sessions: [[PropertyChange]], finalState: [String: [String: ReplicaStore.Register]]? = nil
         ) {
@@ -51,6 +61,7 @@ public struct ConvergenceChecker: Sendable {
         }
     }
 
+    /// What is wrong with a run (nothing, when it passed).
     public struct Findings: Sendable, Equatable {
         /// All nodes hold equal digests and equal model states.
         public var converged = true
@@ -63,13 +74,16 @@ public struct ConvergenceChecker: Sendable {
         /// Notifications whose old is not the previous new, or that repeat a version.
         public var chainViolations: [String] = []
 
+        /// Whether every check passed.
         public var passed: Bool {
             converged && lostWrites.isEmpty && lwwViolations.isEmpty && chainViolations.isEmpty
         }
     }
 
+    /// A checker.
     public init() {}
 
+    /// Checks a run: convergence, last-writer-wins winners, lost acknowledged writes, watch chains.
     public func check(writes: [Write], nodes: [NodeState], watches: [WatchHistory]) -> Findings {
         var findings = Findings()
         // (1) Convergence: the majority state, and who differs from it.

@@ -9,11 +9,13 @@ public struct SeededRandom: RandomNumberGenerator, Sendable {
     /// The seed this source was created with: forks derive from it.
     private let origin: UInt64
 
+    /// A source starting from `seed`.
     public init(seed: UInt64) {
         state = seed
         origin = seed
     }
 
+    /// The next 64 random bits.
     public mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state

@@ -20,6 +20,7 @@ public final class SimulatedDisk: NodeStorage {
 
     private let state = Mutex(State())
 
+    /// An empty disk (recovery creates the log).
     public init() {}
 
     package func recover(onCorruptSnapshot: (String) -> Void) throws(StateSyncError) -> NodeMachine.Recovery {
@@ -27,10 +28,10 @@ public final class SimulatedDisk: NodeStorage {
             state.pendingLog = []
             return (state.snapshot, state.durableLog)
         }
-        var snapshot: DataDirectory.Snapshot?
+        var snapshot: StateSnapshot?
         if let snapshotBytes {
             do {
-                snapshot = try DataDirectory.decode(snapshotBytes)
+                snapshot = try StateSnapshot.decode(snapshotBytes)
             } catch {
                 onCorruptSnapshot("the simulated snapshot is damaged (\(error)); starting empty")
             }
@@ -58,8 +59,8 @@ public final class SimulatedDisk: NodeStorage {
         }
     }
 
-    package func compact(_ snapshot: DataDirectory.Snapshot) throws(StateSyncError) {
-        let bytes = DataDirectory.encode(snapshot)
+    package func compact(_ snapshot: StateSnapshot) throws(StateSyncError) {
+        let bytes = StateSnapshot.encode(snapshot)
         state.withLock { state in
             // Written and renamed into place atomically, then the log emptied.
             state.snapshot = bytes

@@ -21,8 +21,10 @@ public final class SimulatedNetwork<Payload> {
         /// The chance a message is held back by up to ``reorderDelay`` more, so that later ones
         /// overtake it.
         public var reorder: Double
+        /// The most a held-back message is delayed further, in milliseconds.
         public var reorderDelay: UInt64
 
+        /// Conditions with these delays and chances.
         public init(
             delay: ClosedRange<UInt64> = 1...1, loss: Double = 0, duplicate: Double = 0, reorder: Double = 0,
             reorderDelay: UInt64 = 50
@@ -40,11 +42,15 @@ public final class SimulatedNetwork<Payload> {
 
     /// A message on its way.
     public struct Message {
+        /// The sender.
         public let from: String
+        /// The receiver.
         public let to: String
+        /// What it carries.
         public let payload: Payload
         /// When it was sent and when it is due.
         public let sentAt: UInt64
+        /// When it is due.
         public let dueAt: UInt64
     }
 
@@ -58,7 +64,9 @@ public final class SimulatedNetwork<Payload> {
     public var defaultConditions: LinkConditions
     /// Messages dropped (lost, or on a cut link), duplicated, and delivered.
     public private(set) var dropped = 0
+    /// Messages sent twice.
     public private(set) var duplicated = 0
+    /// Messages delivered.
     public private(set) var delivered = 0
 
     private struct Link: Hashable {
@@ -66,6 +74,7 @@ public final class SimulatedNetwork<Payload> {
         let to: String
     }
 
+    /// A network drawing its randomness from `random`, with `defaultConditions` on every link.
     public init(random: SeededRandom, defaultConditions: LinkConditions = .reliable()) {
         self.random = random
         self.defaultConditions = defaultConditions

@@ -39,7 +39,7 @@ public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         _ = try? ClientProtocol.decodeError(bytes)
         _ = try? ClientProtocol.decodeVersion(bytes)
     case 6:
-        _ = try? DataDirectory.decode(DataDirectory.magic + bytes)
+        _ = try? StateSnapshot.decode(StateSnapshot.magic + bytes)
     default:
         // Round trip: whatever decodes must re-encode and decode to the same value.
         var reader = WireReader(bytes)

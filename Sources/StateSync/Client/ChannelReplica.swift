@@ -10,6 +10,7 @@ import Synchronization
 ///
 /// Thread safety: all members may be used from any thread.
 public final class ChannelReplica: Sendable {
+    /// The channel this replica holds.
     public let channel: String
     private let state: Mutex<(models: [String: [String: ReplicaStore.Register]], cursor: WatchCursor)>
 

@@ -80,6 +80,7 @@ public final class ModelRegistrar: Sendable {
     /// The clock of models that are not attached to a node.
     static let standaloneClock = HybridLogicalClock(node: "local")
 
+    /// A registrar for one model instance (the macro makes one per instance).
     public init() {}
 
     deinit {

@@ -106,11 +106,13 @@ extension ReplicatedProperty: AnyReplicatedProperty {
 
 /// All tracked properties of a model type, in declaration order.
 public struct ModelSchema<Model: AnyObject & Observable>: Sendable {
+    /// The tracked properties, in declaration order.
     public let properties: [any AnyReplicatedProperty<Model>]
     private let indexByName: [String: Int]
     // Key paths are immutable values; the dictionary is written once in init and only read after.
     nonisolated(unsafe) private let indexByKeyPath: [AnyKeyPath: Int]
 
+    /// The schema of `properties`, numbered in declaration order.
     public init(_ properties: [any AnyReplicatedProperty<Model>]) {
         self.properties = properties
         var byName: [String: Int] = [:]

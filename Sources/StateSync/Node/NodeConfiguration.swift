@@ -67,6 +67,7 @@ public struct NodeConfiguration: Sendable, Equatable {
         case interval
     }
 
+    /// A configuration with every setting given (the rest at their defaults).
     public init(
         nodeID: String,
         dataDirectory: String,

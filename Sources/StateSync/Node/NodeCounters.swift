@@ -22,6 +22,7 @@ public struct NodeCounters: Sendable, Equatable {
     public var rejectedProperties = 0
     /// Client requests served, and those answered with an error.
     public var clientRequests = 0
+    /// Client requests answered with an error.
     public var clientErrors = 0
     /// Gap repairs asked of peers (FETCH requests sent).
     public var repairRequests = 0
@@ -29,7 +30,9 @@ public struct NodeCounters: Sendable, Equatable {
     public var deltasFetched = 0
     /// Deltas served to peers' repairs, and snapshots served and applied.
     public var deltasServed = 0
+    /// Snapshots served to peers.
     public var snapshotsServed = 0
+    /// Peers' snapshots merged.
     public var snapshotsApplied = 0
     /// Torn or corrupt bytes cut from the log's tail at start.
     public var logBytesCut = 0
@@ -40,8 +43,10 @@ public struct NodeCounters: Sendable, Equatable {
     /// Times the node stopped taking peer deltas because its observer queue was more than
     /// 100,000 changes behind, and the milliseconds it spent so in all.
     public var observerBackpressurePauses = 0
+    /// Milliseconds spent with peer intake paused (see `observerBackpressurePauses`).
     public var observerBackpressureMilliseconds = 0
 
+    /// All counters at zero.
     public init() {}
 
     /// Name → value, for status output and metrics.

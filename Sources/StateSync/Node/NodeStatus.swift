@@ -14,10 +14,15 @@ public struct NodeStatus: Sendable, Equatable {
         public var deltasReceived: Int
     }
 
+    /// The node's id.
     public var node: String
+    /// The node's incarnation: new at every start.
     public var incarnation: UInt64
+    /// The endpoint its PUB socket is bound to.
     public var publishEndpoint: String
+    /// The endpoint its client API is bound to, if it serves one.
     public var apiEndpoint: String?
+    /// Every configured peer and what this node hears from it.
     public var peers: [Peer]
     /// Channel name → number of models held.
     public var channels: [String: Int]
@@ -29,6 +34,7 @@ public struct NodeStatus: Sendable, Equatable {
     public var publishedSequence: UInt64 = 0
     /// A digest of the whole replicated state: equal digests mean equal state.
     public var stateDigest: UInt64
+    /// Every counter of ``NodeCounters``, by its snake_case name.
     public var counters: [String: Int]
     /// Sequence numbers known to exist but not yet received, over all origins (0 = caught up).
     public var missingDeltas: Int

@@ -14,6 +14,7 @@ public struct Delta: Sendable, Equatable {
     /// The properties written, with their new values.
     public var properties: [PropertyWrite]
 
+    /// A delta of `properties` of `channel`/`model`, at `version`, numbered `sequence` by its writer.
     public init(channel: String, model: String, version: Version, sequence: UInt64, properties: [PropertyWrite]) {
         self.channel = channel
         self.model = model
@@ -31,9 +32,12 @@ public struct Delta: Sendable, Equatable {
 
 /// One property of a ``Delta``.
 public struct PropertyWrite: Sendable, Equatable {
+    /// The property's name.
     public var name: String
+    /// Its new value.
     public var value: Value
 
+    /// A write of `value` to the property `name`.
     public init(name: String, value: Value) {
         self.name = name
         self.value = value
@@ -42,9 +46,12 @@ public struct PropertyWrite: Sendable, Equatable {
 
 /// A model's address: its channel and its id within the channel.
 public struct ModelAddress: Sendable, Hashable, CustomStringConvertible {
+    /// The channel.
     public var channel: String
+    /// The model's id within the channel.
     public var model: String
 
+    /// The address of model `model` in `channel`.
     public init(channel: String, model: String) {
         self.channel = channel
         self.model = model

@@ -8,9 +8,12 @@
 public struct ReplicaStore: Sendable {
     /// One property's register.
     public struct Register: Sendable, Hashable {
+        /// The property's value.
         public var value: Value
+        /// The version of the write that set it.
         public var version: Version
 
+        /// A register holding `value`, written at `version`.
         public init(value: Value, version: Version) {
             self.value = value
             self.version = version
@@ -25,6 +28,7 @@ public struct ReplicaStore: Sendable {
     /// are decided by node id the wrong way round.
     var plantedWrongTieBreak = false
 
+    /// An empty store.
     public init() {}
 
     /// Whether a write at `version` wins over a register at `held` (last-writer-wins).
@@ -252,7 +256,9 @@ public struct ReplicaStore: Sendable {
 
 /// FNV-1a 64 over the bytes ``WireWriter`` would write, fed as they are produced (no buffer).
 public struct StreamingFNV: WireSink, Sendable {
+    /// The FNV-1a 64 offset basis: the hash of nothing.
     public static let offsetBasis: UInt64 = 0xcbf2_9ce4_8422_2325
+    /// The hash so far.
     public private(set) var hash: UInt64
 
     /// Starts from `hash` (the offset basis for a new digest, or an earlier digest to continue).
@@ -261,11 +267,13 @@ public struct StreamingFNV: WireSink, Sendable {
     }
 
     @inline(__always)
+    /// Adds one byte.
     public mutating func byte(_ b: UInt8) {
         hash ^= UInt64(b)
         hash &*= 0x100_0000_01b3
     }
 
+    /// Adds bytes, in order.
     public mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8 {
         for b in values { byte(b) }
     }

@@ -11,17 +11,21 @@
 /// Text form: `origin:sequence` pairs sorted by origin, comma-separated (`n1:120,n2:57`); the
 /// empty cursor is `-`.
 public struct WatchCursor: Sendable, Hashable, CustomStringConvertible {
+    /// Per origin, the sequence number through which everything was delivered (0s left out).
     public var positions: [String: UInt64]
 
+    /// A cursor at `positions` (origins at 0 are dropped).
     public init(_ positions: [String: UInt64] = [:]) {
         self.positions = positions.filter { $0.value > 0 }
     }
 
+    /// The position of `origin` (0 when none).
     public subscript(origin: String) -> UInt64 {
         get { positions[origin] ?? 0 }
         set { positions[origin] = newValue > 0 ? newValue : nil }
     }
 
+    /// The text form: `origin:sequence` pairs sorted by origin, or `-`.
     public var description: String {
         positions.isEmpty ? "-" : positions.keys.sorted().map { "\($0):\(positions[$0]!)" }.joined(separator: ",")
     }
@@ -66,11 +70,15 @@ public struct WatchCursor: Sendable, Hashable, CustomStringConvertible {
 /// A running digest of registers, computed the same way by a node sending a snapshot and by the
 /// client receiving it, so the client can verify the snapshot arrived whole.
 public struct RegisterDigest: Sendable, Equatable {
+    /// The digest so far.
     public private(set) var value: UInt64 = StreamingFNV.offsetBasis
+    /// How many registers were added.
     public private(set) var count = 0
 
+    /// A digest of no registers.
     public init() {}
 
+    /// Adds one register, as sent.
     public mutating func add(channel: String, model: String, property: String, register: ReplicaStore.Register) {
         var fnv = StreamingFNV(hash: value)
         fnv.register(channel: channel, model: model, property: property, register: register)

@@ -27,7 +27,6 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
 
     static let snapshotName = "state.snapshot"
     static let logName = "deltas.log"
-    static let magic: [UInt8] = Array("SSNAP2\n".utf8)
 
     /// Creates the directory when missing and takes its lock.
     package init(path: String) throws(StateSyncError) {
@@ -86,7 +85,7 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         try openedLog().sync()
     }
 
-    package func compact(_ snapshot: Snapshot) throws(StateSyncError) {
+    package func compact(_ snapshot: StateSnapshot) throws(StateSyncError) {
         let log = try openedLog()
         try log.sync()
         try writeSnapshot(snapshot)
@@ -98,20 +97,6 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         return log
     }
 
-    /// A node's whole state and how far it includes each origin's deltas.
-    package struct Snapshot: Sendable {
-        package var store: ReplicaStore
-        package var latestSequence: UInt64
-        /// For each origin, the sequence number through which the store includes its deltas.
-        package var progress: [String: UInt64] = [:]
-
-        package init(store: ReplicaStore, latestSequence: UInt64, progress: [String: UInt64] = [:]) {
-            self.store = store
-            self.latestSequence = latestSequence
-            self.progress = progress
-        }
-    }
-
     /// Opens (and recovers) the directory's write-ahead log.
     func openLog() throws(StateSyncError) -> DeltaLog {
         try DeltaLog(path: path + "/" + Self.logName)
@@ -119,11 +104,11 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
 
     /// Loads the snapshot, or `nil` when there is none. A damaged one is renamed `*.corrupt-<time>`
     /// and reported through `onCorrupt`.
-    func loadSnapshot(onCorrupt: (String) -> Void) -> Snapshot? {
+    func loadSnapshot(onCorrupt: (String) -> Void) -> StateSnapshot? {
         let file = path + "/" + Self.snapshotName
         guard let data = FileManager.default.contents(atPath: file) else { return nil }
         do {
-            return try Self.decode(Array(data))
+            return try StateSnapshot.decode(Array(data))
         } catch {
             let aside = file + ".corrupt-\(Int(Date().timeIntervalSince1970))"
             try? FileManager.default.moveItem(atPath: file, toPath: aside)
@@ -133,8 +118,8 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
     }
 
     /// Writes the snapshot atomically and durably.
-    func writeSnapshot(_ snapshot: Snapshot) throws(StateSyncError) {
-        let bytes = Self.encode(snapshot)
+    func writeSnapshot(_ snapshot: StateSnapshot) throws(StateSyncError) {
+        let bytes = StateSnapshot.encode(snapshot)
         let file = path + "/" + Self.snapshotName
         let temporary = file + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
@@ -164,76 +149,5 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
 
     private static func ioError(_ op: String, _ file: String) -> StateSyncError {
         StateSyncError(.dataDirectory, "cannot \(op) \(file): \(String(cString: strerror(errno)))")
-    }
-
-    package static func encode(_ snapshot: Snapshot) -> [UInt8] {
-        var w = WireWriter(capacity: 4096)
-        for b in magic { w.byte(b) }
-        w.varint(snapshot.latestSequence)
-        w.varint(UInt64(snapshot.progress.count))
-        for origin in snapshot.progress.keys.sorted() {
-            w.string(origin)
-            w.varint(snapshot.progress[origin]!)
-        }
-        // Sorted, so equal states write equal files.
-        let models = snapshot.store.allModels.sorted {
-            ($0.0.channel, $0.0.model) < ($1.0.channel, $1.0.model)
-        }
-        w.varint(UInt64(models.count))
-        for (address, registers) in models {
-            w.string(address.channel)
-            w.string(address.model)
-            w.varint(UInt64(registers.count))
-            for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
-                w.string(name)
-                w.value(register.value)
-                w.uint64(register.version.timestamp)
-                w.string(register.version.node)
-            }
-        }
-        let checksum = fnv1a(w.bytes)
-        w.uint64(checksum)
-        return w.bytes
-    }
-
-    package static func decode(_ bytes: [UInt8]) throws(WireError) -> Snapshot {
-        guard bytes.count >= magic.count + 8, Array(bytes.prefix(magic.count)) == magic else {
-            throw .invalid(field: "snapshot", reason: "not a StateSync snapshot")
-        }
-        let body = Array(bytes.dropLast(8))
-        var tail = WireReader(Array(bytes.suffix(8)))
-        guard try tail.uint64("checksum") == fnv1a(body) else {
-            throw .invalid(field: "snapshot", reason: "checksum mismatch")
-        }
-        var r = WireReader(body)
-        for _ in magic { _ = try r.byte("magic") }
-        let sequence = try r.varint("latest sequence")
-        var progress: [String: UInt64] = [:]
-        let origins = try r.count("origin count", minimumItemSize: 2)
-        for _ in 0..<origins {
-            let origin = try r.string("origin")
-            progress[origin] = try r.varint("origin progress")
-        }
-        var store = ReplicaStore()
-        let modelCount = try r.count("model count")
-        for _ in 0..<modelCount {
-            let channel = try r.string("channel")
-            let model = try r.string("model")
-            let n = try r.count("property count")
-            for _ in 0..<n {
-                let name = try r.string("property")
-                let value = try r.value()
-                let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
-                _ = store.merge(
-                    ModelAddress(channel: channel, model: model), property: name,
-                    register: ReplicaStore.Register(value: value, version: version))
-            }
-        }
-        try r.expectEnd()
-        return Snapshot(store: store, latestSequence: sequence, progress: progress)
-    }
-
-    static func fnv1a(_ bytes: [UInt8]) -> UInt64 {
-        ReplicaStore.fnv1a(bytes)
     }
 }

@@ -12,7 +12,7 @@ package protocol NodeStorage: AnyObject, Sendable {
     /// Makes everything appended durable.
     func sync() throws(StateSyncError)
     /// Syncs the log, writes `snapshot` durably (atomically), then empties the log.
-    func compact(_ snapshot: DataDirectory.Snapshot) throws(StateSyncError)
+    func compact(_ snapshot: StateSnapshot) throws(StateSyncError)
     /// Releases the storage for another node. Idempotent.
     func close()
 }

@@ -4,7 +4,9 @@ import Foundation
 extension Value {
     /// An error parsing JSON text into a ``Value``.
     public struct JSONError: Error, Sendable, CustomStringConvertible {
+        /// The text that did not parse.
         public let text: String
+        /// Why.
         public let reason: String
         public var description: String { "'\(text)' is not valid JSON: \(reason)" }
     }

@@ -5,8 +5,10 @@ import Foundation
 /// A value of the wrong shape (a string where an `Int` is declared) throws a `DecodingError`
 /// naming the path; callers on the replication path drop such a property and count it.
 public struct ValueDecoder: Sendable {
+    /// A decoder.
     public init() {}
 
+    /// Decodes a `T` from `value`; throws when the value does not fit the type.
     public func decode<T: Decodable>(_ type: T.Type, from value: Value) throws -> T {
         if let direct = try Self.directDecode(type, value, path: []) { return direct }
         return try T(from: _ValueDecoder(value: value, codingPath: []))

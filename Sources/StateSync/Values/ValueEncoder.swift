@@ -4,6 +4,7 @@ import Foundation
 /// the wire. `Data` becomes ``Value/bytes(_:)``, `Date` a double of seconds since 2001 (Swift's
 /// own `Date` encoding), `nil` ``Value/null``.
 public struct ValueEncoder: Sendable {
+    /// An encoder.
     public init() {}
 
     /// - Throws: `EncodingError` when the value cannot be represented, including nesting deeper

@@ -13,6 +13,7 @@ public struct Version: Sendable, Hashable, Comparable, CustomStringConvertible {
     /// The id of the node that made the write.
     public var node: String
 
+    /// A version from its parts: wall-clock milliseconds, a counter within them, the writer.
     public init(milliseconds: UInt64, counter: UInt16, node: String) {
         self.milliseconds = milliseconds
         self.counter = counter
@@ -25,6 +26,7 @@ public struct Version: Sendable, Hashable, Comparable, CustomStringConvertible {
     /// The clock part as one integer: `milliseconds << 16 | counter` (its wire form).
     public var timestamp: UInt64 { milliseconds << 16 | UInt64(counter) }
 
+    /// A version from its timestamp form (`milliseconds << 16 | counter`) and writer.
     public init(timestamp: UInt64, node: String) {
         self.init(milliseconds: timestamp >> 16, counter: UInt16(truncatingIfNeeded: timestamp), node: node)
     }

@@ -1,6 +1,7 @@
 /// The client API between a client's DEALER and a node's ROUTER (docs/PROTOCOL.md, "Client
 /// API"). Every message is two frames: a header (version, kind, request id) and a body.
 public enum ClientProtocol {
+    /// The client protocol version: the first octet of every header.
     public static let version: UInt8 = 1
 
     /// What a request asks for.
@@ -40,16 +41,21 @@ public enum ClientProtocol {
 
     /// A request header.
     public struct RequestHeader: Sendable, Equatable {
+        /// The command octet (not necessarily a known one).
         public var command: UInt8
+        /// The id the client gave the request.
         public var requestID: UInt64
     }
 
     /// A reply header.
     public struct ReplyHeader: Sendable, Equatable {
+        /// What the reply is.
         public var kind: ReplyKind
+        /// The id of the request it answers (or of the watch it belongs to).
         public var requestID: UInt64
     }
 
+    /// The two frames of a request: header (version, command, id) and body.
     public static func encodeRequest(_ command: Command, id: UInt64, body: [UInt8]) -> [[UInt8]] {
         var header = WireWriter(capacity: 10)
         header.byte(version)
@@ -58,6 +64,7 @@ public enum ClientProtocol {
         return [header.bytes, body]
     }
 
+    /// Decodes a request's header frame.
     public static func decodeRequestHeader(_ frame: [UInt8]) throws(WireError) -> RequestHeader {
         var reader = WireReader(frame)
         let v = try reader.byte("protocol version")
@@ -67,6 +74,7 @@ public enum ClientProtocol {
         return RequestHeader(command: command, requestID: id)
     }
 
+    /// The two frames of a reply: header (version, kind, id) and body.
     public static func encodeReply(_ kind: ReplyKind, id: UInt64, body: [UInt8]) -> [[UInt8]] {
         var header = WireWriter(capacity: 10)
         header.byte(version)
@@ -75,6 +83,7 @@ public enum ClientProtocol {
         return [header.bytes, body]
     }
 
+    /// Decodes a reply's header frame.
     public static func decodeReplyHeader(_ frame: [UInt8]) throws(WireError) -> ReplyHeader {
         var reader = WireReader(frame)
         let v = try reader.byte("protocol version")
@@ -88,6 +97,7 @@ public enum ClientProtocol {
 
     // MARK: Bodies
 
+    /// An ERROR body: code and message.
     public static func encodeError(_ code: ErrorCode, _ message: String) -> [UInt8] {
         var w = WireWriter()
         w.varint(code.rawValue)
@@ -95,6 +105,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes an ERROR body.
     public static func decodeError(_ body: [UInt8]) throws(WireError) -> (code: UInt64, message: String) {
         var r = WireReader(body)
         return (try r.varint("error code"), try r.string("error message"))
@@ -113,6 +124,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes a SET body.
     public static func decodeSet(_ body: [UInt8]) throws(WireError) -> (ModelAddress, [PropertyWrite]) {
         var r = WireReader(body)
         let address = ModelAddress(channel: try r.string("channel"), model: try r.string("model"))
@@ -133,6 +145,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes a version.
     public static func decodeVersion(_ body: [UInt8]) throws(WireError) -> Version {
         var r = WireReader(body)
         return Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
@@ -146,6 +159,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes a model address (GET).
     public static func decodeAddress(_ body: [UInt8]) throws(WireError) -> ModelAddress {
         var r = WireReader(body)
         return ModelAddress(channel: try r.string("channel"), model: try r.string("model"))
@@ -165,6 +179,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes a GET reply's properties.
     public static func decodeProperties(_ body: [UInt8]) throws(WireError) -> [String: ReplicaStore.Register] {
         var r = WireReader(body)
         let n = try r.count("property count", minimumItemSize: 4)
@@ -197,6 +212,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes a WATCH body.
     public static func decodeWatch(_ body: [UInt8]) throws(WireError) -> (
         channel: String, cursor: WatchCursor?, onLag: LagPolicy
     ) {
@@ -238,6 +254,7 @@ public enum ClientProtocol {
         case historyGone = 2
     }
 
+    /// An EVENT body.
     public static func encodeWatchEvent(_ event: WatchEventBody) -> [UInt8] {
         var w = WireWriter(capacity: 64)
         switch event {
@@ -276,6 +293,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes an EVENT body.
     public static func decodeWatchEvent(_ body: [UInt8]) throws(WireError) -> WatchEventBody {
         var r = WireReader(body)
         let kind = try r.byte("event kind")
@@ -331,6 +349,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes a FETCH body (a range with first 0 or first > last is malformed).
     public static func decodeFetch(_ body: [UInt8]) throws(WireError) -> (origin: String, range: ClosedRange<UInt64>) {
         var r = WireReader(body)
         let origin = try r.string("origin")
@@ -369,6 +388,7 @@ public enum ClientProtocol {
         return w.bytes
     }
 
+    /// Decodes a body holding one value (STATUS, PING).
     public static func decodeValue(_ body: [UInt8]) throws(WireError) -> Value {
         var r = WireReader(body)
         return try r.value()

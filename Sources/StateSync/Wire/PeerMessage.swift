@@ -35,6 +35,7 @@ public enum PeerMessage: Sendable, Equatable {
         /// node that lost its own log notice its own missing deltas.
         public var progress: [String: UInt64]
 
+        /// A heartbeat with these fields.
         public init(
             node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64, api: String = "",
             progress: [String: UInt64] = [:]

@@ -6,22 +6,28 @@ public struct WireReader {
     public static let maximumDepth = 32
 
     private let bytes: [UInt8]
+    /// How many bytes have been read.
     public private(set) var offset: Int
 
+    /// A reader at the start of `bytes`.
     public init(_ bytes: [UInt8]) {
         self.bytes = bytes
         self.offset = 0
     }
 
+    /// Bytes not yet read.
     public var remaining: Int { bytes.count - offset }
+    /// Whether everything was read.
     public var isAtEnd: Bool { offset >= bytes.count }
 
+    /// Reads one byte; `field` names it in errors.
     public mutating func byte(_ field: String) throws(WireError) -> UInt8 {
         guard offset < bytes.count else { throw .truncated(field: field) }
         defer { offset += 1 }
         return bytes[offset]
     }
 
+    /// Reads a varint (section 4.1).
     public mutating func varint(_ field: String) throws(WireError) -> UInt64 {
         var result: UInt64 = 0
         var shift: UInt64 = 0
@@ -35,11 +41,13 @@ public struct WireReader {
         }
     }
 
+    /// Reads a zigzag-encoded signed varint.
     public mutating func zigzag(_ field: String) throws(WireError) -> Int64 {
         let raw = try varint(field)
         return Int64(bitPattern: (raw >> 1) ^ (0 &- (raw & 1)))
     }
 
+    /// Reads a big-endian 64-bit number.
     public mutating func uint64(_ field: String) throws(WireError) -> UInt64 {
         guard remaining >= 8 else { throw .truncated(field: field) }
         var result: UInt64 = 0
@@ -55,12 +63,14 @@ public struct WireReader {
         return Int(raw)
     }
 
+    /// Reads a length-prefixed blob.
     public mutating func blob(_ field: String) throws(WireError) -> [UInt8] {
         let length = try count(field)
         defer { offset += length }
         return Array(bytes[offset..<offset + length])
     }
 
+    /// Reads a length-prefixed UTF-8 string (invalid UTF-8 is an error).
     public mutating func string(_ field: String) throws(WireError) -> String {
         let length = try count(field)
         let slice = bytes[offset..<offset + length]
@@ -75,10 +85,12 @@ public struct WireReader {
         return Array(bytes[offset...])
     }
 
+    /// Throws unless everything was read.
     public func expectEnd() throws(WireError) {
         if remaining > 0 { throw .trailingBytes(remaining) }
     }
 
+    /// Reads a value (section 4.2).
     public mutating func value(_ field: String = "value") throws(WireError) -> Value {
         try value(field, depth: 0)
     }

@@ -77,15 +77,19 @@ extension WireSink {
 
 /// Appends protocol primitives to a byte buffer.
 public struct WireWriter: WireSink, Sendable {
+    /// What was written.
     public private(set) var bytes: [UInt8]
 
+    /// An empty writer with room for `capacity` bytes.
     public init(capacity: Int = 64) {
         bytes = []
         bytes.reserveCapacity(capacity)
     }
 
+    /// Appends one byte.
     public mutating func byte(_ value: UInt8) { bytes.append(value) }
 
+    /// Appends bytes, in order.
     public mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8 { bytes.append(contentsOf: values) }
 
     /// Removes everything written from `offset` on.

@@ -107,7 +107,7 @@ struct DurabilityMachineTests {
         let machine = NodeMachine(
             configuration: MachineRunner.configuration("n1"), clock: clock, incarnation: 1,
             recovery: .init(
-                snapshot: DataDirectory.Snapshot(store: store, latestSequence: 4, progress: ["n1": 4]), deltas: [logged]
+                snapshot: StateSnapshot(store: store, latestSequence: 4, progress: ["n1": 4]), deltas: [logged]
             ),
             logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
         #expect(machine.nextSequence == 6)

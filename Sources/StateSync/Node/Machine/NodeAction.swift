@@ -13,7 +13,7 @@ package enum NodeAction: Sendable {
     /// kernel may have dropped the data; acknowledging would lie).
     case syncLog(through: UInt64)
     /// Write `snapshot` durably as the state snapshot (after syncing the log), then empty the log.
-    case compact(DataDirectory.Snapshot)
+    case compact(StateSnapshot)
     /// Apply writes to the live models at their addresses (the node's host does; observers run
     /// on its observer executor).
     case deliver([ModelDelivery])

@@ -86,7 +86,7 @@ extension NodeMachine {
                 reply(client, .ok, id, ClientProtocol.encodeFetched(deltas, droppedThrough: dropped))
             case .snapshot:
                 counters.snapshotsServed += 1
-                reply(client, .ok, id, DataDirectory.encode(snapshot))
+                reply(client, .ok, id, StateSnapshot.encode(snapshot))
             case .ping:
                 // The body lists the watch ids the client holds; the reply names those this node
                 // no longer has (dropped when the client was unreachable), so no gap goes unseen.

@@ -143,7 +143,7 @@ extension NodeMachine {
         }
         if let snapshot = repair.snapshot, snapshot.requestID == header.requestID {
             repair.snapshot = nil
-            guard header.kind == .ok, let decoded = try? DataDirectory.decode(frames[1]) else {
+            guard header.kind == .ok, let decoded = try? StateSnapshot.decode(frames[1]) else {
                 logger.warning("a peer's snapshot reply was unusable", metadata: ["peer.endpoint": "\(peer)"])
                 return
             }
@@ -179,7 +179,7 @@ extension NodeMachine {
 
     /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
     /// covers. Returns the channels it changed.
-    mutating func merge(_ snapshot: DataDirectory.Snapshot) -> Set<String> {
+    mutating func merge(_ snapshot: StateSnapshot) -> Set<String> {
         var changed = Set<String>()
         var deliveries: [ModelDelivery] = []
         let models = snapshot.store.allModels.sorted {

@@ -68,7 +68,7 @@ package struct NodeMachine: Sendable {
 
     /// What a node recovered from its data directory before it starts.
     package struct Recovery: Sendable {
-        package var snapshot: DataDirectory.Snapshot?
+        package var snapshot: StateSnapshot?
         /// The deltas of the log, in order (own and remote).
         package var deltas: [Delta] = []
         /// Torn or corrupt bytes cut from the log's tail.
@@ -78,7 +78,7 @@ package struct NodeMachine: Sendable {
         package var logSize = 0
 
         package init(
-            snapshot: DataDirectory.Snapshot? = nil, deltas: [Delta] = [], cutBytes: Int = 0, cutReason: String? = nil,
+            snapshot: StateSnapshot? = nil, deltas: [Delta] = [], cutBytes: Int = 0, cutReason: String? = nil,
             logSize: Int = 0
         ) {
             self.snapshot = snapshot
@@ -281,8 +281,8 @@ package struct NodeMachine: Sendable {
 
     /// The whole state and, per origin, how far it includes its deltas: a snapshot to write or
     /// to serve.
-    package var snapshot: DataDirectory.Snapshot {
-        DataDirectory.Snapshot(
+    package var snapshot: StateSnapshot {
+        StateSnapshot(
             store: store, latestSequence: nextSequence - 1, progress: origins.mapValues(\.contiguous))
     }
 }

@@ -1,0 +1,50 @@
+import Foundation
+import Testing
+
+/// `statesync simulate` as a user runs it: separate processes, so the digest's independence of
+/// anything but the seed (hash seeds, addresses, time) is really tested.
+@Suite("statesync simulate")
+struct SimulateCommandTests {
+    static let faults = ["--faults", "crash,partition,loss,dup,reorder,clock"]
+
+    static func simulate(_ arguments: [String]) async throws -> (status: Int32, report: [String: Any]) {
+        let run = try await cli(["simulate", "--json"] + arguments, timeout: .seconds(120))
+        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        return (run.status, report)
+    }
+
+    @Test func theSameSeedGivesTheSameDigestInEveryProcess() async throws {
+        let arguments = ["--nodes", "5", "--ops", "1000", "--seed", "42"] + Self.faults
+        let first = try await Self.simulate(arguments)
+        let second = try await Self.simulate(arguments)
+        let other = try await Self.simulate(["--nodes", "5", "--ops", "1000", "--seed", "43"] + Self.faults)
+        #expect(first.status == 0 && second.status == 0 && other.status == 0)
+        for key in ["converged", "lost_writes", "chain_violations", "lww_violations", "diverged_nodes", "trace_digest"]
+        {
+            #expect(first.report[key] != nil, "the report has \(key)")
+        }
+        let digest = try #require(first.report["trace_digest"] as? String)
+        #expect(second.report["trace_digest"] as? String == digest)
+        #expect(other.report["trace_digest"] as? String != digest)
+    }
+
+    @Test(arguments: ["drop-deltas", "wrong-tie-break", "skip-repair", "duplicate-watch-events"])
+    func aPlantedBugExitsNonZeroAndNamesTheCulprit(bug: String) async throws {
+        let (status, report) = try await Self.simulate(
+            ["--nodes", "4", "--ops", "1500", "--seed", "3", "--plant-bug", bug] + Self.faults)
+        #expect(status == 1)
+        #expect(report["passed"] as? Bool == false)
+        let diverged = report["diverged_nodes"] as? [String] ?? []
+        let details = report["details"] as? [String] ?? []
+        #expect(
+            diverged.contains("n4") || details.contains { $0.hasPrefix("n4's watcher") },
+            "\(bug): \(diverged) \(details)")
+        #expect((report["replay"] as? String)?.contains("--plant-bug \(bug)") == true)
+    }
+
+    @Test func badArgumentsAreOneClearLine() async throws {
+        let run = try await cli(["simulate", "--faults", "meteor"])
+        #expect(run.status != 0)
+        #expect(run.stderr.contains("unknown fault 'meteor'"), "\(run.stderr)")
+    }
+}
