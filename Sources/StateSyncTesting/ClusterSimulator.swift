@@ -320,12 +320,14 @@ public enum ClusterSimulator {
                 break
             }
         }
-        // Let the watchers take what is on its way, then a caught-up marker each.
-        let settle = cluster.now
-        cluster.run(until: settle + 5000) { _ in
+        // Let the watchers take what is on their way: each must get a caught-up marker sent once
+        // its node held the converged state (its newest version, nothing missing). A slow
+        // watcher may need a while; one that never gets there is named by the verdict.
+        let newest = cluster.nodes.compactMap { $0.host?.status.latestVersion }.max()
+        cluster.run(for: 60_000) { _ in
             watchers.allSatisfy { (watcher: SimulatedWatcher) -> Bool in
-                guard watcher.isWatching, let caughtUp = watcher.lastCaughtUp else { return false }
-                return caughtUp.at > settle + 100
+                guard watcher.isWatching, let marker = watcher.lastCaughtUp else { return false }
+                return marker.nodeMissing == 0 && marker.latest == newest
             }
         }
 

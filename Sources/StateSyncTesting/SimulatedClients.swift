@@ -94,15 +94,21 @@ final class SimulatedWatcher {
     private var watchID: UInt64 = 0
     private var nextRequestID: UInt64 = 1
     /// The (origin, sequence) of every DELTA event of the current connection.
-    private var seen: Set<String> = []
+    private var seen: Set<DeltaID> = []
+
+    private struct DeltaID: Hashable {
+        let origin: String
+        let sequence: UInt64
+    }
     /// Every change told, in order.
     private(set) var changes: [PropertyChange] = []
     /// Deltas a node sent twice on one connection, and protocol errors.
     private(set) var violations: [String] = []
     /// Whether the node registered the watch (OK) and it is running.
     private(set) var isWatching = false
-    /// When a caught-up marker last came, and what it said the node was missing.
-    private(set) var lastCaughtUp: (at: UInt64, nodeMissing: Int)?
+    /// The last caught-up marker: when it came, the node's newest version and what the node
+    /// was missing when it was sent.
+    private(set) var lastCaughtUp: (at: UInt64, latest: Version?, nodeMissing: Int)?
 
     init(node: Int, channel: String, name: String, capacity: Int) {
         self.nodeIndex = node
@@ -150,7 +156,7 @@ final class SimulatedWatcher {
                 return
             }
             if case .delta(let delta, _) = event,
-                !seen.insert("\(delta.origin)\u{0}\(delta.sequence)").inserted
+                !seen.insert(DeltaID(origin: delta.origin, sequence: delta.sequence)).inserted
             {
                 violations.append(
                     "\(cluster.nodes[nodeIndex].id)'s watcher: delta \(delta.origin):\(delta.sequence) sent twice on one watch"
@@ -160,7 +166,7 @@ final class SimulatedWatcher {
                 for meaning in try session.handle(event, from: cluster.nodes[nodeIndex].id) {
                     switch meaning {
                     case .change(let change, _, _): changes.append(change)
-                    case .caughtUp(_, _, let missing): lastCaughtUp = (cluster.now, missing)
+                    case .caughtUp(_, let latest, let missing): lastCaughtUp = (cluster.now, latest, missing)
                     default: break
                     }
                 }

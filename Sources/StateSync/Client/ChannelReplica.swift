@@ -68,7 +68,7 @@ public final class ChannelReplica: Sendable {
     /// Moves the cursor to cover `cursor` (per origin, never backwards).
     package func advance(to cursor: WatchCursor) {
         state.withLock { state in
-            for (origin, sequence) in cursor.positions { state.cursor[origin] = max(state.cursor[origin], sequence) }
+            cursor.forEachPosition { origin, sequence in state.cursor[origin] = max(state.cursor[origin], sequence) }
         }
     }
 }

@@ -11,23 +11,53 @@
 /// Text form: `origin:sequence` pairs sorted by origin, comma-separated (`n1:120,n2:57`); the
 /// empty cursor is `-`.
 public struct WatchCursor: Sendable, Hashable, CustomStringConvertible {
+    // Sorted by origin, no zero positions: the canonical form, cheap to encode in order (every
+    // DELTA event carries a cursor) and to look up among the few origins of a cluster.
+    private var origins: [String] = []
+    private var sequences: [UInt64] = []
+
     /// Per origin, the sequence number through which everything was delivered (0s left out).
-    public var positions: [String: UInt64]
+    public var positions: [String: UInt64] {
+        get { Dictionary(uniqueKeysWithValues: zip(origins, sequences)) }
+        set { self = WatchCursor(newValue) }
+    }
 
     /// A cursor at `positions` (origins at 0 are dropped).
     public init(_ positions: [String: UInt64] = [:]) {
-        self.positions = positions.filter { $0.value > 0 }
+        for (origin, sequence) in positions.sorted(by: { $0.key < $1.key }) where sequence > 0 {
+            origins.append(origin)
+            sequences.append(sequence)
+        }
     }
 
     /// The position of `origin` (0 when none).
     public subscript(origin: String) -> UInt64 {
-        get { positions[origin] ?? 0 }
-        set { positions[origin] = newValue > 0 ? newValue : nil }
+        get {
+            guard let index = origins.firstIndex(of: origin) else { return 0 }
+            return sequences[index]
+        }
+        set {
+            if let index = origins.firstIndex(of: origin) {
+                if newValue > 0 {
+                    sequences[index] = newValue
+                } else {
+                    origins.remove(at: index)
+                    sequences.remove(at: index)
+                }
+            } else if newValue > 0 {
+                let index = origins.firstIndex { $0 > origin } ?? origins.count
+                origins.insert(origin, at: index)
+                sequences.insert(newValue, at: index)
+            }
+        }
     }
+
+    /// Whether the cursor is at the start of every origin.
+    public var isEmpty: Bool { origins.isEmpty }
 
     /// The text form: `origin:sequence` pairs sorted by origin, or `-`.
     public var description: String {
-        positions.isEmpty ? "-" : positions.keys.sorted().map { "\($0):\(positions[$0]!)" }.joined(separator: ",")
+        origins.isEmpty ? "-" : zip(origins, sequences).map { "\($0):\($1)" }.joined(separator: ",")
     }
 
     /// Parses the text form; `nil` when it is not one.
@@ -48,22 +78,35 @@ public struct WatchCursor: Sendable, Hashable, CustomStringConvertible {
     }
 
     func encode(into writer: inout WireWriter) {
-        let origins = positions.keys.sorted()
         writer.varint(UInt64(origins.count))
-        for origin in origins {
-            writer.string(origin)
-            writer.varint(positions[origin]!)
+        for index in origins.indices {
+            writer.string(origins[index])
+            writer.varint(sequences[index])
         }
     }
 
     static func decode(from reader: inout WireReader) throws(WireError) -> WatchCursor {
         let count = try reader.count("cursor size", minimumItemSize: 2)
-        var positions: [String: UInt64] = [:]
+        var cursor = WatchCursor()
+        var canonical = true  // sorted, unique, no zeros: as this implementation writes it
         for _ in 0..<count {
             let origin = try reader.string("cursor origin")
-            positions[origin] = try reader.varint("cursor sequence")
+            let sequence = try reader.varint("cursor sequence")
+            if let last = cursor.origins.last, last >= origin { canonical = false }
+            if sequence == 0 { canonical = false }
+            cursor.origins.append(origin)
+            cursor.sequences.append(sequence)
         }
+        guard !canonical else { return cursor }
+        // Another writer's order: the last entry of an origin counts, as for map keys.
+        var positions: [String: UInt64] = [:]
+        for (origin, sequence) in zip(cursor.origins, cursor.sequences) { positions[origin] = sequence }
         return WatchCursor(positions)
+    }
+
+    /// Calls `body` with each origin and its position, in origin order.
+    package func forEachPosition(_ body: (String, UInt64) -> Void) {
+        for index in origins.indices { body(origins[index], sequences[index]) }
     }
 }
 

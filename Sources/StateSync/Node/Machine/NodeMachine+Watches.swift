@@ -14,13 +14,13 @@ extension NodeMachine {
 
         /// Whether the delta of `origin`/`sequence` was already delivered.
         func covers(_ origin: String, _ sequence: UInt64) -> Bool {
-            sequence <= cursor[origin] || above[origin]?.contains(sequence) == true
+            sequence <= cursor[origin] || (!above.isEmpty && above[origin]?.contains(sequence) == true)
         }
 
         mutating func deliver(_ origin: String, _ sequence: UInt64) {
             if sequence == cursor[origin] + 1 {
                 var position = sequence
-                while above[origin]?.remove(position + 1) != nil { position += 1 }
+                while !above.isEmpty, above[origin]?.remove(position + 1) != nil { position += 1 }
                 cursor[origin] = position
                 if above[origin]?.isEmpty == true { above[origin] = nil }
             } else {
@@ -53,6 +53,10 @@ extension NodeMachine {
         var lastMarker: UInt64 = 0
         var lagging = false
         var inFlight: InFlight?
+        /// How many deltas the next batch holds: halved to what the client's queue took when it
+        /// refused some, doubled back (to ``pumpLimit``) when it took all — so a slow client does
+        /// not make the node encode events it throws away.
+        var batchLimit = NodeMachine.pumpLimit
     }
 
     /// The watches, in the order they were opened (so every run treats them in one order).
@@ -153,7 +157,7 @@ extension NodeMachine {
             }
             let before = watch.position
             let (deltas, end, historyGone) = nextDeltas(
-                channel: watch.channel, from: watch.position, limit: Self.pumpLimit)
+                channel: watch.channel, from: watch.position, limit: watch.batchLimit)
             if historyGone {
                 // The end policy's ERROR is told once the client's queue takes it (it may be full
                 // now: that is the lag); the resync policy sends the state again.
@@ -251,10 +255,12 @@ extension NodeMachine {
         case .deltas(let before, let after, let end):
             if accepted >= after.count {
                 watch.position = end
+                watch.batchLimit = min(watch.batchLimit * 2, Self.pumpLimit)
                 complete = true
             } else {
                 // Advance delta by delta, so a refusal resumes exactly where it stopped.
                 watch.position = accepted > 0 ? after[accepted - 1] : before
+                watch.batchLimit = max(1, accepted)
             }
         case .marker:
             if accepted > 0 {
