@@ -230,7 +230,7 @@ public final class StateSyncNode: Sendable {
                     group.append(ResolvedDelivery(instance: instance, delivery: delivery))
                 } else {
                     state.instances[delivery.address] = nil
-                    state.machine.attachedModels.remove(delivery.address)
+                    state.machine.attachedModels[delivery.address] = nil
                 }
             }
             resolved.append(group)
@@ -302,7 +302,7 @@ public final class StateSyncNode: Sendable {
             }
             fresh._$registrar.attach(fresh, adopting: state.machine.store.properties(of: address), binding: binding)
             state.instances[address] = InstanceReference(fresh)
-            state.machine.attachedModels.insert(address)
+            state.machine.attachedModels[address] = fresh._$registrar.instanceID
             return fresh
         }
     }

@@ -29,6 +29,27 @@ struct ReplicationMachineTests {
         #expect(beats.last?.api == "tcp://10.0.0.1:7101" && beats.last?.progress == ["n2": 1])
     }
 
+    /// 7.3: a heartbeat never announces this node's own deltas before they are published (they
+    /// wait for their fsync): peers would see a gap that is not there, and one far behind could
+    /// give up fetching it and take a snapshot (the bench found it).
+    @Test func aHeartbeatAnnouncesOnlyPublishedOwnDeltas() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        let write = LocalWrite(
+            address: ModelAddress(channel: "c", model: "m"), version: node.machine.clock.next(),
+            writes: [PropertyWrite(name: "x", value: 1)])
+        // The write is taken and staged, and the round's tick publishes a heartbeat and asks for
+        // the sync: the heartbeat goes out before the delta.
+        var actions = node.machine.handle(.localWrites([write]), now: node.now)
+        actions += node.machine.handle(.tick(observerBacklog: 0), now: node.now)
+        let beats = actions.compactMap { action -> PeerMessage.Heartbeat? in
+            guard case .publish(let frames) = action, case .heartbeat(let beat)? = try? PeerMessage.decode(frames)
+            else { return nil }
+            return beat
+        }
+        #expect(beats.count == 1)
+        #expect(beats.first?.latestSequence == 0 && beats.first?.progress["n1"] == nil)
+    }
+
     /// 8: a delta of this node's own origin coming back through a peer is ignored; a duplicate
     /// is counted and applied once; a stale write changes nothing.
     @Test func echoesDuplicatesAndStaleWritesChangeNothing() {

@@ -5,8 +5,10 @@
 /// write never waits for a timer.
 extension NodeMachine {
     struct Durability: Sendable {
-        /// Local writes logged but not yet durable, with the log position after each.
-        var staged: [(applied: Applied, position: UInt64)] = []
+        /// Local writes logged but not yet durable, in order, and the log position after each
+        /// (two arrays: no tuple copies on the hot path).
+        var staged: [Delta] = []
+        var stagedPositions: [UInt64] = []
         /// SET replies waiting for the log position of their write.
         var replies: [(client: [UInt8], frames: [[UInt8]], position: UInt64)] = []
         /// Bytes appended since the node started (a position, never reset).
@@ -54,7 +56,8 @@ extension NodeMachine {
                     ])
                 continue
             }
-            durability.staged.append((entry, durability.appended))
+            durability.staged.append(entry.delta)
+            durability.stagedPositions.append(durability.appended)
         }
     }
 
@@ -91,13 +94,23 @@ extension NodeMachine {
         durability.lastSync = now
         if let requested = durability.syncRequested, requested <= position { durability.syncRequested = nil }
         var ready = 0
-        while ready < durability.staged.count, durability.staged[ready].position <= position { ready += 1 }
+        while ready < durability.stagedPositions.count, durability.stagedPositions[ready] <= position { ready += 1 }
         if ready > 0 {
-            let deltas = durability.staged[..<ready].map(\.applied.delta)
-            durability.staged.removeFirst(ready)
+            let deltas: [Delta]
+            if ready == durability.staged.count {
+                // The usual case: everything staged is durable; hand the array over, no copy.
+                deltas = durability.staged
+                durability.staged = []
+                durability.stagedPositions.removeAll(keepingCapacity: true)
+            } else {
+                deltas = Array(durability.staged[..<ready])
+                durability.staged.removeFirst(ready)
+                durability.stagedPositions.removeFirst(ready)
+            }
             // Consecutive deltas of one model go out as one message (a DELTA batch).
             for range in Self.batchRanges(of: deltas, limit: configuration.batchMaximumDeltas) {
                 actions.append(.publish(PeerMessage.encodeBatch(Array(deltas[range]))))
+                counters.deltaMessagesPublished += 1
             }
             for delta in deltas { published = max(published, delta.sequence) }
         }

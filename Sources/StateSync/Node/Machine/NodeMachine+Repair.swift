@@ -192,7 +192,7 @@ extension NodeMachine {
             guard let newest = changes.map(\.version).max() else { continue }
             clock.observe(newest)
             changed.insert(address.channel)
-            if attachedModels.contains(address) {
+            if attachedModels[address] != nil {
                 deliveries.append(
                     ModelDelivery(
                         address: address,

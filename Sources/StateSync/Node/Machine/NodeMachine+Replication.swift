@@ -13,6 +13,7 @@ extension NodeMachine {
 
     /// One message (or DELTA batch) from the peer at `endpoint`.
     mutating func receivePeerMessage(_ frames: [[UInt8]], from endpoint: String) {
+        counters.peerMessagesReceived += 1
         do {
             if let deltas = try PeerMessage.decodeDeltas(frames) {
                 applyRemote(deltas, from: endpoint)
@@ -154,15 +155,19 @@ extension NodeMachine {
                 end += 1
             }
             let isNew = record(run: deltas[start..<end])
-            var fresh: [Delta] = []
-            var freshEmitters: [UInt64] = []
-            for offset in 0..<(end - start) where isNew[offset] {
-                fresh.append(deltas[start + offset])
-                freshEmitters.append(emitters?[start + offset] ?? 0)
+            // Usually every delta of the run is new: merge the run as it is, without a copy.
+            let fresh: [Delta]
+            let offsets: [Int]
+            if isNew.allSatisfy({ $0 }) {
+                fresh = start == 0 && end == deltas.count ? deltas : Array(deltas[start..<end])
+                offsets = Array(start..<end)
+            } else {
+                offsets = (start..<end).filter { isNew[$0 - start] }
+                fresh = offsets.map { deltas[$0] }
             }
             for (index, won) in store.applyWinning(run: fresh).enumerated() {
                 account(&self, fresh[index], won)
-                applied.append(Applied(delta: fresh[index], won: won, emitter: freshEmitters[index]))
+                applied.append(Applied(delta: fresh[index], won: won, emitter: emitters?[offsets[index]] ?? 0))
             }
             start = end
         }
@@ -184,7 +189,8 @@ extension NodeMachine {
     mutating func deliver(_ applied: [Applied]) {
         guard !attachedModels.isEmpty else { return }
         var deliveries: [ModelDelivery] = []
-        for entry in applied where !entry.won.isEmpty && attachedModels.contains(entry.delta.address) {
+        for entry in applied where !entry.won.isEmpty {
+            guard let instance = attachedModels[entry.delta.address], instance != entry.emitter else { continue }
             let set = ModelRegistrar.RemoteWriteSet(
                 writes: entry.won, version: entry.delta.version,
                 isRemote: entry.delta.origin != configuration.nodeID, emitter: entry.emitter)
@@ -221,8 +227,9 @@ extension NodeMachine {
             machine.counters.deltasPublished += 1
         }
         stage(applied)
-        // The instance that wrote it already holds it; another instance at the address (a newer
-        // one may have adopted the store before this write landed) gets it.
+        // The instance that wrote it already holds it (``deliver(_:)`` skips it); another
+        // instance at the address (a newer one may have adopted the store before this write
+        // landed) gets it.
         deliver(applied)
         return applied
     }
@@ -241,10 +248,19 @@ extension NodeMachine {
         guard let origin = deltas.first?.origin else { return [] }
         assert(deltas.allSatisfy { $0.origin == origin }, "a run is of one origin")
         // In place (no copy of the origin's set of received-above sequence numbers).
+        let gapsBefore = counters.sequenceGaps
         let isNew = Self.record(
             deltas, progress: &origins[origin, default: OriginProgress()],
             history: &history[origin, default: OriginHistory()], historyLimit: configuration.historyDeltas,
             counters: &counters)
+        if counters.sequenceGaps != gapsBefore {
+            logger.debug(
+                "a gap opened in an origin's sequence numbers",
+                metadata: [
+                    "peer.id": "\(origin)", "delta.sequence": "\(deltas.first!.sequence)",
+                    "contiguous": "\(origins[origin]?.contiguous ?? 0)",
+                ])
+        }
         let (limit, overflow) = configuration.historyDeltas.multipliedReportingOverflow(by: max(origins.count, 1))
         for (delta, new) in zip(deltas, isNew) where new {
             journal.append(delta, limit: overflow ? Int.max / 2 : limit)
@@ -307,10 +323,16 @@ extension NodeMachine {
         origins.compactMapValues(\.firstGap)
     }
 
-    /// This node's heartbeat (section 7.3).
+    /// This node's heartbeat (section 7.3). Its own deltas count as received once published: a
+    /// peer told of one still waiting for its fsync would see a gap that is not there, and with
+    /// a long queue ahead of it could even give up on it (FETCH too late for the history) and
+    /// take a snapshot instead.
     func heartbeat() -> PeerMessage {
         var progress: [String: UInt64] = [:]
-        for (origin, state) in origins where state.contiguous > 0 { progress[origin] = state.contiguous }
+        for (origin, state) in origins where state.contiguous > 0 {
+            progress[origin] = origin == configuration.nodeID ? min(state.contiguous, published) : state.contiguous
+        }
+        if progress[configuration.nodeID] == 0 { progress[configuration.nodeID] = nil }
         return .heartbeat(
             PeerMessage.Heartbeat(
                 node: configuration.nodeID, latestSequence: published, clock: clock.wallMilliseconds() << 16,

@@ -44,8 +44,9 @@ package struct NodeMachine: Sendable {
     package internal(set) var nextSequence: UInt64 = 1
     /// The highest own sequence number published (durable and sent).
     package internal(set) var published: UInt64 = 0
-    /// Addresses that have a live model on this node: only their changes are delivered.
-    package var attachedModels: Set<ModelAddress> = []
+    /// Addresses that have a live model on this node, with that instance's id: only their
+    /// changes are delivered, and not to the instance that wrote them (it holds them already).
+    package var attachedModels: [ModelAddress: UInt64] = [:]
 
     // MARK: Endpoints, timers, flow
 
