@@ -123,13 +123,31 @@ public final class StateSyncNode: Sendable {
     /// models — feeding the outcomes back until nothing follows. The driver calls this from its
     /// one thread.
     package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
-        var inputs: [NodeInput] = []
         let written = outbox.withLock { pending -> [LocalWrite] in
             defer { pending = [] }
             return pending
         }
-        if !written.isEmpty { inputs.append(.localWrites(written)) }
-        inputs.append(input)
+        // Writers can outrun the node by far: their writes go in as rounds of bounded size, each
+        // logged, synced and published (its outcomes handled) before the next. Arrays stay
+        // small, and peers get the first writes of a long queue while the rest is logged.
+        var start = 0
+        while start < written.count {
+            let end = min(start + Self.localWritesPerRound, written.count)
+            handle(
+                .localWrites(start == 0 && end == written.count ? written : Array(written[start..<end])), now: now,
+                via: transport)
+            start = end
+        }
+        handle(input, now: now, via: transport)
+    }
+
+    /// The most local writes the machine takes in one input.
+    static let localWritesPerRound = 4096
+
+    /// Feeds the machine `input`, performs its actions, and feeds their outcomes back until
+    /// nothing follows.
+    private func handle(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
+        var inputs = [input]
         var next = 0
         while next < inputs.count {
             let (actions, deliveries) = state.withLock { state in

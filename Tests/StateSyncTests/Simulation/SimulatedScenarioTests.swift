@@ -27,6 +27,22 @@ struct SimulatedRepairTests {
         #expect(late.status.counters["snapshots_applied"] == 0, "history was enough")
     }
 
+    /// Writers can outrun the node: a long queue of a model's writes is taken in rounds of
+    /// bounded size, each synced and published before the next (not one giant round), and
+    /// every write arrives.
+    @Test func aLongQueueOfLocalWritesGoesOutInRounds() async throws {
+        let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 2, seed: 3))
+        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        let writes = 3 * StateSyncNode.localWritesPerRound + 1
+        let syncsBefore = cluster.nodes[0].disk.syncCount
+        for value in 1...writes { writer.count = value }
+        #expect(cluster.run(for: 10_000, stoppingWhen: Self.quiet))
+        #expect(cluster.nodes[0].disk.syncCount - syncsBefore >= 4, "one sync per round of at most 4096 writes")
+        let reader = try #require(cluster.nodes[1].host)
+        #expect(reader.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == .int(Int64(writes)))
+        #expect(reader.status.counters["deltas_received"] == writes)
+    }
+
     /// When no peer holds the missing deltas any more, a snapshot fills the gap; live deltas keep
     /// flowing after it.
     @Test func whenHistoryIsGoneALateJoinerGetsASnapshot() async throws {

@@ -210,6 +210,9 @@ extension NodeMachine {
     mutating func takeLocalWrites(_ writes: [LocalWrite]) {
         guard !writes.isEmpty else { return }
         _ = applyLocal(writes)
+        // Group commit: the writes of this round share one sync, asked for now (not at the next
+        // tick), so they are published while the host feeds the next round.
+        requestSync(force: false)
     }
 
     /// Numbers `writes` in order and applies them as this node's deltas. Returns them as applied.
