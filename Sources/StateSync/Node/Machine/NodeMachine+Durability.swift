@@ -1,8 +1,8 @@
 /// Durability (docs/PROTOCOL.md section 11.2): every applied delta is appended to the
 /// write-ahead log; the node's own writes are published — and, with `storage.fsync: always`,
 /// acknowledged — only once the log is durable through them. Group commit: all writes staged
-/// before a sync share it, and a sync is asked for at the end of every round of inputs, so a lone
-/// write never waits for a timer.
+/// before a sync share it, and a sync is asked for as soon as a round of local writes is taken
+/// (and at every tick), so a lone write never waits for a timer.
 extension NodeMachine {
     struct Durability: Sendable {
         /// Local writes logged but not yet durable, in order, and the log position after each

@@ -131,9 +131,11 @@ extension NodeMachine {
                     "suppressed": "\(suppressed)",
                 ])
         }
-        // Logged without fsync: a peer can always send them again.
-        appendToLog(applied, mustSucceed: false)
+        // Live models first (a `write` to the log is not on the path of a remote change to its
+        // observers), then logged, without fsync: the log does not make them durable on a power
+        // loss anyway, and a peer can always send them again.
         deliver(applied)
+        appendToLog(applied, mustSucceed: false)
         return applied
     }
 
