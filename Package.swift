@@ -114,6 +114,7 @@ let package = Package(
                 "StateSyncHarness",
                 "StateSyncBench",
                 "StateSyncTesting",
+                "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],

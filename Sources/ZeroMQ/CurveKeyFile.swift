@@ -1,0 +1,160 @@
+import CZeroMQ
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// CurveZMQ key files (RFC 26): a secret key file holds one line, the secret key in Z85; the
+/// public key sits next to it in `PATH.pub`, one line of Z85. A secret key file must be readable
+/// by its owner only (mode 0600).
+public enum CurveKeyFile {
+    /// Why a key file cannot be written or used, as one line naming the file and the fix.
+    public struct Problem: Error, Equatable, CustomStringConvertible {
+        public let description: String
+        init(_ description: String) { self.description = description }
+    }
+
+    /// Generates a key pair and writes it: `path` (the secret key, created with mode 0600) and
+    /// `path.pub` (the public key). Refuses to overwrite either file: a key that others trust
+    /// must not be replaced by accident.
+    @discardableResult
+    public static func generate(at path: String) throws(Problem) -> Curve.KeyPair {
+        let publicPath = path + ".pub"
+        for existing in [path, publicPath] where access(existing, F_OK) == 0 {
+            throw Problem("\(existing) exists; refusing to overwrite a key (remove it first, or choose another path)")
+        }
+        let pair: Curve.KeyPair
+        let secretText: String
+        let publicText: String
+        do {
+            pair = try Curve.generateKeyPair()
+            secretText = try Curve.z85Encode(pair.secretKey)
+            publicText = try Curve.z85Encode(pair.publicKey)
+        } catch {
+            throw Problem("cannot generate a CURVE key pair: \(error)")
+        }
+        try write(secretText + "\n", to: path, mode: 0o600)
+        do {
+            try write(publicText + "\n", to: publicPath, mode: 0o644)
+        } catch {
+            unlink(path)  // no secret key without its public half
+            throw error
+        }
+        return pair
+    }
+
+    /// Reads a secret key file: its key pair (the public key derived from the secret one).
+    /// Refuses a file that others may read, a file that is not one Z85 key, and a missing file.
+    public static func readSecretKey(at path: String) throws(Problem) -> Curve.KeyPair {
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            throw Problem("cannot read the secret key file \(path): \(String(cString: strerror(errno)))")
+        }
+        let permissions = info.st_mode & 0o777
+        guard permissions & 0o077 == 0 else {
+            throw Problem(
+                "the secret key file \(path) is readable by others (mode \(String(permissions, radix: 8))); run: chmod 600 \(path)"
+            )
+        }
+        let text = try readLine(path, what: "secret key file")
+        guard let secretKey = decodeKey(text) else {
+            throw Problem(
+                "\(path) does not hold a CURVE secret key (one line of 40 Z85 characters, as statesync keygen writes)")
+        }
+        var publicText = [CChar](repeating: 0, count: 41)
+        var secretText = Array(text.utf8CString)
+        guard zmq_curve_public(&publicText, &secretText) == 0,
+            let publicKey = decodeKey(String(zeroTerminated: publicText))
+        else {
+            throw Problem("cannot derive the public key of \(path)")
+        }
+        return Curve.KeyPair(publicKey: publicKey, secretKey: secretKey)
+    }
+
+    /// A public key given as its 40 Z85 characters, or as the path of a file holding them (such
+    /// as the `.pub` file ``generate(at:)`` writes).
+    /// An existing file wins: a 40-character path can be valid Z85 too.
+    public static func publicKey(_ keyOrPath: String) throws(Problem) -> [UInt8] {
+        if access(keyOrPath, F_OK) != 0 {
+            if let key = decodeKey(keyOrPath) { return key }
+            throw Problem("'\(keyOrPath)' is neither a CURVE public key (40 Z85 characters) nor a readable file")
+        }
+        let text = try readLine(keyOrPath, what: "public key file")
+        guard let key = decodeKey(text) else {
+            throw Problem("\(keyOrPath) does not hold a CURVE public key (one line of 40 Z85 characters)")
+        }
+        return key
+    }
+
+    /// A short, stable name of a public key for logs and status: its first 8 Z85 characters.
+    public static func fingerprint(_ publicKey: [UInt8]) -> String {
+        ((try? Curve.z85Encode(publicKey)) ?? "?").prefix(8).description
+    }
+
+    /// A 32-byte key from 40 Z85 characters (surrounding whitespace ignored).
+    static func decodeKey(_ text: String) -> [UInt8]? {
+        let trimmed = text.trimmingWhitespace()
+        guard trimmed.utf8.count == 40, let key = try? Curve.z85Decode(trimmed), key.count == 32 else { return nil }
+        return key
+    }
+
+    private static func readLine(_ path: String, what: String) throws(Problem) -> String {
+        let descriptor = open(path, O_RDONLY)
+        guard descriptor >= 0 else {
+            throw Problem("cannot read the \(what) \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(descriptor) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 256)
+        while bytes.count <= 4096 {
+            let count = read(descriptor, &buffer, buffer.count)
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { break }
+            bytes += buffer[..<count]
+        }
+        guard bytes.count <= 4096 else { throw Problem("the \(what) \(path) is too large to be a key") }
+        return String(decoding: bytes, as: UTF8.self).trimmingWhitespace()
+    }
+
+    private static func write(_ text: String, to path: String, mode: mode_t) throws(Problem) {
+        // O_EXCL: never follow or replace an existing file, even one created since the check.
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_EXCL, mode)
+        guard descriptor >= 0 else {
+            throw Problem("cannot create \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(descriptor) }
+        let bytes = Array(text.utf8)
+        var written = 0
+        while written < bytes.count {
+            let count = bytes[written...].withUnsafeBytes { systemWrite(descriptor, $0.baseAddress, $0.count) }
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else {
+                let reason = String(cString: strerror(errno))
+                unlink(path)
+                throw Problem("cannot write \(path): \(reason)")
+            }
+            written += count
+        }
+        // The umask may have narrowed the mode; make it exact. Then make the key durable.
+        fchmod(descriptor, mode)
+        fsync(descriptor)
+    }
+}
+
+/// `write(2)` (the name is taken by the function that calls it).
+private func systemWrite(_ descriptor: Int32, _ buffer: UnsafeRawPointer?, _ count: Int) -> Int {
+    write(descriptor, buffer, count)
+}
+
+extension String {
+    /// Without leading and trailing spaces, tabs and line breaks.
+    func trimmingWhitespace() -> String {
+        let isSpace: (UInt8) -> Bool = { $0 == 0x20 || $0 == 0x09 || $0 == 0x0A || $0 == 0x0D }
+        let utf8 = Array(self.utf8)
+        guard let first = utf8.firstIndex(where: { !isSpace($0) }), let last = utf8.lastIndex(where: { !isSpace($0) })
+        else { return "" }
+        return String(decoding: utf8[first...last], as: UTF8.self)
+    }
+}
