@@ -15,7 +15,8 @@ import ZeroMQ
 ///
 /// A round of the loop: poll (until the node's next deadline, or a wake-up), feed the node every
 /// message that arrived (at most ``batchLimit`` per socket), then a tick — which also makes the
-/// round's local writes durable and published (group commit).
+/// turn's local writes durable and published (group commit; a long queue of a model's writes is
+/// taken in full rounds, each synced at once).
 package final class ZeroMQNodeDriver: NodeDriver {
     let configuration: NodeConfiguration
     let logger: Logger

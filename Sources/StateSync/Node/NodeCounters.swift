@@ -7,9 +7,9 @@ public struct NodeCounters: Sendable, Equatable {
     public var deltasReceived = 0
     /// DELTA messages published (a batch counts once).
     public var deltaMessagesPublished = 0
-    /// Messages received from peers (a DELTA batch counts once): with ``deltasReceived``, how
-    /// well deltas are batched.
-    public var peerMessagesReceived = 0
+    /// Well-formed DELTA messages received from peers (a batch counts once): with
+    /// ``deltasReceived``, how well deltas are batched.
+    public var deltaMessagesReceived = 0
     /// Received deltas that changed at least one property.
     public var deltasApplied = 0
     /// Received properties that lost last-writer-wins and changed nothing.
@@ -58,7 +58,7 @@ public struct NodeCounters: Sendable, Equatable {
     public var all: [(String, Int)] {
         [
             ("deltas_published", deltasPublished), ("deltas_received", deltasReceived),
-            ("peer_messages_received", peerMessagesReceived), ("delta_messages_published", deltaMessagesPublished),
+            ("delta_messages_received", deltaMessagesReceived), ("delta_messages_published", deltaMessagesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),
             ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),

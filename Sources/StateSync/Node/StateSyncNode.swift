@@ -127,12 +127,13 @@ public final class StateSyncNode: Sendable {
             defer { pending = [] }
             return pending
         }
-        // Writers can outrun the node by far: their writes go in as rounds of bounded size, each
-        // logged, synced and published (its outcomes handled) before the next. Arrays stay
-        // small, and peers get the first writes of a long queue while the rest is logged.
+        // Writers can outrun the node by far: their writes go in as rounds of bounded size; a
+        // full round is logged, synced and published (its outcomes handled) before the next.
+        // Arrays stay small, and peers get the first writes of a long queue while the rest is
+        // logged.
         var start = 0
         while start < written.count {
-            let end = min(start + Self.localWritesPerRound, written.count)
+            let end = min(start + NodeMachine.localWritesPerRound, written.count)
             handle(
                 .localWrites(start == 0 && end == written.count ? written : Array(written[start..<end])), now: now,
                 via: transport)
@@ -140,9 +141,6 @@ public final class StateSyncNode: Sendable {
         }
         handle(input, now: now, via: transport)
     }
-
-    /// The most local writes the machine takes in one input.
-    static let localWritesPerRound = 4096
 
     /// Feeds the machine `input`, performs its actions, and feeds their outcomes back until
     /// nothing follows.
@@ -158,7 +156,8 @@ public final class StateSyncNode: Sendable {
             var delivered = 0
             for action in actions {
                 if case .deliver = action {
-                    // In the machine's order (after the log append it asked for first).
+                    // In the machine's order (for local writes after their log append; remote
+                    // deltas reach live models first, see PROTOCOL.md 11.2).
                     for delivery in deliveries[delivered] { deliver(delivery) }
                     delivered += 1
                 } else if let outcome = perform(action, via: transport) {

@@ -71,27 +71,38 @@ struct DurabilityMachineTests {
         #expect(Self.kinds(machine.handle(.logDurable(through: position), now: 61)).contains("publish"))
     }
 
-    /// A round of a model's local writes is logged and its sync asked for in the same round:
-    /// the host feeds a long queue in rounds, each published before the next is taken. With
-    /// `interval`, the sync waits for the interval.
-    @Test func aRoundOfLocalWritesAsksForItsSyncAtOnce() {
-        let writes = (1...3).map { value in
-            LocalWrite(
-                address: ModelAddress(channel: "c", model: "m"),
-                version: Version(milliseconds: 1_800_000_000_000 + UInt64(value), counter: 0, node: "n1"),
-                writes: [PropertyWrite(name: "x", value: .int(Int64(value)))])
+    /// A full round of a model's local writes (a long queue, fed in rounds) is logged and its
+    /// sync asked for at once, so it is published before the next round; a smaller round waits
+    /// for the tick that ends the driver's turn (one sync per turn, not per peer message). With
+    /// `interval`, even a full round waits for the interval.
+    @Test func aFullRoundOfLocalWritesAsksForItsSyncAtOnce() {
+        func writes(_ count: Int) -> [LocalWrite] {
+            (1...count).map { value in
+                LocalWrite(
+                    address: ModelAddress(channel: "c", model: "m"),
+                    version: Version(milliseconds: 1_800_000_000_000 + UInt64(value), counter: 0, node: "n1"),
+                    writes: [PropertyWrite(name: "x", value: .int(Int64(value)))])
+            }
         }
+        let full = NodeMachine.localWritesPerRound
         var always = Self.machine()
         _ = always.handle(.tick(observerBacklog: 0), now: 1)
-        let round = always.handle(.localWrites(writes), now: 2)
+        #expect(Self.kinds(always.handle(.localWrites(writes(3)), now: 2)) == ["append"])
+        let tick = always.handle(.tick(observerBacklog: 0), now: 2)
+        #expect(Self.kinds(tick).first == "sync")
+        guard case .syncLog(let first) = tick.first else { return }
+        #expect(Self.kinds(always.handle(.logDurable(through: first), now: 2)) == ["publish"])
+        #expect(always.published == 3)
+
+        let round = always.handle(.localWrites(writes(full)), now: 3)
         #expect(Self.kinds(round) == ["append", "sync"])
         guard case .syncLog(let position) = round.last else { return }
-        #expect(Self.kinds(always.handle(.logDurable(through: position), now: 2)) == ["publish"])
-        #expect(always.published == 3)
+        #expect(Self.kinds(always.handle(.logDurable(through: position), now: 3)).allSatisfy { $0 == "publish" })
+        #expect(always.published == UInt64(3 + full))
 
         var interval = Self.machine(.interval)
         _ = interval.handle(.tick(observerBacklog: 0), now: 1)
-        #expect(Self.kinds(interval.handle(.localWrites(writes), now: 2)) == ["append"])
+        #expect(Self.kinds(interval.handle(.localWrites(writes(full)), now: 2)) == ["append"])
     }
 
     /// `storage.compact_bytes`: once the log grows past it, the state is compacted.

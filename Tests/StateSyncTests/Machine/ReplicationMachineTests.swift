@@ -37,17 +37,56 @@ struct ReplicationMachineTests {
         let write = LocalWrite(
             address: ModelAddress(channel: "c", model: "m"), version: node.machine.clock.next(),
             writes: [PropertyWrite(name: "x", value: 1)])
-        // The write is taken and staged, and the round's tick publishes a heartbeat and asks for
-        // the sync: the heartbeat goes out before the delta.
+        func heartbeats(_ actions: [NodeAction]) -> [PeerMessage.Heartbeat] {
+            actions.compactMap { action in
+                guard case .publish(let frames) = action, case .heartbeat(let beat)? = try? PeerMessage.decode(frames)
+                else { return nil }
+                return beat
+            }
+        }
+        // The write is taken and logged; the turn's tick publishes a heartbeat (before the
+        // delta, which waits for its sync) and asks for the sync.
         var actions = node.machine.handle(.localWrites([write]), now: node.now)
         actions += node.machine.handle(.tick(observerBacklog: 0), now: node.now)
-        let beats = actions.compactMap { action -> PeerMessage.Heartbeat? in
-            guard case .publish(let frames) = action, case .heartbeat(let beat)? = try? PeerMessage.decode(frames)
-            else { return nil }
-            return beat
+        let before = heartbeats(actions)
+        #expect(before.count == 1)
+        #expect(before.first?.latestSequence == 0 && before.first?.progress["n1"] == nil)
+        // Once durable and published, the next heartbeat announces it.
+        let sync = actions.compactMap { action -> UInt64? in
+            if case .syncLog(let position) = action { position } else { nil }
         }
-        #expect(beats.count == 1)
-        #expect(beats.first?.latestSequence == 0 && beats.first?.progress["n1"] == nil)
+        let position = try #require(sync.first)
+        _ = node.machine.handle(.logDurable(through: position), now: node.now)
+        let after = heartbeats(node.machine.handle(.tick(observerBacklog: 0), now: node.now + 10_000))
+        #expect(after.first?.latestSequence == 1 && after.first?.progress["n1"] == 1)
+    }
+
+    /// A local write reaches the live model at its address unless that instance made it: an
+    /// older instance's late write reaches the newer one, a client SET (no instance) reaches
+    /// it, and the writer's own write is not handed back to it.
+    @Test func aLocalWriteIsDeliveredToEveryInstanceButTheOneThatMadeIt() {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        let address = ModelAddress(channel: "c", model: "m")
+        node.machine.attachedModels[address] = 7
+        func delivered(_ actions: [NodeAction]) -> [ModelDelivery] {
+            actions.flatMap { action -> [ModelDelivery] in
+                if case .deliver(let deliveries) = action { deliveries } else { [] }
+            }
+        }
+        func write(_ value: Int64, emitter: UInt64) -> LocalWrite {
+            LocalWrite(
+                address: address, version: node.machine.clock.next(),
+                writes: [PropertyWrite(name: "x", value: .int(value))],
+                emitter: emitter)
+        }
+        #expect(delivered(node.machine.handle(.localWrites([write(1, emitter: 7)]), now: node.now)).isEmpty)
+        let older = delivered(node.machine.handle(.localWrites([write(2, emitter: 5)]), now: node.now))
+        #expect(older.map(\.address) == [address])
+        #expect(older.first?.sets.first?.writes.first?.value == .int(2))
+        let set = ClientProtocol.encodeRequest(
+            .set, id: 1, body: ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 3)]))
+        let fromClient = delivered(node.machine.handle(.clientRequest(client: [1], frames: set), now: node.now))
+        #expect(fromClient.first?.sets.first?.writes.first?.value == .int(3))
     }
 
     /// 8: a delta of this node's own origin coming back through a peer is ignored; a duplicate

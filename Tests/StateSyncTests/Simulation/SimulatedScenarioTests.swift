@@ -33,7 +33,7 @@ struct SimulatedRepairTests {
     @Test func aLongQueueOfLocalWritesGoesOutInRounds() async throws {
         let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 2, seed: 3))
         let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
-        let writes = 3 * StateSyncNode.localWritesPerRound + 1
+        let writes = 3 * NodeMachine.localWritesPerRound + 1
         let syncsBefore = cluster.nodes[0].disk.syncCount
         for value in 1...writes { writer.count = value }
         #expect(cluster.run(for: 10_000, stoppingWhen: Self.quiet))

@@ -210,6 +210,8 @@ extension NodeMachine {
         counters.snapshotsApplied += 1
         if let own = snapshot.progress[configuration.nodeID], own < UInt64.max {
             nextSequence = max(nextSequence, own + 1)
+            // Own deltas a peer held were published long ago (by an earlier run of this node).
+            published = max(published, own)
         }
         return changed
     }

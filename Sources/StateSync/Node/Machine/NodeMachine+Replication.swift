@@ -13,9 +13,9 @@ extension NodeMachine {
 
     /// One message (or DELTA batch) from the peer at `endpoint`.
     mutating func receivePeerMessage(_ frames: [[UInt8]], from endpoint: String) {
-        counters.peerMessagesReceived += 1
         do {
             if let deltas = try PeerMessage.decodeDeltas(frames) {
+                counters.deltaMessagesReceived += 1
                 applyRemote(deltas, from: endpoint)
                 return
             }
@@ -212,10 +212,15 @@ extension NodeMachine {
     mutating func takeLocalWrites(_ writes: [LocalWrite]) {
         guard !writes.isEmpty else { return }
         _ = applyLocal(writes)
-        // Group commit: the writes of this round share one sync, asked for now (not at the next
-        // tick), so they are published while the host feeds the next round.
-        requestSync(force: false)
+        // Group commit: a full round means a long queue (the host feeds it in rounds of this
+        // size): its sync is asked for now, so it is published before the host feeds the next.
+        // A smaller round waits for the tick that ends the driver's turn, sharing its sync with
+        // whatever else the turn took (one per turn, not one per peer message).
+        if writes.count >= Self.localWritesPerRound { requestSync(force: false) }
     }
+
+    /// The most local writes the host feeds the machine in one input (``NodeInput/localWrites(_:)``).
+    package static let localWritesPerRound = 4096
 
     /// Numbers `writes` in order and applies them as this node's deltas. Returns them as applied.
     mutating func applyLocal(_ writes: [LocalWrite]) -> [Applied] {
