@@ -24,6 +24,10 @@ public struct SimulationOptions: Sendable {
         case reorder
         /// A node's wall clock jumps (forwards or backwards).
         case clock
+        /// A node's inbound link from one peer breaks for good, as libzmq leaves a connection
+        /// after a frame over its maximum message size: only the node replacing the link (after
+        /// the peer was silent for long) or a restart mends it.
+        case brokenLink = "broken-link"
     }
 
     /// Bugs planted in one node on purpose, to prove the verdict catches them.
@@ -610,6 +614,10 @@ final class FaultSchedule {
             cluster.network.defaultConditions.reorderDelay = 60
             detail = "every peer link holds back \(Int(reorderRate * 100)) % by up to 60 ms for \(hold) ms"
             heal = { cluster in cluster.network.defaultConditions.reorder = 0 }
+        case .brokenLink:
+            let peer = (target + 1 + random.below(nodes.count - 1)) % nodes.count
+            cluster.breakLink(from: peer, to: target)
+            detail = "the link from \(nodes[peer].id) breaks for good (until \(nodes[target].id) replaces it)"
         case .clock:
             let jump = Int64(random.inRange(-5000...5000))
             let before = nodes[target].clockSkew

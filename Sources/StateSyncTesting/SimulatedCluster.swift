@@ -329,7 +329,20 @@ package final class SimulatedCluster {
         let node = nodes[index]
         guard node.host == nil else { return }
         record("restart", node.id, [])
+        // A restarted node has new sockets: its inbound links work again.
+        brokenLinks = brokenLinks.filter { !$0.hasSuffix(">" + node.id) }
         try start(node)
+    }
+
+    /// Inbound peer links broken for good ("from>to"), as libzmq leaves a connection after a
+    /// frame over its maximum message size: they drop everything until the receiving node
+    /// replaces the link (``NodeAction/resetPeerLink(endpoint:)``) or restarts. Healing the
+    /// network does not mend them.
+    package fileprivate(set) var brokenLinks: Set<String> = []
+
+    /// Breaks the peer link from node `from` to node `to` for good (see ``brokenLinks``).
+    package func breakLink(from: Int, to: Int) {
+        brokenLinks.insert(nodes[from].id + ">" + nodes[to].id)
     }
 
     /// Moves node `index`'s wall clock: its skew becomes `skew` milliseconds.
@@ -395,7 +408,9 @@ package final class SimulatedCluster {
     private func deliver(_ message: SimulatedNetwork<Packet>.Message) {
         switch message.payload {
         case .peer(let frames):
-            guard let node = node(named: message.to) else { return }
+            guard let node = node(named: message.to), !brokenLinks.contains(message.from + ">" + message.to) else {
+                return
+            }
             if node.intakePaused {
                 node.held.append(message)
                 return
@@ -499,6 +514,15 @@ package final class SimulatedCluster {
                 }
             }
             return (events.count, false)
+        }
+
+        /// A new link: one broken for good works again (see ``SimulatedCluster/brokenLinks``).
+        func resetPeerLink(_ endpoint: String) {
+            guard let peer = cluster.nodes.first(where: { SimulatedCluster.publishEndpoint($0.id) == endpoint }) else {
+                return
+            }
+            cluster.record("link-reset", peer.id + ">" + node.id, [])
+            cluster.brokenLinks.remove(peer.id + ">" + node.id)
         }
 
         func pauseIntake(_ paused: Bool) {

@@ -20,13 +20,8 @@ enum SocketFactory {
 
             var subscribers: [(String, Socket)] = []
             for peer in configuration.peers {
-                let subscriber = try context.socket(.sub)
-                try subscriber.setReceiveHighWaterMark(Int32(clamping: configuration.highWaterMark))
-                try subscriber.setMaximumMessageSize(maximumMessageSize)
-                try subscriber.setReconnectInterval(milliseconds: 100)
-                try subscriber.subscribe()
-                try subscriber.connect(peer)
-                subscribers.append((peer, subscriber))
+                subscribers.append(
+                    (peer, try makeSubscriber(context: context, endpoint: peer, configuration: configuration)))
             }
 
             // The client API, or without one the repair endpoint: every node serves its peers'
@@ -47,6 +42,19 @@ enum SocketFactory {
         } catch {
             throw StateSyncError(.transport, "cannot set up the node's sockets: \(error)")
         }
+    }
+
+    /// A SUB connected to a peer's publish endpoint, subscribed to everything.
+    static func makeSubscriber(context: Context, endpoint: String, configuration: NodeConfiguration)
+        throws(ZeroMQError) -> Socket
+    {
+        let subscriber = try context.socket(.sub)
+        try subscriber.setReceiveHighWaterMark(Int32(clamping: configuration.highWaterMark))
+        try subscriber.setMaximumMessageSize(maximumMessageSize)
+        try subscriber.setReconnectInterval(milliseconds: 100)
+        try subscriber.subscribe()
+        try subscriber.connect(endpoint)
+        return subscriber
     }
 
     /// A DEALER to a peer's API (or repair endpoint), for repairs.

@@ -82,7 +82,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
             let made = try SocketFactory.makeNodeSockets(configuration: configuration)
             transport = ZeroMQTransport(
                 context: made.context, publisher: made.publisher, subscribers: made.subscribers, router: made.router,
-                logger: logger)
+                configuration: configuration, logger: logger)
         } catch {
             finish()
             ready.resume(throwing: error)
@@ -158,8 +158,9 @@ final class ZeroMQTransport: NodeTransport {
 
     let context: Context
     let publisher: Socket
-    let subscribers: [(endpoint: String, socket: Socket)]
+    private(set) var subscribers: [(endpoint: String, socket: Socket)]
     let router: Socket
+    let configuration: NodeConfiguration
     let logger: Logger
     /// Per peer, the DEALER to its repair endpoint and that endpoint.
     private var links: [String: (endpoint: String, socket: Socket)] = [:]
@@ -171,8 +172,9 @@ final class ZeroMQTransport: NodeTransport {
 
     init(
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
-        logger: Logger
+        configuration: NodeConfiguration, logger: Logger
     ) {
+        self.configuration = configuration
         self.context = context
         self.publisher = publisher
         self.subscribers = subscribers
@@ -247,6 +249,19 @@ final class ZeroMQTransport: NodeTransport {
             }
         }
         return (events.count, false)
+    }
+
+    func resetPeerLink(_ endpoint: String) {
+        guard let index = subscribers.firstIndex(where: { $0.endpoint == endpoint }) else { return }
+        do {
+            let fresh = try SocketFactory.makeSubscriber(
+                context: context, endpoint: endpoint, configuration: configuration)
+            subscribers[index].socket.close()
+            subscribers[index].socket = fresh
+            pollerChanged = true
+        } catch {
+            logger.error("cannot replace a peer link", metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)"])
+        }
     }
 
     func pauseIntake(_ paused: Bool) {

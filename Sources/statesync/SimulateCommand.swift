@@ -44,7 +44,8 @@ extension StateSyncCLI {
         var seeds: String?
 
         @Option(
-            help: ArgumentHelp("Faults, comma-separated: crash,partition,loss,dup,reorder,clock.", valueName: "LIST"))
+            help: ArgumentHelp(
+                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link.", valueName: "LIST"))
         var faults: String = ""
 
         @Option(help: ArgumentHelp("Concurrent writers.", valueName: "N"))
@@ -65,7 +66,8 @@ extension StateSyncCLI {
 
         func validate() throws {
             for name in faults.split(separator: ",") where SimulationOptions.Fault(rawValue: String(name)) == nil {
-                throw ValidationError("unknown fault '\(name)'; use crash, partition, loss, dup, reorder, clock")
+                throw ValidationError(
+                    "unknown fault '\(name)'; use crash, partition, loss, dup, reorder, clock, broken-link")
             }
             if let plantBug, SimulationOptions.PlantedBug(rawValue: plantBug) == nil {
                 throw ValidationError(

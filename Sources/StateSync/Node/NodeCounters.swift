@@ -7,6 +7,10 @@ public struct NodeCounters: Sendable, Equatable {
     public var deltasReceived = 0
     /// DELTA messages published (a batch counts once).
     public var deltaMessagesPublished = 0
+    /// Peer links (SUB sockets) replaced after the peer was silent for long, and repair links
+    /// replaced after a request got no answer in time.
+    public var peerLinkResets = 0
+    public var repairLinkResets = 0
     /// Well-formed DELTA messages received from peers (a batch counts once): with
     /// ``deltasReceived``, how well deltas are batched.
     public var deltaMessagesReceived = 0
@@ -58,7 +62,8 @@ public struct NodeCounters: Sendable, Equatable {
     public var all: [(String, Int)] {
         [
             ("deltas_published", deltasPublished), ("deltas_received", deltasReceived),
-            ("delta_messages_received", deltaMessagesReceived), ("delta_messages_published", deltaMessagesPublished),
+            ("delta_messages_received", deltaMessagesReceived), ("peer_link_resets", peerLinkResets),
+            ("repair_link_resets", repairLinkResets), ("delta_messages_published", deltaMessagesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),
             ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),

@@ -14,6 +14,8 @@ package protocol NodeTransport {
     func sendWatchEvents(client: [UInt8], events: [[[UInt8]]]) -> (accepted: Int, clientGone: Bool)
     /// Stops (or resumes) reading peers' deltas.
     func pauseIntake(_ paused: Bool)
+    /// Replaces the SUB socket connected to the peer at `endpoint` with a new one.
+    func resetPeerLink(_ endpoint: String)
 }
 
 /// What became of a reply.

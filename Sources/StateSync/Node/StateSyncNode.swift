@@ -224,6 +224,8 @@ public final class StateSyncNode: Sendable {
             return .watchEventsSent(key, accepted: accepted, clientGone: gone)
         case .pauseIntake(let paused):
             transport.pauseIntake(paused)
+        case .resetPeerLink(let endpoint):
+            transport.resetPeerLink(endpoint)
         }
         return nil
     }

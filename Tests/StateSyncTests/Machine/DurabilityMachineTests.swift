@@ -35,6 +35,7 @@ struct DurabilityMachineTests {
             case .reply: "reply"
             case .sendWatchEvents: "watch"
             case .pauseIntake: "pause"
+            case .resetPeerLink: "reset"
             }
         }
     }

@@ -23,6 +23,10 @@ struct MachineRunner {
     /// How many watch events a client takes per batch (its queue space).
     var clientCapacity = Int.max
     var intakePaused = false
+    /// Repair links the machine asked to connect (again), by peer, in order.
+    var repairLinksConnected: [String] = []
+    /// Peer links the machine asked to replace, in order.
+    var linkResets: [String] = []
 
     /// A wall clock tests can move (the node's clock reads it).
     final class Wall: Sendable {
@@ -70,7 +74,7 @@ struct MachineRunner {
                 case .syncLog(let position): inputs.append(.logDurable(through: position))
                 case .compact: compactions += 1
                 case .deliver: break
-                case .connectRepairLink: break
+                case .connectRepairLink(let peer, _): repairLinksConnected.append(peer)
                 case .sendRepairRequest(let peer, _, let frames): repairRequests.append((peer, frames))
                 case .reply(let client, let frames): sent.append((client, frames))
                 case .sendWatchEvents(let key, let events):
@@ -78,6 +82,7 @@ struct MachineRunner {
                     for frames in events.prefix(accepted) { sent.append((key.client, frames)) }
                     inputs.append(.watchEventsSent(key, accepted: accepted, clientGone: false))
                 case .pauseIntake(let paused): intakePaused = paused
+                case .resetPeerLink(let endpoint): linkResets.append(endpoint)
                 }
             }
         }

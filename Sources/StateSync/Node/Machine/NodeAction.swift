@@ -32,6 +32,10 @@ package enum NodeAction: Sendable {
     case sendWatchEvents(WatchKey, [[[UInt8]]])
     /// Stop (or resume) reading peers' deltas: backpressure while observers are far behind.
     case pauseIntake(Bool)
+    /// Close the SUB socket of the peer at `endpoint` and connect a new one: libzmq drops a
+    /// connection for good after some input (a frame over the maximum message size is a
+    /// protocol error it does not reconnect after), so a peer silent for long gets a new link.
+    case resetPeerLink(endpoint: String)
 }
 
 /// Writes for the live model at one address, in apply order.

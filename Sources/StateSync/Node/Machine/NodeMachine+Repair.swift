@@ -48,13 +48,25 @@ extension NodeMachine {
         for (peer, progress) in peers where isConnected(progress) { connected[peer] = progress.node }
         let usable = repair.links.keys.filter { connected[$0] != nil }.sorted()
         guard !usable.isEmpty else { return }
+        var timedOut: Set<String> = []
         for origin in repair.fetches.keys.sorted() {
             guard let fetch = repair.fetches[origin], fetch.deadline <= now else { continue }
             // No answer in time: try another peer next.
             repair.fetches[origin] = nil
             repair.exhausted[origin, default: []].insert(fetch.peer)
+            timedOut.insert(fetch.peer)
         }
-        if let snapshot = repair.snapshot, snapshot.deadline <= now { repair.snapshot = nil }
+        if let snapshot = repair.snapshot, snapshot.deadline <= now {
+            repair.snapshot = nil
+            timedOut.insert(snapshot.peer)
+        }
+        // A link that let a request go unanswered is replaced: libzmq drops a connection for good
+        // after some input (a reply over 64 MiB), and would keep queueing requests on it.
+        for peer in timedOut.sorted() {
+            guard let endpoint = repair.links[peer] else { continue }
+            counters.repairLinkResets += 1
+            actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
+        }
 
         if repair.needsSnapshot, repair.snapshot == nil {
             // Prefer peers whose last heartbeat shows they hold what this node lacks: a snapshot

@@ -208,7 +208,35 @@ package struct NodeMachine: Sendable {
             }
         }
         applyBackpressure(observerBacklog: observerBacklog)
+        checkPeerLinks()
         pumpWatches()
+    }
+
+    /// How long a peer that was heard from may stay silent before its link is replaced: 10
+    /// heartbeat intervals, at least a second.
+    var peerSilenceLimit: UInt64 { max(10 * UInt64(configuration.heartbeatIntervalMilliseconds), 1000) }
+
+    /// Replaces the link of every peer that was heard from and has been silent for
+    /// ``peerSilenceLimit`` since (and again every such period while it stays silent): libzmq
+    /// drops a connection for good after some input, and a new socket is the only way back. A
+    /// peer never heard from is left alone (a new link would not help a wrong endpoint).
+    mutating func checkPeerLinks() {
+        for endpoint in configuration.peers {
+            guard let progress = peers[endpoint], let last = progress.lastMessageAt else { continue }
+            let since = max(last, progress.linkResetAt ?? 0)
+            guard now &- since >= peerSilenceLimit else { continue }
+            peers[endpoint]?.linkResetAt = now
+            counters.peerLinkResets += 1
+            actions.append(.resetPeerLink(endpoint: endpoint))
+            if since == last, let suppressed = limiter.allow("peer-link-reset", now: now) {
+                logger.warning(
+                    "no message from a peer for \(now &- last) ms; replacing its link (libzmq drops a connection for good after some input, such as a frame over 64 MiB)",
+                    metadata: [
+                        "peer.endpoint": "\(endpoint)", "peer.id": "\(progress.node ?? "?")",
+                        "suppressed": "\(suppressed)",
+                    ])
+            }
+        }
     }
 
     /// How often gaps are looked for and repairs (re)requested, in milliseconds.
@@ -292,6 +320,8 @@ package struct NodeMachine: Sendable {
 struct PeerProgress: Sendable {
     var node: String?
     var lastMessageAt: UInt64?
+    /// When its link was last replaced (``NodeMachine/checkPeerLinks()``).
+    var linkResetAt: UInt64?
     var deltasReceived = 0
     /// The peer's advertised repair endpoint (its API, or its repair endpoint), from its
     /// heartbeats: where repairs are fetched.

@@ -1,0 +1,58 @@
+import Testing
+
+@testable import StateSync
+
+/// Links that libzmq dropped for good are replaced (PROTOCOL.md sections 3, 11.3 and 12), on the
+/// node machine alone.
+@Suite("Peer links on the node machine")
+struct PeerLinkMachineTests {
+    /// A peer heard from and then silent for the silence limit gets a new SUB link, once per
+    /// silent period; a message resets the count; a peer never heard from is left alone.
+    @Test func aSilentPeerGetsANewLinkOncePerSilentPeriod() {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2", "n3"]))
+        let limit = node.machine.peerSilenceLimit
+        #expect(limit == 1000, "10 heartbeat intervals of 100 ms")
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        node.advance(limit - 1)
+        #expect(node.linkResets.isEmpty)
+        node.advance(1)
+        #expect(node.linkResets == ["inproc://n2"])
+        node.advance(limit - 1)
+        #expect(node.linkResets == ["inproc://n2"], "not again within the same period")
+        node.advance(1)
+        #expect(node.linkResets == ["inproc://n2", "inproc://n2"], "again while it stays silent")
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        node.advance(limit - 1)
+        #expect(node.linkResets.count == 2, "a message starts a new period")
+        #expect(node.machine.counters.peerLinkResets == 2)
+        #expect(!node.linkResets.contains("inproc://n3"), "never heard from: left alone")
+    }
+
+    /// A FETCH that got no answer in time replaces the link it went out on (a reply over the
+    /// maximum size would otherwise cut that peer off repairs for good), and goes to another peer.
+    @Test func anUnansweredRepairRequestReplacesItsLink() throws {
+        var node = RepairMachineTests.connectedNode()
+        for sequence: UInt64 in [1, 3] {
+            node.handle(
+                .peerMessage(
+                    peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", sequence)).encode()))
+        }
+        node.advance(60)
+        let first = try #require(RepairMachineTests.requests(node).first)
+        #expect(first.peer == "inproc://n1" && first.command == .fetch)
+        let linksBefore = node.machine.counters.repairLinkResets
+        // Peers stay connected (heartbeats), the FETCH stays unanswered past its deadline.
+        for _ in 0..<12 {
+            for peer in ["n1", "n2", "n3"] {
+                node.handle(
+                    .peerMessage(
+                        peer: "inproc://\(peer)",
+                        frames: RepairMachineTests.heartbeat(peer, latest: peer == "n1" ? 3 : 0)))
+            }
+            node.advance(100)
+        }
+        #expect(node.machine.counters.repairLinkResets > linksBefore)
+        #expect(node.repairLinksConnected.filter { $0 == "inproc://n1" }.count >= 2, "connected, then replaced")
+        #expect(RepairMachineTests.requests(node).dropFirst().contains { $0.peer != "inproc://n1" })
+    }
+}
