@@ -40,14 +40,15 @@ struct MachineRunner {
 
     init(
         _ configuration: NodeConfiguration, wall: UInt64 = 1_800_000_000_000, recovery: NodeMachine.Recovery = .init(),
-        faults: NodeFaults = NodeFaults()
+        faults: NodeFaults = NodeFaults(),
+        logger: Logger = Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() })
     ) {
         let wall = Wall(wall)
         self.wall = wall
         let clock = HybridLogicalClock(node: configuration.nodeID, wallClock: { wall.milliseconds })
         machine = NodeMachine(
             configuration: configuration, clock: clock, incarnation: 0xABCD, recovery: recovery, faults: faults,
-            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+            logger: logger)
     }
 
     /// A configuration for a node `id` with peers `peers` (their publish endpoints are their ids).

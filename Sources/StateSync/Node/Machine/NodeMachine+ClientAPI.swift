@@ -17,17 +17,41 @@ extension NodeMachine {
         case superseded = 2
     }
 
+    /// Counts a client message dropped as malformed and logs it at a limited rate (section 12).
+    mutating func countMalformedRequest(from client: [UInt8], _ message: String, reason: String) {
+        counters.malformedMessages += 1
+        if let suppressed = limiter.allow("malformed-client-message", now: now) {
+            logger.warning(
+                "\(message)",
+                metadata: ["client": "\(Self.hex(client))", "error": "\(reason)", "suppressed": "\(suppressed)"])
+        }
+    }
+
+    /// A routing id as hexadecimal (for logs).
+    static func hex(_ bytes: [UInt8]) -> String {
+        let digits = Array("0123456789abcdef".utf8)
+        var text: [UInt8] = []
+        for byte in bytes.prefix(32) {
+            text.append(digits[Int(byte >> 4)])
+            text.append(digits[Int(byte & 15)])
+        }
+        return String(decoding: text, as: UTF8.self)
+    }
+
     /// Handles one request: `frames` are its header and body.
     mutating func handleClientRequest(_ frames: [[UInt8]], from client: [UInt8]) {
         guard frames.count == 2 else {
-            counters.malformedMessages += 1
+            countMalformedRequest(
+                from: client, "a client message that is not [routing id][header][body] was dropped",
+                reason: "\(frames.count) frames after the routing id")
             return
         }
         let header: ClientProtocol.RequestHeader
         do {
             header = try ClientProtocol.decodeRequestHeader(frames[0])
         } catch {
-            counters.malformedMessages += 1
+            countMalformedRequest(
+                from: client, "a client request with a malformed header was dropped", reason: "\(error)")
             if case .unsupported = error {
                 reply(client, .error, 0, ClientProtocol.encodeError(.unsupportedVersion, "\(error)"))
             }
@@ -106,6 +130,14 @@ extension NodeMachine {
             }
         } catch let error as WireError {
             counters.clientErrors += 1
+            if let suppressed = limiter.allow("malformed-client-request", now: now) {
+                logger.warning(
+                    "a client request with a malformed body was refused (ERROR 1)",
+                    metadata: [
+                        "client": "\(Self.hex(client))", "command": "\(command)", "error": "\(error)",
+                        "suppressed": "\(suppressed)",
+                    ])
+            }
             reply(client, .error, id, ClientProtocol.encodeError(.malformed, "malformed \(command) request: \(error)"))
         } catch let error as StateSyncError {
             counters.clientErrors += 1

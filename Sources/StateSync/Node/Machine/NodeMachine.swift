@@ -154,6 +154,12 @@ package struct NodeMachine: Sendable {
         case .endpointsBound(let publish, let repair):
             boundPublish = publish
             boundRepair = repair
+            let exposed = [publish, repair].filter { !Self.isLoopbackOnly($0) }
+            if !exposed.isEmpty {
+                logger.warning(
+                    "binding a non-loopback address without security: anyone who can reach it can read every write, and through the API write every model (docs/PROTOCOL.md section 14)",
+                    metadata: ["endpoints": "\(exposed.joined(separator: ", "))"])
+            }
         case .peerMessage(let peer, let frames):
             receivePeerMessage(frames, from: peer)
         case .clientRequest(let client, let frames):
@@ -209,7 +215,23 @@ package struct NodeMachine: Sendable {
         }
         applyBackpressure(observerBacklog: observerBacklog)
         checkPeerLinks()
+        for (kind, suppressed) in limiter.closedWindows(now: now) {
+            logger.warning(
+                "\(suppressed) more log lines of this kind were suppressed in the last second",
+                metadata: ["kind": "\(kind)", "suppressed": "\(suppressed)"])
+        }
         pumpWatches()
+    }
+
+    /// Whether only this host can reach `endpoint`: `ipc://`, `inproc://`, or TCP on a loopback
+    /// address (`127.0.0.0/8`, `::1`, `localhost`). A wildcard or any other address is exposed.
+    static func isLoopbackOnly(_ endpoint: String) -> Bool {
+        guard endpoint.hasPrefix("tcp://") else { return true }
+        var host = String(endpoint.dropFirst(6))
+        if let colon = host.lastIndex(of: ":") { host = String(host[..<colon]) }
+        host = host.filter { $0 != "[" && $0 != "]" }
+        if let semicolon = host.lastIndex(of: ";") { host = String(host[host.index(after: semicolon)...]) }
+        return host == "localhost" || host == "::1" || host.hasPrefix("127.")
     }
 
     /// How long a peer that was heard from may stay silent before its link is replaced: 10
@@ -357,14 +379,16 @@ package struct NodeFaults: Sendable, Equatable {
 }
 
 /// Rate-limits logs of bad input: at most one line per kind per second, with the count of the
-/// ones it suppressed.
+/// ones it suppressed; a burst's tail is reported by ``closedWindows(now:)`` once its second is
+/// over, so every suppressed line is accounted for without waiting for the next one.
 struct LogLimiter: Sendable {
     private var entries: [String: (last: UInt64, suppressed: Int)] = [:]
+    static let window: UInt64 = 1000
 
     /// Returns the number of suppressed messages to report when `kind` may be logged at `now`.
     mutating func allow(_ kind: String, now: UInt64) -> Int? {
         var entry = entries[kind] ?? (0, 0)
-        if entry.last != 0 && now &- entry.last < 1000 {
+        if entry.last != 0 && now &- entry.last < Self.window {
             entry.suppressed += 1
             entries[kind] = entry
             return nil
@@ -372,5 +396,17 @@ struct LogLimiter: Sendable {
         let suppressed = entry.suppressed
         entries[kind] = (max(now, 1), 0)
         return suppressed
+    }
+
+    /// The kinds whose window closed with lines suppressed, and how many: reported now (which
+    /// opens a new window), in the order of their names.
+    mutating func closedWindows(now: UInt64) -> [(kind: String, suppressed: Int)] {
+        var closed: [(kind: String, suppressed: Int)] = []
+        for (kind, entry) in entries where entry.suppressed > 0 && now &- entry.last >= Self.window {
+            closed.append((kind, entry.suppressed))
+        }
+        closed.sort { $0.kind < $1.kind }
+        for (kind, _) in closed { entries[kind] = (max(now, 1), 0) }
+        return closed
     }
 }
