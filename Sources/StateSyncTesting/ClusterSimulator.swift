@@ -28,6 +28,10 @@ public struct SimulationOptions: Sendable {
         /// after a frame over its maximum message size: only the node replacing the link (after
         /// the peer was silent for long) or a restart mends it.
         case brokenLink = "broken-link"
+        /// A heartbeat forged in a node's name reaches one peer, announcing sequence numbers the
+        /// node never wrote: the peer must stop waiting for them (once every peer, the node
+        /// included, says it never held them), not forever fetch them.
+        case phantom
     }
 
     /// Bugs planted in one node on purpose, to prove the verdict catches them.
@@ -614,6 +618,13 @@ final class FaultSchedule {
             cluster.network.defaultConditions.reorderDelay = 60
             detail = "every peer link holds back \(Int(reorderRate * 100)) % by up to 60 ms for \(hold) ms"
             heal = { cluster in cluster.network.defaultConditions.reorder = 0 }
+        case .phantom:
+            let victim = (target + 1 + random.below(nodes.count - 1)) % nodes.count
+            let latest = nodes[target].host?.status.latestSequence ?? 0
+            let claim = latest + 1 + UInt64(random.below(2000))
+            cluster.forgeHeartbeat(of: target, to: victim, latestSequence: claim)
+            detail =
+                "a heartbeat forged as \(nodes[target].id)'s reaches \(nodes[victim].id): latest \(claim), it wrote \(latest)"
         case .brokenLink:
             let peer = (target + 1 + random.below(nodes.count - 1)) % nodes.count
             cluster.breakLink(from: peer, to: target)

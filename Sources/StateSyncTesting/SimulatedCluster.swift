@@ -340,6 +340,21 @@ package final class SimulatedCluster {
     /// network does not mend them.
     package fileprivate(set) var brokenLinks: Set<String> = []
 
+    /// Delivers to node `to`, now, a HEARTBEAT in node `of`'s name that announces
+    /// `latestSequence` (with `of`'s endpoints and no progress list): a peer announcing what it
+    /// does not have.
+    package func forgeHeartbeat(of: Int, to: Int, latestSequence: UInt64) {
+        let forger = nodes[of]
+        guard let node = node(named: nodes[to].id) else { return }
+        let frames = PeerMessage.heartbeat(
+            PeerMessage.Heartbeat(
+                node: forger.id, latestSequence: latestSequence, clock: 0, incarnation: 1,
+                api: Self.apiEndpoint(forger.id))
+        ).encode()
+        record("forged", forger.id + ">" + node.id, frames)
+        process(.peerMessage(peer: Self.publishEndpoint(forger.id), frames: frames), at: node)
+    }
+
     /// Breaks the peer link from node `from` to node `to` for good (see ``brokenLinks``).
     package func breakLink(from: Int, to: Int) {
         brokenLinks.insert(nodes[from].id + ">" + nodes[to].id)

@@ -45,7 +45,8 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link.", valueName: "LIST"))
+                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom.",
+                valueName: "LIST"))
         var faults: String = ""
 
         @Option(help: ArgumentHelp("Concurrent writers.", valueName: "N"))
@@ -67,7 +68,7 @@ extension StateSyncCLI {
         func validate() throws {
             for name in faults.split(separator: ",") where SimulationOptions.Fault(rawValue: String(name)) == nil {
                 throw ValidationError(
-                    "unknown fault '\(name)'; use crash, partition, loss, dup, reorder, clock, broken-link")
+                    "unknown fault '\(name)'; use crash, partition, loss, dup, reorder, clock, broken-link, phantom")
             }
             if let plantBug, SimulationOptions.PlantedBug(rawValue: plantBug) == nil {
                 throw ValidationError(

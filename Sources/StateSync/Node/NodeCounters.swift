@@ -11,6 +11,9 @@ public struct NodeCounters: Sendable, Equatable {
     /// replaced after a request got no answer in time.
     public var peerLinkResets = 0
     public var repairLinkResets = 0
+    /// Sequence numbers peers announced that no peer, their origin included, ever held: no
+    /// longer waited for (a peer announcing what it does not have).
+    public var phantomSequences = 0
     /// Well-formed DELTA messages received from peers (a batch counts once): with
     /// ``deltasReceived``, how well deltas are batched.
     public var deltaMessagesReceived = 0
@@ -63,7 +66,8 @@ public struct NodeCounters: Sendable, Equatable {
         [
             ("deltas_published", deltasPublished), ("deltas_received", deltasReceived),
             ("delta_messages_received", deltaMessagesReceived), ("peer_link_resets", peerLinkResets),
-            ("repair_link_resets", repairLinkResets), ("delta_messages_published", deltaMessagesPublished),
+            ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
+            ("delta_messages_published", deltaMessagesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),
             ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),

@@ -19,6 +19,12 @@ extension NodeMachine {
         var nextID: UInt64 = 1
         /// Per origin, the peers that answered a FETCH saying they no longer hold what is missing.
         var exhausted: [String: Set<String>] = [:]
+        /// Per origin, the peers among those that never held it either (they dropped nothing at
+        /// or above the range asked): if the origin itself is one, the numbers do not exist.
+        var neverHeld: [String: Set<String>] = [:]
+        /// Per peer (publish endpoint), per origin: a claim withdrawn (section 11.3): while the
+        /// peer repeats exactly this announcement for the origin, it is not followed again.
+        var withdrawn: [String: [String: UInt64]] = [:]
         var needsSnapshot = false
         /// Turns among the peers asked: one for FETCHes, one for SNAPSHOTs (shared, a snapshot
         /// could keep landing on the same peer whatever the number of fetches in between).
@@ -96,8 +102,14 @@ extension NodeMachine {
             // still hold the deltas. When none does, only a snapshot can fill the gap.
             let candidates = usable.filter { !(repair.exhausted[origin]?.contains($0) ?? false) }
             guard !candidates.isEmpty else {
+                let neverHeld = repair.neverHeld[origin] ?? []
                 repair.exhausted[origin] = nil
-                repair.needsSnapshot = true
+                repair.neverHeld[origin] = nil
+                if usable.allSatisfy(neverHeld.contains), usable.contains(where: { connected[$0] == .some(origin) }) {
+                    withdrawUnbackedClaims(origin: origin)
+                } else {
+                    repair.needsSnapshot = true
+                }
                 continue
             }
             let peer: String
@@ -172,7 +184,9 @@ extension NodeMachine {
             return  // a late answer to a request already retried
         }
         repair.fetches[origin] = nil
-        guard header.kind == .ok, let (deltas, _) = try? ClientProtocol.decodeFetched(frames[1]) else { return }
+        guard header.kind == .ok, let (deltas, droppedThrough) = try? ClientProtocol.decodeFetched(frames[1]) else {
+            return
+        }
         let wanted = deltas.filter { $0.origin == origin && outstanding.range.contains($0.sequence) }
         let fresh = applyRemote(wanted, from: peer, repaired: true)
         counters.deltasFetched += deltas.count
@@ -184,8 +198,40 @@ extension NodeMachine {
             // This peer does not hold them (dropped, or never had them); another may, else a
             // snapshot will do.
             repair.exhausted[origin, default: []].insert(peer)
+            if droppedThrough < outstanding.range.lowerBound { repair.neverHeld[origin, default: []].insert(peer) }
         } else {
             repair.exhausted[origin] = nil
+            repair.neverHeld[origin] = nil
+        }
+    }
+
+    /// Every connected peer, the origin among them, answered that it never held the missing
+    /// sequence numbers of `origin`: they do not exist (a peer announced numbers it does not have).
+    /// The node stops waiting for them: what it expects of the origin falls back to what it
+    /// received, and each peer's claim above that is not followed again while the peer repeats
+    /// it unchanged (section 11.3).
+    mutating func withdrawUnbackedClaims(origin: String) {
+        guard var progress = origins[origin] else { return }
+        let backed = max(progress.contiguous, progress.above.max() ?? 0)
+        guard progress.announced > backed else { return }
+        let phantom = progress.announced - backed
+        progress.announced = backed
+        origins[origin] = progress
+        for (peer, state) in peers {
+            if let claim = state.progress[origin], claim > backed {
+                repair.withdrawn[peer, default: [:]][origin] = claim
+            }
+        }
+        counters.phantomSequences =
+            counters.phantomSequences.addingReportingOverflow(Int(clamping: phantom)).overflow
+            ? .max : counters.phantomSequences + Int(clamping: phantom)
+        if let suppressed = limiter.allow("phantom-sequences", now: now) {
+            logger.warning(
+                "peers announced sequence numbers of an origin that no peer, the origin included, ever held; no longer waiting for them",
+                metadata: [
+                    "peer.id": "\(origin)", "delta.range": "\(backed + 1)...\(backed + phantom)",
+                    "suppressed": "\(suppressed)",
+                ])
         }
     }
 

@@ -40,11 +40,14 @@ extension NodeMachine {
         peers[endpoint, default: PeerProgress()].progress = covered
         guard beat.node != configuration.nodeID else { return }
         origins[beat.node, default: OriginProgress()].incarnation = beat.incarnation
-        announce(origin: beat.node, through: beat.latestSequence)
+        // A claim this peer could not back is not followed again while it repeats it unchanged
+        // (section 11.3); a new claim (an honest origin's latest grows as it writes) is.
+        let withdrawn = repair.withdrawn[endpoint] ?? [:]
+        if beat.latestSequence != withdrawn[beat.node] { announce(origin: beat.node, through: beat.latestSequence) }
         // What the peer holds of every origin: a delta it has exists, so it is owed to us too.
         // For our own origin this means we lost deltas we had published (a damaged or removed
         // log): fetch them back and never reuse their sequence numbers.
-        for (origin, through) in beat.progress.sorted(by: { $0.key < $1.key }) {
+        for (origin, through) in beat.progress.sorted(by: { $0.key < $1.key }) where through != withdrawn[origin] {
             announce(origin: origin, through: through)
         }
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
