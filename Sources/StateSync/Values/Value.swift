@@ -58,6 +58,16 @@ extension Value {
         }
     }
 
+    /// The level of the deepest element, the value itself at level 1 (PROTOCOL.md 4.2): a scalar
+    /// or an empty array or map is 1, a container 1 + its deepest element's level.
+    var deepestLevel: Int {
+        switch self {
+        case .array(let items): 1 + (items.map(\.deepestLevel).max() ?? 0)
+        case .map(let map): 1 + (map.values.map(\.deepestLevel).max() ?? 0)
+        default: 1
+        }
+    }
+
     /// How deeply arrays and maps nest (a scalar is 0).
     public var depth: Int {
         switch self {

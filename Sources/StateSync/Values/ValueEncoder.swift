@@ -14,10 +14,12 @@ public struct ValueEncoder: Sendable {
         let encoder = _ValueEncoder(codingPath: [])
         try value.encode(to: encoder)
         let result = encoder.storage.value ?? .map([:])
-        if result.depth >= WireReader.maximumDepth {
+        // The wire's rule (PROTOCOL.md 4.2): no element deeper than level 32 (an empty array or
+        // map at level 32 has none and is fine).
+        if result.deepestLevel > WireReader.maximumDepth {
             throw EncodingError.invalidValue(
                 value,
-                .init(codingPath: [], debugDescription: "nested deeper than \(WireReader.maximumDepth - 1) levels"))
+                .init(codingPath: [], debugDescription: "nested deeper than \(WireReader.maximumDepth) levels"))
         }
         return result
     }

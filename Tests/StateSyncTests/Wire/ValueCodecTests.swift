@@ -65,6 +65,46 @@ struct ValueCodecTests {
         #expect(throws: WireError.self) { try long.value() }
     }
 
+    /// The depth rule (4.2) is the same for the decoder and for `ValueEncoder`: an empty array at
+    /// level 32 is valid (it has no element at level 33), a scalar at level 33 is not.
+    @Test func theEncoderAndTheDecoderAgreeOnTheDepthLimit() throws {
+        func nested(_ levels: Int, innermost: Value) -> Value {
+            var value = innermost
+            for _ in 0..<levels { value = .array([value]) }
+            return value
+        }
+        /// `levels` arrays around `leaf` (an empty array when `nil`), as a typed model encodes.
+        struct Nested: Encodable {
+            let levels: Int
+            let leaf: Int?
+            func encode(to encoder: any Encoder) throws {
+                if levels == 0, let leaf {
+                    var container = encoder.singleValueContainer()
+                    try container.encode(leaf)
+                    return
+                }
+                var container = encoder.unkeyedContainer()
+                if levels > 0 { try container.encode(Nested(levels: levels - 1, leaf: leaf)) }
+            }
+        }
+        let cases: [(Nested, Value, Bool)] = [
+            (Nested(levels: 31, leaf: nil), nested(31, innermost: .array([])), true),  // empty array at level 32
+            (Nested(levels: 32, leaf: 1), nested(32, innermost: .int(1)), false),  // the 1 at level 33
+            (Nested(levels: 31, leaf: 1), nested(31, innermost: .int(1)), true),
+        ]
+        for (typed, value, valid) in cases {
+            var writer = WireWriter()
+            writer.value(value)
+            var reader = WireReader(writer.bytes)
+            let decoded = Result { try reader.value() }
+            let encoded = Result { try ValueEncoder().encode(typed) }
+            // (`Value` is nil-literal expressible: spell the absent value out.)
+            let expected: Value? = valid ? value : Optional<Value>.none
+            #expect((try? decoded.get()) == expected, "decoder, valid: \(valid)")
+            #expect((try? encoded.get()) == expected, "ValueEncoder, valid: \(valid)")
+        }
+    }
+
     @Test func randomBytesNeverTrap() {
         var rng = SplitMix64(seed: 0x5EED)
         for _ in 0..<20_000 {
