@@ -98,6 +98,25 @@ struct RepairMachineTests {
         #expect(third.first.map { ![second[0].peer, "inproc://n1"].contains($0.peer) } == true)
     }
 
+    /// Names a DELTA could not carry are not merged from a peer's snapshot either (section 5):
+    /// the valid registers are, the others are counted and logged.
+    @Test func aSnapshotsInvalidNamesAreNotMerged() {
+        var node = Self.connectedNode()
+        var store = ReplicaStore()
+        let version = Version(milliseconds: 1_800_000_000_000, counter: 0, node: "n1")
+        for (channel, model, property) in [("c", "m", "ok"), ("bad/channel", "m", "x"), ("c", "m2", "")] {
+            _ = store.apply(
+                Delta(
+                    channel: channel, model: model, version: version, sequence: 1,
+                    properties: [PropertyWrite(name: property, value: 1)]))
+        }
+        _ = node.machine.merge(StateSnapshot(store: store, latestSequence: 1, progress: ["n1": 1]))
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: "m"))["ok"]?.value == 1)
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "bad/channel", model: "m")).isEmpty)
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: "m2")).isEmpty)
+        #expect(node.machine.counters.malformedMessages == 1)
+    }
+
     /// 11.3 step 3: when no peer holds the deltas any more, a SNAPSHOT is asked — of a peer whose
     /// heartbeat shows it holds what is missing, and not the same peer over and over when it
     /// does not (the simulator found a node asking one such peer forever).

@@ -243,9 +243,23 @@ extension NodeMachine {
         let models = snapshot.store.allModels.sorted {
             ($0.0.channel, $0.0.model) < ($1.0.channel, $1.0.model)
         }
+        var refused = 0
         for (address, registers) in models {
-            let changes = registers.sorted(by: { $0.key < $1.key }).compactMap { name, register in
-                store.merge(address, property: name, register: register)
+            // Names a DELTA could not carry are not merged from a snapshot either (section 5).
+            do {
+                try Names.validateChannel(address.channel)
+                try Names.validateModel(address.model)
+            } catch {
+                refused += registers.count
+                continue
+            }
+            let changes = registers.sorted(by: { $0.key < $1.key }).compactMap {
+                name, register -> PropertyChange? in
+                if (try? Names.validateProperty(name)) == nil {
+                    refused += 1
+                    return nil
+                }
+                return store.merge(address, property: name, register: register)
             }
             guard let newest = changes.map(\.version).max() else { continue }
             clock.observe(newest)
@@ -262,6 +276,14 @@ extension NodeMachine {
             }
         }
         if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
+        if refused > 0 {
+            counters.malformedMessages += 1
+            if let suppressed = limiter.allow("snapshot-names", now: now) {
+                logger.warning(
+                    "a peer's snapshot held registers with invalid names; they were not merged",
+                    metadata: ["registers": "\(refused)", "suppressed": "\(suppressed)"])
+            }
+        }
         for (origin, through) in snapshot.progress.sorted(by: { $0.key < $1.key }) {
             coverWithoutHistory(origin: origin, through: through)
         }
