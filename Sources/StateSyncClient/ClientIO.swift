@@ -23,6 +23,8 @@ final class ClientIO: Sendable {
 
     private let endpoint: String
     private let timeoutMilliseconds: UInt64
+    /// Whether this client uses CURVE (the hint of a timeout depends on it).
+    private let secured: Bool
     private let wakeUp: WakeUp
     private let commands = Mutex<(queue: [Command], closed: Bool)>(([], false))
     private let nextID = Atomic<UInt64>(1)
@@ -32,8 +34,9 @@ final class ClientIO: Sendable {
     /// The I/O thread's id, once it runs (0 before).
     private let ioThread = Atomic<UInt>(0)
 
-    init(endpoint: String, timeout: Duration) throws {
+    init(endpoint: String, timeout: Duration, credentials: (serverKey: [UInt8], pair: Curve.KeyPair)? = nil) throws {
         self.endpoint = endpoint
+        self.secured = credentials != nil
         let (seconds, attoseconds) = timeout.components
         self.timeoutMilliseconds = UInt64(max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))
         self.wakeUp = try WakeUp()
@@ -46,6 +49,11 @@ final class ClientIO: Sendable {
         try dealer.setSendHighWaterMark(1000)
         try dealer.setReceiveHighWaterMark(100_000)
         try dealer.setReconnectInterval(milliseconds: 100)
+        if let credentials {
+            try dealer.setCurveClient(
+                serverKey: credentials.serverKey, publicKey: credentials.pair.publicKey,
+                secretKey: credentials.pair.secretKey)
+        }
         try dealer.connect(endpoint)
         // The socket moves to the I/O thread and is used only there from now on. The box is
         // needed because Socket is (rightly) not Sendable.
@@ -219,7 +227,10 @@ final class ClientIO: Sendable {
     private func timeoutError() -> StateSyncError {
         StateSyncError(
             .timeout,
-            "no answer from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s; is statesyncd running there?")
+            "no answer from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s; is statesyncd running there?"
+                + (secured
+                    ? " (with security: is this client's public key in its security.client_keys, and --server-key its key?)"
+                    : " (a node with security answers only clients with an admitted key: --key, --server-key)"))
     }
 
     private func failWatches(_ state: inout State, _ error: StateSyncError) {

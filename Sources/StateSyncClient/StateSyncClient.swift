@@ -22,15 +22,46 @@ public final class StateSyncClient: Sendable {
     public let requestTimeout: Duration
     private let io: ClientIO
 
+    /// CurveZMQ credentials for a node with security configured (docs/PROTOCOL.md section 14).
+    public struct Security: Sendable {
+        /// The node's public key (its `.pub` file, or the 40 Z85 characters).
+        public var serverKey: String
+        /// This client's secret key file (`statesync keygen --out PATH`); its public key must be
+        /// in the node's `security.client_keys`.
+        public var secretKeyFile: String
+
+        /// Credentials: the node's public key and this client's secret key file.
+        public init(serverKey: String, secretKeyFile: String) {
+            self.serverKey = serverKey
+            self.secretKeyFile = secretKeyFile
+        }
+    }
+
     /// Connects (in the background: ZeroMQ connects lazily and reconnects by itself) to the node
-    /// API at `endpoint`. Requests fail after `requestTimeout` if the node does not answer.
-    public init(endpoint: String = "tcp://127.0.0.1:7101", requestTimeout: Duration = .seconds(5)) throws {
+    /// API at `endpoint`. Requests fail after `requestTimeout` if the node does not answer — also
+    /// when it does not admit this client's key (a refused CURVE handshake is silent).
+    ///
+    /// - Throws: ``StateSyncError`` for a bad endpoint, or `security` whose keys cannot be read.
+    public init(
+        endpoint: String = "tcp://127.0.0.1:7101", requestTimeout: Duration = .seconds(5), security: Security? = nil
+    ) throws {
         if let problem = NodeConfiguration.endpointProblem(endpoint) {
             throw StateSyncError(.invalidConfiguration, "--daemon: \(problem)")
         }
         self.endpoint = endpoint
         self.requestTimeout = requestTimeout
-        self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout)
+        var credentials: (serverKey: [UInt8], pair: Curve.KeyPair)?
+        if let security {
+            do {
+                credentials = (
+                    try CurveKeyFile.publicKey(security.serverKey),
+                    try CurveKeyFile.readSecretKey(at: security.secretKeyFile)
+                )
+            } catch {
+                throw StateSyncError(.invalidConfiguration, "\(error)")
+            }
+        }
+        self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout, credentials: credentials)
     }
 
     deinit {

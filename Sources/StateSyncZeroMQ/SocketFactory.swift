@@ -8,11 +8,24 @@ enum SocketFactory {
     static let maximumMessageSize: Int64 = 64 << 20
 
     static func makeNodeSockets(configuration: NodeConfiguration) throws(StateSyncError) -> (
-        context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket
+        context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
+        zap: Socket?, keys: NodeKeys?
     ) {
+        // Keys first: a bad key file stops the node before it binds anything.
+        let keys = try configuration.security.map { (security) throws(StateSyncError) in try NodeKeys(security) }
         do {
             let context = try Context()
+            // With security, the ZAP handler is bound before any secured socket can accept a
+            // connection: without one, libzmq admits every CURVE client.
+            var zap: Socket?
+            if keys != nil {
+                let handler = try context.socket(.rep)
+                try handler.setLinger(milliseconds: 0)
+                try handler.bind(ZAP.endpoint)
+                zap = handler
+            }
             let publisher = try context.socket(.pub)
+            if let keys { try publisher.setCurveServer(secretKey: keys.pair.secretKey) }
             try publisher.setSendHighWaterMark(Int32(clamping: configuration.highWaterMark))
             // On shutdown, give queued deltas a moment to reach connected peers.
             try publisher.setLinger(milliseconds: 200)
@@ -21,12 +34,16 @@ enum SocketFactory {
             var subscribers: [(String, Socket)] = []
             for peer in configuration.peers {
                 subscribers.append(
-                    (peer, try makeSubscriber(context: context, endpoint: peer, configuration: configuration)))
+                    (
+                        peer,
+                        try makeSubscriber(context: context, endpoint: peer, configuration: configuration, keys: keys)
+                    ))
             }
 
             // The client API, or without one the repair endpoint: every node serves its peers'
             // FETCH and SNAPSHOT, or a peer that missed deltas could never get them back.
             let router = try context.socket(.router)
+            if let keys { try router.setCurveServer(secretKey: keys.pair.secretKey) }
             try router.setRouterMandatory(true)
             // Clients keep one routing id across reconnects, so their watches can be checked.
             try router.setRouterHandover(true)
@@ -36,7 +53,7 @@ enum SocketFactory {
                 router, configuration.repairServiceEndpoint,
                 key: configuration.apiEndpoint != nil
                     ? "network.api" : configuration.repairEndpoint != nil ? "network.repair" : "the repair endpoint")
-            return (context, publisher, subscribers, router)
+            return (context, publisher, subscribers, router, zap, keys)
         } catch let error as StateSyncError {
             throw error
         } catch {
@@ -45,10 +62,17 @@ enum SocketFactory {
     }
 
     /// A SUB connected to a peer's publish endpoint, subscribed to everything.
-    static func makeSubscriber(context: Context, endpoint: String, configuration: NodeConfiguration)
-        throws(ZeroMQError) -> Socket
-    {
+    static func makeSubscriber(
+        context: Context, endpoint: String, configuration: NodeConfiguration, keys: NodeKeys?
+    ) throws(ZeroMQError) -> Socket {
         let subscriber = try context.socket(.sub)
+        if let keys {
+            // The configuration guarantees an id and a key for every peer (it refuses to load
+            // otherwise); an empty key fails the handshake rather than trusting anyone.
+            let serverKey = configuration.peerNodeIDs[endpoint].flatMap { keys.peers[$0] } ?? []
+            try subscriber.setCurveClient(
+                serverKey: serverKey, publicKey: keys.pair.publicKey, secretKey: keys.pair.secretKey)
+        }
         try subscriber.setReceiveHighWaterMark(Int32(clamping: configuration.highWaterMark))
         try subscriber.setMaximumMessageSize(maximumMessageSize)
         try subscriber.setReconnectInterval(milliseconds: 100)
@@ -58,8 +82,14 @@ enum SocketFactory {
     }
 
     /// A DEALER to a peer's API (or repair endpoint), for repairs.
-    static func makeRepairLink(context: Context, endpoint: String) throws(ZeroMQError) -> Socket {
+    static func makeRepairLink(context: Context, endpoint: String, serverKey: [UInt8]?, keys: NodeKeys?)
+        throws(ZeroMQError) -> Socket
+    {
         let dealer = try context.socket(.dealer)
+        if let keys {
+            try dealer.setCurveClient(
+                serverKey: serverKey ?? [], publicKey: keys.pair.publicKey, secretKey: keys.pair.secretKey)
+        }
         try dealer.setSendHighWaterMark(1000)
         try dealer.setReceiveHighWaterMark(1000)
         try dealer.setMaximumMessageSize(maximumMessageSize)

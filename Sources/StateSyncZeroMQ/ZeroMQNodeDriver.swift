@@ -82,7 +82,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
             let made = try SocketFactory.makeNodeSockets(configuration: configuration)
             transport = ZeroMQTransport(
                 context: made.context, publisher: made.publisher, subscribers: made.subscribers, router: made.router,
-                configuration: configuration, logger: logger)
+                zap: made.zap, keys: made.keys, configuration: configuration, logger: logger)
         } catch {
             finish()
             ready.resume(throwing: error)
@@ -131,6 +131,9 @@ package final class ZeroMQNodeDriver: NodeDriver {
                         input = .clientRequest(
                             client: frames.first ?? [], frames: frames.count == 3 ? Array(frames[1...]) : [])
                     case .repairLink(let peer, _): input = .repairReply(peer: peer, frames: frames)
+                    case .zap(let socket):
+                        guard let refused = transport.authenticate(frames, on: socket) else { continue }
+                        input = refused
                     }
                     node.process(input, now: MonotonicClock.milliseconds(), via: transport)
                 }
@@ -148,10 +151,12 @@ final class ZeroMQTransport: NodeTransport {
         case subscriber(peer: String, Socket)
         case router(Socket)
         case repairLink(peer: String, Socket)
+        /// The ZAP handler (with security): libzmq's questions about connecting keys.
+        case zap(Socket)
 
         var socket: Socket {
             switch self {
-            case .subscriber(_, let socket), .router(let socket), .repairLink(_, let socket): socket
+            case .subscriber(_, let socket), .router(let socket), .repairLink(_, let socket), .zap(let socket): socket
             }
         }
     }
@@ -170,10 +175,16 @@ final class ZeroMQTransport: NodeTransport {
     /// The poll set must be rebuilt (a link changed, intake paused or resumed).
     private(set) var pollerChanged = false
 
+    /// With security: the ZAP handler and the keys.
+    let zap: Socket?
+    let keys: NodeKeys?
+
     init(
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
-        configuration: NodeConfiguration, logger: Logger
+        zap: Socket?, keys: NodeKeys?, configuration: NodeConfiguration, logger: Logger
     ) {
+        self.zap = zap
+        self.keys = keys
         self.configuration = configuration
         self.context = context
         self.publisher = publisher
@@ -186,6 +197,8 @@ final class ZeroMQTransport: NodeTransport {
     /// ROUTER, then (unless paused) every repair link.
     func makePoller(wakeUp: Int32) -> Poller {
         polled = []
+        // ZAP first: a connecting peer or client waits for its answer.
+        if let zap { polled.append(.zap(zap)) }
         if !intakePaused { polled += subscribers.map { .subscriber(peer: $0.endpoint, $0.socket) } }
         polled.append(.router(router))
         if !intakePaused {
@@ -218,7 +231,11 @@ final class ZeroMQTransport: NodeTransport {
         if let old = links.removeValue(forKey: peer) { old.socket.close() }
         pollerChanged = true
         do {
-            links[peer] = (endpoint, try SocketFactory.makeRepairLink(context: context, endpoint: endpoint))
+            let serverKey = configuration.peerNodeIDs[peer].flatMap { keys?.peers[$0] }
+            links[peer] = (
+                endpoint,
+                try SocketFactory.makeRepairLink(context: context, endpoint: endpoint, serverKey: serverKey, keys: keys)
+            )
         } catch {
             logger.error("cannot open a repair link", metadata: ["peer.endpoint": "\(peer)", "error": "\(error)"])
         }
@@ -251,11 +268,37 @@ final class ZeroMQTransport: NodeTransport {
         return (events.count, false)
     }
 
+    /// Answers one ZAP request: admits the keys of the configuration, refuses every other one.
+    /// Returns the input that reports a refusal to the node (it counts and logs them).
+    func authenticate(_ frames: [[UInt8]], on socket: Socket) -> NodeInput? {
+        let reply: [[UInt8]]
+        var refused: NodeInput?
+        do {
+            let request = try ZAP.Request(frames: frames)
+            if let identity = keys?.identity(for: request) {
+                reply = ZAP.reply(to: request, admit: true, userID: identity)
+            } else {
+                reply = ZAP.reply(to: request, admit: false, reason: "key not admitted")
+                let fingerprint = request.curvePublicKey.map(CurveKeyFile.fingerprint) ?? request.mechanism
+                refused = .authenticationRefused(fingerprint: fingerprint, address: request.address)
+            }
+        } catch {
+            guard let answer = ZAP.replyToMalformed(frames) else { return nil }
+            reply = answer
+        }
+        do {
+            _ = try socket.send(reply, dontWait: true)
+        } catch {
+            logger.error("cannot answer a ZAP request", metadata: ["error": "\(error)"])
+        }
+        return refused
+    }
+
     func resetPeerLink(_ endpoint: String) {
         guard let index = subscribers.firstIndex(where: { $0.endpoint == endpoint }) else { return }
         do {
             let fresh = try SocketFactory.makeSubscriber(
-                context: context, endpoint: endpoint, configuration: configuration)
+                context: context, endpoint: endpoint, configuration: configuration, keys: keys)
             subscribers[index].socket.close()
             subscribers[index].socket = fresh
             pollerChanged = true
@@ -277,6 +320,7 @@ final class ZeroMQTransport: NodeTransport {
         publisher.close()
         for (_, subscriber) in subscribers { subscriber.close() }
         router.close()
+        zap?.close()
         context.terminate()
     }
 }

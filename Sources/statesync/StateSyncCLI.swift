@@ -24,15 +24,39 @@ struct ConnectionOptions: ParsableArguments {
     @Option(name: .long, help: ArgumentHelp("Seconds to wait for the node to answer.", valueName: "SECONDS"))
     var timeout: Double = 5
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With a secured node: this client's secret key file (statesync keygen; default: $STATESYNC_KEY).",
+            valueName: "PATH"))
+    var key: String?
+
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "With a secured node: the node's public key, as Z85 text or its .pub file (default: $STATESYNC_SERVER_KEY).",
+            valueName: "KEY|PATH"))
+    var serverKey: String?
+
+    /// The options, else their environment variables.
+    var secretKeyFile: String? { key ?? ProcessInfo.processInfo.environment["STATESYNC_KEY"] }
+    var nodeKey: String? { serverKey ?? ProcessInfo.processInfo.environment["STATESYNC_SERVER_KEY"] }
+
     func validate() throws {
         guard timeout > 0, timeout <= 3600 else {
             throw ValidationError("--timeout must be between 0 and 3600 seconds")
         }
         if let problem = NodeConfiguration.endpointProblem(daemon) { throw ValidationError("--daemon: \(problem)") }
+        if (secretKeyFile == nil) != (nodeKey == nil) {
+            throw ValidationError(
+                "a secured node needs both --key (this client's secret key) and --server-key (the node's public key)")
+        }
     }
 
     func client() throws -> StateSyncClient {
-        try StateSyncClient(endpoint: daemon, requestTimeout: .milliseconds(Int(timeout * 1000)))
+        try StateSyncClient(
+            endpoint: daemon, requestTimeout: .milliseconds(Int(timeout * 1000)),
+            security: secretKeyFile.map { StateSyncClient.Security(serverKey: nodeKey ?? "", secretKeyFile: $0) })
     }
 }
 

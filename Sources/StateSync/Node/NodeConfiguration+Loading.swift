@@ -22,6 +22,9 @@ extension NodeConfiguration {
         case highWaterMark = "network.hwm"
         case clientHighWaterMark = "network.client_hwm"
         case batchMaximumDeltas = "network.batch_max_deltas"
+        case secretKey = "security.secret_key"
+        case peerKeys = "security.peer_keys"
+        case clientKeys = "security.client_keys"
 
         /// The environment variable that overrides this key.
         public var environmentVariable: String {
@@ -98,14 +101,28 @@ extension NodeConfiguration {
             path: path, file: snapshot, environment: EnvironmentVariablesProvider(environmentVariables: environment))
 
         let nodeID = try reader.requiredString(.nodeID)
-        guard nodeID.range(of: #"^[A-Za-z0-9._-]{1,64}$"#, options: .regularExpression) != nil else {
+        guard Self.isValidNodeID(nodeID) else {
             throw reader.invalid(.nodeID, "'\(nodeID)' must be 1–64 characters of letters, digits, '.', '_' or '-'")
         }
         let dataDirectory = try reader.requiredString(.dataDirectory)
         let publish = try reader.requiredString(.publish)
         try reader.checkEndpoint(.publish, publish)
-        let peers = try reader.stringArray(.peers) ?? []
-        for peer in peers { try reader.checkEndpoint(.peers, peer) }
+        var peers: [String] = []
+        var peerNodeIDs: [String: String] = [:]
+        for entry in try reader.stringArray(.peers) ?? [] {
+            // `NODE_ID=ENDPOINT` names the node at that endpoint (security needs it).
+            var peer = entry
+            if let equals = entry.firstIndex(of: "="), !entry[..<equals].contains(":") {
+                let id = String(entry[..<equals])
+                peer = String(entry[entry.index(after: equals)...])
+                guard Self.isValidNodeID(id) else {
+                    throw reader.invalid(.peers, "'\(entry)': '\(id)' is not a node id (1–64 of A-Z a-z 0-9 . _ -)")
+                }
+                peerNodeIDs[peer] = id
+            }
+            try reader.checkEndpoint(.peers, peer)
+            peers.append(peer)
+        }
         if peers.contains(publish) {
             throw reader.invalid(.peers, "lists this node's own publish endpoint \(publish)")
         }
@@ -164,7 +181,56 @@ extension NodeConfiguration {
         configuration.repairEndpoint = repair
         configuration.clientHighWaterMark = clientHWM
         configuration.batchMaximumDeltas = batch
+        configuration.peerNodeIDs = peerNodeIDs
+        configuration.security = try security(reader, peers: peers, peerNodeIDs: peerNodeIDs)
         return configuration
+    }
+
+    static func isValidNodeID(_ id: String) -> Bool {
+        id.range(of: #"^[A-Za-z0-9._-]{1,64}$"#, options: .regularExpression) != nil
+    }
+
+    /// The `security.*` keys: all or nothing, and every peer named and keyed.
+    private static func security(_ reader: KeyReader, peers: [String], peerNodeIDs: [String: String])
+        throws(StateSyncError) -> SecurityConfiguration?
+    {
+        let secretKey = try reader.string(.secretKey)
+        let peerKeyEntries = try reader.stringArray(.peerKeys) ?? []
+        let clientKeys = try reader.stringArray(.clientKeys) ?? []
+        guard let secretKey, !secretKey.isEmpty else {
+            if !peerKeyEntries.isEmpty || !clientKeys.isEmpty {
+                throw reader.invalid(
+                    peerKeyEntries.isEmpty ? .clientKeys : .peerKeys,
+                    "is set but security.secret_key is not: security is all or nothing (set this node's secret key, made with statesync keygen --out PATH, or remove security.*)"
+                )
+            }
+            return nil
+        }
+        var peerKeys: [String: String] = [:]
+        for entry in peerKeyEntries {
+            guard let equals = entry.firstIndex(of: "="), equals != entry.startIndex else {
+                throw reader.invalid(
+                    .peerKeys, "'\(entry)' is not NODE_ID=KEY (the key as Z85 text or the path of its .pub file)")
+            }
+            let id = String(entry[..<equals])
+            guard isValidNodeID(id) else { throw reader.invalid(.peerKeys, "'\(id)' is not a node id") }
+            guard peerKeys[id] == nil else { throw reader.invalid(.peerKeys, "names \(id) twice") }
+            peerKeys[id] = String(entry[entry.index(after: equals)...])
+        }
+        for peer in peers {
+            guard let id = peerNodeIDs[peer] else {
+                throw reader.invalid(
+                    .peers,
+                    "\(peer) has no node id; with security.secret_key every peer is written NODE_ID=ENDPOINT (e.g. node2=\(peer)), so the node knows whose key to expect there"
+                )
+            }
+            guard peerKeys[id] != nil else {
+                throw reader.invalid(
+                    .peerKeys, "has no key for \(id) (network.peers \(peer)); add \(id)=KEY (its .pub file or Z85 text)"
+                )
+            }
+        }
+        return SecurityConfiguration(secretKeyFile: secretKey, peerKeys: peerKeys, clientKeys: clientKeys)
     }
 
     /// Reads keys from the environment first, then the file, and names the source of any error.

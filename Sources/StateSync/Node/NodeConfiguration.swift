@@ -9,6 +9,13 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var publishEndpoint: String
     /// The publish endpoints of the other nodes, which this node's SUB sockets connect to.
     public var peers: [String]
+    /// The node id of a peer's publish endpoint, where the configuration names it
+    /// (`network.peers` entries written `NODE_ID=ENDPOINT`); required for every peer with
+    /// ``security``, which must know whose key to expect at each endpoint.
+    public var peerNodeIDs: [String: String] = [:]
+    /// CurveZMQ encryption and authentication of every socket; `nil`: none (every endpoint is open
+    /// to whoever can reach it).
+    public var security: SecurityConfiguration?
     /// The endpoint of the client API (ROUTER), e.g. `tcp://127.0.0.1:7101`; `nil` for an
     /// embedded node that serves no clients. Peers also fetch repairs here.
     public var apiEndpoint: String?

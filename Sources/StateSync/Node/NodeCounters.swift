@@ -14,6 +14,8 @@ public struct NodeCounters: Sendable, Equatable {
     /// Sequence numbers peers announced that no peer, their origin included, ever held: no
     /// longer waited for (a peer announcing what it does not have).
     public var phantomSequences = 0
+    /// With security: connections refused because their key is not admitted.
+    public var authenticationRefusals = 0
     /// Well-formed DELTA messages received from peers (a batch counts once): with
     /// ``deltasReceived``, how well deltas are batched.
     public var deltaMessagesReceived = 0
@@ -67,6 +69,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("deltas_published", deltasPublished), ("deltas_received", deltasReceived),
             ("delta_messages_received", deltaMessagesReceived), ("peer_link_resets", peerLinkResets),
             ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
+            ("authentication_refusals", authenticationRefusals),
             ("delta_messages_published", deltaMessagesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),

@@ -144,3 +144,71 @@ struct NodeConfigurationTests {
         #expect(error?.message.hasPrefix("/nonexistent/x.yaml: cannot read the file") == true)
     }
 }
+
+/// The `security.*` keys: all or nothing, every peer named and keyed (PROTOCOL.md section 14).
+@Suite("Security configuration")
+struct SecurityConfigurationTests {
+    static func load(_ yaml: String) throws(StateSyncError) -> NodeConfiguration {
+        try NodeConfiguration.load(yaml: Array(yaml.utf8), source: "node1.yaml", environment: [:])
+    }
+
+    static let base = """
+        node:
+          id: node1
+          data_dir: /tmp/x
+        network:
+          publish: tcp://127.0.0.1:7001
+          api: tcp://127.0.0.1:7101
+        """
+
+    @Test func aCompleteSecurityConfigurationLoads() throws {
+        let configuration = try Self.load(
+            Self.base + """
+
+                  peers:
+                    - node2=tcp://127.0.0.1:7002
+                security:
+                  secret_key: keys/node1.key
+                  peer_keys:
+                    - node2=keys/node2.key.pub
+                  client_keys:
+                    - keys/cli.key.pub
+                """)
+        #expect(configuration.peers == ["tcp://127.0.0.1:7002"])
+        #expect(configuration.peerNodeIDs == ["tcp://127.0.0.1:7002": "node2"])
+        #expect(configuration.security?.peerKeys == ["node2": "keys/node2.key.pub"])
+        #expect(configuration.security?.clientKeys == ["keys/cli.key.pub"])
+        // Without security, NODE_ID= is optional and plain endpoints still load.
+        let plain = try Self.load(Self.base + "\n  peers:\n    - tcp://127.0.0.1:7002\n")
+        #expect(plain.security == nil && plain.peerNodeIDs.isEmpty)
+    }
+
+    @Test func theSecuredExampleConfigLoads() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().appendingPathComponent("../../../Config")
+        let config = try NodeConfiguration.load(
+            file: root.appendingPathComponent("node1-secure.yaml").path, environment: [:])
+        #expect(config.security?.secretKeyFile == "keys/node1.key")
+        #expect(Set(config.peerNodeIDs.values) == ["node2", "node3"] && config.security?.peerKeys.count == 2)
+    }
+
+    @Test func halfOnSecurityIsRefusedNamingTheFileTheKeyAndTheFix() {
+        func problem(_ yaml: String) -> String {
+            do {
+                _ = try Self.load(Self.base + yaml)
+                return "loaded"
+            } catch {
+                return error.message
+            }
+        }
+        let noSecret = problem("\n  peers:\n    - node2=tcp://127.0.0.1:7002\nsecurity:\n  peer_keys:\n    - node2=K\n")
+        #expect(noSecret.hasPrefix("node1.yaml: security.peer_keys:") && noSecret.contains("secret_key"), "\(noSecret)")
+        let noID = problem(
+            "\n  peers:\n    - tcp://127.0.0.1:7002\nsecurity:\n  secret_key: k\n  peer_keys:\n    - node2=K\n")
+        #expect(noID.contains("network.peers") && noID.contains("node2=tcp://127.0.0.1:7002"), "\(noID)")
+        let noKey = problem("\n  peers:\n    - node2=tcp://127.0.0.1:7002\nsecurity:\n  secret_key: k\n")
+        #expect(noKey.contains("security.peer_keys") && noKey.contains("no key for node2"), "\(noKey)")
+        let badEntry = problem(
+            "\n  peers:\n    - node2=tcp://127.0.0.1:7002\nsecurity:\n  secret_key: k\n  peer_keys:\n    - K\n")
+        #expect(badEntry.contains("NODE_ID=KEY"), "\(badEntry)")
+    }
+}

@@ -27,6 +27,9 @@ package enum NodeInput: Sendable {
     case watchEventsSent(WatchKey, accepted: Int, clientGone: Bool)
     /// A reply could not be queued to its client (the client's queue is full).
     case replyDropped
+    /// With security, a connection that presented a key this node does not admit was refused
+    /// (`fingerprint`: the key's first 8 Z85 characters; `address`: where it came from).
+    case authenticationRefused(fingerprint: String, address: String)
     /// The driver finished a round of inputs, or a deadline (``NodeMachine/nextDeadline(after:)``)
     /// passed: timers run, writes become durable, watches are sent what they are owed.
     /// `observerBacklog` is how many changes wait for their observers.

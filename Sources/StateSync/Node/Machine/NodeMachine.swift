@@ -154,7 +154,7 @@ package struct NodeMachine: Sendable {
         case .endpointsBound(let publish, let repair):
             boundPublish = publish
             boundRepair = repair
-            let exposed = [publish, repair].filter { !Self.isLoopbackOnly($0) }
+            let exposed = configuration.security != nil ? [] : [publish, repair].filter { !Self.isLoopbackOnly($0) }
             if !exposed.isEmpty {
                 logger.warning(
                     "binding a non-loopback address without security: anyone who can reach it can read every write, and through the API write every model (docs/PROTOCOL.md section 14)",
@@ -177,6 +177,13 @@ package struct NodeMachine: Sendable {
             logger.error("log compaction failed; will retry", metadata: ["error": "\(reason)"])
         case .watchEventsSent(let key, let accepted, let gone):
             watchEventsSent(key, accepted: accepted, clientGone: gone)
+        case .authenticationRefused(let fingerprint, let address):
+            counters.authenticationRefusals += 1
+            if let suppressed = limiter.allow("authentication-refused", now: now) {
+                logger.warning(
+                    "refused a connection whose key is not admitted (security.peer_keys, security.client_keys)",
+                    metadata: ["key": "\(fingerprint)", "address": "\(address)", "suppressed": "\(suppressed)"])
+            }
         case .replyDropped:
             counters.repliesDropped += 1
         case .tick(let backlog):

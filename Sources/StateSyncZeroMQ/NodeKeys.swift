@@ -1,0 +1,48 @@
+import StateSync
+import ZeroMQ
+
+/// A node's CurveZMQ keys, read and checked at start from its ``SecurityConfiguration``: its own
+/// pair, each peer's public key, and whom the ZAP handler admits.
+struct NodeKeys {
+    let pair: Curve.KeyPair
+    /// Public keys by peer node id.
+    let peers: [String: [UInt8]]
+    /// Every admitted public key and who it is (`node:ID` or `client:FINGERPRINT`).
+    let admitted: [[UInt8]: String]
+
+    /// Reads every key the configuration names; throws one line naming the key and the fix.
+    init(_ security: SecurityConfiguration) throws(StateSyncError) {
+        do {
+            pair = try CurveKeyFile.readSecretKey(at: security.secretKeyFile)
+        } catch {
+            throw StateSyncError(.invalidConfiguration, "security.secret_key: \(error)")
+        }
+        var peers: [String: [UInt8]] = [:]
+        var admitted: [[UInt8]: String] = [:]
+        for (id, text) in security.peerKeys.sorted(by: { $0.key < $1.key }) {
+            do {
+                let key = try CurveKeyFile.publicKey(text)
+                peers[id] = key
+                admitted[key] = "node:\(id)"
+            } catch {
+                throw StateSyncError(.invalidConfiguration, "security.peer_keys: \(id): \(error)")
+            }
+        }
+        for text in security.clientKeys {
+            do {
+                let key = try CurveKeyFile.publicKey(text)
+                admitted[key] = admitted[key] ?? "client:\(CurveKeyFile.fingerprint(key))"
+            } catch {
+                throw StateSyncError(.invalidConfiguration, "security.client_keys: \(error)")
+            }
+        }
+        self.peers = peers
+        self.admitted = admitted
+    }
+
+    /// The ZAP handler's answer to `request`: admitted (with who) or refused.
+    func identity(for request: ZAP.Request) -> String? {
+        guard let key = request.curvePublicKey else { return nil }
+        return admitted[key]
+    }
+}

@@ -1,0 +1,129 @@
+import Foundation
+import StateSyncClient
+import StateSyncZeroMQ
+import Testing
+import ZeroMQ
+
+@testable import StateSync
+
+/// CurveZMQ security on real sockets (docs/PROTOCOL.md section 14): nodes with keys replicate and
+/// serve admitted clients; everyone else gets nothing, and the node counts the refusals.
+@Suite("Security: CURVE between nodes and clients")
+struct SecurityTests {
+    /// Keys for two nodes, an admitted client and a stranger, in a fresh directory.
+    struct Keys {
+        let directory = temporaryDirectory("keys")
+        var path: [String: String] = [:]
+        var pair: [String: Curve.KeyPair] = [:]
+
+        init() throws {
+            for name in ["node1", "node2", "client", "stranger"] {
+                let file = directory + "/\(name).key"
+                pair[name] = try CurveKeyFile.generate(at: file)
+                path[name] = file
+            }
+        }
+    }
+
+    static func configurations(_ keys: Keys) -> [NodeConfiguration] {
+        let publish = ["tcp://127.0.0.1:\(freePort())", "tcp://127.0.0.1:\(freePort())"]
+        return (0..<2).map { index in
+            let me = "node\(index + 1)"
+            let other = "node\(2 - index)"
+            var configuration = NodeConfiguration(
+                nodeID: me, dataDirectory: temporaryDirectory("secure-\(me)"), publishEndpoint: publish[index],
+                peers: [publish[1 - index]], apiEndpoint: "tcp://127.0.0.1:\(freePort())",
+                heartbeatIntervalMilliseconds: 50)
+            configuration.peerNodeIDs = [publish[1 - index]: other]
+            configuration.security = SecurityConfiguration(
+                secretKeyFile: keys.path[me]!, peerKeys: [other: keys.path[other]! + ".pub"],
+                clientKeys: [keys.path["client"]! + ".pub"])
+            return configuration
+        }
+    }
+
+    /// Two keyed nodes connect, replicate a client's write, and serve the admitted client; a
+    /// client with an unknown key and one without CURVE get no answer, and the node counts them;
+    /// subscribers without the right key receive nothing of the stream.
+    @Test func keyedNodesReplicateAndAdmitOnlyTheirKeys() async throws {
+        let keys = try Keys()
+        let configurations = Self.configurations(keys)
+        let node1 = try await StateSyncNode.start(configuration: configurations[0])
+        let node2 = try await StateSyncNode.start(configuration: configurations[1])
+        let context = try Context()
+        var sockets: [Socket] = []
+        defer { for socket in sockets { socket.close() } }
+        do {
+            try await waitUntilMeshed([node1, node2])
+            let api1 = try #require(node1.apiEndpoint)
+            let client = try StateSyncClient(
+                endpoint: api1, requestTimeout: .seconds(5),
+                security: .init(serverKey: keys.path["node1"]! + ".pub", secretKeyFile: keys.path["client"]!))
+            defer { client.close() }
+
+            // Eavesdroppers on node1's stream: no CURVE, and CURVE with a key node1 does not admit.
+            let plain = try context.socket(.sub)
+            try plain.subscribe()
+            try plain.connect(node1.publishEndpoint)
+            let stranger = try context.socket(.sub)
+            try stranger.setCurveClient(
+                serverKey: keys.pair["node1"]!.publicKey, publicKey: keys.pair["stranger"]!.publicKey,
+                secretKey: keys.pair["stranger"]!.secretKey)
+            try stranger.subscribe()
+            try stranger.connect(node1.publishEndpoint)
+            sockets += [plain, stranger]
+
+            let address = ModelAddress(channel: "secret", model: "m")
+            try await waitUntil("the stranger subscriber was refused") {
+                node1.status.counters["authentication_refusals"] ?? 0 >= 1
+            }
+            for value in 1...20 {
+                _ = try await client.set(address, [PropertyWrite(name: "x", value: .string("unique-value-\(value)"))])
+            }
+            try await waitUntil("node2 has the writes") {
+                node2.properties(of: address)["x"]?.value == .string("unique-value-20")
+            }
+            var leaked = 0
+            while try plain.receive(dontWait: true) != nil { leaked += 1 }
+            while try stranger.receive(dontWait: true) != nil { leaked += 1 }
+            #expect(leaked == 0, "subscribers without an admitted key receive nothing")
+
+            // A client with a key the node does not admit, and one without CURVE: no answer.
+            let refusedBefore = node1.status.counters["authentication_refusals"] ?? 0
+            let unknown = try StateSyncClient(
+                endpoint: api1, requestTimeout: .milliseconds(1500),
+                security: .init(serverKey: keys.path["node1"]! + ".pub", secretKeyFile: keys.path["stranger"]!))
+            defer { unknown.close() }
+            await #expect(throws: StateSyncError.self) { _ = try await unknown.get(address) }
+            let open = try StateSyncClient(endpoint: api1, requestTimeout: .milliseconds(1500))
+            defer { open.close() }
+            await #expect(throws: StateSyncError.self) { _ = try await open.get(address) }
+            #expect(node1.status.counters["authentication_refusals"] ?? 0 > refusedBefore)
+            // The admitted client still reads.
+            #expect(try await client.get(address)["x"]?.value == .string("unique-value-20"))
+        } catch {
+            Issue.record(error)
+        }
+        await node1.stop()
+        await node2.stop()
+    }
+
+    /// Bad keys stop the node at start with one line naming the key and the fix.
+    @Test func unusableKeysStopTheNodeClearly() async throws {
+        let keys = try Keys()
+        var configuration = Self.configurations(keys)[0]
+        chmod(keys.path["node1"]!, 0o644)
+        await #expect {
+            _ = try await StateSyncNode.start(configuration: configuration)
+        } throws: { error in
+            "\(error)".contains("security.secret_key") && "\(error)".contains("chmod 600")
+        }
+        chmod(keys.path["node1"]!, 0o600)
+        configuration.security?.peerKeys["node2"] = "not-a-key"
+        await #expect {
+            _ = try await StateSyncNode.start(configuration: configuration)
+        } throws: { error in
+            "\(error)".contains("security.peer_keys: node2")
+        }
+    }
+}
