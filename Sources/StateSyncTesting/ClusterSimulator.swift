@@ -32,6 +32,9 @@ public struct SimulationOptions: Sendable {
         /// node never wrote: the peer must stop waiting for them (once every peer, the node
         /// included, says it never held them), not forever fetch them.
         case phantom
+        /// A DELTA in another node's name arrives on a node's live link (a peer forging an
+        /// origin): a node bound to its peers' identities (PROTOCOL.md 14) drops it.
+        case forge
     }
 
     /// Bugs planted in one node on purpose, to prove the verdict catches them.
@@ -618,6 +621,15 @@ final class FaultSchedule {
             cluster.network.defaultConditions.reorderDelay = 60
             detail = "every peer link holds back \(Int(reorderRate * 100)) % by up to 60 ms for \(hold) ms"
             heal = { cluster in cluster.network.defaultConditions.reorder = 0 }
+        case .forge:
+            let victim = (target + 1 + random.below(nodes.count - 1)) % nodes.count
+            let origin = (0..<nodes.count).first { $0 != target && $0 != victim } ?? victim
+            let model = "m0"
+            cluster.forgeDelta(
+                from: target, to: victim, origin: origin, channel: ClusterSimulator.channel, model: model,
+                property: "p0")
+            detail =
+                "\(nodes[target].id) sends \(nodes[victim].id) a write of \(model).p0 in \(nodes[origin].id)'s name"
         case .phantom:
             let victim = (target + 1 + random.below(nodes.count - 1)) % nodes.count
             let latest = nodes[target].host?.status.latestSequence ?? 0

@@ -173,6 +173,12 @@ package final class SimulatedCluster {
                 compactBytes: configuration.compactBytes, historyDeltas: configuration.historyDeltas)
             node.clientHighWaterMark = configuration.clientHighWaterMark
             node.batchMaximumDeltas = configuration.batchMaximumDeltas
+            // Links are authenticated as with CURVE keys: each peer's live stream is bound to its
+            // node id (PROTOCOL.md 14). The machine reads no key; the simulated network is the
+            // authentication, and only the forge fault sends in another node's name.
+            node.peerNodeIDs = Dictionary(
+                uniqueKeysWithValues: ids.filter { $0 != id }.map { (Self.publishEndpoint($0), $0) })
+            node.security = SecurityConfiguration(secretKeyFile: "sim://\(id)/key", peerKeys: [:])
             nodes.append(Node(index: index, configuration: node, skew: configuration.clockSkew[index] ?? 0))
         }
         for node in nodes { try start(node) }
@@ -353,6 +359,21 @@ package final class SimulatedCluster {
         ).encode()
         record("forged", forger.id + ">" + node.id, frames)
         process(.peerMessage(peer: Self.publishEndpoint(forger.id), frames: frames), at: node)
+    }
+
+    /// Delivers to node `to`, now, on node `from`'s live link, a DELTA in node `origin`'s name: a
+    /// write of `model`'s `property` with a version an hour ahead (it would win everywhere) and a
+    /// sequence number far above any `origin` used. A node bound to its peers' identities drops
+    /// it.
+    package func forgeDelta(from: Int, to: Int, origin: Int, channel: String, model: String, property: String) {
+        guard let node = node(named: nodes[to].id) else { return }
+        let delta = Delta(
+            channel: channel, model: model,
+            version: Version(milliseconds: Self.epoch + now + 3_600_000, counter: 0, node: nodes[origin].id),
+            sequence: 1 << 40, properties: [PropertyWrite(name: property, value: .string("forged"))])
+        let frames = PeerMessage.delta(delta).encode()
+        record("forged", nodes[from].id + ">" + node.id, frames)
+        process(.peerMessage(peer: Self.publishEndpoint(nodes[from].id), frames: frames), at: node)
     }
 
     /// Breaks the peer link from node `from` to node `to` for good (see ``brokenLinks``).

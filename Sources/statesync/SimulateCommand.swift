@@ -45,7 +45,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom.",
+                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom,forge.",
                 valueName: "LIST"))
         var faults: String = ""
 
@@ -68,7 +68,8 @@ extension StateSyncCLI {
         func validate() throws {
             for name in faults.split(separator: ",") where SimulationOptions.Fault(rawValue: String(name)) == nil {
                 throw ValidationError(
-                    "unknown fault '\(name)'; use crash, partition, loss, dup, reorder, clock, broken-link, phantom")
+                    "unknown fault '\(name)'; use crash, partition, loss, dup, reorder, clock, broken-link, phantom, forge"
+                )
             }
             if let plantBug, SimulationOptions.PlantedBug(rawValue: plantBug) == nil {
                 throw ValidationError(

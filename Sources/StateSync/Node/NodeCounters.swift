@@ -16,6 +16,9 @@ public struct NodeCounters: Sendable, Equatable {
     public var phantomSequences = 0
     /// With security: connections refused because their key is not admitted.
     public var authenticationRefusals = 0
+    /// With security: deltas and heartbeats a peer sent in another node's name on its live
+    /// stream, dropped.
+    public var forgedOrigins = 0
     /// Well-formed DELTA messages received from peers (a batch counts once): with
     /// ``deltasReceived``, how well deltas are batched.
     public var deltaMessagesReceived = 0
@@ -69,7 +72,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("deltas_published", deltasPublished), ("deltas_received", deltasReceived),
             ("delta_messages_received", deltaMessagesReceived), ("peer_link_resets", peerLinkResets),
             ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
-            ("authentication_refusals", authenticationRefusals),
+            ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
             ("delta_messages_published", deltaMessagesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),

@@ -108,6 +108,40 @@ struct SecurityTests {
         await node2.stop()
     }
 
+    /// A peer holding node2's key (here a raw CURVE publisher at node2's endpoint) may publish
+    /// node2's deltas, not another node's: those are dropped and counted.
+    @Test func aKeyedPeerCannotPublishInAnotherNodesName() async throws {
+        let keys = try Keys()
+        let configurations = Self.configurations(keys)
+        let context = try Context()
+        let fake = try context.socket(.pub)
+        defer { fake.close() }
+        try fake.setCurveServer(secretKey: keys.pair["node2"]!.secretKey)
+        try fake.bind(configurations[1].publishEndpoint)
+        let node1 = try await StateSyncNode.start(configuration: configurations[0])
+        do {
+            func delta(_ origin: String, _ value: String) -> [[UInt8]] {
+                PeerMessage.delta(
+                    Delta(
+                        channel: "c", model: origin,
+                        version: Version(milliseconds: 1_800_000_000_000, counter: 0, node: origin),
+                        sequence: 1, properties: [PropertyWrite(name: "x", value: .string(value))])
+                ).encode()
+            }
+            try await waitUntil("node2's own delta arrives over CURVE") {
+                _ = try fake.send(delta("node3", "forged"))
+                _ = try fake.send(delta("node2", "genuine"))
+                return node1.properties(of: ModelAddress(channel: "c", model: "node2"))["x"]?.value
+                    == .string("genuine")
+            }
+            #expect(node1.properties(of: ModelAddress(channel: "c", model: "node3")).isEmpty)
+            #expect(node1.status.counters["forged_origins"] ?? 0 >= 1)
+        } catch {
+            Issue.record(error)
+        }
+        await node1.stop()
+    }
+
     /// Bad keys stop the node at start with one line naming the key and the fix.
     @Test func unusableKeysStopTheNodeClearly() async throws {
         let keys = try Keys()

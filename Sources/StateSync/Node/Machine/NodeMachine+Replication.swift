@@ -20,12 +20,36 @@ extension NodeMachine {
                 return
             }
             switch try PeerMessage.decode(frames) {
-            case .heartbeat(let beat): receiveHeartbeat(beat, from: endpoint)
+            case .heartbeat(let beat):
+                if let bound = boundNode(of: endpoint), beat.node != bound {
+                    refuseForged(origin: beat.node, count: 1, from: endpoint, bound: bound, what: "a HEARTBEAT")
+                    return
+                }
+                receiveHeartbeat(beat, from: endpoint)
             case .delta(let delta): applyRemote([delta], from: endpoint)
             }
         } catch {
             countMalformed(
                 kind: "malformed-peer", "dropped a malformed message from a peer", endpoint: endpoint, error: error)
+        }
+    }
+
+    /// With security, the node id the peer at `endpoint` authenticated as (its CURVE key is that
+    /// node's): its live stream may carry only that origin (section 14). `nil` without security.
+    func boundNode(of endpoint: String) -> String? {
+        configuration.security == nil ? nil : configuration.peerNodeIDs[endpoint]
+    }
+
+    /// Drops what a peer sent in another node's name on its live stream: counted and logged.
+    mutating func refuseForged(origin: String, count: Int, from endpoint: String, bound: String, what: String) {
+        counters.forgedOrigins += count
+        if let suppressed = limiter.allow("forged-origin", now: now) {
+            logger.warning(
+                "a peer sent \(what) in another node's name on its live stream; dropped",
+                metadata: [
+                    "peer.endpoint": "\(endpoint)", "peer.id": "\(bound)", "origin": "\(origin)",
+                    "suppressed": "\(suppressed)",
+                ])
         }
     }
 
@@ -83,9 +107,14 @@ extension NodeMachine {
         var accepted = deltas
         var refusedAny = false
         var validated: ModelAddress?  // a batch is of one model: its names are checked once
+        let bound = repaired ? nil : boundNode(of: endpoint)
         for index in deltas.indices {
             let delta = deltas[index]
             var refused = delta.origin == configuration.nodeID && !repaired  // our own write, echoed back
+            if !refused, let bound, delta.origin != bound {
+                refuseForged(origin: delta.origin, count: 1, from: endpoint, bound: bound, what: "a DELTA")
+                refused = true
+            }
             if !refused {
                 do {
                     if validated?.channel != delta.channel || validated?.model != delta.model {

@@ -1,0 +1,62 @@
+import Testing
+
+@testable import StateSync
+
+/// With security, a peer's live stream carries only its own origin (PROTOCOL.md section 14), on
+/// the node machine alone; repair may carry any origin.
+@Suite("Origins bound to peers")
+struct OriginBindingTests {
+    static func securedNode() -> MachineRunner {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
+        configuration.peerNodeIDs = ["inproc://n2": "n2", "inproc://n3": "n3"]
+        configuration.security = SecurityConfiguration(secretKeyFile: "unused", peerKeys: [:])
+        return MachineRunner(configuration)
+    }
+
+    @Test func aPeerCannotWriteInAnotherNodesNameOnItsLiveStream() throws {
+        var node = Self.securedNode()
+        let address = ModelAddress(channel: "c", model: "m")
+        // n2 sends n3's delta, then a heartbeat in n3's name: both dropped and counted.
+        node.handle(
+            .peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(RepairMachineTests.delta("n3", 1)).encode()))
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n3", latest: 9)))
+        #expect(node.machine.store.properties(of: address).isEmpty)
+        #expect(node.machine.counters.forgedOrigins == 2)
+        #expect(node.machine.missingDeltas == 0, "the forged heartbeat announced nothing")
+        // Its own deltas are taken.
+        node.handle(
+            .peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(RepairMachineTests.delta("n2", 1)).encode()))
+        #expect(node.machine.store.properties(of: address)["n"]?.value == 1)
+        // Without security the same stream is taken as before (ids in the config are not proof).
+        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
+        configuration.peerNodeIDs = ["inproc://n2": "n2"]
+        var plain = MachineRunner(configuration)
+        plain.handle(
+            .peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(RepairMachineTests.delta("n3", 1)).encode()))
+        #expect(plain.machine.counters.forgedOrigins == 0 && !plain.machine.store.properties(of: address).isEmpty)
+    }
+
+    /// Repair relays other origins' deltas by design: a FETCH answer from n2 with n3's deltas is
+    /// applied.
+    @Test func repairStillCarriesOtherOrigins() throws {
+        var node = Self.securedNode()
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0, progress: ["n3": 2])))
+        node.handle(.peerMessage(peer: "inproc://n3", frames: RepairMachineTests.heartbeat("n3", latest: 0)))
+        node.advance(60)
+        let request = try #require(RepairMachineTests.requests(node).first { $0.fetch?.origin == "n3" })
+        let id = try ClientProtocol.decodeRequestHeader(
+            node.repairRequests.first { $0.peer == request.peer }!.frames[0]
+        ).requestID
+        node.handle(
+            .repairReply(
+                peer: request.peer,
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: id,
+                    body: ClientProtocol.encodeFetched(
+                        [RepairMachineTests.delta("n3", 1), RepairMachineTests.delta("n3", 2)], droppedThrough: 0))))
+        #expect(node.machine.missingDeltas == 0)
+        #expect(node.machine.counters.forgedOrigins == 0)
+    }
+}
