@@ -178,7 +178,9 @@ package final class SimulatedCluster {
             // authentication, and only the forge fault sends in another node's name.
             node.peerNodeIDs = Dictionary(
                 uniqueKeysWithValues: ids.filter { $0 != id }.map { (Self.publishEndpoint($0), $0) })
-            node.security = SecurityConfiguration(secretKeyFile: "sim://\(id)/key", peerKeys: [:])
+            // Clients are admitted as entry 0, which may read and write every channel.
+            node.security = SecurityConfiguration(
+                secretKeyFile: "sim://\(id)/key", peerKeys: [:], clients: [.init(key: "sim")])
             nodes.append(Node(index: index, configuration: node, skew: configuration.clockSkew[index] ?? 0))
         }
         for node in nodes { try start(node) }
@@ -456,7 +458,13 @@ package final class SimulatedCluster {
         case .request(let client, let frames):
             guard let node = node(named: message.to) else { return }
             record("request", message.from + ">" + message.to, frames)
-            process(.clientRequest(client: client, frames: frames), at: node)
+            // Who the sender authenticated as (the user id ZAP would give it): a peer's repair
+            // link is its node, a client is entry 0.
+            let link = Array("link:".utf8)
+            let identity =
+                client.starts(with: link)
+                ? "node:" + String(decoding: client.dropFirst(link.count), as: UTF8.self) : "client:0"
+            process(.clientRequest(client: client, frames: frames, identity: identity), at: node)
         case .repairReply(let peer, let frames):
             guard let node = node(named: message.to) else { return }
             if node.intakePaused {

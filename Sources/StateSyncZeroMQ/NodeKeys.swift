@@ -7,7 +7,8 @@ struct NodeKeys {
     let pair: Curve.KeyPair
     /// Public keys by peer node id.
     let peers: [String: [UInt8]]
-    /// Every admitted public key and who it is (`node:ID` or `client:FINGERPRINT`).
+    /// Every admitted public key and who it is (`node:ID`, or `client:N` for entry N of
+    /// `security.client_keys`): the user id of its messages, which the machine checks access by.
     let admitted: [[UInt8]: String]
 
     /// Reads every key the configuration names; throws one line naming the key and the fix.
@@ -28,10 +29,10 @@ struct NodeKeys {
                 throw StateSyncError(.invalidConfiguration, "security.peer_keys: \(id): \(error)")
             }
         }
-        for text in security.clientKeys {
+        for (index, client) in security.clients.enumerated() {
             do {
-                let key = try CurveKeyFile.publicKey(text)
-                admitted[key] = admitted[key] ?? "client:\(CurveKeyFile.fingerprint(key))"
+                let key = try CurveKeyFile.publicKey(client.key)
+                admitted[key] = admitted[key] ?? "client:\(index)"
             } catch {
                 throw StateSyncError(.invalidConfiguration, "security.client_keys: \(error)")
             }

@@ -122,14 +122,15 @@ package final class ZeroMQNodeDriver: NodeDriver {
                 // (Links change only in a tick; should one change, the next round re-polls.)
                 if transport.pollerChanged { break }
                 for _ in 0..<Self.batchLimit {
-                    guard let frames = transport.receive(from: source) else { break }
+                    guard let (frames, userID) = transport.receive(from: source) else { break }
                     let input: NodeInput
                     switch source {
                     case .subscriber(let peer, _): input = .peerMessage(peer: peer, frames: frames)
                     case .router:
                         // [client routing id][header][body]; anything else is malformed.
                         input = .clientRequest(
-                            client: frames.first ?? [], frames: frames.count == 3 ? Array(frames[1...]) : [])
+                            client: frames.first ?? [], frames: frames.count == 3 ? Array(frames[1...]) : [],
+                            identity: userID)
                     case .repairLink(let peer, _): input = .repairReply(peer: peer, frames: frames)
                     case .zap(let socket):
                         guard let refused = transport.authenticate(frames, on: socket) else { continue }
@@ -208,9 +209,14 @@ final class ZeroMQTransport: NodeTransport {
         return Poller([.fileDescriptor(wakeUp, .readable)] + polled.map { .socket($0.socket, .readable) })
     }
 
-    func receive(from source: Source) -> [[UInt8]]? {
+    /// The next message from `source`, and with security, for the client API, the user id its
+    /// sender's ZAP admission gave it (who it is: what it may do).
+    func receive(from source: Source) -> (frames: [[UInt8]], userID: String?)? {
         do {
-            return try source.socket.receive(dontWait: true)
+            if case .router = source, keys != nil {
+                return try source.socket.receive(dontWait: true, property: "User-Id").map { ($0.frames, $0.property) }
+            }
+            return try source.socket.receive(dontWait: true).map { ($0, nil) }
         } catch {
             logger.error("receive failed", metadata: ["socket": "\(source)", "error": "\(error)"])
             return nil

@@ -118,9 +118,19 @@ public final class Socket {
     /// Receives one whole multipart message. Returns `nil` when nothing is waiting and `dontWait`
     /// is set, or when the receive timeout (``setReceiveTimeout(milliseconds:)``) expires.
     public func receive(dontWait: Bool = false) throws(ZeroMQError) -> [[UInt8]]? {
+        try receive(dontWait: dontWait, property: nil)?.frames
+    }
+
+    /// Receives one whole multipart message and the metadata `property` of its first frame that
+    /// has it (`zmq_msg_gets`, e.g. `"User-Id"`: the user id a ZAP handler gave the sender), `nil` when
+    /// the message has none.
+    public func receive(dontWait: Bool = false, property: String?) throws(ZeroMQError) -> (
+        frames: [[UInt8]], property: String?
+    )? {
         let handle = rawHandle
         let message = self.message
         var frames: [[UInt8]] = []
+        var value: String?
         var flags: Int32 = dontWait ? ZMQ_DONTWAIT : 0
         repeat {
             zmq_msg_init(message)
@@ -133,11 +143,16 @@ public final class Socket {
                 return nil
             }
             let data = zmq_msg_data(message)
+            // (On a ROUTER the routing id frame is made locally and carries no metadata: take the
+            // first frame that does.)
+            if value == nil, let property, let text = zmq_msg_gets(message, property) {
+                value = String(cString: text)
+            }
             frames.append(Array(UnsafeRawBufferPointer(start: data, count: Int(size))))
             // Later frames are already here; never wait for them.
             flags = ZMQ_DONTWAIT
         } while zmq_msg_more(message) == 1
-        return frames
+        return (frames, value)
     }
 
     // MARK: - Options

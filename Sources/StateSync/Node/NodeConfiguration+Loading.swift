@@ -230,7 +230,28 @@ extension NodeConfiguration {
                 )
             }
         }
-        return SecurityConfiguration(secretKeyFile: secretKey, peerKeys: peerKeys, clientKeys: clientKeys)
+        var clients: [SecurityConfiguration.ClientAccess] = []
+        for entry in clientKeys {
+            // KEY [read=PATTERN|PATTERN...] [write=PATTERN|...]; without either: every channel.
+            let tokens = entry.split(separator: " ", omittingEmptySubsequences: true).map(String.init)
+            guard let key = tokens.first else { throw reader.invalid(.clientKeys, "has an empty entry") }
+            var read: [String]?
+            var write: [String]?
+            for token in tokens.dropFirst() {
+                let parts = token.split(separator: "=", maxSplits: 1).map(String.init)
+                guard parts.count == 2, ["read", "write"].contains(parts[0]) else {
+                    throw reader.invalid(
+                        .clientKeys,
+                        "'\(entry)': '\(token)' is not read=PATTERN|PATTERN or write=PATTERN|... (a pattern: a channel, prefix*, or *)"
+                    )
+                }
+                let patterns = parts[1].split(separator: "|").map(String.init)
+                if parts[0] == "read" { read = patterns } else { write = patterns }
+            }
+            if read == nil && write == nil { (read, write) = (["*"], ["*"]) }
+            clients.append(.init(key: key, read: read ?? [], write: write ?? []))
+        }
+        return SecurityConfiguration(secretKeyFile: secretKey, peerKeys: peerKeys, clients: clients)
     }
 
     /// Reads keys from the environment first, then the file, and names the source of any error.

@@ -9,14 +9,39 @@ public struct SecurityConfiguration: Sendable, Equatable {
     public var secretKeyFile: String
     /// Every peer's public key, by node id.
     public var peerKeys: [String: String]
-    /// The public keys of the clients admitted to the client API. Each may read and write every
-    /// channel (per-channel permissions are not built yet).
-    public var clientKeys: [String]
+    /// The clients admitted to the client API, with what each may do.
+    public var clients: [ClientAccess]
+
+    /// A client key and the channels it may read and write.
+    public struct ClientAccess: Sendable, Equatable {
+        /// The client's public key (Z85 text or a `.pub` path).
+        public var key: String
+        /// Channel patterns GET and WATCH are allowed on: a channel, `channel/*` (the same: every
+        /// model of it, as the CLI writes addresses), `prefix*`, or `*` for all.
+        public var read: [String]
+        /// Channel patterns SET is allowed on.
+        public var write: [String]
+
+        /// A client that may read `read` and write `write` (by default: every channel).
+        public init(key: String, read: [String] = ["*"], write: [String] = ["*"]) {
+            self.key = key
+            self.read = read
+            self.write = write
+        }
+
+        /// Whether `channel` matches one of `patterns`.
+        public static func allows(_ patterns: [String], _ channel: String) -> Bool {
+            patterns.contains { pattern in
+                if pattern.hasSuffix("/*") { return channel == pattern.dropLast(2) }
+                return pattern.hasSuffix("*") ? channel.hasPrefix(pattern.dropLast()) : channel == pattern
+            }
+        }
+    }
 
     /// A security configuration with these keys.
-    public init(secretKeyFile: String, peerKeys: [String: String], clientKeys: [String] = []) {
+    public init(secretKeyFile: String, peerKeys: [String: String], clients: [ClientAccess] = []) {
         self.secretKeyFile = secretKeyFile
         self.peerKeys = peerKeys
-        self.clientKeys = clientKeys
+        self.clients = clients
     }
 }

@@ -37,6 +37,9 @@ public enum ClientProtocol {
         /// The endpoint does not serve this request: a node without `network.api` answers only
         /// its peers' repair requests (FETCH, SNAPSHOT, PING) on its repair endpoint.
         case denied = 7
+        /// With security: this client's key may not do this on this channel (its read and write
+        /// patterns in `security.client_keys`), or may not ask for repairs.
+        case forbidden = 8
     }
 
     /// A request header.

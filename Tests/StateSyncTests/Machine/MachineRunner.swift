@@ -98,10 +98,13 @@ struct MachineRunner {
 
     /// Sends a client request and returns the reply to it (header, body), if one was sent.
     mutating func request(
-        _ command: ClientProtocol.Command, id: UInt64, _ body: [UInt8], client: [UInt8] = [0x53, 1]
+        _ command: ClientProtocol.Command, id: UInt64, _ body: [UInt8], client: [UInt8] = [0x53, 1],
+        identity: String? = nil
     ) -> (ClientProtocol.ReplyHeader, [UInt8])? {
         let before = sent.count
-        handle(.clientRequest(client: client, frames: ClientProtocol.encodeRequest(command, id: id, body: body)))
+        handle(
+            .clientRequest(
+                client: client, frames: ClientProtocol.encodeRequest(command, id: id, body: body), identity: identity))
         handle(.tick(observerBacklog: 0))
         for (to, frames) in sent[before...] where to == client {
             guard let header = try? ClientProtocol.decodeReplyHeader(frames[0]), header.requestID == id,

@@ -59,4 +59,44 @@ struct OriginBindingTests {
         #expect(node.machine.missingDeltas == 0)
         #expect(node.machine.counters.forgedOrigins == 0)
     }
+
+    /// Per-channel access (section 14): each request is checked against its sender's patterns;
+    /// peers and full clients may do anything, a read-only key reads its channels only, and
+    /// repairs are for peers and clients that may read everything.
+    @Test func requestsAreCheckedAgainstTheSendersPermissions() {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        configuration.security = SecurityConfiguration(
+            secretKeyFile: "unused", peerKeys: [:],
+            clients: [.init(key: "full"), .init(key: "reader", read: ["sensors/*"], write: [])])
+        var node = MachineRunner(configuration)
+        let sensor = ClientProtocol.encodeSet(
+            ModelAddress(channel: "sensors", model: "t"), [PropertyWrite(name: "c", value: 1)])
+        func kind(_ reply: (ClientProtocol.ReplyHeader, [UInt8])?) -> String {
+            guard let (header, body) = reply else { return "none" }
+            if header.kind == .ok { return "ok" }
+            return (try? ClientProtocol.decodeError(body)).map { "error \($0.code)" } ?? "error"
+        }
+        #expect(kind(node.request(.set, id: 1, sensor, identity: "client:0")) == "ok")
+        #expect(kind(node.request(.set, id: 2, sensor, identity: "client:1")) == "error 8")
+        let get = ClientProtocol.encodeAddress(ModelAddress(channel: "sensors", model: "t"))
+        let other = ClientProtocol.encodeAddress(ModelAddress(channel: "billing", model: "b"))
+        #expect(kind(node.request(.get, id: 3, get, identity: "client:1")) == "ok")
+        #expect(kind(node.request(.get, id: 4, other, identity: "client:1")) == "error 8")
+        #expect(
+            kind(
+                node.request(
+                    .watch, id: 5, ClientProtocol.encodeWatch(channel: "billing", from: nil), identity: "client:1"))
+                == "error 8")
+        #expect(kind(node.request(.snapshot, id: 6, [], identity: "client:1")) == "error 8")
+        #expect(kind(node.request(.snapshot, id: 7, [], identity: "node:n2")) == "ok")
+        #expect(
+            kind(node.request(.get, id: 8, other, identity: "client:9")) == "error 8",
+            "an unknown identity may do nothing")
+        #expect(
+            kind(node.request(.get, id: 9, other, identity: nil)) == "error 8", "with security, no identity: nothing")
+        #expect(SecurityConfiguration.ClientAccess.allows(["sensors/*"], "sensors"))
+        #expect(!SecurityConfiguration.ClientAccess.allows(["sensors/*"], "sensors2"))
+        #expect(SecurityConfiguration.ClientAccess.allows(["sens*"], "sensors2"))
+        #expect(!SecurityConfiguration.ClientAccess.allows(["a"], "ab"))
+    }
 }

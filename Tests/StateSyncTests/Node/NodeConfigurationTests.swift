@@ -174,10 +174,27 @@ struct SecurityConfigurationTests {
                   client_keys:
                     - keys/cli.key.pub
                 """)
+        let scoped = try Self.load(
+            Self.base + """
+
+                  peers:
+                    - node2=tcp://127.0.0.1:7002
+                security:
+                  secret_key: keys/node1.key
+                  peer_keys: [node2=K]
+                  client_keys:
+                    - keys/dash.key.pub read=*
+                    - keys/sensor.key.pub read=sensors/*|alerts write=sensors/*
+                """)
+        #expect(
+            scoped.security?.clients == [
+                .init(key: "keys/dash.key.pub", read: ["*"], write: []),
+                .init(key: "keys/sensor.key.pub", read: ["sensors/*", "alerts"], write: ["sensors/*"]),
+            ])
         #expect(configuration.peers == ["tcp://127.0.0.1:7002"])
         #expect(configuration.peerNodeIDs == ["tcp://127.0.0.1:7002": "node2"])
         #expect(configuration.security?.peerKeys == ["node2": "keys/node2.key.pub"])
-        #expect(configuration.security?.clientKeys == ["keys/cli.key.pub"])
+        #expect(configuration.security?.clients == [.init(key: "keys/cli.key.pub", read: ["*"], write: ["*"])])
         // Without security, NODE_ID= is optional and plain endpoints still load.
         let plain = try Self.load(Self.base + "\n  peers:\n    - tcp://127.0.0.1:7002\n")
         #expect(plain.security == nil && plain.peerNodeIDs.isEmpty)

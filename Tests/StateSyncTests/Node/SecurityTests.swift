@@ -17,7 +17,7 @@ struct SecurityTests {
         var pair: [String: Curve.KeyPair] = [:]
 
         init() throws {
-            for name in ["node1", "node2", "client", "stranger"] {
+            for name in ["node1", "node2", "client", "stranger", "reader"] {
                 let file = directory + "/\(name).key"
                 pair[name] = try CurveKeyFile.generate(at: file)
                 path[name] = file
@@ -37,7 +37,10 @@ struct SecurityTests {
             configuration.peerNodeIDs = [publish[1 - index]: other]
             configuration.security = SecurityConfiguration(
                 secretKeyFile: keys.path[me]!, peerKeys: [other: keys.path[other]! + ".pub"],
-                clientKeys: [keys.path["client"]! + ".pub"])
+                clients: [
+                    .init(key: keys.path["client"]! + ".pub"),
+                    .init(key: keys.path["reader"]! + ".pub", read: ["sensors*"], write: []),
+                ])
             return configuration
         }
     }
@@ -140,6 +143,44 @@ struct SecurityTests {
             Issue.record(error)
         }
         await node1.stop()
+    }
+
+    /// Per-channel access: a key that may only read `sensors*` can GET and WATCH there, and gets
+    /// ERROR 8 (forbidden) naming the permission and the channel for a SET or for another channel.
+    @Test func aReadOnlyClientReadsItsChannelsAndNothingElse() async throws {
+        let keys = try Keys()
+        let configuration = Self.configurations(keys)[0]
+        let node = try await StateSyncNode.start(configuration: configuration)
+        do {
+            let api = try #require(node.apiEndpoint)
+            let writer = try StateSyncClient(
+                endpoint: api,
+                security: .init(serverKey: keys.path["node1"]! + ".pub", secretKeyFile: keys.path["client"]!))
+            defer { writer.close() }
+            let reader = try StateSyncClient(
+                endpoint: api,
+                security: .init(serverKey: keys.path["node1"]! + ".pub", secretKeyFile: keys.path["reader"]!))
+            defer { reader.close() }
+            let sensor = ModelAddress(channel: "sensors", model: "t1")
+            let other = ModelAddress(channel: "billing", model: "b1")
+            _ = try await writer.set(sensor, [PropertyWrite(name: "celsius", value: 21)])
+            _ = try await writer.set(other, [PropertyWrite(name: "total", value: 9)])
+            #expect(try await reader.get(sensor)["celsius"]?.value == 21)
+            await #expect {
+                _ = try await reader.set(sensor, [PropertyWrite(name: "celsius", value: 99)])
+            } throws: { error in
+                "\(error)".contains("may not write channel 'sensors'")
+            }
+            await #expect {
+                _ = try await reader.get(other)
+            } throws: { error in
+                "\(error)".contains("may not read channel 'billing'")
+            }
+            #expect(try await writer.get(sensor)["celsius"]?.value == 21, "the refused write changed nothing")
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
     }
 
     /// Bad keys stop the node at start with one line naming the key and the fix.

@@ -9,8 +9,9 @@ package enum NodeInput: Sendable {
     /// publish endpoint is `peer`.
     case peerMessage(peer: String, frames: [[UInt8]])
     /// A request on the client API (or the repair endpoint): the client's routing id, then the
-    /// header and body frames.
-    case clientRequest(client: [UInt8], frames: [[UInt8]])
+    /// header and body frames; with security, who its key is (`node:ID` or `client:N`, the user
+    /// id its ZAP admission gave it): what it may do depends on it.
+    case clientRequest(client: [UInt8], frames: [[UInt8]], identity: String? = nil)
     /// A reply on the repair link to `peer` (an answer to a FETCH or SNAPSHOT this node sent).
     case repairReply(peer: String, frames: [[UInt8]])
     /// The repair request `requestID` to `peer` could not be queued (the link is not connected

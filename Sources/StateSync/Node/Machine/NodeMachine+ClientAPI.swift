@@ -39,7 +39,45 @@ extension NodeMachine {
     }
 
     /// Handles one request: `frames` are its header and body.
-    mutating func handleClientRequest(_ frames: [[UInt8]], from client: [UInt8]) {
+    /// A request its sender's key may not make (section 14): answered ERROR 8.
+    struct Forbidden: Error {
+        let message: String
+    }
+
+    /// What the sender of a request may do: `nil` is everything (no security, or a peer node).
+    func access(of identity: String?) -> SecurityConfiguration.ClientAccess? {
+        guard let security = configuration.security else { return nil }
+        guard let identity else { return .init(key: "", read: [], write: []) }
+        if identity.hasPrefix("node:") { return nil }
+        if identity.hasPrefix("client:"), let index = Int(identity.dropFirst(7)),
+            security.clients.indices.contains(index)
+        {
+            return security.clients[index]
+        }
+        return .init(key: "", read: [], write: [])
+    }
+
+    /// Repairs (FETCH, SNAPSHOT) hand out every channel: peers only, or a client that may read
+    /// every channel.
+    func authorizeRepair(_ identity: String?) throws(Forbidden) {
+        guard let access = access(of: identity), !access.read.contains("*") else { return }
+        throw Forbidden(
+            message: "repairs (FETCH, SNAPSHOT) serve every channel: only peers and clients that may read '*' may ask")
+    }
+
+    /// Throws ``Forbidden`` unless the sender may `read` (or write) `channel`.
+    func authorize(_ identity: String?, write: Bool, channel: String) throws(Forbidden) {
+        guard let access = access(of: identity) else { return }
+        let patterns = write ? access.write : access.read
+        guard SecurityConfiguration.ClientAccess.allows(patterns, channel) else {
+            throw Forbidden(
+                message:
+                    "this client's key (security.client_keys entry \(identity.map { String($0.dropFirst(7)) } ?? "?")) may not \(write ? "write" : "read") channel '\(channel)'"
+            )
+        }
+    }
+
+    mutating func handleClientRequest(_ frames: [[UInt8]], from client: [UInt8], identity: String? = nil) {
         guard frames.count == 2 else {
             countMalformedRequest(
                 from: client, "a client message that is not [routing id][header][body] was dropped",
@@ -81,6 +119,7 @@ extension NodeMachine {
             switch command {
             case .set:
                 let (address, writes) = try ClientProtocol.decodeSet(body)
+                try authorize(identity, write: true, channel: address.channel)
                 let (version, result) = try clientSet(address, writes)
                 var answer = ClientProtocol.encodeVersion(version)
                 answer.append(result.rawValue)
@@ -90,10 +129,12 @@ extension NodeMachine {
                 let address = try ClientProtocol.decodeAddress(body)
                 try Names.validateChannel(address.channel)
                 try Names.validateModel(address.model)
+                try authorize(identity, write: false, channel: address.channel)
                 reply(client, .ok, id, ClientProtocol.encodeProperties(store.properties(of: address)))
             case .watch:
                 let (channel, cursor, onLag) = try ClientProtocol.decodeWatch(body)
                 try Names.validateChannel(channel)
+                try authorize(identity, write: false, channel: channel)
                 // OK first: the watch's events (snapshot, deltas, markers) follow it.
                 reply(client, .ok, id, [])
                 addWatch(WatchKey(client: client, requestID: id), channel: channel, from: cursor, onLag: onLag)
@@ -106,9 +147,11 @@ extension NodeMachine {
                 reply(client, .ok, id, ClientProtocol.encodeValue(status(now: now).value))
             case .fetch:
                 let (origin, range) = try ClientProtocol.decodeFetch(body)
+                try authorizeRepair(identity)
                 let (deltas, dropped) = fetch(origin: origin, range: Self.limited(range))
                 reply(client, .ok, id, ClientProtocol.encodeFetched(deltas, droppedThrough: dropped))
             case .snapshot:
+                try authorizeRepair(identity)
                 counters.snapshotsServed += 1
                 reply(client, .ok, id, StateSnapshot.encode(snapshot))
             case .ping:
@@ -128,6 +171,9 @@ extension NodeMachine {
                 let answer: Value = ["incarnation": .string(String(incarnation, radix: 16)), "lost": .array(lost)]
                 reply(client, .ok, id, ClientProtocol.encodeValue(answer))
             }
+        } catch let error as Forbidden {
+            counters.clientErrors += 1
+            reply(client, .error, id, ClientProtocol.encodeError(.forbidden, error.message))
         } catch let error as WireError {
             counters.clientErrors += 1
             if let suppressed = limiter.allow("malformed-client-request", now: now) {

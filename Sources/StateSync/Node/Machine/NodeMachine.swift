@@ -162,8 +162,8 @@ package struct NodeMachine: Sendable {
             }
         case .peerMessage(let peer, let frames):
             receivePeerMessage(frames, from: peer)
-        case .clientRequest(let client, let frames):
-            handleClientRequest(frames, from: client)
+        case .clientRequest(let client, let frames, let identity):
+            handleClientRequest(frames, from: client, identity: identity)
         case .repairReply(let peer, let frames):
             handleRepairReply(frames, from: peer)
         case .repairRequestUnsent(let peer, let requestID):
