@@ -293,6 +293,9 @@ package final class SimulatedCluster {
         node.held = []
         process(
             .endpointsBound(publish: Self.publishEndpoint(node.id), repair: Self.apiEndpoint(node.id)), at: node)
+        // Its clients are admitted with one key that may read and write everything (the ZAP
+        // user id a real node would give them).
+        process(.clientAccessChanged(["client:sim": .init(key: "sim")]), at: node)
         touched[node.index] = true
     }
 
@@ -459,11 +462,11 @@ package final class SimulatedCluster {
             guard let node = node(named: message.to) else { return }
             record("request", message.from + ">" + message.to, frames)
             // Who the sender authenticated as (the user id ZAP would give it): a peer's repair
-            // link is its node, a client is entry 0.
+            // link is its node, a client is `client:sim`.
             let link = Array("link:".utf8)
             let identity =
                 client.starts(with: link)
-                ? "node:" + String(decoding: client.dropFirst(link.count), as: UTF8.self) : "client:0"
+                ? "node:" + String(decoding: client.dropFirst(link.count), as: UTF8.self) : "client:sim"
             process(.clientRequest(client: client, frames: frames, identity: identity), at: node)
         case .repairReply(let peer, let frames):
             guard let node = node(named: message.to) else { return }

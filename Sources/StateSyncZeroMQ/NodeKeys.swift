@@ -3,13 +3,15 @@ import ZeroMQ
 
 /// A node's CurveZMQ keys, read and checked at start from its ``SecurityConfiguration``: its own
 /// pair, each peer's public key, and whom the ZAP handler admits.
-struct NodeKeys {
+struct NodeKeys: Sendable {
     let pair: Curve.KeyPair
     /// Public keys by peer node id.
     let peers: [String: [UInt8]]
-    /// Every admitted public key and who it is (`node:ID`, or `client:N` for entry N of
-    /// `security.client_keys`): the user id of its messages, which the machine checks access by.
+    /// Every admitted public key and who it is (`node:ID`, or `client:` and the key's Z85 text):
+    /// the user id of its messages, which the machine checks access by.
     let admitted: [[UInt8]: String]
+    /// What each admitted client may do, by identity.
+    let clientAccess: [String: SecurityConfiguration.ClientAccess]
 
     /// Reads every key the configuration names; throws one line naming the key and the fix.
     init(_ security: SecurityConfiguration) throws(StateSyncError) {
@@ -29,16 +31,20 @@ struct NodeKeys {
                 throw StateSyncError(.invalidConfiguration, "security.peer_keys: \(id): \(error)")
             }
         }
-        for (index, client) in security.clients.enumerated() {
+        var clientAccess: [String: SecurityConfiguration.ClientAccess] = [:]
+        for client in security.clients {
             do {
                 let key = try CurveKeyFile.publicKey(client.key)
-                admitted[key] = admitted[key] ?? "client:\(index)"
+                let identity = "client:" + (try Curve.z85Encode(key))
+                admitted[key] = admitted[key] ?? identity
+                clientAccess[identity] = client
             } catch {
                 throw StateSyncError(.invalidConfiguration, "security.client_keys: \(error)")
             }
         }
         self.peers = peers
         self.admitted = admitted
+        self.clientAccess = clientAccess
     }
 
     /// The ZAP handler's answer to `request`: admitted (with who) or refused.

@@ -19,6 +19,27 @@ extension StateSyncNode {
         try await start(configuration: configuration, logger: logger, testHooks: TestHooks())
     }
 
+    /// Replaces the keys this node admits and what each client may do (`kill -HUP` of
+    /// `statesyncd` calls this with its re-read configuration), without a restart: connections
+    /// of keys that stay admitted go on (their watches too, where the key may still read the
+    /// channel); a removed client key gets ERROR 8 for every request and its watches end; a
+    /// removed or changed key can no longer connect. Peers' keys apply to new connections.
+    ///
+    /// - Throws: ``StateSyncError`` (and changes nothing) when a key cannot be read, or when the
+    ///   node runs without security (turning it on or off needs a restart).
+    public func reloadSecurity(_ security: SecurityConfiguration) throws {
+        guard configuration.security != nil else {
+            throw StateSyncError(
+                .invalidConfiguration,
+                "node \(configuration.nodeID) runs without security; turning it on needs a restart")
+        }
+        let keys = try NodeKeys(security)
+        guard let driver = attachedDriver as? ZeroMQNodeDriver else {
+            throw StateSyncError(.stopped, "node \(configuration.nodeID) is not running")
+        }
+        driver.reload(keys)
+    }
+
     /// Faults the test harness plants in a daemon (docs/PROTOCOL.md, Appendix C); never in
     /// production.
     package struct TestHooks: Sendable {

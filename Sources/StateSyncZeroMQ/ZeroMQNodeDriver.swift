@@ -40,6 +40,15 @@ package final class ZeroMQNodeDriver: NodeDriver {
 
     package func wake() { wakeUp.signal() }
 
+    /// Keys waiting to replace the transport's (``StateSyncNode/reloadSecurity(_:)``).
+    private let pendingKeys = Mutex<NodeKeys?>(nil)
+
+    /// Hands the I/O thread new keys; it takes them at its next turn.
+    func reload(_ keys: NodeKeys) {
+        pendingKeys.withLock { $0 = keys }
+        wakeUp.signal()
+    }
+
     /// Starts the I/O thread driving `node`; returns once every socket is bound and connected,
     /// or throws why not.
     package func start(_ node: StateSyncNode) async throws {
@@ -92,6 +101,9 @@ package final class ZeroMQNodeDriver: NodeDriver {
         let router = (try? transport.router.lastEndpoint()) ?? configuration.repairServiceEndpoint
         node.process(
             .endpointsBound(publish: publish, repair: router), now: MonotonicClock.milliseconds(), via: transport)
+        if let keys = transport.keys {
+            node.process(.clientAccessChanged(keys.clientAccess), now: MonotonicClock.milliseconds(), via: transport)
+        }
         ready.resume()
         run(node, transport)
         transport.close()
@@ -104,6 +116,17 @@ package final class ZeroMQNodeDriver: NodeDriver {
             if stopRequested.load(ordering: .acquiring) {
                 node.process(.stop, now: MonotonicClock.milliseconds(), via: transport)
                 return
+            }
+            if let keys = pendingKeys.withLock({ pending -> NodeKeys? in
+                defer { pending = nil }
+                return pending
+            }) {
+                transport.keys = keys
+                node.process(
+                    .clientAccessChanged(keys.clientAccess), now: MonotonicClock.milliseconds(), via: transport)
+                logger.notice(
+                    "reloaded the admitted keys",
+                    metadata: ["peers": "\(keys.peers.count)", "clients": "\(keys.clientAccess.count)"])
             }
             node.process(
                 .tick(observerBacklog: node.observers.backlog), now: MonotonicClock.milliseconds(), via: transport)
@@ -178,7 +201,7 @@ final class ZeroMQTransport: NodeTransport {
 
     /// With security: the ZAP handler and the keys.
     let zap: Socket?
-    let keys: NodeKeys?
+    var keys: NodeKeys?
 
     init(
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,

@@ -54,12 +54,44 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 Data("statesyncd: cannot start node \(configuration.nodeID): \(error)\n".utf8))
             throw ExitCode(1)
         }
+        // kill -HUP: re-read security.* (admitted keys, client permissions) without a restart.
+        let hangUp = Self.reloadOnHangUp(node: node, configFile: config, logger: logger)
+        defer { hangUp.cancel() }
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
                 services: [.init(service: node, successTerminationBehavior: .gracefullyShutdownGroup)],
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
         try await group.run()
+    }
+
+    /// On SIGHUP, re-reads the configuration file and applies its `security.*` keys (the other
+    /// keys need a restart); a file or key that does not load changes nothing and is logged.
+    static func reloadOnHangUp(node: StateSyncNode, configFile: String?, logger: Logger) -> any DispatchSourceSignal {
+        signal(SIGHUP, SIG_IGN)
+        let source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
+        source.setEventHandler {
+            guard let configFile else {
+                logger.warning("SIGHUP: running on the built-in configuration; nothing to reload")
+                return
+            }
+            do {
+                let reloaded = try NodeConfiguration.load(file: configFile)
+                guard let security = reloaded.security else {
+                    throw StateSyncError(
+                        .invalidConfiguration,
+                        "\(configFile): has no security.secret_key; turning security off needs a restart")
+                }
+                try node.reloadSecurity(security)
+                logger.notice(
+                    "SIGHUP: reloaded security.* (admitted keys and client permissions); other keys need a restart",
+                    metadata: ["config": "\(configFile)"])
+            } catch {
+                logger.error("SIGHUP: kept the current keys", metadata: ["error": "\(error)"])
+            }
+        }
+        source.resume()
+        return source
     }
 
     /// The test harness's fault injection (docs/PROTOCOL.md, Appendix C): read here, by the

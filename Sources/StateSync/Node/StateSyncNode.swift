@@ -101,6 +101,9 @@ public final class StateSyncNode: Sendable {
                     faults: faults, logger: logger)))
     }
 
+    /// The driver that feeds the node, once attached.
+    package var attachedDriver: (any NodeDriver)? { driver.withLock { $0 } }
+
     /// Hands the node the driver that feeds it (and that ``stop()`` stops).
     package func attach(driver: any NodeDriver) {
         self.driver.withLock { $0 = driver }

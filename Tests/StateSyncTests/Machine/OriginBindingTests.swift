@@ -69,6 +69,10 @@ struct OriginBindingTests {
             secretKeyFile: "unused", peerKeys: [:],
             clients: [.init(key: "full"), .init(key: "reader", read: ["sensors/*"], write: [])])
         var node = MachineRunner(configuration)
+        node.handle(
+            .clientAccessChanged([
+                "client:0": .init(key: "full"), "client:1": .init(key: "reader", read: ["sensors/*"], write: []),
+            ]))
         let sensor = ClientProtocol.encodeSet(
             ModelAddress(channel: "sensors", model: "t"), [PropertyWrite(name: "c", value: 1)])
         func kind(_ reply: (ClientProtocol.ReplyHeader, [UInt8])?) -> String {
@@ -98,5 +102,27 @@ struct OriginBindingTests {
         #expect(!SecurityConfiguration.ClientAccess.allows(["sensors/*"], "sensors2"))
         #expect(SecurityConfiguration.ClientAccess.allows(["sens*"], "sensors2"))
         #expect(!SecurityConfiguration.ClientAccess.allows(["a"], "ab"))
+    }
+
+    /// A reload that takes a key's read permission away ends that key's watches with ERROR 8;
+    /// watches of keys that keep it go on.
+    @Test func aReloadEndsTheWatchesOfKeysThatLostTheirChannel() throws {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        configuration.security = SecurityConfiguration(secretKeyFile: "unused", peerKeys: [:])
+        var node = MachineRunner(configuration)
+        node.handle(.clientAccessChanged(["client:A": .init(key: "a"), "client:B": .init(key: "b")]))
+        let watch = ClientProtocol.encodeWatch(channel: "c", from: nil)
+        #expect(node.request(.watch, id: 1, watch, client: [0x53, 1], identity: "client:A")?.0.kind == .ok)
+        #expect(node.request(.watch, id: 2, watch, client: [0x53, 2], identity: "client:B")?.0.kind == .ok)
+        let before = node.sent.count
+        node.handle(.clientAccessChanged(["client:A": .init(key: "a")]))  // B removed
+        let ended = node.sent[before...].filter { $0.client == [0x53, 2] }
+        let header = try #require(ended.first.flatMap { try? ClientProtocol.decodeReplyHeader($0.frames[0]) })
+        #expect(header.kind == .error && header.requestID == 2)
+        #expect(node.sent[before...].allSatisfy { $0.client != [0x53, 1] }, "A's watch goes on")
+        #expect(node.machine.watches.byKey.count == 1)
+        // B's requests are now refused.
+        let get = ClientProtocol.encodeAddress(ModelAddress(channel: "c", model: "m"))
+        #expect(node.request(.get, id: 3, get, client: [0x53, 2], identity: "client:B")?.0.kind == .error)
     }
 }

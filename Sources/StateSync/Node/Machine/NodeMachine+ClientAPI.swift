@@ -45,16 +45,36 @@ extension NodeMachine {
     }
 
     /// What the sender of a request may do: `nil` is everything (no security, or a peer node).
+    /// A client no longer admitted (its key removed by a reload) may do nothing.
     func access(of identity: String?) -> SecurityConfiguration.ClientAccess? {
-        guard let security = configuration.security else { return nil }
+        guard configuration.security != nil else { return nil }
         guard let identity else { return .init(key: "", read: [], write: []) }
         if identity.hasPrefix("node:") { return nil }
-        if identity.hasPrefix("client:"), let index = Int(identity.dropFirst(7)),
-            security.clients.indices.contains(index)
-        {
-            return security.clients[index]
+        return clientAccess[identity] ?? .init(key: "", read: [], write: [])
+    }
+
+    /// The admitted clients changed (at start, and at a reload): from now on requests are checked
+    /// against `access`, and every watch whose key may no longer read its channel ends with
+    /// ERROR 8.
+    mutating func clientAccessChanged(_ access: [String: SecurityConfiguration.ClientAccess]) {
+        clientAccess = access
+        for key in watches.order {
+            guard let watch = watches.byKey[key], watch.identity != nil else { continue }
+            if let rights = self.access(of: watch.identity),
+                !SecurityConfiguration.ClientAccess.allows(rights.read, watch.channel)
+            {
+                removeWatch(key)
+                actions.append(
+                    .reply(
+                        client: key.client,
+                        frames: ClientProtocol.encodeReply(
+                            .error, id: key.requestID,
+                            body: ClientProtocol.encodeError(
+                                .forbidden,
+                                "this client's key may no longer read channel '\(watch.channel)' (security.client_keys was reloaded)"
+                            ))))
+            }
         }
-        return .init(key: "", read: [], write: [])
     }
 
     /// Repairs (FETCH, SNAPSHOT) hand out every channel: peers only, or a client that may read
@@ -72,7 +92,7 @@ extension NodeMachine {
         guard SecurityConfiguration.ClientAccess.allows(patterns, channel) else {
             throw Forbidden(
                 message:
-                    "this client's key (security.client_keys entry \(identity.map { String($0.dropFirst(7)) } ?? "?")) may not \(write ? "write" : "read") channel '\(channel)'"
+                    "this client's key (\(identity.map { String($0.dropFirst(7).prefix(8)) } ?? "?")…, security.client_keys) may not \(write ? "write" : "read") channel '\(channel)'"
             )
         }
     }
@@ -137,7 +157,9 @@ extension NodeMachine {
                 try authorize(identity, write: false, channel: channel)
                 // OK first: the watch's events (snapshot, deltas, markers) follow it.
                 reply(client, .ok, id, [])
-                addWatch(WatchKey(client: client, requestID: id), channel: channel, from: cursor, onLag: onLag)
+                addWatch(
+                    WatchKey(client: client, requestID: id), channel: channel, from: cursor, onLag: onLag,
+                    identity: identity)
             case .unwatch:
                 var reader = WireReader(body)
                 let watchID = try reader.uint64("watch id")

@@ -43,6 +43,8 @@ extension NodeMachine {
 
     struct Watch: Sendable {
         let channel: String
+        /// With security, who opened it (the user id of its key): checked again at a reload.
+        var identity: String?
         var onLag: ClientProtocol.LagPolicy = .resync
         /// The watch lagged with the "end" policy: its ERROR is still to be sent.
         var ending = false
@@ -92,10 +94,13 @@ extension NodeMachine {
 
     // MARK: - Opening and closing
 
-    mutating func addWatch(_ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy)
-    {
+    mutating func addWatch(
+        _ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy,
+        identity: String? = nil
+    ) {
         var watch = Watch(
-            channel: channel, onLag: onLag, position: WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
+            channel: channel, identity: identity, onLag: onLag,
+            position: WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
         if let cursor {
             if let position = resumePosition(after: cursor) {
                 watch.position = position

@@ -47,6 +47,9 @@ package struct NodeMachine: Sendable {
     /// Addresses that have a live model on this node, with that instance's id: only their
     /// changes are delivered, and not to the instance that wrote them (it holds them already).
     package var attachedModels: [ModelAddress: UInt64] = [:]
+    /// With security: what each admitted client may do, by identity (the user id of its key),
+    /// from its driver at start and at every reload (``NodeInput/clientAccessChanged(_:)``).
+    var clientAccess: [String: SecurityConfiguration.ClientAccess] = [:]
 
     // MARK: Endpoints, timers, flow
 
@@ -177,6 +180,8 @@ package struct NodeMachine: Sendable {
             logger.error("log compaction failed; will retry", metadata: ["error": "\(reason)"])
         case .watchEventsSent(let key, let accepted, let gone):
             watchEventsSent(key, accepted: accepted, clientGone: gone)
+        case .clientAccessChanged(let access):
+            clientAccessChanged(access)
         case .authenticationRefused(let fingerprint, let address):
             counters.authenticationRefusals += 1
             if let suppressed = limiter.allow("authentication-refused", now: now) {
