@@ -83,7 +83,7 @@ let package = Package(
         // The multi-node convergence harness (`statesync harness`): real daemons, real faults.
         .target(
             name: "StateSyncHarness",
-            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient", "StateSyncTesting"],
+            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient", "StateSyncTesting", "ZeroMQ"],
             swiftSettings: strictSettings
         ),
         // `statesync bench`: the whole path measured against raw libzmq in the same run.

@@ -4,6 +4,7 @@ import StateSyncClient
 import StateSyncTesting
 import StateSyncZeroMQ
 import Synchronization
+import ZeroMQ
 
 #if canImport(Glibc)
     import Glibc
@@ -55,6 +56,18 @@ public enum Harness {
         let skewed: Int? = options.faults.contains(.clock) ? Int(rng.next() % UInt64(options.nodes)) : nil
         let skewMilliseconds = 1500 + Int(rng.next() % 2000)
         let planted: Int? = options.plantedBug == nil ? nil : options.nodes - 1
+        // --secure: a key pair per node and one for the harness's clients, in the work directory.
+        var publicKeys: [String] = []
+        /// The harness clients' credentials for `node` (nil without --secure).
+        func security(_ node: String) -> StateSyncClient.Security? {
+            options.secure ? .init(serverKey: "\(work)/\(node).key.pub", secretKeyFile: "\(work)/client.key") : nil
+        }
+        if options.secure {
+            for name in names + ["client"] {
+                let pair = try CurveKeyFile.generate(at: "\(work)/\(name).key")
+                publicKeys.append(try Curve.z85Encode(pair.publicKey))
+            }
+        }
         var built: [NodeProcess] = []
         for i in names.indices {
             var environment = [
@@ -62,11 +75,20 @@ public enum Harness {
                 "STATESYNC_NODE_DATA_DIR": "\(work)/\(names[i])",
                 "STATESYNC_NETWORK_PUBLISH": "tcp://\(hosts[i]):\(publishPorts[i])",
                 "STATESYNC_NETWORK_API": "tcp://\(hosts[i]):\(apiPorts[i])",
-                "STATESYNC_NETWORK_PEERS": names.indices.filter { $0 != i }.map { peerEndpoint(i, $0) }.joined(
-                    separator: ","),
+                "STATESYNC_NETWORK_PEERS": names.indices.filter { $0 != i }.map {
+                    "\(names[$0])=" + peerEndpoint(i, $0)
+                }
+                .joined(separator: ","),
                 "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
                 "STATESYNC_LOG_LEVEL": "info",
             ]
+            if options.secure {
+                environment["STATESYNC_SECURITY_SECRET_KEY"] = "\(work)/\(names[i]).key"
+                environment["STATESYNC_SECURITY_PEER_KEYS"] = names.indices.filter { $0 != i }.map {
+                    "\(names[$0])=\(publicKeys[$0])"
+                }.joined(separator: ",")
+                environment["STATESYNC_SECURITY_CLIENT_KEYS"] = publicKeys[names.count]
+            }
             if i == skewed { environment["STATESYNC_TEST_CLOCK_OFFSET_MS"] = String(skewMilliseconds) }
             if i == planted { environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"] = "0.3" }
             built.append(
@@ -91,7 +113,10 @@ public enum Harness {
             for relay in relays.values { relay.stop() }
         }
         for node in nodes { try node.start() }
-        let clients = try nodes.map { try StateSyncClient(endpoint: $0.api, requestTimeout: .seconds(2)) }
+        let clients = try nodes.map { node in
+            try StateSyncClient(
+                endpoint: node.api, requestTimeout: .seconds(2), security: security(node.name))
+        }
         defer { for client in clients { client.close() } }
         try await waitFor("every node to answer", seconds: 30) {
             for client in clients where (try? await client.status()) == nil { return false }
@@ -107,7 +132,9 @@ public enum Harness {
         }
 
         // Watchers: one per node, recording sessions between reconnections.
-        let watchers = names.indices.map { WatchRecorder(node: names[$0], endpoint: nodes[$0].api) }
+        let watchers = names.indices.map {
+            WatchRecorder(node: names[$0], endpoint: nodes[$0].api, security: security(names[$0]))
+        }
         let watchTasks = watchers.map { watcher in Task { await watcher.run() } }
         defer {
             // Also when a step below throws: no watcher may outlive the run.
@@ -243,12 +270,33 @@ public enum Harness {
                 return ConvergenceChecker.WatchHistory(
                     node: watcher.node, sessions: watcher.sessions, finalState: models)
             })
+        // --secure: every node must refuse a stranger's key and a client without CURVE.
+        var strangersRefused: Bool?
+        if options.secure {
+            try? FileManager.default.removeItem(atPath: "\(work)/stranger.key")
+            try? FileManager.default.removeItem(atPath: "\(work)/stranger.key.pub")
+            _ = try CurveKeyFile.generate(at: "\(work)/stranger.key")
+            var refused = true
+            for node in nodes {
+                let stranger = try StateSyncClient(
+                    endpoint: node.api, requestTimeout: .milliseconds(800),
+                    security: .init(serverKey: "\(work)/\(node.name).key.pub", secretKeyFile: "\(work)/stranger.key"))
+                let plain = try StateSyncClient(endpoint: node.api, requestTimeout: .milliseconds(800))
+                let strangerAnswered = (try? await stranger.status()) != nil
+                let plainAnswered = (try? await plain.status()) != nil
+                if strangerAnswered || plainAnswered { refused = false }
+                stranger.close()
+                plain.close()
+            }
+            strangersRefused = refused
+        }
         var report = HarnessReport(
             seed: options.seed, nodes: options.nodes, operations: options.operations,
             acknowledged: writes.all.filter { $0.acknowledged != nil }.count, findings: findings,
             converged: converged && findings.converged, convergenceMilliseconds: convergenceMilliseconds,
             faults: faults.events, durationSeconds: Date().timeIntervalSince(started), workDirectory: work,
             notifications: watchers.reduce(0) { $0 + $1.sessions.reduce(0) { $0 + $1.count } })
+        report.strangersRefused = strangersRefused
         for node in nodes { report.exitStatuses[node.name] = node.stop() }
         for relay in relays.values { relay.stop() }
         if report.passed && !options.keep {

@@ -32,6 +32,8 @@ public struct HarnessOptions: Sendable {
     public var models = 16
     /// Run every node in its own network namespace (root only).
     public var netns = false
+    /// Key every node and client (CurveZMQ on every socket, docs/PROTOCOL.md section 14).
+    public var secure = false
     /// Keep the nodes' logs and data even when every check passes.
     public var keep = false
     /// Where to put the nodes' data and logs (a fresh temporary directory by default).

@@ -25,8 +25,11 @@ public struct HarnessReport: Sendable {
     public var workDirectory: String?
     public var notifications: Int
     public var exitStatuses: [String: Int32?] = [:]
+    /// With `--secure`: whether every node refused a client with a key of no one's and a client
+    /// without CURVE (no answer), after the run. `nil` without `--secure`.
+    public var strangersRefused: Bool?
 
-    public var passed: Bool { converged && findings.passed }
+    public var passed: Bool { converged && findings.passed && strangersRefused != false }
 
     public var value: Value {
         var map: [String: Value] = [
@@ -37,6 +40,7 @@ public struct HarnessReport: Sendable {
             "lww_violations": .int(Int64(findings.lwwViolations.count)),
             "diverged_nodes": .array(findings.divergedNodes.map(Value.string)),
             "notifications": .int(Int64(notifications)),
+            "secure": .bool(strangersRefused != nil), "strangers_refused": strangersRefused.map(Value.bool) ?? .null,
             "duration_s": .double((durationSeconds * 10).rounded() / 10),
             "faults": .array(
                 faults.map { fault in
@@ -80,6 +84,11 @@ public struct HarnessReport: Sendable {
         lines.append(
             "  [\(mark(findings.chainViolations.isEmpty))] watchers' old/new chains unbroken, no duplicates (\(notifications) notifications, \(findings.chainViolations.count) violations)"
         )
+        if let strangersRefused {
+            lines.append(
+                "  [\(mark(strangersRefused))] security: every node refused a client with an unknown key and one without CURVE"
+            )
+        }
         for detail
             in (findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5))
         {

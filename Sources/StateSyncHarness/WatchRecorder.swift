@@ -9,13 +9,16 @@ import Synchronization
 final class WatchRecorder: Sendable {
     let node: String
     let endpoint: String
+    /// Its credentials with `--secure`.
+    let security: StateSyncClient.Security?
     let replica = ChannelReplica(channel: Harness.channel)
     private let state = Mutex<(sessions: [[PropertyChange]], watching: Bool, last: Date)>(([], false, Date()))
     private let stopped = Atomic<Bool>(false)
 
-    init(node: String, endpoint: String) {
+    init(node: String, endpoint: String, security: StateSyncClient.Security? = nil) {
         self.node = node
         self.endpoint = endpoint
+        self.security = security
     }
 
     var sessions: [[PropertyChange]] { state.withLock { $0.sessions.filter { !$0.isEmpty } } }
@@ -26,7 +29,8 @@ final class WatchRecorder: Sendable {
 
     func run() async {
         while !stopped.load(ordering: .acquiring) && !Task.isCancelled {
-            guard let client = try? StateSyncClient(endpoint: endpoint, requestTimeout: .seconds(2)) else { return }
+            guard let client = try? StateSyncClient(endpoint: endpoint, requestTimeout: .seconds(2), security: security)
+            else { return }
             defer { client.close() }
             do {
                 let (events, _) = try await client.watch(channel: Harness.channel, replica: replica)

@@ -91,6 +91,7 @@ extension StateSyncNode {
             metadata: [
                 "publish": "\(node.publishEndpoint)", "api": "\(node.apiEndpoint ?? "-")",
                 "repair": "\(node.repairEndpoint)", "peers": "\(configuration.peers.joined(separator: ","))",
+                "security": "\(configuration.security == nil ? "none" : "curve")",
             ])
         return node
     }

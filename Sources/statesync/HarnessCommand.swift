@@ -47,6 +47,9 @@ extension StateSyncCLI {
         @Flag(help: "Run every node in its own network namespace with its own address (root only).")
         var netns = false
 
+        @Flag(help: "Key every node and client: CurveZMQ on every socket, only the run's keys admitted.")
+        var secure = false
+
         @Flag(help: "Print the report as one JSON object.")
         var json = false
 
@@ -78,6 +81,7 @@ extension StateSyncCLI {
             options.clients = clients
             options.keep = keep
             options.netns = netns
+            options.secure = secure
             let interactive = isatty(STDERR_FILENO) == 1
             let report: HarnessReport
             do {

@@ -50,6 +50,21 @@ struct HarnessTests {
 
     /// Every node a host of its own in a network namespace: partitions are blackhole routes,
     /// loss is a link going down. Needs root (CI runs as root).
+    /// `--secure`: every node and client keyed; the faults still heal, and every node refuses a
+    /// stranger's key and a client without CURVE.
+    @Test func secureModePassesAndRefusesStrangers() async throws {
+        let run = try await cli(
+            [
+                "harness", "--secure", "--nodes", "3", "--ops", "1500", "--seed", "5", "--faults",
+                "kill,partition,pause,loss,clock", "--json",
+            ],
+            timeout: .seconds(240))
+        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        #expect(run.status == 0, "\(run.stdout)")
+        #expect(report["secure"] as? Bool == true && report["strangers_refused"] as? Bool == true)
+        #expect(report["converged"] as? Bool == true && report["lost_writes"] as? Int == 0)
+    }
+
     @Test(.enabled(if: canCreateNamespaces, "needs root and iproute2"))
     func netnsModeWithRealLinkFaultsPasses() async throws {
         let run = try await cli(
