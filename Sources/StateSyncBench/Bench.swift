@@ -3,6 +3,7 @@ import Logging
 public import StateSync
 import StateSyncClient
 import StateSyncZeroMQ
+import ZeroMQ
 
 #if canImport(Glibc)
     import Glibc
@@ -65,6 +66,19 @@ public enum Bench {
                 "set → remote observer p99 at 10k/s", "latency_p99_us", "µs",
                 ratio(self["latency_p99_us"], to: self["raw_latency_p99_us"] ?? .nan, inverse: true))
             line("set → remote observer p99.9 at 10k/s", "latency_p999_us", "µs")
+            func ofPlain(_ key: String, _ plainKey: String) -> String {
+                guard let value = self[key], let plain = self[plainKey], plain > 0 else { return "" }
+                return String(format: "  (%.0f%% of plain)", 100 * value / plain)
+            }
+            line(
+                "with CURVE: deltas/s, single sets", "deltas_per_s_curve", "/s",
+                ofPlain("deltas_per_s_curve", "deltas_per_s"))
+            line(
+                "with CURVE: set → remote observer p50", "latency_p50_us_curve", "µs",
+                ofPlain("latency_p50_us_curve", "latency_p50_us"))
+            line(
+                "with CURVE: set → remote observer p99", "latency_p99_us_curve", "µs",
+                ofPlain("latency_p99_us_curve", "latency_p99_us"))
             line("late join: snapshot of 1M properties", "snapshot_1m_s", "s")
             line("memory per replicated property", "bytes_per_property", "B")
             lines.append(contentsOf: notes.map { "  note: \($0)" })
@@ -114,6 +128,21 @@ public enum Bench {
             }
         }
 
+        // The cost of CurveZMQ: the same single sets and latency with both nodes keyed.
+        for mode in [NodeBenchRole.Mode.single, .latency] {
+            progress("two node processes with CURVE: \(mode)")
+            let result = try await twoProcesses(options, mode: mode, seconds: seconds, secure: true)
+            if mode == .single {
+                report.figures.append(("deltas_per_s_curve", result.perSecond))
+                report.notes.append(
+                    "curve: the writer made \(result.written) writes; the reader's observers fired \(result.count) times"
+                )
+            } else {
+                report.figures.append(("latency_p50_us_curve", result.p50))
+                report.figures.append(("latency_p99_us_curve", result.p99))
+            }
+        }
+
         let properties = options.quick ? 100_000 : 1_000_000
         progress("late join and memory with \(properties) properties")
         let (snapshotSeconds, bytes) = try await lateJoin(properties: properties)
@@ -145,22 +174,27 @@ public enum Bench {
 
     /// Starts a reader and a writer node process, lets the writer run, and reads the reader's
     /// measurements.
-    static func twoProcesses(_ options: Options, mode: NodeBenchRole.Mode, seconds: Double) async throws
-        -> TwoProcessResult
+    static func twoProcesses(_ options: Options, mode: NodeBenchRole.Mode, seconds: Double, secure: Bool = false)
+        async throws -> TwoProcessResult
     {
         let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: work) }
+        if secure {
+            try FileManager.default.createDirectory(atPath: work, withIntermediateDirectories: true)
+            for name in ["reader", "writer"] { try CurveKeyFile.generate(at: "\(work)/\(name).key") }
+        }
         let ports = [try port(), try port()]
         func start(_ reader: Bool) throws -> (Process, FileHandle, FileHandle) {
             let process = Process()
             process.executableURL = URL(fileURLWithPath: options.executable)
             let me = reader ? 0 : 1
-            process.arguments = [
-                "bench-node", "--role", reader ? "reader" : "writer", "--mode", mode.rawValue, "--id",
-                reader ? "reader" : "writer",
-                "--publish", "tcp://127.0.0.1:\(ports[me])", "--peer", "tcp://127.0.0.1:\(ports[1 - me])",
-                "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "10000",
-            ]
+            process.arguments =
+                [
+                    "bench-node", "--role", reader ? "reader" : "writer", "--mode", mode.rawValue, "--id",
+                    reader ? "reader" : "writer",
+                    "--publish", "tcp://127.0.0.1:\(ports[me])", "--peer", "tcp://127.0.0.1:\(ports[1 - me])",
+                    "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "10000",
+                ] + (secure ? ["--keys", work] : [])
             let output = Pipe()
             let input = Pipe()
             process.standardOutput = output

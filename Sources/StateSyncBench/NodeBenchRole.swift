@@ -25,6 +25,8 @@ public enum NodeBenchRole {
         public var dataDirectory: String
         public var seconds: Double
         public var rate: Int
+        /// With CurveZMQ: the directory holding `reader.key` and `writer.key` (and their `.pub`).
+        public var keyDirectory: String?
 
         public init(
             reader: Bool, mode: Mode, id: String, publish: String, peer: String, dataDirectory: String, seconds: Double,
@@ -45,9 +47,15 @@ public enum NodeBenchRole {
     public static func run(_ options: Options) async throws {
         var logger = Logger(label: "bench")
         logger.logLevel = .error
-        let configuration = NodeConfiguration(
+        var configuration = NodeConfiguration(
             nodeID: options.id, dataDirectory: options.dataDirectory, publishEndpoint: options.publish,
             peers: [options.peer], heartbeatIntervalMilliseconds: 50)
+        if let keys = options.keyDirectory {
+            let other = options.id == "reader" ? "writer" : "reader"
+            configuration.peerNodeIDs = [options.peer: other]
+            configuration.security = SecurityConfiguration(
+                secretKeyFile: "\(keys)/\(options.id).key", peerKeys: [other: "\(keys)/\(other).key.pub"])
+        }
         let node = try await StateSyncNode.start(configuration: configuration, logger: logger)
         let model = try await node.model(BenchModel.self, channel: "bench", id: "m")
         let deadline = Date().addingTimeInterval(20)

@@ -47,13 +47,15 @@ extension StateSyncCLI {
         @Option var data: String
         @Option var seconds: Double
         @Option var rate: Int
+        @Option var keys: String?
 
         func run() async throws {
             guard let mode = NodeBenchRole.Mode(rawValue: mode) else { throw ValidationError("unknown mode \(mode)") }
-            try await NodeBenchRole.run(
-                .init(
-                    reader: role == "reader", mode: mode, id: id, publish: publish, peer: peer, dataDirectory: data,
-                    seconds: seconds, rate: rate))
+            var options = NodeBenchRole.Options(
+                reader: role == "reader", mode: mode, id: id, publish: publish, peer: peer, dataDirectory: data,
+                seconds: seconds, rate: rate)
+            options.keyDirectory = keys
+            try await NodeBenchRole.run(options)
         }
     }
 }
