@@ -147,7 +147,9 @@ let package = Package(
         // Real processes: the built statesyncd and statesync binaries on loopback.
         .testTarget(
             name: "IntegrationTests",
-            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient", "statesyncd", "statesync"],
+            dependencies: [
+                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "StateSyncHarness", "statesyncd", "statesync",
+            ],
             swiftSettings: strictSettings
         ),
     ]

@@ -13,7 +13,7 @@ import Synchronization
 /// cooperation from the daemons.
 ///
 /// Thread safety: the relay runs on its own thread; its controls may be called from any thread.
-final class LinkProxy: Sendable {
+package final class LinkProxy: Sendable {
     struct Controls: Sendable {
         var cut = false
         var delayMilliseconds = 0
@@ -24,12 +24,16 @@ final class LinkProxy: Sendable {
     let target: (host: String, port: Int)
     let listenPort: Int
     private let controls = Mutex(Controls())
+    /// With `capture`, every byte relayed from the target to the subscriber (up to 64 MiB): what
+    /// an eavesdropper on the wire would see.
+    private let captured: Mutex<[UInt8]>?
     private let stopped = Atomic<Bool>(false)
     private let listener: Int32
 
     /// Binds a listener on 127.0.0.1 (a free port) relaying to `target`.
-    init(name: String, targetPort: Int) throws {
+    package init(name: String, targetPort: Int, capture: Bool = false) throws {
         self.name = name
+        self.captured = capture ? Mutex([]) : nil
         self.target = ("127.0.0.1", targetPort)
         let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
         guard fd >= 0 else { throw HarnessError("cannot create a relay socket: \(String(cString: strerror(errno)))") }
@@ -56,12 +60,15 @@ final class LinkProxy: Sendable {
         thread.start()
     }
 
-    var endpoint: String { "tcp://127.0.0.1:\(listenPort)" }
+    package var endpoint: String { "tcp://127.0.0.1:\(listenPort)" }
+
+    /// The bytes relayed from the target so far (empty without `capture`).
+    package var capturedBytes: [UInt8] { captured?.withLock { $0 } ?? [] }
 
     func setCut(_ cut: Bool) { controls.withLock { $0.cut = cut } }
     func setDelay(milliseconds: Int) { controls.withLock { $0.delayMilliseconds = milliseconds } }
     func reset() { controls.withLock { $0.resetRequested = true } }
-    func stop() { stopped.store(true, ordering: .releasing) }
+    package func stop() { stopped.store(true, ordering: .releasing) }
 
     // MARK: - The relay thread
 
@@ -124,7 +131,11 @@ final class LinkProxy: Sendable {
                     pump(from: pair.inbound, into: &pair.toTarget, pair: pair, buffer: &buffer, delay: delay, now: now)
                 }
                 if outEvents != 0 {
+                    let queued = pair.toClient.count
                     pump(from: pair.outbound, into: &pair.toClient, pair: pair, buffer: &buffer, delay: delay, now: now)
+                    if pair.toClient.count > queued, let chunk = pair.toClient.last {
+                        captured?.withLock { if $0.count < 64 << 20 { $0 += chunk.bytes } }
+                    }
                 }
                 flush(&pair.toTarget, to: pair.outbound, pair: pair)
                 flush(&pair.toClient, to: pair.inbound, pair: pair)
