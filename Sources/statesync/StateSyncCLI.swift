@@ -375,6 +375,13 @@ extension StateSyncCLI {
                 emit(
                     "watchers:  \(status.watchers)\(status.laggingWatches > 0 ? " (\(status.laggingWatches) lagging)" : "")"
                 )
+                if !status.refusedKeys.isEmpty {
+                    emit(
+                        "refused:   "
+                            + status.refusedKeys.sorted { $0.key < $1.key }.map { "key \($0.key)… ×\($0.value)" }
+                            .joined(
+                                separator: ", ") + " (keys not in security.*_keys)")
+                }
                 let nonZero = status.counters.filter { $0.value != 0 }.sorted { $0.key < $1.key }
                 emit(
                     "counters:  "

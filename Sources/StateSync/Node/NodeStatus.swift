@@ -43,6 +43,9 @@ public struct NodeStatus: Sendable, Equatable {
     public var laggingWatches: Int
     /// Active watches (a client may hold several).
     public var watchers: Int
+    /// With security: refused connections by key fingerprint (its first 8 Z85 characters), for
+    /// the most recent distinct keys (at most 32).
+    public var refusedKeys: [String: Int] = [:]
 
     /// The status as a ``Value`` map (its wire and JSON form).
     public var value: Value {
@@ -69,6 +72,7 @@ public struct NodeStatus: Sendable, Equatable {
             "watchers": .int(Int64(watchers)),
             "missing_deltas": .int(Int64(missingDeltas)),
             "lagging_watches": .int(Int64(laggingWatches)),
+            "refused_keys": .map(refusedKeys.mapValues { .int(Int64($0)) }),
         ]
         map["api"] = apiEndpoint.map(Value.string) ?? .null
         return .map(map)
@@ -118,6 +122,7 @@ public struct NodeStatus: Sendable, Equatable {
         self.watchers = int(map["watchers"]) ?? 0
         self.missingDeltas = int(map["missing_deltas"]) ?? 0
         self.laggingWatches = int(map["lagging_watches"]) ?? 0
+        if case .map(let refused)? = map["refused_keys"] { self.refusedKeys = refused.mapValues { int($0) ?? 0 } }
     }
 
     init(

@@ -102,6 +102,10 @@ struct SecurityTests {
             defer { open.close() }
             await #expect(throws: StateSyncError.self) { _ = try await open.get(address) }
             #expect(node1.status.counters["authentication_refusals"] ?? 0 > refusedBefore)
+            let strangerPrint = String(try Curve.z85Encode(keys.pair["stranger"]!.publicKey).prefix(8))
+            #expect(
+                node1.status.refusedKeys[strangerPrint] ?? 0 >= 1,
+                "status names the refused key: \(node1.status.refusedKeys)")
             // The admitted client still reads.
             #expect(try await client.get(address)["x"]?.value == .string("unique-value-20"))
         } catch {

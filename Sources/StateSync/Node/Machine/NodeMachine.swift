@@ -50,6 +50,9 @@ package struct NodeMachine: Sendable {
     /// With security: what each admitted client may do, by identity (the user id of its key),
     /// from its driver at start and at every reload (``NodeInput/clientAccessChanged(_:)``).
     var clientAccess: [String: SecurityConfiguration.ClientAccess] = [:]
+    /// Refused connections by key fingerprint, for the 32 most recent distinct keys (status).
+    var refusedKeys: [String: Int] = [:]
+    var refusedKeyOrder: [String] = []
 
     // MARK: Endpoints, timers, flow
 
@@ -184,6 +187,12 @@ package struct NodeMachine: Sendable {
             clientAccessChanged(access)
         case .authenticationRefused(let fingerprint, let address):
             counters.authenticationRefusals += 1
+            if refusedKeys[fingerprint] == nil, refusedKeys.count >= 32, let oldest = refusedKeyOrder.first {
+                refusedKeys[oldest] = nil
+                refusedKeyOrder.removeFirst()
+            }
+            if refusedKeys[fingerprint] == nil { refusedKeyOrder.append(fingerprint) }
+            refusedKeys[fingerprint, default: 0] += 1
             if let suppressed = limiter.allow("authentication-refused", now: now) {
                 logger.warning(
                     "refused a connection whose key is not admitted (security.peer_keys, security.client_keys)",
@@ -339,6 +348,7 @@ package struct NodeMachine: Sendable {
             counters: Dictionary(uniqueKeysWithValues: counters.all), watchers: watches.count,
             missingDeltas: missingDeltas, laggingWatches: watches.lagging)
         status.publishedSequence = published
+        status.refusedKeys = refusedKeys
         return status
     }
 
