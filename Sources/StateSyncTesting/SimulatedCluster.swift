@@ -295,7 +295,9 @@ package final class SimulatedCluster {
             .endpointsBound(publish: Self.publishEndpoint(node.id), repair: Self.apiEndpoint(node.id)), at: node)
         // Its clients are admitted with one key that may read and write everything (the ZAP
         // user id a real node would give them).
-        process(.clientAccessChanged(["client:sim": .init(key: "sim")]), at: node)
+        process(
+            .clientAccessChanged(["client:sim": .init(key: "sim")], peers: Set(nodes.map(\.id)).subtracting([node.id])),
+            at: node)
         touched[node.index] = true
     }
 

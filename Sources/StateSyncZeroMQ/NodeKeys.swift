@@ -33,23 +33,40 @@ struct NodeKeys: Sendable {
         }
         var clientAccess: [String: SecurityConfiguration.ClientAccess] = [:]
         for client in security.clients {
+            let key: [UInt8]
+            let identity: String
             do {
-                let key = try CurveKeyFile.publicKey(client.key)
-                let identity = "client:" + (try Curve.z85Encode(key))
-                admitted[key] = admitted[key] ?? identity
-                clientAccess[identity] = client
+                key = try CurveKeyFile.publicKey(client.key)
+                identity = "client:" + (try Curve.z85Encode(key))
             } catch {
                 throw StateSyncError(.invalidConfiguration, "security.client_keys: \(error)")
             }
+            if let existing = admitted[key] {
+                let role = existing.hasPrefix("node:") ? "peer \(existing.dropFirst(5))" : "another client_keys entry"
+                throw StateSyncError(
+                    .invalidConfiguration,
+                    "security.client_keys: \(client.key) is already admitted as \(role); give each key one role and one entry"
+                )
+            }
+            admitted[key] = identity
+            clientAccess[identity] = client
         }
         self.peers = peers
         self.admitted = admitted
         self.clientAccess = clientAccess
     }
 
-    /// The ZAP handler's answer to `request`: admitted (with who) or refused.
+    /// The ZAP domains of the node's server sockets: its publish socket serves only peers, its
+    /// client API peers (repairs) and clients.
+    static let peerDomain = "statesync-peer"
+    static let apiDomain = "statesync-api"
+
+    /// The ZAP handler's answer to `request`: admitted (with who) or refused. A client key is
+    /// admitted only on the client API, never on the publish socket (which carries every
+    /// channel).
     func identity(for request: ZAP.Request) -> String? {
-        guard let key = request.curvePublicKey else { return nil }
-        return admitted[key]
+        guard let key = request.curvePublicKey, let identity = admitted[key] else { return nil }
+        if identity.hasPrefix("client:"), request.domain != Self.apiDomain { return nil }
+        return identity
     }
 }

@@ -25,7 +25,10 @@ enum SocketFactory {
                 zap = handler
             }
             let publisher = try context.socket(.pub)
-            if let keys { try publisher.setCurveServer(secretKey: keys.pair.secretKey) }
+            if let keys {
+                try publisher.setZAPDomain(NodeKeys.peerDomain)
+                try publisher.setCurveServer(secretKey: keys.pair.secretKey)
+            }
             try publisher.setSendHighWaterMark(Int32(clamping: configuration.highWaterMark))
             // On shutdown, give queued deltas a moment to reach connected peers.
             try publisher.setLinger(milliseconds: 200)
@@ -43,7 +46,10 @@ enum SocketFactory {
             // The client API, or without one the repair endpoint: every node serves its peers'
             // FETCH and SNAPSHOT, or a peer that missed deltas could never get them back.
             let router = try context.socket(.router)
-            if let keys { try router.setCurveServer(secretKey: keys.pair.secretKey) }
+            if let keys {
+                try router.setZAPDomain(NodeKeys.apiDomain)
+                try router.setCurveServer(secretKey: keys.pair.secretKey)
+            }
             try router.setRouterMandatory(true)
             // Clients keep one routing id across reconnects, so their watches can be checked.
             try router.setRouterHandover(true)

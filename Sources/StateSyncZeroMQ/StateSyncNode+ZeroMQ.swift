@@ -37,6 +37,12 @@ extension StateSyncNode {
         guard let driver = attachedDriver as? ZeroMQNodeDriver else {
             throw StateSyncError(.stopped, "node \(configuration.nodeID) is not running")
         }
+        // The node's own key is set on its bound sockets: changing it needs a restart.
+        guard driver.ownPublicKey == nil || driver.ownPublicKey == keys.pair.publicKey else {
+            throw StateSyncError(
+                .invalidConfiguration,
+                "security.secret_key: this node's own key changed; that needs a restart (nothing was reloaded)")
+        }
         driver.reload(keys)
     }
 

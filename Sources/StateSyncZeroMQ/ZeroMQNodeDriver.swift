@@ -43,6 +43,10 @@ package final class ZeroMQNodeDriver: NodeDriver {
     /// Keys waiting to replace the transport's (``StateSyncNode/reloadSecurity(_:)``).
     private let pendingKeys = Mutex<NodeKeys?>(nil)
 
+    /// The node's own public key, with security (set at start; a reload may not change it).
+    private let ownKey = Mutex<[UInt8]?>(nil)
+    var ownPublicKey: [UInt8]? { ownKey.withLock { $0 } }
+
     /// Hands the I/O thread new keys; it takes them at its next turn.
     func reload(_ keys: NodeKeys) {
         pendingKeys.withLock { $0 = keys }
@@ -102,7 +106,10 @@ package final class ZeroMQNodeDriver: NodeDriver {
         node.process(
             .endpointsBound(publish: publish, repair: router), now: MonotonicClock.milliseconds(), via: transport)
         if let keys = transport.keys {
-            node.process(.clientAccessChanged(keys.clientAccess), now: MonotonicClock.milliseconds(), via: transport)
+            ownKey.withLock { $0 = keys.pair.publicKey }
+            node.process(
+                .clientAccessChanged(keys.clientAccess, peers: Set(keys.peers.keys)),
+                now: MonotonicClock.milliseconds(), via: transport)
         }
         ready.resume()
         run(node, transport)
@@ -123,7 +130,8 @@ package final class ZeroMQNodeDriver: NodeDriver {
             }) {
                 transport.keys = keys
                 node.process(
-                    .clientAccessChanged(keys.clientAccess), now: MonotonicClock.milliseconds(), via: transport)
+                    .clientAccessChanged(keys.clientAccess, peers: Set(keys.peers.keys)),
+                    now: MonotonicClock.milliseconds(), via: transport)
                 logger.notice(
                     "reloaded the admitted keys",
                     metadata: ["peers": "\(keys.peers.count)", "clients": "\(keys.clientAccess.count)"])
@@ -316,7 +324,9 @@ final class ZeroMQTransport: NodeTransport {
             reply = answer
         }
         do {
-            _ = try socket.send(reply, dontWait: true)
+            if try !socket.send(reply, dontWait: true) {
+                logger.error("cannot answer a ZAP request now (its socket is busy); that handshake will time out")
+            }
         } catch {
             logger.error("cannot answer a ZAP request", metadata: ["error": "\(error)"])
         }

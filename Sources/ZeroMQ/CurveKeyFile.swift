@@ -46,29 +46,33 @@ public enum CurveKeyFile {
     }
 
     /// Reads a secret key file: its key pair (the public key derived from the secret one).
-    /// Refuses a file that others may read, a file that is not one Z85 key, and a missing file.
+    /// Refuses a file that others may read, that another user owns, that is not a regular file
+    /// (a symbolic link is not followed), that is not one Z85 key, and a missing file. The checks
+    /// are made on the opened file, not on its name again.
     public static func readSecretKey(at path: String) throws(Problem) -> Curve.KeyPair {
-        var info = stat()
-        guard stat(path, &info) == 0 else {
-            throw Problem("cannot read the secret key file \(path): \(String(cString: strerror(errno)))")
+        // Never echo what looks like a key itself (someone put the secret where its path goes).
+        let shown = decodeKey(path) == nil ? path : "(a 40-character key, not a path)"
+        let text = try readLine(path, shown: shown, what: "secret key file") { info throws(Problem) in
+            let permissions = info.st_mode & 0o777
+            guard permissions & 0o077 == 0 else {
+                throw Problem(
+                    "the secret key file \(shown) is readable by others (mode \(String(permissions, radix: 8))); run: chmod 600 \(shown)"
+                )
+            }
+            guard info.st_uid == geteuid() else {
+                throw Problem("the secret key file \(shown) belongs to another user; it must be this user's (chown it)")
+            }
         }
-        let permissions = info.st_mode & 0o777
-        guard permissions & 0o077 == 0 else {
-            throw Problem(
-                "the secret key file \(path) is readable by others (mode \(String(permissions, radix: 8))); run: chmod 600 \(path)"
-            )
-        }
-        let text = try readLine(path, what: "secret key file")
         guard let secretKey = decodeKey(text) else {
             throw Problem(
-                "\(path) does not hold a CURVE secret key (one line of 40 Z85 characters, as statesync keygen writes)")
+                "\(shown) does not hold a CURVE secret key (one line of 40 Z85 characters, as statesync keygen writes)")
         }
         var publicText = [CChar](repeating: 0, count: 41)
         var secretText = Array(text.utf8CString)
         guard zmq_curve_public(&publicText, &secretText) == 0,
             let publicKey = decodeKey(String(zeroTerminated: publicText))
         else {
-            throw Problem("cannot derive the public key of \(path)")
+            throw Problem("cannot derive the public key of \(shown)")
         }
         return Curve.KeyPair(publicKey: publicKey, secretKey: secretKey)
     }
@@ -81,7 +85,7 @@ public enum CurveKeyFile {
             if let key = decodeKey(keyOrPath) { return key }
             throw Problem("'\(keyOrPath)' is neither a CURVE public key (40 Z85 characters) nor a readable file")
         }
-        let text = try readLine(keyOrPath, what: "public key file")
+        let text = try readLine(keyOrPath, shown: keyOrPath, what: "public key file") { _ throws(Problem) in }
         guard let key = decodeKey(text) else {
             throw Problem("\(keyOrPath) does not hold a CURVE public key (one line of 40 Z85 characters)")
         }
@@ -100,12 +104,23 @@ public enum CurveKeyFile {
         return key
     }
 
-    private static func readLine(_ path: String, what: String) throws(Problem) -> String {
-        let descriptor = open(path, O_RDONLY)
+    /// Reads the one line of a key file, opened without following a symbolic link and without
+    /// blocking (a FIFO), after `check` accepted what `fstat` says of the opened file.
+    private static func readLine(
+        _ path: String, shown: String, what: String, check: (stat) throws(Problem) -> Void
+    ) throws(Problem) -> String {
+        let descriptor = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
         guard descriptor >= 0 else {
-            throw Problem("cannot read the \(what) \(path): \(String(cString: strerror(errno)))")
+            let reason =
+                errno == ELOOP ? "it is a symbolic link (give the file itself)" : String(cString: strerror(errno))
+            throw Problem("cannot read the \(what) \(shown): \(reason)")
         }
         defer { close(descriptor) }
+        var info = stat()
+        guard fstat(descriptor, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            throw Problem("the \(what) \(shown) is not a regular file")
+        }
+        try check(info)
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 256)
         while bytes.count <= 4096 {
@@ -114,7 +129,7 @@ public enum CurveKeyFile {
             guard count > 0 else { break }
             bytes += buffer[..<count]
         }
-        guard bytes.count <= 4096 else { throw Problem("the \(what) \(path) is too large to be a key") }
+        guard bytes.count <= 4096 else { throw Problem("the \(what) \(shown) is too large to be a key") }
         return String(decoding: bytes, as: UTF8.self).trimmingWhitespace()
     }
 
@@ -137,9 +152,13 @@ public enum CurveKeyFile {
             }
             written += count
         }
-        // The umask may have narrowed the mode; make it exact. Then make the key durable.
-        fchmod(descriptor, mode)
-        fsync(descriptor)
+        // The umask may have narrowed the mode; make it exact. Then make the key durable: a key
+        // that others will trust must not vanish in a power loss after keygen said it was written.
+        guard fchmod(descriptor, mode) == 0, fsync(descriptor) == 0 else {
+            let reason = String(cString: strerror(errno))
+            unlink(path)
+            throw Problem("cannot write \(path): \(reason)")
+        }
     }
 }
 

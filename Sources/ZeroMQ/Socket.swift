@@ -257,6 +257,12 @@ public final class Socket {
         try setOption(ZMQ_UNSUBSCRIBE, "ZMQ_UNSUBSCRIBE", bytes: prefix)
     }
 
+    /// The ZAP domain this socket's handshakes are authenticated in (`ZMQ_ZAP_DOMAIN`): the ZAP
+    /// handler sees it in each request, so it can admit a key on one socket and not another.
+    public func setZAPDomain(_ domain: String) throws(ZeroMQError) {
+        try setOption(ZMQ_ZAP_DOMAIN, "ZMQ_ZAP_DOMAIN", bytes: Array(domain.utf8))
+    }
+
     /// Makes this socket a CURVE server with `secretKey` (32 bytes).
     public func setCurveServer(secretKey: [UInt8]) throws(ZeroMQError) {
         try setOption(ZMQ_CURVE_SERVER, "ZMQ_CURVE_SERVER", int: 1)

@@ -27,6 +27,9 @@ struct StateSyncDaemon: AsyncParsableCommand {
     var printDefaultConfig = false
 
     func run() async throws {
+        // A SIGHUP (e.g. a service manager's reload) during a long start must not end the daemon;
+        // once the node runs, it reloads the keys (reloadOnHangUp).
+        signal(SIGHUP, SIG_IGN)
         if printDefaultConfig {
             print(NodeConfiguration.defaultYAML)
             return
@@ -76,6 +79,15 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 return
             }
             do {
+                let fromEnvironment = [
+                    "STATESYNC_SECURITY_SECRET_KEY", "STATESYNC_SECURITY_PEER_KEYS", "STATESYNC_SECURITY_CLIENT_KEYS",
+                ]
+                .filter { ProcessInfo.processInfo.environment[$0] != nil }
+                if !fromEnvironment.isEmpty {
+                    logger.warning(
+                        "SIGHUP: these security keys come from the environment, which wins over the file; editing the file does not change them",
+                        metadata: ["variables": "\(fromEnvironment.joined(separator: ","))"])
+                }
                 let reloaded = try NodeConfiguration.load(file: configFile)
                 guard let security = reloaded.security else {
                     throw StateSyncError(

@@ -59,7 +59,7 @@ struct SecurityReloadTests {
                     _ = try await removed.get(address)
                     return false
                 } catch {
-                    return "\(error)".contains("may not read channel 'c'")
+                    return "\(error)".contains("no longer admitted")
                 }
             }
             _ = try await kept.set(address, [PropertyWrite(name: "x", value: 7)])

@@ -59,6 +59,28 @@ struct CurveSecurityTests {
         #expect(throws: CurveKeyFile.Problem.self) { try CurveKeyFile.publicKey(garbage) }
         #expect(throws: CurveKeyFile.Problem.self) { try CurveKeyFile.publicKey("tooShort") }
         #expect(throws: CurveKeyFile.Problem.self) { try CurveKeyFile.readSecretKey(at: directory + "/missing.key") }
+        // A symbolic link to a good key is not followed, a FIFO does not hang, and a key given
+        // where its path belongs is not echoed.
+        chmod(path, 0o600)
+        let link = directory + "/link.key"
+        symlink(path, link)
+        do {
+            _ = try CurveKeyFile.readSecretKey(at: link)
+            Issue.record("a symbolic link was followed")
+        } catch {
+            #expect(error.description.contains("symbolic link"), "\(error)")
+        }
+        let fifo = directory + "/fifo.key"
+        mkfifo(fifo, 0o600)
+        #expect(throws: CurveKeyFile.Problem.self) { try CurveKeyFile.readSecretKey(at: fifo) }
+        let secretText = try String(contentsOfFile: path, encoding: .utf8).trimmingCharacters(
+            in: .whitespacesAndNewlines)
+        do {
+            _ = try CurveKeyFile.readSecretKey(at: secretText)
+            Issue.record("a key was taken as a path")
+        } catch {
+            #expect(!error.description.contains(secretText), "the secret is not echoed: \(error)")
+        }
     }
 
     /// The ZAP codec: a CURVE request's key is read; replies carry the request id, the status

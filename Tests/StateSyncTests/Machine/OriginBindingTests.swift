@@ -70,9 +70,10 @@ struct OriginBindingTests {
             clients: [.init(key: "full"), .init(key: "reader", read: ["sensors/*"], write: [])])
         var node = MachineRunner(configuration)
         node.handle(
-            .clientAccessChanged([
-                "client:0": .init(key: "full"), "client:1": .init(key: "reader", read: ["sensors/*"], write: []),
-            ]))
+            .clientAccessChanged(
+                [
+                    "client:0": .init(key: "full"), "client:1": .init(key: "reader", read: ["sensors/*"], write: []),
+                ], peers: ["n2"]))
         let sensor = ClientProtocol.encodeSet(
             ModelAddress(channel: "sensors", model: "t"), [PropertyWrite(name: "c", value: 1)])
         func kind(_ reply: (ClientProtocol.ReplyHeader, [UInt8])?) -> String {
@@ -124,5 +125,20 @@ struct OriginBindingTests {
         // B's requests are now refused.
         let get = ClientProtocol.encodeAddress(ModelAddress(channel: "c", model: "m"))
         #expect(node.request(.get, id: 3, get, client: [0x53, 2], identity: "client:B")?.0.kind == .error)
+    }
+
+    /// A peer's key may ask for repairs, PING and STATUS, nothing else (it cannot write through
+    /// another node's API in that node's name); a removed peer or client may do nothing.
+    @Test func peersOnlyRepairAndRemovedKeysDoNothing() {
+        let clients: [String: SecurityConfiguration.ClientAccess] = ["client:A": .init(key: "a")]
+        func refused(_ command: ClientProtocol.Command, _ identity: String?) -> Bool {
+            NodeMachine.refusal(command, identity: identity, security: true, clients: clients, peers: ["n2"]) != nil
+        }
+        #expect(!refused(.fetch, "node:n2") && !refused(.snapshot, "node:n2") && !refused(.status, "node:n2"))
+        #expect(refused(.set, "node:n2") && refused(.get, "node:n2") && refused(.watch, "node:n2"))
+        #expect(refused(.fetch, "node:n9"), "a peer no longer admitted")
+        #expect(!refused(.status, "client:A") && refused(.status, "client:B"), "a client no longer admitted")
+        #expect(refused(.ping, nil))
+        #expect(NodeMachine.refusal(.set, identity: nil, security: false, clients: [:], peers: []) == nil)
     }
 }

@@ -74,11 +74,19 @@ struct SecurityTests {
                 secretKey: keys.pair["stranger"]!.secretKey)
             try stranger.subscribe()
             try stranger.connect(node1.publishEndpoint)
-            sockets += [plain, stranger]
+            // An admitted client's key is for the API only: on the publish socket (every channel)
+            // it is refused too.
+            let clientSub = try context.socket(.sub)
+            try clientSub.setCurveClient(
+                serverKey: keys.pair["node1"]!.publicKey, publicKey: keys.pair["client"]!.publicKey,
+                secretKey: keys.pair["client"]!.secretKey)
+            try clientSub.subscribe()
+            try clientSub.connect(node1.publishEndpoint)
+            sockets += [plain, stranger, clientSub]
 
             let address = ModelAddress(channel: "secret", model: "m")
-            try await waitUntil("the stranger subscriber was refused") {
-                node1.status.counters["authentication_refusals"] ?? 0 >= 1
+            try await waitUntil("the stranger and the client-key subscribers were refused") {
+                node1.status.counters["authentication_refusals"] ?? 0 >= 2
             }
             for value in 1...20 {
                 _ = try await client.set(address, [PropertyWrite(name: "x", value: .string("unique-value-\(value)"))])
@@ -89,6 +97,7 @@ struct SecurityTests {
             var leaked = 0
             while try plain.receive(dontWait: true) != nil { leaked += 1 }
             while try stranger.receive(dontWait: true) != nil { leaked += 1 }
+            while try clientSub.receive(dontWait: true) != nil { leaked += 1 }
             #expect(leaked == 0, "subscribers without an admitted key receive nothing")
 
             // A client with a key the node does not admit, and one without CURVE: no answer.

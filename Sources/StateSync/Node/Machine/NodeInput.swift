@@ -30,7 +30,7 @@ package enum NodeInput: Sendable {
     case replyDropped
     /// With security: the clients admitted and what each may do, by identity (at start, and at a
     /// reload of the keys).
-    case clientAccessChanged([String: SecurityConfiguration.ClientAccess])
+    case clientAccessChanged([String: SecurityConfiguration.ClientAccess], peers: Set<String> = [])
     /// With security, a connection that presented a key this node does not admit was refused
     /// (`fingerprint`: the key's first 8 Z85 characters; `address`: where it came from).
     case authenticationRefused(fingerprint: String, address: String)

@@ -44,6 +44,31 @@ extension NodeMachine {
         let message: String
     }
 
+    /// With security, why `command` is refused to its sender whatever its arguments (`nil`: go
+    /// on to the per-channel checks): a connection without identity, or whose key was removed
+    /// by a reload, may do nothing; a peer's key may only ask for repairs, PING and STATUS (it
+    /// cannot write through another node's API in that node's name).
+    static func refusal(
+        _ command: ClientProtocol.Command, identity: String?, security: Bool,
+        clients: [String: SecurityConfiguration.ClientAccess], peers: Set<String>
+    ) -> String? {
+        guard security else { return nil }
+        guard let identity else { return "this connection has no admitted key" }
+        if identity.hasPrefix("node:") {
+            guard peers.contains(String(identity.dropFirst(5))) else {
+                return "this peer's key is no longer admitted (security.peer_keys was reloaded)"
+            }
+            guard [.fetch, .snapshot, .ping, .status].contains(command) else {
+                return "a peer's key may only ask for repairs (FETCH, SNAPSHOT), PING and STATUS"
+            }
+            return nil
+        }
+        guard clients[identity] != nil else {
+            return "this client's key is no longer admitted (security.client_keys was reloaded)"
+        }
+        return nil
+    }
+
     /// What the sender of a request may do: `nil` is everything (no security, or a peer node).
     /// A client no longer admitted (its key removed by a reload) may do nothing.
     func access(of identity: String?) -> SecurityConfiguration.ClientAccess? {
@@ -132,6 +157,14 @@ extension NodeMachine {
                     .denied,
                     "this is node \(configuration.nodeID)'s repair endpoint, which serves only its peers; it has no client API (network.api)"
                 ))
+            return
+        }
+        if let refusal = Self.refusal(
+            command, identity: identity, security: configuration.security != nil,
+            clients: clientAccess, peers: admittedPeers)
+        {
+            counters.clientErrors += 1
+            reply(client, .error, id, ClientProtocol.encodeError(.forbidden, refusal))
             return
         }
         let body = frames[1]

@@ -48,8 +48,11 @@ package struct NodeMachine: Sendable {
     /// changes are delivered, and not to the instance that wrote them (it holds them already).
     package var attachedModels: [ModelAddress: UInt64] = [:]
     /// With security: what each admitted client may do, by identity (the user id of its key),
-    /// from its driver at start and at every reload (``NodeInput/clientAccessChanged(_:)``).
+    /// from its driver at start and at every reload (``NodeInput/clientAccessChanged(_:peers:)``).
     var clientAccess: [String: SecurityConfiguration.ClientAccess] = [:]
+    /// With security: the node ids whose keys are admitted (a removed peer's open connections
+    /// may do nothing).
+    var admittedPeers: Set<String> = []
     /// Refused connections by key fingerprint, for the 32 most recent distinct keys (status).
     var refusedKeys: [String: Int] = [:]
     var refusedKeyOrder: [String] = []
@@ -183,7 +186,8 @@ package struct NodeMachine: Sendable {
             logger.error("log compaction failed; will retry", metadata: ["error": "\(reason)"])
         case .watchEventsSent(let key, let accepted, let gone):
             watchEventsSent(key, accepted: accepted, clientGone: gone)
-        case .clientAccessChanged(let access):
+        case .clientAccessChanged(let access, let peers):
+            admittedPeers = peers
             clientAccessChanged(access)
         case .authenticationRefused(let fingerprint, let address):
             counters.authenticationRefusals += 1
