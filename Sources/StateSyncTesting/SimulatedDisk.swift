@@ -16,6 +16,7 @@ public final class SimulatedDisk: NodeStorage {
         var pendingLog: [UInt8] = []
         var syncs = 0
         var bytesAppended = 0
+        var freeBytes: UInt64?
     }
 
     private let state = Mutex(State())
@@ -71,6 +72,13 @@ public final class SimulatedDisk: NodeStorage {
     }
 
     package func close() {}
+
+    /// The free space the node sees (`nil`: unknown, as a file system that cannot say).
+    package var freeBytes: UInt64? {
+        get { state.withLock { $0.freeBytes } }
+        set { state.withLock { $0.freeBytes = newValue } }
+    }
+    package func availableBytes() -> UInt64? { freeBytes }
 
     /// The node crashed: what was not synced is lost, except the first `tornBytes` of it (at most
     /// what was pending), which reached the platter — possibly half a record.

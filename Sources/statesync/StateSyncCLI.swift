@@ -375,6 +375,11 @@ extension StateSyncCLI {
                 emit(
                     "watchers:  \(status.watchers)\(status.laggingWatches > 0 ? " (\(status.laggingWatches) lagging)" : "")"
                 )
+                if status.diskFull {
+                    emit(
+                        "disk:      FULL (\(status.diskFreeBytes.map(String.init) ?? "?") bytes free, under storage.reserve_bytes): writes are refused"
+                    )
+                }
                 if !status.refusedKeys.isEmpty {
                     emit(
                         "refused:   "

@@ -22,6 +22,7 @@ extension NodeConfiguration {
         case highWaterMark = "network.hwm"
         case clientHighWaterMark = "network.client_hwm"
         case batchMaximumDeltas = "network.batch_max_deltas"
+        case reserveBytes = "storage.reserve_bytes"
         case secretKey = "security.secret_key"
         case peerKeys = "security.peer_keys"
         case clientKeys = "security.client_keys"
@@ -160,6 +161,10 @@ extension NodeConfiguration {
         }
         let compactBytes = try reader.int(.compactBytes) ?? 64 << 20
         guard compactBytes >= 4096 else { throw reader.invalid(.compactBytes, "\(compactBytes) is below 4096 bytes") }
+        let reserveBytes = try reader.int(.reserveBytes) ?? 64 << 20
+        guard reserveBytes >= 0 else {
+            throw reader.invalid(.reserveBytes, "\(reserveBytes) must not be negative (0 = no reserve)")
+        }
         let historyDeltas = try reader.int(.historyDeltas) ?? 100_000
         guard (0...100_000_000).contains(historyDeltas) else {
             throw reader.invalid(.historyDeltas, "\(historyDeltas) is outside 0…100000000")
@@ -182,6 +187,7 @@ extension NodeConfiguration {
         configuration.clientHighWaterMark = clientHWM
         configuration.batchMaximumDeltas = batch
         configuration.peerNodeIDs = peerNodeIDs
+        configuration.reserveBytes = reserveBytes
         configuration.security = try security(reader, peers: peers, peerNodeIDs: peerNodeIDs)
         return configuration
     }

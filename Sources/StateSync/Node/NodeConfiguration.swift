@@ -43,6 +43,9 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var fsyncIntervalMilliseconds: Int
     /// The log is compacted into the snapshot when it grows past this many bytes.
     public var compactBytes: Int
+    /// Local writes are refused (client SETs get ERROR 9) while the data directory's file system
+    /// has less free space than this; reads, watches and repairs go on.
+    public var reserveBytes: Int = 64 << 20
     /// How many deltas per origin are kept in memory to serve peers' repairs.
     public var historyDeltas: Int
     /// The high-water mark of the PUB socket and of each SUB socket, in messages: how much may be

@@ -46,6 +46,10 @@ public struct NodeStatus: Sendable, Equatable {
     /// With security: refused connections by key fingerprint (its first 8 Z85 characters), for
     /// the most recent distinct keys (at most 32).
     public var refusedKeys: [String: Int] = [:]
+    /// Whether the node refuses writes because its disk is nearly full, and the free bytes it last
+    /// measured (`nil`: unknown).
+    public var diskFull = false
+    public var diskFreeBytes: UInt64?
 
     /// The status as a ``Value`` map (its wire and JSON form).
     public var value: Value {
@@ -73,7 +77,9 @@ public struct NodeStatus: Sendable, Equatable {
             "missing_deltas": .int(Int64(missingDeltas)),
             "lagging_watches": .int(Int64(laggingWatches)),
             "refused_keys": .map(refusedKeys.mapValues { .int(Int64($0)) }),
+            "disk_full": .bool(diskFull),
         ]
+        map["disk_free_bytes"] = diskFreeBytes.map { .int(Int64(clamping: $0)) } ?? .null
         map["api"] = apiEndpoint.map(Value.string) ?? .null
         return .map(map)
     }
@@ -123,6 +129,8 @@ public struct NodeStatus: Sendable, Equatable {
         self.missingDeltas = int(map["missing_deltas"]) ?? 0
         self.laggingWatches = int(map["lagging_watches"]) ?? 0
         if case .map(let refused)? = map["refused_keys"] { self.refusedKeys = refused.mapValues { int($0) ?? 0 } }
+        if case .bool(let full)? = map["disk_full"] { self.diskFull = full }
+        self.diskFreeBytes = int(map["disk_free_bytes"]).map { UInt64(clamping: $0) }
     }
 
     init(

@@ -46,6 +46,10 @@ public final class StateSyncNode: Sendable {
     let monotonicNow: @Sendable () -> UInt64
     private let state: Mutex<HostState>
     private let outbox = Mutex<[LocalWrite]>([])
+    /// When the data directory's free space was last measured (monotonic milliseconds).
+    private let lastSpaceCheck = Atomic<UInt64>(0)
+    /// How often the free space is measured.
+    static let spaceCheckInterval: UInt64 = 200
     private let driver = Mutex<(any NodeDriver)?>(nil)
     private let lifecycle = Mutex<Lifecycle>(.running(waiters: []))
 
@@ -141,6 +145,12 @@ public final class StateSyncNode: Sendable {
                 .localWrites(start == 0 && end == written.count ? written : Array(written[start..<end])), now: now,
                 via: transport)
             start = end
+        }
+        if case .tick = input, now &- lastSpaceCheck.load(ordering: .relaxed) >= Self.spaceCheckInterval {
+            lastSpaceCheck.store(now, ordering: .relaxed)
+            if let available = storage.availableBytes() {
+                handle(.diskSpace(availableBytes: available), now: now, via: transport)
+            }
         }
         handle(input, now: now, via: transport)
     }

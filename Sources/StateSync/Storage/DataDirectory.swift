@@ -55,6 +55,14 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
     /// Releases the directory for another node. Idempotent.
     package func close() { unlock() }
 
+    /// The bytes an unprivileged writer may still use on the directory's file system
+    /// (`statvfs`: free blocks × fragment size), `nil` if it cannot be read.
+    package func availableBytes() -> UInt64? {
+        var info = statvfs()
+        guard statvfs(path, &info) == 0 else { return nil }
+        return UInt64(info.f_bavail).multipliedReportingOverflow(by: UInt64(info.f_frsize)).partialValue
+    }
+
     /// Releases the directory for another node. Idempotent.
     func unlock() {
         if locked.exchange(false, ordering: .acquiringAndReleasing) {

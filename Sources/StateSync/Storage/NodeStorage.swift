@@ -15,6 +15,8 @@ package protocol NodeStorage: AnyObject, Sendable {
     func compact(_ snapshot: StateSnapshot) throws(StateSyncError)
     /// Releases the storage for another node. Idempotent.
     func close()
+    /// The bytes still free for the log and snapshot (`nil` when unknown).
+    func availableBytes() -> UInt64?
 }
 
 /// Runs observers' notifications of the changes a node applied, off the thread that applied

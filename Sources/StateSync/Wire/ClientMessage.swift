@@ -40,6 +40,9 @@ public enum ClientProtocol {
         /// With security: this client's key may not do this on this channel (its read and write
         /// patterns in `security.client_keys`), or may not ask for repairs.
         case forbidden = 8
+        /// The node's disk is (nearly) full: it takes no writes until space returns
+        /// (`storage.reserve_bytes`); reads, watches and repairs go on.
+        case diskFull = 9
     }
 
     /// A request header.

@@ -150,3 +150,34 @@ struct DurabilityMachineTests {
         #expect(clock.next() > logged.version, "never a version below one this node already wrote")
     }
 }
+
+/// A nearly full disk (issue #13): writes are refused with ERROR 9, everything else goes on, and
+/// writes are taken again when space returns — on the node machine alone.
+@Suite("A full disk on the node machine")
+struct DiskFullMachineTests {
+    @Test func underTheReserveSetsAreRefusedAndReadsGoOn() {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.reserveBytes = 1000
+        var node = MachineRunner(configuration)
+        let address = ModelAddress(channel: "c", model: "m")
+        let set = ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 1)])
+        node.handle(.diskSpace(availableBytes: 5000))
+        #expect(node.request(.set, id: 1, set)?.0.kind == .ok)
+        node.handle(.diskSpace(availableBytes: 999))
+        let refused = node.request(.set, id: 2, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 2)]))
+        #expect(refused?.0.kind == .error)
+        let error = refused.flatMap { try? ClientProtocol.decodeError($0.1) }
+        #expect(error?.code == ClientProtocol.ErrorCode.diskFull.rawValue)
+        #expect(error?.message.contains("disk of node n1 is full") == true, "\(String(describing: error))")
+        #expect(node.request(.get, id: 3, ClientProtocol.encodeAddress(address))?.0.kind == .ok, "reads go on")
+        #expect(node.machine.store.properties(of: address)["x"]?.value == 1, "the refused write changed nothing")
+        #expect(node.machine.status(now: node.now).diskFull)
+        node.handle(.diskSpace(availableBytes: 999))
+        #expect(node.machine.counters.diskFullEpisodes == 1, "one episode, however many measurements")
+        node.handle(.diskSpace(availableBytes: 100_000))
+        #expect(
+            node.request(.set, id: 4, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 3)]))?.0.kind
+                == .ok)
+        #expect(!node.machine.status(now: node.now).diskFull)
+    }
+}

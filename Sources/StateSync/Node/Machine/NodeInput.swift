@@ -28,6 +28,8 @@ package enum NodeInput: Sendable {
     case watchEventsSent(WatchKey, accepted: Int, clientGone: Bool)
     /// A reply could not be queued to its client (the client's queue is full).
     case replyDropped
+    /// The free space of the data directory's file system (the host measures it now and then).
+    case diskSpace(availableBytes: UInt64)
     /// With security: the clients admitted and what each may do, by identity (at start, and at a
     /// reload of the keys).
     case clientAccessChanged([String: SecurityConfiguration.ClientAccess], peers: Set<String> = [])

@@ -173,6 +173,16 @@ extension NodeMachine {
             case .set:
                 let (address, writes) = try ClientProtocol.decodeSet(body)
                 try authorize(identity, write: true, channel: address.channel)
+                if diskFull {
+                    counters.clientErrors += 1
+                    reply(
+                        client, .error, id,
+                        ClientProtocol.encodeError(
+                            .diskFull,
+                            "the disk of node \(configuration.nodeID) is full (\(diskFree ?? 0) bytes free, under storage.reserve_bytes \(configuration.reserveBytes)): it takes no writes until space returns"
+                        ))
+                    return
+                }
                 let (version, result) = try clientSet(address, writes)
                 var answer = ClientProtocol.encodeVersion(version)
                 answer.append(result.rawValue)

@@ -53,6 +53,9 @@ package struct NodeMachine: Sendable {
     /// With security: the node ids whose keys are admitted (a removed peer's open connections
     /// may do nothing).
     var admittedPeers: Set<String> = []
+    /// The data directory's free space, when known, and whether it is under the reserve.
+    var diskFree: UInt64?
+    var diskFull = false
     /// Refused connections by key fingerprint, for the 32 most recent distinct keys (status).
     var refusedKeys: [String: Int] = [:]
     var refusedKeyOrder: [String] = []
@@ -186,6 +189,8 @@ package struct NodeMachine: Sendable {
             logger.error("log compaction failed; will retry", metadata: ["error": "\(reason)"])
         case .watchEventsSent(let key, let accepted, let gone):
             watchEventsSent(key, accepted: accepted, clientGone: gone)
+        case .diskSpace(let available):
+            diskSpace(available)
         case .clientAccessChanged(let access, let peers):
             admittedPeers = peers
             clientAccessChanged(access)
@@ -246,6 +251,25 @@ package struct NodeMachine: Sendable {
                 metadata: ["kind": "\(kind)", "suppressed": "\(suppressed)"])
         }
         pumpWatches()
+    }
+
+    /// The free space changed: below `storage.reserve_bytes` the node stops taking client writes
+    /// (ERROR 9) until it is back above it; logged once per episode.
+    mutating func diskSpace(_ available: UInt64) {
+        diskFree = available
+        let full = available < UInt64(max(configuration.reserveBytes, 0))
+        guard full != diskFull else { return }
+        diskFull = full
+        if full {
+            counters.diskFullEpisodes += 1
+            logger.error(
+                "the data directory's disk is nearly full: refusing writes until space returns; reads, watches and repairs go on",
+                metadata: ["disk.free_bytes": "\(available)", "storage.reserve_bytes": "\(configuration.reserveBytes)"])
+        } else {
+            logger.notice(
+                "the data directory's disk has space again: taking writes",
+                metadata: ["disk.free_bytes": "\(available)"])
+        }
     }
 
     /// Whether only this host can reach `endpoint`: `ipc://`, `inproc://`, or TCP on a loopback
@@ -353,6 +377,8 @@ package struct NodeMachine: Sendable {
             missingDeltas: missingDeltas, laggingWatches: watches.lagging)
         status.publishedSequence = published
         status.refusedKeys = refusedKeys
+        status.diskFull = diskFull
+        status.diskFreeBytes = diskFree
         return status
     }
 

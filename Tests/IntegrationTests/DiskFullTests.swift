@@ -1,0 +1,62 @@
+import Foundation
+import StateSyncClient
+import StateSyncZeroMQ
+import Testing
+
+/// A data directory on a small tmpfs that fills up (issue #13): the node refuses writes with a
+/// clear error, keeps serving reads and watches, and takes writes again once space returns.
+@Suite("A full disk, for real")
+struct DiskFullTests {
+    static var canMount: Bool { getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/mount") }
+
+    static func run(_ arguments: [String]) -> Int32 {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: arguments[0])
+        process.arguments = Array(arguments.dropFirst())
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { return -1 }
+        process.waitUntilExit()
+        return process.terminationStatus
+    }
+
+    @Test(.enabled(if: canMount, "needs root to mount a tmpfs"))
+    func writesAreRefusedWhileTheDiskIsFullAndTakenAgainAfter() async throws {
+        let mountPoint = temporaryDirectory("tmpfs")
+        try #require(Self.run(["/usr/bin/mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", mountPoint]) == 0)
+        defer {
+            _ = Self.run(["/usr/bin/umount", mountPoint])
+            try? FileManager.default.removeItem(atPath: mountPoint)
+        }
+        var configuration = NodeConfiguration(
+            nodeID: "node1", dataDirectory: "\(mountPoint)/data", publishEndpoint: "tcp://127.0.0.1:\(freePort())",
+            peers: [], apiEndpoint: "tcp://127.0.0.1:\(freePort())", heartbeatIntervalMilliseconds: 50)
+        configuration.reserveBytes = 4 << 20
+        let node = try await StateSyncNode.start(configuration: configuration)
+        do {
+            let client = try StateSyncClient(endpoint: try #require(node.apiEndpoint), requestTimeout: .seconds(5))
+            defer { client.close() }
+            let address = ModelAddress(channel: "c", model: "m")
+            _ = try await client.set(address, [PropertyWrite(name: "x", value: 1)])
+            // Fill the file system past the reserve.
+            let filler = "\(mountPoint)/filler"
+            #expect(FileManager.default.createFile(atPath: filler, contents: Data(count: 5 << 20)))
+            try await waitUntil("the node notices the full disk") { node.status.diskFull }
+            await #expect {
+                _ = try await client.set(address, [PropertyWrite(name: "x", value: 2)])
+            } throws: { error in
+                "\(error)".contains("disk of node node1 is full")
+            }
+            #expect(try await client.get(address)["x"]?.value == 1, "reads go on, the refused write changed nothing")
+            // Space returns: writes are taken again, by themselves.
+            try FileManager.default.removeItem(atPath: filler)
+            try await waitUntil("the node takes writes again") { !node.status.diskFull }
+            _ = try await client.set(address, [PropertyWrite(name: "x", value: 3)])
+            #expect(try await client.get(address)["x"]?.value == 3)
+            #expect(node.status.counters["disk_full_episodes"] == 1)
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
+}
