@@ -9,7 +9,7 @@ enum SocketFactory {
 
     static func makeNodeSockets(configuration: NodeConfiguration) throws(StateSyncError) -> (
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
-        zap: Socket?, keys: NodeKeys?
+        zap: Socket?, keys: NodeKeys?, monitors: [Socket]
     ) {
         // Keys first: a bad key file stops the node before it binds anything.
         let keys = try configuration.security.map { (security) throws(StateSyncError) in try NodeKeys(security) }
@@ -59,7 +59,19 @@ enum SocketFactory {
                 router, configuration.repairServiceEndpoint,
                 key: configuration.apiEndpoint != nil
                     ? "network.api" : configuration.repairEndpoint != nil ? "network.repair" : "the repair endpoint")
-            return (context, publisher, subscribers, router, zap, keys)
+            // With security, handshakes that fail before ZAP (no CURVE at all) are counted too.
+            var monitors: [Socket] = []
+            if keys != nil {
+                for (index, socket) in [publisher, router].enumerated() {
+                    let endpoint = "inproc://statesync-monitor-\(index)"
+                    try socket.monitorHandshakeFailures(on: endpoint)
+                    let monitor = try context.socket(.pair)
+                    try monitor.setLinger(milliseconds: 0)
+                    try monitor.connect(endpoint)
+                    monitors.append(monitor)
+                }
+            }
+            return (context, publisher, subscribers, router, zap, keys, monitors)
         } catch let error as StateSyncError {
             throw error
         } catch {

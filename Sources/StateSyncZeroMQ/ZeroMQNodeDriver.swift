@@ -95,7 +95,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
             let made = try SocketFactory.makeNodeSockets(configuration: configuration)
             transport = ZeroMQTransport(
                 context: made.context, publisher: made.publisher, subscribers: made.subscribers, router: made.router,
-                zap: made.zap, keys: made.keys, configuration: configuration, logger: logger)
+                zap: made.zap, keys: made.keys, monitors: made.monitors, configuration: configuration, logger: logger)
         } catch {
             finish()
             ready.resume(throwing: error)
@@ -166,6 +166,10 @@ package final class ZeroMQNodeDriver: NodeDriver {
                     case .zap(let socket):
                         guard let refused = transport.authenticate(frames, on: socket) else { continue }
                         input = refused
+                    case .monitor:
+                        // A connection that failed its handshake before ZAP: no key to name.
+                        guard let event = MonitorEvent(frames: frames) else { continue }
+                        input = .authenticationRefused(fingerprint: "no-curve", address: event.endpoint)
                     }
                     node.process(input, now: MonotonicClock.milliseconds(), via: transport)
                 }
@@ -185,10 +189,14 @@ final class ZeroMQTransport: NodeTransport {
         case repairLink(peer: String, Socket)
         /// The ZAP handler (with security): libzmq's questions about connecting keys.
         case zap(Socket)
+        /// A monitor of a secured server socket's failed handshakes.
+        case monitor(Socket)
 
         var socket: Socket {
             switch self {
-            case .subscriber(_, let socket), .router(let socket), .repairLink(_, let socket), .zap(let socket): socket
+            case .subscriber(_, let socket), .router(let socket), .repairLink(_, let socket), .zap(let socket),
+                .monitor(let socket):
+                socket
             }
         }
     }
@@ -210,12 +218,14 @@ final class ZeroMQTransport: NodeTransport {
     /// With security: the ZAP handler and the keys.
     let zap: Socket?
     var keys: NodeKeys?
+    let monitors: [Socket]
 
     init(
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
-        zap: Socket?, keys: NodeKeys?, configuration: NodeConfiguration, logger: Logger
+        zap: Socket?, keys: NodeKeys?, monitors: [Socket] = [], configuration: NodeConfiguration, logger: Logger
     ) {
         self.zap = zap
+        self.monitors = monitors
         self.keys = keys
         self.configuration = configuration
         self.context = context
@@ -231,6 +241,7 @@ final class ZeroMQTransport: NodeTransport {
         polled = []
         // ZAP first: a connecting peer or client waits for its answer.
         if let zap { polled.append(.zap(zap)) }
+        polled += monitors.map { .monitor($0) }
         if !intakePaused { polled += subscribers.map { .subscriber(peer: $0.endpoint, $0.socket) } }
         polled.append(.router(router))
         if !intakePaused {
@@ -360,6 +371,7 @@ final class ZeroMQTransport: NodeTransport {
         for (_, subscriber) in subscribers { subscriber.close() }
         router.close()
         zap?.close()
+        for monitor in monitors { monitor.close() }
         context.terminate()
     }
 }

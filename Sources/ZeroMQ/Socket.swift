@@ -257,6 +257,16 @@ public final class Socket {
         try setOption(ZMQ_UNSUBSCRIBE, "ZMQ_UNSUBSCRIBE", bytes: prefix)
     }
 
+    /// Publishes this socket's failed security handshakes that never reach a ZAP handler (a
+    /// peer without the right mechanism, a broken handshake) as monitor events on `endpoint`
+    /// (`inproc://…`), for a PAIR socket connected there (`zmq_socket_monitor`); decode them with
+    /// ``MonitorEvent/init(frames:)``.
+    public func monitorHandshakeFailures(on endpoint: String) throws(ZeroMQError) {
+        let handle = rawHandle
+        let events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+        try zmqCheck("zmq_socket_monitor") { zmq_socket_monitor(handle, endpoint, events) }
+    }
+
     /// The ZAP domain this socket's handshakes are authenticated in (`ZMQ_ZAP_DOMAIN`): the ZAP
     /// handler sees it in each request, so it can admit a key on one socket and not another.
     public func setZAPDomain(_ domain: String) throws(ZeroMQError) {
