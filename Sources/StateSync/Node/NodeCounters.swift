@@ -21,6 +21,8 @@ public struct NodeCounters: Sendable, Equatable {
     public var forgedOrigins = 0
     /// Times the data directory's free space fell under `storage.reserve_bytes`.
     public var diskFullEpisodes = 0
+    /// Peer HEARTBEATs whose API was on another host than their stream: not dialled.
+    public var foreignRepairEndpoints = 0
     /// Well-formed DELTA messages received from peers (a batch counts once): with
     /// ``deltasReceived``, how well deltas are batched.
     public var deltaMessagesReceived = 0
@@ -75,7 +77,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("delta_messages_received", deltaMessagesReceived), ("peer_link_resets", peerLinkResets),
             ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
-            ("disk_full_episodes", diskFullEpisodes),
+            ("disk_full_episodes", diskFullEpisodes), ("foreign_repair_endpoints", foreignRepairEndpoints),
             ("delta_messages_published", deltaMessagesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),

@@ -56,3 +56,34 @@ struct PeerLinkMachineTests {
         #expect(RepairMachineTests.requests(node).dropFirst().contains { $0.peer != "inproc://n1" })
     }
 }
+
+/// A HEARTBEAT's `api` is dialled only on the host the peer's stream comes from (PROTOCOL.md 14).
+@Suite("Advertised API endpoints")
+struct AdvertisedAPITests {
+    @Test func onlyAnAPIOnThePeersHostIsDialled() {
+        #expect(NodeMachine.sameHost("tcp://10.0.0.2:7101", "tcp://10.0.0.2:7001"))
+        #expect(!NodeMachine.sameHost("tcp://10.9.9.9:22", "tcp://10.0.0.2:7001"))
+        #expect(
+            NodeMachine.sameHost("tcp://10.0.0.2:7101", "tcp://node2.example:7001"), "a host name cannot be compared")
+        #expect(
+            NodeMachine.sameHost("inproc://n2.api", "inproc://n2")
+                && !NodeMachine.sameHost("tcp://1.2.3.4:1", "ipc:///x"))
+
+        var configuration = MachineRunner.configuration("n1")
+        configuration.peers = ["tcp://10.0.0.2:7001"]
+        var node = MachineRunner(configuration)
+        func beat(api: String) -> [[UInt8]] {
+            PeerMessage.heartbeat(
+                PeerMessage.Heartbeat(node: "n2", latestSequence: 0, clock: 0, incarnation: 1, api: api)
+            )
+            .encode()
+        }
+        node.handle(.peerMessage(peer: "tcp://10.0.0.2:7001", frames: beat(api: "tcp://10.9.9.9:22")))
+        node.advance(60)
+        #expect(node.repairLinksConnected.isEmpty, "not dialled")
+        #expect(node.machine.counters.foreignRepairEndpoints == 1)
+        node.handle(.peerMessage(peer: "tcp://10.0.0.2:7001", frames: beat(api: "tcp://10.0.0.2:7101")))
+        node.advance(60)
+        #expect(node.repairLinksConnected == ["tcp://10.0.0.2:7001"])
+    }
+}

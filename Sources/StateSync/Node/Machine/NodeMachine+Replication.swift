@@ -57,8 +57,19 @@ extension NodeMachine {
     mutating func receiveHeartbeat(_ beat: PeerMessage.Heartbeat, from endpoint: String) {
         peers[endpoint, default: PeerProgress()].lastMessageAt = now
         peers[endpoint, default: PeerProgress()].node = beat.node
-        peers[endpoint, default: PeerProgress()].repairEndpoint =
-            beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
+        var repairEndpoint = beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
+        // Only an API on the host this node reaches the peer at is dialled: a HEARTBEAT must not
+        // make the node connect anywhere else (section 14).
+        if let advertised = repairEndpoint, !Self.sameHost(advertised, endpoint) {
+            counters.foreignRepairEndpoints += 1
+            if let suppressed = limiter.allow("foreign-api", now: now) {
+                logger.warning(
+                    "a peer advertises its API on another host than the one its stream comes from; not dialled (bind its API on the same host as its publish endpoint)",
+                    metadata: ["peer.endpoint": "\(endpoint)", "api": "\(advertised)", "suppressed": "\(suppressed)"])
+            }
+            repairEndpoint = nil
+        }
+        peers[endpoint, default: PeerProgress()].repairEndpoint = repairEndpoint
         var covered = beat.progress
         covered[beat.node] = max(covered[beat.node] ?? 0, beat.latestSequence)
         peers[endpoint, default: PeerProgress()].progress = covered
@@ -80,6 +91,25 @@ extension NodeMachine {
     }
 
     /// An advertised endpoint bound to a wildcard host is reached at the host we reach the peer at.
+    /// Whether the advertised endpoint `a` is on the host of the peer endpoint `b`: the same TCP
+    /// host, or any two non-TCP endpoints (`ipc://`, `inproc://`, the simulator's: local by
+    /// nature). A peer configured by host name cannot be compared without a DNS lookup (which a
+    /// machine does not make): then any host is accepted.
+    static func sameHost(_ a: String, _ b: String) -> Bool {
+        func host(_ endpoint: String) -> Substring? {
+            guard endpoint.hasPrefix("tcp://") else { return nil }
+            let rest = endpoint.dropFirst(6)
+            return rest.lastIndex(of: ":").map { rest[..<$0] } ?? rest
+        }
+        switch (host(a), host(b)) {
+        case (nil, nil): return true
+        case (let x?, let y?):
+            let isAddress = y.allSatisfy { $0.isHexDigit || $0 == "." || $0 == ":" || $0 == "[" || $0 == "]" }
+            return x == y || !isAddress
+        default: return false
+        }
+    }
+
     static func reachable(_ advertised: String, via peerEndpoint: String) -> String {
         for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where advertised.hasPrefix(wildcard) {
             let port = advertised.dropFirst(wildcard.count)
