@@ -20,11 +20,9 @@ extension NodeMachine {
     /// Counts a client message dropped as malformed and logs it at a limited rate (section 12).
     mutating func countMalformedRequest(from client: [UInt8], _ message: String, reason: String) {
         counters.malformedMessages += 1
-        if let suppressed = limiter.allow("malformed-client-message", now: now) {
-            logger.warning(
-                "\(message)",
-                metadata: ["client": "\(Self.hex(client))", "error": "\(reason)", "suppressed": "\(suppressed)"])
-        }
+        warnLimited(
+            "malformed-client-message", "\(message)",
+            metadata: ["client": "\(Self.hex(client))", "error": "\(reason)"])
     }
 
     /// A routing id as hexadecimal (for logs).
@@ -241,14 +239,11 @@ extension NodeMachine {
             reply(client, .error, id, ClientProtocol.encodeError(.forbidden, error.message))
         } catch let error as WireError {
             counters.clientErrors += 1
-            if let suppressed = limiter.allow("malformed-client-request", now: now) {
-                logger.warning(
-                    "a client request with a malformed body was refused (ERROR 1)",
-                    metadata: [
-                        "client": "\(Self.hex(client))", "command": "\(command)", "error": "\(error)",
-                        "suppressed": "\(suppressed)",
-                    ])
-            }
+            warnLimited(
+                "malformed-client-request", "a client request with a malformed body was refused (ERROR 1)",
+                metadata: [
+                    "client": "\(Self.hex(client))", "command": "\(command)", "error": "\(error)",
+                ])
             reply(client, .error, id, ClientProtocol.encodeError(.malformed, "malformed \(command) request: \(error)"))
         } catch let error as StateSyncError {
             counters.clientErrors += 1

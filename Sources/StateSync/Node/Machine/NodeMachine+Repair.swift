@@ -225,14 +225,12 @@ extension NodeMachine {
         counters.phantomSequences =
             counters.phantomSequences.addingReportingOverflow(Int(clamping: phantom)).overflow
             ? .max : counters.phantomSequences + Int(clamping: phantom)
-        if let suppressed = limiter.allow("phantom-sequences", now: now) {
-            logger.warning(
-                "peers announced sequence numbers of an origin that no peer, the origin included, ever held; no longer waiting for them",
-                metadata: [
-                    "peer.id": "\(origin)", "delta.range": "\(backed + 1)...\(backed + phantom)",
-                    "suppressed": "\(suppressed)",
-                ])
-        }
+        warnLimited(
+            "phantom-sequences",
+            "peers announced sequence numbers of an origin that no peer, the origin included, ever held; no longer waiting for them",
+            metadata: [
+                "peer.id": "\(origin)", "delta.range": "\(backed + 1)...\(backed + phantom)",
+            ])
     }
 
     /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
@@ -278,11 +276,9 @@ extension NodeMachine {
         if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
         if refused > 0 {
             counters.malformedMessages += 1
-            if let suppressed = limiter.allow("snapshot-names", now: now) {
-                logger.warning(
-                    "a peer's snapshot held registers with invalid names; they were not merged",
-                    metadata: ["registers": "\(refused)", "suppressed": "\(suppressed)"])
-            }
+            warnLimited(
+                "snapshot-names", "a peer's snapshot held registers with invalid names; they were not merged",
+                metadata: ["registers": "\(refused)"])
         }
         for (origin, through) in snapshot.progress.sorted(by: { $0.key < $1.key }) {
             coverWithoutHistory(origin: origin, through: through)

@@ -43,14 +43,11 @@ extension NodeMachine {
     /// Drops what a peer sent in another node's name on its live stream: counted and logged.
     mutating func refuseForged(origin: String, count: Int, from endpoint: String, bound: String, what: String) {
         counters.forgedOrigins += count
-        if let suppressed = limiter.allow("forged-origin", now: now) {
-            logger.warning(
-                "a peer sent \(what) in another node's name on its live stream; dropped",
-                metadata: [
-                    "peer.endpoint": "\(endpoint)", "peer.id": "\(bound)", "origin": "\(origin)",
-                    "suppressed": "\(suppressed)",
-                ])
-        }
+        warnLimited(
+            "forged-origin", "a peer sent \(what) in another node's name on its live stream; dropped",
+            metadata: [
+                "peer.endpoint": "\(endpoint)", "peer.id": "\(bound)", "origin": "\(origin)",
+            ])
     }
 
     /// A HEARTBEAT (section 7.3): liveness, the peer's repair endpoint, and what exists.
@@ -62,11 +59,10 @@ extension NodeMachine {
         // make the node connect anywhere else (section 14).
         if let advertised = repairEndpoint, !Self.sameHost(advertised, endpoint) {
             counters.foreignRepairEndpoints += 1
-            if let suppressed = limiter.allow("foreign-api", now: now) {
-                logger.warning(
-                    "a peer advertises its API on another host than the one its stream comes from; not dialled (bind its API on the same host as its publish endpoint)",
-                    metadata: ["peer.endpoint": "\(endpoint)", "api": "\(advertised)", "suppressed": "\(suppressed)"])
-            }
+            warnLimited(
+                "foreign-api",
+                "a peer advertises its API on another host than the one its stream comes from; not dialled (bind its API on the same host as its publish endpoint)",
+                metadata: ["peer.endpoint": "\(endpoint)", "api": "\(advertised)"])
             repairEndpoint = nil
         }
         peers[endpoint, default: PeerProgress()].repairEndpoint = repairEndpoint
@@ -122,11 +118,9 @@ extension NodeMachine {
 
     mutating func countMalformed(kind: String, _ message: String, endpoint: String, error: any Error) {
         counters.malformedMessages += 1
-        if let suppressed = limiter.allow(kind, now: now) {
-            logger.warning(
-                "\(message)",
-                metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)", "suppressed": "\(suppressed)"])
-        }
+        warnLimited(
+            kind, "\(message)",
+            metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)"])
     }
 
     /// Applies deltas from one peer message (or one repair answer). Returns the new ones, in
@@ -185,12 +179,11 @@ extension NodeMachine {
             machine.counters.propertiesStale += delta.properties.count - won.count
             if !won.isEmpty { machine.counters.deltasApplied += 1 }
         }
-        if let drifted = drifted.first, let suppressed = limiter.allow("clock-drift", now: now) {
-            logger.warning(
-                "a peer's clock is further ahead than clock.max_drift_ms; not following it",
+        if let drifted = drifted.first {
+            warnLimited(
+                "clock-drift", "a peer's clock is further ahead than clock.max_drift_ms; not following it",
                 metadata: [
                     "peer.id": "\(drifted.origin)", "delta.version": "\(drifted.version)",
-                    "suppressed": "\(suppressed)",
                 ])
         }
         // Live models first (a `write` to the log is not on the path of a remote change to its

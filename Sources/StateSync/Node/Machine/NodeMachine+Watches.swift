@@ -279,10 +279,11 @@ extension NodeMachine {
             pump(key)  // the next batch, or nothing more owed
             if let current = watches[key], current.inFlight == nil { setLagging(key, false) }
         } else {
-            if !watch.lagging, let suppressed = limiter.allow("slow-watcher", now: now) {
-                logger.warning(
+            if !watch.lagging {
+                warnLimited(
+                    "slow-watcher",
                     "a watching client is not keeping up; its watch waits (and resyncs if it falls behind history)",
-                    metadata: ["watch.channel": "\(watch.channel)", "suppressed": "\(suppressed)"])
+                    metadata: ["watch.channel": "\(watch.channel)"])
             }
             setLagging(&watch, true)
             watches[key] = watch

@@ -202,11 +202,10 @@ package struct NodeMachine: Sendable {
             }
             if refusedKeys[fingerprint] == nil { refusedKeyOrder.append(fingerprint) }
             refusedKeys[fingerprint, default: 0] += 1
-            if let suppressed = limiter.allow("authentication-refused", now: now) {
-                logger.warning(
-                    "refused a connection whose key is not admitted (security.peer_keys, security.client_keys)",
-                    metadata: ["key": "\(fingerprint)", "address": "\(address)", "suppressed": "\(suppressed)"])
-            }
+            warnLimited(
+                "authentication-refused",
+                "refused a connection whose key is not admitted (security.peer_keys, security.client_keys)",
+                metadata: ["key": "\(fingerprint)", "address": "\(address)"])
         case .replyDropped:
             counters.repliesDropped += 1
         case .tick(let backlog):
@@ -299,12 +298,13 @@ package struct NodeMachine: Sendable {
             peers[endpoint]?.linkResetAt = now
             counters.peerLinkResets += 1
             actions.append(.resetPeerLink(endpoint: endpoint))
-            if since == last, let suppressed = limiter.allow("peer-link-reset", now: now) {
-                logger.warning(
-                    "no message from a peer for \(now &- last) ms; replacing its link (libzmq drops a connection for good after some input, such as a frame over 64 MiB)",
+            if since == last {
+                let silent = now &- last  // (the message is built only if logged)
+                warnLimited(
+                    "peer-link-reset",
+                    "no message from a peer for \(silent) ms; replacing its link (libzmq drops a connection for good after some input, such as a frame over 64 MiB)",
                     metadata: [
                         "peer.endpoint": "\(endpoint)", "peer.id": "\(progress.node ?? "?")",
-                        "suppressed": "\(suppressed)",
                     ])
             }
         }
@@ -334,11 +334,9 @@ package struct NodeMachine: Sendable {
             pausedSince = now
             counters.observerBackpressurePauses += 1
             actions.append(.pauseIntake(true))
-            if let suppressed = limiter.allow("observer-backpressure", now: now) {
-                logger.warning(
-                    "observers are more than \(limit) changes behind; not taking peer deltas until they catch up",
-                    metadata: ["suppressed": "\(suppressed)"])
-            }
+            warnLimited(
+                "observer-backpressure",
+                "observers are more than \(limit) changes behind; not taking peer deltas until they catch up")
         } else if intakePaused, backlog <= limit / 2 {
             intakePaused = false
             counters.observerBackpressureMilliseconds += Int(now &- pausedSince)
@@ -428,6 +426,20 @@ package struct NodeFaults: Sendable, Equatable {
     }
 
     package var isEmpty: Bool { self == NodeFaults() }
+}
+
+extension NodeMachine {
+    /// Logs a warning of `kind` at most once a second (``LogLimiter``), with the number of lines
+    /// of that kind suppressed since the last one.
+    mutating func warnLimited(
+        _ kind: String, _ message: @autoclosure () -> Logger.Message,
+        metadata: @autoclosure () -> Logger.Metadata = [:]
+    ) {
+        guard let suppressed = limiter.allow(kind, now: now) else { return }
+        var fields = metadata()
+        fields["suppressed"] = "\(suppressed)"
+        logger.warning(message(), metadata: fields)
+    }
 }
 
 /// Rate-limits logs of bad input: at most one line per kind per second, with the count of the
