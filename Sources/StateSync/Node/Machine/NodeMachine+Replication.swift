@@ -92,12 +92,7 @@ extension NodeMachine {
     /// nature). A peer configured by host name cannot be compared without a DNS lookup (which a
     /// machine does not make): then any host is accepted.
     static func sameHost(_ a: String, _ b: String) -> Bool {
-        func host(_ endpoint: String) -> Substring? {
-            guard endpoint.hasPrefix("tcp://") else { return nil }
-            let rest = endpoint.dropFirst(6)
-            return rest.lastIndex(of: ":").map { rest[..<$0] } ?? rest
-        }
-        switch (host(a), host(b)) {
+        switch (tcpHost(of: a), tcpHost(of: b)) {
         case (nil, nil): return true
         case (let x?, let y?):
             let isAddress = y.allSatisfy { $0.isHexDigit || $0 == "." || $0 == ":" || $0 == "[" || $0 == "]" }
@@ -108,10 +103,8 @@ extension NodeMachine {
 
     static func reachable(_ advertised: String, via peerEndpoint: String) -> String {
         for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where advertised.hasPrefix(wildcard) {
-            let port = advertised.dropFirst(wildcard.count)
-            let hostPart = peerEndpoint.dropFirst("tcp://".count)
-            guard peerEndpoint.hasPrefix("tcp://"), let colon = hostPart.lastIndex(of: ":") else { return advertised }
-            return "tcp://\(hostPart[..<colon]):\(port)"
+            guard let host = tcpHost(of: peerEndpoint) else { return advertised }
+            return "tcp://\(host):\(advertised.dropFirst(wildcard.count))"
         }
         return advertised
     }

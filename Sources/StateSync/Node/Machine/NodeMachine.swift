@@ -274,10 +274,8 @@ package struct NodeMachine: Sendable {
     /// Whether only this host can reach `endpoint`: `ipc://`, `inproc://`, or TCP on a loopback
     /// address (`127.0.0.0/8`, `::1`, `localhost`). A wildcard or any other address is exposed.
     static func isLoopbackOnly(_ endpoint: String) -> Bool {
-        guard endpoint.hasPrefix("tcp://") else { return true }
-        var host = String(endpoint.dropFirst(6))
-        if let colon = host.lastIndex(of: ":") { host = String(host[..<colon]) }
-        host = host.filter { $0 != "[" && $0 != "]" }
+        guard let tcp = tcpHost(of: endpoint) else { return true }
+        var host = tcp.filter { $0 != "[" && $0 != "]" }
         if let semicolon = host.lastIndex(of: ";") { host = String(host[host.index(after: semicolon)...]) }
         return host == "localhost" || host == "::1" || host.hasPrefix("127.")
     }
