@@ -25,6 +25,15 @@ struct SecurityTests {
         }
     }
 
+    /// A client of `node` holding the key `name`.
+    static func client(_ keys: Keys, _ name: String, of node: String, endpoint: String, timeout: Duration = .seconds(5))
+        throws -> StateSyncClient
+    {
+        try StateSyncClient(
+            endpoint: endpoint, requestTimeout: timeout,
+            security: .init(serverKey: keys.path[node]! + ".pub", secretKeyFile: keys.path[name]!))
+    }
+
     static func configurations(_ keys: Keys) -> [NodeConfiguration] {
         let publish = ["tcp://127.0.0.1:\(freePort())", "tcp://127.0.0.1:\(freePort())"]
         return (0..<2).map { index in
@@ -59,9 +68,7 @@ struct SecurityTests {
         do {
             try await waitUntilMeshed([node1, node2])
             let api1 = try #require(node1.apiEndpoint)
-            let client = try StateSyncClient(
-                endpoint: api1, requestTimeout: .seconds(5),
-                security: .init(serverKey: keys.path["node1"]! + ".pub", secretKeyFile: keys.path["client"]!))
+            let client = try Self.client(keys, "client", of: "node1", endpoint: api1)
             defer { client.close() }
 
             // Eavesdroppers on node1's stream: no CURVE, and CURVE with a key node1 does not admit.
@@ -102,9 +109,7 @@ struct SecurityTests {
 
             // A client with a key the node does not admit, and one without CURVE: no answer.
             let refusedBefore = node1.status.counters["authentication_refusals"] ?? 0
-            let unknown = try StateSyncClient(
-                endpoint: api1, requestTimeout: .milliseconds(1500),
-                security: .init(serverKey: keys.path["node1"]! + ".pub", secretKeyFile: keys.path["stranger"]!))
+            let unknown = try Self.client(keys, "stranger", of: "node1", endpoint: api1, timeout: .milliseconds(1500))
             defer { unknown.close() }
             await #expect(throws: StateSyncError.self) { _ = try await unknown.get(address) }
             let open = try StateSyncClient(endpoint: api1, requestTimeout: .milliseconds(1500))
@@ -170,13 +175,9 @@ struct SecurityTests {
         let node = try await StateSyncNode.start(configuration: configuration)
         do {
             let api = try #require(node.apiEndpoint)
-            let writer = try StateSyncClient(
-                endpoint: api,
-                security: .init(serverKey: keys.path["node1"]! + ".pub", secretKeyFile: keys.path["client"]!))
+            let writer = try Self.client(keys, "client", of: "node1", endpoint: api)
             defer { writer.close() }
-            let reader = try StateSyncClient(
-                endpoint: api,
-                security: .init(serverKey: keys.path["node1"]! + ".pub", secretKeyFile: keys.path["reader"]!))
+            let reader = try Self.client(keys, "reader", of: "node1", endpoint: api)
             defer { reader.close() }
             let sensor = ModelAddress(channel: "sensors", model: "t1")
             let other = ModelAddress(channel: "billing", model: "b1")
@@ -194,6 +195,12 @@ struct SecurityTests {
                 "\(error)".contains("may not read channel 'billing'")
             }
             #expect(try await writer.get(sensor)["celsius"]?.value == 21, "the refused write changed nothing")
+            _ = try await reader.watch(channel: "sensors")
+            await #expect {
+                _ = try await reader.watch(channel: "billing")
+            } throws: { error in
+                "\(error)".contains("may not read channel 'billing'")
+            }
         } catch {
             Issue.record(error)
         }
