@@ -23,13 +23,20 @@ struct NodeKeys: Sendable {
         var peers: [String: [UInt8]] = [:]
         var admitted: [[UInt8]: String] = [:]
         for (id, text) in security.peerKeys.sorted(by: { $0.key < $1.key }) {
+            let key: [UInt8]
             do {
-                let key = try CurveKeyFile.publicKey(text)
-                peers[id] = key
-                admitted[key] = "node:\(id)"
+                key = try CurveKeyFile.publicKey(text)
             } catch {
                 throw StateSyncError(.invalidConfiguration, "security.peer_keys: \(id): \(error)")
             }
+            if let existing = admitted[key] {
+                throw StateSyncError(
+                    .invalidConfiguration,
+                    "security.peer_keys: \(id) has the same key as \(existing.dropFirst(5)); every node needs its own key pair"
+                )
+            }
+            peers[id] = key
+            admitted[key] = "node:\(id)"
         }
         var clientAccess: [String: SecurityConfiguration.ClientAccess] = [:]
         for client in security.clients {

@@ -224,5 +224,21 @@ struct SecurityTests {
         } throws: { error in
             "\(error)".contains("security.peer_keys: node2")
         }
+        // Two nodes with one key pair, or a key both a peer's and a client's: refused.
+        configuration.security?.peerKeys = [
+            "node2": keys.path["node2"]! + ".pub", "node3": keys.path["node2"]! + ".pub",
+        ]
+        await #expect {
+            _ = try await StateSyncNode.start(configuration: configuration)
+        } throws: { error in
+            "\(error)".contains("same key as node2")
+        }
+        configuration.security?.peerKeys = ["node2": keys.path["node2"]! + ".pub"]
+        configuration.security?.clients.append(.init(key: keys.path["node2"]! + ".pub"))
+        await #expect {
+            _ = try await StateSyncNode.start(configuration: configuration)
+        } throws: { error in
+            "\(error)".contains("already admitted as peer node2")
+        }
     }
 }
