@@ -59,6 +59,7 @@ struct SecurityTests {
     /// subscribers without the right key receive nothing of the stream.
     @Test func keyedNodesReplicateAndAdmitOnlyTheirKeys() async throws {
         let keys = try Keys()
+        defer { try? FileManager.default.removeItem(atPath: keys.directory) }
         let configurations = Self.configurations(keys)
         let node1 = try await StateSyncNode.start(configuration: configurations[0])
         let node2 = try await StateSyncNode.start(configuration: configurations[1])
@@ -137,6 +138,7 @@ struct SecurityTests {
     /// node2's deltas, not another node's: those are dropped and counted.
     @Test func aKeyedPeerCannotPublishInAnotherNodesName() async throws {
         let keys = try Keys()
+        defer { try? FileManager.default.removeItem(atPath: keys.directory) }
         let configurations = Self.configurations(keys)
         let context = try Context()
         let fake = try context.socket(.pub)
@@ -171,6 +173,7 @@ struct SecurityTests {
     /// ERROR 8 (forbidden) naming the permission and the channel for a SET or for another channel.
     @Test func aReadOnlyClientReadsItsChannelsAndNothingElse() async throws {
         let keys = try Keys()
+        defer { try? FileManager.default.removeItem(atPath: keys.directory) }
         let configuration = Self.configurations(keys)[0]
         let node = try await StateSyncNode.start(configuration: configuration)
         do {
@@ -210,6 +213,7 @@ struct SecurityTests {
     /// Bad keys stop the node at start with one line naming the key and the fix.
     @Test func unusableKeysStopTheNodeClearly() async throws {
         let keys = try Keys()
+        defer { try? FileManager.default.removeItem(atPath: keys.directory) }
         var configuration = Self.configurations(keys)[0]
         chmod(keys.path["node1"]!, 0o644)
         await #expect {
