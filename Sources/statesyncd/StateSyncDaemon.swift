@@ -15,7 +15,8 @@ struct StateSyncDaemon: AsyncParsableCommand {
             Runs in the foreground until SIGINT or SIGTERM, then publishes what is queued, closes \
             its sockets, writes its snapshot and exits 0. Every configuration key can be overridden \
             by an environment variable: STATESYNC_ + the key upper-cased with '.' as '_' \
-            (node.id <- STATESYNC_NODE_ID; lists comma-separated).
+            (node.id <- STATESYNC_NODE_ID; lists comma-separated). SIGHUP re-reads the file's \
+            security.* keys (admitted keys and client permissions) without a restart.
 
             Exit codes: 0 clean stop, 1 runtime failure (e.g. a port in use), 2 invalid configuration.
             """)
