@@ -54,7 +54,7 @@ public enum NodeBenchRole {
             let other = options.id == "reader" ? "writer" : "reader"
             configuration.peerNodeIDs = [options.peer: other]
             configuration.security = SecurityConfiguration(
-                secretKeyFile: "\(keys)/\(options.id).key", peerKeys: [other: "\(keys)/\(other).key.pub"])
+                secretKeyFile: "\(keys)/\(options.id).key", peerKeys: [other: ["\(keys)/\(other).key.pub"]])
         }
         let node = try await StateSyncNode.start(configuration: configuration, logger: logger)
         let model = try await node.model(BenchModel.self, channel: "bench", id: "m")

@@ -5,8 +5,8 @@ import ZeroMQ
 /// pair, each peer's public key, and whom the ZAP handler admits.
 struct NodeKeys: Sendable {
     let pair: Curve.KeyPair
-    /// Public keys by peer node id.
-    let peers: [String: [UInt8]]
+    /// Public keys by peer node id, in configuration order (several while a peer rotates).
+    let peers: [String: [[UInt8]]]
     /// Every admitted public key and who it is (`node:ID`, or `client:` and the key's Z85 text):
     /// the user id of its messages, which the machine checks access by.
     let admitted: [[UInt8]: String]
@@ -20,23 +20,26 @@ struct NodeKeys: Sendable {
         } catch {
             throw StateSyncError(.invalidConfiguration, "security.secret_key: \(error)")
         }
-        var peers: [String: [UInt8]] = [:]
+        var peers: [String: [[UInt8]]] = [:]
         var admitted: [[UInt8]: String] = [:]
-        for (id, text) in security.peerKeys.sorted(by: { $0.key < $1.key }) {
-            let key: [UInt8]
-            do {
-                key = try CurveKeyFile.publicKey(text)
-            } catch {
-                throw StateSyncError(.invalidConfiguration, "security.peer_keys: \(id): \(error)")
+        for (id, texts) in security.peerKeys.sorted(by: { $0.key < $1.key }) {
+            for text in texts {
+                let key: [UInt8]
+                do {
+                    key = try CurveKeyFile.publicKey(text)
+                } catch {
+                    throw StateSyncError(.invalidConfiguration, "security.peer_keys: \(id): \(error)")
+                }
+                if let existing = admitted[key] {
+                    let whose = existing == "node:\(id)" ? "another of its entries" : String(existing.dropFirst(5))
+                    throw StateSyncError(
+                        .invalidConfiguration,
+                        "security.peer_keys: \(id) has the same key as \(whose); every node needs its own key pair"
+                    )
+                }
+                peers[id, default: []].append(key)
+                admitted[key] = "node:\(id)"
             }
-            if let existing = admitted[key] {
-                throw StateSyncError(
-                    .invalidConfiguration,
-                    "security.peer_keys: \(id) has the same key as \(existing.dropFirst(5)); every node needs its own key pair"
-                )
-            }
-            peers[id] = key
-            admitted[key] = "node:\(id)"
         }
         var clientAccess: [String: SecurityConfiguration.ClientAccess] = [:]
         for client in security.clients {

@@ -1,8 +1,9 @@
 import StateSync
+import Synchronization
 import ZeroMQ
 
 /// The one place where the node's sockets are created and configured: linger, high-water marks
-/// and (later) CURVE keys are set here and nowhere else.
+/// and CURVE keys are set here and nowhere else.
 enum SocketFactory {
     /// Inbound messages larger than this are refused by libzmq (the sender is disconnected).
     static let maximumMessageSize: Int64 = 64 << 20
@@ -24,22 +25,17 @@ enum SocketFactory {
                 try handler.bind(ZAP.endpoint)
                 zap = handler
             }
-            let publisher = try context.socket(.pub)
-            if let keys {
-                try publisher.setZAPDomain(NodeKeys.peerDomain)
-                try publisher.setCurveServer(secretKey: keys.pair.secretKey)
-            }
-            try publisher.setSendHighWaterMark(Int32(clamping: configuration.highWaterMark))
-            // On shutdown, give queued deltas a moment to reach connected peers.
-            try publisher.setLinger(milliseconds: 200)
-            try bind(publisher, configuration.publishEndpoint, key: "network.publish")
+            let publisher = try makePublisher(context: context, configuration: configuration, keys: keys)
+            try bindPublisher(publisher, configuration.publishEndpoint)
 
             var subscribers: [(String, Socket)] = []
             for peer in configuration.peers {
                 subscribers.append(
                     (
                         peer,
-                        try makeSubscriber(context: context, endpoint: peer, configuration: configuration, keys: keys)
+                        try makeSubscriber(
+                            context: context, endpoint: peer, configuration: configuration, keys: keys,
+                            serverKey: configuration.peerNodeIDs[peer].flatMap { keys?.peers[$0]?.first } ?? [])
                     ))
             }
 
@@ -62,14 +58,8 @@ enum SocketFactory {
             // With security, handshakes that fail before ZAP (no CURVE at all) are counted too.
             var monitors: [Socket] = []
             if keys != nil {
-                for (index, socket) in [publisher, router].enumerated() {
-                    let endpoint = "inproc://statesync-monitor-\(index)"
-                    try socket.monitorHandshakeFailures(on: endpoint)
-                    let monitor = try context.socket(.pair)
-                    try monitor.setLinger(milliseconds: 0)
-                    try monitor.connect(endpoint)
-                    monitors.append(monitor)
-                }
+                monitors.append(try makeHandshakeMonitor(context: context, of: publisher, name: "publish"))
+                monitors.append(try makeHandshakeMonitor(context: context, of: router, name: "api"))
             }
             return (context, publisher, subscribers, router, zap, keys, monitors)
         } catch let error as StateSyncError {
@@ -79,15 +69,48 @@ enum SocketFactory {
         }
     }
 
-    /// A SUB connected to a peer's publish endpoint, subscribed to everything.
+    /// The PUB socket (not yet bound); with security a CURVE server admitting peers only.
+    static func makePublisher(context: Context, configuration: NodeConfiguration, keys: NodeKeys?)
+        throws(ZeroMQError) -> Socket
+    {
+        let publisher = try context.socket(.pub)
+        if let keys {
+            try publisher.setZAPDomain(NodeKeys.peerDomain)
+            try publisher.setCurveServer(secretKey: keys.pair.secretKey)
+        }
+        try publisher.setSendHighWaterMark(Int32(clamping: configuration.highWaterMark))
+        // On shutdown, give queued deltas a moment to reach connected peers.
+        try publisher.setLinger(milliseconds: 200)
+        return publisher
+    }
+
+    /// Binds the publish socket, naming the configuration key in the error.
+    static func bindPublisher(_ publisher: Socket, _ endpoint: String) throws(StateSyncError) {
+        try bind(publisher, endpoint, key: "network.publish")
+    }
+
+    /// A PAIR reading `socket`'s failed handshakes (those that fail before ZAP: no CURVE at all).
+    /// Each socket gets its own inproc endpoint, also when it is replaced.
+    static func makeHandshakeMonitor(context: Context, of socket: Socket, name: String) throws(ZeroMQError) -> Socket {
+        let endpoint = "inproc://statesync-monitor-\(name)-\(monitorSerial.add(1, ordering: .relaxed).newValue)"
+        try socket.monitorHandshakeFailures(on: endpoint)
+        let monitor = try context.socket(.pair)
+        try monitor.setLinger(milliseconds: 0)
+        try monitor.connect(endpoint)
+        return monitor
+    }
+
+    private static let monitorSerial = Atomic<Int>(0)
+
+    /// A SUB connected to a peer's publish endpoint, subscribed to everything; with security it
+    /// expects the peer to hold `serverKey`, and with no key (the peer is no longer trusted) it
+    /// is not connected at all.
     static func makeSubscriber(
-        context: Context, endpoint: String, configuration: NodeConfiguration, keys: NodeKeys?
+        context: Context, endpoint: String, configuration: NodeConfiguration, keys: NodeKeys?, serverKey: [UInt8]
     ) throws(ZeroMQError) -> Socket {
         let subscriber = try context.socket(.sub)
         if let keys {
-            // The configuration guarantees an id and a key for every peer (it refuses to load
-            // otherwise); an empty key fails the handshake rather than trusting anyone.
-            let serverKey = configuration.peerNodeIDs[endpoint].flatMap { keys.peers[$0] } ?? []
+            guard !serverKey.isEmpty else { return subscriber }
             try subscriber.setCurveClient(
                 serverKey: serverKey, publicKey: keys.pair.publicKey, secretKey: keys.pair.secretKey)
         }
@@ -105,8 +128,10 @@ enum SocketFactory {
     {
         let dealer = try context.socket(.dealer)
         if let keys {
+            // A peer no longer trusted is not dialled; its requests simply go unanswered.
+            guard let serverKey, !serverKey.isEmpty else { return dealer }
             try dealer.setCurveClient(
-                serverKey: serverKey ?? [], publicKey: keys.pair.publicKey, secretKey: keys.pair.secretKey)
+                serverKey: serverKey, publicKey: keys.pair.publicKey, secretKey: keys.pair.secretKey)
         }
         try dealer.setSendHighWaterMark(1000)
         try dealer.setReceiveHighWaterMark(1000)

@@ -23,7 +23,10 @@ extension StateSyncNode {
     /// `statesyncd` calls this with its re-read configuration), without a restart: connections
     /// of keys that stay admitted go on (their watches too, where the key may still read the
     /// channel); a removed client key gets ERROR 8 for every request and its watches end; a
-    /// removed or changed key can no longer connect. Peers' keys apply to new connections.
+    /// removed or changed key can no longer connect. A removed peer key is cut off at once: the
+    /// publish socket is bound afresh (the peers still trusted reconnect and fetch what they
+    /// missed), and a peer with no trusted key left is no longer dialled. A peer may have several
+    /// trusted keys (while it rotates): links to it move to its next key when they stay silent.
     ///
     /// - Throws: ``StateSyncError`` (and changes nothing) when a key cannot be read, or when the
     ///   node runs without security (turning it on or off needs a restart).

@@ -128,7 +128,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
                 defer { pending = nil }
                 return pending
             }) {
-                transport.keys = keys
+                transport.replaceKeys(keys)
                 node.process(
                     .clientAccessChanged(keys.clientAccess, peers: Set(keys.peers.keys)),
                     now: MonotonicClock.milliseconds(), via: transport)
@@ -152,6 +152,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
             for (index, source) in transport.polled.enumerated() where ready[index + 1].contains(.readable) {
                 // (Links change only in a tick; should one change, the next round re-polls.)
                 if transport.pollerChanged { break }
+                if case .subscriber(let peer, _) = source { transport.heard(from: peer) }
                 for _ in 0..<Self.batchLimit {
                     guard let (frames, userID) = transport.receive(from: source) else { break }
                     let input: NodeInput
@@ -202,7 +203,9 @@ final class ZeroMQTransport: NodeTransport {
     }
 
     let context: Context
-    let publisher: Socket
+    /// Replaced (closed and bound again) when a reload removes a peer key: libzmq cannot end
+    /// one subscriber's connection, and a removed peer must stop receiving deltas.
+    private(set) var publisher: Socket
     private(set) var subscribers: [(endpoint: String, socket: Socket)]
     let router: Socket
     let configuration: NodeConfiguration
@@ -217,8 +220,13 @@ final class ZeroMQTransport: NodeTransport {
 
     /// With security: the ZAP handler and the keys.
     let zap: Socket?
-    var keys: NodeKeys?
-    let monitors: [Socket]
+    private(set) var keys: NodeKeys?
+    /// Which of each peer's trusted keys its links are dialled with.
+    private var keyChoice: PeerKeyChoice
+    /// Monitors of the secured server sockets: the publisher's first, then the API's.
+    private var monitors: [Socket]
+    /// Peer publish endpoints whose link delivered something since it was (re)connected.
+    private var heardSinceConnect: Set<String> = []
 
     init(
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
@@ -227,6 +235,7 @@ final class ZeroMQTransport: NodeTransport {
         self.zap = zap
         self.monitors = monitors
         self.keys = keys
+        self.keyChoice = PeerKeyChoice(keys: keys?.peers ?? [:])
         self.configuration = configuration
         self.context = context
         self.publisher = publisher
@@ -266,6 +275,10 @@ final class ZeroMQTransport: NodeTransport {
     }
 
     func publish(_ frames: [[UInt8]]) {
+        if let unbound = unboundPublishEndpoint {
+            let now = MonotonicClock.milliseconds()
+            if now &- unbound.triedAt >= 1000 { _ = bindReplacedPublisher(now: now) }
+        }
         do {
             // PUB never blocks: past the high-water mark libzmq drops, and sequence numbers let
             // peers see the gap.
@@ -279,7 +292,7 @@ final class ZeroMQTransport: NodeTransport {
         if let old = links.removeValue(forKey: peer) { old.socket.close() }
         pollerChanged = true
         do {
-            let serverKey = configuration.peerNodeIDs[peer].flatMap { keys?.peers[$0] }
+            let serverKey = configuration.peerNodeIDs[peer].map { keyChoice.key(for: $0) }
             links[peer] = (
                 endpoint,
                 try SocketFactory.makeRepairLink(context: context, endpoint: endpoint, serverKey: serverKey, keys: keys)
@@ -344,16 +357,115 @@ final class ZeroMQTransport: NodeTransport {
         return refused
     }
 
+    /// Notes that the link to the peer publishing at `endpoint` delivered a message.
+    func heard(from endpoint: String) {
+        if !heardSinceConnect.contains(endpoint) { heardSinceConnect.insert(endpoint) }
+    }
+
+    /// The node gave up on a silent peer link: make it again, and if it never delivered
+    /// anything and the peer has several trusted keys (it is rotating), dial its next key.
     func resetPeerLink(_ endpoint: String) {
+        if !heardSinceConnect.contains(endpoint), let node = configuration.peerNodeIDs[endpoint],
+            keyChoice.linkFailed(node: node)
+        {
+            logger.notice(
+                "peer link silent since it was made; dialling the peer's next trusted key",
+                metadata: ["peer": "\(node)", "key": "\(CurveKeyFile.fingerprint(keyChoice.key(for: node)))"])
+        }
+        remakeSubscriber(endpoint)
+    }
+
+    private func remakeSubscriber(_ endpoint: String) {
         guard let index = subscribers.firstIndex(where: { $0.endpoint == endpoint }) else { return }
+        heardSinceConnect.remove(endpoint)
         do {
             let fresh = try SocketFactory.makeSubscriber(
-                context: context, endpoint: endpoint, configuration: configuration, keys: keys)
+                context: context, endpoint: endpoint, configuration: configuration, keys: keys,
+                serverKey: configuration.peerNodeIDs[endpoint].map { keyChoice.key(for: $0) } ?? [])
             subscribers[index].socket.close()
             subscribers[index].socket = fresh
             pollerChanged = true
         } catch {
             logger.error("cannot replace a peer link", metadata: ["peer.endpoint": "\(endpoint)", "error": "\(error)"])
+        }
+    }
+
+    /// Takes reloaded keys: links to a peer whose dialled key is no longer trusted are made
+    /// again (with another of its keys, or none: then they cannot connect), and if a peer key
+    /// was removed, the publish socket is bound afresh so that the removed key's open
+    /// subscription ends; the peers that stay trusted reconnect within the reconnect interval
+    /// and fetch what they missed meanwhile (a gap like any other).
+    func replaceKeys(_ newKeys: NodeKeys) {
+        let removedPeerKeys = (keys?.admitted ?? [:]).filter { key, identity in
+            identity.hasPrefix("node:") && newKeys.admitted[key] != identity
+        }
+        keys = newKeys
+        let redial = keyChoice.reload(newKeys.peers)
+        for (endpoint, node) in configuration.peerNodeIDs.sorted(by: { $0.key < $1.key }) where redial.contains(node) {
+            remakeSubscriber(endpoint)
+            if let link = links[endpoint] { connectRepairLink(peer: endpoint, endpoint: link.endpoint) }
+        }
+        if !removedPeerKeys.isEmpty {
+            logger.notice(
+                "a peer key was removed: binding the publish socket again to end its subscription",
+                metadata: [
+                    "keys": "\(removedPeerKeys.keys.map(CurveKeyFile.fingerprint).sorted().joined(separator: ","))"
+                ])
+            replacePublisher()
+        }
+    }
+
+    /// The endpoint the publish socket could not be bound to again (after a replacement), and
+    /// when that was last tried: ``publish(_:)`` tries again every second meanwhile.
+    private var unboundPublishEndpoint: (endpoint: String, triedAt: UInt64)?
+
+    /// Closes the publish socket and binds a new one on the same endpoint. libzmq releases the
+    /// old listener on its own thread, so the bind is retried for up to a second, then once a
+    /// second (nothing is lost meanwhile: deltas are durable, and peers fetch them once it is
+    /// bound again).
+    private func replacePublisher() {
+        let endpoint = (try? publisher.lastEndpoint()) ?? configuration.publishEndpoint
+        let fresh: Socket
+        do {
+            fresh = try SocketFactory.makePublisher(context: context, configuration: configuration, keys: keys)
+        } catch {
+            logger.error("cannot make a new publish socket; keeping the old one", metadata: ["error": "\(error)"])
+            return
+        }
+        publisher.close()
+        publisher = fresh
+        unboundPublishEndpoint = (endpoint, 0)
+        for _ in 0..<100 where !bindReplacedPublisher(now: 0) { usleep(10_000) }
+        if let unbound = unboundPublishEndpoint {
+            logger.critical(
+                "cannot bind the publish socket again yet; peers receive no deltas until it is (retried every second)",
+                metadata: ["endpoint": "\(unbound.endpoint)"])
+        }
+        if !monitors.isEmpty {
+            do {
+                let monitor = try SocketFactory.makeHandshakeMonitor(context: context, of: publisher, name: "publish")
+                monitors[0].close()
+                monitors[0] = monitor
+            } catch {
+                logger.error("cannot monitor the new publish socket", metadata: ["error": "\(error)"])
+            }
+        }
+        pollerChanged = true
+    }
+
+    /// Binds a replaced publish socket; returns whether it is bound.
+    private func bindReplacedPublisher(now: UInt64) -> Bool {
+        guard let unbound = unboundPublishEndpoint else { return true }
+        do {
+            try SocketFactory.bindPublisher(publisher, unbound.endpoint)
+            unboundPublishEndpoint = nil
+            if now > 0 {
+                logger.notice("bound the publish socket again", metadata: ["endpoint": "\(unbound.endpoint)"])
+            }
+            return true
+        } catch {
+            unboundPublishEndpoint = (unbound.endpoint, now)
+            return false
         }
     }
 

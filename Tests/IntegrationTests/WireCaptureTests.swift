@@ -32,7 +32,7 @@ struct WireCaptureTests {
             if secure {
                 configuration.peerNodeIDs = [peerEndpoint: peerID]
                 configuration.security = SecurityConfiguration(
-                    secretKeyFile: "\(directory)/\(me).key", peerKeys: [peerID: "\(directory)/\(peerID).key.pub"],
+                    secretKeyFile: "\(directory)/\(me).key", peerKeys: [peerID: ["\(directory)/\(peerID).key.pub"]],
                     clients: [.init(key: "\(directory)/client.key.pub")])
             }
             return configuration

@@ -212,7 +212,7 @@ extension NodeConfiguration {
             }
             return nil
         }
-        var peerKeys: [String: String] = [:]
+        var peerKeys: [String: [String]] = [:]
         for entry in peerKeyEntries {
             guard let equals = entry.firstIndex(of: "="), equals != entry.startIndex else {
                 throw reader.invalid(
@@ -220,8 +220,12 @@ extension NodeConfiguration {
             }
             let id = String(entry[..<equals])
             guard isValidNodeID(id) else { throw reader.invalid(.peerKeys, "'\(id)' is not a node id") }
-            guard peerKeys[id] == nil else { throw reader.invalid(.peerKeys, "names \(id) twice") }
-            peerKeys[id] = String(entry[entry.index(after: equals)...])
+            // A node named twice has two trusted keys: the way a peer rotates its key pair.
+            let key = String(entry[entry.index(after: equals)...])
+            guard !(peerKeys[id]?.contains(key) ?? false) else {
+                throw reader.invalid(.peerKeys, "names \(id)=\(key) twice")
+            }
+            peerKeys[id, default: []].append(key)
         }
         for peer in peers {
             guard let id = peerNodeIDs[peer] else {

@@ -7,8 +7,10 @@
 public struct SecurityConfiguration: Sendable, Equatable {
     /// This node's secret key file (`statesync keygen --out PATH`), readable by its owner only.
     public var secretKeyFile: String
-    /// Every peer's public key, by node id.
-    public var peerKeys: [String: String]
+    /// Every peer's public keys, by node id: usually one; two while a peer rotates its key pair
+    /// (the new key is added, the peer restarts with it, the old key is removed — README,
+    /// "Rotating keys"). Any of them is admitted as that node.
+    public var peerKeys: [String: [String]]
     /// The clients admitted to the client API, with what each may do.
     public var clients: [ClientAccess]
 
@@ -39,7 +41,7 @@ public struct SecurityConfiguration: Sendable, Equatable {
     }
 
     /// A security configuration with these keys.
-    public init(secretKeyFile: String, peerKeys: [String: String], clients: [ClientAccess] = []) {
+    public init(secretKeyFile: String, peerKeys: [String: [String]], clients: [ClientAccess] = []) {
         self.secretKeyFile = secretKeyFile
         self.peerKeys = peerKeys
         self.clients = clients

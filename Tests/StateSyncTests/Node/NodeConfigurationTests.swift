@@ -181,7 +181,7 @@ struct SecurityConfigurationTests {
                     - node2=tcp://127.0.0.1:7002
                 security:
                   secret_key: keys/node1.key
-                  peer_keys: [node2=K]
+                  peer_keys: [node2=K, node2=NEW]
                   client_keys:
                     - keys/dash.key.pub read=*
                     - keys/sensor.key.pub read=sensors/*|alerts write=sensors/*
@@ -191,9 +191,17 @@ struct SecurityConfigurationTests {
                 .init(key: "keys/dash.key.pub", read: ["*"], write: []),
                 .init(key: "keys/sensor.key.pub", read: ["sensors/*", "alerts"], write: ["sensors/*"]),
             ])
+        // A node named twice has two trusted keys (it is rotating); the same entry twice is a slip.
+        #expect(scoped.security?.peerKeys == ["node2": ["K", "NEW"]])
+        #expect(throws: StateSyncError.self) {
+            try Self.load(
+                Self.base
+                    + "\n  peers:\n    - node2=tcp://127.0.0.1:7002\nsecurity:\n  secret_key: k\n  peer_keys: [node2=K, node2=K]\n"
+            )
+        }
         #expect(configuration.peers == ["tcp://127.0.0.1:7002"])
         #expect(configuration.peerNodeIDs == ["tcp://127.0.0.1:7002": "node2"])
-        #expect(configuration.security?.peerKeys == ["node2": "keys/node2.key.pub"])
+        #expect(configuration.security?.peerKeys == ["node2": ["keys/node2.key.pub"]])
         #expect(configuration.security?.clients == [.init(key: "keys/cli.key.pub", read: ["*"], write: ["*"])])
         // Without security, NODE_ID= is optional and plain endpoints still load.
         let plain = try Self.load(Self.base + "\n  peers:\n    - tcp://127.0.0.1:7002\n")

@@ -45,7 +45,7 @@ struct SecurityTests {
                 heartbeatIntervalMilliseconds: 50)
             configuration.peerNodeIDs = [publish[1 - index]: other]
             configuration.security = SecurityConfiguration(
-                secretKeyFile: keys.path[me]!, peerKeys: [other: keys.path[other]! + ".pub"],
+                secretKeyFile: keys.path[me]!, peerKeys: [other: [keys.path[other]! + ".pub"]],
                 clients: [
                     .init(key: keys.path["client"]! + ".pub"),
                     .init(key: keys.path["reader"]! + ".pub", read: ["sensors*"], write: []),
@@ -222,7 +222,7 @@ struct SecurityTests {
             "\(error)".contains("security.secret_key") && "\(error)".contains("chmod 600")
         }
         chmod(keys.path["node1"]!, 0o600)
-        configuration.security?.peerKeys["node2"] = "not-a-key"
+        configuration.security?.peerKeys["node2"] = ["not-a-key"]
         await #expect {
             _ = try await StateSyncNode.start(configuration: configuration)
         } throws: { error in
@@ -230,14 +230,21 @@ struct SecurityTests {
         }
         // Two nodes with one key pair, or a key both a peer's and a client's: refused.
         configuration.security?.peerKeys = [
-            "node2": keys.path["node2"]! + ".pub", "node3": keys.path["node2"]! + ".pub",
+            "node2": [keys.path["node2"]! + ".pub"], "node3": [keys.path["node2"]! + ".pub"],
         ]
         await #expect {
             _ = try await StateSyncNode.start(configuration: configuration)
         } throws: { error in
             "\(error)".contains("same key as node2")
         }
-        configuration.security?.peerKeys = ["node2": keys.path["node2"]! + ".pub"]
+        // One node's two keys may not be one key either.
+        configuration.security?.peerKeys = ["node2": [keys.path["node2"]! + ".pub", keys.path["node2"]! + ".pub"]]
+        await #expect {
+            _ = try await StateSyncNode.start(configuration: configuration)
+        } throws: { error in
+            "\(error)".contains("same key as another of its entries")
+        }
+        configuration.security?.peerKeys = ["node2": [keys.path["node2"]! + ".pub"]]
         configuration.security?.clients.append(.init(key: keys.path["node2"]! + ".pub"))
         await #expect {
             _ = try await StateSyncNode.start(configuration: configuration)

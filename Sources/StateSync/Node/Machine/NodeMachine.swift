@@ -39,6 +39,8 @@ package struct NodeMachine: Sendable {
     var journal = Journal()
     /// Per configured peer endpoint, what this node has heard from it.
     var peers: [String: PeerProgress] = [:]
+    /// When the link of each peer never heard from was made (or last replaced).
+    var unheardLinkSince: [String: UInt64] = [:]
     package var counters = NodeCounters()
     /// The sequence number the next local write gets.
     package internal(set) var nextSequence: UInt64 = 1
@@ -284,13 +286,25 @@ package struct NodeMachine: Sendable {
     /// heartbeat intervals, at least a second.
     var peerSilenceLimit: UInt64 { max(10 * UInt64(configuration.heartbeatIntervalMilliseconds), 1000) }
 
-    /// Replaces the link of every peer that was heard from and has been silent for
-    /// ``peerSilenceLimit`` since (and again every such period while it stays silent): libzmq
-    /// drops a connection for good after some input, and a new socket is the only way back. A
-    /// peer never heard from is left alone (a new link would not help a wrong endpoint).
+    /// Replaces the link of every peer that has been silent for ``peerSilenceLimit`` (and again
+    /// every such period while it stays silent): libzmq drops a connection for good after some
+    /// input, and a new socket is the only way back. A peer never heard from gets a new link
+    /// too, quietly: with security, a peer that rotated its key pair is reached only by dialling
+    /// its other trusted key, which the transport does for a link that never delivered anything.
     mutating func checkPeerLinks() {
         for endpoint in configuration.peers {
-            guard let progress = peers[endpoint], let last = progress.lastMessageAt else { continue }
+            guard let progress = peers[endpoint], let last = progress.lastMessageAt else {
+                guard let since = unheardLinkSince[endpoint] else {
+                    unheardLinkSince[endpoint] = now
+                    continue
+                }
+                if now &- since >= peerSilenceLimit {
+                    unheardLinkSince[endpoint] = now
+                    counters.peerLinkResets += 1
+                    actions.append(.resetPeerLink(endpoint: endpoint))
+                }
+                continue
+            }
             let since = max(last, progress.linkResetAt ?? 0)
             guard now &- since >= peerSilenceLimit else { continue }
             peers[endpoint]?.linkResetAt = now
