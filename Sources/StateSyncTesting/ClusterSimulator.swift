@@ -35,6 +35,11 @@ public struct SimulationOptions: Sendable {
         /// A DELTA in another node's name arrives on a node's live link (a peer forging an
         /// origin): a node bound to its peers' identities (PROTOCOL.md 14) drops it.
         case forge
+        /// The last node is not in the cluster at the start: no one knows it, and it knows only
+        /// the first node (its seed). The first join starts it, and it must learn every member,
+        /// be learned by them (PROTOCOL.md 7.5) and end with everything; later joins restart it,
+        /// so it learns the members again.
+        case join
     }
 
     /// Bugs planted in one node on purpose, to prove the verdict catches them.
@@ -280,6 +285,7 @@ public enum ClusterSimulator {
             }
         }
         if let logger = options.logger { configuration.logger = logger }
+        configuration.lateJoiner = faults.contains(.join)
         let cluster = try SimulatedCluster(configuration)
         cluster.run(for: UInt64(3 * configuration.heartbeatMilliseconds))  // links up
 
@@ -590,6 +596,17 @@ final class FaultSchedule {
                 ? "power loss (\(unsynced) bytes unsynced, \(torn) of them torn onto disk), restarted after \(hold) ms"
                 : "process crash (\(unsynced) bytes written to the OS survive), restarted after \(hold) ms"
             heal = { cluster in try? cluster.restart(target) }
+        case .join:
+            let joiner = nodes.count - 1
+            if !nodes[joiner].isUp && nodes[joiner].generation == 0 {
+                try? cluster.join(joiner)
+                detail = "\(nodes[joiner].id) joined, knowing only \(nodes[0].id); no one knew it"
+            } else {
+                // A process restart: what it wrote to the OS survives (fsync: interval included).
+                cluster.crash(joiner, tornBytes: nodes[joiner].disk.unsyncedBytes)
+                detail = "\(nodes[joiner].id) restarted after \(hold) ms, knowing only \(nodes[0].id) again"
+                heal = { cluster in try? cluster.restart(joiner) }
+            }
         case .partition:
             var group = Set([target])
             let extra = nodes.count > 3 ? random.below(nodes.count / 2) : 0

@@ -34,6 +34,10 @@ package final class SimulatedCluster {
         package var faults: [Int: NodeFaults] = [:]
         /// Per node (by index), how far its wall clock is off, in milliseconds.
         package var clockSkew: [Int: Int64] = [:]
+        /// The last node is not started with the others and knows only the first node (its
+        /// seed), and the others do not know it: it joins through membership when
+        /// ``SimulatedCluster/join(_:)`` starts it (PROTOCOL.md 7.5).
+        package var lateJoiner = false
         /// Where nodes log (nothing, by default: a simulation makes many).
         package var logger = Logger(label: "statesync-sim", factory: { _ in SwiftLogNoOpLogHandler() })
 
@@ -69,6 +73,9 @@ package final class SimulatedCluster {
         fileprivate var intakePaused = false
         fileprivate var held: [SimulatedNetwork<Packet>.Message] = []
         fileprivate var links: [String: Int] = [:]
+        /// The peers whose publish socket this node subscribes to (its SUB links): the configured
+        /// ones at every start, then the members it learns.
+        fileprivate var subscribedTo: Set<String> = []
         fileprivate let skew: Skew
         /// Set when a live model on this node wrote: the next instant feeds the write.
         fileprivate let woken = WakeFlag()
@@ -164,10 +171,14 @@ package final class SimulatedCluster {
             random: root.fork("client-network"), defaultConditions: .reliable(delay: configuration.clientDelay))
         touched = Array(repeating: false, count: configuration.nodes)
         let ids = (1...configuration.nodes).map { "n\($0)" }
+        let joiner = configuration.lateJoiner ? ids.last : nil
         for (index, id) in ids.enumerated() {
+            // Each node's configured peers: all the others, but a late joiner knows only the
+            // first node, and no one knows it.
+            let known = id == joiner ? [ids[0]] : ids.filter { $0 != id && $0 != joiner }
             var node = NodeConfiguration(
                 nodeID: id, dataDirectory: "sim://\(id)", publishEndpoint: Self.publishEndpoint(id),
-                peers: ids.filter { $0 != id }.map(Self.publishEndpoint), apiEndpoint: Self.apiEndpoint(id),
+                peers: known.map(Self.publishEndpoint), apiEndpoint: Self.apiEndpoint(id),
                 heartbeatIntervalMilliseconds: configuration.heartbeatMilliseconds, fsync: configuration.fsync,
                 fsyncIntervalMilliseconds: configuration.fsyncIntervalMilliseconds,
                 compactBytes: configuration.compactBytes, historyDeltas: configuration.historyDeltas)
@@ -176,18 +187,30 @@ package final class SimulatedCluster {
             // Links are authenticated as with CURVE keys: each peer's live stream is bound to its
             // node id (PROTOCOL.md 14). The machine reads no key; the simulated network is the
             // authentication, and only the forge fault sends in another node's name.
-            node.peerNodeIDs = Dictionary(
-                uniqueKeysWithValues: ids.filter { $0 != id }.map { (Self.publishEndpoint($0), $0) })
+            node.peerNodeIDs = Dictionary(uniqueKeysWithValues: known.map { (Self.publishEndpoint($0), $0) })
             // Clients are admitted as entry 0, which may read and write every channel.
             node.security = SecurityConfiguration(
                 secretKeyFile: "sim://\(id)/key", peerKeys: [:], clients: [.init(key: "sim")])
             nodes.append(Node(index: index, configuration: node, skew: configuration.clockSkew[index] ?? 0))
         }
-        for node in nodes { try start(node) }
+        for node in nodes where node.id != joiner { try start(node) }
+    }
+
+    /// Starts a node that was never started (a late joiner, ``Configuration/lateJoiner``).
+    package func join(_ index: Int) throws(StateSyncError) {
+        let node = nodes[index]
+        guard node.host == nil, node.generation == 0 else { return }
+        record("join", node.id, [])
+        try start(node)
     }
 
     package static func publishEndpoint(_ id: String) -> String { "sim://\(id)/pub" }
     package static func apiEndpoint(_ id: String) -> String { "sim://\(id)/api" }
+    /// The node id in a simulated endpoint (`sim://ID/pub`).
+    static func nodeID(ofEndpoint endpoint: String) -> String? {
+        guard endpoint.hasPrefix("sim://"), let slash = endpoint.dropFirst(6).firstIndex(of: "/") else { return nil }
+        return String(endpoint[endpoint.index(endpoint.startIndex, offsetBy: 6)..<slash])
+    }
 
     // MARK: - Running
 
@@ -289,6 +312,7 @@ package final class SimulatedCluster {
         host.attach(driver: node.woken)
         node.host = host
         node.links = [:]
+        node.subscribedTo = Set(node.configuration.peers.compactMap(Self.nodeID(ofEndpoint:)))
         node.intakePaused = false
         node.held = []
         process(
@@ -516,7 +540,7 @@ package final class SimulatedCluster {
         let node: Node
 
         func publish(_ frames: [[UInt8]]) {
-            for peer in cluster.nodes where peer.index != node.index {
+            for peer in cluster.nodes where peer.index != node.index && peer.subscribedTo.contains(node.id) {
                 cluster.network.send(.peer(frames: frames), from: node.id, to: peer.id, at: cluster.now)
             }
         }
@@ -572,6 +596,11 @@ package final class SimulatedCluster {
             }
             cluster.record("link-reset", peer.id + ">" + node.id, [])
             cluster.brokenLinks.remove(peer.id + ">" + node.id)
+        }
+
+        func connectPeer(endpoint: String, node id: String) {
+            cluster.record("subscribe", node.id + "<" + id, [])
+            node.subscribedTo.insert(id)
         }
 
         func pauseIntake(_ paused: Bool) {

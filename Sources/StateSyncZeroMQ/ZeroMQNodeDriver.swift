@@ -227,6 +227,9 @@ final class ZeroMQTransport: NodeTransport {
     private var monitors: [Socket]
     /// Peer publish endpoints whose link delivered something since it was (re)connected.
     private var heardSinceConnect: Set<String> = []
+    /// The node id expected at each peer publish endpoint: configured, or learned from the
+    /// member list.
+    private var peerNodes: [String: String]
 
     init(
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
@@ -236,6 +239,7 @@ final class ZeroMQTransport: NodeTransport {
         self.monitors = monitors
         self.keys = keys
         self.keyChoice = PeerKeyChoice(keys: keys?.peers ?? [:])
+        self.peerNodes = configuration.peerNodeIDs
         self.configuration = configuration
         self.context = context
         self.publisher = publisher
@@ -292,7 +296,7 @@ final class ZeroMQTransport: NodeTransport {
         if let old = links.removeValue(forKey: peer) { old.socket.close() }
         pollerChanged = true
         do {
-            let serverKey = configuration.peerNodeIDs[peer].map { keyChoice.key(for: $0) }
+            let serverKey = peerNodes[peer].map { keyChoice.key(for: $0) }
             links[peer] = (
                 endpoint,
                 try SocketFactory.makeRepairLink(context: context, endpoint: endpoint, serverKey: serverKey, keys: keys)
@@ -365,7 +369,7 @@ final class ZeroMQTransport: NodeTransport {
     /// The node gave up on a silent peer link: make it again, and if it never delivered
     /// anything and the peer has several trusted keys (it is rotating), dial its next key.
     func resetPeerLink(_ endpoint: String) {
-        if !heardSinceConnect.contains(endpoint), let node = configuration.peerNodeIDs[endpoint],
+        if !heardSinceConnect.contains(endpoint), let node = peerNodes[endpoint],
             keyChoice.linkFailed(node: node)
         {
             logger.notice(
@@ -375,13 +379,29 @@ final class ZeroMQTransport: NodeTransport {
         remakeSubscriber(endpoint)
     }
 
+    func connectPeer(endpoint: String, node: String) {
+        guard !subscribers.contains(where: { $0.endpoint == endpoint }) else { return }
+        peerNodes[endpoint] = node
+        do {
+            let subscriber = try SocketFactory.makeSubscriber(
+                context: context, endpoint: endpoint, configuration: configuration, keys: keys,
+                serverKey: keyChoice.key(for: node))
+            subscribers.append((endpoint, subscriber))
+            pollerChanged = true
+        } catch {
+            logger.error(
+                "cannot subscribe to a member",
+                metadata: ["member": "\(node)", "peer.endpoint": "\(endpoint)", "error": "\(error)"])
+        }
+    }
+
     private func remakeSubscriber(_ endpoint: String) {
         guard let index = subscribers.firstIndex(where: { $0.endpoint == endpoint }) else { return }
         heardSinceConnect.remove(endpoint)
         do {
             let fresh = try SocketFactory.makeSubscriber(
                 context: context, endpoint: endpoint, configuration: configuration, keys: keys,
-                serverKey: configuration.peerNodeIDs[endpoint].map { keyChoice.key(for: $0) } ?? [])
+                serverKey: peerNodes[endpoint].map { keyChoice.key(for: $0) } ?? [])
             subscribers[index].socket.close()
             subscribers[index].socket = fresh
             pollerChanged = true
@@ -401,7 +421,7 @@ final class ZeroMQTransport: NodeTransport {
         }
         keys = newKeys
         let redial = keyChoice.reload(newKeys.peers)
-        for (endpoint, node) in configuration.peerNodeIDs.sorted(by: { $0.key < $1.key }) where redial.contains(node) {
+        for (endpoint, node) in peerNodes.sorted(by: { $0.key < $1.key }) where redial.contains(node) {
             remakeSubscriber(endpoint)
             if let link = links[endpoint] { connectRepairLink(peer: endpoint, endpoint: link.endpoint) }
         }

@@ -19,7 +19,10 @@ extension StateSyncCLI {
 
                 Faults: crash (a node crashes — what it had not synced is lost, a torn write is \
                 possible — and restarts on its disk), partition (links between two groups cut both \
-                ways), loss, dup, reorder (on peer links), clock (a node's wall clock jumps).
+                ways), loss, dup, reorder (on peer links), clock (a node's wall clock jumps), \
+                broken-link (a link breaks for good until replaced), phantom (forged sequence \
+                numbers), forge (a delta in another node's name), join (the last node starts late, \
+                knowing only the first, and must join through membership).
 
                 Then everything heals and the harness's verdict is given: equal state everywhere, \
                 last-writer-wins winners, no acknowledged write lost, unbroken old/new chains, each \
@@ -45,7 +48,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom,forge.",
+                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom,forge,join.",
                 valueName: "LIST"))
         var faults: String = ""
 
@@ -68,7 +71,7 @@ extension StateSyncCLI {
         func validate() throws {
             for name in faults.split(separator: ",") where SimulationOptions.Fault(rawValue: String(name)) == nil {
                 throw ValidationError(
-                    "unknown fault '\(name)'; use crash, partition, loss, dup, reorder, clock, broken-link, phantom, forge"
+                    "unknown fault '\(name)'; use \(SimulationOptions.Fault.allCases.map(\.rawValue).joined(separator: ", "))"
                 )
             }
             if let plantBug, SimulationOptions.PlantedBug(rawValue: plantBug) == nil {

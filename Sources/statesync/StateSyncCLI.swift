@@ -11,7 +11,8 @@ struct StateSyncCLI: AsyncParsableCommand {
         abstract: "Get, set and watch replicated models on a StateSync node.",
         discussion: "The node is chosen with --daemon (default: $STATESYNC_DAEMON, else tcp://127.0.0.1:7101).",
         subcommands: [
-            Set.self, Get.self, Watch.self, Status.self, Keygen.self, Harness.self, Simulate.self, Bench.self,
+            Set.self, Get.self, Watch.self, Status.self, Members.self, Keygen.self, Harness.self, Simulate.self,
+            Bench.self,
             BenchNode.self,
         ])
 }
@@ -358,6 +359,8 @@ extension StateSyncCLI {
                     "version:   \(status.latestVersion?.description ?? "none yet")  (sequence \(status.latestSequence))"
                 )
                 emit("digest:    \(String(status.stateDigest, radix: 16))")
+                let alive = status.members.filter { $0.state == "alive" }.count
+                emit("members:   \(status.members.count) known, \(alive) alive (statesync members)")
                 emit("peers:")
                 if status.peers.isEmpty { emit("  (none)") }
                 for peer in status.peers {
@@ -392,6 +395,48 @@ extension StateSyncCLI {
                     "counters:  "
                         + (nonZero.isEmpty
                             ? "all zero" : nonZero.map { "\($0.key)=\($0.value)" }.joined(separator: " ")))
+            }
+        }
+    }
+
+    struct Members: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "List the cluster's members as this node sees them.",
+            discussion: """
+                One line per member: id, state (alive; suspect: silent for over 3 heartbeat \
+                intervals; down: silent for the silence limit, or never heard; left: stopped \
+                cleanly; forgotten), its publish and API endpoints, when this node last heard from \
+                it, and how many of its deltas this node knows of but lacks. The list spreads in \
+                heartbeats (docs/PROTOCOL.md 7.5): a node started with one reachable member in \
+                network.peers learns the rest.
+                """)
+
+        @Flag(name: .long, help: "Print one JSON array.")
+        var json = false
+
+        @OptionGroup var connection: ConnectionOptions
+
+        func run() async throws {
+            try await failingClearly {
+                let client = try connection.client()
+                defer { client.close() }
+                let status = try await client.status()
+                if json {
+                    emit(Value.array(status.members.map(\.value)).jsonText())
+                    return
+                }
+                let width = max(4, status.members.map(\.id.count).max() ?? 0)
+                for member in status.members {
+                    let seen =
+                        member.id == status.node
+                        ? "this node" : member.lastSeenMillisecondsAgo.map { "heard \($0) ms ago" } ?? "never heard"
+                    let id = member.id.padding(toLength: width, withPad: " ", startingAt: 0)
+                    let state = member.state.padding(toLength: 9, withPad: " ", startingAt: 0)
+                    let api = member.apiEndpoint.isEmpty ? "-" : member.apiEndpoint
+                    emit(
+                        "\(id)  \(state)  publish \(member.publishEndpoint)  api \(api)  \(seen)  missing \(member.missingDeltas)"
+                    )
+                }
             }
         }
     }

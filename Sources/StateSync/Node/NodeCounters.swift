@@ -23,6 +23,10 @@ public struct NodeCounters: Sendable, Equatable {
     public var diskFullEpisodes = 0
     /// Peer HEARTBEATs whose API was on another host than their stream: not dialled.
     public var foreignRepairEndpoints = 0
+    /// Member entries taken from peers (HEARTBEAT lists, ANNOUNCE) that changed the member list.
+    public var membershipUpdates = 0
+    /// ANNOUNCE requests sent (this node's entry, to a peer whose list lacked it).
+    public var announcesSent = 0
     /// Well-formed DELTA messages received from peers (a batch counts once): with
     /// ``deltasReceived``, how well deltas are batched.
     public var deltaMessagesReceived = 0
@@ -78,6 +82,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
             ("disk_full_episodes", diskFullEpisodes), ("foreign_repair_endpoints", foreignRepairEndpoints),
+            ("membership_updates", membershipUpdates), ("announces_sent", announcesSent),
             ("delta_messages_published", deltaMessagesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),

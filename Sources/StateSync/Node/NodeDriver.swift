@@ -16,6 +16,8 @@ package protocol NodeTransport {
     func pauseIntake(_ paused: Bool)
     /// Replaces the SUB socket connected to the peer at `endpoint` with a new one.
     func resetPeerLink(_ endpoint: String)
+    /// Subscribes to a member learned at run time: node `node` publishing at `endpoint`.
+    func connectPeer(endpoint: String, node: String)
 }
 
 /// What became of a reply.

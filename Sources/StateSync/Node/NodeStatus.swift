@@ -50,6 +50,70 @@ public struct NodeStatus: Sendable, Equatable {
     /// measured (`nil`: unknown).
     public var diskFull = false
     public var diskFreeBytes: UInt64?
+    /// Every member this node knows of, itself included (docs/PROTOCOL.md section 7.5), by id.
+    public var members: [Member] = []
+
+    /// One member of the cluster, as this node sees it.
+    public struct Member: Sendable, Equatable {
+        public var id: String
+        public var publishEndpoint: String
+        public var apiEndpoint: String
+        /// `alive` (heard from within 3 heartbeat intervals, or this node itself), `suspect`
+        /// (silent for longer), `down` (silent for the silence limit, or never heard), `left`
+        /// (stopped cleanly and said so) or `forgotten`.
+        public var state: String
+        /// Milliseconds since this node last heard from it (`nil`: never, or itself).
+        public var lastSeenMillisecondsAgo: Int?
+        /// Its deltas known to exist that this node has not received.
+        public var missingDeltas: Int
+        /// Whether this node has a live link to it (a message within 3 heartbeat intervals).
+        public var connected: Bool
+        /// The entry's version (who wrote it, when).
+        public var version: String
+
+        public init(
+            id: String, publishEndpoint: String, apiEndpoint: String, state: String, lastSeenMillisecondsAgo: Int?,
+            missingDeltas: Int, connected: Bool, version: String
+        ) {
+            self.id = id
+            self.publishEndpoint = publishEndpoint
+            self.apiEndpoint = apiEndpoint
+            self.state = state
+            self.lastSeenMillisecondsAgo = lastSeenMillisecondsAgo
+            self.missingDeltas = missingDeltas
+            self.connected = connected
+            self.version = version
+        }
+
+        /// The member as a ``Value`` map (its wire and JSON form).
+        public var value: Value {
+            var map: [String: Value] = [
+                "id": .string(id), "publish": .string(publishEndpoint), "api": .string(apiEndpoint),
+                "state": .string(state), "missing_deltas": .int(Int64(missingDeltas)), "connected": .bool(connected),
+                "version": .string(version),
+            ]
+            map["last_seen_ms_ago"] = lastSeenMillisecondsAgo.map { .int(Int64($0)) } ?? .null
+            return .map(map)
+        }
+
+        init?(_ value: Value) {
+            guard case .map(let map) = value, case .string(let id)? = map["id"] else { return nil }
+            func string(_ key: String) -> String {
+                if case .string(let s)? = map[key] { return s }
+                return ""
+            }
+            func int(_ key: String) -> Int? {
+                if case .int(let i)? = map[key] { return Int(i) }
+                return nil
+            }
+            var connected = false
+            if case .bool(let c)? = map["connected"] { connected = c }
+            self.init(
+                id: id, publishEndpoint: string("publish"), apiEndpoint: string("api"), state: string("state"),
+                lastSeenMillisecondsAgo: int("last_seen_ms_ago"), missingDeltas: int("missing_deltas") ?? 0,
+                connected: connected, version: string("version"))
+        }
+    }
 
     /// The status as a ``Value`` map (its wire and JSON form).
     public var value: Value {
@@ -81,6 +145,7 @@ public struct NodeStatus: Sendable, Equatable {
         ]
         map["disk_free_bytes"] = diskFreeBytes.map { .int(Int64(clamping: $0)) } ?? .null
         map["api"] = apiEndpoint.map(Value.string) ?? .null
+        map["members"] = .array(members.map(\.value))
         return .map(map)
     }
 
@@ -131,6 +196,7 @@ public struct NodeStatus: Sendable, Equatable {
         if case .map(let refused)? = map["refused_keys"] { self.refusedKeys = refused.mapValues { int($0) ?? 0 } }
         if case .bool(let full)? = map["disk_full"] { self.diskFull = full }
         self.diskFreeBytes = int(map["disk_free_bytes"]).map { UInt64(clamping: $0) }
+        if case .array(let list)? = map["members"] { self.members = list.compactMap(Member.init) }
     }
 
     init(

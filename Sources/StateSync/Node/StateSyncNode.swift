@@ -239,6 +239,8 @@ public final class StateSyncNode: Sendable {
             transport.pauseIntake(paused)
         case .resetPeerLink(let endpoint):
             transport.resetPeerLink(endpoint)
+        case .connectPeer(let endpoint, let node):
+            transport.connectPeer(endpoint: endpoint, node: node)
         }
         return nil
     }

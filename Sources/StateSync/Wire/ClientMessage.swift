@@ -16,6 +16,8 @@ public enum ClientProtocol {
         case fetch = 0x10
         /// Node to node: the whole state (repair when history is gone; late join).
         case snapshot = 0x11
+        /// Node to node: the sender's own member entry (a node joining through a seed).
+        case announce = 0x12
     }
 
     /// What a node's message to a client is.

@@ -34,6 +34,8 @@ public enum PeerMessage: Sendable, Equatable {
         /// every delta: lets a node notice deltas it lacks even when their origin is down, and a
         /// node that lost its own log notice its own missing deltas.
         public var progress: [String: UInt64]
+        /// The sender's member list (section 7.5); `nil` from a node older than membership.
+        package var members: [Membership.Member]?
 
         /// A heartbeat with these fields.
         public init(
@@ -46,6 +48,17 @@ public enum PeerMessage: Sendable, Equatable {
             self.incarnation = incarnation
             self.api = api
             self.progress = progress
+        }
+
+        /// A heartbeat that carries the sender's member list.
+        package init(
+            node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64, api: String,
+            progress: [String: UInt64], members: [Membership.Member]?
+        ) {
+            self.init(
+                node: node, latestSequence: latestSequence, clock: clock, incarnation: incarnation, api: api,
+                progress: progress)
+            self.members = members
         }
     }
 
@@ -73,6 +86,10 @@ public enum PeerMessage: Sendable, Equatable {
             for origin in beat.progress.keys.sorted() {
                 body.string(origin)
                 body.varint(beat.progress[origin]!)
+            }
+            if let members = beat.members {
+                body.varint(UInt64(members.count))
+                for member in members { Membership.write(member, to: &body) }
             }
             return [Self.heartbeatTopic, body.bytes]
         }
@@ -157,10 +174,22 @@ public enum PeerMessage: Sendable, Equatable {
                     progress[origin] = try body.varint("progress sequence")
                 }
             }
+            var members: [Membership.Member]?
+            if !body.isAtEnd {
+                // id, publish, api, state, version, writer: at least 14 octets each.
+                let count = try body.count("member count", minimumItemSize: 14)
+                guard count <= Membership.maximumMembers else {
+                    throw .invalid(field: "member count", reason: "\(count) is over \(Membership.maximumMembers)")
+                }
+                var list: [Membership.Member] = []
+                list.reserveCapacity(count)
+                for _ in 0..<count { list.append(try Membership.read(&body)) }
+                members = list
+            }
             return .heartbeat(
                 Heartbeat(
                     node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api,
-                    progress: progress))
+                    progress: progress, members: members))
         }
         guard topic.first == deltaTopicPrefix else {
             throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))")

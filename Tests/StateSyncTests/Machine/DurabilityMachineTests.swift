@@ -36,6 +36,7 @@ struct DurabilityMachineTests {
             case .sendWatchEvents: "watch"
             case .pauseIntake: "pause"
             case .resetPeerLink: "reset"
+            case .connectPeer: "subscribe"
             }
         }
     }

@@ -27,6 +27,8 @@ struct MachineRunner {
     var repairLinksConnected: [String] = []
     /// Peer links the machine asked to replace, in order.
     var linkResets: [String] = []
+    /// Members the machine subscribed to (publish endpoint, node id), in order.
+    var subscribed: [(endpoint: String, node: String)] = []
 
     /// A wall clock tests can move (the node's clock reads it).
     final class Wall: Sendable {
@@ -84,6 +86,7 @@ struct MachineRunner {
                     inputs.append(.watchEventsSent(key, accepted: accepted, clientGone: false))
                 case .pauseIntake(let paused): intakePaused = paused
                 case .resetPeerLink(let endpoint): linkResets.append(endpoint)
+                case .connectPeer(let endpoint, let node): subscribed.append((endpoint, node))
                 }
             }
         }

@@ -36,6 +36,18 @@ struct OriginBindingTests {
         #expect(plain.machine.counters.forgedOrigins == 0 && !plain.machine.store.properties(of: address).isEmpty)
     }
 
+    /// A stream from an endpoint that is neither configured nor a learned member carries no
+    /// origin at all (the simulator's forge fault found a node that had not learned the sender).
+    @Test func aStreamFromAnUnknownEndpointCarriesNothing() {
+        var node = Self.securedNode()
+        node.handle(
+            .peerMessage(peer: "inproc://n9", frames: PeerMessage.delta(RepairMachineTests.delta("n9", 1)).encode()))
+        node.handle(
+            .peerMessage(peer: "inproc://n9", frames: PeerMessage.delta(RepairMachineTests.delta("n2", 1)).encode()))
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: "m")).isEmpty)
+        #expect(node.machine.counters.forgedOrigins == 2)
+    }
+
     /// Repair relays other origins' deltas by design: a FETCH answer from n2 with n3's deltas is
     /// applied.
     @Test func repairStillCarriesOtherOrigins() throws {

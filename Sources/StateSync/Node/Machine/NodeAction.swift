@@ -36,6 +36,9 @@ package enum NodeAction: Sendable {
     /// connection for good after some input (a frame over the maximum message size is a
     /// protocol error it does not reconnect after), so a peer silent for long gets a new link.
     case resetPeerLink(endpoint: String)
+    /// Subscribe to a member learned from the member list (section 7.5): a new SUB socket to its
+    /// publish endpoint, expecting node `node` there (with security, dialled with its key).
+    case connectPeer(endpoint: String, node: String)
 }
 
 /// Writes for the live model at one address, in apply order.

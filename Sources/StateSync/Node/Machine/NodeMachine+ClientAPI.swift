@@ -56,8 +56,8 @@ extension NodeMachine {
             guard peers.contains(String(identity.dropFirst(5))) else {
                 return "this peer's key is no longer admitted (security.peer_keys was reloaded)"
             }
-            guard [.fetch, .snapshot, .ping, .status].contains(command) else {
-                return "a peer's key may only ask for repairs (FETCH, SNAPSHOT), PING and STATUS"
+            guard [.fetch, .snapshot, .ping, .status, .announce].contains(command) else {
+                return "a peer's key may only ask for repairs (FETCH, SNAPSHOT), PING, STATUS and ANNOUNCE"
             }
             return nil
         }
@@ -147,7 +147,7 @@ extension NodeMachine {
                 ClientProtocol.encodeError(.unknownCommand, "unknown command 0x\(String(header.command, radix: 16))"))
             return
         }
-        guard configuration.apiEndpoint != nil || [.fetch, .snapshot, .ping].contains(command) else {
+        guard configuration.apiEndpoint != nil || [.fetch, .snapshot, .ping, .announce].contains(command) else {
             counters.clientErrors += 1
             reply(
                 client, .error, id,
@@ -217,6 +217,13 @@ extension NodeMachine {
                 try authorizeRepair(identity)
                 counters.snapshotsServed += 1
                 reply(client, .ok, id, StateSnapshot.encode(snapshot))
+            case .announce:
+                // A client key may not speak for a node (section 14); a peer only for itself.
+                if let identity, !identity.hasPrefix("node:") {
+                    throw Forbidden(message: "only a node's key may ANNOUNCE a member entry")
+                }
+                try receiveAnnounce(body, identity: identity)
+                reply(client, .ok, id, [])
             case .ping:
                 // The body lists the watch ids the client holds; the reply names those this node
                 // no longer has (dropped when the client was unreachable), so no gap goes unseen.

@@ -40,7 +40,7 @@ extension NodeMachine {
     /// Connects a link to each peer whose heartbeat advertised a repair endpoint (again when it
     /// changed).
     mutating func updateRepairLinks() {
-        for peer in configuration.peers {
+        for peer in peerEndpoints {
             guard let endpoint = peers[peer]?.repairEndpoint, repair.links[peer] != endpoint else { continue }
             repair.links[peer] = endpoint
             actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
@@ -135,7 +135,7 @@ extension NodeMachine {
         }
     }
 
-    private mutating func nextRepairID() -> UInt64 {
+    mutating func nextRepairID() -> UInt64 {
         defer { repair.nextID += 1 }
         return repair.nextID
     }
@@ -163,6 +163,15 @@ extension NodeMachine {
     mutating func handleRepairReply(_ frames: [[UInt8]], from peer: String) {
         guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]) else {
             counters.malformedMessages += 1
+            return
+        }
+        if let member = announcesInFlight.removeValue(forKey: header.requestID) {
+            if header.kind != .ok {
+                let reason = (try? ClientProtocol.decodeError(frames[1]))?.message ?? "?"
+                warnLimited(
+                    "announce-refused", "a peer refused this node's member entry (ANNOUNCE)",
+                    metadata: ["peer.endpoint": "\(peer)", "member": "\(member)", "error": "\(reason)"])
+            }
             return
         }
         if let snapshot = repair.snapshot, snapshot.requestID == header.requestID {

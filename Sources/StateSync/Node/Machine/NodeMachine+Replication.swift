@@ -35,9 +35,12 @@ extension NodeMachine {
     }
 
     /// With security, the node id the peer at `endpoint` authenticated as (its CURVE key is that
-    /// node's): its live stream may carry only that origin (section 14). `nil` without security.
+    /// node's): its live stream may carry only that origin (section 14); a stream from an
+    /// endpoint that is neither configured nor a learned member may carry none (empty id).
+    /// `nil` without security.
     func boundNode(of endpoint: String) -> String? {
-        configuration.security == nil ? nil : configuration.peerNodeIDs[endpoint]
+        guard configuration.security != nil else { return nil }
+        return configuration.peerNodeIDs[endpoint] ?? learnedPeerIDs[endpoint] ?? ""
     }
 
     /// Drops what a peer sent in another node's name on its live stream: counted and logged.
@@ -84,6 +87,7 @@ extension NodeMachine {
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
             nextSequence = max(nextSequence, own + 1)
         }
+        if let members = beat.members { receiveMembers(members, from: endpoint, sender: beat.node) }
     }
 
     /// An advertised endpoint bound to a wildcard host is reached at the host we reach the peer at.
@@ -369,8 +373,7 @@ extension NodeMachine {
     package var missingDeltas: Int {
         var total: UInt64 = 0
         for progress in origins.values {
-            let gap = progress.announced > progress.contiguous ? progress.announced - progress.contiguous : 0
-            let missing = gap > UInt64(progress.above.count) ? gap - UInt64(progress.above.count) : 0
+            let missing = progress.missing
             total = total.addingReportingOverflow(missing).overflow ? .max : total + missing
         }
         return Int(clamping: total)
@@ -394,6 +397,6 @@ extension NodeMachine {
         return .heartbeat(
             PeerMessage.Heartbeat(
                 node: configuration.nodeID, latestSequence: published, clock: clock.wallMilliseconds() << 16,
-                incarnation: incarnation, api: boundRepair, progress: progress))
+                incarnation: incarnation, api: boundRepair, progress: progress, members: membership.sorted))
     }
 }

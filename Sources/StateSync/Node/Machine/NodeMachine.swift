@@ -41,6 +41,16 @@ package struct NodeMachine: Sendable {
     var peers: [String: PeerProgress] = [:]
     /// When the link of each peer never heard from was made (or last replaced).
     var unheardLinkSince: [String: UInt64] = [:]
+    /// Every peer publish endpoint the node links to: the configured ones, then the members it
+    /// learned (section 7.5).
+    package internal(set) var peerEndpoints: [String] = []
+    /// The node id of each learned peer endpoint.
+    var learnedPeerIDs: [String: String] = [:]
+    /// The cluster's member list (section 7.5).
+    package internal(set) var membership = Membership()
+    /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
+    var lastAnnounce: [String: UInt64] = [:]
+    var announcesInFlight: [UInt64: String] = [:]
     package var counters = NodeCounters()
     /// The sequence number the next local write gets.
     package internal(set) var nextSequence: UInt64 = 1
@@ -117,6 +127,7 @@ package struct NodeMachine: Sendable {
         boundPublish = configuration.publishEndpoint
         boundRepair = configuration.repairServiceEndpoint
         for peer in configuration.peers { peers[peer] = PeerProgress() }
+        peerEndpoints = configuration.peers
         var latestSequence: UInt64 = 0
         if let snapshot = recovery.snapshot {
             store = snapshot.store
@@ -168,6 +179,7 @@ package struct NodeMachine: Sendable {
         case .endpointsBound(let publish, let repair):
             boundPublish = publish
             boundRepair = repair
+            writeOwnEntry(.alive)
             let exposed = configuration.security != nil ? [] : [publish, repair].filter { !Self.isLoopbackOnly($0) }
             if !exposed.isEmpty {
                 logger.warning(
@@ -215,6 +227,9 @@ package struct NodeMachine: Sendable {
         case .stop:
             stopping = true
             requestSync(force: true)
+            // Peers learn at once that this node left (section 7.5), not after a silence.
+            writeOwnEntry(.left)
+            actions.append(.publish(heartbeat().encode()))
         }
         let result = actions
         actions = []
@@ -292,7 +307,7 @@ package struct NodeMachine: Sendable {
     /// too, quietly: with security, a peer that rotated its key pair is reached only by dialling
     /// its other trusted key, which the transport does for a link that never delivered anything.
     mutating func checkPeerLinks() {
-        for endpoint in configuration.peers {
+        for endpoint in peerEndpoints {
             guard let progress = peers[endpoint], let last = progress.lastMessageAt else {
                 guard let since = unheardLinkSince[endpoint] else {
                     unheardLinkSince[endpoint] = now
@@ -373,7 +388,7 @@ package struct NodeMachine: Sendable {
         var status = NodeStatus(
             node: configuration.nodeID, incarnation: incarnation, publishEndpoint: boundPublish,
             apiEndpoint: configuration.apiEndpoint == nil ? nil : boundRepair,
-            peers: configuration.peers.map { endpoint in
+            peers: peerEndpoints.map { endpoint in
                 let progress = peers[endpoint] ?? PeerProgress()
                 return NodeStatus.Peer(
                     endpoint: endpoint, node: progress.node, connected: isConnected(progress),
@@ -389,6 +404,7 @@ package struct NodeMachine: Sendable {
         status.refusedKeys = refusedKeys
         status.diskFull = diskFull
         status.diskFreeBytes = diskFree
+        status.members = memberStatus()
         return status
     }
 

@@ -43,6 +43,12 @@ struct OriginProgress: Sendable, Equatable {
     /// number announced beyond `contiguous` always leaves one missing.)
     var hasGap: Bool { announced > contiguous }
 
+    /// How many sequence numbers through `announced` are missing.
+    var missing: UInt64 {
+        let gap = announced > contiguous ? announced - contiguous : 0
+        return gap > UInt64(above.count) ? gap - UInt64(above.count) : 0
+    }
+
     /// The first run of missing sequence numbers, if any.
     var firstGap: ClosedRange<UInt64>? {
         guard announced > contiguous else { return nil }

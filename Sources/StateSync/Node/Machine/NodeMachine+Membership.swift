@@ -1,0 +1,164 @@
+/// Membership (docs/PROTOCOL.md section 7.5): the member list every node keeps, spread in
+/// HEARTBEATs and by ANNOUNCE, and the links it makes to the members it learns.
+///
+/// A node configured with one reachable member (a seed) subscribes to it, learns every member
+/// from its HEARTBEATs and subscribes to them; it ANNOUNCEs its own entry to each peer whose
+/// list lacks it, so they subscribe to it in turn, and their HEARTBEATs carry it to the rest.
+extension NodeMachine {
+    /// Writes this node's own entry with a fresh version: alive when it starts (its endpoints),
+    /// left when it stops cleanly.
+    mutating func writeOwnEntry(_ state: Membership.State) {
+        membership.merge(
+            Membership.Member(
+                id: configuration.nodeID, publish: boundPublish,
+                api: configuration.apiEndpoint != nil || configuration.repairEndpoint != nil ? boundRepair : "",
+                state: state, version: clock.next()))
+    }
+
+    /// This node's entry as it stands.
+    var ownEntry: Membership.Member? { membership.members[configuration.nodeID] }
+
+    /// Merges the member list of a HEARTBEAT from `sender` at `endpoint`, links to new members,
+    /// and ANNOUNCEs this node's entry if the sender's list lacks it.
+    mutating func receiveMembers(_ list: [Membership.Member], from endpoint: String, sender: String) {
+        var theirs: Membership.Member?
+        for var member in list {
+            if member.id == configuration.nodeID {
+                theirs = member
+            }
+            // The sender's own endpoints bound to a wildcard host are reached where its stream is.
+            if member.id == sender {
+                member.publish = Self.reachable(member.publish, via: endpoint)
+                member.api = member.api.isEmpty ? "" : Self.reachable(member.api, via: endpoint)
+            }
+            takeMember(member)
+        }
+        guard let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true else { return }
+        announce(own, to: endpoint)
+    }
+
+    /// Takes one entry learned from a peer or an ANNOUNCE.
+    mutating func takeMember(_ member: Membership.Member) {
+        if member.id == configuration.nodeID {
+            // A newer entry about this node written by another (an operator's forget, a forged
+            // leave) while it runs: it says again that it is alive, with a later version.
+            guard let own = ownEntry, own.version < member.version, member.version.node != configuration.nodeID else {
+                return
+            }
+            clock.advance(past: member.version)
+            if member.state == .forgotten {
+                logger.error(
+                    "this node was forgotten by another member (statesync forget); it stays in the cluster because it runs, and says so",
+                    metadata: ["member.version": "\(member.version)"])
+            }
+            writeOwnEntry(stopping ? .left : .alive)
+            return
+        }
+        guard membership.merge(member) else { return }
+        counters.membershipUpdates += 1
+        if member.state == .alive { link(member) }
+    }
+
+    /// Subscribes to `member` unless it is linked already (configured, or learned before), has
+    /// no usable publish endpoint, or (with security) has no trusted key here.
+    mutating func link(_ member: Membership.Member) {
+        guard !member.publish.isEmpty, !Self.isWildcard(member.publish) else { return }
+        if peerEndpoints.contains(member.publish) { return }
+        let linkedIDs = Set(
+            peerEndpoints.compactMap { configuration.peerNodeIDs[$0] ?? learnedPeerIDs[$0] ?? peers[$0]?.node })
+        if linkedIDs.contains(member.id) { return }
+        if configuration.security != nil, !admittedPeers.contains(member.id) {
+            warnLimited(
+                "member-without-key",
+                "learned a member whose key this node does not trust; not linking to it (add it to security.peer_keys)",
+                metadata: ["member": "\(member.id)", "publish": "\(member.publish)"])
+            return
+        }
+        peerEndpoints.append(member.publish)
+        learnedPeerIDs[member.publish] = member.id
+        peers[member.publish] = peers[member.publish] ?? PeerProgress()
+        actions.append(.connectPeer(endpoint: member.publish, node: member.id))
+        logger.info(
+            "linked to a member learned from the member list",
+            metadata: ["member": "\(member.id)", "publish": "\(member.publish)"])
+    }
+
+    /// Sends `own` to the peer at `endpoint` over its repair link, at most once per heartbeat
+    /// interval.
+    mutating func announce(_ own: Membership.Member, to endpoint: String) {
+        guard repair.links[endpoint] != nil else { return }
+        let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
+        if let last = lastAnnounce[endpoint], now &- last < interval { return }
+        lastAnnounce[endpoint] = now
+        let id = nextRepairID()
+        if announcesInFlight.count >= 64 { announcesInFlight.removeAll() }
+        announcesInFlight[id] = own.id
+        counters.announcesSent += 1
+        actions.append(
+            .sendRepairRequest(
+                peer: endpoint, requestID: id,
+                frames: ClientProtocol.encodeRequest(.announce, id: id, body: Membership.encodeAnnounce(own))))
+    }
+
+    /// An ANNOUNCE request: a node's own entry. With security only that node's key may send it.
+    mutating func receiveAnnounce(_ body: [UInt8], identity: String?) throws {
+        let member = try Membership.decodeAnnounce(body)
+        guard NodeConfiguration.isValidNodeID(member.id) else {
+            throw StateSyncError(.protocolError, "'\(member.id.prefix(64))' is not a node id")
+        }
+        if configuration.security != nil, identity != "node:\(member.id)" {
+            throw Forbidden(message: "a node may announce only its own member entry")
+        }
+        guard member.version.node == member.id else {
+            throw StateSyncError(.protocolError, "an ANNOUNCE carries the sender's own entry, written by itself")
+        }
+        guard member.state != .alive || (!Self.isWildcard(member.publish) && !member.publish.isEmpty) else {
+            throw StateSyncError(
+                .protocolError,
+                "member \(member.id) publishes at \(member.publish), which no other host can dial; bind network.publish to a concrete address to join through a seed"
+            )
+        }
+        guard clock.observe(member.version) else {
+            throw StateSyncError(.protocolError, "the entry's version is further ahead than clock.max_drift_ms")
+        }
+        takeMember(member)
+    }
+
+    /// Whether `endpoint` is bound to every interface (`tcp://*:P`, `tcp://0.0.0.0:P`).
+    static func isWildcard(_ endpoint: String) -> Bool {
+        endpoint.hasPrefix("tcp://*:") || endpoint.hasPrefix("tcp://0.0.0.0:") || endpoint.hasPrefix("tcp://[::]:")
+    }
+
+    /// Every member as this node sees it (status, `statesync members`).
+    func memberStatus() -> [NodeStatus.Member] {
+        let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
+        var lastHeard: [String: UInt64] = [:]
+        for (_, progress) in peers {
+            guard let node = progress.node, let at = progress.lastMessageAt else { continue }
+            lastHeard[node] = max(lastHeard[node] ?? 0, at)
+        }
+        return membership.sorted.map { member in
+            let heard = lastHeard[member.id]
+            let isSelf = member.id == configuration.nodeID
+            let state: String
+            switch member.state {
+            case .alive where isSelf: state = "alive"
+            case .alive:
+                if let heard, now &- heard <= 3 * interval {
+                    state = "alive"
+                } else if let heard, now &- heard < peerSilenceLimit {
+                    state = "suspect"
+                } else {
+                    state = "down"
+                }
+            case .left, .forgotten: state = "\(member.state)"
+            }
+            return NodeStatus.Member(
+                id: member.id, publishEndpoint: member.publish, apiEndpoint: member.api, state: state,
+                lastSeenMillisecondsAgo: isSelf ? nil : heard.map { Int(now &- $0) },
+                missingDeltas: Int(clamping: origins[member.id]?.missing ?? 0),
+                connected: isSelf || heard.map { now &- $0 <= 3 * interval } ?? false,
+                version: member.version.description)
+        }
+    }
+}

@@ -1,0 +1,126 @@
+/// The cluster's member list (docs/PROTOCOL.md section 7.5): which nodes exist, where they
+/// publish and serve, and whether they are in the cluster or have left it.
+///
+/// It is replicated the way properties are: one entry per node id, and of two entries the one
+/// with the higher ``Version`` wins. An entry is written by the node it describes when it starts
+/// (alive, its endpoints) and when it stops cleanly (left), or by any member that forgets it for
+/// good (forgotten). Whatever the order in which nodes hear of entries, and however often, they
+/// end with the same list.
+package struct Membership: Sendable, Equatable {
+    /// What a member entry says of its node.
+    package enum State: UInt8, Sendable, CaseIterable, CustomStringConvertible {
+        /// In the cluster: its links are made, its deltas awaited.
+        case alive = 0
+        /// Stopped cleanly and said so: its links are dropped, its sequence numbers no longer
+        /// awaited; it may come back (a newer alive entry).
+        case left = 1
+        /// Removed for good by an operator (`statesync forget`).
+        case forgotten = 2
+
+        package var description: String {
+            switch self {
+            case .alive: "alive"
+            case .left: "left"
+            case .forgotten: "forgotten"
+            }
+        }
+    }
+
+    /// One node's entry.
+    package struct Member: Sendable, Equatable {
+        package var id: String
+        /// Where it publishes its deltas and heartbeats.
+        package var publish: String
+        /// Where it serves clients and repairs (its API, or its repair endpoint).
+        package var api: String
+        package var state: State
+        /// When this entry was written, and by whom: the higher version wins.
+        package var version: Version
+
+        package init(id: String, publish: String, api: String, state: State, version: Version) {
+            self.id = id
+            self.publish = publish
+            self.api = api
+            self.state = state
+            self.version = version
+        }
+    }
+
+    /// At most this many entries are carried or kept (section 7.5): a bound on every HEARTBEAT.
+    package static let maximumMembers = 1024
+
+    package private(set) var members: [String: Member] = [:]
+
+    package init() {}
+
+    /// Takes `member` if it is newer than the entry held for its id. Returns whether it did.
+    /// Two different entries with one version (a writer's clock never gives one version twice,
+    /// so only a faulty or forged writer makes them) are ordered by their content, so every node
+    /// keeps the same one.
+    @discardableResult
+    package mutating func merge(_ member: Member) -> Bool {
+        if let held = members[member.id] {
+            if held.version == member.version {
+                guard Self.contentPrecedes(held, member) else { return false }
+            } else {
+                guard held.version < member.version else { return false }
+            }
+        } else if members.count >= Self.maximumMembers {
+            return false
+        }
+        members[member.id] = member
+        return true
+    }
+
+    /// The order of two entries with one version: state, then endpoints, as bytes.
+    static func contentPrecedes(_ a: Member, _ b: Member) -> Bool {
+        if a.state != b.state { return a.state.rawValue < b.state.rawValue }
+        if a.publish != b.publish { return a.publish.utf8.lexicographicallyPrecedes(b.publish.utf8) }
+        return a.api.utf8.lexicographicallyPrecedes(b.api.utf8)
+    }
+
+    /// The entries, by id.
+    package var sorted: [Member] { members.values.sorted { $0.id < $1.id } }
+
+    // MARK: - Wire form
+
+    /// Writes `member`: id, publish, api (strings), state (one octet), version (timestamp,
+    /// writer).
+    package static func write<Sink: WireSink>(_ member: Member, to sink: inout Sink) {
+        sink.string(member.id)
+        sink.string(member.publish)
+        sink.string(member.api)
+        sink.byte(member.state.rawValue)
+        sink.uint64(member.version.timestamp)
+        sink.string(member.version.node)
+    }
+
+    /// Reads one entry; a malformed one throws.
+    package static func read(_ reader: inout WireReader) throws(WireError) -> Member {
+        let id = try reader.string("member id")
+        guard !id.isEmpty else { throw .invalid(field: "member id", reason: "empty node id") }
+        let publish = try reader.string("member publish endpoint")
+        let api = try reader.string("member api endpoint")
+        let raw = try reader.byte("member state")
+        guard let state = State(rawValue: raw) else {
+            throw .invalid(field: "member state", reason: "unknown state \(raw)")
+        }
+        let timestamp = try reader.uint64("member version")
+        let writer = try reader.string("member version node")
+        guard !writer.isEmpty else { throw .invalid(field: "member version node", reason: "empty node id") }
+        return Member(
+            id: id, publish: publish, api: api, state: state, version: Version(timestamp: timestamp, node: writer))
+    }
+
+    /// The body of an ANNOUNCE request: one entry.
+    package static func encodeAnnounce(_ member: Member) -> [UInt8] {
+        var writer = WireWriter()
+        write(member, to: &writer)
+        return writer.bytes
+    }
+
+    package static func decodeAnnounce(_ body: [UInt8]) throws(WireError) -> Member {
+        var reader = WireReader(body)
+        return try read(&reader)
+    }
+}

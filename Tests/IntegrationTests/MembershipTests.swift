@@ -1,0 +1,98 @@
+import Foundation
+import StateSync
+import StateSyncClient
+import Testing
+
+/// Membership with real daemons (docs/PROTOCOL.md 7.5): a fourth node whose configuration names
+/// only one member joins a running three-node cluster that never heard of it.
+@Suite("Membership: joining a running cluster")
+struct MembershipTests {
+    @Test func aNodeKnowingOneSeedJoinsARunningClusterAndLeavesCleanly() async throws {
+        let directory = temporaryDirectory("join")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let nodes = ["node1", "node2", "node3", "node4"]
+        let publish = Dictionary(uniqueKeysWithValues: nodes.map { ($0, "tcp://127.0.0.1:\(freePort())") })
+        let api = Dictionary(uniqueKeysWithValues: nodes.map { ($0, "tcp://127.0.0.1:\(freePort())") })
+        func config(_ node: String, peers: [String]) throws -> String {
+            let path = "\(directory)/\(node).yaml"
+            try """
+            node:
+              id: \(node)
+              data_dir: \(directory)/\(node)
+            network:
+              publish: \(publish[node]!)
+              api: \(api[node]!)
+              heartbeat_ms: 100
+              peers: [\(peers.map { publish[$0]! }.joined(separator: ", "))]
+            """.write(toFile: path, atomically: true, encoding: .utf8)
+            return path
+        }
+        var daemons: [String: ChildProcess] = [:]
+        for node in nodes.prefix(3) {
+            let others = nodes.prefix(3).filter { $0 != node }
+            daemons[node] = try ChildProcess(
+                "statesyncd", ["--config", try config(node, peers: Array(others))], name: node)
+        }
+        let clients = try Dictionary(
+            uniqueKeysWithValues: nodes.map {
+                ($0, try StateSyncClient(endpoint: api[$0]!, requestTimeout: .seconds(2)))
+            })
+        defer { for client in clients.values { client.close() } }
+        let address = ModelAddress(channel: "c", model: "m")
+        func value(_ node: String, _ property: String) async -> Value? {
+            try? await clients[node]!.get(address)[property]?.value
+        }
+        do {
+            _ = try await clients["node3"]!.set(address, ["before": 1])
+            try await waitUntil("the cluster of three has the first write") {
+                let (one, two) = (await value("node1", "before"), await value("node2", "before"))
+                return one == 1 && two == 1
+            }
+            // node4 knows only node1; node1, node2 and node3 do not know node4.
+            daemons["node4"] = try ChildProcess(
+                "statesyncd", ["--config", try config("node4", peers: ["node1"])], name: "node4")
+            try await waitUntil("node4 catches up on what was written before it joined") {
+                await value("node4", "before") == 1
+            }
+            _ = try await clients["node4"]!.set(address, ["from4": 4])
+            _ = try await clients["node2"]!.set(address, ["from2": 2])
+            try await waitUntil("node4's write reaches every node, node2's reaches node4") {
+                for node in nodes where await value(node, "from4") != 4 { return false }
+                return await value("node4", "from2") == 2
+            }
+            // Every node lists four members, alive, and is linked to node4 directly.
+            try await waitUntil("every node lists node4 alive, and node2 and node3 subscribe to it") {
+                for node in nodes {
+                    guard let status = try? await clients[node]!.status() else { return false }
+                    let states = Dictionary(uniqueKeysWithValues: status.members.map { ($0.id, $0.state) })
+                    guard states == ["node1": "alive", "node2": "alive", "node3": "alive", "node4": "alive"] else {
+                        return false
+                    }
+                    if node != "node4",
+                        !status.peers.contains(where: { $0.endpoint == publish["node4"]! && $0.connected })
+                    {
+                        return false
+                    }
+                }
+                return true
+            }
+            let listed = try await cli(["members", "--json", "--daemon", api["node2"]!])
+            #expect(listed.status == 0, "\(listed.stderr)")
+            #expect(listed.stdout.contains("\"node4\"") && listed.stdout.contains(publish["node4"]!))
+            let table = try await cli(["members", "--daemon", api["node3"]!])
+            #expect(table.stdout.split(separator: "\n").count == 4, "\(table.stdout)")
+
+            // A clean stop says it left.
+            #expect(await daemons["node4"]!.stop() == 0)
+            try await waitUntil("node2 sees that node4 left") {
+                let status = try? await clients["node2"]!.status()
+                return status?.members.first { $0.id == "node4" }?.state == "left"
+            }
+        } catch {
+            for (node, daemon) in daemons.sorted(by: { $0.key < $1.key }) {
+                Issue.record("\(node):\n\(daemon.stderr.suffix(3000))")
+            }
+        }
+        for node in nodes { if let daemon = daemons[node] { #expect(await daemon.stop() == 0) } }
+    }
+}

@@ -1,0 +1,192 @@
+import StateSyncTesting
+import Testing
+
+@testable import StateSync
+
+/// Membership (PROTOCOL.md 7.5) on the node machine alone: the member list converges whatever
+/// the order, a node joins through one seed, and only a node speaks for itself.
+@Suite("Membership on the node machine")
+struct MembershipMachineTests {
+    typealias Member = Membership.Member
+
+    static func member(
+        _ id: String, _ state: Membership.State = .alive, at milliseconds: UInt64, by writer: String? = nil
+    ) -> Member {
+        Member(
+            id: id, publish: "inproc://\(id)", api: "inproc://\(id).api", state: state,
+            version: Version(milliseconds: milliseconds, counter: 0, node: writer ?? id))
+    }
+
+    static func heartbeat(_ node: String, members: [Member]?) -> [[UInt8]] {
+        PeerMessage.heartbeat(
+            PeerMessage.Heartbeat(
+                node: node, latestSequence: 0, clock: 0, incarnation: 1, api: "inproc://\(node).api", progress: [:],
+                members: members)
+        ).encode()
+    }
+
+    /// A started node: its own entry is written when its endpoints are bound.
+    static func started(_ id: String, peers: [String]) -> MachineRunner {
+        var node = MachineRunner(MachineRunner.configuration(id, peers: peers))
+        node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
+        return node
+    }
+
+    /// The list is a last-writer-wins map: any order and any repetition of the same entries gives
+    /// the same list (seeded permutations; the seed is in the failure message) — also when two
+    /// different entries carry one version, as only a faulty writer makes them.
+    @Test(arguments: 1...20 as ClosedRange<UInt64>)
+    func theListConvergesWhateverTheOrder(seed: UInt64) {
+        var random = SeededRandom(seed: seed)
+        let entries: [Member] = (0..<40).map { index in
+            let id = "n\(random.next() % 6)"
+            let state = Membership.State.allCases[Int(random.next() % 3)]
+            return Self.member(id, state, at: 1000 + random.next() % 20, by: "n\(index % 4)")
+        }
+        var reference = Membership()
+        for entry in entries { reference.merge(entry) }
+        for _ in 0..<5 {
+            var shuffled = entries + entries.prefix(Int(random.next() % 10))
+            for index in shuffled.indices.reversed() {
+                shuffled.swapAt(index, Int(random.next() % UInt64(index + 1)))
+            }
+            var other = Membership()
+            for entry in shuffled { other.merge(entry) }
+            #expect(other == reference, "seed \(seed)")
+        }
+        for (id, entry) in reference.members {
+            let newest = entries.filter { $0.id == id }.map(\.version).max()
+            #expect(entry.version == newest, "seed \(seed): the newest entry of \(id) wins")
+        }
+    }
+
+    /// The member list rides at the end of a HEARTBEAT; a HEARTBEAT without it (an older node)
+    /// decodes with none, and a bad entry makes the message malformed.
+    @Test func theListRoundTripsInAHeartbeatAndOlderHeartbeatsHaveNone() throws {
+        let members = [Self.member("n1", at: 5), Self.member("n2", .left, at: 7, by: "n2")]
+        guard case .heartbeat(let beat) = try PeerMessage.decode(Self.heartbeat("n1", members: members)) else {
+            Issue.record("not a heartbeat")
+            return
+        }
+        #expect(beat.members == members)
+        guard case .heartbeat(let old) = try PeerMessage.decode(Self.heartbeat("n1", members: nil)) else {
+            Issue.record("not a heartbeat")
+            return
+        }
+        #expect(old.members == nil)
+        var frames = Self.heartbeat("n1", members: members)
+        frames[1][frames[1].count - 3 - 8 - 1] = 9  // the second entry's state octet
+        #expect(throws: WireError.self) { try PeerMessage.decode(frames) }
+    }
+
+    /// A node configured with one seed learns the members from the seed's HEARTBEAT, subscribes
+    /// to them, and ANNOUNCEs itself to the seed (whose list lacks it) once it has a link to the
+    /// seed's API; the seed takes the entry and subscribes back.
+    @Test func aNodeJoinsThroughOneSeed() throws {
+        var joiner = Self.started("n4", peers: ["n1"])
+        let cluster = ["n1", "n2", "n3"].map { Self.member($0, at: 100) }
+        joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: cluster)))
+        #expect(joiner.subscribed.map(\.node) == ["n2", "n3"], "every member but the seed it has")
+        #expect(joiner.subscribed.map(\.endpoint) == ["inproc://n2", "inproc://n3"])
+        #expect(joiner.machine.peerEndpoints == ["inproc://n1", "inproc://n2", "inproc://n3"])
+        joiner.advance(100)  // the tick connects the repair link the HEARTBEAT advertised
+        joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: cluster)))
+        let announce = try #require(
+            joiner.repairRequests.first { frames in
+                (try? ClientProtocol.decodeRequestHeader(frames.frames[0]))?.command
+                    == ClientProtocol.Command.announce.rawValue
+            })
+        #expect(announce.peer == "inproc://n1")
+        let entry = try Membership.decodeAnnounce(announce.frames[1])
+        #expect(entry.id == "n4" && entry.state == .alive && entry.publish == "inproc://n4")
+
+        // At most one ANNOUNCE per heartbeat interval per peer.
+        let sent = joiner.repairRequests.count
+        joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: cluster)))
+        #expect(joiner.repairRequests.count == sent)
+        // Once the seed's list holds the entry, no more.
+        joiner.advance(100)
+        joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: cluster + [entry])))
+        #expect(joiner.repairRequests.count == sent)
+
+        var seed = Self.started("n1", peers: ["n2", "n3"])
+        let answer = seed.request(.announce, id: 9, Membership.encodeAnnounce(entry))
+        #expect(answer?.0.kind == .ok)
+        #expect(seed.subscribed.map(\.node) == ["n4"])
+        #expect(seed.machine.membership.members["n4"] == entry)
+        // Its HEARTBEAT now carries n4 to the others.
+        seed.advance(100)
+        let beat = try #require(seed.published.last { $0[0] == PeerMessage.heartbeatTopic })
+        guard case .heartbeat(let decoded) = try PeerMessage.decode(beat) else { throw CancellationError() }
+        #expect(decoded.members?.map(\.id) == ["n1", "n4"])
+    }
+
+    /// With security a node may ANNOUNCE only its own entry, and a client key none; without it,
+    /// an entry must still be the writer's own and dialable.
+    @Test func onlyANodeSpeaksForItself() throws {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        configuration.security = SecurityConfiguration(secretKeyFile: "unused", peerKeys: [:])
+        var seed = MachineRunner(configuration)
+        seed.handle(.endpointsBound(publish: "inproc://n1", repair: "inproc://n1.api"))
+        seed.handle(.clientAccessChanged(["client:c": .init(key: "c")], peers: ["n2", "n4"]))
+        let n4 = Membership.encodeAnnounce(Self.member("n4", at: 100))
+        for identity in ["node:n2", "client:c"] {
+            let answer = seed.request(.announce, id: 1, n4, identity: identity)
+            let reply = try #require(answer)
+            #expect(reply.0.kind == .error, "\(identity)")
+            #expect(try ClientProtocol.decodeError(reply.1).code == ClientProtocol.ErrorCode.forbidden.rawValue)
+        }
+        #expect(seed.machine.membership.members["n4"] == nil)
+        let accepted = seed.request(.announce, id: 2, n4, identity: "node:n4")
+        #expect(accepted?.0.kind == .ok)
+        #expect(seed.subscribed.map(\.node) == ["n4"])
+
+        var open = Self.started("n1", peers: [])
+        let forged = Membership.encodeAnnounce(Self.member("n5", at: 100, by: "n2"))
+        let refused = open.request(.announce, id: 1, forged)
+        #expect(refused?.0.kind == .error)
+        var wildcard = Self.member("n6", at: 100)
+        wildcard.publish = "tcp://0.0.0.0:7001"
+        let answer = open.request(.announce, id: 2, Membership.encodeAnnounce(wildcard))
+        let reply = try #require(answer)
+        #expect(reply.0.kind == .error)
+        #expect(try ClientProtocol.decodeError(reply.1).message.contains("concrete address"))
+        #expect(open.subscribed.isEmpty)
+    }
+
+    /// A newer entry about this node written by another (a forged leave) is answered with a newer
+    /// alive entry of its own; a clean stop publishes a HEARTBEAT saying it left.
+    @Test func aNodeSaysItIsAliveAndThatItLeft() throws {
+        var node = Self.started("n1", peers: ["n2"])
+        let own = try #require(node.machine.membership.members["n1"])
+        var forged = own
+        forged.state = .left
+        forged.version = Version(milliseconds: own.version.milliseconds + 50, counter: 0, node: "n2")
+        node.handle(.peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [forged])))
+        let now = try #require(node.machine.membership.members["n1"])
+        #expect(now.state == .alive && now.version > forged.version && now.version.node == "n1")
+
+        node.handle(.stop)
+        let beat = try #require(node.published.last { $0[0] == PeerMessage.heartbeatTopic })
+        guard case .heartbeat(let decoded) = try PeerMessage.decode(beat) else { throw CancellationError() }
+        #expect(decoded.members?.first { $0.id == "n1" }?.state == .left)
+    }
+
+    /// `status` lists every member with its state as this node sees it.
+    @Test func statusListsTheMembers() {
+        var node = Self.started("n4", peers: ["n1"])
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n1",
+                frames: Self.heartbeat("n1", members: [Self.member("n1", at: 100), Self.member("n2", .left, at: 100)])))
+        let members = node.machine.status(now: node.now).members
+        #expect(members.map(\.id) == ["n1", "n2", "n4"])
+        #expect(members.map(\.state) == ["alive", "left", "alive"])
+        #expect(members[0].connected && members[0].lastSeenMillisecondsAgo == 0)
+        #expect(members[2].lastSeenMillisecondsAgo == nil, "itself")
+        node.advance(400)
+        #expect(node.machine.status(now: node.now).members[0].state == "suspect")
+        node.advance(1000)
+        #expect(node.machine.status(now: node.now).members[0].state == "down")
+    }
+}
