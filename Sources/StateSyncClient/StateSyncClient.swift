@@ -129,6 +129,20 @@ public final class StateSyncClient: Sendable {
         }
     }
 
+    /// Removes the member `nodeID` from the cluster for good (`statesync forget`): the node
+    /// writes its member entry as forgotten, the entry spreads, and every node drops its links to
+    /// it and stops awaiting its deltas. For a node that is gone for good: a running node that
+    /// hears it was forgotten says it is alive again.
+    ///
+    /// - Throws: ``StateSyncError`` with code ``StateSyncError/Code/remote`` when the node
+    ///   refuses (an unknown id, its own id, or with security a key that may not write every
+    ///   channel).
+    public func forget(_ nodeID: String) async throws {
+        var body = WireWriter()
+        body.string(nodeID)
+        _ = try await io.request(.forget, body.bytes)
+    }
+
     /// The node's status.
     public func status() async throws -> NodeStatus {
         let body = try await io.request(.status, [])

@@ -40,6 +40,9 @@ public struct SimulationOptions: Sendable {
         /// be learned by them (PROTOCOL.md 7.5) and end with everything; later joins restart it,
         /// so it learns the members again.
         case join
+        /// A node stops cleanly (it says it leaves: every peer drops its links to it and stops
+        /// awaiting its deltas) and comes back later with its data, alive again.
+        case leave
     }
 
     /// Bugs planted in one node on purpose, to prove the verdict catches them.
@@ -607,6 +610,10 @@ final class FaultSchedule {
                 detail = "\(nodes[joiner].id) restarted after \(hold) ms, knowing only \(nodes[0].id) again"
                 heal = { cluster in try? cluster.restart(joiner) }
             }
+        case .leave:
+            cluster.stopCleanly(target)
+            detail = "\(nodes[target].id) stopped cleanly (left), back after \(hold) ms"
+            heal = { cluster in try? cluster.restart(target) }
         case .partition:
             var group = Set([target])
             let extra = nodes.count > 3 ? random.below(nodes.count / 2) : 0

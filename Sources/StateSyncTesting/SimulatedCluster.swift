@@ -361,6 +361,16 @@ package final class SimulatedCluster {
         }
     }
 
+    /// Stops node `index` cleanly, as SIGTERM stops `statesyncd`: it publishes what it has,
+    /// says it leaves (PROTOCOL.md 7.5), and goes down with everything on its disk.
+    package func stopCleanly(_ index: Int) {
+        let node = nodes[index]
+        guard node.host != nil else { return }
+        record("stop", node.id, [])
+        process(.stop, at: node)
+        crash(index, tornBytes: node.disk.unsyncedBytes)
+    }
+
     /// Restarts node `index` on its disk (recovering from its snapshot and log).
     package func restart(_ index: Int) throws(StateSyncError) {
         let node = nodes[index]
@@ -601,6 +611,13 @@ package final class SimulatedCluster {
         func connectPeer(endpoint: String, node id: String) {
             cluster.record("subscribe", node.id + "<" + id, [])
             node.subscribedTo.insert(id)
+        }
+
+        func disconnectPeer(endpoint: String) {
+            guard let id = SimulatedCluster.nodeID(ofEndpoint: endpoint) else { return }
+            cluster.record("unsubscribe", node.id + "<" + id, [])
+            node.subscribedTo.remove(id)
+            node.links[endpoint] = nil
         }
 
         func pauseIntake(_ paused: Bool) {

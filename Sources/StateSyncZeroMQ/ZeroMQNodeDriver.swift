@@ -150,7 +150,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
             }
             if ready[0].contains(.readable) { wakeUp.drain() }
             for (index, source) in transport.polled.enumerated() where ready[index + 1].contains(.readable) {
-                // (Links change only in a tick; should one change, the next round re-polls.)
+                // (Links changed while handling an earlier source: the next round re-polls.)
                 if transport.pollerChanged { break }
                 if case .subscriber(let peer, _) = source { transport.heard(from: peer) }
                 for _ in 0..<Self.batchLimit {
@@ -173,6 +173,9 @@ package final class ZeroMQNodeDriver: NodeDriver {
                         input = .authenticationRefused(fingerprint: "no-curve", address: event.endpoint)
                     }
                     node.process(input, now: MonotonicClock.milliseconds(), via: transport)
+                    // A message can change the links (a member joined or left): its socket may
+                    // be closed now, and the poll set is rebuilt before anything else is read.
+                    if transport.pollerChanged { break }
                 }
             }
         }
@@ -393,6 +396,16 @@ final class ZeroMQTransport: NodeTransport {
                 "cannot subscribe to a member",
                 metadata: ["member": "\(node)", "peer.endpoint": "\(endpoint)", "error": "\(error)"])
         }
+    }
+
+    func disconnectPeer(endpoint: String) {
+        if let index = subscribers.firstIndex(where: { $0.endpoint == endpoint }) {
+            subscribers[index].socket.close()
+            subscribers.remove(at: index)
+        }
+        if let link = links.removeValue(forKey: endpoint) { link.socket.close() }
+        heardSinceConnect.remove(endpoint)
+        pollerChanged = true
     }
 
     private func remakeSubscriber(_ endpoint: String) {

@@ -22,7 +22,8 @@ extension StateSyncCLI {
                 ways), loss, dup, reorder (on peer links), clock (a node's wall clock jumps), \
                 broken-link (a link breaks for good until replaced), phantom (forged sequence \
                 numbers), forge (a delta in another node's name), join (the last node starts late, \
-                knowing only the first, and must join through membership).
+                knowing only the first, and must join through membership), leave (a node stops cleanly \
+                and comes back later).
 
                 Then everything heals and the harness's verdict is given: equal state everywhere, \
                 last-writer-wins winners, no acknowledged write lost, unbroken old/new chains, each \
@@ -48,7 +49,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom,forge,join.",
+                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom,forge,join,leave.",
                 valueName: "LIST"))
         var faults: String = ""
 

@@ -11,7 +11,8 @@ struct StateSyncCLI: AsyncParsableCommand {
         abstract: "Get, set and watch replicated models on a StateSync node.",
         discussion: "The node is chosen with --daemon (default: $STATESYNC_DAEMON, else tcp://127.0.0.1:7101).",
         subcommands: [
-            Set.self, Get.self, Watch.self, Status.self, Members.self, Keygen.self, Harness.self, Simulate.self,
+            Set.self, Get.self, Watch.self, Status.self, Members.self, Forget.self, Keygen.self, Harness.self,
+            Simulate.self,
             Bench.self,
             BenchNode.self,
         ])
@@ -437,6 +438,32 @@ extension StateSyncCLI {
                         "\(id)  \(state)  publish \(member.publishEndpoint)  api \(api)  \(seen)  missing \(member.missingDeltas)"
                     )
                 }
+            }
+        }
+    }
+
+    struct Forget: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Remove a member that is gone for good from the cluster.",
+            discussion: """
+                The node writes NODE_ID's member entry as forgotten; the entry spreads to every \
+                member, which drops its links to NODE_ID and stops waiting for its missing deltas \
+                (the deltas it holds stay). For a node that died for good: a node that stops \
+                cleanly is already listed as left, and a running node that hears it was forgotten \
+                says it is alive again. With security, needs a client key with write=*.
+                """)
+
+        @Argument(help: "The id of the member to forget.")
+        var nodeID: String
+
+        @OptionGroup var connection: ConnectionOptions
+
+        func run() async throws {
+            try await failingClearly {
+                let client = try connection.client()
+                defer { client.close() }
+                try await client.forget(nodeID)
+                emit("forgot \(nodeID); every member drops it as the entry spreads (statesync members)")
             }
         }
     }

@@ -7,7 +7,7 @@ import Testing
 /// only one member joins a running three-node cluster that never heard of it.
 @Suite("Membership: joining a running cluster")
 struct MembershipTests {
-    @Test func aNodeKnowingOneSeedJoinsARunningClusterAndLeavesCleanly() async throws {
+    @Test func aNodeJoinsThroughOneSeedLeavesComesBackAndIsForgotten() async throws {
         let directory = temporaryDirectory("join")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let nodes = ["node1", "node2", "node3", "node4"]
@@ -82,17 +82,44 @@ struct MembershipTests {
             let table = try await cli(["members", "--daemon", api["node3"]!])
             #expect(table.stdout.split(separator: "\n").count == 4, "\(table.stdout)")
 
-            // A clean stop says it left.
+            // A clean stop says it left: every node drops its links to it.
             #expect(await daemons["node4"]!.stop() == 0)
-            try await waitUntil("node2 sees that node4 left") {
-                let status = try? await clients["node2"]!.status()
-                return status?.members.first { $0.id == "node4" }?.state == "left"
+            func everyNode(_ what: String, _ condition: @escaping (NodeStatus) -> Bool) async throws {
+                try await waitUntil(what) {
+                    for node in nodes.prefix(3) {
+                        guard let status = try? await clients[node]!.status(), condition(status) else { return false }
+                    }
+                    return true
+                }
             }
+            try await everyNode("every node lists node4 as left and is no longer linked to it") { status in
+                status.members.first { $0.id == "node4" }?.state == "left"
+                    && !status.peers.contains { $0.endpoint == publish["node4"]! }
+            }
+            // It comes back with its data: alive and linked again.
+            daemons["node4"] = try ChildProcess(
+                "statesyncd", ["--config", "\(directory)/node4.yaml"], name: "node4")
+            _ = try await clients["node4"]!.set(address, ["again": 4])
+            try await waitUntil("node4's write after its return reaches node3") { await value("node3", "again") == 4 }
+            try await everyNode("every node lists node4 alive again") { status in
+                status.members.first { $0.id == "node4" }?.state == "alive"
+            }
+            // It dies for good (kill -9): an operator forgets it on node2, and every node drops it.
+            #expect(await daemons["node4"]!.stop(SIGKILL) == SIGKILL)
+            let forgot = try await cli(["forget", "node4", "--daemon", api["node2"]!])
+            #expect(forgot.status == 0, "\(forgot.stderr)")
+            try await everyNode("every node lists node4 as forgotten and awaits nothing of it") { status in
+                status.members.first { $0.id == "node4" }?.state == "forgotten"
+                    && !status.peers.contains { $0.endpoint == publish["node4"]! } && status.missingDeltas == 0
+            }
+            let refused = try await cli(["forget", "node9", "--daemon", api["node2"]!])
+            #expect(refused.status != 0 && refused.stderr.contains("no member node9"), "\(refused.stderr)")
         } catch {
             for (node, daemon) in daemons.sorted(by: { $0.key < $1.key }) {
                 Issue.record("\(node):\n\(daemon.stderr.suffix(3000))")
             }
         }
-        for node in nodes { if let daemon = daemons[node] { #expect(await daemon.stop() == 0) } }
+        for node in nodes.prefix(3) { #expect(await daemons[node]!.stop() == 0) }
+        _ = await daemons["node4"]?.stop()
     }
 }

@@ -18,6 +18,8 @@ package protocol NodeTransport {
     func resetPeerLink(_ endpoint: String)
     /// Subscribes to a member learned at run time: node `node` publishing at `endpoint`.
     func connectPeer(endpoint: String, node: String)
+    /// Closes the links to the peer publishing at `endpoint` (it left, or was forgotten).
+    func disconnectPeer(endpoint: String)
 }
 
 /// What became of a reply.

@@ -241,6 +241,8 @@ public final class StateSyncNode: Sendable {
             transport.resetPeerLink(endpoint)
         case .connectPeer(let endpoint, let node):
             transport.connectPeer(endpoint: endpoint, node: node)
+        case .disconnectPeer(let endpoint):
+            transport.disconnectPeer(endpoint: endpoint)
         }
         return nil
     }

@@ -12,6 +12,8 @@ public enum ClientProtocol {
         case unwatch = 0x04
         case status = 0x05
         case ping = 0x06
+        /// An operator removes a member for good (its entry becomes forgotten, section 7.5).
+        case forget = 0x07
         /// Node to node: retained deltas of one origin (gap repair).
         case fetch = 0x10
         /// Node to node: the whole state (repair when history is gone; late join).

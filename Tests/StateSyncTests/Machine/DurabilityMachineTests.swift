@@ -37,6 +37,7 @@ struct DurabilityMachineTests {
             case .pauseIntake: "pause"
             case .resetPeerLink: "reset"
             case .connectPeer: "subscribe"
+            case .disconnectPeer: "unsubscribe"
             }
         }
     }

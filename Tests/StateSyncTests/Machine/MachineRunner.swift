@@ -29,6 +29,8 @@ struct MachineRunner {
     var linkResets: [String] = []
     /// Members the machine subscribed to (publish endpoint, node id), in order.
     var subscribed: [(endpoint: String, node: String)] = []
+    /// Peer endpoints the machine dropped its links to, in order.
+    var unsubscribed: [String] = []
 
     /// A wall clock tests can move (the node's clock reads it).
     final class Wall: Sendable {
@@ -87,6 +89,7 @@ struct MachineRunner {
                 case .pauseIntake(let paused): intakePaused = paused
                 case .resetPeerLink(let endpoint): linkResets.append(endpoint)
                 case .connectPeer(let endpoint, let node): subscribed.append((endpoint, node))
+                case .disconnectPeer(let endpoint): unsubscribed.append(endpoint)
                 }
             }
         }

@@ -39,6 +39,9 @@ package enum NodeAction: Sendable {
     /// Subscribe to a member learned from the member list (section 7.5): a new SUB socket to its
     /// publish endpoint, expecting node `node` there (with security, dialled with its key).
     case connectPeer(endpoint: String, node: String)
+    /// Close the SUB socket and the repair link of the peer at `endpoint`: it left the cluster
+    /// or was forgotten (section 7.5).
+    case disconnectPeer(endpoint: String)
 }
 
 /// Writes for the live model at one address, in apply order.

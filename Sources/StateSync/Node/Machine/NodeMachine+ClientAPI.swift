@@ -217,6 +217,15 @@ extension NodeMachine {
                 try authorizeRepair(identity)
                 counters.snapshotsServed += 1
                 reply(client, .ok, id, StateSnapshot.encode(snapshot))
+            case .forget:
+                // An operator's request: a client that may write every channel.
+                if let access = access(of: identity), !access.write.contains("*") {
+                    throw Forbidden(
+                        message:
+                            "forgetting a member needs a client key with write=* (security.client_keys)")
+                }
+                try forget(body)
+                reply(client, .ok, id, [])
             case .announce:
                 // A client key may not speak for a node (section 14); a peer only for itself.
                 if let identity, !identity.hasPrefix("node:") {

@@ -123,6 +123,7 @@ extension NodeMachine {
         durability.replies.removeFirst(answered)
         pumpWatches()
         if durability.logSize > configuration.compactBytes, durability.staged.isEmpty { compact() }
+        if stopping { leaveIfDrained() }
     }
 
     /// Writes the whole state as the snapshot and empties the log (`storage.compact_bytes`, a

@@ -40,11 +40,14 @@ extension NodeMachine {
     /// Takes one entry learned from a peer or an ANNOUNCE.
     mutating func takeMember(_ member: Membership.Member) {
         if member.id == configuration.nodeID {
-            // A newer entry about this node written by another (an operator's forget, a forged
-            // leave) while it runs: it says again that it is alive, with a later version.
-            guard let own = ownEntry, own.version < member.version, member.version.node != configuration.nodeID else {
-                return
-            }
+            // A newer entry about this node than the one it wrote at this start: written by
+            // another (an operator's forget, a forged leave), or by itself in an earlier run (the
+            // leave it wrote when it stopped, from a clock that was ahead of its clock now). It
+            // says again what it is, with a later version. Also at an equal version with another
+            // content: its member entries are not logged, so a restarted node's clock can give
+            // the version of the leave it wrote when it stopped once more.
+            guard let own = ownEntry, own.version < member.version || (own.version == member.version && own != member)
+            else { return }
             clock.advance(past: member.version)
             if member.state == .forgotten {
                 logger.error(
@@ -56,7 +59,73 @@ extension NodeMachine {
         }
         guard membership.merge(member) else { return }
         counters.membershipUpdates += 1
-        if member.state == .alive { link(member) }
+        if member.state == .alive {
+            link(member)
+        } else {
+            unlink(member.id, publishingAt: member.publish, because: member.state)
+        }
+    }
+
+    /// Stopping: once every own delta is published, writes this node's entry as left and
+    /// publishes a HEARTBEAT with it — after the deltas, so that peers, which drop their links
+    /// to a member that left, have received all of them.
+    mutating func leaveIfDrained() {
+        guard stopping, !leftAnnounced, durability.staged.isEmpty else { return }
+        leftAnnounced = true
+        writeOwnEntry(.left)
+        actions.append(.publish(heartbeat().encode()))
+    }
+
+    /// The node id linked at a peer endpoint, if known.
+    func linkedID(of endpoint: String) -> String? {
+        configuration.peerNodeIDs[endpoint] ?? learnedPeerIDs[endpoint] ?? peers[endpoint]?.node
+    }
+
+    /// Drops every link to a member that left or was forgotten, and stops awaiting its deltas
+    /// that no remaining peer reports holding (its deltas already received stay).
+    mutating func unlink(_ id: String, publishingAt publish: String, because state: Membership.State) {
+        guard id != configuration.nodeID else { return }
+        // Its endpoint, and any other where it was heard or configured by id.
+        let endpoints = peerEndpoints.filter { $0 == publish || linkedID(of: $0) == id }
+        for endpoint in endpoints {
+            peerEndpoints.removeAll { $0 == endpoint }
+            peers[endpoint] = nil
+            learnedPeerIDs[endpoint] = nil
+            unheardLinkSince[endpoint] = nil
+            repair.links[endpoint] = nil
+            repair.withdrawn[endpoint] = nil
+            lastAnnounce[endpoint] = nil
+            actions.append(.disconnectPeer(endpoint: endpoint))
+        }
+        if var progress = origins[id] {
+            let held = peerEndpoints.compactMap { peers[$0]?.progress[id] }.max() ?? 0
+            progress.announced = max(progress.contiguous, progress.above.max() ?? 0, held)
+            origins[id] = progress
+        }
+        if !endpoints.isEmpty {
+            logger.notice(
+                "a member \(state == .left ? "left the cluster" : "was forgotten"); dropped its links",
+                metadata: ["member": "\(id)", "links": "\(endpoints.joined(separator: ","))"])
+        }
+    }
+
+    /// FORGET (section 10.12): an operator removes a member for good. This node writes the
+    /// member's entry as forgotten; the entry spreads, and every node drops its links.
+    mutating func forget(_ body: [UInt8]) throws {
+        var reader = WireReader(body)
+        let id = try reader.string("node id")
+        guard id != configuration.nodeID else {
+            throw StateSyncError(
+                .protocolError, "node \(id) cannot forget itself; stop it (it leaves), then forget it on another member"
+            )
+        }
+        guard let held = membership.members[id] else {
+            throw StateSyncError(.protocolError, "no member \(id.prefix(64)) (statesync members lists them)")
+        }
+        let entry = Membership.Member(
+            id: id, publish: held.publish, api: held.api, state: .forgotten, version: clock.next())
+        takeMember(entry)
+        logger.notice("forgot a member (statesync forget)", metadata: ["member": "\(id)"])
     }
 
     /// Subscribes to `member` unless it is linked already (configured, or learned before), has

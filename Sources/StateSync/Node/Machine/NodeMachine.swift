@@ -51,6 +51,8 @@ package struct NodeMachine: Sendable {
     /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
     var lastAnnounce: [String: UInt64] = [:]
     var announcesInFlight: [UInt64: String] = [:]
+    /// The HEARTBEAT saying this node left was published (it stops).
+    var leftAnnounced = false
     package var counters = NodeCounters()
     /// The sequence number the next local write gets.
     package internal(set) var nextSequence: UInt64 = 1
@@ -227,9 +229,7 @@ package struct NodeMachine: Sendable {
         case .stop:
             stopping = true
             requestSync(force: true)
-            // Peers learn at once that this node left (section 7.5), not after a silence.
-            writeOwnEntry(.left)
-            actions.append(.publish(heartbeat().encode()))
+            leaveIfDrained()
         }
         let result = actions
         actions = []
