@@ -56,6 +56,11 @@ public enum Harness {
         let skewed: Int? = options.faults.contains(.clock) ? Int(rng.next() % UInt64(options.nodes)) : nil
         let skewMilliseconds = 1500 + Int(rng.next() % 2000)
         let planted: Int? = options.plantedBug == nil ? nil : options.nodes - 1
+        // --faults join: the last node starts late, knowing only n1; no one knows it.
+        let joiner: Int? = options.faults.contains(.join) ? options.nodes - 1 : nil
+        func configuredPeers(_ i: Int) -> [Int] {
+            i == joiner ? [0] : names.indices.filter { $0 != i && $0 != joiner }
+        }
         // --secure: a key pair per node and one for the harness's clients, in the work directory.
         var publicKeys: [String] = []
         /// The harness clients' credentials for `node` (nil without --secure).
@@ -75,10 +80,8 @@ public enum Harness {
                 "STATESYNC_NODE_DATA_DIR": "\(work)/\(names[i])",
                 "STATESYNC_NETWORK_PUBLISH": "tcp://\(hosts[i]):\(publishPorts[i])",
                 "STATESYNC_NETWORK_API": "tcp://\(hosts[i]):\(apiPorts[i])",
-                "STATESYNC_NETWORK_PEERS": names.indices.filter { $0 != i }.map {
-                    "\(names[$0])=" + peerEndpoint(i, $0)
-                }
-                .joined(separator: ","),
+                "STATESYNC_NETWORK_PEERS": configuredPeers(i).map { "\(names[$0])=" + peerEndpoint(i, $0) }
+                    .joined(separator: ","),
                 "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
                 "STATESYNC_LOG_LEVEL": "info",
             ]
@@ -112,18 +115,19 @@ public enum Harness {
             for node in nodes { _ = node.stop() }
             for relay in relays.values { relay.stop() }
         }
-        for node in nodes { try node.start() }
+        for (index, node) in nodes.enumerated() where index != joiner { try node.start() }
         let clients = try nodes.map { node in
             try StateSyncClient(
                 endpoint: node.api, requestTimeout: .seconds(2), security: security(node.name))
         }
         defer { for client in clients { client.close() } }
+        let initial = clients.indices.filter { $0 != joiner }.map { clients[$0] }
         try await waitFor("every node to answer", seconds: 30) {
-            for client in clients where (try? await client.status()) == nil { return false }
+            for client in initial where (try? await client.status()) == nil { return false }
             return true
         }
         try await waitFor("every node to see its peers", seconds: 30) {
-            for client in clients {
+            for client in initial {
                 guard let status = try? await client.status(), status.peers.allSatisfy(\.connected) else {
                     return false
                 }
@@ -141,17 +145,21 @@ public enum Harness {
             for task in watchTasks { task.cancel() }
             for watcher in watchers { watcher.stop() }
         }
-        try await waitFor("every watcher to be registered", seconds: 30) { watchers.allSatisfy(\.isWatching) }
+        try await waitFor("every watcher to be registered", seconds: 30) {
+            watchers.indices.allSatisfy { $0 == joiner || watchers[$0].isWatching }
+        }
 
         // Workload and faults run together.
         let counter = SharedCounter()
         let workloadDone = SharedFlag()
         let minimumDuration = max(2.0, Double(options.faults.filter { $0 != .clock }.count) * 1.5)
+        // (A late joiner's clients and watcher wait for it like for a killed node.)
         let workloadStart = Date()
         let writes = WriteLog()
         let faultTask = Task {
             await FaultController(
-                nodes: nodes, relays: relays, lab: lab, names: names, seed: options.seed &+ 1, log: faults
+                nodes: nodes, relays: relays, lab: lab, names: names, seed: options.seed &+ 1, log: faults,
+                joiner: joiner
             )
             .run(faults: options.faults.filter { $0 != .clock }, until: { workloadDone.isSet }, start: workloadStart)
         }

@@ -12,6 +12,13 @@ public struct HarnessOptions: Sendable {
         case loss
         /// Run one node with its wall clock skewed.
         case clock
+        /// The last node is not in the cluster at the start: it knows only the first node, and
+        /// no one knows it. The first join starts it (it must learn the members and be learned,
+        /// docs/PROTOCOL.md 7.5); later joins stop it cleanly and start it again.
+        case join
+        /// Stop a node cleanly (SIGTERM: it says it leaves, its peers drop their links to it),
+        /// then start it again on its data directory.
+        case leave
     }
 
     /// Faults planted in a node to prove the checker can fail (test only).

@@ -53,6 +53,8 @@ final class NodeProcess: @unchecked Sendable {
     }
 
     var isRunning: Bool { state.withLock { $0.process?.isRunning ?? false } }
+    /// Whether it was ever started (a late joiner is not, until it joins).
+    var wasStarted: Bool { state.withLock { $0.process != nil } }
     var pid: Int32? { state.withLock { $0.process?.processIdentifier } }
 
     func signal(_ signal: Int32) {

@@ -80,6 +80,8 @@ struct FaultController {
     let names: [String]
     let seed: UInt64
     let log: FaultLog
+    /// The node that starts late (`--faults join`), if any.
+    var joiner: Int?
 
     func run(faults: [HarnessOptions.Fault], until done: @Sendable () -> Bool, start: Date) async {
         guard !faults.isEmpty else { return }
@@ -154,6 +156,36 @@ struct FaultController {
                         kind: "loss", target: names[target],
                         detail: "inbound delay \(delay) ms and connection resets for \(hold) ms",
                         at: at, healed: elapsed(start))
+                case .join:
+                    guard let joiner else { break }
+                    if !nodes[joiner].wasStarted {
+                        log.setActive("join \(names[joiner])")
+                        try? nodes[joiner].start()
+                        log.record(
+                            kind: "join", target: names[joiner],
+                            detail: "started knowing only \(names[0]); no node knew it", at: at, healed: elapsed(start))
+                    } else {
+                        log.setActive("rejoin \(names[joiner])")
+                        _ = nodes[joiner].stop()
+                        try? await Task.sleep(for: .milliseconds(hold))
+                        try? nodes[joiner].start()
+                        log.record(
+                            kind: "join", target: names[joiner],
+                            detail: "stopped cleanly, started again after \(hold) ms knowing only \(names[0])", at: at,
+                            healed: elapsed(start))
+                    }
+                case .leave:
+                    // A node that has not joined yet cannot leave: take another.
+                    let node = nodes[target].isRunning ? target : 0
+                    log.setActive("leave \(names[node])")
+                    let status = nodes[node].stop()
+                    try? await Task.sleep(for: .milliseconds(hold))
+                    try? nodes[node].start()
+                    log.record(
+                        kind: "leave", target: names[node],
+                        detail: "SIGTERM (exit \(status.map(String.init) ?? "?")), started again after \(hold) ms",
+                        at: at,
+                        healed: elapsed(start))
                 case .clock:
                     break  // applied at start (one node runs skewed)
                 }

@@ -17,7 +17,10 @@ extension StateSyncCLI {
 
                 Faults: kill (kill -9 and restart), pause (SIGSTOP/SIGCONT), partition (every link \
                 between two groups cut both ways), loss, clock (one node runs with a skewed wall \
-                clock, through the test-only STATESYNC_TEST_CLOCK_OFFSET_MS). On loopback the links \
+                clock, through the test-only STATESYNC_TEST_CLOCK_OFFSET_MS), join (the last node \
+                starts late knowing only n1, and no node knows it: it joins through membership; \
+                later joins stop and restart it), leave (SIGTERM a node: it leaves, then it is \
+                started again). On loopback the links \
                 run through the harness's TCP relays: a partition closes and refuses connections, \
                 loss is added delay plus connection resets. With --netns (root) every node is a \
                 host in its own network namespace on a private bridge (10.231.x.0/24): a partition \
@@ -34,7 +37,8 @@ extension StateSyncCLI {
         var seed: UInt64 = 1
 
         @Option(
-            help: ArgumentHelp("Faults to inject, comma-separated: kill,pause,partition,loss,clock.", valueName: "LIST")
+            help: ArgumentHelp(
+                "Faults to inject, comma-separated: kill,pause,partition,loss,clock,join,leave.", valueName: "LIST")
         )
         var faults: String = ""
 
@@ -61,7 +65,9 @@ extension StateSyncCLI {
 
         func validate() throws {
             for name in faults.split(separator: ",") where HarnessOptions.Fault(rawValue: String(name)) == nil {
-                throw ValidationError("unknown fault '\(name)'; use kill, pause, partition, loss, clock")
+                throw ValidationError(
+                    "unknown fault '\(name)'; use \(HarnessOptions.Fault.allCases.map(\.rawValue).joined(separator: ", "))"
+                )
             }
             if let plantBug, HarnessOptions.PlantedBug(rawValue: plantBug) == nil {
                 throw ValidationError("unknown bug '\(plantBug)'; the harness can plant: drop-deltas")

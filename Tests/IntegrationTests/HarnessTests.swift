@@ -65,12 +65,30 @@ struct HarnessTests {
         #expect(report["converged"] as? Bool == true && report["lost_writes"] as? Int == 0)
     }
 
+    /// `--faults join,leave` (docs/PROTOCOL.md 7.5): a fourth node that only n1 is configured
+    /// for joins mid-run and ends with everything; nodes stop cleanly and come back; keyed.
+    @Test func membershipFaultsPassKeyed() async throws {
+        let run = try await cli(
+            [
+                "harness", "--secure", "--nodes", "4", "--ops", "1500", "--seed", "5", "--faults",
+                "join,leave,kill,partition", "--json",
+            ],
+            timeout: .seconds(240))
+        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        #expect(run.status == 0, "\(run.stdout)")
+        #expect(report["converged"] as? Bool == true && report["lost_writes"] as? Int == 0)
+        let faults = report["faults"] as? [[String: Any]] ?? []
+        #expect(
+            faults.contains { $0["kind"] as? String == "join" && ($0["detail"] as? String ?? "").hasPrefix("started") })
+        #expect(faults.contains { $0["kind"] as? String == "leave" })
+    }
+
     @Test(.enabled(if: canCreateNamespaces, "needs root and iproute2"))
     func netnsModeWithRealLinkFaultsPasses() async throws {
         let run = try await cli(
             [
-                "harness", "--netns", "--nodes", "3", "--ops", "1500", "--seed", "3", "--faults", "kill,partition,loss",
-                "--json",
+                "harness", "--netns", "--nodes", "4", "--ops", "1500", "--seed", "3", "--faults",
+                "kill,partition,loss,join,leave", "--json",
             ],
             timeout: .seconds(240))
         let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
