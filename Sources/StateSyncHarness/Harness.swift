@@ -20,7 +20,7 @@ public enum Harness {
     public static func run(_ options: HarnessOptions, progress: @escaping @Sendable (Progress) -> Void) async throws
         -> HarnessReport
     {
-        guard (2...9).contains(options.nodes) else { throw HarnessError("--nodes must be between 2 and 9") }
+        guard (2...32).contains(options.nodes) else { throw HarnessError("--nodes must be between 2 and 32") }
         guard options.operations > 0 else { throw HarnessError("--ops must be positive") }
         guard FileManager.default.isExecutableFile(atPath: options.daemonPath) else {
             throw HarnessError(
@@ -126,7 +126,8 @@ public enum Harness {
             for client in initial where (try? await client.status()) == nil { return false }
             return true
         }
-        try await waitFor("every node to see its peers", seconds: 30) {
+        // Many nodes on few cores take a while: every node dials every other.
+        try await waitFor("every node to see its peers", seconds: 30 + 2 * Double(options.nodes)) {
             for client in initial {
                 guard let status = try? await client.status(), status.peers.allSatisfy(\.connected) else {
                     return false
@@ -254,6 +255,16 @@ public enum Harness {
         }
         let convergenceMilliseconds = converged ? Int(Date().timeIntervalSince(healed) * 1000) : nil
 
+        // What each node used, before anything else runs on it.
+        var resources: [String: ProcessResources] = [:]
+        var peerMessages: [String: Int] = [:]
+        for (index, node) in nodes.enumerated() {
+            if let pid = node.pid, let used = ProcessResources.read(pid: pid) { resources[node.name] = used }
+            if let status = try? await clients[index].status() {
+                peerMessages[node.name] = status.counters["peer_messages_received"] ?? 0
+            }
+        }
+
         // Final states.
         var states: [ConvergenceChecker.NodeState] = []
         for (index, client) in clients.enumerated() {
@@ -305,6 +316,8 @@ public enum Harness {
             faults: faults.events, durationSeconds: Date().timeIntervalSince(started), workDirectory: work,
             notifications: watchers.reduce(0) { $0 + $1.sessions.reduce(0) { $0 + $1.count } })
         report.strangersRefused = strangersRefused
+        report.resources = resources
+        report.peerMessagesReceived = peerMessages
         for node in nodes { report.exitStatuses[node.name] = node.stop() }
         for relay in relays.values { relay.stop() }
         if report.passed && !options.keep {

@@ -28,6 +28,10 @@ public struct HarnessReport: Sendable {
     /// With `--secure`: whether every node refused a client with a key of no one's and a client
     /// without CURVE (no answer), after the run. `nil` without `--secure`.
     public var strangersRefused: Bool?
+    /// Per node, what its last process used, and the messages of peers' live streams it received
+    /// (HEARTBEATs and DELTA messages, counter `peer_messages_received`).
+    public var resources: [String: ProcessResources] = [:]
+    public var peerMessagesReceived: [String: Int] = [:]
 
     public var passed: Bool { converged && findings.passed && strangersRefused != false }
 
@@ -55,6 +59,15 @@ public struct HarnessReport: Sendable {
                     .map(Value.string)),
         ]
         map["convergence_ms"] = convergenceMilliseconds.map { .int(Int64($0)) } ?? .null
+        map["node_resources"] = .map(
+            resources.mapValues { used in
+                .map([
+                    "cpu_s": .double((used.cpuSeconds * 100).rounded() / 100),
+                    "max_rss_kb": .int(Int64(used.peakResidentKilobytes)),
+                    "uptime_s": .double((used.uptimeSeconds * 10).rounded() / 10),
+                ])
+            })
+        map["peer_messages_received"] = .map(peerMessagesReceived.mapValues { .int(Int64($0)) })
         map["work_dir"] = workDirectory.map(Value.string) ?? .null
         return .map(map)
     }

@@ -58,7 +58,7 @@ public struct SimulationOptions: Sendable {
         case duplicateWatchEvents = "duplicate-watch-events"
     }
 
-    /// How many nodes (2–64).
+    /// How many nodes (2–256).
     public var nodes = 5
     /// How many writes the workload makes.
     public var operations = 10_000
@@ -135,6 +135,10 @@ public struct SimulationReport: Sendable {
     public var cpuSeconds: Double
     /// The node the planted bug was planted in.
     public var culprit: String?
+    /// Messages of peers' live streams delivered (HEARTBEATs and DELTA messages), all nodes.
+    public var peerMessages = 0
+    /// Their frames' octets.
+    public var peerBytes = 0
 
     /// Whether every check passed.
     public var passed: Bool { converged && findings.passed }
@@ -155,6 +159,9 @@ public struct SimulationReport: Sendable {
             "simulated_ms": .int(Int64(simulatedMilliseconds)), "steps": .int(Int64(steps)),
             "deltas_applied": .int(Int64(deltasApplied)),
             "deltas_applied_per_s": .int(cpuSeconds > 0 ? Int64(Double(deltasApplied) / cpuSeconds) : 0),
+            "peer_messages": .int(Int64(peerMessages)),
+            "peer_messages_per_node_per_s": .double(peerMessagesPerNodePerSecond),
+            "peer_bytes": .int(Int64(peerBytes)),
             "parameters": .map(parameters.mapValues(Value.string)),
             "faults": .array(
                 faults.map { fault in
@@ -174,6 +181,13 @@ public struct SimulationReport: Sendable {
         return .map(map)
     }
 
+    /// Live-stream messages each node received per simulated second, on average.
+    public var peerMessagesPerNodePerSecond: Double {
+        guard simulatedMilliseconds > 0 else { return 0 }
+        let perNode = Double(peerMessages) / Double(options.nodes) / (Double(simulatedMilliseconds) / 1000)
+        return (perNode * 10).rounded() / 10
+    }
+
     var details: [String] {
         Array(findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5))
     }
@@ -185,7 +199,7 @@ public struct SimulationReport: Sendable {
             "StateSync simulator: \(options.nodes) nodes, \(options.operations) ops (\(acknowledged) acknowledged), seed \(options.seed)"
         )
         lines.append(
-            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied"
+            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied, \(peerMessages) peer messages (\(peerMessagesPerNodePerSecond) per node per simulated second)"
         )
         lines.append("drawn: " + parameters.keys.sorted().map { "\($0)=\(parameters[$0]!)" }.joined(separator: " "))
         if let plantedBug = options.plantedBug, let culprit {
@@ -229,8 +243,8 @@ public enum ClusterSimulator {
 
     /// Runs one simulation. Throws only for options out of range.
     public static func run(_ options: SimulationOptions) throws -> SimulationReport {
-        guard (2...64).contains(options.nodes) else {
-            throw StateSyncError(.invalidConfiguration, "--nodes must be 2…64")
+        guard (2...256).contains(options.nodes) else {
+            throw StateSyncError(.invalidConfiguration, "--nodes must be 2…256")
         }
         guard options.operations > 0 else { throw StateSyncError(.invalidConfiguration, "--ops must be positive") }
         let started = threadCPUSeconds()
@@ -402,7 +416,8 @@ public enum ClusterSimulator {
                     let counters = node.host?.status.counters ?? [:]
                     return total + (counters["deltas_applied"] ?? 0) + (counters["deltas_published"] ?? 0)
                 }, notifications: watchers.reduce(0) { $0 + $1.changes.count }, cpuSeconds: cpu,
-            culprit: culprit.map { cluster.nodes[$0].id })
+            culprit: culprit.map { cluster.nodes[$0].id }, peerMessages: cluster.peerMessagesDelivered,
+            peerBytes: cluster.peerBytesDelivered)
     }
 
     /// Every node up, connected to every peer, missing nothing, and all with one digest.

@@ -155,6 +155,10 @@ package final class SimulatedCluster {
     package private(set) var trace = TraceDigest()
     /// How many inputs the nodes processed.
     package private(set) var steps = 0
+    /// Messages of peers' live streams delivered to nodes (HEARTBEATs and DELTA messages).
+    package private(set) var peerMessagesDelivered = 0
+    /// Their frames' octets.
+    package private(set) var peerBytesDelivered = 0
 
     private enum Timer {
         case tick(node: Int, generation: Int)
@@ -493,6 +497,8 @@ package final class SimulatedCluster {
                 return
             }
             record("peer", message.from + ">" + message.to, frames)
+            peerMessagesDelivered += 1
+            for frame in frames { peerBytesDelivered += frame.count }
             process(.peerMessage(peer: Self.publishEndpoint(message.from), frames: frames), at: node)
         case .request(let client, let frames):
             guard let node = node(named: message.to) else { return }

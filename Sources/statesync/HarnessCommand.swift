@@ -27,7 +27,7 @@ extension StateSyncCLI {
                 is blackhole routes both ways, loss is the node's link going down in bursts.
                 """)
 
-        @Option(help: "How many nodes (2–9).")
+        @Option(help: "How many nodes (2–32).")
         var nodes = 3
 
         @Option(help: "How many write operations (sets and multi-property sets).")
@@ -72,7 +72,7 @@ extension StateSyncCLI {
             if let plantBug, HarnessOptions.PlantedBug(rawValue: plantBug) == nil {
                 throw ValidationError("unknown bug '\(plantBug)'; the harness can plant: drop-deltas")
             }
-            guard (2...9).contains(nodes) else { throw ValidationError("--nodes must be between 2 and 9") }
+            guard (2...32).contains(nodes) else { throw ValidationError("--nodes must be between 2 and 32") }
             guard ops > 0 else { throw ValidationError("--ops must be positive") }
             guard (1...64).contains(clients) else { throw ValidationError("--clients must be between 1 and 64") }
         }

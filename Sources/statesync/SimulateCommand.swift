@@ -35,7 +35,7 @@ extension StateSyncCLI {
                 drop-deltas, wrong-tie-break, skip-repair, duplicate-watch-events.
                 """)
 
-        @Option(help: "How many nodes (2–64).")
+        @Option(help: "How many nodes (2–256).")
         var nodes = 5
 
         @Option(help: "How many write operations.")
@@ -80,7 +80,7 @@ extension StateSyncCLI {
                     "unknown bug '\(plantBug)'; plant one of: \(SimulationOptions.PlantedBug.allCases.map(\.rawValue).joined(separator: ", "))"
                 )
             }
-            guard (2...64).contains(nodes) else { throw ValidationError("--nodes must be between 2 and 64") }
+            guard (2...256).contains(nodes) else { throw ValidationError("--nodes must be between 2 and 256") }
             guard ops > 0 else { throw ValidationError("--ops must be positive") }
             guard (1...64).contains(writers) else { throw ValidationError("--writers must be between 1 and 64") }
             if let seeds, Self.range(seeds) == nil {

@@ -291,4 +291,25 @@ struct MembershipMachineTests {
         }
         #expect(secured.request(.forget, id: 2, body.bytes, identity: "client:op")?.0.kind == .ok)
     }
+
+    /// The list rides on the three HEARTBEATs after a change of it and on every tenth, not on
+    /// every one (it is O(members) octets per HEARTBEAT per link).
+    @Test func theListRidesOnTheHeartbeatsAfterAChangeAndOnEveryTenth() throws {
+        var node = Self.started("n1", peers: ["n2"])
+        func carried(_ beats: Int) throws -> [Int] {
+            var indices: [Int] = []
+            for index in 0..<beats {
+                let before = node.published.count
+                node.advance(100)
+                let beat = try #require(node.published[before...].last { $0[0] == PeerMessage.heartbeatTopic })
+                guard case .heartbeat(let decoded) = try PeerMessage.decode(beat) else { throw CancellationError() }
+                if decoded.members != nil { indices.append(index) }
+            }
+            return indices
+        }
+        #expect(try carried(25) == [0, 1, 2, 10, 20], "three after its own entry, then every tenth")
+        node.handle(
+            .peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100)])))
+        #expect(try carried(6) == [0, 1, 2, 5], "three after the change (heartbeats 25–27), then the 30th")
+    }
 }

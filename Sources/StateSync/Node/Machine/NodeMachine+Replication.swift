@@ -16,11 +16,13 @@ extension NodeMachine {
         do {
             if let deltas = try PeerMessage.decodeDeltas(frames) {
                 counters.deltaMessagesReceived += 1
+                counters.peerMessagesReceived += 1
                 applyRemote(deltas, from: endpoint)
                 return
             }
             switch try PeerMessage.decode(frames) {
             case .heartbeat(let beat):
+                counters.peerMessagesReceived += 1
                 if let bound = boundNode(of: endpoint), beat.node != bound {
                     refuseForged(origin: beat.node, count: 1, from: endpoint, bound: bound, what: "a HEARTBEAT")
                     return
@@ -384,11 +386,12 @@ extension NodeMachine {
         origins.compactMapValues(\.firstGap)
     }
 
-    /// This node's heartbeat (section 7.3). Its own deltas count as received once published: a
+    /// This node's heartbeat (section 7.3), with its member list or without. Its own deltas count
+    /// as received once published: a
     /// peer told of one still waiting for its fsync would see a gap that is not there, and with
     /// a long queue ahead of it could even give up on it (FETCH too late for the history) and
     /// take a snapshot instead.
-    func heartbeat() -> PeerMessage {
+    func heartbeat(withMembers: Bool = true) -> PeerMessage {
         var progress: [String: UInt64] = [:]
         for (origin, state) in origins where state.contiguous > 0 {
             progress[origin] = origin == configuration.nodeID ? min(state.contiguous, published) : state.contiguous
@@ -397,6 +400,7 @@ extension NodeMachine {
         return .heartbeat(
             PeerMessage.Heartbeat(
                 node: configuration.nodeID, latestSequence: published, clock: clock.wallMilliseconds() << 16,
-                incarnation: incarnation, api: boundRepair, progress: progress, members: membership.sorted))
+                incarnation: incarnation, api: boundRepair, progress: progress,
+                members: withMembers ? membership.sorted : nil))
     }
 }

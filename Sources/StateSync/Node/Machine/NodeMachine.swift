@@ -53,6 +53,10 @@ package struct NodeMachine: Sendable {
     var announcesInFlight: [UInt64: String] = [:]
     /// The HEARTBEAT saying this node left was published (it stops).
     var leftAnnounced = false
+    /// HEARTBEATs published, and how many had been when the member list last changed: the list
+    /// rides on the HEARTBEATs that follow a change and on every tenth (section 7.5).
+    var heartbeatsSent = 0
+    var membershipChangedAt = 0
     package var counters = NodeCounters()
     /// The sequence number the next local write gets.
     package internal(set) var nextSequence: UInt64 = 1
@@ -242,7 +246,11 @@ package struct NodeMachine: Sendable {
         requestSync(force: false)
         let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
         if lastHeartbeat.map({ now &- $0 >= interval }) ?? true {
-            actions.append(.publish(heartbeat().encode()))
+            let withMembers =
+                heartbeatsSent &- membershipChangedAt < Self.membersAfterChange
+                || heartbeatsSent % Self.membersEveryHeartbeats == 0
+            actions.append(.publish(heartbeat(withMembers: withMembers).encode()))
+            heartbeatsSent += 1
             lastHeartbeat = now
         }
         if lastRepairRound.map({ now &- $0 >= Self.repairInterval }) ?? true {
