@@ -619,6 +619,13 @@ package final class SimulatedCluster {
             node.subscribedTo.insert(id)
         }
 
+        /// A node that refuses to run goes down at once (the verdict then names it).
+        func refuseToRun(_ reason: String) {
+            cluster.record("refused", node.id, [])
+            let index = node.index
+            cluster.schedule(at: cluster.now) { cluster in cluster.crash(index) }
+        }
+
         func disconnectPeer(endpoint: String) {
             guard let id = SimulatedCluster.nodeID(ofEndpoint: endpoint) else { return }
             cluster.record("unsubscribe", node.id + "<" + id, [])

@@ -119,6 +119,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
 
     private func run(_ node: StateSyncNode, _ transport: ZeroMQTransport) {
         var poller = transport.makePoller(wakeUp: wakeUp.fileDescriptor)
+        var refusalHandled = false
         while true {
             if stopRequested.load(ordering: .acquiring) {
                 node.process(.stop, now: MonotonicClock.milliseconds(), via: transport)
@@ -135,6 +136,11 @@ package final class ZeroMQNodeDriver: NodeDriver {
                 logger.notice(
                     "reloaded the admitted keys",
                     metadata: ["peers": "\(keys.peers.count)", "clients": "\(keys.clientAccess.count)"])
+            }
+            if !refusalHandled, transport.refusedToRun != nil {
+                // The node's own stop (observers flushed, waiters resumed) asks this loop to end.
+                refusalHandled = true
+                Task { await node.stop() }
             }
             node.process(
                 .tick(observerBacklog: node.observers.backlog), now: MonotonicClock.milliseconds(), via: transport)
@@ -396,6 +402,13 @@ final class ZeroMQTransport: NodeTransport {
                 "cannot subscribe to a member",
                 metadata: ["member": "\(node)", "peer.endpoint": "\(endpoint)", "error": "\(error)"])
         }
+    }
+
+    /// The reason the node refused to run, once it did: the driver stops the node.
+    private(set) var refusedToRun: String?
+
+    func refuseToRun(_ reason: String) {
+        if refusedToRun == nil { refusedToRun = reason }
     }
 
     func disconnectPeer(endpoint: String) {

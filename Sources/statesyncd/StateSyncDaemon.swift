@@ -18,7 +18,9 @@ struct StateSyncDaemon: AsyncParsableCommand {
             (node.id <- STATESYNC_NODE_ID; lists comma-separated). SIGHUP re-reads the file's \
             security.* keys (admitted keys and client permissions) without a restart.
 
-            Exit codes: 0 clean stop, 1 runtime failure (e.g. a port in use), 2 invalid configuration.
+            Exit codes: 0 clean stop, 1 runtime failure (e.g. a port in use), 2 invalid configuration \
+            or a data directory the node must not run with (an empty one under an id the cluster \
+            knows, or that was forgotten).
             """)
 
     @Option(name: .long, help: ArgumentHelp("The node's YAML configuration file.", valueName: "FILE"))
@@ -67,6 +69,11 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 gracefulShutdownSignals: [.sigterm, .sigint],
                 logger: logger))
         try await group.run()
+        if let refusal = node.refusal {
+            FileHandle.standardError.write(
+                Data("statesyncd: node \(configuration.nodeID) stopped: \(refusal.message)\n".utf8))
+            throw ExitCode(2)
+        }
     }
 
     /// On SIGHUP, re-reads the configuration file and applies its `security.*` keys (the other

@@ -112,6 +112,20 @@ struct MembershipTests {
                 status.members.first { $0.id == "node4" }?.state == "forgotten"
                     && !status.peers.contains { $0.endpoint == publish["node4"]! } && status.missingDeltas == 0
             }
+            // node4's id cannot come back with an empty data directory: it refuses, exit 2.
+            let freshConfig = try config("node4", peers: ["node1"])
+            try String(contentsOfFile: freshConfig, encoding: .utf8)
+                .replacingOccurrences(of: "data_dir: \(directory)/node4", with: "data_dir: \(directory)/node4-empty")
+                .write(toFile: "\(directory)/node4-empty.yaml", atomically: true, encoding: .utf8)
+            let comeback = try ChildProcess(
+                "statesyncd", ["--config", "\(directory)/node4-empty.yaml"], name: "node4-empty")
+            #expect(await comeback.wait(timeout: .seconds(30)) == 2)
+            // (Its earlier deltas or its forgotten entry, whichever it hears of first.)
+            #expect(comeback.stderr.contains("started with an empty data directory"), "\(comeback.stderr.suffix(2000))")
+            // The snapshot it wrote at that stop holds none of its own deltas: it refuses again.
+            let again = try ChildProcess(
+                "statesyncd", ["--config", "\(directory)/node4-empty.yaml"], name: "node4-empty-again")
+            #expect(await again.wait(timeout: .seconds(30)) == 2)
             let refused = try await cli(["forget", "node9", "--daemon", api["node2"]!])
             #expect(refused.status != 0 && refused.stderr.contains("no member node9"), "\(refused.stderr)")
         } catch {

@@ -20,6 +20,8 @@ package protocol NodeTransport {
     func connectPeer(endpoint: String, node: String)
     /// Closes the links to the peer publishing at `endpoint` (it left, or was forgotten).
     func disconnectPeer(endpoint: String)
+    /// The node refuses to run (``NodeAction/refuseToRun(reason:)``): stop it.
+    func refuseToRun(_ reason: String)
 }
 
 /// What became of a reply.

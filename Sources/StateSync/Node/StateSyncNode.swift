@@ -52,6 +52,14 @@ public final class StateSyncNode: Sendable {
     static let spaceCheckInterval: UInt64 = 200
     private let driver = Mutex<(any NodeDriver)?>(nil)
     private let lifecycle = Mutex<Lifecycle>(.running(waiters: []))
+    private let refusalReason = Mutex<String?>(nil)
+
+    /// Why the node stopped on its own, if it did: it started with an empty data directory
+    /// under an id whose earlier deltas the cluster holds, or that was forgotten (docs/PROTOCOL.md
+    /// 7.5). `nil` while it runs, and after an ordinary stop.
+    public var refusal: StateSyncError? {
+        refusalReason.withLock { $0 }.map { StateSyncError(.dataDirectory, $0) }
+    }
 
     /// The machine and the live models, behind one lock: a delivery is resolved to instances in
     /// the same critical section as the change, so a model attached meanwhile either adopted the
@@ -243,6 +251,9 @@ public final class StateSyncNode: Sendable {
             transport.connectPeer(endpoint: endpoint, node: node)
         case .disconnectPeer(let endpoint):
             transport.disconnectPeer(endpoint: endpoint)
+        case .refuseToRun(let reason):
+            refusalReason.withLock { $0 = $0 ?? reason }
+            transport.refuseToRun(reason)
         }
         return nil
     }

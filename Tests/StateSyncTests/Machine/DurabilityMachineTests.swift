@@ -38,6 +38,7 @@ struct DurabilityMachineTests {
             case .resetPeerLink: "reset"
             case .connectPeer: "subscribe"
             case .disconnectPeer: "unsubscribe"
+            case .refuseToRun: "refuse"
             }
         }
     }

@@ -31,6 +31,8 @@ struct MachineRunner {
     var subscribed: [(endpoint: String, node: String)] = []
     /// Peer endpoints the machine dropped its links to, in order.
     var unsubscribed: [String] = []
+    /// Why the machine refused to run, each time it said so.
+    var refusals: [String] = []
 
     /// A wall clock tests can move (the node's clock reads it).
     final class Wall: Sendable {
@@ -90,6 +92,7 @@ struct MachineRunner {
                 case .resetPeerLink(let endpoint): linkResets.append(endpoint)
                 case .connectPeer(let endpoint, let node): subscribed.append((endpoint, node))
                 case .disconnectPeer(let endpoint): unsubscribed.append(endpoint)
+                case .refuseToRun(let reason): refusals.append(reason)
                 }
             }
         }

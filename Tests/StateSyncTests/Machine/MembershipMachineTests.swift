@@ -312,4 +312,44 @@ struct MembershipMachineTests {
             .peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100)])))
         #expect(try carried(6) == [0, 1, 2, 5], "three after the change (heartbeats 25–27), then the 30th")
     }
+
+    /// A node that started knowing none of its own deltas (an empty data directory) refuses to
+    /// run under an id whose earlier deltas a peer holds, or that was forgotten; its own writes of
+    /// this run reported back are no reason, and a node with its own deltas on disk fetches the
+    /// lost ones back as before (section 7.3).
+    @Test func anEmptyDataDirectoryUnderAKnownOrForgottenIdRefusesToRun() throws {
+        var empty = Self.started("n1", peers: ["n2"])
+        empty.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0, progress: ["n1": 5])))
+        #expect(empty.refusals.count == 1)
+        #expect(empty.refusals.first?.contains("already published deltas 1…5") == true, "\(empty.refusals)")
+
+        var fresh = Self.started("n1", peers: ["n2"])
+        fresh.handle(.clientRequest(client: [0x53, 1], frames: DurabilityMachineTests.set, identity: nil))
+        fresh.advance(10)
+        #expect(fresh.machine.nextSequence == 2)
+        fresh.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0, progress: ["n1": 1])))
+        #expect(fresh.refusals.isEmpty, "its own write of this run")
+
+        let configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        var withData = MachineRunner(configuration, recovery: .init(deltas: [RepairMachineTests.delta("n1", 1)]))
+        withData.handle(.endpointsBound(publish: "inproc://n1", repair: "inproc://n1.api"))
+        withData.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0, progress: ["n1": 5])))
+        #expect(withData.refusals.isEmpty && withData.machine.nextSequence == 6)
+
+        // Forgotten: refused when empty (even though this start's own entry is newer), back alive
+        // with data.
+        let forgotten = Self.member("n1", .forgotten, at: 1_000, by: "n2")
+        var emptyAgain = Self.started("n1", peers: ["n2"])
+        emptyAgain.handle(.peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [forgotten])))
+        #expect(emptyAgain.refusals.first?.contains("was forgotten") == true, "\(emptyAgain.refusals)")
+        withData.handle(.peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [forgotten])))
+        #expect(withData.refusals.isEmpty)
+        #expect(withData.machine.membership.members["n1"]?.state == .alive)
+    }
 }

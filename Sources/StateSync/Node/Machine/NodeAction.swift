@@ -42,6 +42,9 @@ package enum NodeAction: Sendable {
     /// Close the SUB socket and the repair link of the peer at `endpoint`: it left the cluster
     /// or was forgotten (section 7.5).
     case disconnectPeer(endpoint: String)
+    /// Stop the node: it must not run under this id with its data directory (it started empty,
+    /// and the cluster knows the id's earlier deltas, or the id was forgotten — section 7.5).
+    case refuseToRun(reason: String)
 }
 
 /// Writes for the live model at one address, in apply order.

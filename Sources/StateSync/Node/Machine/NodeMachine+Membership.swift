@@ -40,13 +40,21 @@ extension NodeMachine {
             }
             takeMember(member)
         }
-        guard let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true else { return }
+        guard refusal == nil, let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true else { return }
         announce(own, to: endpoint)
     }
 
     /// Takes one entry learned from a peer or an ANNOUNCE.
     mutating func takeMember(_ member: Membership.Member) {
         if member.id == configuration.nodeID {
+            // Forgotten, whatever the versions (this start's own entry is newer than any forget):
+            // with nothing on disk, this is not the node that was forgotten coming back.
+            if member.state == .forgotten, startedWithoutOwnDeltas {
+                refuseToRun(
+                    "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with an empty data directory: a forgotten id does not come back empty. Give it a new node.id, or restore its data directory"
+                )
+                return
+            }
             // A newer entry about this node than the one it wrote at this start: written by
             // another (an operator's forget, a forged leave), or by itself in an earlier run (the
             // leave it wrote when it stopped, from a clock that was ahead of its clock now). It
@@ -72,6 +80,15 @@ extension NodeMachine {
         } else {
             unlink(member.id, publishingAt: member.publish, because: member.state)
         }
+    }
+
+    /// Stops the node for good with `reason` (once): it takes no more input that matters, and
+    /// its host stops it.
+    mutating func refuseToRun(_ reason: String) {
+        guard refusal == nil else { return }
+        refusal = reason
+        logger.critical("refusing to run", metadata: ["reason": "\(reason)"])
+        actions.append(.refuseToRun(reason: reason))
     }
 
     /// Stopping: once every own delta is published, writes this node's entry as left and
@@ -141,9 +158,7 @@ extension NodeMachine {
     mutating func link(_ member: Membership.Member) {
         guard !member.publish.isEmpty, !Self.isWildcard(member.publish) else { return }
         if peerEndpoints.contains(member.publish) { return }
-        let linkedIDs = Set(
-            peerEndpoints.compactMap { configuration.peerNodeIDs[$0] ?? learnedPeerIDs[$0] ?? peers[$0]?.node })
-        if linkedIDs.contains(member.id) { return }
+        if peerEndpoints.contains(where: { linkedID(of: $0) == member.id }) { return }
         if configuration.security != nil, !admittedPeers.contains(member.id) {
             warnLimited(
                 "member-without-key",

@@ -87,6 +87,14 @@ extension NodeMachine {
             announce(origin: origin, through: through)
         }
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
+            // A peer holds more of this id's deltas than this run numbered: deltas of an earlier
+            // life of the id. With nothing on disk, the node would number new writes over them.
+            if startedWithoutOwnDeltas, own >= nextSequence {
+                refuseToRun(
+                    "node id \(configuration.nodeID) already published deltas 1…\(own) in this cluster (peer \(beat.node) holds them), and this node started with an empty data directory: it would reuse their sequence numbers. Restore the node's data directory, or give it a new node.id (and statesync forget \(configuration.nodeID) on a member)"
+                )
+                return
+            }
             nextSequence = max(nextSequence, own + 1)
         }
         if let members = beat.members { receiveMembers(members, from: endpoint, sender: beat.node) }

@@ -57,6 +57,12 @@ package struct NodeMachine: Sendable {
     /// rides on the HEARTBEATs that follow a change and on every tenth (section 7.5).
     var heartbeatsSent = 0
     var membershipChangedAt = 0
+    /// The node started knowing none of its own sequence numbers: an empty data directory (or
+    /// one that never held a delta of its own — a node that refused to run leaves a snapshot
+    /// without any, and must refuse again).
+    var startedWithoutOwnDeltas = false
+    /// Why it refuses to run, once it does.
+    package internal(set) var refusal: String?
     package var counters = NodeCounters()
     /// The sequence number the next local write gets.
     package internal(set) var nextSequence: UInt64 = 1
@@ -158,6 +164,7 @@ package struct NodeMachine: Sendable {
         counters.logBytesCut = recovery.cutBytes
         // Never reuse a sequence number or issue a version below what this node already wrote.
         nextSequence = latestSequence + 1
+        startedWithoutOwnDeltas = latestSequence == 0
         published = latestSequence
         if let ownLatest { clock.advance(past: ownLatest) }
         // Peers' versions it holds are followed as if just received (within the drift bound), so a
