@@ -481,7 +481,11 @@ final class ZeroMQTransport: NodeTransport {
         publisher.close()
         publisher = fresh
         unboundPublishEndpoint = (endpoint, 0)
-        for _ in 0..<100 where !bindReplacedPublisher(now: 0) { usleep(10_000) }
+        var attempts = 0
+        while !bindReplacedPublisher(now: 0), attempts < 100 {
+            attempts += 1
+            usleep(10_000)
+        }
         if let unbound = unboundPublishEndpoint {
             logger.critical(
                 "cannot bind the publish socket again yet; peers receive no deltas until it is (retried every second)",

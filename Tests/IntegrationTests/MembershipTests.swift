@@ -106,6 +106,10 @@ struct MembershipTests {
             }
             // It dies for good (kill -9): an operator forgets it on node2, and every node drops it.
             #expect(await daemons["node4"]!.stop(SIGKILL) == SIGKILL)
+            try await waitUntil("node2 no longer hears node4") {
+                let status = try? await clients["node2"]!.status()
+                return status?.members.first { $0.id == "node4" }.map { !$0.connected } ?? false
+            }
             let forgot = try await cli(["forget", "node4", "--daemon", api["node2"]!])
             #expect(forgot.status == 0, "\(forgot.stderr)")
             try await everyNode("every node lists node4 as forgotten and awaits nothing of it") { status in
@@ -121,13 +125,16 @@ struct MembershipTests {
                 "statesyncd", ["--config", "\(directory)/node4-empty.yaml"], name: "node4-empty")
             #expect(await comeback.wait(timeout: .seconds(30)) == 2)
             // (Its earlier deltas or its forgotten entry, whichever it hears of first.)
-            #expect(comeback.stderr.contains("started with an empty data directory"), "\(comeback.stderr.suffix(2000))")
+            #expect(comeback.stderr.contains("was forgotten"), "\(comeback.stderr.suffix(2000))")
             // The snapshot it wrote at that stop holds none of its own deltas: it refuses again.
             let again = try ChildProcess(
                 "statesyncd", ["--config", "\(directory)/node4-empty.yaml"], name: "node4-empty-again")
             #expect(await again.wait(timeout: .seconds(30)) == 2)
             let refused = try await cli(["forget", "node9", "--daemon", api["node2"]!])
-            #expect(refused.status != 0 && refused.stderr.contains("no member node9"), "\(refused.stderr)")
+            #expect(refused.status != 0 && refused.stderr.contains("no member 'node9'"), "\(refused.stderr)")
+            // A member that runs is not forgotten.
+            let running = try await cli(["forget", "node3", "--daemon", api["node1"]!])
+            #expect(running.status != 0 && running.stderr.contains("is alive"), "\(running.stderr)")
         } catch {
             for (node, daemon) in daemons.sorted(by: { $0.key < $1.key }) {
                 Issue.record("\(node):\n\(daemon.stderr.suffix(3000))")

@@ -289,7 +289,12 @@ struct MembershipMachineTests {
             #expect(
                 try ClientProtocol.decodeError(answer?.1 ?? []).code == ClientProtocol.ErrorCode.forbidden.rawValue)
         }
-        #expect(secured.request(.forget, id: 2, body.bytes, identity: "client:op")?.0.kind == .ok)
+        // n2 was heard just now: a running member is not forgotten (it would say it is alive).
+        let alive = secured.request(.forget, id: 2, body.bytes, identity: "client:op")
+        #expect(alive?.0.kind == .error)
+        #expect(try ClientProtocol.decodeError(alive?.1 ?? []).message.contains("is alive"))
+        secured.advance(400)
+        #expect(secured.request(.forget, id: 3, body.bytes, identity: "client:op")?.0.kind == .ok)
     }
 
     /// The list rides on the three HEARTBEATs after a change of it and on every tenth, not on
@@ -351,5 +356,19 @@ struct MembershipMachineTests {
         withData.handle(.peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [forgotten])))
         #expect(withData.refusals.isEmpty)
         #expect(withData.machine.membership.members["n1"]?.state == .alive)
+
+        // A node that is in the cluster (a peer's list held its entry of this start) and is
+        // forgotten while it runs says it is alive again, with or without deltas of its own (a
+        // new user found it stopping instead).
+        var running = Self.started("n1", peers: ["n2"])
+        let own = try #require(running.machine.membership.members["n1"])
+        running.handle(.peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [own])))
+        var later = own
+        later.state = .forgotten
+        later.version = Version(milliseconds: own.version.milliseconds + 10, counter: 0, node: "n2")
+        running.handle(.peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [later])))
+        #expect(running.refusals.isEmpty)
+        let reasserted = try #require(running.machine.membership.members["n1"])
+        #expect(reasserted.state == .alive && reasserted.version > later.version)
     }
 }

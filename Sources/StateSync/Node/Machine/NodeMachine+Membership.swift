@@ -32,6 +32,7 @@ extension NodeMachine {
         for var member in list {
             if member.id == configuration.nodeID {
                 theirs = member
+                if member == ownEntry, member.state == .alive { ownEntryAcknowledged = true }
             }
             // The sender's own endpoints bound to a wildcard host are reached where its stream is.
             if member.id == sender {
@@ -47,11 +48,12 @@ extension NodeMachine {
     /// Takes one entry learned from a peer or an ANNOUNCE.
     mutating func takeMember(_ member: Membership.Member) {
         if member.id == configuration.nodeID {
-            // Forgotten, whatever the versions (this start's own entry is newer than any forget):
-            // with nothing on disk, this is not the node that was forgotten coming back.
-            if member.state == .forgotten, startedWithoutOwnDeltas {
+            // Forgotten before this start (no peer has held this start's entry yet; its version
+            // may well be newer than the forget), with none of its own deltas on disk: not the
+            // node that was forgotten coming back. A forget made while it runs is answered below.
+            if member.state == .forgotten, startedWithoutOwnDeltas, !ownEntryAcknowledged {
                 refuseToRun(
-                    "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with an empty data directory: a forgotten id does not come back empty. Give it a new node.id, or restore its data directory"
+                    "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with none of its own deltas in its data directory (a new or emptied one): a forgotten id does not come back that way. Give it a new node.id, or restore its data directory"
                 )
                 return
             }
@@ -113,6 +115,9 @@ extension NodeMachine {
         // Its endpoint, and any other where it was heard or configured by id.
         let endpoints = peerEndpoints.filter { $0 == publish || linkedID(of: $0) == id }
         for endpoint in endpoints {
+            if let heard = peers[endpoint]?.lastMessageAt {
+                departedLastHeard[id] = max(departedLastHeard[id] ?? 0, heard)
+            }
             peerEndpoints.removeAll { $0 == endpoint }
             peers[endpoint] = nil
             learnedPeerIDs[endpoint] = nil
@@ -139,13 +144,23 @@ extension NodeMachine {
     mutating func forget(_ body: [UInt8]) throws {
         var reader = WireReader(body)
         let id = try reader.string("node id")
+        guard NodeConfiguration.isValidNodeID(id) else {
+            throw StateSyncError(.protocolError, "'\(id.prefix(64))' is not a node id")
+        }
         guard id != configuration.nodeID else {
             throw StateSyncError(
                 .protocolError, "node \(id) cannot forget itself; stop it (it leaves), then forget it on another member"
             )
         }
         guard let held = membership.members[id] else {
-            throw StateSyncError(.protocolError, "no member \(id.prefix(64)) (statesync members lists them)")
+            throw StateSyncError(.protocolError, "no member '\(id)' (statesync members lists them)")
+        }
+        // A running member answers a forget by saying it is alive again: forget only the gone.
+        if held.state == .alive, let heard = memberStatus().first(where: { $0.id == id }), heard.connected {
+            throw StateSyncError(
+                .protocolError,
+                "member '\(id)' is alive (heard \(heard.lastSeenMillisecondsAgo ?? 0) ms ago): stop it first (a clean stop leaves by itself); forget is for a node that is gone for good"
+            )
         }
         let entry = Membership.Member(
             id: id, publish: held.publish, api: held.api, state: .forgotten, version: clock.next())
@@ -230,7 +245,7 @@ extension NodeMachine {
             lastHeard[node] = max(lastHeard[node] ?? 0, at)
         }
         return membership.sorted.map { member in
-            let heard = lastHeard[member.id]
+            let heard = lastHeard[member.id] ?? departedLastHeard[member.id]
             let isSelf = member.id == configuration.nodeID
             let state: String
             switch member.state {

@@ -86,18 +86,22 @@ extension NodeMachine {
         for (origin, through) in beat.progress.sorted(by: { $0.key < $1.key }) where through != withdrawn[origin] {
             announce(origin: origin, through: through)
         }
+        // The member list first: a node that was forgotten learns it before anything else.
+        if let members = beat.members {
+            receiveMembers(members, from: endpoint, sender: beat.node)
+            if refusal != nil { return }
+        }
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
             // A peer holds more of this id's deltas than this run numbered: deltas of an earlier
             // life of the id. With nothing on disk, the node would number new writes over them.
             if startedWithoutOwnDeltas, own >= nextSequence {
                 refuseToRun(
-                    "node id \(configuration.nodeID) already published deltas 1…\(own) in this cluster (peer \(beat.node) holds them), and this node started with an empty data directory: it would reuse their sequence numbers. Restore the node's data directory, or give it a new node.id (and statesync forget \(configuration.nodeID) on a member)"
+                    "node id \(configuration.nodeID) already published deltas 1…\(own) in this cluster (peer \(beat.node) holds them), and this node started with none of its own in its data directory (a new or emptied one): it would reuse their sequence numbers. Restore the node's data directory, or give it a new node.id\(membership.members[configuration.nodeID]?.state == .forgotten ? "" : " (and statesync forget \(configuration.nodeID) on a member)")"
                 )
                 return
             }
             nextSequence = max(nextSequence, own + 1)
         }
-        if let members = beat.members { receiveMembers(members, from: endpoint, sender: beat.node) }
     }
 
     /// An advertised endpoint bound to a wildcard host is reached at the host we reach the peer at.

@@ -46,6 +46,11 @@ package struct NodeMachine: Sendable {
     package internal(set) var peerEndpoints: [String] = []
     /// The node id of each learned peer endpoint.
     var learnedPeerIDs: [String: String] = [:]
+    /// When each member whose links were dropped (it left, or was forgotten) was last heard.
+    var departedLastHeard: [String: UInt64] = [:]
+    /// A peer's member list held this node's entry of this start: it is in the cluster, and a
+    /// forget it hears of from now on was made while it ran.
+    var ownEntryAcknowledged = false
     /// The cluster's member list (section 7.5).
     package internal(set) var membership = Membership()
     /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
@@ -193,6 +198,11 @@ package struct NodeMachine: Sendable {
             boundPublish = publish
             boundRepair = repair
             writeOwnEntry(.alive)
+            if Self.isWildcard(publish) {
+                logger.warning(
+                    "network.publish is bound to every interface: nodes that learn this node from the member list cannot dial that address, so it can join a cluster only through nodes whose network.peers list its real address (bind network.publish to that address to join through a seed)",
+                    metadata: ["publish": "\(publish)"])
+            }
             let exposed = configuration.security != nil ? [] : [publish, repair].filter { !Self.isLoopbackOnly($0) }
             if !exposed.isEmpty {
                 logger.warning(
@@ -344,7 +354,7 @@ package struct NodeMachine: Sendable {
                 let silent = now &- last  // (the message is built only if logged)
                 warnLimited(
                     "peer-link-reset",
-                    "no message from a peer for \(silent) ms; replacing its link (libzmq drops a connection for good after some input, such as a frame over 64 MiB)",
+                    "no message from a peer for \(silent) ms; replacing its link (the peer may be down, or libzmq dropped the connection for good after some input, such as a frame over 64 MiB)",
                     metadata: [
                         "peer.endpoint": "\(endpoint)", "peer.id": "\(progress.node ?? "?")",
                     ])
