@@ -249,7 +249,32 @@ public enum Bench {
 
     /// A node holding `properties` properties; a new node joins and takes them by snapshot.
     /// Returns the join time and the holder's resident bytes per property.
+    /// What a late join cost (``join(properties:)``).
+    public struct JoinFigures: Sendable {
+        /// From the joiner's start until it holds the holder's state.
+        public var seconds: Double
+        /// The process's resident memory: before the holder, with the holder's state, after the
+        /// join (both nodes' states), and its peak (`VmHWM`), in bytes.
+        public var residentBefore: Int
+        public var residentHeld: Int
+        public var residentJoined: Int
+        public var residentPeak: Int
+        /// Snapshot pages the holder served.
+        public var pages: Int
+    }
+
+    /// A node holding `properties` properties (1,000 per model); a new node joins and takes them
+    /// by a streamed snapshot; both in this process.
+    public static func join(properties: Int) async throws -> JoinFigures {
+        try await lateJoinFigures(properties: properties)
+    }
+
     static func lateJoin(properties: Int) async throws -> (seconds: Double, bytesPerProperty: Double) {
+        let figures = try await lateJoinFigures(properties: properties)
+        return (figures.seconds, Double(figures.residentHeld - figures.residentBefore) / Double(properties))
+    }
+
+    static func lateJoinFigures(properties: Int) async throws -> JoinFigures {
         var logger = Logger(label: "bench")
         logger.logLevel = .error
         let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
@@ -279,7 +304,7 @@ public enum Bench {
     private static func measureJoin(
         holder: StateSyncNode, joiner joinerOut: inout StateSyncNode?, properties: Int, before: Int, work: String,
         publish: [Int], api: [Int], logger: Logger
-    ) async throws -> (seconds: Double, bytesPerProperty: Double) {
+    ) async throws -> JoinFigures {
         let client = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[0])", requestTimeout: .seconds(60))
         defer { client.close() }
         let perModel = 1000
@@ -314,9 +339,12 @@ public enum Bench {
         guard joiner.status.stateDigest == holder.status.stateDigest else {
             throw StateSyncError(.protocolError, "bench: the late joiner's state differs from the holder's")
         }
+        let figures = JoinFigures(
+            seconds: seconds, residentBefore: before, residentHeld: held, residentJoined: residentBytes(),
+            residentPeak: peakResidentBytes(), pages: holder.status.counters["snapshot_pages_served"] ?? 0)
         await joiner.stop()
         await holder.stop()
-        return (seconds, Double(held - before) / Double(properties))
+        return figures
     }
 
     static func port() throws -> Int {

@@ -270,6 +270,7 @@ public enum ClusterSimulator {
         configuration.compactBytes = draw("compact_bytes", [4096, 65536, 64 << 20])
         configuration.clientHighWaterMark = draw("client_hwm", [64, 1000, 10_000])
         configuration.batchMaximumDeltas = draw("batch", [1, 8, 256])
+        configuration.snapshotPageOctets = draw("snapshot_page", [1024, 4096, 4 << 20])
         configuration.fsync = draw("fsync", [NodeConfiguration.FsyncPolicy.always, .always, .interval])
         configuration.fsyncIntervalMilliseconds = draw("fsync_interval_ms", [5, 20, 50])
         let baseDelay = UInt64(draw("delay_ms", [1, 2, 5]))

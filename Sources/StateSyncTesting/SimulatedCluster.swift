@@ -24,6 +24,8 @@ package final class SimulatedCluster {
         package var compactBytes = 64 << 20
         package var clientHighWaterMark = 10_000
         package var batchMaximumDeltas = 256
+        /// The pages snapshots are streamed in (small ones make every snapshot a stream).
+        package var snapshotPageOctets = 4 << 20
         package var fsync: NodeConfiguration.FsyncPolicy = .always
         package var fsyncIntervalMilliseconds = 20
         /// The conditions of every peer link (until changed).
@@ -188,6 +190,7 @@ package final class SimulatedCluster {
                 compactBytes: configuration.compactBytes, historyDeltas: configuration.historyDeltas)
             node.clientHighWaterMark = configuration.clientHighWaterMark
             node.batchMaximumDeltas = configuration.batchMaximumDeltas
+            node.snapshotPageOctets = configuration.snapshotPageOctets
             // Links are authenticated as with CURVE keys: each peer's live stream is bound to its
             // node id (PROTOCOL.md 14). The machine reads no key; the simulated network is the
             // authentication, and only the forge fault sends in another node's name.

@@ -22,7 +22,27 @@ extension StateSyncCLI {
         @Flag(help: "A shorter run (under a minute): 1 s phases, 100,000 properties scaled to 1M.")
         var quick = false
 
+        @Option(
+            help: ArgumentHelp(
+                "Only measure a late join: a node holding N properties, a new node taking them by a streamed snapshot (both in this process).",
+                valueName: "N"))
+        var join: Int?
+
         func run() async throws {
+            if let join {
+                guard join >= 1000 else { throw ValidationError("--join needs at least 1000 properties") }
+                let figures = try await StateSyncBench.Bench.join(properties: join)
+                let mib = { (bytes: Int) in (Double(bytes) / 1_048_576 * 10).rounded() / 10 }
+                let value: Value = [
+                    "properties": .int(Int64(join)), "seconds": .double((figures.seconds * 100).rounded() / 100),
+                    "pages": .int(Int64(figures.pages)), "rss_before_mib": .double(mib(figures.residentBefore)),
+                    "rss_holder_mib": .double(mib(figures.residentHeld)),
+                    "rss_both_mib": .double(mib(figures.residentJoined)),
+                    "rss_peak_mib": .double(mib(figures.residentPeak)),
+                ]
+                emit(value.jsonText())
+                return
+            }
             let executable =
                 (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
                 ?? CommandLine.arguments[0]

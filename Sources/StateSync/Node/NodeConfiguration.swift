@@ -48,6 +48,10 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var reserveBytes: Int = 64 << 20
     /// How many deltas per origin are kept in memory to serve peers' repairs.
     public var historyDeltas: Int
+    /// The size of the pages a snapshot is streamed in when this node asks a peer for one
+    /// (docs/PROTOCOL.md 10.9): the largest message a transfer of any state size takes, and the
+    /// memory a page costs on both sides.
+    public var snapshotPageOctets: Int = 4 << 20
     /// The high-water mark of the PUB socket and of each SUB socket, in messages: how much may be
     /// queued for or from one peer before libzmq drops (dropped deltas are then repaired).
     public var highWaterMark: Int

@@ -26,6 +26,8 @@ public struct NodeCounters: Sendable, Equatable {
     /// Well-formed messages from peers' live streams (HEARTBEATs and DELTA messages, a batch
     /// counting once): with the node count, the cost of the full mesh.
     public var peerMessagesReceived = 0
+    /// Pages of streamed SNAPSHOTs served (section 10.9).
+    public var snapshotPagesServed = 0
     /// Member entries taken from peers (HEARTBEAT lists, ANNOUNCE) that changed the member list.
     public var membershipUpdates = 0
     /// ANNOUNCE requests sent (this node's entry, to a peer whose list lacked it).
@@ -86,7 +88,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
             ("disk_full_episodes", diskFullEpisodes), ("foreign_repair_endpoints", foreignRepairEndpoints),
             ("membership_updates", membershipUpdates), ("announces_sent", announcesSent),
-            ("peer_messages_received", peerMessagesReceived),
+            ("peer_messages_received", peerMessagesReceived), ("snapshot_pages_served", snapshotPagesServed),
             ("delta_messages_published", deltaMessagesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),

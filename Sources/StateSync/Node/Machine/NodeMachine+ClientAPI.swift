@@ -216,7 +216,13 @@ extension NodeMachine {
             case .snapshot:
                 try authorizeRepair(identity)
                 counters.snapshotsServed += 1
-                reply(client, .ok, id, StateSnapshot.encode(snapshot))
+                if let paged = try SnapshotPage.decodeRequest(body) {
+                    reply(
+                        client, .ok, id,
+                        snapshotPage(for: client, after: paged.after, maximumOctets: paged.maximumOctets))
+                } else {
+                    reply(client, .ok, id, StateSnapshot.encode(snapshot))
+                }
             case .forget:
                 // An operator's request: a client that may write every channel.
                 if let access = access(of: identity), !access.write.contains("*") {

@@ -32,7 +32,39 @@ extension NodeMachine {
         var snapshotRotation = 0
         /// A snapshot was merged and must be made durable (compaction).
         var mergedSnapshot = false
+        /// The streamed SNAPSHOT being received, if any.
+        var stream: SnapshotStream?
+        /// The streamed SNAPSHOTs being served, by requester (routing id): the model order
+        /// fixed at the first page (section 10.9). At most ``NodeMachine/servedSnapshotLimit``.
+        var serving: [[UInt8]: ServedSnapshot] = [:]
     }
+
+    /// A streamed SNAPSHOT being received: its peer, the cursor of the next page, the progress
+    /// its first page carried (covered once the last page is merged), the channels it changed.
+    struct SnapshotStream: Sendable {
+        var peer: String
+        var after: ModelAddress?
+        var progress: [String: UInt64]?
+        var changed: Set<String> = []
+        var pages = 0
+    }
+
+    /// A streamed SNAPSHOT being served: every model held when its first page was asked for, in
+    /// page order, and that moment's progress.
+    struct ServedSnapshot: Sendable {
+        var addresses: [ModelAddress]
+        var progress: [String: UInt64]
+        var latestSequence: UInt64
+        var usedAt: UInt64
+    }
+
+    /// At most this many streamed SNAPSHOTs are served at once (each holds a list of the model
+    /// addresses); a requester beyond it, or one silent for ``servedSnapshotIdle`` ms, gets a
+    /// fresh list (correct, only slower).
+    static let servedSnapshotLimit = 4
+    static let servedSnapshotIdle: UInt64 = 60_000
+    /// How long a page may take.
+    static let snapshotPageTimeout: UInt64 = 5 * repairTimeout
 
     static let repairTimeout: UInt64 = 1000
     static let maximumFetch: UInt64 = 2000
@@ -74,6 +106,17 @@ extension NodeMachine {
             actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
         }
 
+        // A stream whose page request timed out or could not be sent asks its peer again for
+        // the same page (a broken link resumes where it stopped); a peer no longer usable means
+        // starting over with another.
+        if let stream = repair.stream, repair.snapshot == nil {
+            if usable.contains(stream.peer) {
+                requestPage(of: stream)
+                return
+            }
+            repair.stream = nil
+            repair.needsSnapshot = true
+        }
         if repair.needsSnapshot, repair.snapshot == nil {
             // Prefer peers whose last heartbeat shows they hold what this node lacks: a snapshot
             // from a peer that lacks it too would cover nothing.
@@ -85,13 +128,10 @@ extension NodeMachine {
             let choices = holders.isEmpty ? usable : holders
             repair.snapshotRotation += 1
             let peer = choices[repair.snapshotRotation % choices.count]
-            let id = nextRepairID()
-            repair.snapshot = Outstanding(
-                peer: peer, requestID: id, deadline: now + 10 * Self.repairTimeout, range: 0...0)
             repair.needsSnapshot = false
-            actions.append(
-                .sendRepairRequest(
-                    peer: peer, requestID: id, frames: ClientProtocol.encodeRequest(.snapshot, id: id, body: [])))
+            let stream = SnapshotStream(peer: peer)
+            repair.stream = stream
+            requestPage(of: stream)
             logger.info("history is gone on the peers; asking for a snapshot", metadata: ["peer.endpoint": "\(peer)"])
             return
         }
@@ -135,6 +175,20 @@ extension NodeMachine {
         }
     }
 
+    /// Asks the stream's peer for its next page.
+    private mutating func requestPage(of stream: SnapshotStream) {
+        let id = nextRepairID()
+        repair.snapshot = Outstanding(
+            peer: stream.peer, requestID: id, deadline: now + Self.snapshotPageTimeout, range: 0...0)
+        actions.append(
+            .sendRepairRequest(
+                peer: stream.peer, requestID: id,
+                frames: ClientProtocol.encodeRequest(
+                    .snapshot, id: id,
+                    body: SnapshotPage.encodeRequest(
+                        after: stream.after, maximumOctets: configuration.snapshotPageOctets))))
+    }
+
     mutating func nextRepairID() -> UInt64 {
         defer { repair.nextID += 1 }
         return repair.nextID
@@ -150,7 +204,8 @@ extension NodeMachine {
     mutating func repairRequestUnsent(peer: String, requestID: UInt64) {
         if repair.snapshot?.requestID == requestID {
             repair.snapshot = nil
-            repair.needsSnapshot = true
+            // A stream asks again for the same page at the next round.
+            if repair.stream == nil { repair.needsSnapshot = true }
             return
         }
         if let origin = repair.fetches.first(where: { $0.value.requestID == requestID })?.key {
@@ -176,6 +231,12 @@ extension NodeMachine {
         }
         if let snapshot = repair.snapshot, snapshot.requestID == header.requestID {
             repair.snapshot = nil
+            if header.kind == .ok, SnapshotPage.isPage(frames[1]) {
+                takePage(frames[1], from: peer)
+                return
+            }
+            // A whole snapshot in one reply (a peer that does not page), or an error.
+            repair.stream = nil
             guard header.kind == .ok, let decoded = try? StateSnapshot.decode(frames[1]) else {
                 logger.warning("a peer's snapshot reply was unusable", metadata: ["peer.endpoint": "\(peer)"])
                 return
@@ -242,14 +303,89 @@ extension NodeMachine {
             ])
     }
 
+    /// One page of the streamed SNAPSHOT: merged at once; the next one asked for, or, after the
+    /// last, the progress the first one carried covered.
+    private mutating func takePage(_ bytes: [UInt8], from peer: String) {
+        guard var stream = repair.stream, stream.peer == peer, let page = try? SnapshotPage.decode(bytes) else {
+            counters.malformedMessages += 1
+            repair.stream = nil
+            warnLimited(
+                "snapshot-page", "a peer's snapshot page was unusable; the snapshot starts over",
+                metadata: ["peer.endpoint": "\(peer)"])
+            return
+        }
+        if stream.progress == nil { stream.progress = page.progress }
+        stream.changed.formUnion(mergeRegisters(page.models))
+        stream.pages += 1
+        if let next = page.next {
+            stream.after = next
+            repair.stream = stream
+            requestPage(of: stream)
+            return
+        }
+        repair.stream = nil
+        coverSnapshotProgress(stream.progress ?? [:])
+        repair.mergedSnapshot = true
+        logger.info(
+            "merged a peer's snapshot",
+            metadata: [
+                "peer.endpoint": "\(peer)", "pages": "\(stream.pages)", "channels.changed": "\(stream.changed.count)",
+            ])
+        resyncWatches(of: stream.changed)
+    }
+
+    /// Serves one page of a streamed SNAPSHOT to `client` (section 10.9).
+    mutating func snapshotPage(for client: [UInt8], after cursor: ModelAddress?, maximumOctets: Int) -> [UInt8] {
+        let octets = min(max(maximumOctets, 1024), 32 << 20)
+        var served: ServedSnapshot
+        if cursor != nil, let held = repair.serving[client], now &- held.usedAt < Self.servedSnapshotIdle {
+            served = held
+        } else {
+            if repair.serving[client] == nil, repair.serving.count >= Self.servedSnapshotLimit,
+                let oldest = repair.serving.min(by: { $0.value.usedAt < $1.value.usedAt })?.key
+            {
+                repair.serving[oldest] = nil
+            }
+            served = ServedSnapshot(
+                addresses: store.allModels.map(\.0).sorted(by: SnapshotPage.precedes),
+                progress: snapshot.progress.filter { $0.value > 0 }, latestSequence: nextSequence - 1, usedAt: now)
+        }
+        served.usedAt = now
+        // The first address after the cursor (binary search: the list is in page order).
+        var start = 0
+        if let cursor {
+            var high = served.addresses.count
+            while start < high {
+                let middle = (start + high) / 2
+                if SnapshotPage.precedes(cursor, served.addresses[middle]) { high = middle } else { start = middle + 1 }
+            }
+        }
+        let store = self.store
+        let page = SnapshotPage.encode(
+            latestSequence: cursor == nil ? served.latestSequence : 0, progress: cursor == nil ? served.progress : [:],
+            maximumOctets: octets,
+            models: served.addresses[start...].lazy.compactMap { address in
+                let registers = store.properties(of: address)
+                return registers.isEmpty ? nil : (address, registers)
+            })
+        repair.serving[client] = page.next == nil ? nil : served
+        counters.snapshotPagesServed += 1
+        return page.bytes
+    }
+
     /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
     /// covers. Returns the channels it changed.
     mutating func merge(_ snapshot: StateSnapshot) -> Set<String> {
+        let changed = mergeRegisters(snapshot.store.allModels.sorted { SnapshotPage.precedes($0.0, $1.0) })
+        coverSnapshotProgress(snapshot.progress)
+        return changed
+    }
+
+    /// Merges registers of a peer's snapshot (or page) through last-writer-wins, delivering
+    /// what won to live models. Returns the channels it changed.
+    mutating func mergeRegisters(_ models: [(ModelAddress, [String: ReplicaStore.Register])]) -> Set<String> {
         var changed = Set<String>()
         var deliveries: [ModelDelivery] = []
-        let models = snapshot.store.allModels.sorted {
-            ($0.0.channel, $0.0.model) < ($1.0.channel, $1.0.model)
-        }
         var refused = 0
         for (address, registers) in models {
             // Names a DELTA could not carry are not merged from a snapshot either (section 5).
@@ -289,16 +425,20 @@ extension NodeMachine {
                 "snapshot-names", "a peer's snapshot held registers with invalid names; they were not merged",
                 metadata: ["registers": "\(refused)"])
         }
-        for (origin, through) in snapshot.progress.sorted(by: { $0.key < $1.key }) {
+        return changed
+    }
+
+    /// Covers what a merged snapshot includes of each origin (section 10.9).
+    mutating func coverSnapshotProgress(_ progress: [String: UInt64]) {
+        for (origin, through) in progress.sorted(by: { $0.key < $1.key }) {
             coverWithoutHistory(origin: origin, through: through)
         }
         counters.snapshotsApplied += 1
-        if let own = snapshot.progress[configuration.nodeID], own < UInt64.max {
+        if let own = progress[configuration.nodeID], own < UInt64.max {
             nextSequence = max(nextSequence, own + 1)
             // Own deltas a peer held were published long ago (by an earlier run of this node).
             published = max(published, own)
         }
-        return changed
     }
 
     // MARK: - Serving peers

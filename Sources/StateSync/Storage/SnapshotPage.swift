@@ -1,0 +1,178 @@
+/// One page of a streamed SNAPSHOT (docs/PROTOCOL.md 10.9): the models after a cursor, in
+/// (channel, model) order, up to a size the requester chose — so a state of any size moves in
+/// bounded messages, and a transfer broken off resumes at its cursor.
+///
+/// The first page (no cursor) also carries the progress the whole transfer covers, taken when
+/// it was served: every register a page holds was read at or after that moment, so once every
+/// page is merged, the requester holds at least what the progress says (registers only grow
+/// under last-writer-wins).
+package struct SnapshotPage: Sendable {
+    /// The server's latest sequence when it served the first page (0 on later pages).
+    package var latestSequence: UInt64
+    /// Per origin, through which sequence number the transfer includes its deltas (first page
+    /// only; empty on later pages).
+    package var progress: [String: UInt64]
+    /// The page's models, in (channel, model) order, with all their registers.
+    package var models: [(ModelAddress, [String: ReplicaStore.Register])]
+    /// The cursor of the next page (the last model of this one), or `nil` on the last page.
+    package var next: ModelAddress?
+
+    package init(
+        latestSequence: UInt64, progress: [String: UInt64],
+        models: [(ModelAddress, [String: ReplicaStore.Register])], next: ModelAddress?
+    ) {
+        self.latestSequence = latestSequence
+        self.progress = progress
+        self.models = models
+        self.next = next
+    }
+
+    /// A page's magic (a whole snapshot's is `SSNAP2`, Appendix A).
+    static let magic: [UInt8] = Array("SSPAGE1\n".utf8)
+
+    /// The order of pages: channel, then model, as octets.
+    package static func precedes(_ a: ModelAddress, _ b: ModelAddress) -> Bool {
+        if a.channel != b.channel { return a.channel.utf8.lexicographicallyPrecedes(b.channel.utf8) }
+        return a.model.utf8.lexicographicallyPrecedes(b.model.utf8)
+    }
+
+    /// Whether `bytes` is a page (rather than a whole snapshot from a node that does not page).
+    package static func isPage(_ bytes: [UInt8]) -> Bool {
+        bytes.count >= magic.count && bytes[..<magic.count].elementsEqual(magic)
+    }
+
+    // MARK: - The request
+
+    /// A paged SNAPSHOT request's body: `01`, then has-cursor (`00` or `01` and the cursor's
+    /// channel and model), then the largest page wanted, in octets. (An empty body asks for the
+    /// whole snapshot in one reply.)
+    package static func encodeRequest(after cursor: ModelAddress?, maximumOctets: Int) -> [UInt8] {
+        var writer = WireWriter()
+        writer.byte(1)
+        if let cursor {
+            writer.byte(1)
+            writer.string(cursor.channel)
+            writer.string(cursor.model)
+        } else {
+            writer.byte(0)
+        }
+        writer.varint(UInt64(maximumOctets))
+        return writer.bytes
+    }
+
+    /// The cursor and page size of a paged request; `nil` for an empty body (the whole
+    /// snapshot).
+    package static func decodeRequest(_ body: [UInt8]) throws(WireError) -> (
+        after: ModelAddress?, maximumOctets: Int
+    )? {
+        guard !body.isEmpty else { return nil }
+        var reader = WireReader(body)
+        guard try reader.byte("paging") == 1 else {
+            throw .invalid(field: "paging", reason: "expected 01 (a paged request) or an empty body")
+        }
+        var cursor: ModelAddress?
+        switch try reader.byte("has cursor") {
+        case 0: break
+        case 1:
+            cursor = ModelAddress(
+                channel: try reader.string("cursor channel"), model: try reader.string("cursor model"))
+        case let other: throw .invalid(field: "has cursor", reason: "expected 00 or 01, got \(other)")
+        }
+        let octets = try reader.varint("maximum octets")
+        return (cursor, Int(clamping: octets))
+    }
+
+    // MARK: - The page
+
+    /// Encodes a page, taking models from `source` (in page order, after the cursor) until the
+    /// page holds at least `maximumOctets` octets of models (always at least one model).
+    /// Returns the page and its `next` cursor (`nil`: the last page).
+    package static func encode(
+        latestSequence: UInt64, progress: [String: UInt64], maximumOctets: Int,
+        models source: some Sequence<(ModelAddress, [String: ReplicaStore.Register])>
+    ) -> (bytes: [UInt8], next: ModelAddress?) {
+        var header = WireWriter(capacity: 64)
+        for byte in magic { header.byte(byte) }
+        header.varint(latestSequence)
+        header.varint(UInt64(progress.count))
+        for origin in progress.keys.sorted() {
+            header.string(origin)
+            header.varint(progress[origin]!)
+        }
+        var body = WireWriter(capacity: min(maximumOctets, 1 << 20) + 1024)
+        var count = 0
+        var last: ModelAddress?
+        var iterator = source.makeIterator()
+        var more = false
+        while let (address, registers) = iterator.next() {
+            if count > 0 && body.bytes.count >= maximumOctets {
+                more = true
+                break
+            }
+            body.string(address.channel)
+            body.string(address.model)
+            body.varint(UInt64(registers.count))
+            for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
+                body.string(name)
+                body.value(register.value)
+                body.uint64(register.version.timestamp)
+                body.string(register.version.node)
+            }
+            count += 1
+            last = address
+        }
+        var page = header
+        page.varint(UInt64(count))
+        page.bytes(body.bytes)
+        let next = more ? last : nil
+        if let next {
+            page.byte(1)
+            page.string(next.channel)
+            page.string(next.model)
+        } else {
+            page.byte(0)
+        }
+        page.uint64(ReplicaStore.fnv1a(page.bytes))
+        return (page.bytes, next)
+    }
+
+    /// Decodes a page; a damaged one (checksum, truncation) throws.
+    package static func decode(_ bytes: [UInt8]) throws(WireError) -> SnapshotPage {
+        guard isPage(bytes), bytes.count >= magic.count + 8 else {
+            throw .invalid(field: "snapshot page", reason: "not a snapshot page")
+        }
+        let body = Array(bytes.dropLast(8))
+        var tail = WireReader(Array(bytes.suffix(8)))
+        guard try tail.uint64("checksum") == ReplicaStore.fnv1a(body) else {
+            throw .invalid(field: "snapshot page", reason: "checksum mismatch")
+        }
+        var reader = WireReader(body)
+        for _ in magic { _ = try reader.byte("magic") }
+        let latest = try reader.varint("latest sequence")
+        var progress: [String: UInt64] = [:]
+        for _ in 0..<(try reader.count("origin count", minimumItemSize: 2)) {
+            let origin = try reader.string("origin")
+            progress[origin] = try reader.varint("origin progress")
+        }
+        var models: [(ModelAddress, [String: ReplicaStore.Register])] = []
+        for _ in 0..<(try reader.count("model count", minimumItemSize: 3)) {
+            let address = ModelAddress(channel: try reader.string("channel"), model: try reader.string("model"))
+            var registers: [String: ReplicaStore.Register] = [:]
+            for _ in 0..<(try reader.count("property count", minimumItemSize: 12)) {
+                let name = try reader.string("property")
+                let value = try reader.value()
+                let version = Version(timestamp: try reader.uint64("version"), node: try reader.string("version node"))
+                registers[name] = ReplicaStore.Register(value: value, version: version)
+            }
+            models.append((address, registers))
+        }
+        var next: ModelAddress?
+        switch try reader.byte("more") {
+        case 0: break
+        case 1: next = ModelAddress(channel: try reader.string("next channel"), model: try reader.string("next model"))
+        case let other: throw .invalid(field: "more", reason: "expected 00 or 01, got \(other)")
+        }
+        try reader.expectEnd()
+        return SnapshotPage(latestSequence: latest, progress: progress, models: models, next: next)
+    }
+}
