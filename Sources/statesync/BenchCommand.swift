@@ -28,7 +28,38 @@ extension StateSyncCLI {
                 valueName: "N"))
         var join: Int?
 
+        @Flag(
+            help:
+                "With --join: two statesyncd processes (next to this statesync), and a client writing to the holder during the join."
+        )
+        var daemons = false
+
         func run() async throws {
+            if let join, daemons {
+                guard join >= 1000 else { throw ValidationError("--join needs at least 1000 properties") }
+                let executable =
+                    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
+                    ?? CommandLine.arguments[0]
+                let daemon = URL(fileURLWithPath: executable).deletingLastPathComponent()
+                    .appendingPathComponent("statesyncd").path
+                let interactive = isatty(STDERR_FILENO) == 1
+                let figures = try await StateSyncBench.DaemonJoin.run(properties: join, daemonPath: daemon) { phase in
+                    if interactive { FileHandle.standardError.write(Data("\r\u{1B}[Kbench: \(phase)…".utf8)) }
+                }
+                if interactive { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+                let mib = { (bytes: Int) in (Double(bytes) / 1_048_576 * 10).rounded() / 10 }
+                let value: Value = [
+                    "properties": .int(Int64(join)), "fill_s": .double((figures.fillSeconds * 10).rounded() / 10),
+                    "snapshot_s": .double((figures.snapshotSeconds * 100).rounded() / 100),
+                    "converged_s": .double((figures.convergedSeconds * 100).rounded() / 100),
+                    "pages": .int(Int64(figures.pages)), "writes_during_join": .int(Int64(figures.writesDuringJoin)),
+                    "holder_peak_rss_mib": .double(mib(figures.holderPeakBytes)),
+                    "joiner_peak_rss_mib": .double(mib(figures.joinerPeakBytes)),
+                ]
+                emit(value.jsonText())
+                return
+            }
+            if daemons { throw ValidationError("--daemons goes with --join N") }
             if let join {
                 guard join >= 1000 else { throw ValidationError("--join needs at least 1000 properties") }
                 let figures = try await StateSyncBench.Bench.join(properties: join)

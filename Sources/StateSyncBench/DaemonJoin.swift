@@ -1,0 +1,154 @@
+import Foundation
+import StateSync
+import StateSyncClient
+import StateSyncZeroMQ
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// `statesync bench --join N --daemons`: a `statesyncd` holding N properties, and a second one
+/// joining it while a client keeps writing to the first — real processes, so each side's memory
+/// is its own.
+public enum DaemonJoin {
+    /// What the join cost.
+    public struct Figures: Sendable {
+        /// From the joiner's start until its snapshot was merged, and until it held exactly the
+        /// holder's state (the writes made meanwhile included).
+        public var snapshotSeconds: Double
+        public var convergedSeconds: Double
+        /// Peak resident memory (`VmHWM`) of each daemon, in bytes.
+        public var holderPeakBytes: Int
+        public var joinerPeakBytes: Int
+        /// Snapshot pages the holder served.
+        public var pages: Int
+        /// Writes the client made to the holder during the join, and how long filling took.
+        public var writesDuringJoin: Int
+        public var fillSeconds: Double
+    }
+
+    /// Runs the measurement with the daemon at `daemonPath`.
+    public static func run(
+        properties: Int, daemonPath: String, progress: @Sendable (String) -> Void
+    ) async throws -> Figures {
+        let work = NSTemporaryDirectory() + "statesync-join-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: work) }
+        let publish = [try LoopbackPorts.free(), try LoopbackPorts.free()]
+        let api = [try LoopbackPorts.free(), try LoopbackPorts.free()]
+        func environment(_ index: Int) -> [String: String] {
+            [
+                "STATESYNC_NODE_ID": ["holder", "joiner"][index],
+                "STATESYNC_NODE_DATA_DIR": "\(work)/\(["holder", "joiner"][index])",
+                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(publish[index])",
+                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(api[index])",
+                "STATESYNC_NETWORK_PEERS": "tcp://127.0.0.1:\(publish[1 - index])",
+                "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
+                // No history: the joiner must take a snapshot; no compaction while filling.
+                "STATESYNC_HISTORY_DELTAS_PER_ORIGIN": "0",
+                "STATESYNC_STORAGE_COMPACT_BYTES": "\(Int64(1) << 40)",
+                "STATESYNC_STORAGE_FSYNC": "interval",
+                "STATESYNC_LOG_LEVEL": "warning",
+            ]
+        }
+        let holder = try start(daemonPath, environment(0), log: "\(work)-holder.log")
+        defer { stop(holder) }
+        let holderClient = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[0])", requestTimeout: .seconds(60))
+        defer { holderClient.close() }
+        try await wait("the holder to answer", seconds: 30) { (try? await holderClient.status()) != nil }
+
+        progress("filling the holder with \(properties) properties")
+        let fillStarted = Date()
+        let perModel = 1000
+        for model in 0..<(properties / perModel) {
+            let writes = (0..<perModel).map { PropertyWrite(name: "p\($0)", value: .int(Int64($0))) }
+            _ = try await holderClient.set(ModelAddress(channel: "bench", model: "m\(model)"), writes)
+        }
+        let fillSeconds = Date().timeIntervalSince(fillStarted)
+
+        progress("joining")
+        let joinStarted = Date()
+        let joiner = try start(daemonPath, environment(1), log: "\(work)-joiner.log")
+        defer { stop(joiner) }
+        let joinerClient = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[1])", requestTimeout: .seconds(60))
+        defer { joinerClient.close() }
+        // A client keeps writing to the holder (about 200 sets a second) until the snapshot is in.
+        let snapshotIn = Flag()
+        let writer = Task {
+            let client = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[0])", requestTimeout: .seconds(10))
+            defer { client.close() }
+            var count = 0
+            while !snapshotIn.isSet {
+                _ = try await client.set(
+                    ModelAddress(channel: "live", model: "m\(count % 100)"), ["n": .int(Int64(count))])
+                count += 1
+                try await Task.sleep(for: .milliseconds(5))
+            }
+            return count
+        }
+        try await wait("the joiner to merge the snapshot", seconds: 600) {
+            ((try? await joinerClient.status())?.counters["snapshots_applied"] ?? 0) >= 1
+        }
+        let snapshotSeconds = Date().timeIntervalSince(joinStarted)
+        snapshotIn.set()
+        let writes = try await writer.value
+        try await wait("the joiner to hold the holder's state", seconds: 600) {
+            guard let a = try? await holderClient.status(), let b = try? await joinerClient.status() else {
+                return false
+            }
+            return a.stateDigest == b.stateDigest && b.missingDeltas == 0
+        }
+        let convergedSeconds = Date().timeIntervalSince(joinStarted)
+        let pages = (try? await holderClient.status())?.counters["snapshot_pages_served"] ?? 0
+        return Figures(
+            snapshotSeconds: snapshotSeconds, convergedSeconds: convergedSeconds,
+            holderPeakBytes: peak(holder.processIdentifier), joinerPeakBytes: peak(joiner.processIdentifier),
+            pages: pages, writesDuringJoin: writes, fillSeconds: fillSeconds)
+    }
+
+    private static func start(_ path: String, _ environment: [String: String], log: String) throws -> Process {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: path)
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        _ = FileManager.default.createFile(atPath: log, contents: nil)
+        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
+        process.standardError = handle
+        process.standardOutput = handle
+        try process.run()
+        return process
+    }
+
+    private static func stop(_ process: Process) {
+        guard process.isRunning else { return }
+        process.terminate()
+        let deadline = Date().addingTimeInterval(60)
+        while process.isRunning && Date() < deadline { usleep(10_000) }
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        process.waitUntilExit()
+    }
+
+    /// A process's peak resident memory (`VmHWM`), in bytes.
+    private static func peak(_ pid: Int32) -> Int {
+        guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+            let line = text.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
+            let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+        else { return 0 }
+        return kilobytes * 1024
+    }
+
+    private static func wait(_ what: String, seconds: Double, _ condition: () async -> Bool) async throws {
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            if await condition() { return }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        throw StateSyncError(.timeout, "bench: timed out after \(Int(seconds)) s waiting for \(what)")
+    }
+
+    /// A flag tasks share.
+    private final class Flag: Sendable {
+        private let value = Mutex(false)
+        func set() { value.withLock { $0 = true } }
+        var isSet: Bool { value.withLock { $0 } }
+    }
+}
