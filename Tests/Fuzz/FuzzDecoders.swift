@@ -1,5 +1,5 @@
 // libFuzzer entry point over every decoder of untrusted bytes: values, peer messages, client
-// requests and replies, and the snapshot file. Built by `.ci/fuzz` with `swiftc -sanitize=fuzzer`
+// requests and replies, the snapshot file, snapshot pages and member entries. Built by `.ci/fuzz` with `swiftc -sanitize=fuzzer`
 // from the wire sources directly (no package build), so it runs anywhere Swift does.
 //
 // The first input byte chooses the decoder; the rest is the input. A decoder may throw — that is
@@ -40,6 +40,9 @@ public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         _ = try? ClientProtocol.decodeVersion(bytes)
     case 6:
         _ = try? StateSnapshot.decode(StateSnapshot.magic + bytes)
+        _ = try? SnapshotPage.decode(SnapshotPage.magic + bytes)
+        _ = try? SnapshotPage.decodeRequest(bytes)
+        _ = try? Membership.decodeAnnounce(bytes)
     default:
         // Round trip: whatever decodes must re-encode and decode to the same value.
         var reader = WireReader(bytes)
