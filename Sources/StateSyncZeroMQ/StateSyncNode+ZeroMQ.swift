@@ -49,6 +49,16 @@ extension StateSyncNode {
         driver.reload(keys)
     }
 
+    /// Checks what starting a node with `configuration` would check before it binds anything:
+    /// with security, that every key file and key reads and parses, the secret key is its
+    /// owner's alone, and no key is given two roles (`statesyncd --check-config`).
+    ///
+    /// - Throws: ``StateSyncError`` with one line naming the key and the fix.
+    public static func checkKeys(of configuration: NodeConfiguration) throws {
+        guard let security = configuration.security else { return }
+        _ = try NodeKeys(security)
+    }
+
     /// Faults the test harness plants in a daemon (docs/PROTOCOL.md, Appendix C); never in
     /// production.
     package struct TestHooks: Sendable {

@@ -29,6 +29,13 @@ struct StateSyncDaemon: AsyncParsableCommand {
     @Flag(name: .long, help: "Print the built-in configuration (used without --config) and exit.")
     var printDefaultConfig = false
 
+    @Option(
+        name: .long,
+        help: ArgumentHelp(
+            "Check a configuration file (and its environment overrides and key files) and exit: 0 and one summary line, or 2 and the one-line error.",
+            valueName: "FILE"))
+    var checkConfig: String?
+
     func run() async throws {
         // A SIGHUP (e.g. a service manager's reload) during a long start must not end the daemon;
         // once the node runs, it reloads the keys (reloadOnHangUp).
@@ -36,6 +43,19 @@ struct StateSyncDaemon: AsyncParsableCommand {
         if printDefaultConfig {
             print(NodeConfiguration.defaultYAML)
             return
+        }
+        if let checkConfig {
+            do {
+                let configuration = try NodeConfiguration.load(file: checkConfig)
+                try StateSyncNode.checkKeys(of: configuration)
+                print(
+                    "\(checkConfig): ok — node \(configuration.nodeID), publish \(configuration.publishEndpoint), api \(configuration.apiEndpoint ?? "none"), \(configuration.peers.count) peers, security \(configuration.security == nil ? "off" : "on")"
+                )
+                return
+            } catch {
+                FileHandle.standardError.write(Data("statesyncd: invalid configuration: \(error)\n".utf8))
+                throw ExitCode(2)
+            }
         }
         let configuration: NodeConfiguration
         do {

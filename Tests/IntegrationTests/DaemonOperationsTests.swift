@@ -1,0 +1,53 @@
+import Foundation
+import Testing
+
+/// What an operator runs around the daemon: `statesyncd --check-config` and the systemd unit in
+/// `Config/`.
+@Suite("Running statesyncd as a service")
+struct DaemonOperationsTests {
+    @Test func checkConfigSaysOkOrGivesTheOneLineErrorAndExit2() async throws {
+        let good = try ChildProcess("statesyncd", ["--check-config", "Config/node1.yaml"])
+        #expect(await good.wait() == 0)
+        #expect(good.stdout.contains("Config/node1.yaml: ok — node node1"), "\(good.stdout)")
+
+        let directory = temporaryDirectory("check-config")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = "\(directory)/bad.yaml"
+        try String(contentsOfFile: "Config/node1.yaml", encoding: .utf8)
+            .replacingOccurrences(of: "heartbeat_ms: 500", with: "heartbeat_ms: 5")
+            .write(toFile: path, atomically: true, encoding: .utf8)
+        let bad = try ChildProcess("statesyncd", ["--check-config", path])
+        #expect(await bad.wait() == 2)
+        let lines = bad.stderr.split(separator: "\n")
+        #expect(lines.count == 1 && lines[0].contains("bad.yaml: network.heartbeat_ms"), "\(bad.stderr)")
+        // Keys are checked too: the secured example names key files that do not exist here.
+        let keys = try ChildProcess("statesyncd", ["--check-config", "Config/node1-secure.yaml"])
+        #expect(await keys.wait() == 2)
+        #expect(keys.stderr.contains("security.secret_key"), "\(keys.stderr)")
+    }
+
+    static let systemdAnalyze = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"].first(
+        where: FileManager.default.isExecutableFile)
+
+    @Test(.enabled(if: systemdAnalyze != nil, "needs systemd-analyze"))
+    func theUnitFilePassesSystemdAnalyzeVerify() throws {
+        let directory = temporaryDirectory("unit")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        // The unit names /usr/local/bin/statesyncd; verify checks it exists, so point it at the build.
+        let unit = try String(contentsOfFile: "Config/statesyncd.service", encoding: .utf8)
+            .replacingOccurrences(
+                of: "/usr/local/bin/statesyncd", with: binaries.appendingPathComponent("statesyncd").path)
+        try unit.write(toFile: "\(directory)/statesyncd.service", atomically: true, encoding: .utf8)
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Self.systemdAnalyze!)
+        process.arguments = ["verify", "\(directory)/statesyncd.service"]
+        let errors = Pipe()
+        process.standardError = errors
+        process.standardOutput = errors
+        try process.run()
+        process.waitUntilExit()
+        let output = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(process.terminationStatus == 0, "\(output)")
+        #expect(output.isEmpty, "systemd-analyze verify warned: \(output)")
+    }
+}
