@@ -4,6 +4,7 @@ import Logging
 import ServiceLifecycle
 import StateSync
 import StateSyncZeroMQ
+import Synchronization
 
 /// `statesyncd`: one StateSync node in the foreground. SIGINT/SIGTERM stop it cleanly.
 @main
@@ -65,12 +66,22 @@ struct StateSyncDaemon: AsyncParsableCommand {
             throw ExitCode(2)
         }
         let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
+        let json = configuration.logFormat == "json"
         LoggingSystem.bootstrap { label in
+            if json {
+                var handler = JSONLogHandler(label: label)
+                handler.logLevel = level
+                return handler
+            }
             var handler = StreamLogHandler.standardError(label: label)
             handler.logLevel = level
             return handler
         }
         let logger = Logger(label: "statesyncd")
+        // SIGTERM or SIGINT during the start (before the service group listens) must still stop
+        // the node cleanly, not kill the process: caught from here on, acted on once it runs.
+        let early = EarlyStop()
+        defer { early.cancel() }
         let node: StateSyncNode
         do {
             node = try await StateSyncNode.start(
@@ -80,6 +91,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 Data("statesyncd: cannot start node \(configuration.nodeID): \(error)\n".utf8))
             throw ExitCode(1)
         }
+        early.attach(node)
         // kill -HUP: re-read security.* (admitted keys, client permissions) without a restart.
         let hangUp = Self.reloadOnHangUp(node: node, configFile: config, logger: logger)
         defer { hangUp.cancel() }
@@ -146,5 +158,48 @@ struct StateSyncDaemon: AsyncParsableCommand {
         }
         return StateSyncNode.TestHooks(
             faults: NodeFaults(dropRemoteDeltasShare: share), clockOffsetMilliseconds: offset)
+    }
+}
+
+/// Catches SIGTERM and SIGINT from before the node starts: a signal that arrives before the node
+/// runs stops it as soon as it does; one that arrives later stops it at once (the service group
+/// stops it too; stopping twice is harmless). Used by `run()` alone, on its task.
+final class EarlyStop {
+    /// What the signal handlers (on a global queue) and `run()` share.
+    private final class Requests: Sendable {
+        let state = Mutex<(requested: Bool, node: StateSyncNode?)>((false, nil))
+    }
+
+    private let requests = Requests()
+    private var sources: [any DispatchSourceSignal] = []
+
+    init() {
+        let requests = self.requests
+        for signal in [SIGTERM, SIGINT] {
+            Glibc.signal(signal, SIG_IGN)
+            let source = DispatchSource.makeSignalSource(signal: signal, queue: .global())
+            source.setEventHandler {
+                let node = requests.state.withLock { current -> StateSyncNode? in
+                    current.requested = true
+                    return current.node
+                }
+                if let node { Task { await node.stop() } }
+            }
+            source.resume()
+            sources.append(source)
+        }
+    }
+
+    /// The node now runs: stop it if a signal came during its start.
+    func attach(_ node: StateSyncNode) {
+        let requested = requests.state.withLock { current -> Bool in
+            current.node = node
+            return current.requested
+        }
+        if requested { Task { await node.stop() } }
+    }
+
+    func cancel() {
+        for source in sources { source.cancel() }
     }
 }

@@ -50,4 +50,36 @@ struct DaemonOperationsTests {
         #expect(process.terminationStatus == 0, "\(output)")
         #expect(output.isEmpty, "systemd-analyze verify warned: \(output)")
     }
+
+    /// `log.format: json`: every line the daemon writes is one JSON object with `ts`, `level`,
+    /// `message` and the metadata; an unknown format is a configuration error.
+    @Test func jsonLogsAreOneObjectPerLine() async throws {
+        let directory = temporaryDirectory("json-log")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let environment = [
+            "STATESYNC_LOG_FORMAT": "json", "STATESYNC_NODE_DATA_DIR": "\(directory)/data",
+            "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
+            "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_PEERS": "",
+        ]
+        let daemon = try ChildProcess("statesyncd", [], environment: environment)
+        try await waitUntil("the daemon logs that it started") { daemon.stderr.contains("node started") }
+        #expect(await daemon.stop() == 0)
+        let lines = daemon.stderr.split(separator: "\n")
+        #expect(lines.count >= 2)
+        for line in lines {
+            let object = jsonObject(line)
+            #expect(object?["ts"] is String && object?["level"] is String && object?["message"] is String, "\(line)")
+        }
+        #expect(
+            lines.contains {
+                jsonObject($0)?["message"] as? String == "node started" && jsonObject($0)?["node.id"] != nil
+            })
+
+        let wrong = try ChildProcess(
+            "statesyncd", ["--check-config", "Config/node1.yaml"], environment: ["STATESYNC_LOG_FORMAT": "xml"])
+        #expect(await wrong.wait() == 2)
+        #expect(
+            wrong.stderr.contains("STATESYNC_LOG_FORMAT") && wrong.stderr.contains("not text or json"),
+            "\(wrong.stderr)")
+    }
 }

@@ -15,6 +15,7 @@ extension NodeConfiguration {
         case heartbeat = "network.heartbeat_ms"
         case maximumDrift = "clock.max_drift_ms"
         case logLevel = "log.level"
+        case logFormat = "log.format"
         case fsync = "storage.fsync"
         case fsyncInterval = "storage.fsync_interval_ms"
         case compactBytes = "storage.compact_bytes"
@@ -147,6 +148,10 @@ extension NodeConfiguration {
         }
         let drift = try reader.int(.maximumDrift) ?? 60_000
         guard drift > 0 else { throw reader.invalid(.maximumDrift, "\(drift) must be positive") }
+        let format = try reader.string(.logFormat) ?? "text"
+        guard ["text", "json"].contains(format) else {
+            throw reader.invalid(.logFormat, "'\(format)' is not text or json")
+        }
         let level = try reader.string(.logLevel) ?? "info"
         guard logLevels.contains(level) else {
             throw reader.invalid(.logLevel, "'\(level)' is not one of \(logLevels.joined(separator: ", "))")
@@ -188,6 +193,7 @@ extension NodeConfiguration {
         configuration.batchMaximumDeltas = batch
         configuration.peerNodeIDs = peerNodeIDs
         configuration.reserveBytes = reserveBytes
+        configuration.logFormat = format
         configuration.security = try security(reader, peers: peers, peerNodeIDs: peerNodeIDs)
         return configuration
     }

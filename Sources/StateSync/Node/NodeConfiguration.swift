@@ -28,6 +28,9 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var maximumClockDriftMilliseconds: Int
     /// The log level of the daemon (`trace` … `critical`).
     public var logLevel: String
+    /// How the daemon writes its log lines: `text` (for people) or `json` (one object per line,
+    /// for log shippers).
+    public var logFormat: String = "text"
     /// The high-water mark of the client API socket, per client, in messages: watch events queue
     /// here before a slow client's watch waits (and, past the history, resyncs).
     public var clientHighWaterMark: Int = 10_000
