@@ -470,7 +470,9 @@ final class ZeroMQTransport: NodeTransport {
     /// second (nothing is lost meanwhile: deltas are durable, and peers fetch them once it is
     /// bound again).
     private func replacePublisher() {
-        let endpoint = (try? publisher.lastEndpoint()) ?? configuration.publishEndpoint
+        // Still unbound from an earlier replacement: its endpoint, not the unbound socket's ("").
+        let bound = unboundPublishEndpoint?.endpoint ?? (try? publisher.lastEndpoint()) ?? ""
+        let endpoint = bound.isEmpty ? configuration.publishEndpoint : bound
         let fresh: Socket
         do {
             fresh = try SocketFactory.makePublisher(context: context, configuration: configuration, keys: keys)

@@ -38,7 +38,8 @@ struct JSONLogHandler: LogHandler {
                 withJSONObject: object, options: [.sortedKeys, .withoutEscapingSlashes])
         else { return }
         data.append(0x0A)
-        Self.output.withLock { _ in FileHandle.standardError.write(data) }
+        // A failed write (a closed stderr) loses the line, never the daemon.
+        Self.output.withLock { _ in try? FileHandle.standardError.write(contentsOf: data) }
     }
 
     static func timestamp() -> String {

@@ -371,4 +371,40 @@ struct MembershipMachineTests {
         let reasserted = try #require(running.machine.membership.members["n1"])
         #expect(reasserted.state == .alive && reasserted.version > later.version)
     }
+
+    /// Entries are kept exactly as their node wrote them: a node bound to wildcard addresses is
+    /// dialled at the host its stream comes from, but its entry is not rewritten — a rewritten
+    /// copy sent back made it restate itself at every heartbeat (found in review).
+    @Test func aWildcardEntryIsKeptAsWrittenAndDialledAtItsStreamsHost() throws {
+        var configuration = MachineRunner.configuration("n2")
+        configuration.peers = ["tcp://10.0.0.1:7001"]
+        var node = MachineRunner(configuration)
+        node.handle(.endpointsBound(publish: "tcp://10.0.0.2:7001", repair: "tcp://10.0.0.2:7101"))
+        let wildcard = Membership.Member(
+            id: "n1", publish: "tcp://0.0.0.0:7001", api: "tcp://0.0.0.0:7101", state: .alive,
+            version: Version(milliseconds: 100, counter: 0, node: "n1"))
+        let n3 = Membership.Member(
+            id: "n3", publish: "tcp://0.0.0.0:7003", api: "", state: .alive,
+            version: Version(milliseconds: 100, counter: 0, node: "n3"))
+        node.handle(.peerMessage(peer: "tcp://10.0.0.1:7001", frames: Self.heartbeat("n1", members: [wildcard, n3])))
+        #expect(node.machine.membership.members["n1"] == wildcard, "kept as written")
+        #expect(node.subscribed.isEmpty, "n1 is linked at its configured endpoint; n3's wildcard is not dialable")
+
+        var writer = Self.started("n1", peers: ["n2"])
+        let before = try #require(writer.machine.membership.members["n1"])
+        writer.handle(.peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [before])))
+        #expect(writer.machine.membership.members["n1"] == before, "its own entry came back unchanged: no restatement")
+    }
+
+    /// A node that refused to run publishes no leave entry when it stops (it would undo a forget).
+    @Test func aRefusingNodeSaysNothingMoreAboutItself() {
+        var node = Self.started("n1", peers: ["n2"])
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0, progress: ["n1": 5])))
+        #expect(node.refusals.count == 1)
+        let before = node.published.count
+        node.handle(.stop)
+        #expect(node.published.count == before, "no heartbeat with a leave entry")
+    }
 }

@@ -214,9 +214,11 @@ extension NodeMachine {
                 let (deltas, dropped) = fetch(origin: origin, range: Self.limited(range))
                 reply(client, .ok, id, ClientProtocol.encodeFetched(deltas, droppedThrough: dropped))
             case .snapshot:
+                let paged = try SnapshotPage.decodeRequest(body)
                 try authorizeRepair(identity)
-                counters.snapshotsServed += 1
-                if let paged = try SnapshotPage.decodeRequest(body) {
+                // A transfer counts once: at its first page, or as one whole reply.
+                if paged == nil || paged?.after == nil { counters.snapshotsServed += 1 }
+                if let paged {
                     reply(
                         client, .ok, id,
                         snapshotPage(for: client, after: paged.after, maximumOctets: paged.maximumOctets))

@@ -29,31 +29,30 @@ extension NodeMachine {
     /// and ANNOUNCEs this node's entry if the sender's list lacks it.
     mutating func receiveMembers(_ list: [Membership.Member], from endpoint: String, sender: String) {
         var theirs: Membership.Member?
-        for var member in list {
+        for member in list {
             if member.id == configuration.nodeID {
                 theirs = member
                 if member == ownEntry, member.state == .alive { ownEntryAcknowledged = true }
             }
-            // The sender's own endpoints bound to a wildcard host are reached where its stream is.
-            if member.id == sender {
-                member.publish = Self.reachable(member.publish, via: endpoint)
-                member.api = member.api.isEmpty ? "" : Self.reachable(member.api, via: endpoint)
-            }
-            takeMember(member)
+            // Entries are kept as their node wrote them (a rewritten one would differ from its
+            // writer's at the same version); the sender's own publish endpoint bound to a
+            // wildcard host is dialled where its stream comes from.
+            takeMember(member, dialAt: member.id == sender ? Self.reachable(member.publish, via: endpoint) : nil)
         }
         guard refusal == nil, let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true else { return }
         announce(own, to: endpoint)
     }
 
-    /// Takes one entry learned from a peer or an ANNOUNCE.
-    mutating func takeMember(_ member: Membership.Member) {
+    /// Takes one entry learned from a peer or an ANNOUNCE; a new alive member is dialled at
+    /// `dialAt` when given (its publish endpoint resolved), else at its publish endpoint.
+    mutating func takeMember(_ member: Membership.Member, dialAt: String? = nil) {
         if member.id == configuration.nodeID {
             // Forgotten before this start (no peer has held this start's entry yet; its version
             // may well be newer than the forget), with none of its own deltas on disk: not the
             // node that was forgotten coming back. A forget made while it runs is answered below.
             if member.state == .forgotten, startedWithoutOwnDeltas, !ownEntryAcknowledged {
                 refuseToRun(
-                    "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with none of its own deltas in its data directory (a new or emptied one): a forgotten id does not come back that way. Give it a new node.id, or restore its data directory"
+                    "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with none of its own deltas in its data directory: a forgotten id does not come back that way. Give it a new node.id (or restore the data directory it ran with)"
                 )
                 return
             }
@@ -78,7 +77,7 @@ extension NodeMachine {
         counters.membershipUpdates += 1
         membershipChangedAt = heartbeatsSent
         if member.state == .alive {
-            link(member)
+            link(member, at: dialAt ?? member.publish)
         } else {
             unlink(member.id, publishingAt: member.publish, because: member.state)
         }
@@ -97,7 +96,8 @@ extension NodeMachine {
     /// publishes a HEARTBEAT with it — after the deltas, so that peers, which drop their links
     /// to a member that left, have received all of them.
     mutating func leaveIfDrained() {
-        guard stopping, !leftAnnounced, durability.staged.isEmpty else { return }
+        // A node that refused to run says nothing more about itself (it would undo a forget).
+        guard stopping, !leftAnnounced, refusal == nil, durability.staged.isEmpty else { return }
         leftAnnounced = true
         writeOwnEntry(.left)
         actions.append(.publish(heartbeat().encode()))
@@ -170,24 +170,31 @@ extension NodeMachine {
 
     /// Subscribes to `member` unless it is linked already (configured, or learned before), has
     /// no usable publish endpoint, or (with security) has no trusted key here.
-    mutating func link(_ member: Membership.Member) {
-        guard !member.publish.isEmpty, !Self.isWildcard(member.publish) else { return }
-        if peerEndpoints.contains(member.publish) { return }
+    mutating func link(_ member: Membership.Member, at publish: String) {
+        guard !publish.isEmpty, !Self.isWildcard(publish) else { return }
+        if peerEndpoints.contains(publish) { return }
         if peerEndpoints.contains(where: { linkedID(of: $0) == member.id }) { return }
         if configuration.security != nil, !admittedPeers.contains(member.id) {
             warnLimited(
                 "member-without-key",
                 "learned a member whose key this node does not trust; not linking to it (add it to security.peer_keys)",
-                metadata: ["member": "\(member.id)", "publish": "\(member.publish)"])
+                metadata: ["member": "\(member.id)", "publish": "\(publish)"])
             return
         }
-        peerEndpoints.append(member.publish)
-        learnedPeerIDs[member.publish] = member.id
-        peers[member.publish] = peers[member.publish] ?? PeerProgress()
-        actions.append(.connectPeer(endpoint: member.publish, node: member.id))
+        peerEndpoints.append(publish)
+        learnedPeerIDs[publish] = member.id
+        peers[publish] = peers[publish] ?? PeerProgress()
+        actions.append(.connectPeer(endpoint: publish, node: member.id))
         logger.info(
             "linked to a member learned from the member list",
-            metadata: ["member": "\(member.id)", "publish": "\(member.publish)"])
+            metadata: ["member": "\(member.id)", "publish": "\(publish)"])
+    }
+
+    /// Links every alive member not linked yet: after a reload that may trust new keys.
+    mutating func linkKnownMembers() {
+        for member in membership.sorted where member.state == .alive && member.id != configuration.nodeID {
+            link(member, at: member.publish)
+        }
     }
 
     /// Sends `own` to the peer at `endpoint` over its repair link, at most once per heartbeat

@@ -47,6 +47,9 @@ extension NodeMachine {
         var progress: [String: UInt64]?
         var changed: Set<String> = []
         var pages = 0
+        /// Requests of the current page that went unanswered: past ``NodeMachine/pageAttempts``
+        /// the transfer starts over with another peer.
+        var attempts = 0
     }
 
     /// A streamed SNAPSHOT being served: every model held when its first page was asked for, in
@@ -63,8 +66,9 @@ extension NodeMachine {
     /// fresh list (correct, only slower).
     static let servedSnapshotLimit = 4
     static let servedSnapshotIdle: UInt64 = 60_000
-    /// How long a page may take.
+    /// How long a page may take, and how often one is asked for before the transfer starts over.
     static let snapshotPageTimeout: UInt64 = 5 * repairTimeout
+    static let pageAttempts = 3
 
     static let repairTimeout: UInt64 = 1000
     static let maximumFetch: UInt64 = 2000
@@ -109,8 +113,10 @@ extension NodeMachine {
         // A stream whose page request timed out or could not be sent asks its peer again for
         // the same page (a broken link resumes where it stopped); a peer no longer usable means
         // starting over with another.
-        if let stream = repair.stream, repair.snapshot == nil {
-            if usable.contains(stream.peer) {
+        if var stream = repair.stream, repair.snapshot == nil {
+            stream.attempts += 1
+            if usable.contains(stream.peer), stream.attempts < Self.pageAttempts {
+                repair.stream = stream
                 requestPage(of: stream)
                 return
             }
@@ -235,7 +241,9 @@ extension NodeMachine {
                 takePage(frames[1], from: peer)
                 return
             }
-            // A whole snapshot in one reply (a peer that does not page), or an error.
+            // A whole snapshot in one reply (a peer that does not page), or an error (then the
+            // snapshot starts over, from the next peer in turn).
+            if header.kind != .ok, repair.stream != nil { repair.needsSnapshot = true }
             repair.stream = nil
             guard header.kind == .ok, let decoded = try? StateSnapshot.decode(frames[1]) else {
                 logger.warning("a peer's snapshot reply was unusable", metadata: ["peer.endpoint": "\(peer)"])
@@ -309,6 +317,7 @@ extension NodeMachine {
         guard var stream = repair.stream, stream.peer == peer, let page = try? SnapshotPage.decode(bytes) else {
             counters.malformedMessages += 1
             repair.stream = nil
+            repair.needsSnapshot = true
             warnLimited(
                 "snapshot-page", "a peer's snapshot page was unusable; the snapshot starts over",
                 metadata: ["peer.endpoint": "\(peer)"])
@@ -319,6 +328,7 @@ extension NodeMachine {
         stream.pages += 1
         if let next = page.next {
             stream.after = next
+            stream.attempts = 0
             repair.stream = stream
             requestPage(of: stream)
             return

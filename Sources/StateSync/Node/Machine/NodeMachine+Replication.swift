@@ -120,7 +120,7 @@ extension NodeMachine {
     }
 
     static func reachable(_ advertised: String, via peerEndpoint: String) -> String {
-        for wildcard in ["tcp://*:", "tcp://0.0.0.0:"] where advertised.hasPrefix(wildcard) {
+        for wildcard in ["tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:"] where advertised.hasPrefix(wildcard) {
             guard let host = tcpHost(of: peerEndpoint) else { return advertised }
             return "tcp://\(host):\(advertised.dropFirst(wildcard.count))"
         }

@@ -231,6 +231,8 @@ package struct NodeMachine: Sendable {
         case .clientAccessChanged(let access, let peers):
             admittedPeers = peers
             clientAccessChanged(access)
+            // Members learned before their key was trusted are linked now.
+            linkKnownMembers()
         case .authenticationRefused(let fingerprint, let address):
             counters.authenticationRefusals += 1
             if refusedKeys[fingerprint] == nil, refusedKeys.count >= 32, let oldest = refusedKeyOrder.first {
