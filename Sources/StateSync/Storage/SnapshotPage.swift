@@ -49,13 +49,7 @@ package struct SnapshotPage: Sendable {
     package static func encodeRequest(after cursor: ModelAddress?, maximumOctets: Int) -> [UInt8] {
         var writer = WireWriter()
         writer.byte(1)
-        if let cursor {
-            writer.byte(1)
-            writer.string(cursor.channel)
-            writer.string(cursor.model)
-        } else {
-            writer.byte(0)
-        }
+        writeCursor(cursor, to: &writer)
         writer.varint(UInt64(maximumOctets))
         return writer.bytes
     }
@@ -70,14 +64,7 @@ package struct SnapshotPage: Sendable {
         guard try reader.byte("paging") == 1 else {
             throw .invalid(field: "paging", reason: "expected 01 (a paged request) or an empty body")
         }
-        var cursor: ModelAddress?
-        switch try reader.byte("has cursor") {
-        case 0: break
-        case 1:
-            cursor = ModelAddress(
-                channel: try reader.string("cursor channel"), model: try reader.string("cursor model"))
-        case let other: throw .invalid(field: "has cursor", reason: "expected 00 or 01, got \(other)")
-        }
+        let cursor = try readCursor(&reader, field: "has cursor")
         let octets = try reader.varint("maximum octets")
         return (cursor, Int(clamping: octets))
     }
@@ -94,11 +81,7 @@ package struct SnapshotPage: Sendable {
         var header = WireWriter(capacity: 64)
         for byte in magic { header.byte(byte) }
         header.varint(latestSequence)
-        header.varint(UInt64(progress.count))
-        for origin in progress.keys.sorted() {
-            header.string(origin)
-            header.varint(progress[origin]!)
-        }
+        StateSnapshot.writeProgress(progress, to: &header)
         var body = WireWriter(capacity: min(maximumOctets, 1 << 20) + 1024)
         var count = 0
         var last: ModelAddress?
@@ -109,15 +92,7 @@ package struct SnapshotPage: Sendable {
                 more = true
                 break
             }
-            body.string(address.channel)
-            body.string(address.model)
-            body.varint(UInt64(registers.count))
-            for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
-                body.string(name)
-                body.value(register.value)
-                body.uint64(register.version.timestamp)
-                body.string(register.version.node)
-            }
+            StateSnapshot.writeModel(address, registers, to: &body)
             count += 1
             last = address
         }
@@ -125,54 +100,45 @@ package struct SnapshotPage: Sendable {
         page.varint(UInt64(count))
         page.bytes(body.bytes)
         let next = more ? last : nil
-        if let next {
-            page.byte(1)
-            page.string(next.channel)
-            page.string(next.model)
-        } else {
-            page.byte(0)
-        }
+        writeCursor(next, to: &page)
         page.uint64(ReplicaStore.fnv1a(page.bytes))
         return (page.bytes, next)
     }
 
     /// Decodes a page; a damaged one (checksum, truncation) throws.
     package static func decode(_ bytes: [UInt8]) throws(WireError) -> SnapshotPage {
-        guard isPage(bytes), bytes.count >= magic.count + 8 else {
-            throw .invalid(field: "snapshot page", reason: "not a snapshot page")
-        }
-        let body = Array(bytes.dropLast(8))
-        var tail = WireReader(Array(bytes.suffix(8)))
-        guard try tail.uint64("checksum") == ReplicaStore.fnv1a(body) else {
-            throw .invalid(field: "snapshot page", reason: "checksum mismatch")
-        }
-        var reader = WireReader(body)
-        for _ in magic { _ = try reader.byte("magic") }
+        guard isPage(bytes) else { throw .invalid(field: "snapshot page", reason: "not a snapshot page") }
+        var reader = try StateSnapshot.checkedBody(bytes, magic: magic, what: "snapshot page")
         let latest = try reader.varint("latest sequence")
-        var progress: [String: UInt64] = [:]
-        for _ in 0..<(try reader.count("origin count", minimumItemSize: 2)) {
-            let origin = try reader.string("origin")
-            progress[origin] = try reader.varint("origin progress")
-        }
+        let progress = try StateSnapshot.readProgress(&reader)
         var models: [(ModelAddress, [String: ReplicaStore.Register])] = []
         for _ in 0..<(try reader.count("model count", minimumItemSize: 3)) {
-            let address = ModelAddress(channel: try reader.string("channel"), model: try reader.string("model"))
             var registers: [String: ReplicaStore.Register] = [:]
-            for _ in 0..<(try reader.count("property count", minimumItemSize: 12)) {
-                let name = try reader.string("property")
-                let value = try reader.value()
-                let version = Version(timestamp: try reader.uint64("version"), node: try reader.string("version node"))
-                registers[name] = ReplicaStore.Register(value: value, version: version)
-            }
+            let address = try StateSnapshot.readModel(&reader) { _, name, register in registers[name] = register }
             models.append((address, registers))
         }
-        var next: ModelAddress?
-        switch try reader.byte("more") {
-        case 0: break
-        case 1: next = ModelAddress(channel: try reader.string("next channel"), model: try reader.string("next model"))
-        case let other: throw .invalid(field: "more", reason: "expected 00 or 01, got \(other)")
-        }
+        let next = try readCursor(&reader, field: "more")
         try reader.expectEnd()
         return SnapshotPage(latestSequence: latest, progress: progress, models: models, next: next)
+    }
+
+    /// A cursor: `00`, or `01` and the model's channel and model.
+    private static func writeCursor(_ cursor: ModelAddress?, to writer: inout WireWriter) {
+        guard let cursor else {
+            writer.byte(0)
+            return
+        }
+        writer.byte(1)
+        writer.string(cursor.channel)
+        writer.string(cursor.model)
+    }
+
+    private static func readCursor(_ reader: inout WireReader, field: String) throws(WireError) -> ModelAddress? {
+        switch try reader.byte(field) {
+        case 0: return nil
+        case 1:
+            return ModelAddress(channel: try reader.string("cursor channel"), model: try reader.string("cursor model"))
+        case let other: throw .invalid(field: field, reason: "expected 00 or 01, got \(other)")
+        }
     }
 }

@@ -23,27 +23,13 @@ extension StateSnapshot {
         var w = WireWriter(capacity: 4096)
         for b in magic { w.byte(b) }
         w.varint(snapshot.latestSequence)
-        w.varint(UInt64(snapshot.progress.count))
-        for origin in snapshot.progress.keys.sorted() {
-            w.string(origin)
-            w.varint(snapshot.progress[origin]!)
-        }
+        writeProgress(snapshot.progress, to: &w)
         // Sorted, so equal states write equal files.
         let models = snapshot.store.allModels.sorted {
             ($0.0.channel, $0.0.model) < ($1.0.channel, $1.0.model)
         }
         w.varint(UInt64(models.count))
-        for (address, registers) in models {
-            w.string(address.channel)
-            w.string(address.model)
-            w.varint(UInt64(registers.count))
-            for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
-                w.string(name)
-                w.value(register.value)
-                w.uint64(register.version.timestamp)
-                w.string(register.version.node)
-            }
-        }
+        for (address, registers) in models { writeModel(address, registers, to: &w) }
         let checksum = fnv1a(w.bytes)
         w.uint64(checksum)
         return w.bytes
@@ -53,37 +39,82 @@ extension StateSnapshot {
         guard bytes.count >= magic.count + 8, Array(bytes.prefix(magic.count)) == magic else {
             throw .invalid(field: "snapshot", reason: "not a StateSync snapshot")
         }
-        let body = Array(bytes.dropLast(8))
-        var tail = WireReader(Array(bytes.suffix(8)))
-        guard try tail.uint64("checksum") == fnv1a(body) else {
-            throw .invalid(field: "snapshot", reason: "checksum mismatch")
-        }
-        var r = WireReader(body)
-        for _ in magic { _ = try r.byte("magic") }
+        var r = try checkedBody(bytes, magic: magic, what: "snapshot")
         let sequence = try r.varint("latest sequence")
-        var progress: [String: UInt64] = [:]
-        let origins = try r.count("origin count", minimumItemSize: 2)
-        for _ in 0..<origins {
-            let origin = try r.string("origin")
-            progress[origin] = try r.varint("origin progress")
-        }
+        let progress = try readProgress(&r)
         var store = ReplicaStore()
-        let modelCount = try r.count("model count")
-        for _ in 0..<modelCount {
-            let channel = try r.string("channel")
-            let model = try r.string("model")
-            let n = try r.count("property count")
-            for _ in 0..<n {
-                let name = try r.string("property")
-                let value = try r.value()
-                let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
-                _ = store.merge(
-                    ModelAddress(channel: channel, model: model), property: name,
-                    register: ReplicaStore.Register(value: value, version: version))
+        for _ in 0..<(try r.count("model count", minimumItemSize: 3)) {
+            try readModel(&r) { address, name, register in
+                _ = store.merge(address, property: name, register: register)
             }
         }
         try r.expectEnd()
         return StateSnapshot(store: store, latestSequence: sequence, progress: progress)
+    }
+
+    // MARK: - Parts shared with snapshot pages (SnapshotPage)
+
+    /// A reader over `bytes` past `magic`, once their trailing FNV-1a 64 checksum matched.
+    static func checkedBody(_ bytes: [UInt8], magic: [UInt8], what: String) throws(WireError) -> WireReader {
+        guard bytes.count >= magic.count + 8 else { throw .invalid(field: what, reason: "too short") }
+        let body = Array(bytes.dropLast(8))
+        var tail = WireReader(Array(bytes.suffix(8)))
+        guard try tail.uint64("checksum") == fnv1a(body) else {
+            throw .invalid(field: what, reason: "checksum mismatch")
+        }
+        var reader = WireReader(body)
+        for _ in magic { _ = try reader.byte("magic") }
+        return reader
+    }
+
+    /// A progress list: count, then (origin, contiguous mark) in origin order.
+    static func writeProgress(_ progress: [String: UInt64], to writer: inout WireWriter) {
+        writer.varint(UInt64(progress.count))
+        for origin in progress.keys.sorted() {
+            writer.string(origin)
+            writer.varint(progress[origin]!)
+        }
+    }
+
+    static func readProgress(_ reader: inout WireReader) throws(WireError) -> [String: UInt64] {
+        var progress: [String: UInt64] = [:]
+        for _ in 0..<(try reader.count("origin count", minimumItemSize: 2)) {
+            let origin = try reader.string("origin")
+            progress[origin] = try reader.varint("origin progress")
+        }
+        return progress
+    }
+
+    /// One model: channel, model, property count, then each register (name, value, version,
+    /// writer) in name order.
+    static func writeModel(
+        _ address: ModelAddress, _ registers: [String: ReplicaStore.Register], to writer: inout WireWriter
+    ) {
+        writer.string(address.channel)
+        writer.string(address.model)
+        writer.varint(UInt64(registers.count))
+        for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
+            writer.string(name)
+            writer.value(register.value)
+            writer.uint64(register.version.timestamp)
+            writer.string(register.version.node)
+        }
+    }
+
+    /// Reads one model, handing each of its registers to `take`; returns its address.
+    @discardableResult
+    static func readModel(
+        _ reader: inout WireReader, _ take: (ModelAddress, String, ReplicaStore.Register) -> Void
+    ) throws(WireError) -> ModelAddress {
+        let address = ModelAddress(channel: try reader.string("channel"), model: try reader.string("model"))
+        // A register holds at least a name, a value, a version and a writer: 11 octets.
+        for _ in 0..<(try reader.count("property count", minimumItemSize: 11)) {
+            let name = try reader.string("property")
+            let value = try reader.value()
+            let version = Version(timestamp: try reader.uint64("version"), node: try reader.string("version node"))
+            take(address, name, ReplicaStore.Register(value: value, version: version))
+        }
+        return address
     }
 
     static func fnv1a(_ bytes: [UInt8]) -> UInt64 {
