@@ -90,7 +90,7 @@ let package = Package(
         .target(
             name: "StateSyncBench",
             dependencies: [
-                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ",
+                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings

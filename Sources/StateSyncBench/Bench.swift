@@ -2,6 +2,7 @@ import Foundation
 import Logging
 public import StateSync
 import StateSyncClient
+import StateSyncHarness
 import StateSyncZeroMQ
 import ZeroMQ
 
@@ -341,7 +342,8 @@ public enum Bench {
         }
         let figures = JoinFigures(
             seconds: seconds, residentBefore: before, residentHeld: held, residentJoined: residentBytes(),
-            residentPeak: peakResidentBytes(), pages: holder.status.counters["snapshot_pages_served"] ?? 0)
+            residentPeak: (ProcessResources.read(pid: getpid())?.peakResidentKilobytes ?? 0) * 1024,
+            pages: holder.status.counters["snapshot_pages_served"] ?? 0)
         await joiner.stop()
         await holder.stop()
         return figures

@@ -1,12 +1,9 @@
 import Foundation
 import StateSync
 import StateSyncClient
+import StateSyncHarness
 import StateSyncZeroMQ
 import Synchronization
-
-#if canImport(Glibc)
-    import Glibc
-#endif
 
 /// `statesync bench --join N --daemons`: a `statesyncd` holding N properties, and a second one
 /// joining it while a client keeps writing to the first — real processes, so each side's memory
@@ -51,11 +48,18 @@ public enum DaemonJoin {
                 "STATESYNC_LOG_LEVEL": "warning",
             ]
         }
-        let holder = try start(daemonPath, environment(0), log: "\(work)-holder.log")
-        defer { stop(holder) }
+        func daemon(_ index: Int) -> NodeProcess {
+            let name = ["holder", "joiner"][index]
+            return NodeProcess(
+                name: name, api: "tcp://127.0.0.1:\(api[index])", publishPort: publish[index],
+                environment: environment(index), daemonPath: daemonPath, logPath: "\(work)-\(name).log")
+        }
+        let holder = daemon(0)
+        try holder.start()
+        defer { _ = holder.stop(timeout: 60) }
         let holderClient = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[0])", requestTimeout: .seconds(60))
         defer { holderClient.close() }
-        try await wait("the holder to answer", seconds: 30) { (try? await holderClient.status()) != nil }
+        try await Harness.waitFor("the holder to answer", seconds: 30) { (try? await holderClient.status()) != nil }
 
         progress("filling the holder with \(properties) properties")
         let fillStarted = Date()
@@ -68,8 +72,9 @@ public enum DaemonJoin {
 
         progress("joining")
         let joinStarted = Date()
-        let joiner = try start(daemonPath, environment(1), log: "\(work)-joiner.log")
-        defer { stop(joiner) }
+        let joiner = daemon(1)
+        try joiner.start()
+        defer { _ = joiner.stop(timeout: 60) }
         let joinerClient = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[1])", requestTimeout: .seconds(60))
         defer { joinerClient.close() }
         // A client keeps writing to the holder (about 200 sets a second) until the snapshot is in.
@@ -86,13 +91,13 @@ public enum DaemonJoin {
             }
             return count
         }
-        try await wait("the joiner to merge the snapshot", seconds: 600) {
+        try await Harness.waitFor("the joiner to merge the snapshot", seconds: 600) {
             ((try? await joinerClient.status())?.counters["snapshots_applied"] ?? 0) >= 1
         }
         let snapshotSeconds = Date().timeIntervalSince(joinStarted)
         snapshotIn.set()
         let writes = try await writer.value
-        try await wait("the joiner to hold the holder's state", seconds: 600) {
+        try await Harness.waitFor("the joiner to hold the holder's state", seconds: 600) {
             guard let a = try? await holderClient.status(), let b = try? await joinerClient.status() else {
                 return false
             }
@@ -102,47 +107,13 @@ public enum DaemonJoin {
         let pages = (try? await holderClient.status())?.counters["snapshot_pages_served"] ?? 0
         return Figures(
             snapshotSeconds: snapshotSeconds, convergedSeconds: convergedSeconds,
-            holderPeakBytes: peak(holder.processIdentifier), joinerPeakBytes: peak(joiner.processIdentifier),
+            holderPeakBytes: peak(holder), joinerPeakBytes: peak(joiner),
             pages: pages, writesDuringJoin: writes, fillSeconds: fillSeconds)
     }
 
-    private static func start(_ path: String, _ environment: [String: String], log: String) throws -> Process {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: path)
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        _ = FileManager.default.createFile(atPath: log, contents: nil)
-        let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
-        process.standardError = handle
-        process.standardOutput = handle
-        try process.run()
-        return process
-    }
-
-    private static func stop(_ process: Process) {
-        guard process.isRunning else { return }
-        process.terminate()
-        let deadline = Date().addingTimeInterval(60)
-        while process.isRunning && Date() < deadline { usleep(10_000) }
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
-        process.waitUntilExit()
-    }
-
-    /// A process's peak resident memory (`VmHWM`), in bytes.
-    private static func peak(_ pid: Int32) -> Int {
-        guard let text = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-            let line = text.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
-            let kilobytes = Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
-        else { return 0 }
-        return kilobytes * 1024
-    }
-
-    private static func wait(_ what: String, seconds: Double, _ condition: () async -> Bool) async throws {
-        let deadline = Date().addingTimeInterval(seconds)
-        while Date() < deadline {
-            if await condition() { return }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        throw StateSyncError(.timeout, "bench: timed out after \(Int(seconds)) s waiting for \(what)")
+    /// A daemon's peak resident memory, in bytes (0 when `/proc` does not say).
+    private static func peak(_ daemon: NodeProcess) -> Int {
+        daemon.pid.flatMap(ProcessResources.read(pid:)).map { $0.peakResidentKilobytes * 1024 } ?? 0
     }
 
     /// A flag tasks share.

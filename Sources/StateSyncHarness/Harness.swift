@@ -335,7 +335,7 @@ public enum Harness {
         public var active: String
     }
 
-    static func waitFor(_ what: String, seconds: Double, _ condition: () async -> Bool) async throws {
+    package static func waitFor(_ what: String, seconds: Double, _ condition: () async -> Bool) async throws {
         let deadline = Date().addingTimeInterval(seconds)
         while Date() < deadline {
             if await condition() { return }

@@ -1,4 +1,4 @@
-import Foundation
+package import Foundation
 import Synchronization
 
 #if canImport(Glibc)
@@ -6,7 +6,7 @@ import Synchronization
 #endif
 
 /// One `statesyncd` process of the harness, restartable on the same data directory.
-final class NodeProcess: @unchecked Sendable {
+package final class NodeProcess: @unchecked Sendable {
     // Safe: `process` is replaced only by the fault controller task, and read by the same task
     // or after it finished; Foundation's Process is itself thread-safe for signals and waits.
     let name: String
@@ -19,7 +19,7 @@ final class NodeProcess: @unchecked Sendable {
     let launcher: (executable: String, arguments: [String])?
     private let state = Mutex<(process: Process?, paused: Bool, restarts: Int)>((nil, false, 0))
 
-    init(
+    package init(
         name: String, api: String, publishPort: Int, environment: [String: String], daemonPath: String, logPath: String,
         launcher: (executable: String, arguments: [String])? = nil
     ) {
@@ -32,7 +32,7 @@ final class NodeProcess: @unchecked Sendable {
         self.logPath = logPath
     }
 
-    func start() throws {
+    package func start() throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: launcher?.executable ?? daemonPath)
         process.arguments = launcher?.arguments ?? []
@@ -55,7 +55,7 @@ final class NodeProcess: @unchecked Sendable {
     var isRunning: Bool { state.withLock { $0.process?.isRunning ?? false } }
     /// Whether it was ever started (a late joiner is not, until it joins).
     var wasStarted: Bool { state.withLock { $0.process != nil } }
-    var pid: Int32? { state.withLock { $0.process?.processIdentifier } }
+    package var pid: Int32? { state.withLock { $0.process?.processIdentifier } }
 
     func signal(_ signal: Int32) {
         if let pid, isRunning { kill(pid, signal) }
@@ -79,7 +79,7 @@ final class NodeProcess: @unchecked Sendable {
     var isPaused: Bool { state.withLock { $0.paused } }
 
     /// SIGTERM (after SIGCONT if paused), waiting up to `timeout`; SIGKILL after that.
-    func stop(timeout: TimeInterval = 15) -> Int32? {
+    package func stop(timeout: TimeInterval = 15) -> Int32? {
         guard let process = state.withLock({ $0.process }) else { return nil }
         if process.isRunning {
             kill(process.processIdentifier, SIGCONT)

@@ -9,14 +9,21 @@ import Testing
 /// same run with a planted bug must fail and name the node.
 @Suite("Harness", .serialized)
 struct HarnessTests {
-    @Test func smallClusterWithKillAndPartitionPasses() async throws {
-        let run = try await cli(
-            [
-                "harness", "--nodes", "3", "--ops", "3000", "--seed", "1", "--faults",
-                "kill,partition,pause,loss,clock", "--json",
-            ],
-            timeout: .seconds(240))
+    /// Runs `statesync harness ARGUMENTS --json` and returns the run and its JSON report.
+    static func harness(_ arguments: [String]) async throws -> (
+        run: (status: Int32, stdout: String, stderr: String), report: [String: Any]
+    ) {
+        let run = try await cli(["harness"] + arguments + ["--json"], timeout: .seconds(240))
         let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        return (run, report)
+    }
+
+    @Test func smallClusterWithKillAndPartitionPasses() async throws {
+        let (run, report) = try await Self.harness(
+            [
+                "--nodes", "3", "--ops", "3000", "--seed", "1", "--faults",
+                "kill,partition,pause,loss,clock",
+            ])
         #expect(run.status == 0, "\(run.stdout)")
         #expect(report["converged"] as? Bool == true)
         #expect(report["lost_writes"] as? Int == 0)
@@ -53,13 +60,11 @@ struct HarnessTests {
     /// `--secure`: every node and client keyed; the faults still heal, and every node refuses a
     /// stranger's key and a client without CURVE.
     @Test func secureModePassesAndRefusesStrangers() async throws {
-        let run = try await cli(
+        let (run, report) = try await Self.harness(
             [
-                "harness", "--secure", "--nodes", "3", "--ops", "1500", "--seed", "5", "--faults",
-                "kill,partition,pause,loss,clock", "--json",
-            ],
-            timeout: .seconds(240))
-        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+                "--secure", "--nodes", "3", "--ops", "1500", "--seed", "5", "--faults",
+                "kill,partition,pause,loss,clock",
+            ])
         #expect(run.status == 0, "\(run.stdout)")
         #expect(report["secure"] as? Bool == true && report["strangers_refused"] as? Bool == true)
         #expect(report["converged"] as? Bool == true && report["lost_writes"] as? Int == 0)
@@ -68,13 +73,11 @@ struct HarnessTests {
     /// `--faults join,leave` (docs/PROTOCOL.md 7.5): a fourth node that only n1 is configured
     /// for joins mid-run and ends with everything; nodes stop cleanly and come back; keyed.
     @Test func membershipFaultsPassKeyed() async throws {
-        let run = try await cli(
+        let (run, report) = try await Self.harness(
             [
-                "harness", "--secure", "--nodes", "4", "--ops", "1500", "--seed", "5", "--faults",
-                "join,leave,kill,partition", "--json",
-            ],
-            timeout: .seconds(240))
-        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+                "--secure", "--nodes", "4", "--ops", "1500", "--seed", "5", "--faults",
+                "join,leave,kill,partition",
+            ])
         #expect(run.status == 0, "\(run.stdout)")
         #expect(report["converged"] as? Bool == true && report["lost_writes"] as? Int == 0)
         let faults = report["faults"] as? [[String: Any]] ?? []
@@ -85,13 +88,11 @@ struct HarnessTests {
 
     @Test(.enabled(if: canCreateNamespaces, "needs root and iproute2"))
     func netnsModeWithRealLinkFaultsPasses() async throws {
-        let run = try await cli(
+        let (run, report) = try await Self.harness(
             [
-                "harness", "--netns", "--nodes", "4", "--ops", "1500", "--seed", "3", "--faults",
-                "kill,partition,loss,join,leave", "--json",
-            ],
-            timeout: .seconds(240))
-        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+                "--netns", "--nodes", "4", "--ops", "1500", "--seed", "3", "--faults",
+                "kill,partition,loss,join,leave",
+            ])
         #expect(run.status == 0, "\(run.stdout)")
         #expect(report["converged"] as? Bool == true && report["lost_writes"] as? Int == 0)
         let details = (report["faults"] as? [[String: Any]] ?? []).compactMap { $0["detail"] as? String }
@@ -100,13 +101,11 @@ struct HarnessTests {
     }
 
     @Test func aPlantedBugFailsTheVerdictAndNamesTheNode() async throws {
-        let run = try await cli(
+        let (run, report) = try await Self.harness(
             [
-                "harness", "--nodes", "3", "--ops", "1500", "--seed", "7", "--faults", "kill", "--plant-bug",
-                "drop-deltas", "--json",
-            ],
-            timeout: .seconds(240))
-        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+                "--nodes", "3", "--ops", "1500", "--seed", "7", "--faults", "kill", "--plant-bug",
+                "drop-deltas",
+            ])
         #expect(run.status == 1)
         #expect(report["converged"] as? Bool == false)
         #expect(report["diverged_nodes"] as? [String] == ["n3"])
