@@ -129,7 +129,7 @@ extension NodeMachine {
         }
         if var progress = origins[id] {
             let held = peerEndpoints.compactMap { peers[$0]?.progress[id] }.max() ?? 0
-            progress.announced = max(progress.contiguous, progress.above.max() ?? 0, held)
+            progress.announced = max(progress.highestReceived, held)
             origins[id] = progress
         }
         if !endpoints.isEmpty {

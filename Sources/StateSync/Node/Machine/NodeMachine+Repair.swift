@@ -290,7 +290,7 @@ extension NodeMachine {
     /// it unchanged (section 11.3).
     mutating func withdrawUnbackedClaims(origin: String) {
         guard var progress = origins[origin] else { return }
-        let backed = max(progress.contiguous, progress.above.max() ?? 0)
+        let backed = progress.highestReceived
         guard progress.announced > backed else { return }
         let phantom = progress.announced - backed
         progress.announced = backed

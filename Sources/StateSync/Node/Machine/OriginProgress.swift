@@ -43,6 +43,9 @@ struct OriginProgress: Sendable, Equatable {
     /// number announced beyond `contiguous` always leaves one missing.)
     var hasGap: Bool { announced > contiguous }
 
+    /// The highest sequence number received.
+    var highestReceived: UInt64 { max(contiguous, above.max() ?? 0) }
+
     /// How many sequence numbers through `announced` are missing.
     var missing: UInt64 {
         let gap = announced > contiguous ? announced - contiguous : 0
