@@ -449,8 +449,9 @@ extension StateSyncCLI {
                 The node writes NODE_ID's member entry as forgotten; the entry spreads to every \
                 member, which drops its links to NODE_ID and stops waiting for its missing deltas \
                 (the deltas it holds stay). For a node that died for good: a node that stops \
-                cleanly is already listed as left, and a running node that hears it was forgotten \
-                says it is alive again. With security, needs a client key with write=*.
+                cleanly is already listed as left, a member this node still hears from is refused \
+                (stop it first), and a forgotten node restarted with its data comes back alive. \
+                With security, needs a client key with write=*.
                 """)
 
         @Argument(help: "The id of the member to forget.")

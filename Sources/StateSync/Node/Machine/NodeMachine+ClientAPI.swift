@@ -226,13 +226,18 @@ extension NodeMachine {
                     reply(client, .ok, id, StateSnapshot.encode(snapshot))
                 }
             case .forget:
+                var reader = WireReader(body)
+                let member = try reader.string("node id")
+                guard NodeConfiguration.isValidNodeID(member) else {
+                    throw StateSyncError(.protocolError, "'\(member.prefix(64))' is not a node id")
+                }
                 // An operator's request: a client that may write every channel.
                 if let access = access(of: identity), !access.write.contains("*") {
                     throw Forbidden(
                         message:
                             "forgetting a member needs a client key with write=* (security.client_keys)")
                 }
-                try forget(body)
+                try forget(member)
                 reply(client, .ok, id, [])
             case .announce:
                 // A client key may not speak for a node (section 14); a peer only for itself.

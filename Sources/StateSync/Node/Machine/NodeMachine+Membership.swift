@@ -141,12 +141,7 @@ extension NodeMachine {
 
     /// FORGET (section 10.12): an operator removes a member for good. This node writes the
     /// member's entry as forgotten; the entry spreads, and every node drops its links.
-    mutating func forget(_ body: [UInt8]) throws {
-        var reader = WireReader(body)
-        let id = try reader.string("node id")
-        guard NodeConfiguration.isValidNodeID(id) else {
-            throw StateSyncError(.protocolError, "'\(id.prefix(64))' is not a node id")
-        }
+    mutating func forget(_ id: String) throws {
         guard id != configuration.nodeID else {
             throw StateSyncError(
                 .protocolError, "node \(id) cannot forget itself; stop it (it leaves), then forget it on another member"
