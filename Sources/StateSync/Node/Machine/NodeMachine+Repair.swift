@@ -358,7 +358,8 @@ extension NodeMachine {
             }
             served = ServedSnapshot(
                 addresses: store.allModels.map(\.0).sorted(by: SnapshotPage.precedes),
-                progress: snapshot.progress.filter { $0.value > 0 }, latestSequence: nextSequence - 1, usedAt: now)
+                progress: origins.mapValues(\.contiguous).filter { $0.value > 0 }, latestSequence: nextSequence - 1,
+                usedAt: now)
         }
         served.usedAt = now
         // The first address after the cursor (binary search: the list is in page order).
