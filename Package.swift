@@ -16,6 +16,7 @@ let package = Package(
         .library(name: "StateSyncZeroMQ", targets: ["StateSyncZeroMQ"]),
         .library(name: "StateSyncClient", targets: ["StateSyncClient"]),
         .library(name: "StateSyncTesting", targets: ["StateSyncTesting"]),
+        .library(name: "StateSyncHTTP", targets: ["StateSyncHTTP"]),
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
         .executable(name: "statesyncd", targets: ["statesyncd"]),
         .executable(name: "statesync", targets: ["statesync"]),
@@ -26,6 +27,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/apple/swift-configuration", from: "1.4.0", traits: [.defaults, "YAML"]),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle", from: "2.13.0"),
+        .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
+        .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
     ],
     targets: [
         // The C library: a module map over <zmq.h>, nothing else.
@@ -57,6 +61,20 @@ let package = Package(
                 "StateSyncMacros",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Configuration", package: "swift-configuration"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+            ],
+            swiftSettings: strictSettings
+        ),
+        // The operator's HTTP listener: Prometheus metrics, health and readiness, the live view.
+        .target(
+            name: "StateSyncHTTP",
+            dependencies: [
+                "StateSync", "StateSyncClient",
+                .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strictSettings
@@ -100,9 +118,11 @@ let package = Package(
             dependencies: [
                 "StateSync",
                 "StateSyncZeroMQ",
+                "StateSyncHTTP",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ],
             swiftSettings: strictSettings
         ),
@@ -129,7 +149,9 @@ let package = Package(
             name: "StateSyncTests",
             dependencies: [
                 "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness", "StateSyncTesting",
+                "StateSyncHTTP",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             swiftSettings: strictSettings

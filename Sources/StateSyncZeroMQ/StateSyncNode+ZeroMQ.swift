@@ -13,10 +13,15 @@ extension StateSyncNode {
     /// the write-ahead log), binds its sockets and connects to its peers. Returns once it is
     /// bound and ready.
     ///
+    /// `metrics`: where the node records its latency histograms (by default the process's
+    /// swift-metrics backend; see ``NodeMetrics``).
+    ///
     /// - Throws: ``StateSyncError`` when the data directory is unusable or in use, or an endpoint
     ///   cannot be bound (the message names which).
-    public static func start(configuration: NodeConfiguration, logger: Logger? = nil) async throws -> StateSyncNode {
-        try await start(configuration: configuration, logger: logger, testHooks: TestHooks())
+    public static func start(
+        configuration: NodeConfiguration, logger: Logger? = nil, metrics: NodeMetrics = NodeMetrics()
+    ) async throws -> StateSyncNode {
+        try await start(configuration: configuration, logger: logger, testHooks: TestHooks(), metrics: metrics)
     }
 
     /// Replaces the keys this node admits and what each client may do (`kill -HUP` of
@@ -73,7 +78,7 @@ extension StateSyncNode {
     }
 
     package static func start(
-        configuration: NodeConfiguration, logger: Logger?, testHooks: TestHooks
+        configuration: NodeConfiguration, logger: Logger?, testHooks: TestHooks, metrics: NodeMetrics = NodeMetrics()
     ) async throws -> StateSyncNode {
         var logger = logger ?? Logger(label: "statesync")
         logger[metadataKey: "node.id"] = .string(configuration.nodeID)
@@ -92,7 +97,7 @@ extension StateSyncNode {
                 monotonicNow: { MonotonicClock.milliseconds() },
                 incarnation: UInt64.random(in: 1...UInt64.max),
                 observers: DispatchObserverExecutor(label: "statesync-observers.\(configuration.nodeID)"),
-                faults: testHooks.faults, logger: logger)
+                faults: testHooks.faults, metrics: metrics, logger: logger)
         } catch {
             storage.close()
             throw error

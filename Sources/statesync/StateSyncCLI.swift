@@ -321,14 +321,16 @@ extension StateSyncCLI {
         static let configuration = CommandConfiguration(
             abstract: "Print the node's id, peers, channels and latest version.",
             discussion: """
-                Exits 0 when the node answers. With --ready, exits 3 unless every configured peer is \
-                connected: a readiness probe.
+                Exits 0 when the node answers. With --ready, exits 3 unless the node is ready: every \
+                configured peer and known member (but those that left or were forgotten) connected, \
+                no deltas known but missing, the disk not full. The HTTP listener's /readyz says the \
+                same.
                 """)
 
         @Flag(name: .long, help: "Print one JSON object.")
         var json = false
 
-        @Flag(name: .long, help: "Exit 3 unless every configured peer is connected.")
+        @Flag(name: .long, help: "Exit 3 unless the node is ready (peers connected, caught up, disk not full).")
         var ready = false
 
         @OptionGroup var connection: ConnectionOptions
@@ -338,14 +340,14 @@ extension StateSyncCLI {
                 let client = try connection.client()
                 defer { client.close() }
                 let status = try await client.status()
+                let reasons = status.notReadyReasons
                 defer {
-                    if ready, !status.peers.allSatisfy(\.connected) {
-                        let down = status.peers.filter { !$0.connected }.map(\.endpoint)
+                    if ready, !reasons.isEmpty {
                         FileHandle.standardError.write(
-                            Data("statesync: not ready: peers not connected: \(down.joined(separator: ", "))\n".utf8))
+                            Data("statesync: not ready: \(reasons.joined(separator: "; "))\n".utf8))
                     }
                 }
-                if ready, !status.peers.allSatisfy(\.connected) {
+                if ready, !reasons.isEmpty {
                     if json { emit(status.value.jsonText()) }
                     throw ExitCode(3)
                 }

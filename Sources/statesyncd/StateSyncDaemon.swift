@@ -1,8 +1,10 @@
 import ArgumentParser
+import CoreMetrics
 import Foundation
 import Logging
 import ServiceLifecycle
 import StateSync
+import StateSyncHTTP
 import StateSyncZeroMQ
 import Synchronization
 
@@ -50,7 +52,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 let configuration = try NodeConfiguration.load(file: checkConfig)
                 try StateSyncNode.checkKeys(of: configuration)
                 print(
-                    "\(checkConfig): ok — node \(configuration.nodeID), publish \(configuration.publishEndpoint), api \(configuration.apiEndpoint ?? "none"), \(configuration.peers.count) peers, security \(configuration.security == nil ? "off" : "on")"
+                    "\(checkConfig): ok — node \(configuration.nodeID), publish \(configuration.publishEndpoint), api \(configuration.apiEndpoint ?? "none"), http \(configuration.httpListen ?? "off"), \(configuration.peers.count) peers, security \(configuration.security == nil ? "off" : "on")"
                 )
                 return
             } catch {
@@ -82,10 +84,14 @@ struct StateSyncDaemon: AsyncParsableCommand {
         // the node cleanly, not kill the process: caught from here on, acted on once it runs.
         let early = EarlyStop()
         defer { early.cancel() }
+        // With `http.listen`: one Prometheus registry for the process, filled through swift-metrics.
+        let exporter = configuration.httpListen.map { _ in MetricsExporter() }
+        if let exporter { MetricsSystem.bootstrap(exporter.factory) }
         let node: StateSyncNode
         do {
             node = try await StateSyncNode.start(
-                configuration: configuration, logger: logger, testHooks: Self.testHooks(logger: logger))
+                configuration: configuration, logger: logger, testHooks: Self.testHooks(logger: logger),
+                metrics: exporter.map { NodeMetrics(factory: $0.factory) } ?? NodeMetrics())
         } catch {
             FileHandle.standardError.write(
                 Data("statesyncd: cannot start node \(configuration.nodeID): \(error)\n".utf8))
@@ -95,12 +101,24 @@ struct StateSyncDaemon: AsyncParsableCommand {
         // kill -HUP: re-read security.* (admitted keys, client permissions) without a restart.
         let hangUp = Self.reloadOnHangUp(node: node, configFile: config, logger: logger)
         defer { hangUp.cancel() }
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
+            .init(service: node, successTerminationBehavior: .gracefullyShutdownGroup)
+        ]
+        if let listen = configuration.httpListen, let exporter {
+            let listener = try HTTPListener(address: listen, node: node, exporter: exporter, logger: logger)
+            services.append(
+                .init(service: listener.application(), failureTerminationBehavior: .gracefullyShutdownGroup))
+        }
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
-                services: [.init(service: node, successTerminationBehavior: .gracefullyShutdownGroup)],
-                gracefulShutdownSignals: [.sigterm, .sigint],
-                logger: logger))
-        try await group.run()
+                services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        do {
+            try await group.run()
+        } catch {
+            // The HTTP listener could not bind (the node has stopped cleanly by now).
+            FileHandle.standardError.write(Data("statesyncd: node \(configuration.nodeID): \(error)\n".utf8))
+            throw ExitCode(1)
+        }
         if let refusal = node.refusal {
             FileHandle.standardError.write(
                 Data("statesyncd: node \(configuration.nodeID) stopped: \(refusal.message)\n".utf8))

@@ -16,6 +16,9 @@ struct ClusterTests {
         var processes: [ChildProcess] = []
 
         func start(config: String, environment: [String: String], name: String) throws -> ChildProcess {
+            // The example configs listen for HTTP on fixed ports: off unless a test asks for it, so
+            // tests running side by side do not collide.
+            let environment = ["STATESYNC_HTTP_LISTEN": ""].merging(environment) { $1 }
             let daemon = try ChildProcess("statesyncd", ["--config", config], environment: environment, name: name)
             processes.append(daemon)
             return daemon

@@ -37,7 +37,9 @@ final class ChildProcess: @unchecked Sendable {
         stderrPath = base + ".err"
         _ = FileManager.default.createFile(atPath: stdoutPath, contents: nil)
         _ = FileManager.default.createFile(atPath: stderrPath, contents: nil)
-        process.executableURL = binaries.appendingPathComponent(executable)
+        // A bare name is one of the package's built executables; an absolute path is a system tool.
+        process.executableURL =
+            executable.hasPrefix("/") ? URL(fileURLWithPath: executable) : binaries.appendingPathComponent(executable)
         process.arguments = arguments
         process.currentDirectoryURL = packageRoot
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }

@@ -16,6 +16,7 @@ extension NodeConfiguration {
         case maximumDrift = "clock.max_drift_ms"
         case logLevel = "log.level"
         case logFormat = "log.format"
+        case httpListen = "http.listen"
         case fsync = "storage.fsync"
         case fsyncInterval = "storage.fsync_interval_ms"
         case compactBytes = "storage.compact_bytes"
@@ -32,6 +33,24 @@ extension NodeConfiguration {
         public var environmentVariable: String {
             "STATESYNC_" + rawValue.uppercased().replacingOccurrences(of: ".", with: "_")
         }
+    }
+
+    /// Why `address` is not a `HOST:PORT` the HTTP listener can bind (`nil`: it is; an empty
+    /// string means no listener).
+    static func listenAddressProblem(_ address: String) -> String? {
+        if address.isEmpty { return nil }
+        guard let colon = address.lastIndex(of: ":") else {
+            return "'\(address)' is not HOST:PORT (e.g. 127.0.0.1:9464)"
+        }
+        var host = String(address[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        guard !host.isEmpty, !host.contains("/") else {
+            return "'\(address)' is not HOST:PORT (e.g. 127.0.0.1:9464)"
+        }
+        guard let port = Int(address[address.index(after: colon)...]), (0...65_535).contains(port) else {
+            return "'\(address)' has no port 0…65535 after the last ':'"
+        }
+        return nil
     }
 
     static let logLevels = ["trace", "debug", "info", "notice", "warning", "error", "critical"]
@@ -152,6 +171,10 @@ extension NodeConfiguration {
         guard ["text", "json"].contains(format) else {
             throw reader.invalid(.logFormat, "'\(format)' is not text or json")
         }
+        let httpListen = try reader.string(.httpListen)
+        if let httpListen, let problem = Self.listenAddressProblem(httpListen) {
+            throw reader.invalid(.httpListen, problem)
+        }
         let level = try reader.string(.logLevel) ?? "info"
         guard logLevels.contains(level) else {
             throw reader.invalid(.logLevel, "'\(level)' is not one of \(logLevels.joined(separator: ", "))")
@@ -194,6 +217,7 @@ extension NodeConfiguration {
         configuration.peerNodeIDs = peerNodeIDs
         configuration.reserveBytes = reserveBytes
         configuration.logFormat = format
+        configuration.httpListen = httpListen.flatMap { $0.isEmpty ? nil : $0 }
         configuration.security = try security(reader, peers: peers, peerNodeIDs: peerNodeIDs)
         return configuration
     }

@@ -31,6 +31,9 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// How the daemon writes its log lines: `text` (for people) or `json` (one object per line,
     /// for log shippers).
     public var logFormat: String = "text"
+    /// `HOST:PORT` of the daemon's HTTP listener (`/metrics`, `/healthz`, `/readyz` and the
+    /// live view), or `nil`: no listener. Bind it to loopback unless a firewall guards the port.
+    public var httpListen: String?
     /// The high-water mark of the client API socket, per client, in messages: watch events queue
     /// here before a slow client's watch waits (and, past the history, resyncs).
     public var clientHighWaterMark: Int = 10_000

@@ -115,6 +115,23 @@ public struct NodeStatus: Sendable, Equatable {
         }
     }
 
+    /// Why the node is not ready (empty: it is): peers or members it should hear that it does
+    /// not (a configured peer or a known member, unless it left or was forgotten), deltas known
+    /// to exist that it has not received, or a disk too full to take writes. `statesync status
+    /// --ready` and the HTTP listener's `/readyz` both answer with this.
+    public var notReadyReasons: [String] {
+        var reasons: [String] = []
+        let gone = Set(members.filter { $0.state == "left" || $0.state == "forgotten" }.map(\.id))
+        var down = Set(peers.filter { !$0.connected && !gone.contains($0.node ?? "") }.map { $0.node ?? $0.endpoint })
+        for member in members where member.id != node && !gone.contains(member.id) && !member.connected {
+            down.insert(member.id)
+        }
+        if !down.isEmpty { reasons.append("peers not connected: \(down.sorted().joined(separator: ", "))") }
+        if missingDeltas > 0 { reasons.append("catching up: \(missingDeltas) deltas known but not received") }
+        if diskFull { reasons.append("disk nearly full: writes are refused") }
+        return reasons
+    }
+
     /// The status as a ``Value`` map (its wire and JSON form).
     public var value: Value {
         var map: [String: Value] = [

@@ -53,6 +53,10 @@ public final class StateSyncNode: Sendable {
     private let driver = Mutex<(any NodeDriver)?>(nil)
     private let lifecycle = Mutex<Lifecycle>(.running(waiters: []))
     private let refusalReason = Mutex<String?>(nil)
+    /// The latency histograms, and the times of own writes' log appends not yet durable and
+    /// published (touched by the driver's thread only; the lock is never contended).
+    let metrics: NodeMetrics
+    private let writeTimes = Mutex(WriteTimes())
 
     /// Why the node stopped on its own, if it did: it started with an empty data directory
     /// under an id whose earlier deltas the cluster holds, or that was forgotten (docs/PROTOCOL.md
@@ -86,7 +90,7 @@ public final class StateSyncNode: Sendable {
     package init(
         configuration: NodeConfiguration, storage: any NodeStorage, clock: HybridLogicalClock,
         monotonicNow: @escaping @Sendable () -> UInt64, incarnation: UInt64, observers: any ObserverExecutor,
-        faults: NodeFaults = NodeFaults(), logger: Logger
+        faults: NodeFaults = NodeFaults(), metrics: NodeMetrics = NodeMetrics(), logger: Logger
     ) throws(StateSyncError) {
         var logger = logger
         logger[metadataKey: "node.id"] = .string(configuration.nodeID)
@@ -106,6 +110,7 @@ public final class StateSyncNode: Sendable {
         self.storage = storage
         self.observers = observers
         self.monotonicNow = monotonicNow
+        self.metrics = metrics
         state = Mutex(
             HostState(
                 machine: NodeMachine(
@@ -169,10 +174,17 @@ public final class StateSyncNode: Sendable {
         var inputs = [input]
         var next = 0
         while next < inputs.count {
-            let (actions, deliveries) = state.withLock { state in
+            let (actions, deliveries, samples) = state.withLock { state in
                 let actions = state.machine.handle(inputs[next], now: now)
-                return (actions, Self.resolve(actions, in: &state))
+                var samples: LatencySamples?
+                if !state.machine.latencySamples.isEmpty {
+                    samples = state.machine.latencySamples
+                    state.machine.latencySamples = LatencySamples()
+                }
+                return (actions, Self.resolve(actions, in: &state), samples)
             }
+            let durableThrough: UInt64?
+            if case .logDurable(let position) = inputs[next] { durableThrough = position } else { durableThrough = nil }
             next += 1
             var delivered = 0
             for action in actions {
@@ -185,7 +197,27 @@ public final class StateSyncNode: Sendable {
                     inputs.append(outcome)
                 }
             }
+            if let durableThrough { recordPublished(through: durableThrough) }
+            if let samples { record(samples) }
         }
+    }
+
+    /// Records write → durable and write → published for the own writes the log is now durable
+    /// through (their DELTA messages were just handed to the transport).
+    private func recordPublished(through position: UInt64) {
+        let now = ContinuousClock.now
+        let done = writeTimes.withLock { $0.takeDurable(through: position) }
+        for (appendedAt, durableAt) in done {
+            metrics.writeDurable.record(appendedAt.duration(to: durableAt))
+            metrics.writePublished.record(appendedAt.duration(to: now))
+        }
+    }
+
+    private func record(_ samples: LatencySamples) {
+        for milliseconds in samples.remoteApplyMilliseconds {
+            metrics.remoteApplyLag.recordMilliseconds(milliseconds)
+        }
+        for milliseconds in samples.watchMilliseconds { metrics.watchLag.recordMilliseconds(milliseconds) }
     }
 
     /// The latest time (monotonic milliseconds) the driver should call ``process(_:now:via:)``
@@ -200,6 +232,7 @@ public final class StateSyncNode: Sendable {
         case .publish(let frames):
             transport.publish(frames)
         case .appendLog(let bytes, let mustSucceed):
+            writeTimes.withLock { $0.appended(bytes.count, ownWrites: mustSucceed) }
             do {
                 try storage.append(bytes)
             } catch {
@@ -213,6 +246,12 @@ public final class StateSyncNode: Sendable {
                     "statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
             }
         case .syncLog(let position):
+            let started = ContinuousClock.now
+            defer {
+                let done = ContinuousClock.now
+                metrics.fsync.record(started.duration(to: done))
+                writeTimes.withLock { $0.synced(through: position, at: done) }
+            }
             do {
                 try storage.sync()
             } catch {
@@ -493,5 +532,45 @@ final class InstanceReference: Sendable {
 
     init(_ model: any ReplicatedModel) {
         self.model = model
+    }
+}
+
+/// When the node's own writes were appended to the log, by log position, until they are durable
+/// and published: the host's side of ``NodeMetrics/writeDurable`` and ``NodeMetrics/writePublished``.
+struct WriteTimes: Sendable {
+    /// Bytes appended since the start: the machine's log positions.
+    private var appendedBytes: UInt64 = 0
+    /// Appends of own writes not yet published: position after the append, and when.
+    private var pending: [(position: UInt64, at: ContinuousClock.Instant)] = []
+    private var first = 0
+    /// The last sync that completed: the position it made durable, and when.
+    private var lastSync: (position: UInt64, at: ContinuousClock.Instant)?
+
+    mutating func appended(_ count: Int, ownWrites: Bool) {
+        appendedBytes += UInt64(count)
+        // Bounded: a node whose log never syncs (it could not run) does not grow this forever.
+        if ownWrites, pending.count - first < 65_536 { pending.append((appendedBytes, .now)) }
+    }
+
+    mutating func synced(through position: UInt64, at instant: ContinuousClock.Instant) {
+        lastSync = (position, instant)
+    }
+
+    /// The appends durable through `position`: when each was appended, and when it became durable.
+    mutating func takeDurable(through position: UInt64) -> [(ContinuousClock.Instant, ContinuousClock.Instant)] {
+        var done: [(ContinuousClock.Instant, ContinuousClock.Instant)] = []
+        let syncedAt = lastSync.flatMap { $0.position >= position ? $0.at : nil } ?? .now
+        while first < pending.count, pending[first].position <= position {
+            done.append((pending[first].at, syncedAt))
+            first += 1
+        }
+        if first == pending.count {
+            pending.removeAll(keepingCapacity: true)
+            first = 0
+        } else if first > 1024 {
+            pending.removeFirst(first)
+            first = 0
+        }
+        return done
     }
 }

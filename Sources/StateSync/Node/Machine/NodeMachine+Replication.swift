@@ -190,6 +190,9 @@ extension NodeMachine {
             machine.counters.propertiesStale += delta.properties.count - won.count
             if !won.isEmpty { machine.counters.deltasApplied += 1 }
         }
+        if !repaired, !applied.isEmpty {
+            latencySamples.remoteApplied(version: accepted[newest].version, wallNow: clock.wallMilliseconds())
+        }
         if let drifted = drifted.first {
             warnLimited(
                 "clock-drift", "a peer's clock is further ahead than clock.max_drift_ms; not following it",

@@ -69,6 +69,8 @@ package struct NodeMachine: Sendable {
     /// Why it refuses to run, once it does.
     package internal(set) var refusal: String?
     package var counters = NodeCounters()
+    /// Latencies measured while handling inputs, for the host's metrics (drained by it).
+    package var latencySamples = LatencySamples()
     /// The sequence number the next local write gets.
     package internal(set) var nextSequence: UInt64 = 1
     /// The highest own sequence number published (durable and sent).

@@ -1,0 +1,162 @@
+import Foundation
+import Hummingbird
+import Logging
+import NIOCore
+import ServiceLifecycle
+import StateSync
+import StateSyncClient
+import Synchronization
+
+/// The live view: one page (no build step, no CDN: everything inline) that shows the members
+/// and the state of every link, each peer's lag, the channels with their model counts, and the
+/// changes of the channel the viewer picks as they arrive (old → new, version, origin).
+///
+/// The page holds one server-sent-events stream, `GET /events?channel=NAME`: an `event: status`
+/// every second, and an `event: change` per change of the channel. The changes come from a watch
+/// on this node's own client API (the same path, order and old values as `statesync watch`).
+/// With security configured the view shows no channel data: a viewer would have to prove a
+/// client key with read permission, which this listener cannot check yet; it shows the members,
+/// links and counts only.
+struct LiveView: Sendable {
+    let node: StateSyncNode
+    let logger: Logger
+
+    func addRoutes(to router: Router<BasicRequestContext>) {
+        router.get("/") { _, _ in
+            Response(
+                status: .ok, headers: [.contentType: "text/html; charset=utf-8"],
+                body: .init(byteBuffer: ByteBuffer(string: LiveView.page)))
+        }
+        router.get("events") { request, _ in
+            let channel = request.uri.queryParameters.get("channel").flatMap { $0.isEmpty ? nil : $0 }
+            if let channel {
+                do {
+                    try Names.validateChannel(channel)
+                } catch {
+                    return Response(
+                        status: .badRequest, headers: [.contentType: "text/plain; charset=utf-8"],
+                        body: .init(byteBuffer: ByteBuffer(string: "\(error)\n")))
+                }
+            }
+            let stream = self.events(channel: channel)
+            return Response(
+                status: .ok,
+                headers: [.contentType: "text/event-stream", .cacheControl: "no-cache"],
+                body: ResponseBody { writer in
+                    let (ended, end) = AsyncStream.makeStream(of: Void.self)
+                    try await withGracefulShutdownHandler {
+                        for await chunk in stream.merged(ending: ended) {
+                            try await writer.write(ByteBuffer(string: chunk))
+                        }
+                    } onGracefulShutdown: {
+                        end.finish()
+                    }
+                    try await writer.finish(nil)
+                })
+        }
+    }
+
+    /// The stream of one viewer: status every second, and the changes of `channel`.
+    func events(channel: String?) -> AsyncStream<String> {
+        let (stream, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingOldest(10_000))
+        let dropped = Atomic<Int>(0)
+        let send: @Sendable (String, Value) -> Void = { event, value in
+            if case .dropped = continuation.yield("event: \(event)\ndata: \(value.jsonText())\n\n") {
+                dropped.add(1, ordering: .relaxed)
+            }
+        }
+        let node = self.node
+        let statusTask = Task {
+            while !Task.isCancelled {
+                let status = node.status
+                send(
+                    "status",
+                    .map([
+                        "status": status.value,
+                        "not_ready": .array(status.notReadyReasons.map(Value.string)),
+                        "dropped_changes": .int(Int64(dropped.load(ordering: .relaxed))),
+                    ]))
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+        let watchTask = Task {
+            guard let channel else { return }
+            await self.watch(channel: channel, send: send)
+        }
+        continuation.onTermination = { _ in
+            statusTask.cancel()
+            watchTask.cancel()
+        }
+        return stream
+    }
+
+    /// Watches `channel` through this node's own client API and sends its changes; a watch that
+    /// ends (the node restarted its API, a timeout) is resumed from its replica.
+    private func watch(channel: String, send: @Sendable (String, Value) -> Void) async {
+        if node.configuration.security != nil {
+            send(
+                "notice",
+                .string(
+                    "channel data is not shown with security configured: the live view cannot yet authenticate a viewer as a client key with read permission"
+                ))
+            return
+        }
+        guard let api = node.apiEndpoint.map(Self.loopback) else {
+            send("notice", .string("this node serves no client API (network.api): no channel data to show"))
+            return
+        }
+        var replica: ChannelReplica?
+        while !Task.isCancelled {
+            do {
+                let client = try StateSyncClient(endpoint: api)
+                defer { client.close() }
+                let (events, current) = try await client.watch(channel: channel, replica: replica)
+                replica = current
+                send("notice", .string("watching \(channel)"))
+                for try await event in events {
+                    guard case .change(let change, let kind, _) = event else { continue }
+                    send(
+                        "change",
+                        .map([
+                            "channel": .string(change.channel), "model": .string(change.model),
+                            "property": .string(change.property), "old": change.old ?? .null, "new": change.new,
+                            "version": .string(change.version.description), "origin": .string(change.version.node),
+                            "kind": .string("\(kind)"),
+                        ]))
+                }
+            } catch {
+                if Task.isCancelled { return }
+                send("notice", .string("the watch ended (\(error)); resuming"))
+                try? await Task.sleep(for: .seconds(1))
+            }
+        }
+    }
+
+    /// `endpoint` with a wildcard host replaced by loopback (a bound `tcp://*:7101` or
+    /// `tcp://0.0.0.0:7101` is reached at 127.0.0.1).
+    static func loopback(_ endpoint: String) -> String {
+        endpoint.replacingOccurrences(of: "tcp://*:", with: "tcp://127.0.0.1:")
+            .replacingOccurrences(of: "tcp://0.0.0.0:", with: "tcp://127.0.0.1:")
+            .replacingOccurrences(of: "tcp://[::]:", with: "tcp://[::1]:")
+    }
+}
+
+extension AsyncStream where Element == String {
+    /// This stream, ending early when `ending` ends.
+    func merged(ending: AsyncStream<Void>) -> AsyncStream<String> {
+        let (merged, continuation) = AsyncStream.makeStream(of: String.self)
+        let forward = Task {
+            for await element in self { continuation.yield(element) }
+            continuation.finish()
+        }
+        let stop = Task {
+            for await _ in ending {}
+            continuation.finish()
+        }
+        continuation.onTermination = { _ in
+            forward.cancel()
+            stop.cancel()
+        }
+        return merged
+    }
+}

@@ -1,0 +1,216 @@
+import Foundation
+import StateSync
+import StateSyncClient
+import Testing
+
+#if canImport(FoundationNetworking)
+    import FoundationNetworking
+#endif
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The daemon's HTTP listener (`http.listen`) on real daemons: Prometheus metrics that promtool
+/// accepts and that move with writes, readiness that follows a peer's death and return, and the
+/// live view in a real headless browser.
+@Suite("HTTP listener: metrics, health, live view")
+struct HTTPListenerTests {
+    static let promtool = ["/usr/bin/promtool", "/usr/local/bin/promtool"].first(
+        where: FileManager.default.isExecutableFile)
+    static let chromium = ["/usr/bin/chromium", "/usr/bin/chromium-browser"].first(
+        where: FileManager.default.isExecutableFile)
+
+    /// Three daemons on free ports, each with an HTTP listener; heartbeats every 100 ms.
+    struct Cluster {
+        let daemons = ClusterTests.Daemons()
+        let publish = (0..<3).map { _ in "tcp://127.0.0.1:\(freePort())" }
+        let api = (0..<3).map { _ in "tcp://127.0.0.1:\(freePort())" }
+        let http = (0..<3).map { _ in "127.0.0.1:\(freePort())" }
+        let data = (0..<3).map { temporaryDirectory("http-node\($0 + 1)") }
+
+        func start(_ i: Int) throws {
+            let peers = (0..<3).filter { $0 != i }.map { "node\($0 + 1)=\(publish[$0])" }
+            _ = try daemons.start(
+                config: "Config/node\(i + 1).yaml",
+                environment: [
+                    "STATESYNC_NODE_DATA_DIR": data[i], "STATESYNC_NETWORK_PUBLISH": publish[i],
+                    "STATESYNC_NETWORK_API": api[i], "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
+                    "STATESYNC_NETWORK_HEARTBEAT_MS": "100", "STATESYNC_HTTP_LISTEN": http[i],
+                ], name: "node\(i + 1)")
+        }
+    }
+
+    static func get(_ url: String) async throws -> (status: Int, body: String) {
+        let (data, response) = try await URLSession.shared.data(from: URL(string: url)!)
+        return ((response as? HTTPURLResponse)?.statusCode ?? 0, String(decoding: data, as: UTF8.self))
+    }
+
+    /// The value of the first sample line of `series` (a name with its labels) in a scrape.
+    static func sample(_ series: String, in scrape: String) -> Double? {
+        for line in scrape.split(separator: "\n") where line.hasPrefix(series + " ") {
+            return Double(line.dropFirst(series.count + 1))
+        }
+        return nil
+    }
+
+    @Test func metricsMoveWithWritesAndReadinessFollowsAPeer() async throws {
+        let cluster = Cluster()
+        do {
+            for i in 0..<3 { try cluster.start(i) }
+            for api in cluster.api { try await ClusterTests.waitUntilReady(api, peers: 2) }
+            let node1 = "http://\(cluster.http[0])"
+            let node2 = "http://\(cluster.http[1])"
+
+            #expect(try await Self.get("\(node1)/healthz") == (200, "ok\n"))
+            try await waitUntil("node1's /readyz says ready") { try await Self.get("\(node1)/readyz").status == 200 }
+
+            let before = try await Self.get("\(node1)/metrics").body
+            let published = Self.sample("statesync_deltas_published_total", in: before) ?? -1
+            #expect(published >= 0, "a counter of `statesync status` is exported:\n\(before)")
+            let client = try StateSyncClient(endpoint: cluster.api[0])
+            defer { client.close() }
+            for i in 0..<3 {
+                _ = try await client.set(
+                    ModelAddress(channel: "ops", model: "m\(i)"), ["secret": .string("value-never-in-metrics-\(i)")])
+            }
+            try await waitUntil("node1's published counter moved by 3") {
+                let now = try await Self.get("\(node1)/metrics").body
+                return (Self.sample("statesync_deltas_published_total", in: now) ?? 0) >= published + 3
+            }
+            try await waitUntil("node2 received and applied the 3 deltas") {
+                let now = try await Self.get("\(node2)/metrics").body
+                return (Self.sample("statesync_deltas_applied_total", in: now) ?? 0) >= 3
+                    && (Self.sample("statesync_remote_apply_lag_seconds_count", in: now) ?? 0) >= 1
+            }
+            var scrapes: [String] = []
+            for http in cluster.http { scrapes.append(try await Self.get("http://\(http)/metrics").body) }
+            let node1Scrape = scrapes[0]
+            #expect((Self.sample("statesync_fsync_seconds_count", in: node1Scrape) ?? 0) >= 1, "fsync histogram")
+            #expect((Self.sample("statesync_write_published_seconds_count", in: node1Scrape) ?? 0) >= 1)
+            #expect(Self.sample("statesync_peer_missing_deltas{peer=\"node2\"}", in: node1Scrape) == 0)
+            #expect(Self.sample("statesync_peer_connected{peer=\"node3\"}", in: node1Scrape) == 1)
+            #expect(Self.sample("statesync_members{state=\"alive\"}", in: node1Scrape) == 3)
+            for scrape in scrapes {
+                #expect(!scrape.contains("value-never-in-metrics"), "metrics carry no property values")
+                #expect(!scrape.contains("m0") && !scrape.contains("\"ops\""), "no model or channel labels")
+            }
+            // The Grafana dashboard in Config/ asks only for series the node exports.
+            let dashboard = try String(contentsOfFile: "Config/grafana-dashboard.json", encoding: .utf8)
+            let names = Set(
+                dashboard.matches(of: /statesync_[a-z_]+/).map {
+                    String($0.output).replacingOccurrences(of: "_bucket", with: "")
+                })
+            #expect(names.count >= 10)
+            for name in names {
+                #expect(node1Scrape.contains("# TYPE \(name) "), "the dashboard's \(name) is exported")
+            }
+            if let promtool = Self.promtool {
+                for (i, scrape) in scrapes.enumerated() {
+                    let file = "\(cluster.data[i])-scrape.txt"
+                    try scrape.write(toFile: file, atomically: true, encoding: .utf8)
+                    let check = try ChildProcess("/bin/sh", ["-c", "\(promtool) check metrics < \(file)"])
+                    #expect(await check.wait() == 0, "promtool check metrics: \(check.stdout)\(check.stderr)")
+                }
+            } else {
+                Issue.record("promtool is missing (bash .ci/setup --test installs Debian's prometheus)")
+            }
+
+            // A peer dies (SIGKILL: no clean leave): node1 is no longer ready, and says which peer.
+            _ = await cluster.daemons.processes[2].stop(SIGKILL)
+            try await waitUntil("node1's /readyz fails while node3 is dead") {
+                let ready = try await Self.get("\(node1)/readyz")
+                return ready.status == 503 && ready.body.contains("node3")
+            }
+            #expect(
+                Self.sample("statesync_ready", in: try await Self.get("\(node1)/metrics").body) == 0,
+                "the ready gauge follows /readyz")
+            try cluster.start(2)
+            try await waitUntil("node1's /readyz is ready again once node3 is back") {
+                try await Self.get("\(node1)/readyz").status == 200
+            }
+        } catch {
+            Issue.record("\(error)\n\(cluster.daemons.logs())")
+        }
+        let statuses = await cluster.daemons.stopAll()
+        #expect(statuses.first == 0 && statuses.last == 0, "\(statuses)\n\(cluster.daemons.logs())")
+    }
+
+    @Test func aPortInUseStopsTheDaemonWithExit1() async throws {
+        let cluster = Cluster()
+        let blocker = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        defer { close(blocker) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_port = in_port_t(UInt16(cluster.http[0].split(separator: ":")[1])!).bigEndian
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(blocker, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        #expect(bound == 0 && listen(blocker, 1) == 0)
+        try cluster.start(0)
+        #expect(await cluster.daemons.processes[0].wait() == 1)
+        #expect(cluster.daemons.processes[0].stderr.contains("statesyncd: node node1"), "\(cluster.daemons.logs())")
+    }
+
+    /// The live view in Debian's chromium: the page follows a channel of node1 while a change is
+    /// made through node3; the page must show it (old → new). A screenshot is kept in
+    /// `.build/test-artifacts/live-view.png`.
+    @Test(.enabled(if: chromium != nil, "needs chromium (bash .ci/setup --test installs it)"))
+    func theLiveViewShowsAChangeMadeThroughAnotherNode() async throws {
+        let cluster = Cluster()
+        var browser: ChildProcess?
+        do {
+            for i in 0..<3 { try cluster.start(i) }
+            for api in cluster.api { try await ClusterTests.waitUntilReady(api, peers: 2) }
+            let node1 = try StateSyncClient(endpoint: cluster.api[0])
+            let node3 = try StateSyncClient(endpoint: cluster.api[2])
+            defer {
+                node1.close()
+                node3.close()
+            }
+            let greeting = ModelAddress(channel: "demo", model: "greeting")
+            _ = try await node3.set(greeting, ["text": .string("before")])
+            try await waitUntil("node1 has the first value") { try await node1.get(greeting)["text"] != nil }
+
+            let artifacts = packageRoot.appendingPathComponent(".build/test-artifacts").path
+            try FileManager.default.createDirectory(atPath: artifacts, withIntermediateDirectories: true)
+            // Twice: once dumping the page's DOM (asserted), once taking the screenshot. The page
+            // closes its event stream once it shows `until`, so the browser sees the network idle.
+            for (round, mode) in ["--dump-dom", "--screenshot=\(artifacts)/live-view.png"].enumerated() {
+                let marker = "after-\(round)"
+                let url = "http://\(cluster.http[0])/?channel=demo&until=\(marker)"
+                let chrome = try ChildProcess(
+                    Self.chromium!,
+                    [
+                        "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1280,900",
+                        "--virtual-time-budget=60000", mode, url,
+                    ], name: "chromium")
+                browser = chrome
+                try await waitUntil("the page's watch is registered on node1") {
+                    (try? await node1.status().watchers) == 1
+                }
+                _ = try await node3.set(greeting, ["text": .string(marker)])
+                #expect(await chrome.wait(timeout: .seconds(60)) == 0, "\(chrome.stderr)")
+                browser = nil
+                try await waitUntil("the page's watch ended") { (try? await node1.status().watchers) == 0 }
+                if round == 0 {
+                    let dom = chrome.stdout
+                    #expect(
+                        dom.contains(
+                            "<span class=\"old\">\"before\"</span> → <span class=\"new\">\"\(marker)\"</span>"),
+                        "the page shows old → new of the change made through node3:\n\(dom)")
+                    #expect(dom.contains(">node3<"), "with its origin")
+                    #expect(dom.contains("node2") && dom.contains(">connected<"), "and the members' links")
+                }
+            }
+            let screenshot = try FileManager.default.attributesOfItem(atPath: "\(artifacts)/live-view.png")
+            #expect((screenshot[.size] as? Int ?? 0) > 10_000, "a screenshot of the page")
+        } catch {
+            Issue.record("\(error)\n\(cluster.daemons.logs())")
+        }
+        if let browser { _ = await browser.stop(SIGKILL) }
+        #expect(await cluster.daemons.stopAll() == [0, 0, 0], "\(cluster.daemons.logs())")
+    }
+}
