@@ -157,6 +157,28 @@ public enum Harness {
         // (A late joiner's clients and watcher wait for it like for a killed node.)
         let workloadStart = Date()
         let writes = WriteLog()
+        // The report's pictures: every write's time and outcome, and each node's lag, sampled
+        // through clients of their own (a node that does not answer does not hold up the others).
+        let timeline = TimelineRecorder()
+        func sinceStart() -> Int { Int(Date().timeIntervalSince(workloadStart) * 1000) }
+        let samplers = try nodes.map { node in
+            try StateSyncClient(endpoint: node.api, requestTimeout: .milliseconds(400), security: security(node.name))
+        }
+        defer { for sampler in samplers { sampler.close() } }
+        let samplingDone = SharedFlag()
+        let samplingTask = Task {
+            while !samplingDone.isSet {
+                await withTaskGroup(of: Void.self) { group in
+                    for (index, sampler) in samplers.enumerated() {
+                        group.addTask {
+                            let status = try? await sampler.status()
+                            timeline.lag(of: names[index], at: sinceStart(), missing: status?.missingDeltas)
+                        }
+                    }
+                }
+                try? await Task.sleep(for: .milliseconds(200))
+            }
+        }
         let faultTask = Task {
             await FaultController(
                 nodes: nodes, relays: relays, lab: lab, names: names, seed: options.seed &+ 1, log: faults,
@@ -202,6 +224,7 @@ public enum Harness {
                         writes.append(
                             ConvergenceChecker.Write(
                                 model: model, properties: properties, node: names[target], acknowledged: acknowledged))
+                        timeline.write(at: sinceStart(), acknowledged: acknowledged != nil)
                     }
                 }
             }
@@ -254,6 +277,11 @@ public enum Harness {
             try await Task.sleep(for: .milliseconds(20))
         }
         let convergenceMilliseconds = converged ? Int(Date().timeIntervalSince(healed) * 1000) : nil
+        samplingDone.set()
+        await samplingTask.value
+        let healedAt = Int(healed.timeIntervalSince(workloadStart) * 1000)
+        let runTimeline = timeline.timeline(
+            healed: healedAt, converged: convergenceMilliseconds.map { healedAt + $0 }, end: sinceStart())
 
         // What each node used, before anything else runs on it.
         var resources: [String: ProcessResources] = [:]
@@ -318,6 +346,7 @@ public enum Harness {
         report.strangersRefused = strangersRefused
         report.resources = resources
         report.peerMessagesReceived = peerMessages
+        report.timeline = runTimeline
         for node in nodes { report.exitStatuses[node.name] = node.stop() }
         for relay in relays.values { relay.stop() }
         if report.passed && !options.keep {

@@ -32,6 +32,8 @@ public struct HarnessReport: Sendable {
     /// (HEARTBEATs and DELTA messages, counter `peer_messages_received`).
     public var resources: [String: ProcessResources] = [:]
     public var peerMessagesReceived: [String: Int] = [:]
+    /// Writes, acknowledgements and each node's lag over time (for ``html``).
+    public var timeline: RunTimeline?
 
     public var passed: Bool { converged && findings.passed && strangersRefused != false }
 

@@ -76,6 +76,10 @@ public struct SimulationOptions: Sendable {
     public var convergenceTimeoutMilliseconds: UInt64 = 120_000
     /// Where the nodes log (nothing by default: a simulation makes many lines).
     public var logger: Logger?
+    /// Sample writes and each node's lag every 100 simulated ms for the report's pictures
+    /// (``SimulationReport/timeline``). Reading the nodes' status between steps adds no event, so
+    /// the run is the same with or without it.
+    public var recordTimeline = false
 
     /// The defaults: 5 nodes, 10,000 operations, seed 1, no faults.
     public init() {}
@@ -139,6 +143,8 @@ public struct SimulationReport: Sendable {
     public var peerMessages = 0
     /// Their frames' octets.
     public var peerBytes = 0
+    /// Writes and each node's lag over simulated time (with ``SimulationOptions/recordTimeline``).
+    public var timeline: RunTimeline?
 
     /// Whether every check passed.
     public var passed: Bool { converged && findings.passed }
@@ -332,8 +338,26 @@ public enum ClusterSimulator {
             duplicateRate: duplicateRate, reorderRate: reorderRate, culprit: culprit,
             forceLoss: options.plantedBug == .skipRepair)
         schedule.start(in: cluster, until: { workload.isDone })
+        let recorder = options.recordTimeline ? TimelineRecorder(binMilliseconds: 100) : nil
+        var nextSample: UInt64 = 0
+        func sample(_ cluster: SimulatedCluster) {
+            guard let recorder, cluster.now >= nextSample else { return }
+            nextSample = cluster.now + 100
+            let writes = workload.writes
+            recorder.counted(
+                at: Int(cluster.now), attempted: writes.count,
+                acknowledged: writes.reduce(0) { $0 + ($1.acknowledged == nil ? 0 : 1) })
+            for node in cluster.nodes {
+                recorder.lag(of: node.id, at: Int(cluster.now), missing: node.host?.status.missingDeltas)
+            }
+        }
         let workloadLimit = cluster.now + 600_000 + UInt64(options.operations) * 20
-        cluster.run(until: workloadLimit, stoppingWhen: { _ in workload.isDone && schedule.isDone })
+        cluster.run(
+            until: workloadLimit,
+            stoppingWhen: { cluster in
+                sample(cluster)
+                return workload.isDone && schedule.isDone
+            })
         let workloadFinished = workload.isDone
         if options.plantedBug == .wrongTieBreak {
             // Ties for certain: after a quiet moment two nodes' clocks issue the same timestamp.
@@ -350,6 +374,7 @@ public enum ClusterSimulator {
         var convergedAt: UInt64?
         while cluster.now < healed + options.convergenceTimeoutMilliseconds {
             cluster.run(for: 20)
+            sample(cluster)
             if isQuiet(cluster) {
                 convergedAt = cluster.now
                 break
@@ -407,7 +432,7 @@ public enum ClusterSimulator {
                 "the workload did not finish within \(workloadLimit) simulated ms: writes stopped being answered")
         }
         let cpu = threadCPUSeconds() - started
-        return SimulationReport(
+        var report = SimulationReport(
             options: options, parameters: parameters, acknowledged: writes.filter { $0.acknowledged != nil }.count,
             findings: findings, converged: convergedAt != nil && findings.converged,
             convergenceMilliseconds: convergedAt.map { $0 - healed }, faults: schedule.events,
@@ -419,6 +444,9 @@ public enum ClusterSimulator {
                 }, notifications: watchers.reduce(0) { $0 + $1.changes.count }, cpuSeconds: cpu,
             culprit: culprit.map { cluster.nodes[$0].id }, peerMessages: cluster.peerMessagesDelivered,
             peerBytes: cluster.peerBytesDelivered)
+        report.timeline = recorder?.timeline(
+            healed: Int(healed), converged: convergedAt.map(Int.init), end: Int(cluster.now))
+        return report
     }
 
     /// Every node up, connected to every peer, missing nothing, and all with one digest.

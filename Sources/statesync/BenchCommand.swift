@@ -24,6 +24,12 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
+                "Also write the results as one self-contained HTML page (throughput and latency next to raw libzmq).",
+                valueName: "FILE"))
+        var report: String?
+
+        @Option(
+            help: ArgumentHelp(
                 "Only measure a late join: a node holding N properties, a new node taking them by a streamed snapshot (both in this process).",
                 valueName: "N"))
         var join: Int?
@@ -78,11 +84,12 @@ extension StateSyncCLI {
                 (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
                 ?? CommandLine.arguments[0]
             let interactive = isatty(STDERR_FILENO) == 1
-            let report = try await StateSyncBench.Bench.run(.init(executable: executable, quick: quick)) { phase in
+            let result = try await StateSyncBench.Bench.run(.init(executable: executable, quick: quick)) { phase in
                 if interactive { FileHandle.standardError.write(Data("\r\u{1B}[Kbench: \(phase)…".utf8)) }
             }
             if interactive { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-            emit(json ? report.value.jsonText() : report.humanText)
+            emit(json ? result.value.jsonText() : result.humanText)
+            if let report { try writeReport(result.html, to: report) }
         }
     }
 

@@ -60,6 +60,12 @@ extension StateSyncCLI {
         @Flag(help: "Keep the nodes' logs and data even when every check passes.")
         var keep = false
 
+        @Option(
+            help: ArgumentHelp(
+                "Also write the run as one self-contained HTML page: writes and acknowledgements over time, the faults as bands, each node's lag, the convergence and the verdict.",
+                valueName: "FILE"))
+        var report: String?
+
         @Option(help: ArgumentHelp("The statesyncd executable (default: next to this statesync).", valueName: "PATH"))
         var statesyncd: String?
 
@@ -89,9 +95,9 @@ extension StateSyncCLI {
             options.netns = netns
             options.secure = secure
             let interactive = isatty(STDERR_FILENO) == 1
-            let report: HarnessReport
+            let result: HarnessReport
             do {
-                report = try await StateSyncHarness.Harness.run(options) { progress in
+                result = try await StateSyncHarness.Harness.run(options) { progress in
                     guard interactive else { return }
                     let width = 30
                     let filled = min(width, width * progress.operations / max(progress.total, 1))
@@ -105,8 +111,9 @@ extension StateSyncCLI {
                 throw ExitCode(2)
             }
             if interactive { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-            emit(json ? report.value.jsonText() : report.humanText)
-            if !report.passed { throw ExitCode(1) }
+            emit(json ? result.value.jsonText() : result.humanText)
+            if let report { try writeReport(result.html, to: report) }
+            if !result.passed { throw ExitCode(1) }
         }
 
         static func siblingDaemon() -> String {

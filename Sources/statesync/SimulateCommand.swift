@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Logging
 import StateSync
+import StateSyncHarness
 import StateSyncTesting
 
 extension StateSyncCLI {
@@ -69,7 +70,14 @@ extension StateSyncCLI {
             help: ArgumentHelp("Print the nodes' logs at this level to stderr (trace … critical).", valueName: "LEVEL"))
         var logLevel: String?
 
+        @Option(
+            help: ArgumentHelp(
+                "Also write the run as one self-contained HTML page (writes, faults, each node's lag, convergence, verdict). One seed only.",
+                valueName: "FILE"))
+        var report: String?
+
         func validate() throws {
+            if report != nil, seeds != nil { throw ValidationError("--report draws one run: use --seed, not --seeds") }
             for name in faults.split(separator: ",") where SimulationOptions.Fault(rawValue: String(name)) == nil {
                 throw ValidationError(
                     "unknown fault '\(name)'; use \(SimulationOptions.Fault.allCases.map(\.rawValue).joined(separator: ", "))"
@@ -104,6 +112,7 @@ extension StateSyncCLI {
             options.faults = faults.split(separator: ",").compactMap { SimulationOptions.Fault(rawValue: String($0)) }
             options.plantedBug = plantBug.flatMap(SimulationOptions.PlantedBug.init)
             options.writers = writers
+            options.recordTimeline = report != nil
             if let logLevel, let level = Logger.Level(rawValue: logLevel) {
                 options.logger = Logger(label: "sim") { label in
                     var handler = StreamLogHandler.standardError(label: label)
@@ -116,9 +125,10 @@ extension StateSyncCLI {
 
         func run() throws {
             guard let seeds, let range = Self.range(seeds) else {
-                let report = try simulate(seed: seed)
-                emit(json ? report.value.jsonText() : report.humanText)
-                if !report.passed { throw ExitCode(1) }
+                let result = try simulate(seed: seed)
+                emit(json ? result.value.jsonText() : result.humanText)
+                if let report { try writeReport(result.html, to: report) }
+                if !result.passed { throw ExitCode(1) }
                 return
             }
             var passed = 0

@@ -79,6 +79,18 @@ func emit(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }
 
+/// Writes a `--report` page; a file that cannot be written is an error that names it (exit 2).
+func writeReport(_ html: String, to path: String) throws {
+    do {
+        try html.write(toFile: path, atomically: true, encoding: .utf8)
+        FileHandle.standardError.write(Data("statesync: report written to \(path)\n".utf8))
+    } catch {
+        FileHandle.standardError.write(
+            Data("statesync: cannot write the report to \(path): \(error.localizedDescription)\n".utf8))
+        throw ExitCode(2)
+    }
+}
+
 /// Parses `CHANNEL/MODEL`.
 func parseAddress(_ text: String) throws -> ModelAddress {
     guard let slash = text.firstIndex(of: "/") else {

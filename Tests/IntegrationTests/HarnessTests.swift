@@ -19,10 +19,11 @@ struct HarnessTests {
     }
 
     @Test func smallClusterWithKillAndPartitionPasses() async throws {
+        let page = temporaryDirectory("harness-report") + ".html"
         let (run, report) = try await Self.harness(
             [
                 "--nodes", "3", "--ops", "3000", "--seed", "1", "--faults",
-                "kill,partition,pause,loss,clock",
+                "kill,partition,pause,loss,clock", "--report", page,
             ])
         #expect(run.status == 0, "\(run.stdout)")
         #expect(report["converged"] as? Bool == true)
@@ -33,6 +34,38 @@ struct HarnessTests {
         let kinds = Set((report["faults"] as? [[String: Any]] ?? []).compactMap { $0["kind"] as? String })
         #expect(kinds.isSuperset(of: ["kill", "partition", "pause", "loss", "clock"]), "\(kinds)")
         #expect((report["notifications"] as? Int ?? 0) > 0)
+
+        // --report: one self-contained page with the faults as bands, each node's lag, the
+        // heal and convergence markers, and the verdict.
+        let html = try String(contentsOfFile: page, encoding: .utf8)
+        #expect(html.contains("class=\"verdict pass\">PASSED<"))
+        #expect(html.components(separatedBy: "<svg ").count == 3, "two charts")
+        for fault in report["faults"] as? [[String: Any]] ?? [] where fault["heal_ms"] is Int {
+            let label = "\(fault["kind"] as? String ?? "?") \(fault["target"] as? String ?? "?")"
+            #expect(html.contains(">\(label)</text>"), "the fault \(label) is a band")
+        }
+        #expect(html.contains(">healed</text>") && html.contains(">converged</text>"))
+        for node in ["n1", "n2", "n3"] { #expect(html.contains(">\(node)</text>"), "\(node)'s lag line") }
+        #expect(html.contains("<polyline"))
+        #expect(!html.contains("http://") || !html.contains("<script"), "nothing fetched, no script")
+        // And in a real browser: it renders, and a screenshot is kept.
+        if let chromium = HTTPListenerTests.chromium {
+            let artifacts = packageRoot.appendingPathComponent(".build/test-artifacts").path
+            try FileManager.default.createDirectory(atPath: artifacts, withIntermediateDirectories: true)
+            let dom = try ChildProcess(
+                chromium, ["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", "file://\(page)"])
+            #expect(await dom.wait(timeout: .seconds(60)) == 0)
+            #expect(dom.stdout.contains("converged") && dom.stdout.contains("<polyline"), "\(dom.stderr)")
+            let shot = try ChildProcess(
+                chromium,
+                [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--window-size=1000,900",
+                    "--screenshot=\(artifacts)/harness-report.png", "file://\(page)",
+                ])
+            #expect(await shot.wait(timeout: .seconds(60)) == 0)
+            #expect(FileManager.default.fileExists(atPath: "\(artifacts)/harness-report.png"))
+        }
+        try? FileManager.default.removeItem(atPath: page)
     }
 
     /// Root, iproute2, and a kernel that lets this sandbox create a namespace (probed).
