@@ -30,6 +30,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-metrics", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus", from: "2.4.1"),
         .package(url: "https://github.com/hummingbird-project/hummingbird", from: "2.28.1"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "4.5.2"),
     ],
     targets: [
         // The C library: a module map over <zmq.h>, nothing else.
@@ -70,8 +71,9 @@ let package = Package(
         .target(
             name: "StateSyncHTTP",
             dependencies: [
-                "StateSync", "StateSyncClient",
+                "StateSync", "StateSyncClient", "ZeroMQ",
                 .product(name: "Hummingbird", package: "hummingbird"),
+                .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Logging", package: "swift-log"),
@@ -134,6 +136,7 @@ let package = Package(
                 "StateSyncHarness",
                 "StateSyncBench",
                 "StateSyncTesting",
+                "StateSyncHTTP",
                 "ZeroMQ",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
@@ -149,7 +152,7 @@ let package = Package(
             name: "StateSyncTests",
             dependencies: [
                 "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness", "StateSyncTesting",
-                "StateSyncHTTP",
+                "StateSyncHTTP", "StateSyncBench",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

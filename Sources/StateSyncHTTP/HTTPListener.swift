@@ -24,7 +24,12 @@ public struct HTTPListener: Sendable {
     let liveView: LiveView
 
     /// A listener for `node` on `address` (`HOST:PORT`, as `http.listen`; port 0 picks one).
-    public init(address: String, node: StateSyncNode, exporter: MetricsExporter, logger: Logger) throws {
+    /// With security, `authority` says which channels a viewer of the live view may see (without
+    /// it, none).
+    public init(
+        address: String, node: StateSyncNode, exporter: MetricsExporter, authority: ViewerAuthority? = nil,
+        logger: Logger
+    ) throws {
         guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]) else {
             throw StateSyncError(.invalidConfiguration, "http.listen: '\(address)' is not HOST:PORT")
         }
@@ -35,7 +40,7 @@ public struct HTTPListener: Sendable {
         self.node = node
         self.exporter = exporter
         self.logger = logger
-        self.liveView = LiveView(node: node, logger: logger)
+        self.liveView = LiveView(node: node, logger: logger, authority: authority)
     }
 
     /// The Hummingbird application serving the routes: a `Service` (it ends on graceful shutdown).

@@ -14,12 +14,13 @@ import Synchronization
 /// The page holds one server-sent-events stream, `GET /events?channel=NAME`: an `event: status`
 /// every second, and an `event: change` per change of the channel. The changes come from a watch
 /// on this node's own client API (the same path, order and old values as `statesync watch`).
-/// With security configured the view shows no channel data: a viewer would have to prove a
-/// client key with read permission, which this listener cannot check yet; it shows the members,
-/// links and counts only.
+/// With security configured, a viewer sees channel names and data only with a ``ViewToken``
+/// (`?token=`, from `statesync view-token`) of a client key, and only the channels that key may
+/// read; without one the page shows the members, links and counts.
 struct LiveView: Sendable {
     let node: StateSyncNode
     let logger: Logger
+    let authority: ViewerAuthority?
 
     func addRoutes(to router: Router<BasicRequestContext>) {
         router.get("/") { _, _ in
@@ -38,7 +39,8 @@ struct LiveView: Sendable {
                         body: .init(byteBuffer: ByteBuffer(string: "\(error)\n")))
                 }
             }
-            let stream = self.events(channel: channel)
+            let token = request.uri.queryParameters.get("token").map { String($0) }
+            let stream = self.events(channel: channel, token: token)
             return Response(
                 status: .ok,
                 headers: [.contentType: "text/event-stream", .cacheControl: "no-cache"],
@@ -56,8 +58,17 @@ struct LiveView: Sendable {
         }
     }
 
+    /// What a viewer may read: `nil` without security (everything), else the read patterns its
+    /// token proves (none without a valid token).
+    func readPatterns(token: String?) -> [String]? {
+        guard node.configuration.security != nil else { return nil }
+        guard let token, let authority, let patterns = authority.readPatterns(token: token) else { return [] }
+        return patterns
+    }
+
     /// The stream of one viewer: status every second, and the changes of `channel`.
-    func events(channel: String?) -> AsyncStream<String> {
+    func events(channel: String?, token: String?) -> AsyncStream<String> {
+        let patterns = readPatterns(token: token)
         let (stream, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingOldest(10_000))
         let dropped = Atomic<Int>(0)
         let send: @Sendable (String, Value) -> Void = { event, value in
@@ -68,7 +79,12 @@ struct LiveView: Sendable {
         let node = self.node
         let statusTask = Task {
             while !Task.isCancelled {
-                let status = node.status
+                var status = node.status
+                if let patterns {
+                    status.channels = status.channels.filter {
+                        SecurityConfiguration.ClientAccess.allows(patterns, $0.key)
+                    }
+                }
                 send(
                     "status",
                     .map([
@@ -80,7 +96,20 @@ struct LiveView: Sendable {
             }
         }
         let watchTask = Task {
+            if patterns == [] {
+                send(
+                    "notice",
+                    .string(
+                        token == nil
+                            ? "this node has security: open the page with ?token=… (statesync view-token) to see channels"
+                            : "the token is not valid for this node (expired, or not of an admitted client key)"))
+                return
+            }
             guard let channel else { return }
+            if let patterns, !SecurityConfiguration.ClientAccess.allows(patterns, channel) {
+                send("notice", .string("this client key may not read channel '\(channel)'"))
+                return
+            }
             await self.watch(channel: channel, send: send)
         }
         continuation.onTermination = { _ in
@@ -93,14 +122,6 @@ struct LiveView: Sendable {
     /// Watches `channel` through this node's own client API and sends its changes; a watch that
     /// ends (the node restarted its API, a timeout) is resumed from its replica.
     private func watch(channel: String, send: @Sendable (String, Value) -> Void) async {
-        if node.configuration.security != nil {
-            send(
-                "notice",
-                .string(
-                    "channel data is not shown with security configured: the live view cannot yet authenticate a viewer as a client key with read permission"
-                ))
-            return
-        }
         guard let api = node.apiEndpoint.map(Self.loopback) else {
             send("notice", .string("this node serves no client API (network.api): no channel data to show"))
             return
@@ -108,7 +129,11 @@ struct LiveView: Sendable {
         var replica: ChannelReplica?
         while !Task.isCancelled {
             do {
-                let client = try StateSyncClient(endpoint: api)
+                let client = try StateSyncClient(
+                    endpoint: api,
+                    security: authority.map {
+                        .init(serverKey: $0.serverPublicKey, secretKeyFile: $0.viewKeyFile)
+                    })
                 defer { client.close() }
                 let (events, current) = try await client.watch(channel: channel, replica: replica)
                 replica = current

@@ -1,6 +1,7 @@
 extension LiveView {
     /// The whole page: HTML, CSS and script inline, nothing fetched but `/events`. `?channel=NAME`
-    /// picks the channel to follow (the channel list sets it too); `&until=TEXT` closes the
+    /// picks the channel to follow (the channel list sets it too); `&token=` is a viewer's
+    /// ``ViewToken`` (with security); `&until=TEXT` closes the
     /// stream once a change row contains TEXT (headless browsers dump the page once the network
     /// is idle: the browser test uses it).
     static let page = #"""
@@ -42,6 +43,7 @@ extension LiveView {
         const params = new URLSearchParams(location.search);
         let channel = params.get("channel") || "";
         const until = params.get("until");
+        const token = params.get("token") || "";
         let source = null;
         const $ = (id) => document.getElementById(id);
         function text(tag, value, cls) { const e = document.createElement(tag); e.textContent = value; if (cls) e.className = cls; return e; }
@@ -69,7 +71,7 @@ extension LiveView {
             $("channels").replaceChildren(...names.map((name) => {
               const a = text("a", name + " (" + st.channels[name] + (st.channels[name] === 1 ? " model)" : " models)"));
               if (name === channel) a.className = "picked";
-              a.onclick = () => { channel = name; history.replaceState(null, "", "?channel=" + encodeURIComponent(name)); $("changes").replaceChildren(); connect(); };
+              a.onclick = () => { channel = name; history.replaceState(null, "", "?channel=" + encodeURIComponent(name) + (token ? "&token=" + encodeURIComponent(token) : "")); $("changes").replaceChildren(); connect(); };
               return a;
             }));
             $("channels").className = "";
@@ -89,7 +91,10 @@ extension LiveView {
         function connect() {
           if (source) source.close();
           $("picked").textContent = channel ? "of " + channel + " (live)" : "(pick a channel)";
-          source = new EventSource("events" + (channel ? "?channel=" + encodeURIComponent(channel) : ""));
+          const query = [];
+          if (channel) query.push("channel=" + encodeURIComponent(channel));
+          if (token) query.push("token=" + encodeURIComponent(token));
+          source = new EventSource("events" + (query.length ? "?" + query.join("&") : ""));
           source.addEventListener("status", (e) => showStatus(JSON.parse(e.data)));
           source.addEventListener("change", (e) => showChange(JSON.parse(e.data)));
           source.addEventListener("notice", (e) => { $("notice").textContent = JSON.parse(e.data); });

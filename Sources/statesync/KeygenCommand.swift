@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import StateSyncHTTP
 import ZeroMQ
 
 extension StateSyncCLI {
@@ -23,6 +24,61 @@ extension StateSyncCLI {
                 emit("secret key: \(out) (mode 0600; keep it private)")
                 emit("public key: \(out).pub")
                 emit(publicText)
+            }
+        }
+    }
+}
+
+extension StateSyncCLI {
+    struct ViewTokenCommand: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            commandName: "view-token",
+            abstract: "Print a token that lets a browser use a client key in a node's live view (security on).",
+            discussion: """
+                The token proves this client key to one node (it is made from the client's secret \
+                key and the node's public key; nothing is sent). The live view then shows the \
+                channels that key may read (security.client_keys), never more. Open \
+                http://HOST:PORT/?token=TOKEN on the node's http.listen. Treat the token like a \
+                password until it expires.
+                """)
+
+        @Option(help: ArgumentHelp("This client's secret key file (statesync keygen).", valueName: "PATH"))
+        var key: String
+
+        @Option(help: ArgumentHelp("The node's public key: its .pub file or the 40 Z85 characters.", valueName: "KEY"))
+        var serverKey: String
+
+        @Option(help: ArgumentHelp("How long the token is valid: 30m, 12h, 7d, or seconds.", valueName: "DURATION"))
+        var ttl: String = "12h"
+
+        @Option(
+            help: ArgumentHelp(
+                "Print the live view's URL at this base (e.g. http://127.0.0.1:9461/).", valueName: "URL"))
+        var url: String?
+
+        func validate() throws {
+            guard let seconds = Self.seconds(ttl), seconds > 0, seconds <= 366 * 86_400 else {
+                throw ValidationError("--ttl takes a duration up to 366d: 30m, 12h, 7d or seconds (got '\(ttl)')")
+            }
+        }
+
+        static func seconds(_ text: String) -> Double? {
+            let units: [Character: Double] = ["s": 1, "m": 60, "h": 3600, "d": 86_400]
+            if let unit = text.last.flatMap({ units[$0] }) { return Double(text.dropLast()).map { $0 * unit } }
+            return Double(text)
+        }
+
+        func run() async throws {
+            try await failingClearly {
+                let pair = try CurveKeyFile.readSecretKey(at: key)
+                let server = try CurveKeyFile.publicKey(serverKey)
+                let expires = Date().addingTimeInterval(Self.seconds(ttl) ?? 0)
+                let token = try ViewToken.make(client: pair, serverPublicKey: server, expires: expires)
+                if let url {
+                    emit((url.hasSuffix("/") ? url : url + "/") + "?token=" + token)
+                } else {
+                    emit(token)
+                }
             }
         }
     }

@@ -60,12 +60,30 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 throw ExitCode(2)
             }
         }
-        let configuration: NodeConfiguration
+        var configuration: NodeConfiguration
         do {
             configuration = try config.map { try NodeConfiguration.load(file: $0) } ?? NodeConfiguration.loadDefaults()
         } catch {
             FileHandle.standardError.write(Data("statesyncd: invalid configuration: \(error)\n".utf8))
             throw ExitCode(2)
+        }
+        // With security and an HTTP listener: the live view's own client key (admitted to read,
+        // never to write), and what viewers' tokens may see.
+        var authority: ViewerAuthority?
+        if configuration.httpListen != nil, let security = configuration.security {
+            do {
+                try FileManager.default.createDirectory(
+                    atPath: configuration.dataDirectory, withIntermediateDirectories: true,
+                    attributes: [.posixPermissions: 0o700])
+                let made = try ViewerAuthority(
+                    security: security, viewKeyFile: "\(configuration.dataDirectory)/http-view.key")
+                configuration.security?.clients.append(made.viewAccess)
+                authority = made
+            } catch {
+                FileHandle.standardError.write(
+                    Data("statesyncd: cannot prepare the live view's client key: \(error)\n".utf8))
+                throw ExitCode(1)
+            }
         }
         let level = Logger.Level(rawValue: configuration.logLevel) ?? .info
         let json = configuration.logFormat == "json"
@@ -99,16 +117,19 @@ struct StateSyncDaemon: AsyncParsableCommand {
         }
         early.attach(node)
         // kill -HUP: re-read security.* (admitted keys, client permissions) without a restart.
-        let hangUp = Self.reloadOnHangUp(node: node, configFile: config, logger: logger)
+        let hangUp = Self.reloadOnHangUp(node: node, configFile: config, authority: authority, logger: logger)
         defer { hangUp.cancel() }
-        var services: [ServiceGroupConfiguration.ServiceConfiguration] = [
-            .init(service: node, successTerminationBehavior: .gracefullyShutdownGroup)
-        ]
+        // The node last: a graceful shutdown stops services in reverse order, and a SIGTERM also
+        // reaches the node through EarlyStop, so the node must be the first one stopped (the
+        // HTTP listener ends right after it).
+        var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
         if let listen = configuration.httpListen, let exporter {
-            let listener = try HTTPListener(address: listen, node: node, exporter: exporter, logger: logger)
+            let listener = try HTTPListener(
+                address: listen, node: node, exporter: exporter, authority: authority, logger: logger)
             services.append(
                 .init(service: listener.application(), failureTerminationBehavior: .gracefullyShutdownGroup))
         }
+        services.append(.init(service: node, successTerminationBehavior: .gracefullyShutdownGroup))
         let group = ServiceGroup(
             configuration: ServiceGroupConfiguration(
                 services: services, gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
@@ -128,7 +149,9 @@ struct StateSyncDaemon: AsyncParsableCommand {
 
     /// On SIGHUP, re-reads the configuration file and applies its `security.*` keys (the other
     /// keys need a restart); a file or key that does not load changes nothing and is logged.
-    static func reloadOnHangUp(node: StateSyncNode, configFile: String?, logger: Logger) -> any DispatchSourceSignal {
+    static func reloadOnHangUp(
+        node: StateSyncNode, configFile: String?, authority: ViewerAuthority?, logger: Logger
+    ) -> any DispatchSourceSignal {
         signal(SIGHUP, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
         source.setEventHandler {
@@ -147,12 +170,15 @@ struct StateSyncDaemon: AsyncParsableCommand {
                         metadata: ["variables": "\(fromEnvironment.joined(separator: ","))"])
                 }
                 let reloaded = try NodeConfiguration.load(file: configFile)
-                guard let security = reloaded.security else {
+                guard var security = reloaded.security else {
                     throw StateSyncError(
                         .invalidConfiguration,
                         "\(configFile): has no security.secret_key; turning security off needs a restart")
                 }
+                if let authority { security.clients.append(authority.viewAccess) }
                 try node.reloadSecurity(security)
+                // The node took the keys, so they read: the live view follows the new permissions.
+                try authority?.update(security)
                 logger.notice(
                     "SIGHUP: reloaded security.* (admitted keys and client permissions); other keys need a restart",
                     metadata: ["config": "\(configFile)"])

@@ -214,3 +214,99 @@ struct HTTPListenerTests {
         #expect(await cluster.daemons.stopAll() == [0, 0, 0], "\(cluster.daemons.logs())")
     }
 }
+
+/// The live view of a node with security: channel names and data only with a view token of a
+/// client key, and only what that key may read.
+@Suite("HTTP listener: the live view with security")
+struct SecureLiveViewTests {
+    /// Follows `/events` with curl until `condition` holds for what arrived, then stops it.
+    static func events(_ url: String, until what: String, _ condition: @escaping (String) -> Bool) async throws
+        -> String
+    {
+        let curl = try ChildProcess("/usr/bin/curl", ["-sN", url], name: "curl")
+        defer { kill(curl.process.processIdentifier, SIGKILL) }
+        try await waitUntil(what) { condition(curl.stdout) }
+        return curl.stdout
+    }
+
+    @Test(.enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/curl"), "needs curl"))
+    func aViewerSeesOnlyWhatItsClientKeyMayRead() async throws {
+        let directory = temporaryDirectory("secure-view")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for name in ["node1", "node2", "viewer", "writer"] {
+            let made = try await cli(["keygen", "--out", "\(directory)/\(name).key"])
+            #expect(made.status == 0, "\(made.stderr)")
+        }
+        let api = "tcp://127.0.0.1:\(freePort())"
+        let http = "127.0.0.1:\(freePort())"
+        let path = "\(directory)/node1.yaml"
+        try """
+        node:
+          id: node1
+          data_dir: \(directory)/data
+        network:
+          publish: tcp://127.0.0.1:\(freePort())
+          api: \(api)
+          peers:
+            - node2=tcp://127.0.0.1:\(freePort())
+        http:
+          listen: \(http)
+        security:
+          secret_key: \(directory)/node1.key
+          peer_keys:
+            - node2=\(directory)/node2.key.pub
+          client_keys:
+            - \(directory)/viewer.key.pub read=sensors* write=sensors*
+            - \(directory)/writer.key.pub
+        """.write(toFile: path, atomically: true, encoding: .utf8)
+        let daemon = try ChildProcess("statesyncd", ["--config", path])
+        do {
+            let writer = try StateSyncClient(
+                endpoint: api, requestTimeout: .seconds(3),
+                security: .init(serverKey: "\(directory)/node1.key.pub", secretKeyFile: "\(directory)/writer.key"))
+            defer { writer.close() }
+            try await waitUntil("the daemon answers the writer") {
+                (try? await writer.set(ModelAddress(channel: "secret", model: "s1"), ["code": .string("hidden-xyz")]))
+                    != nil
+            }
+            _ = try await writer.set(ModelAddress(channel: "sensors", model: "t1"), ["temp": .int(20)])
+
+            // No token: members and counts, no channel names, no data.
+            let anonymous = try await Self.events(
+                "http://\(http)/events?channel=secret", until: "the anonymous viewer is told to bring a token"
+            ) { $0.contains("statesync view-token") && $0.contains("event: status") }
+            #expect(!anonymous.contains("hidden-xyz") && !anonymous.contains("event: change"))
+            #expect(anonymous.contains("\"channels\":{}"), "no channel names without a token: \(anonymous)")
+
+            let made = try await cli([
+                "view-token", "--key", "\(directory)/viewer.key", "--server-key", "\(directory)/node1.key.pub",
+            ])
+            #expect(made.status == 0, "\(made.stderr)")
+            let token = made.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+
+            // A channel the key may read: its changes arrive; the other channel's name does not.
+            let allowed = try await Self.events(
+                "http://\(http)/events?channel=sensors&token=\(token)", until: "the viewer sees sensors/t1"
+            ) { $0.contains("\"model\":\"t1\"") && $0.contains("event: status") }
+            #expect(allowed.contains("\"new\":20"))
+            #expect(!allowed.contains("\"secret\"") && !allowed.contains("hidden-xyz"), "\(allowed)")
+
+            // A channel it may not read: refused, nothing of it sent.
+            let refused = try await Self.events(
+                "http://\(http)/events?channel=secret&token=\(token)", until: "the viewer is refused 'secret'"
+            ) { $0.contains("may not read channel 'secret'") }
+            #expect(!refused.contains("hidden-xyz") && !refused.contains("event: change"))
+
+            // A forged token (one digit of its MAC changed) proves nothing.
+            let last = token.last == "0" ? "1" : "0"
+            let forged = try await Self.events(
+                "http://\(http)/events?channel=sensors&token=\(token.dropLast())\(last)",
+                until: "the forgery is refused"
+            ) { $0.contains("the token is not valid") }
+            #expect(!forged.contains("event: change"))
+        } catch {
+            Issue.record("\(error)\n\(daemon.stderr)")
+        }
+        #expect(await daemon.stop() == 0, "\(daemon.stderr)")
+    }
+}

@@ -32,8 +32,13 @@ public struct NodeMetrics: Sendable {
         public static let watchLag = "statesync_watch_lag_seconds"
     }
 
+    /// Whether a backend takes the samples: without one (swift-metrics' no-op factory) the node
+    /// measures nothing, and its hot paths pay nothing for metrics.
+    public let isRecording: Bool
+
     /// Histograms made by `factory` (by default the process's bootstrapped swift-metrics backend).
     public init(factory: any MetricsFactory = MetricsSystem.factory) {
+        isRecording = !(factory is NOOPMetricsHandler)
         fsync = Timer(label: Name.fsync, factory: factory)
         writeDurable = Timer(label: Name.writeDurable, factory: factory)
         writePublished = Timer(label: Name.writePublished, factory: factory)
@@ -48,7 +53,13 @@ public struct NodeMetrics: Sendable {
 package struct LatencySamples: Sendable {
     package var remoteApplyMilliseconds: [UInt64] = []
     package var watchMilliseconds: [UInt64] = []
+    /// Off (the default) the machine samples nothing: its host records no metrics.
+    package var enabled = false
     static let limit = 4096
+
+    package init(enabled: Bool = false) {
+        self.enabled = enabled
+    }
 
     mutating func remoteApplied(version: Version, wallNow: UInt64) {
         if remoteApplyMilliseconds.count < Self.limit {

@@ -111,11 +111,11 @@ public final class StateSyncNode: Sendable {
         self.observers = observers
         self.monotonicNow = monotonicNow
         self.metrics = metrics
-        state = Mutex(
-            HostState(
-                machine: NodeMachine(
-                    configuration: configuration, clock: clock, incarnation: incarnation, recovery: recovery,
-                    faults: faults, logger: logger)))
+        var machine = NodeMachine(
+            configuration: configuration, clock: clock, incarnation: incarnation, recovery: recovery,
+            faults: faults, logger: logger)
+        machine.latencySamples.enabled = metrics.isRecording
+        state = Mutex(HostState(machine: machine))
     }
 
     /// The driver that feeds the node, once attached.
@@ -179,7 +179,7 @@ public final class StateSyncNode: Sendable {
                 var samples: LatencySamples?
                 if !state.machine.latencySamples.isEmpty {
                     samples = state.machine.latencySamples
-                    state.machine.latencySamples = LatencySamples()
+                    state.machine.latencySamples = LatencySamples(enabled: true)
                 }
                 return (actions, Self.resolve(actions, in: &state), samples)
             }
@@ -197,7 +197,7 @@ public final class StateSyncNode: Sendable {
                     inputs.append(outcome)
                 }
             }
-            if let durableThrough { recordPublished(through: durableThrough) }
+            if metrics.isRecording, let durableThrough { recordPublished(through: durableThrough) }
             if let samples { record(samples) }
         }
     }
@@ -232,7 +232,7 @@ public final class StateSyncNode: Sendable {
         case .publish(let frames):
             transport.publish(frames)
         case .appendLog(let bytes, let mustSucceed):
-            writeTimes.withLock { $0.appended(bytes.count, ownWrites: mustSucceed) }
+            if metrics.isRecording { writeTimes.withLock { $0.appended(bytes.count, ownWrites: mustSucceed) } }
             do {
                 try storage.append(bytes)
             } catch {
@@ -246,11 +246,13 @@ public final class StateSyncNode: Sendable {
                     "statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
             }
         case .syncLog(let position):
-            let started = ContinuousClock.now
+            let started = metrics.isRecording ? ContinuousClock.now : nil
             defer {
-                let done = ContinuousClock.now
-                metrics.fsync.record(started.duration(to: done))
-                writeTimes.withLock { $0.synced(through: position, at: done) }
+                if let started {
+                    let done = ContinuousClock.now
+                    metrics.fsync.record(started.duration(to: done))
+                    writeTimes.withLock { $0.synced(through: position, at: done) }
+                }
             }
             do {
                 try storage.sync()

@@ -190,7 +190,7 @@ extension NodeMachine {
             machine.counters.propertiesStale += delta.properties.count - won.count
             if !won.isEmpty { machine.counters.deltasApplied += 1 }
         }
-        if !repaired, !applied.isEmpty {
+        if latencySamples.enabled, !repaired, !applied.isEmpty {
             latencySamples.remoteApplied(version: accepted[newest].version, wallNow: clock.wallMilliseconds())
         }
         if let drifted = drifted.first {

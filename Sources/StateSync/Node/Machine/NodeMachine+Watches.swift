@@ -185,7 +185,9 @@ extension NodeMachine {
                     after.append(position)
                 }
             }
-            latencySamples.watchSent(version: deltas[0].0.version, wallNow: clock.wallMilliseconds())
+            if latencySamples.enabled {
+                latencySamples.watchSent(version: deltas[0].0.version, wallNow: clock.wallMilliseconds())
+            }
             watch.inFlight = .deltas(before: before, after: after, end: end)
             actions.append(.sendWatchEvents(key, events))
             return

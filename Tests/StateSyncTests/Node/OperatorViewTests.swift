@@ -1,0 +1,64 @@
+import Foundation
+import Testing
+import ZeroMQ
+
+@testable import StateSync
+@testable import StateSyncHTTP
+
+/// What the HTTP listener decides without a network: readiness, and view tokens.
+@Suite("Readiness and view tokens")
+struct OperatorViewTests {
+    static func status(peers: [(String, Bool)], members: [(String, String, Bool)], missing: Int = 0) -> NodeStatus {
+        var status = NodeStatus(
+            node: "node1", incarnation: 1, publishEndpoint: "tcp://127.0.0.1:7001", apiEndpoint: nil,
+            peers: peers.map {
+                .init(
+                    endpoint: "tcp://h:\($0.0)", node: $0.0, connected: $0.1, lastSeenMillisecondsAgo: nil,
+                    deltasReceived: 0)
+            }, channels: [:], latestVersion: nil, latestSequence: 0, stateDigest: 0, counters: [:], watchers: 0,
+            missingDeltas: missing, laggingWatches: 0)
+        status.members = members.map {
+            .init(
+                id: $0.0, publishEndpoint: "", apiEndpoint: "", state: $0.1, lastSeenMillisecondsAgo: nil,
+                missingDeltas: 0, connected: $0.2, version: "")
+        }
+        return status
+    }
+
+    @Test func readyMeansEveryLivePeerConnectedCaughtUpAndRoomOnDisk() {
+        #expect(
+            Self.status(peers: [("node2", true)], members: [("node1", "alive", false), ("node2", "alive", true)])
+                .notReadyReasons.isEmpty, "this node's own entry is never 'not connected'")
+        let down = Self.status(peers: [("node2", false)], members: [("node3", "down", false)]).notReadyReasons
+        #expect(down == ["peers not connected: node2, node3"], "a configured peer and a learned member")
+        #expect(
+            Self.status(peers: [("node2", false)], members: [("node2", "left", false), ("node3", "forgotten", false)])
+                .notReadyReasons.isEmpty, "members that left or were forgotten are not waited for")
+        #expect(
+            Self.status(peers: [], members: [], missing: 3).notReadyReasons == [
+                "catching up: 3 deltas known but not received"
+            ])
+        var full = Self.status(peers: [], members: [])
+        full.diskFull = true
+        #expect(full.notReadyReasons == ["disk nearly full: writes are refused"])
+    }
+
+    @Test func aViewTokenProvesItsClientKeyToItsNodeOnlyUntilItExpires() throws {
+        let node = try Curve.generateKeyPair()
+        let other = try Curve.generateKeyPair()
+        let client = try Curve.generateKeyPair()
+        let token = try ViewToken.make(client: client, serverPublicKey: node.publicKey, expires: Date() + 60)
+        #expect(ViewToken.verify(token, serverSecretKey: node.secretKey) == client.publicKey)
+        #expect(ViewToken.verify(token, serverSecretKey: other.secretKey) == nil, "made for another node")
+        #expect(ViewToken.verify(token, serverSecretKey: node.secretKey, now: Date() + 120) == nil, "expired")
+        // Any changed character (key, expiry or MAC) breaks it.
+        for index in [5, 70, token.count - 1] {
+            var characters = Array(token)
+            characters[index] = characters[index] == "1" ? "2" : "1"
+            #expect(ViewToken.verify(String(characters), serverSecretKey: node.secretKey) == nil, "changed at \(index)")
+        }
+        for junk in ["", "v1", "v1-zz-1-zz", "v2-" + token.dropFirst(3)] {
+            #expect(ViewToken.verify(String(junk), serverSecretKey: node.secretKey) == nil)
+        }
+    }
+}
