@@ -1,7 +1,7 @@
 import Foundation
 @_exported public import StateSync
 import Synchronization
-import ZeroMQ
+package import ZeroMQ
 
 /// A client of a StateSync node's API (`network.api`): get and set model properties, watch a
 /// channel's changes as an `AsyncSequence`, ask for the node's status. The `statesync` CLI is a
@@ -62,6 +62,19 @@ public final class StateSyncClient: Sendable {
             }
         }
         self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout, credentials: credentials)
+    }
+
+    /// A client whose CurveZMQ key pair is held in memory, never in a file (the daemon's own
+    /// live view reads through one).
+    package init(
+        endpoint: String, requestTimeout: Duration = .seconds(5), serverKey: [UInt8], keyPair: Curve.KeyPair
+    ) throws {
+        if let problem = NodeConfiguration.endpointProblem(endpoint) {
+            throw StateSyncError(.invalidConfiguration, "endpoint: \(problem)")
+        }
+        self.endpoint = endpoint
+        self.requestTimeout = requestTimeout
+        self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout, credentials: (serverKey, keyPair))
     }
 
     deinit {

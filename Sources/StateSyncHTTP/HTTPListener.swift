@@ -47,6 +47,7 @@ public struct HTTPListener: Sendable {
     /// `onRunning` gets the port it bound (useful with port 0).
     public func application(onRunning: @escaping @Sendable (Int) async -> Void = { _ in }) -> some ApplicationProtocol {
         let router = Router()
+        router.add(middleware: HostCheck(listenHost: host))
         let node = self.node
         let exporter = self.exporter
         router.get("healthz") { _, _ in
@@ -69,9 +70,14 @@ public struct HTTPListener: Sendable {
                 body: .init(byteBuffer: ByteBuffer(string: exporter.scrape(node))))
         }
         router.get("status") { _, _ in
-            Response(
+            var status = node.status
+            // With security, channel names are for viewers whose key may read them (the live view).
+            if node.configuration.security != nil {
+                status.channels = ["(\(status.channels.count) channels)": status.channels.values.reduce(0, +)]
+            }
+            return Response(
                 status: .ok, headers: [.contentType: "application/json"],
-                body: .init(byteBuffer: ByteBuffer(string: node.status.value.jsonText() + "\n")))
+                body: .init(byteBuffer: ByteBuffer(string: status.value.jsonText() + "\n")))
         }
         liveView.addRoutes(to: router)
         let logger = self.logger
@@ -84,5 +90,42 @@ public struct HTTPListener: Sendable {
                 await onRunning(port)
             },
             logger: logger)
+    }
+}
+
+/// Answers only requests whose `Host` is an IP address, `localhost` or the configured listen host:
+/// a web page on another origin cannot reach the listener through DNS rebinding (its requests
+/// carry the attacker's host name). A request without `Host` (HTTP/1.0) is answered.
+struct HostCheck<Context: RequestContext>: RouterMiddleware {
+    let listenHost: String
+
+    func handle(
+        _ request: Request, context: Context, next: (Request, Context) async throws -> Response
+    ) async throws -> Response {
+        guard let authority = request.head.authority, !ListenerHost.allows(authority, listenHost: listenHost) else {
+            return try await next(request, context)
+        }
+        return Response(
+            status: .misdirectedRequest, headers: [.contentType: "text/plain; charset=utf-8"],
+            body: .init(byteBuffer: ByteBuffer(string: "this listener answers only its own address or localhost\n")))
+    }
+
+}
+
+/// Which `Host` values name the listener.
+enum ListenerHost {
+    /// Whether `authority` (`host[:port]`, `[v6][:port]`) names this listener.
+    static func allows(_ authority: String, listenHost: String) -> Bool {
+        var host = Substring(authority)
+        if host.hasPrefix("["), let close = host.firstIndex(of: "]") {
+            host = host[host.index(after: host.startIndex)..<close]
+        } else if let colon = host.lastIndex(of: ":") {
+            host = host[..<colon]
+        }
+        let name = host.lowercased()
+        if name == "localhost" || name == listenHost.lowercased() { return true }
+        var v4 = in_addr()
+        var v6 = in6_addr()
+        return inet_pton(AF_INET, name, &v4) == 1 || inet_pton(AF_INET6, name, &v6) == 1
     }
 }

@@ -16,11 +16,20 @@ import Synchronization
 /// on this node's own client API (the same path, order and old values as `statesync watch`).
 /// With security configured, a viewer sees channel names and data only with a ``ViewToken``
 /// (`?token=`, from `statesync view-token`) of a client key, and only the channels that key may
-/// read; without one the page shows the members, links and counts.
+/// read; the token is checked again every second (expiry, reloaded permissions).
 struct LiveView: Sendable {
     let node: StateSyncNode
     let logger: Logger
     let authority: ViewerAuthority?
+    /// Open `/events` streams: each holds a client connection and a task, so they are bounded.
+    let viewers = Viewers()
+
+    /// At most this many `/events` streams at once.
+    static let maximumViewers = 64
+
+    final class Viewers: Sendable {
+        let open = Atomic<Int>(0)
+    }
 
     func addRoutes(to router: Router<BasicRequestContext>) {
         router.get("/") { _, _ in
@@ -29,45 +38,58 @@ struct LiveView: Sendable {
                 body: .init(byteBuffer: ByteBuffer(string: LiveView.page)))
         }
         router.get("events") { request, _ in
-            let channel = request.uri.queryParameters.get("channel").flatMap { $0.isEmpty ? nil : $0 }
+            let channel = request.uri.queryParameters.get("channel").flatMap { $0.isEmpty ? nil : String($0) }
             if let channel {
                 do {
                     try Names.validateChannel(channel)
                 } catch {
-                    return Response(
-                        status: .badRequest, headers: [.contentType: "text/plain; charset=utf-8"],
-                        body: .init(byteBuffer: ByteBuffer(string: "\(error)\n")))
+                    return Self.text(.badRequest, "\(error)\n")
                 }
             }
+            guard viewers.open.add(1, ordering: .relaxed).newValue <= Self.maximumViewers else {
+                viewers.open.subtract(1, ordering: .relaxed)
+                return Self.text(.serviceUnavailable, "too many live views open (at most \(Self.maximumViewers))\n")
+            }
             let token = request.uri.queryParameters.get("token").map { String($0) }
-            let stream = self.events(channel: channel, token: token)
+            let (stream, finish) = self.events(channel: channel, token: token)
+            let viewers = self.viewers
             return Response(
                 status: .ok,
                 headers: [.contentType: "text/event-stream", .cacheControl: "no-cache"],
                 body: ResponseBody { writer in
-                    let (ended, end) = AsyncStream.makeStream(of: Void.self)
+                    defer {
+                        finish()
+                        viewers.open.subtract(1, ordering: .relaxed)
+                    }
                     try await withGracefulShutdownHandler {
-                        for await chunk in stream.merged(ending: ended) {
-                            try await writer.write(ByteBuffer(string: chunk))
-                        }
+                        for await chunk in stream { try await writer.write(ByteBuffer(string: chunk)) }
                     } onGracefulShutdown: {
-                        end.finish()
+                        finish()
                     }
                     try await writer.finish(nil)
                 })
         }
     }
 
+    static func text(_ status: HTTPResponse.Status, _ body: String) -> Response {
+        Response(
+            status: status, headers: [.contentType: "text/plain; charset=utf-8"],
+            body: .init(byteBuffer: ByteBuffer(string: body)))
+    }
+
     /// What a viewer may read: `nil` without security (everything), else the read patterns its
-    /// token proves (none without a valid token).
+    /// token proves now (none without a valid token).
     func readPatterns(token: String?) -> [String]? {
         guard node.configuration.security != nil else { return nil }
         guard let token, let authority, let patterns = authority.readPatterns(token: token) else { return [] }
         return patterns
     }
 
-    /// The stream of one viewer: status every second, and the changes of `channel`.
-    func events(channel: String?, token: String?) -> AsyncStream<String> {
+    /// The stream of one viewer (status every second, and the changes of `channel`), and how to
+    /// end it. At most 10,000 events wait for a slow viewer; past that they are dropped and
+    /// counted (`dropped_changes` in its status events). The stream ends when what the token may
+    /// read changes (expiry, a reload): the page reconnects under the new permissions.
+    func events(channel: String?, token: String?) -> (AsyncStream<String>, @Sendable () -> Void) {
         let patterns = readPatterns(token: token)
         let (stream, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingOldest(10_000))
         let dropped = Atomic<Int>(0)
@@ -79,6 +101,11 @@ struct LiveView: Sendable {
         let node = self.node
         let statusTask = Task {
             while !Task.isCancelled {
+                if readPatterns(token: token) != patterns {
+                    send("notice", .string("what this view may read changed (token expired, or keys reloaded)"))
+                    continuation.finish()
+                    return
+                }
                 var status = node.status
                 if let patterns {
                     status.channels = status.channels.filter {
@@ -116,7 +143,7 @@ struct LiveView: Sendable {
             statusTask.cancel()
             watchTask.cancel()
         }
-        return stream
+        return (stream, { continuation.finish() })
     }
 
     /// Watches `channel` through this node's own client API and sends its changes; a watch that
@@ -129,11 +156,13 @@ struct LiveView: Sendable {
         var replica: ChannelReplica?
         while !Task.isCancelled {
             do {
-                let client = try StateSyncClient(
-                    endpoint: api,
-                    security: authority.map {
-                        .init(serverKey: $0.serverPublicKey, secretKeyFile: $0.viewKeyFile)
-                    })
+                let client =
+                    if let authority {
+                        try StateSyncClient(
+                            endpoint: api, serverKey: authority.serverPublicKey, keyPair: authority.viewKeys)
+                    } else {
+                        try StateSyncClient(endpoint: api)
+                    }
                 defer { client.close() }
                 let (events, current) = try await client.watch(channel: channel, replica: replica)
                 replica = current
@@ -163,25 +192,5 @@ struct LiveView: Sendable {
         endpoint.replacingOccurrences(of: "tcp://*:", with: "tcp://127.0.0.1:")
             .replacingOccurrences(of: "tcp://0.0.0.0:", with: "tcp://127.0.0.1:")
             .replacingOccurrences(of: "tcp://[::]:", with: "tcp://[::1]:")
-    }
-}
-
-extension AsyncStream where Element == String {
-    /// This stream, ending early when `ending` ends.
-    func merged(ending: AsyncStream<Void>) -> AsyncStream<String> {
-        let (merged, continuation) = AsyncStream.makeStream(of: String.self)
-        let forward = Task {
-            for await element in self { continuation.yield(element) }
-            continuation.finish()
-        }
-        let stop = Task {
-            for await _ in ending {}
-            continuation.finish()
-        }
-        continuation.onTermination = { _ in
-            forward.cancel()
-            stop.cancel()
-        }
-        return merged
     }
 }

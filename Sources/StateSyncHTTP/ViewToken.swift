@@ -64,29 +64,26 @@ public enum ViewToken {
 
 /// Who may see which channel in the live view of a node with security: the node's secret key
 /// (to check ``ViewToken``s) and the client keys' read permissions, replaced on a reload. Also
-/// the live view's own client credentials: an in-process key, admitted by the node to read every
-/// channel, which the view uses only for channels the viewer's key may read.
+/// the live view's own client credentials: a key pair made in memory at every start (never
+/// written anywhere), admitted by the node to read every channel, which the view uses only for
+/// channels the viewer's key may read.
 public final class ViewerAuthority: Sendable {
     let serverSecretKey: [UInt8]
-    /// The node's public key (Z85), for the view's own client connection.
-    let serverPublicKey: String
-    /// The view's own secret key file (mode 0600, made at every start).
-    let viewKeyFile: String
+    /// The node's public key, for the view's own client connection.
+    let serverPublicKey: [UInt8]
+    /// The view's own key pair.
+    let viewKeys: Curve.KeyPair
     /// The view's own client entry: the daemon admits it (read every channel, write none).
     public let viewAccess: SecurityConfiguration.ClientAccess
     private let clients: Mutex<[(key: [UInt8], read: [String])]>
 
-    /// Reads the node's secret key and makes the view's key pair at `viewKeyFile` (replacing an
-    /// earlier one).
-    public init(security: SecurityConfiguration, viewKeyFile: String) throws {
+    /// Reads the node's secret key and makes the view's key pair.
+    public init(security: SecurityConfiguration) throws {
         let server = try CurveKeyFile.readSecretKey(at: security.secretKeyFile)
         serverSecretKey = server.secretKey
-        serverPublicKey = try Curve.z85Encode(server.publicKey)
-        unlink(viewKeyFile)
-        unlink(viewKeyFile + ".pub")
-        let view = try CurveKeyFile.generate(at: viewKeyFile)
-        self.viewKeyFile = viewKeyFile
-        viewAccess = .init(key: try Curve.z85Encode(view.publicKey), read: ["*"], write: [])
+        serverPublicKey = server.publicKey
+        viewKeys = try Curve.generateKeyPair()
+        viewAccess = .init(key: try Curve.z85Encode(viewKeys.publicKey), read: ["*"], write: [])
         clients = Mutex([])
         try update(security)
     }
@@ -99,8 +96,8 @@ public final class ViewerAuthority: Sendable {
         clients.withLock { $0 = list }
     }
 
-    /// The channel patterns the holder of `token` may read; `nil`: not a valid token of an
-    /// admitted client key.
+    /// The channel patterns the holder of `token` may read now; `nil`: not a valid token (any
+    /// more) of an admitted client key.
     func readPatterns(token: String) -> [String]? {
         guard let key = ViewToken.verify(token, serverSecretKey: serverSecretKey) else { return nil }
         return clients.withLock { list in list.first { $0.key == key }?.read }

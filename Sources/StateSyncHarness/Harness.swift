@@ -179,6 +179,7 @@ public enum Harness {
                 try? await Task.sleep(for: .milliseconds(200))
             }
         }
+        defer { samplingDone.set() }  // also when a step below throws
         let faultTask = Task {
             await FaultController(
                 nodes: nodes, relays: relays, lab: lab, names: names, seed: options.seed &+ 1, log: faults,

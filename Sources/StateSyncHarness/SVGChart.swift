@@ -71,10 +71,11 @@ package struct SVGChart: Sendable {
         let bottom = 40.0
         let plotWidth = width - left - right
         let plotHeight = height - top - bottom
-        let xs = series.flatMap { $0.points.map(\.x) } + bands.flatMap { [$0.from, $0.to] } + markers.map(\.x)
+        let xs = (series.flatMap { $0.points.map(\.x) } + bands.flatMap { [$0.from, $0.to] } + markers.map(\.x))
+            .filter(\.isFinite)
         let xMin = xs.min() ?? 0
         let xMax = max((xs.max() ?? 1), xMin + 1)
-        let yMax = max(series.flatMap { $0.points.compactMap(\.y) }.max() ?? 1, 1) * 1.1
+        let yMax = max(series.flatMap { $0.points.compactMap(\.y).filter(\.isFinite) }.max() ?? 1, 1) * 1.1
         func px(_ x: Double) -> Double { left + (x - xMin) / (xMax - xMin) * plotWidth }
         func py(_ y: Double) -> Double { top + plotHeight - y / yMax * plotHeight }
         func format(_ v: Double) -> String { String(format: "%.1f", v) }
@@ -132,7 +133,11 @@ package struct SVGChart: Sendable {
                 run = []
             }
             for point in line.points {
-                if let y = point.y { run.append("\(format(px(point.x))),\(format(py(y)))") } else { flush() }
+                if let y = point.y, y.isFinite, point.x.isFinite {
+                    run.append("\(format(px(point.x))),\(format(py(y)))")
+                } else {
+                    flush()
+                }
             }
             flush()
         }
@@ -156,6 +161,7 @@ package struct SVGChart: Sendable {
 
     /// 1234 → "1234", 12345 → "12.3k", 0.5 → "0.5".
     static func short(_ value: Double) -> String {
+        guard value.isFinite else { return "-" }
         if abs(value) >= 10_000 { return String(format: "%.1fk", value / 1000) }
         if abs(value) >= 10 || value == value.rounded() { return String(Int(value.rounded())) }
         return String(format: "%.2f", value)

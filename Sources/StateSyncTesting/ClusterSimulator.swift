@@ -340,8 +340,8 @@ public enum ClusterSimulator {
         schedule.start(in: cluster, until: { workload.isDone })
         let recorder = options.recordTimeline ? TimelineRecorder(binMilliseconds: 100) : nil
         var nextSample: UInt64 = 0
-        func sample(_ cluster: SimulatedCluster) {
-            guard let recorder, cluster.now >= nextSample else { return }
+        func sample(_ cluster: SimulatedCluster, force: Bool = false) {
+            guard let recorder, force || cluster.now >= nextSample else { return }
             nextSample = cluster.now + 100
             let writes = workload.writes
             recorder.counted(
@@ -444,6 +444,7 @@ public enum ClusterSimulator {
                 }, notifications: watchers.reduce(0) { $0 + $1.changes.count }, cpuSeconds: cpu,
             culprit: culprit.map { cluster.nodes[$0].id }, peerMessages: cluster.peerMessagesDelivered,
             peerBytes: cluster.peerBytesDelivered)
+        sample(cluster, force: true)  // the last acknowledgements, whatever the sampling gate
         report.timeline = recorder?.timeline(
             healed: Int(healed), converged: convergedAt.map(Int.init), end: Int(cluster.now))
         return report

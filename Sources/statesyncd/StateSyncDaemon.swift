@@ -72,11 +72,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
         var authority: ViewerAuthority?
         if configuration.httpListen != nil, let security = configuration.security {
             do {
-                try FileManager.default.createDirectory(
-                    atPath: configuration.dataDirectory, withIntermediateDirectories: true,
-                    attributes: [.posixPermissions: 0o700])
-                let made = try ViewerAuthority(
-                    security: security, viewKeyFile: "\(configuration.dataDirectory)/http-view.key")
+                let made = try ViewerAuthority(security: security)
                 configuration.security?.clients.append(made.viewAccess)
                 authority = made
             } catch {

@@ -260,6 +260,7 @@ struct SecureLiveViewTests {
             - \(directory)/writer.key.pub
         """.write(toFile: path, atomically: true, encoding: .utf8)
         let daemon = try ChildProcess("statesyncd", ["--config", path])
+        var lingering: ChildProcess?
         do {
             let writer = try StateSyncClient(
                 endpoint: api, requestTimeout: .seconds(3),
@@ -304,9 +305,40 @@ struct SecureLiveViewTests {
                 until: "the forgery is refused"
             ) { $0.contains("the token is not valid") }
             #expect(!forged.contains("event: change"))
+
+            // /status shows no channel names; a foreign Host (DNS rebinding) is refused.
+            let status = try ChildProcess("/usr/bin/curl", ["-s", "http://\(http)/status"])
+            #expect(await status.wait() == 0)
+            #expect(!status.stdout.contains("sensors") && !status.stdout.contains("secret"), "\(status.stdout)")
+            let rebound = try ChildProcess(
+                "/usr/bin/curl",
+                ["-s", "-o", "/dev/null", "-w", "%{http_code}", "-H", "Host: evil.example", "http://\(http)/status"])
+            #expect(await rebound.wait() == 0)
+            #expect(rebound.stdout == "421")
+
+            // A reload that takes the viewer's read permission away ends its open view.
+            let open = try ChildProcess(
+                "/usr/bin/curl", ["-sN", "http://\(http)/events?channel=sensors&token=\(token)"])
+            try await waitUntil("the view is open") { open.stdout.contains("watching sensors") }
+            try String(contentsOfFile: path, encoding: .utf8)
+                .replacingOccurrences(of: "read=sensors* write=sensors*", with: "read=other* write=other*")
+                .write(toFile: path, atomically: true, encoding: .utf8)
+            kill(daemon.process.processIdentifier, SIGHUP)
+            #expect(await open.wait(timeout: .seconds(20)) == 0, "the stream ends (curl exits 0)")
+            #expect(open.stdout.contains("what this view may read changed"), "\(open.stdout)")
+
+            // SIGTERM with a live view open: the daemon still stops cleanly.
+            _ = try await Self.events("http://\(http)/events", until: "a view without a channel is open") {
+                $0.contains("event: status")
+            }
+            lingering = try ChildProcess("/usr/bin/curl", ["-sN", "http://\(http)/events?channel=x"])
+            try await waitUntil("a lingering view is open") { lingering?.stdout.contains("event: status") == true }
         } catch {
             Issue.record("\(error)\n\(daemon.stderr)")
         }
         #expect(await daemon.stop() == 0, "\(daemon.stderr)")
+        if let lingering {
+            #expect(await lingering.wait(timeout: .seconds(10)) == 0, "the open view ended with the daemon")
+        }
     }
 }

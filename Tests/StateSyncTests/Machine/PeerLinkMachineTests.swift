@@ -9,6 +9,17 @@ struct PeerLinkMachineTests {
     /// A peer heard from and then silent for the silence limit gets a new SUB link, once per
     /// silent period; a message resets the count; a peer never heard from gets a new link once
     /// per period from the start (a peer that rotated its key is reached by its other key).
+    /// A status asked with a time read before a later input was handled (the HTTP listener's
+    /// scrape racing the I/O thread) neither traps on a negative age nor moves time back.
+    @Test func aStatusAskedWithAnEarlierTimeDoesNotGoBackInTime() {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        let status = node.machine.status(now: node.now - 5)
+        #expect(status.peers.first?.lastSeenMillisecondsAgo == 0)
+        #expect(status.peers.first?.connected == true)
+        #expect(node.machine.now == node.now)
+    }
+
     @Test func aSilentPeerGetsANewLinkOncePerSilentPeriod() {
         var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2", "n3"]))
         let limit = node.machine.peerSilenceLimit

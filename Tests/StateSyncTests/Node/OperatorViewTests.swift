@@ -43,6 +43,15 @@ struct OperatorViewTests {
         #expect(full.notReadyReasons == ["disk nearly full: writes are refused"])
     }
 
+    @Test func theListenerAnswersOnlyItsOwnHostNamesAndAddresses() {
+        for good in ["127.0.0.1:9461", "localhost:9461", "[::1]:9461", "10.0.0.7", "node1.internal:80", "LOCALHOST"] {
+            #expect(ListenerHost.allows(good, listenHost: "node1.internal"), "\(good)")
+        }
+        for bad in ["evil.example:9461", "127.0.0.1.evil.example", "attacker.localhost.example"] {
+            #expect(!ListenerHost.allows(bad, listenHost: "node1.internal"), "\(bad)")
+        }
+    }
+
     @Test func aViewTokenProvesItsClientKeyToItsNodeOnlyUntilItExpires() throws {
         let node = try Curve.generateKeyPair()
         let other = try Curve.generateKeyPair()

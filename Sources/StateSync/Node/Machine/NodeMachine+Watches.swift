@@ -185,7 +185,9 @@ extension NodeMachine {
                     after.append(position)
                 }
             }
-            if latencySamples.enabled {
+            // Live events only: a watch still replaying history (resumed from an old cursor) is
+            // not lagging by the age of what it replays.
+            if latencySamples.enabled, watch.caughtUpSent {
                 latencySamples.watchSent(version: deltas[0].0.version, wallNow: clock.wallMilliseconds())
             }
             watch.inFlight = .deltas(before: before, after: after, end: end)

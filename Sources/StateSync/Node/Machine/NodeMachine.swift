@@ -413,7 +413,10 @@ package struct NodeMachine: Sendable {
 
     /// The node's status at `now`.
     package mutating func status(now: UInt64) -> NodeStatus {
-        self.now = now
+        // The caller read its clock before taking the lock: an input handled meanwhile may carry a
+        // later time. Time never goes back (ages below are `now - then`, which must not wrap).
+        self.now = max(self.now, now)
+        let now = self.now
         var status = NodeStatus(
             node: configuration.nodeID, incarnation: incarnation, publishEndpoint: boundPublish,
             apiEndpoint: configuration.apiEndpoint == nil ? nil : boundRepair,
