@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import StateSync
 import StateSyncHTTP
 import ZeroMQ
 
@@ -17,10 +18,21 @@ extension StateSyncCLI {
             help: ArgumentHelp("Where to write the secret key (the public key goes to PATH.pub).", valueName: "PATH"))
         var out: String
 
+        @Flag(name: .long, help: "Print one JSON object.")
+        var json = false
+
         func run() async throws {
             try await failingClearly {
                 let pair = try CurveKeyFile.generate(at: out)
                 let publicText = try Curve.z85Encode(pair.publicKey)
+                if json {
+                    emit(
+                        Value.map([
+                            "secret_key_file": .string(out), "public_key_file": .string(out + ".pub"),
+                            "public_key": .string(publicText),
+                        ]).jsonText())
+                    return
+                }
                 emit("secret key: \(out) (mode 0600; keep it private)")
                 emit("public key: \(out).pub")
                 emit(publicText)
@@ -56,6 +68,9 @@ extension StateSyncCLI {
                 "Print the live view's URL at this base (e.g. http://127.0.0.1:9461/).", valueName: "URL"))
         var url: String?
 
+        @Flag(name: .long, help: "Print one JSON object: the token, when it expires, and the URL.")
+        var json = false
+
         func validate() throws {
             guard let seconds = Self.seconds(ttl), seconds > 0, seconds <= 366 * 86_400 else {
                 throw ValidationError("--ttl takes a duration up to 366d: 30m, 12h, 7d or seconds (got '\(ttl)')")
@@ -74,10 +89,15 @@ extension StateSyncCLI {
                 let server = try CurveKeyFile.publicKey(serverKey)
                 let expires = Date().addingTimeInterval(Self.seconds(ttl) ?? 0)
                 let token = try ViewToken.make(client: pair, serverPublicKey: server, expires: expires)
-                if let url {
-                    emit((url.hasSuffix("/") ? url : url + "/") + "?token=" + token)
+                let link = url.map { ($0.hasSuffix("/") ? $0 : $0 + "/") + "?token=" + token }
+                if json {
+                    emit(
+                        Value.map([
+                            "token": .string(token), "expires": .int(Int64(expires.timeIntervalSince1970)),
+                            "url": link.map(Value.string) ?? .null,
+                        ]).jsonText())
                 } else {
-                    emit(token)
+                    emit(link ?? token)
                 }
             }
         }

@@ -17,6 +17,37 @@ struct StateSyncCLI: AsyncParsableCommand {
             Bench.self,
             BenchNode.self,
         ])
+
+    /// Runs the command line with the common options given before the subcommand moved after it
+    /// (`statesync --daemon X get m/c` works as `statesync get m/c --daemon X`).
+    static func main() async {
+        await main(hoistingCommonOptions(Array(CommandLine.arguments.dropFirst())))
+    }
+
+    /// The options of ``ConnectionOptions``, which every node command takes.
+    static let commonOptions: Swift.Set<String> = ["--daemon", "--timeout", "--key", "--server-key"]
+
+    /// `arguments` with the common options (`--daemon X` or `--daemon=X`) that come before the
+    /// subcommand moved to right after it; anything else is left as it is.
+    static func hoistingCommonOptions(_ arguments: [String]) -> [String] {
+        var leading: [String] = []
+        var index = 0
+        while index < arguments.count {
+            let argument = arguments[index]
+            let name = String(argument.split(separator: "=", maxSplits: 1).first ?? "")
+            guard commonOptions.contains(name) else { break }
+            if argument.contains("=") {
+                leading.append(argument)
+                index += 1
+            } else {
+                guard index + 1 < arguments.count else { break }
+                leading += [argument, arguments[index + 1]]
+                index += 2
+            }
+        }
+        guard !leading.isEmpty, index < arguments.count, !arguments[index].hasPrefix("-") else { return arguments }
+        return [arguments[index]] + leading + arguments[(index + 1)...]
+    }
 }
 
 /// Options every subcommand shares: which node, how long to wait for it.
@@ -113,46 +144,96 @@ extension StateSyncCLI {
             abstract: "Write properties of one model as one delta; prints the new version.",
             discussion: """
                 Each PROP=JSON assigns a JSON value: count=3, title='"hello"', tags='["a","b"]', \
-                cleared=null. Returns once the node has applied the write.
+                cleared=null. PROP=@FILE reads the JSON value from FILE; --stdin reads one JSON object \
+                of properties from standard input (for values too large for an argument list). \
+                Returns once the node has applied the write.
                 """)
 
         @Argument(help: ArgumentHelp("The model to write.", valueName: "CHANNEL/MODEL"))
         var model: String
 
-        @Argument(help: ArgumentHelp("Properties to assign.", valueName: "PROP=JSON"))
-        var assignments: [String]
+        @Argument(
+            help: ArgumentHelp("Properties to assign (PROP=@FILE: the value is in FILE).", valueName: "PROP=JSON"))
+        var assignments: [String] = []
+
+        @Flag(name: .long, help: "Also read one JSON object of PROP: value pairs from standard input.")
+        var stdin = false
+
+        @Flag(name: .long, help: "Print one JSON object: the version and the outcome.")
+        var json = false
 
         @OptionGroup var connection: ConnectionOptions
 
         func validate() throws {
             _ = try parseAddress(model)
-            guard !assignments.isEmpty else { throw ValidationError("give at least one PROP=JSON") }
-            _ = try parseAssignments()
+            guard !assignments.isEmpty || stdin else {
+                throw ValidationError("give at least one PROP=JSON (or --stdin)")
+            }
+            if !stdin { _ = try parseAssignments() }
         }
 
-        func parseAssignments() throws -> [PropertyWrite] {
+        func parseAssignments(standardInput: String? = nil) throws -> [PropertyWrite] {
             var seen = Swift.Set<String>()
-            return try assignments.map { assignment in
+            var writes = try assignments.map { assignment in
                 guard let equals = assignment.firstIndex(of: "="), equals != assignment.startIndex else {
                     throw ValidationError("'\(assignment)' is not PROP=JSON (e.g. count=3 or title='\"hello\"')")
                 }
                 let name = String(assignment[..<equals])
-                let json = String(assignment[assignment.index(after: equals)...])
+                var json = String(assignment[assignment.index(after: equals)...])
                 guard seen.insert(name).inserted else { throw ValidationError("property '\(name)' is given twice") }
+                if json.hasPrefix("@") {
+                    let path = String(json.dropFirst())
+                    guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
+                        throw ValidationError("value of '\(name)': cannot read \(path)")
+                    }
+                    json = text
+                }
                 do {
                     return PropertyWrite(name: name, value: try Value(json: json))
                 } catch {
                     throw ValidationError(
-                        "value of '\(name)': \(error) (a string needs JSON quotes: \(name)='\"\(json)\"')")
+                        "value of '\(name)': \(error) (a string needs JSON quotes: \(name)='\"\(json.prefix(40))\"')")
                 }
             }
+            if let standardInput {
+                let object: Value
+                do {
+                    object = try Value(json: standardInput)
+                } catch {
+                    throw ValidationError("--stdin: \(error)")
+                }
+                guard case .map(let properties) = object, !properties.isEmpty else {
+                    throw ValidationError("--stdin: give one JSON object of PROP: value pairs, e.g. {\"count\": 3}")
+                }
+                for (name, value) in properties.sorted(by: { $0.key < $1.key }) {
+                    guard seen.insert(name).inserted else {
+                        throw ValidationError("property '\(name)' is given twice (argument and --stdin)")
+                    }
+                    writes.append(PropertyWrite(name: name, value: value))
+                }
+            }
+            return writes
         }
 
         func run() async throws {
             try await failingClearly {
                 let client = try connection.client()
                 defer { client.close() }
-                let result = try await client.set(try parseAddress(model), try parseAssignments())
+                let input =
+                    stdin ? String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self) : nil
+                let result = try await client.set(try parseAddress(model), try parseAssignments(standardInput: input))
+                if json {
+                    let outcome =
+                        switch result.outcome {
+                        case .changed: "changed"
+                        case .unchanged: "unchanged"
+                        case .superseded: "superseded"
+                        }
+                    emit(
+                        Value.map(["version": .string(result.version.description), "outcome": .string(outcome)])
+                            .jsonText())
+                    return
+                }
                 switch result.outcome {
                 case .changed: emit("\(result.version)")
                 case .unchanged: emit("\(result.version) (unchanged: every value was already current)")
@@ -216,6 +297,11 @@ extension StateSyncCLI {
                 of order (above a gap that was being repaired) can be printed again. If the \
                 node's history no longer reaches back to the cursor, it says so and sends the \
                 current state as a resync instead of skipping anything.
+
+                --state FILE keeps what the watch printed in FILE: started again with the same \
+                FILE, on this node or another, it resumes after the last line printed with exact \
+                old values. The file is saved at most every 200 ms and on SIGINT/SIGTERM; after a \
+                kill -9 the last lines can print again, none is skipped.
                 """)
 
         @Argument(help: "The channel to watch.")
@@ -232,6 +318,12 @@ extension StateSyncCLI {
         var markers = false
 
         @Option(
+            help: ArgumentHelp(
+                "Keep what this watch printed in FILE and resume from it when started again (exact old values).",
+                valueName: "FILE"))
+        var state: String?
+
+        @Option(
             name: .customLong("on-lag"),
             help: ArgumentHelp(
                 "If this watch falls behind the node's history: resync (send the current state) or end (exit 1).",
@@ -243,6 +335,7 @@ extension StateSyncCLI {
         func validate() throws {
             do { try Names.validateChannel(channel) } catch { throw ValidationError("\(error)") }
             guard ["resync", "end"].contains(onLag) else { throw ValidationError("--on-lag must be resync or end") }
+            if state != nil, from != nil { throw ValidationError("--state resumes from its own cursor: drop --from") }
             if let from, WatchCursor(from) == nil {
                 if Version(from) != nil {
                     throw ValidationError(
@@ -257,14 +350,38 @@ extension StateSyncCLI {
             try await failingClearly {
                 let client = try connection.client()
                 defer { client.close() }
-                let replica = from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
+                let saved = try state.map { try WatchState(path: $0, channel: channel) }
+                let replica =
+                    try state.flatMap { try WatchState.load($0, channel: channel) }
+                    ?? from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
                 let (events, watched) = try await client.watch(
                     channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync)
                 FileHandle.standardError.write(Data("statesync: watching \(channel) on \(connection.daemon)\n".utf8))
+                // With --state, SIGINT and SIGTERM save what was printed before the process ends.
+                var signals: [any DispatchSourceSignal] = []
+                if let saved {
+                    for number in [SIGINT, SIGTERM] {
+                        signal(number, SIG_IGN)
+                        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+                        source.setEventHandler {
+                            saved.saveNow()
+                            Glibc.exit(0)
+                        }
+                        source.resume()
+                        signals.append(source)
+                    }
+                }
+                defer { for source in signals { source.cancel() } }
                 do {
-                    for try await event in events { show(event) }
+                    for try await event in events {
+                        if let saved { saved.printing(event) { show(event) } } else { show(event) }
+                    }
+                    saved?.saveNow()
                 } catch {
-                    throw StateSyncError(.connectionLost, "\(error); resume with --from \(watched.cursor)")
+                    saved?.saveNow()
+                    let resume =
+                        saved.map { "resume with --state \($0.path)" } ?? "resume with --from \(watched.cursor)"
+                    throw StateSyncError(.connectionLost, "\(error); \(resume)")
                 }
             }
         }
@@ -472,6 +589,9 @@ extension StateSyncCLI {
         @Argument(help: "The id of the member to forget.")
         var nodeID: String
 
+        @Flag(name: .long, help: "Print one JSON object.")
+        var json = false
+
         @OptionGroup var connection: ConnectionOptions
 
         func run() async throws {
@@ -479,7 +599,11 @@ extension StateSyncCLI {
                 let client = try connection.client()
                 defer { client.close() }
                 try await client.forget(nodeID)
-                emit("forgot \(nodeID); every member drops it as the entry spreads (statesync members)")
+                if json {
+                    emit(Value.map(["forgotten": .string(nodeID)]).jsonText())
+                } else {
+                    emit("forgot \(nodeID); every member drops it as the entry spreads (statesync members)")
+                }
             }
         }
     }

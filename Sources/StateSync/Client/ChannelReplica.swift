@@ -170,3 +170,52 @@ package struct WatchSession: Sendable {
         }
     }
 }
+
+extension ChannelReplica {
+    /// The replica file's magic (`statesync watch --state FILE`).
+    static let fileMagic: [UInt8] = Array("SSREPL1\n".utf8)
+
+    /// The replica as bytes: magic, channel, cursor (as a snapshot's progress list), models (as a
+    /// snapshot's), FNV-1a 64 checksum. ``init(decoding:)`` reads it back exactly: values keep
+    /// their types, registers their versions.
+    public func encoded() -> [UInt8] {
+        state.withLock { state in
+            var w = WireWriter(capacity: 4096)
+            for b in Self.fileMagic { w.byte(b) }
+            w.string(channel)
+            StateSnapshot.writeProgress(state.cursor.positions, to: &w)
+            w.varint(UInt64(state.models.count))
+            for model in state.models.keys.sorted() {
+                StateSnapshot.writeModel(ModelAddress(channel: channel, model: model), state.models[model]!, to: &w)
+            }
+            w.uint64(StateSnapshot.fnv1a(w.bytes))
+            return w.bytes
+        }
+    }
+
+    /// A replica read back from ``encoded()``.
+    ///
+    /// - Throws: ``WireError`` when `bytes` are not a whole replica file (torn, corrupt, another
+    ///   file).
+    public convenience init(decoding bytes: [UInt8]) throws(WireError) {
+        guard bytes.count >= Self.fileMagic.count + 8, Array(bytes.prefix(Self.fileMagic.count)) == Self.fileMagic
+        else { throw .invalid(field: "replica", reason: "not a StateSync watch state file") }
+        var r = try StateSnapshot.checkedBody(bytes, magic: Self.fileMagic, what: "replica")
+        let channel = try r.string("channel")
+        let cursor = WatchCursor(try StateSnapshot.readProgress(&r))
+        var models: [String: [String: ReplicaStore.Register]] = [:]
+        for _ in 0..<(try r.count("model count", minimumItemSize: 3)) {
+            var failure: WireError?
+            try StateSnapshot.readModel(&r) { address, name, register in
+                if address.channel != channel {
+                    failure = .invalid(field: "replica", reason: "a model of channel '\(address.channel)'")
+                }
+                models[address.model, default: [:]][name] = register
+            }
+            if let failure { throw failure }
+        }
+        try r.expectEnd()
+        self.init(channel: channel, cursor: cursor)
+        state.withLock { $0.models = models }
+    }
+}

@@ -1,0 +1,94 @@
+import Foundation
+import StateSync
+import Synchronization
+
+/// `statesync watch --state FILE`: what the watch has printed, kept in a file, so that a watch
+/// started again with the same file resumes after the last line printed and prints exact old
+/// values (the first change of each property included).
+///
+/// The file holds a replica of exactly what was printed: a change's register is recorded as its
+/// line is printed; the cursor moves past a delta only once the next delta (or a marker) shows
+/// that every line of the delta was printed. A watch resumed from the file is sent that delta
+/// again, and the replica skips the properties already printed. The file is replaced atomically
+/// (a new file renamed over it) at most every 200 ms while changes arrive, at every marker, and
+/// on SIGINT or SIGTERM; after a crash (kill -9) the lines of the last 200 ms can print again,
+/// none is skipped.
+final class WatchState: Sendable {
+    let path: String
+    let channel: String
+    private struct Printed {
+        var replica: ChannelReplica
+        /// The cursor after the last change printed, not yet in the replica (its delta may have
+        /// more properties to print).
+        var pending: WatchCursor?
+        var lastSave = ContinuousClock.now
+    }
+
+    private let printed: Mutex<Printed>
+
+    /// Opens `path` (a new file if it does not exist) for `channel`.
+    init(path: String, channel: String) throws {
+        self.path = path
+        self.channel = channel
+        printed = Mutex(Printed(replica: try Self.load(path, channel: channel) ?? ChannelReplica(channel: channel)))
+    }
+
+    /// A replica as the file holds it, for the client's watch (`nil`: no file yet).
+    static func load(_ path: String, channel: String) throws -> ChannelReplica? {
+        guard let data = FileManager.default.contents(atPath: path) else {
+            if FileManager.default.fileExists(atPath: path) {
+                throw StateSyncError(.invalidConfiguration, "--state \(path): cannot read the file")
+            }
+            return nil
+        }
+        let replica: ChannelReplica
+        do {
+            replica = try ChannelReplica(decoding: Array(data))
+        } catch {
+            throw StateSyncError(.invalidConfiguration, "--state \(path): \(error) (remove it to start afresh)")
+        }
+        guard replica.channel == channel else {
+            throw StateSyncError(
+                .invalidConfiguration, "--state \(path) holds a watch of channel '\(replica.channel)', not '\(channel)'"
+            )
+        }
+        return replica
+    }
+
+    /// Prints with `print` and records what it printed, under one lock (a signal's save never
+    /// sees half of it).
+    func printing(_ event: WatchEvent, _ print: () -> Void) {
+        printed.withLock { state in
+            print()
+            switch event {
+            case .change(let change, _, let cursor):
+                if let pending = state.pending, pending != cursor { state.replica.advance(to: pending) }
+                _ = state.replica.apply(
+                    model: change.model, property: change.property,
+                    register: ReplicaStore.Register(value: change.new, version: change.version))
+                state.pending = cursor
+                if ContinuousClock.now - state.lastSave >= .milliseconds(200) { save(&state) }
+            case .initialStateComplete(_, let cursor), .resyncComplete(_, let cursor), .caughtUp(let cursor, _, _):
+                state.replica.advance(to: cursor)
+                state.pending = nil
+                save(&state)
+            case .resyncStarted:
+                break
+            }
+        }
+    }
+
+    /// Saves what was printed (SIGINT, SIGTERM, the end of the watch).
+    func saveNow() {
+        printed.withLock { save(&$0) }
+    }
+
+    private func save(_ state: inout Printed) {
+        state.lastSave = .now
+        do {
+            try Data(state.replica.encoded()).write(to: URL(fileURLWithPath: path), options: .atomic)
+        } catch {
+            FileHandle.standardError.write(Data("statesync: --state \(path): cannot save: \(error)\n".utf8))
+        }
+    }
+}

@@ -1,0 +1,120 @@
+import Foundation
+import StateSync
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The CLI's habits (issue #16's first slice): common options before or after the subcommand,
+/// `--json` on the write commands, values from a file or stdin, shell completion.
+@Suite("CLI habits")
+struct CLIHabitsTests {
+    @Test func optionsBeforeTheSubcommandJSONOutputAndValuesFromFilesAndStdin() async throws {
+        let directory = temporaryDirectory("cli-habits")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let api = "tcp://127.0.0.1:\(freePort())"
+        let daemon = try ChildProcess(
+            "statesyncd", [],
+            environment: [
+                "STATESYNC_NODE_DATA_DIR": "\(directory)/data", "STATESYNC_NETWORK_API": api,
+                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_PEERS": "",
+            ])
+        do {
+            try await waitUntil("the daemon answers") {
+                try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0
+            }
+            // --daemon before the subcommand, both spellings; set --json says version and outcome.
+            let set = try await cli(["--daemon", api, "set", "demo/g", "n=1", "--json"])
+            #expect(set.status == 0, "\(set.stderr)")
+            let written = jsonObject(Substring(set.stdout))
+            #expect(written?["outcome"] as? String == "changed")
+            #expect((written?["version"] as? String).flatMap(Version.init)?.node == "node1", "\(set.stdout)")
+            let again = try await cli(["--daemon=\(api)", "--timeout", "3", "set", "demo/g", "n=1", "--json"])
+            #expect(jsonObject(Substring(again.stdout))?["outcome"] as? String == "unchanged", "\(again.stderr)")
+
+            // A value from a file, and an object of properties from stdin.
+            try #"{"rows": [1, 2, 3], "name": "big"}"#.write(
+                toFile: "\(directory)/value.json", atomically: true, encoding: .utf8)
+            let fromFile = try await cli(["set", "demo/g", "blob=@\(directory)/value.json", "--daemon", api])
+            #expect(fromFile.status == 0, "\(fromFile.stderr)")
+            let piped = try ChildProcess(
+                "/bin/sh",
+                [
+                    "-c",
+                    "echo '{\"piped\": \"yes\", \"count\": 7}' | '\(binaries.path)/statesync' set demo/g --stdin --daemon \(api)",
+                ])
+            #expect(await piped.wait() == 0, "\(piped.stderr)")
+            let got = try await cli(["--daemon", api, "get", "demo/g", "--json"])
+            let properties = jsonObject(Substring(got.stdout))?["properties"] as? [String: Any]
+            #expect((properties?["blob"] as? [String: Any])?["name"] as? String == "big", "\(got.stdout)")
+            #expect(properties?["piped"] as? String == "yes" && properties?["count"] as? Int == 7)
+            let missing = try await cli(["set", "demo/g", "x=@\(directory)/nope.json", "--daemon", api])
+            #expect(missing.status != 0 && missing.stderr.contains("cannot read"), "\(missing.stderr)")
+        } catch {
+            Issue.record("\(error)\n\(daemon.stderr)")
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
+    /// `watch --state FILE`: a watch ended and started again resumes after its last line, with
+    /// the exact old value of the first change (not null), and prints nothing twice.
+    @Test func aWatchResumedFromItsStateFilePrintsExactOldValues() async throws {
+        let directory = temporaryDirectory("watch-state")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let api = "tcp://127.0.0.1:\(freePort())"
+        let daemon = try ChildProcess(
+            "statesyncd", [],
+            environment: [
+                "STATESYNC_NODE_DATA_DIR": "\(directory)/data", "STATESYNC_NETWORK_API": api,
+                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_PEERS": "",
+            ])
+        let file = "\(directory)/watch.state"
+        func watcher() throws -> ChildProcess {
+            try ChildProcess("statesync", ["watch", "demo", "--json", "--state", file, "--daemon", api])
+        }
+        func lines(_ process: ChildProcess) -> [[String: Any]] {
+            process.stdout.split(separator: "\n").compactMap(jsonObject)
+        }
+        do {
+            try await waitUntil("the daemon answers") {
+                try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0
+            }
+            #expect(try await cli(["set", "demo/g", "n=1", "--daemon", api]).status == 0)
+            let first = try watcher()
+            try await waitUntil("the first watch prints the initial state") { lines(first).count == 1 }
+            #expect(try await cli(["set", "demo/g", "n=2", "--daemon", api]).status == 0)
+            try await waitUntil("the first watch prints n: 1 -> 2") { lines(first).count == 2 }
+            #expect(await first.stop(SIGINT) == 0, "SIGINT saves the state and exits 0: \(first.stderr)")
+            #expect(FileManager.default.fileExists(atPath: file))
+
+            #expect(try await cli(["set", "demo/g", "n=3", "--daemon", api]).status == 0)
+            let second = try watcher()
+            try await waitUntil("the resumed watch prints n: 2 -> 3") { lines(second).count == 1 }
+            #expect(try await cli(["set", "demo/g", "n=4", "--daemon", api]).status == 0)
+            try await waitUntil("and then n: 3 -> 4") { lines(second).count == 2 }
+            let resumed = lines(second)
+            #expect(resumed[0]["old"] as? Int == 2 && resumed[0]["new"] as? Int == 3, "exact old value: \(resumed)")
+            #expect(resumed[0]["kind"] as? String == "live", "not the initial state again")
+            #expect(resumed[1]["old"] as? Int == 3 && resumed[1]["new"] as? Int == 4)
+            #expect(await second.stop(SIGTERM) == 0)
+            // A state file of another channel is refused with one line.
+            let other = try await cli(["watch", "other", "--state", file, "--daemon", api])
+            #expect(other.status != 0 && other.stderr.contains("holds a watch of channel 'demo'"), "\(other.stderr)")
+        } catch {
+            Issue.record("\(error)\n\(daemon.stderr)")
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func shellCompletionAndKeygenJSON() async throws {
+        let completion = try await cli(["--generate-completion-script", "bash"])
+        #expect(completion.status == 0 && completion.stdout.contains("view-token"), "\(completion.stderr)")
+        let directory = temporaryDirectory("keygen-json")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let made = try await cli(["keygen", "--out", "\(directory)/a.key", "--json"])
+        let object = jsonObject(Substring(made.stdout))
+        #expect((object?["public_key"] as? String)?.count == 40, "\(made.stdout)")
+        #expect(object?["secret_key_file"] as? String == "\(directory)/a.key")
+    }
+}
