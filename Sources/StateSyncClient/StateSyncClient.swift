@@ -133,6 +133,36 @@ public final class StateSyncClient: Sendable {
     }
 
     /// The properties of one model as the node holds them (empty for an unknown model).
+    /// One page of a LIST (docs/PROTOCOL.md 10.13): the models of `channel` (the channels, when
+    /// `channel` is nil) whose names start with `prefix` and sort after `after`, at most `limit`
+    /// (the node caps it at 1000), in name order; `more` says whether another page follows (ask
+    /// again with `after` = the last name).
+    public func list(
+        channel: String?, prefix: String = "", after: String = "",
+        limit: Int = ClientProtocol.ListRequest.maximumLimit
+    ) async throws -> (entries: [ClientProtocol.ListEntry], more: Bool) {
+        if let channel { try Names.validateChannel(channel) }
+        let request = ClientProtocol.ListRequest(channel: channel ?? "", prefix: prefix, after: after, limit: limit)
+        let body = try await io.request(.list, ClientProtocol.encodeList(request))
+        do {
+            return try ClientProtocol.decodeListReply(body)
+        } catch {
+            throw StateSyncError(.protocolError, "malformed LIST reply from \(endpoint): \(error)")
+        }
+    }
+
+    /// Every entry of a LIST, page by page.
+    public func listAll(channel: String?, prefix: String = "") async throws -> [ClientProtocol.ListEntry] {
+        var all: [ClientProtocol.ListEntry] = []
+        var after = ""
+        while true {
+            let page = try await list(channel: channel, prefix: prefix, after: after)
+            all += page.entries
+            guard page.more, let last = page.entries.last else { return all }
+            after = last.name
+        }
+    }
+
     public func get(_ address: ModelAddress) async throws -> [String: ReplicaStore.Register] {
         let body = try await io.request(.get, ClientProtocol.encodeAddress(address))
         do {

@@ -156,6 +156,7 @@ public struct SimulationReport: Sendable {
             "nodes": .int(Int64(options.nodes)), "ops": .int(Int64(options.operations)),
             "acknowledged": .int(Int64(acknowledged)), "lost_writes": .int(Int64(findings.lostWrites.count)),
             "chain_violations": .int(Int64(findings.chainViolations.count)),
+            "list_violations": .int(Int64(findings.listViolations.count)),
             "lww_violations": .int(Int64(findings.lwwViolations.count)),
             "diverged_nodes": .array(findings.divergedNodes.map(Value.string)),
             "notifications": .int(Int64(notifications)),
@@ -195,7 +196,9 @@ public struct SimulationReport: Sendable {
     }
 
     var details: [String] {
-        Array(findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5))
+        Array(
+            findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5)
+                + findings.listViolations.prefix(5))
     }
 
     /// The report for people.
@@ -231,6 +234,9 @@ public struct SimulationReport: Sendable {
             "  [\(mark(findings.lostWrites.isEmpty))] no acknowledged write lost (\(findings.lostWrites.count) lost)")
         lines.append(
             "  [\(mark(findings.chainViolations.isEmpty))] watchers' old/new chains unbroken, nothing sent twice, final copies equal (\(notifications) notifications, \(findings.chainViolations.count) violations)"
+        )
+        lines.append(
+            "  [\(mark(findings.listViolations.isEmpty))] every node's LIST pages are its models, once each, in order (\(findings.listViolations.count) violations)"
         )
         for detail in details { lines.append("         \(detail)") }
         lines.append("trace digest: \(String(traceDigest, radix: 16))")
@@ -411,6 +417,17 @@ public enum ClusterSimulator {
                     finalState: watcher.finalState)
             })
         findings.chainViolations += watchers.flatMap { $0.violations }
+        // Every node's channel listed page by page (LIST) must be what the node holds.
+        let listers = states.map { state in
+            SimulatedLister(
+                node: cluster.nodes.firstIndex { $0.id == state.node }!, channel: channel, name: "list-\(state.node)")
+        }
+        for lister in listers { lister.start(in: cluster) }
+        cluster.run(for: 10_000) { _ in listers.allSatisfy(\.done) }
+        for (lister, state) in zip(listers, states) {
+            findings.listViolations += lister.violations(node: state.node, models: state.models)
+            if !lister.done { findings.listViolations.append("\(state.node): LIST got no answer") }
+        }
         if convergedAt == nil {
             // Not quiet: name what never settled.
             for node in cluster.nodes {

@@ -73,10 +73,14 @@ public struct ConvergenceChecker: Sendable {
         public var lwwViolations: [String] = []
         /// Notifications whose old is not the previous new, or that repeat a version.
         public var chainViolations: [String] = []
+        /// LIST pages that disagree with the node's state (a model missing, listed twice, out of
+        /// order, or with a wrong count or version).
+        public var listViolations: [String] = []
 
         /// Whether every check passed.
         public var passed: Bool {
             converged && lostWrites.isEmpty && lwwViolations.isEmpty && chainViolations.isEmpty
+                && listViolations.isEmpty
         }
     }
 

@@ -188,3 +188,79 @@ final class SimulatedWatcher {
         Dictionary(uniqueKeysWithValues: replica.models.map { ($0, replica.properties(of: $0)) })
     }
 }
+
+/// Lists a channel of one node page by page (LIST, at most 3 models a page) over the simulated
+/// network, for the verdict: the pages together must be the node's models, each once, in name
+/// order, with their property counts and newest versions.
+final class SimulatedLister {
+    let client: SimulatedCluster.Client
+    let nodeIndex: Int
+    let channel: String
+    private(set) var entries: [ClientProtocol.ListEntry] = []
+    private(set) var problems: [String] = []
+    private(set) var done = false
+    private var after = ""
+    private var requestID: UInt64 = 0
+
+    init(node: Int, channel: String, name: String) {
+        nodeIndex = node
+        self.channel = channel
+        client = SimulatedCluster.Client(name: name, capacity: 100)
+        client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
+        client.onConnectionLost = { [unowned self] _ in self.finish("the connection was lost") }
+    }
+
+    func start(in cluster: SimulatedCluster) {
+        guard cluster.connect(client, to: nodeIndex) else { return finish("cannot connect") }
+        ask(in: cluster)
+    }
+
+    private func ask(in cluster: SimulatedCluster) {
+        requestID += 1
+        cluster.send(
+            ClientProtocol.encodeRequest(
+                .list, id: requestID,
+                body: ClientProtocol.encodeList(.init(channel: channel, after: after, limit: 3))),
+            from: client)
+    }
+
+    private func received(_ frames: [[UInt8]], in cluster: SimulatedCluster) {
+        guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]),
+            header.requestID == requestID
+        else { return }
+        guard header.kind == .ok, let page = try? ClientProtocol.decodeListReply(frames[1]) else {
+            return finish("LIST after '\(after)' was answered \(header.kind) or malformed")
+        }
+        entries += page.entries
+        guard page.more else { return finish(nil) }
+        guard let last = page.entries.last, page.entries.count == 3 else {
+            return finish("a page with more after it holds \(page.entries.count) of 3 entries")
+        }
+        after = last.name
+        ask(in: cluster)
+    }
+
+    private func finish(_ problem: String?) {
+        if let problem { problems.append(problem) }
+        done = true
+    }
+
+    /// What is wrong with the listing, against the node's `models` of the channel.
+    func violations(node: String, models: [String: [String: ReplicaStore.Register]]) -> [String] {
+        var found = problems.map { "\(node): \($0)" }
+        let expected = models.keys.sorted()
+        if entries.map(\.name) != expected {
+            found.append("\(node): LIST gave \(entries.map(\.name)), the node holds \(expected)")
+        }
+        for entry in entries {
+            guard let registers = models[entry.name] else { continue }
+            let latest = registers.values.map(\.version).max()
+            if entry.count != registers.count || entry.latest != latest {
+                found.append(
+                    "\(node): LIST says \(entry.name) has \(entry.count) properties, newest \(entry.latest); it has \(registers.count), newest \(latest?.description ?? "-")"
+                )
+            }
+        }
+        return found
+    }
+}

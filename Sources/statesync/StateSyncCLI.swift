@@ -11,7 +11,8 @@ struct StateSyncCLI: AsyncParsableCommand {
         abstract: "Get, set and watch replicated models on a StateSync node.",
         discussion: "The node is chosen with --daemon (default: $STATESYNC_DAEMON, else tcp://127.0.0.1:7101).",
         subcommands: [
-            Set.self, Get.self, Watch.self, Status.self, Members.self, Forget.self, Keygen.self, ViewTokenCommand.self,
+            Set.self, Get.self, Watch.self, List.self, Channels.self, Status.self, Members.self, Forget.self,
+            Keygen.self, ViewTokenCommand.self,
             Harness.self,
             Simulate.self,
             Bench.self,

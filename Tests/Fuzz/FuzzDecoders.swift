@@ -29,11 +29,13 @@ public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         _ = try? ClientProtocol.decodeAddress(bytes)
         _ = try? ClientProtocol.decodeWatch(bytes)
         _ = try? ClientProtocol.decodeFetch(bytes)
+        _ = try? ClientProtocol.decodeList(bytes)
     case 4:
         _ = try? ClientProtocol.decodeReplyHeader(bytes)
         _ = try? ClientProtocol.decodeWatchEvent(bytes)
         _ = try? ClientProtocol.decodeFetched(bytes)
         _ = try? ClientProtocol.decodeProperties(bytes)
+        _ = try? ClientProtocol.decodeListReply(bytes)
     case 5:
         _ = try? ClientProtocol.decodeValue(bytes)
         _ = try? ClientProtocol.decodeError(bytes)

@@ -51,6 +51,24 @@ struct CLIHabitsTests {
             #expect(properties?["piped"] as? String == "yes" && properties?["count"] as? Int == 7)
             let missing = try await cli(["set", "demo/g", "x=@\(directory)/nope.json", "--daemon", api])
             #expect(missing.status != 0 && missing.stderr.contains("cannot read"), "\(missing.stderr)")
+
+            // ls and channels: exactly the live models, in name order, page by page.
+            for model in ["a1", "a2", "b1"] {
+                #expect(try await cli(["set", "demo/\(model)", "x=1", "y=2", "--daemon", api]).status == 0)
+            }
+            #expect(try await cli(["set", "other/m", "x=1", "--daemon", api]).status == 0)
+            let listed = try await cli(["ls", "demo", "--json", "--daemon", api])
+            let names = listed.stdout.split(separator: "\n").compactMap { jsonObject($0)?["name"] as? String }
+            #expect(names == ["a1", "a2", "b1", "g"], "\(listed.stdout)\(listed.stderr)")
+            let a1 = listed.stdout.split(separator: "\n").compactMap(jsonObject).first { $0["name"] as? String == "a1" }
+            #expect(a1?["properties"] as? Int == 2)
+            let prefixed = try await cli(["ls", "demo", "--prefix", "a", "--limit", "1", "--daemon", api])
+            #expect(prefixed.stdout.hasPrefix("a1  2 properties") && prefixed.stdout.split(separator: "\n").count == 1)
+            let channels = try await cli(["channels", "--json", "--daemon", api])
+            let counts = channels.stdout.split(separator: "\n").compactMap(jsonObject).map {
+                "\($0["name"] as? String ?? "?")=\($0["models"] as? Int ?? -1)"
+            }
+            #expect(counts == ["demo=4", "other=1"], "\(channels.stdout)")
         } catch {
             Issue.record("\(error)\n\(daemon.stderr)")
         }

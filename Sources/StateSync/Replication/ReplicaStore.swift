@@ -23,6 +23,8 @@ public struct ReplicaStore: Sendable {
     private(set) var channels: [String: [String: [String: Register]]] = [:]
     /// The highest version applied so far.
     public private(set) var latestVersion: Version = .zero
+    /// The newest version that won in each channel (for LIST; kept as writes merge).
+    private var channelLatest: [String: Version] = [:]
     private var digestSum: UInt64 = 0
     /// A planted bug (``NodeFaults/wrongTieBreak``), never set in production: equal timestamps
     /// are decided by node id the wrong way round.
@@ -67,6 +69,7 @@ public struct ReplicaStore: Sendable {
         prefix.registerAddress(channel: first.channel, model: first.model)
         var digestSum = self.digestSum
         var latest = latestVersion
+        var runLatest = Version.zero
         var won: [[PropertyWrite]] = []
         won.reserveCapacity(deltas.count)
         func merge(into registers: inout [String: Register]) {
@@ -77,11 +80,13 @@ public struct ReplicaStore: Sendable {
                     deltas[index].properties, version: deltas[index].version, into: &registers, prefix: prefix,
                     digestSum: &digestSum, wrongTieBreak: plantedWrongTieBreak, outcome: &winners)
                 if anyWon, deltas[index].version > latest { latest = deltas[index].version }
+                if anyWon, deltas[index].version > runLatest { runLatest = deltas[index].version }
                 won.append(winners.writes(of: deltas[index].properties))
             }
         }
         merge(into: &channels[first.channel, default: [:]][first.model, default: [:]])
         self.digestSum = digestSum
+        if runLatest > .zero { noteLatest(runLatest, in: first.channel) }
         latestVersion = latest
         return won
     }
@@ -143,7 +148,15 @@ public struct ReplicaStore: Sendable {
             into: &channels[delta.channel, default: [:]][delta.model, default: [:]], prefix: prefix,
             digestSum: &digestSum, wrongTieBreak: plantedWrongTieBreak, outcome: &outcome)
         self.digestSum = digestSum
-        if anyWon, delta.version > latestVersion { latestVersion = delta.version }
+        if anyWon {
+            noteLatest(delta.version, in: delta.channel)
+            if delta.version > latestVersion { latestVersion = delta.version }
+        }
+    }
+
+    private mutating func noteLatest(_ version: Version, in channel: String) {
+        if let held = channelLatest[channel], held >= version { return }
+        channelLatest[channel] = version
     }
 
     private static func mergeWrites<Outcome: MergeOutcome>(
@@ -180,6 +193,7 @@ public struct ReplicaStore: Sendable {
         }
         channels[address.channel, default: [:]][address.model, default: [:]][property] = register
         account(address.channel, address.model, property, old: current, new: register)
+        noteLatest(register.version, in: address.channel)
         if register.version > latestVersion { latestVersion = register.version }
         return PropertyChange(
             channel: address.channel, model: address.model, property: property, old: current?.value,
@@ -200,6 +214,50 @@ public struct ReplicaStore: Sendable {
     /// The channels that hold at least one model, with their model counts.
     public var channelModelCounts: [String: Int] {
         channels.mapValues(\.count)
+    }
+
+    /// The models of `channel` (the channels, when `channel` is empty and `readable` allows
+    /// them) whose names start with `prefix` and sort after `after`: the first `limit` in name
+    /// order, and whether more follow. One pass over the channel's models, keeping the `limit`
+    /// smallest names (the entries are built for those alone).
+    public func list(
+        channel: String, prefix: String, after: String, limit: Int, readable: (String) -> Bool = { _ in true }
+    ) -> (entries: [ClientProtocol.ListEntry], more: Bool) {
+        // Names compare by their UTF-8 octets (PROTOCOL.md 10.13), not by Swift's Unicode-aware
+        // `<`, under which canonically equivalent names would be equal and one skipped.
+        func precedes(_ a: String, _ b: String) -> Bool { a.utf8.lexicographicallyPrecedes(b.utf8) }
+        var best: [String] = []
+        var more = false
+        func consider(_ name: String) {
+            guard precedes(after, name), name.utf8.starts(with: prefix.utf8) else { return }
+            if best.count == limit {
+                more = true
+                guard precedes(name, best[best.count - 1]) else { return }
+                best.removeLast()
+            }
+            var low = 0
+            var high = best.count
+            while low < high {
+                let middle = (low + high) / 2
+                if precedes(best[middle], name) { low = middle + 1 } else { high = middle }
+            }
+            best.insert(name, at: low)
+        }
+        if channel.isEmpty {
+            for name in channels.keys where readable(name) { consider(name) }
+            return (
+                best.map { .init(name: $0, count: channels[$0]?.count ?? 0, latest: channelLatest[$0] ?? .zero) }, more
+            )
+        }
+        guard let models = channels[channel] else { return ([], false) }
+        for name in models.keys { consider(name) }
+        return (
+            best.map { name in
+                let registers = models[name] ?? [:]
+                return .init(
+                    name: name, count: registers.count, latest: registers.values.map(\.version).max() ?? .zero)
+            }, more
+        )
     }
 
     /// Every model's state, for snapshots.

@@ -14,6 +14,8 @@ public enum ClientProtocol {
         case ping = 0x06
         /// An operator removes a member for good (its entry becomes forgotten, section 7.5).
         case forget = 0x07
+        /// The models of a channel, or the channels, a page at a time (section 10.13).
+        case list = 0x08
         /// Node to node: retained deltas of one origin (gap repair).
         case fetch = 0x10
         /// Node to node: the whole state (repair when history is gone; late join).
@@ -402,5 +404,94 @@ public enum ClientProtocol {
     public static func decodeValue(_ body: [UInt8]) throws(WireError) -> Value {
         var r = WireReader(body)
         return try r.value()
+    }
+}
+
+// MARK: - LIST (section 10.13)
+
+extension ClientProtocol {
+    /// What a LIST asks for: the models of `channel` (the channels, when it is empty) whose names
+    /// start with `prefix` and sort after `after`, at most `limit` of them, in name order.
+    public struct ListRequest: Sendable, Equatable {
+        public var channel: String
+        public var prefix: String
+        public var after: String
+        public var limit: Int
+
+        /// The most entries one reply carries, whatever the request asks.
+        public static let maximumLimit = 1000
+
+        public init(channel: String, prefix: String = "", after: String = "", limit: Int = maximumLimit) {
+            self.channel = channel
+            self.prefix = prefix
+            self.after = after
+            self.limit = limit
+        }
+    }
+
+    /// One listed model (its property count) or channel (its model count), and the newest
+    /// version among what it holds.
+    public struct ListEntry: Sendable, Equatable {
+        public var name: String
+        public var count: Int
+        public var latest: Version
+
+        public init(name: String, count: Int, latest: Version) {
+            self.name = name
+            self.count = count
+            self.latest = latest
+        }
+    }
+
+    /// The body of a LIST: channel, prefix, after (strings), limit (varint).
+    public static func encodeList(_ request: ListRequest) -> [UInt8] {
+        var w = WireWriter()
+        w.string(request.channel)
+        w.string(request.prefix)
+        w.string(request.after)
+        w.varint(UInt64(max(0, request.limit)))
+        return w.bytes
+    }
+
+    public static func decodeList(_ body: [UInt8]) throws(WireError) -> ListRequest {
+        var r = WireReader(body)
+        let channel = try r.string("channel")
+        let prefix = try r.string("prefix")
+        let after = try r.string("after")
+        let limit = try r.varint("limit")
+        try r.expectEnd()
+        guard limit >= 1 else { throw .invalid(field: "limit", reason: "must be at least 1") }
+        return ListRequest(
+            channel: channel, prefix: prefix, after: after, limit: Int(min(limit, UInt64(ListRequest.maximumLimit))))
+    }
+
+    /// The OK body of a LIST: the entries (name, count, latest version) in name order, then
+    /// whether more follow (1) or not (0).
+    public static func encodeListReply(_ entries: [ListEntry], more: Bool) -> [UInt8] {
+        var w = WireWriter()
+        w.varint(UInt64(entries.count))
+        for entry in entries {
+            w.string(entry.name)
+            w.varint(UInt64(entry.count))
+            w.uint64(entry.latest.timestamp)
+            w.string(entry.latest.node)
+        }
+        w.byte(more ? 1 : 0)
+        return w.bytes
+    }
+
+    public static func decodeListReply(_ body: [UInt8]) throws(WireError) -> (entries: [ListEntry], more: Bool) {
+        var r = WireReader(body)
+        var entries: [ListEntry] = []
+        for _ in 0..<(try r.count("entry count", minimumItemSize: 11)) {
+            let name = try r.string("name")
+            let count = try r.varint("count")
+            let latest = Version(timestamp: try r.uint64("latest version"), node: try r.string("version node"))
+            entries.append(ListEntry(name: name, count: Int(clamping: count), latest: latest))
+        }
+        let more = try r.byte("more")
+        try r.expectEnd()
+        guard more <= 1 else { throw .invalid(field: "more", reason: "must be 0 or 1") }
+        return (entries, more == 1)
     }
 }

@@ -208,6 +208,20 @@ extension NodeMachine {
                 reply(client, .ok, id, [])
             case .status:
                 reply(client, .ok, id, ClientProtocol.encodeValue(status(now: now).value))
+            case .list:
+                let request = try ClientProtocol.decodeList(body)
+                let rights = access(of: identity)
+                if !request.channel.isEmpty {
+                    try Names.validateChannel(request.channel)
+                    try authorize(identity, write: false, channel: request.channel)
+                }
+                // The channel list shows only the channels this client may read.
+                let page = store.list(
+                    channel: request.channel, prefix: request.prefix, after: request.after, limit: request.limit,
+                    readable: { channel in
+                        rights.map { SecurityConfiguration.ClientAccess.allows($0.read, channel) } ?? true
+                    })
+                reply(client, .ok, id, ClientProtocol.encodeListReply(page.entries, more: page.more))
             case .fetch:
                 let (origin, range) = try ClientProtocol.decodeFetch(body)
                 try authorizeRepair(identity)
