@@ -72,9 +72,7 @@ public struct HTTPListener: Sendable {
         router.get("status") { _, _ in
             var status = node.status
             // With security, channel names are for viewers whose key may read them (the live view).
-            if node.configuration.security != nil {
-                status.channels = ["(\(status.channels.count) channels)": status.channels.values.reduce(0, +)]
-            }
+            if node.configuration.security != nil { status.channels = [:] }
             return Response(
                 status: .ok, headers: [.contentType: "application/json"],
                 body: .init(byteBuffer: ByteBuffer(string: status.value.jsonText() + "\n")))

@@ -79,7 +79,8 @@ extension ReportPage {
             series: [
                 .init(
                     name: "attempted", color: "#1f77b4",
-                    points: timeline.writes.map { (seconds($0.startMilliseconds), Double($0.attempted) * perSecond) }),
+                    points: timeline.writes.map { (seconds($0.startMilliseconds), Double($0.attempted) * perSecond) },
+                    dashed: true),
                 .init(
                     name: "acknowledged", color: "#2ca02c",
                     points: timeline.writes.map {

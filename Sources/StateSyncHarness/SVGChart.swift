@@ -8,10 +8,13 @@ package struct SVGChart: Sendable {
         package var name: String
         package var color: String
         package var points: [(x: Double, y: Double?)]
-        package init(name: String, color: String, points: [(x: Double, y: Double?)]) {
+        /// Drawn wide and dashed: a line another one may cover (attempted under acknowledged).
+        package var dashed: Bool
+        package init(name: String, color: String, points: [(x: Double, y: Double?)], dashed: Bool = false) {
             self.name = name
             self.color = color
             self.points = points
+            self.dashed = dashed
         }
     }
 
@@ -128,7 +131,7 @@ package struct SVGChart: Sendable {
                     out += "<circle cx=\"\(xy[0])\" cy=\"\(xy[1])\" r=\"2\" fill=\"\(line.color)\"/>\n"
                 } else if run.count > 1 {
                     out +=
-                        "<polyline fill=\"none\" stroke=\"\(line.color)\" stroke-width=\"1.6\" points=\"\(run.joined(separator: " "))\"><title>\(escape(line.name))</title></polyline>\n"
+                        "<polyline fill=\"none\" stroke=\"\(line.color)\" stroke-width=\"\(line.dashed ? "3.2\" stroke-dasharray=\"6,4" : "1.6")\" points=\"\(run.joined(separator: " "))\"><title>\(escape(line.name))</title></polyline>\n"
                 }
                 run = []
             }

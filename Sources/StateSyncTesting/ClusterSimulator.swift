@@ -382,6 +382,7 @@ public enum ClusterSimulator {
             cluster.run(for: 20)
             sample(cluster)
             if isQuiet(cluster) {
+                sample(cluster, force: true)  // the picture shows the moment of convergence
                 convergedAt = cluster.now
                 break
             }

@@ -23,6 +23,12 @@ extension StateSyncCLI {
 
         func run() async throws {
             try await failingClearly {
+                // A key's directory (keys/ in the example configs) is made, private to its owner.
+                let directory = URL(fileURLWithPath: out).deletingLastPathComponent().path
+                if !FileManager.default.fileExists(atPath: directory) {
+                    try FileManager.default.createDirectory(
+                        atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+                }
                 let pair = try CurveKeyFile.generate(at: out)
                 let publicText = try Curve.z85Encode(pair.publicKey)
                 if json {

@@ -130,9 +130,12 @@ struct CLIHabitsTests {
         #expect(completion.status == 0 && completion.stdout.contains("view-token"), "\(completion.stderr)")
         let directory = temporaryDirectory("keygen-json")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let made = try await cli(["keygen", "--out", "\(directory)/a.key", "--json"])
+        // The key's directory is made when missing (keys/ of the example configs), private.
+        let made = try await cli(["keygen", "--out", "\(directory)/keys/a.key", "--json"])
         let object = jsonObject(Substring(made.stdout))
-        #expect((object?["public_key"] as? String)?.count == 40, "\(made.stdout)")
-        #expect(object?["secret_key_file"] as? String == "\(directory)/a.key")
+        #expect((object?["public_key"] as? String)?.count == 40, "\(made.stdout)\(made.stderr)")
+        #expect(object?["secret_key_file"] as? String == "\(directory)/keys/a.key")
+        let mode = try FileManager.default.attributesOfItem(atPath: "\(directory)/keys")[.posixPermissions] as? Int
+        #expect(mode == 0o700)
     }
 }
