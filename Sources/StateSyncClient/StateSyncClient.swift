@@ -132,7 +132,6 @@ public final class StateSyncClient: Sendable {
         try await set(address, properties.keys.sorted().map { PropertyWrite(name: $0, value: properties[$0]!) })
     }
 
-    /// The properties of one model as the node holds them (empty for an unknown model).
     /// One page of a LIST (docs/PROTOCOL.md 10.13): the models of `channel` (the channels, when
     /// `channel` is nil) whose names start with `prefix` and sort after `after`, at most `limit`
     /// (the node caps it at 1000), in name order; `more` says whether another page follows (ask
@@ -159,10 +158,15 @@ public final class StateSyncClient: Sendable {
             let page = try await list(channel: channel, prefix: prefix, after: after)
             all += page.entries
             guard page.more, let last = page.entries.last else { return all }
+            // A node must page forwards; one that does not would be asked forever.
+            guard after.utf8.lexicographicallyPrecedes(last.name.utf8) else {
+                throw StateSyncError(.protocolError, "LIST from \(endpoint) did not move past '\(after)'")
+            }
             after = last.name
         }
     }
 
+    /// The properties of one model as the node holds them (empty for an unknown model).
     public func get(_ address: ModelAddress) async throws -> [String: ReplicaStore.Register] {
         let body = try await io.request(.get, ClientProtocol.encodeAddress(address))
         do {

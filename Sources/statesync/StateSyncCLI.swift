@@ -46,7 +46,10 @@ struct StateSyncCLI: AsyncParsableCommand {
                 index += 2
             }
         }
-        guard !leading.isEmpty, index < arguments.count, !arguments[index].hasPrefix("-") else { return arguments }
+        guard !leading.isEmpty, index < arguments.count else { return arguments }
+        // `statesync --daemon X --help`: the help, not an unknown option.
+        if ["--help", "-h", "help"].contains(arguments[index]) { return Array(arguments[index...]) }
+        guard !arguments[index].hasPrefix("-") else { return arguments }
         return [arguments[index]] + leading + arguments[(index + 1)...]
     }
 }
@@ -170,7 +173,7 @@ extension StateSyncCLI {
             guard !assignments.isEmpty || stdin else {
                 throw ValidationError("give at least one PROP=JSON (or --stdin)")
             }
-            if !stdin { _ = try parseAssignments() }
+            _ = try parseAssignments()  // the arguments; --stdin is read and checked in run()
         }
 
         func parseAssignments(standardInput: String? = nil) throws -> [PropertyWrite] {
@@ -301,8 +304,9 @@ extension StateSyncCLI {
 
                 --state FILE keeps what the watch printed in FILE: started again with the same \
                 FILE, on this node or another, it resumes after the last line printed with exact \
-                old values. The file is saved at most every 200 ms and on SIGINT/SIGTERM; after a \
-                kill -9 the last lines can print again, none is skipped.
+                old values. The file is saved at most every 200 ms while changes print, at the next \
+                marker, and on SIGINT/SIGTERM; after a kill -9 the lines of up to the last second \
+                can print again, none is skipped.
                 """)
 
         @Argument(help: "The channel to watch.")
@@ -364,10 +368,7 @@ extension StateSyncCLI {
                     for number in [SIGINT, SIGTERM] {
                         signal(number, SIG_IGN)
                         let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-                        source.setEventHandler {
-                            saved.saveNow()
-                            Glibc.exit(0)
-                        }
+                        source.setEventHandler { saved.saveAndExit() }
                         source.resume()
                         signals.append(source)
                     }

@@ -10,9 +10,10 @@ import Synchronization
 /// line is printed; the cursor moves past a delta only once the next delta (or a marker) shows
 /// that every line of the delta was printed. A watch resumed from the file is sent that delta
 /// again, and the replica skips the properties already printed. The file is replaced atomically
-/// (a new file renamed over it) at most every 200 ms while changes arrive, at every marker, and
-/// on SIGINT or SIGTERM; after a crash (kill -9) the lines of the last 200 ms can print again,
-/// none is skipped.
+/// (a new file renamed over it) at most every 200 ms while changes arrive, at the next marker
+/// after a change (markers come about once a second), and on SIGINT or SIGTERM; after a crash
+/// (kill -9) the lines printed since the last save (up to about a second) can print again, none
+/// is skipped.
 final class WatchState: Sendable {
     let path: String
     let channel: String
@@ -22,6 +23,8 @@ final class WatchState: Sendable {
         /// more properties to print).
         var pending: WatchCursor?
         var lastSave = ContinuousClock.now
+        /// Printed since the last save.
+        var dirty = false
     }
 
     private let printed: Mutex<Printed>
@@ -55,11 +58,12 @@ final class WatchState: Sendable {
         return replica
     }
 
-    /// Prints with `print` and records what it printed, under one lock (a signal's save never
-    /// sees half of it).
+    /// Prints with `print`, then records what it printed. Printing is outside the lock (a
+    /// blocked stdout never holds up a signal's save); a line printed but not yet recorded when
+    /// the process ends prints again next time, none is skipped.
     func printing(_ event: WatchEvent, _ print: () -> Void) {
+        print()
         printed.withLock { state in
-            print()
             switch event {
             case .change(let change, _, let cursor):
                 if let pending = state.pending, pending != cursor { state.replica.advance(to: pending) }
@@ -67,24 +71,38 @@ final class WatchState: Sendable {
                     model: change.model, property: change.property,
                     register: ReplicaStore.Register(value: change.new, version: change.version))
                 state.pending = cursor
+                state.dirty = true
                 if ContinuousClock.now - state.lastSave >= .milliseconds(200) { save(&state) }
             case .initialStateComplete(_, let cursor), .resyncComplete(_, let cursor), .caughtUp(let cursor, _, _):
+                if state.pending != nil || cursor != state.replica.cursor { state.dirty = true }
                 state.replica.advance(to: cursor)
                 state.pending = nil
-                save(&state)
+                // Markers come about once a second: an idle watch does not rewrite its file.
+                if state.dirty { save(&state) }
             case .resyncStarted:
                 break
             }
         }
     }
 
-    /// Saves what was printed (SIGINT, SIGTERM, the end of the watch).
+    /// Saves what was printed (the end of the watch).
     func saveNow() {
         printed.withLock { save(&$0) }
     }
 
+    /// Saves what was printed and ends the process at once, holding the lock (nothing is
+    /// recorded after the save): SIGINT and SIGTERM. `_exit`, not `exit`: the client's I/O thread
+    /// and libzmq are still running, and their teardown must not race the process's end.
+    func saveAndExit() -> Never {
+        printed.withLock { state -> Never in
+            save(&state)
+            _exit(0)
+        }
+    }
+
     private func save(_ state: inout Printed) {
         state.lastSave = .now
+        state.dirty = false
         do {
             try Data(state.replica.encoded()).write(to: URL(fileURLWithPath: path), options: .atomic)
         } catch {

@@ -89,10 +89,15 @@ struct CLIHabitsTests {
             ])
         let file = "\(directory)/watch.state"
         func watcher() throws -> ChildProcess {
-            try ChildProcess("statesync", ["watch", "demo", "--json", "--state", file, "--daemon", api])
+            try ChildProcess("statesync", ["watch", "demo", "--json", "--markers", "--state", file, "--daemon", api])
         }
         func lines(_ process: ChildProcess) -> [[String: Any]] {
-            process.stdout.split(separator: "\n").compactMap(jsonObject)
+            process.stdout.split(separator: "\n").compactMap(jsonObject).filter { $0["marker"] == nil }
+        }
+        func caughtUp(_ process: ChildProcess) -> Int {
+            process.stdout.split(separator: "\n").compactMap(jsonObject).filter {
+                $0["marker"] as? String == "caught_up"
+            }.count
         }
         do {
             try await waitUntil("the daemon answers") {
@@ -115,6 +120,13 @@ struct CLIHabitsTests {
             #expect(resumed[0]["old"] as? Int == 2 && resumed[0]["new"] as? Int == 3, "exact old value: \(resumed)")
             #expect(resumed[0]["kind"] as? String == "live", "not the initial state again")
             #expect(resumed[1]["old"] as? Int == 3 && resumed[1]["new"] as? Int == 4)
+            // Idle, the watch does not rewrite its file at every marker (about one a second).
+            let markers = caughtUp(second)
+            try await waitUntil("a marker after the last change") { caughtUp(second) > markers }
+            let saved = try FileManager.default.attributesOfItem(atPath: file)[.modificationDate] as? Date
+            let idle = caughtUp(second)
+            try await waitUntil("two more markers") { caughtUp(second) >= idle + 2 }
+            #expect(try FileManager.default.attributesOfItem(atPath: file)[.modificationDate] as? Date == saved)
             #expect(await second.stop(SIGTERM) == 0)
             // A state file of another channel is refused with one line.
             let other = try await cli(["watch", "other", "--state", file, "--daemon", api])
@@ -126,6 +138,8 @@ struct CLIHabitsTests {
     }
 
     @Test func shellCompletionAndKeygenJSON() async throws {
+        let help = try await cli(["--daemon", "tcp://127.0.0.1:1", "--help"])
+        #expect(help.status == 0 && help.stdout.contains("USAGE"), "\(help.stdout)\(help.stderr)")
         let completion = try await cli(["--generate-completion-script", "bash"])
         #expect(completion.status == 0 && completion.stdout.contains("view-token"), "\(completion.stderr)")
         let directory = temporaryDirectory("keygen-json")

@@ -459,7 +459,7 @@ extension ClientProtocol {
         let prefix = try r.string("prefix")
         let after = try r.string("after")
         let limit = try r.varint("limit")
-        try r.expectEnd()
+        // Trailing octets are ignored (section 13): a later version may add fields.
         guard limit >= 1 else { throw .invalid(field: "limit", reason: "must be at least 1") }
         return ListRequest(
             channel: channel, prefix: prefix, after: after, limit: Int(min(limit, UInt64(ListRequest.maximumLimit))))
@@ -490,7 +490,6 @@ extension ClientProtocol {
             entries.append(ListEntry(name: name, count: Int(clamping: count), latest: latest))
         }
         let more = try r.byte("more")
-        try r.expectEnd()
         guard more <= 1 else { throw .invalid(field: "more", reason: "must be 0 or 1") }
         return (entries, more == 1)
     }

@@ -118,5 +118,13 @@ struct ListMachineTests {
         #expect(limited.entries.map(\.name) == ["sensors", "sensors-eu"], "no name of a channel it may not read")
         let refused = try #require(Self.list(&node, .init(channel: "secret"), id: 12, identity: "client:sensors"))
         #expect(refused.0.kind == .error)
+        // STATUS too names only the channels the client may read.
+        let status = node.request(.status, id: 13, [], identity: "client:sensors")
+        let statusValue = try ClientProtocol.decodeValue(status?.1 ?? [])
+        #expect(NodeStatus(statusValue)?.channels.keys.sorted() == ["sensors", "sensors-eu"])
+        // A later version's extra fields after a LIST body are ignored (section 13).
+        var longer = ClientProtocol.encodeList(.init(channel: "sensors", limit: 5))
+        longer += [0x01, 0x02]
+        #expect(try ClientProtocol.decodeList(longer) == .init(channel: "sensors", limit: 5))
     }
 }

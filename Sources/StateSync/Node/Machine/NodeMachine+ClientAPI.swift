@@ -207,7 +207,14 @@ extension NodeMachine {
                 removeWatch(WatchKey(client: client, requestID: watchID))
                 reply(client, .ok, id, [])
             case .status:
-                reply(client, .ok, id, ClientProtocol.encodeValue(status(now: now).value))
+                var answer = status(now: now)
+                // With security a client sees the names of the channels it may read only.
+                if let rights = access(of: identity) {
+                    answer.channels = answer.channels.filter {
+                        SecurityConfiguration.ClientAccess.allows(rights.read, $0.key)
+                    }
+                }
+                reply(client, .ok, id, ClientProtocol.encodeValue(answer.value))
             case .list:
                 let request = try ClientProtocol.decodeList(body)
                 let rights = access(of: identity)
