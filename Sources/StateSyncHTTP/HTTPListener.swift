@@ -107,7 +107,6 @@ struct HostCheck<Context: RequestContext>: RouterMiddleware {
             status: .misdirectedRequest, headers: [.contentType: "text/plain; charset=utf-8"],
             body: .init(byteBuffer: ByteBuffer(string: "this listener answers only its own address or localhost\n")))
     }
-
 }
 
 /// Which `Host` values name the listener.

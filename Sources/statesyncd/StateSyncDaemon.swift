@@ -120,8 +120,15 @@ struct StateSyncDaemon: AsyncParsableCommand {
         // HTTP listener ends right after it).
         var services: [ServiceGroupConfiguration.ServiceConfiguration] = []
         if let listen = configuration.httpListen, let exporter {
-            let listener = try HTTPListener(
-                address: listen, node: node, exporter: exporter, authority: authority, logger: logger)
+            let listener: HTTPListener
+            do {
+                listener = try HTTPListener(
+                    address: listen, node: node, exporter: exporter, authority: authority, logger: logger)
+            } catch {
+                await node.stop()
+                FileHandle.standardError.write(Data("statesyncd: node \(configuration.nodeID): \(error)\n".utf8))
+                throw ExitCode(2)
+            }
             services.append(
                 .init(service: listener.application(), failureTerminationBehavior: .gracefullyShutdownGroup))
         }

@@ -4,8 +4,8 @@ public import CoreMetrics
 /// ``NodeStatus`` and exported from there, at scrape time).
 ///
 /// Each is a swift-metrics `Timer`: with a Prometheus backend (`statesyncd`'s `http.listen`),
-/// a histogram in seconds. Without a backend they cost a call into swift-metrics' no-op handler.
-/// No label carries a model, a property or a value.
+/// a histogram in seconds. Without a backend (``isRecording`` is false) the node measures
+/// nothing. No label carries a model, a property or a value.
 public struct NodeMetrics: Sendable {
     /// `fdatasync` of the write-ahead log, each call.
     public let fsync: CoreMetrics.Timer
