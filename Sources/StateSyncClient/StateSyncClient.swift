@@ -215,8 +215,13 @@ public final class StateSyncClient: Sendable {
     /// `onLag` says what the node does when this client falls behind its history: `.resync` (the
     /// default: a snapshot, changes flagged ``WatchEvent/Kind/resync``) or `.end` (the stream
     /// ends with an error; watch again with the replica to continue).
+    ///
+    /// `filter` asks the node for the models whose ids start with a prefix, only some properties,
+    /// and whether to start with the current state (docs/PROTOCOL.md 10.5.1); a node that does not
+    /// know filters sends everything, and the changes that do not pass are dropped here.
     public func watch(
-        channel: String, replica: ChannelReplica? = nil, onLag: ClientProtocol.LagPolicy = .resync
+        channel: String, replica: ChannelReplica? = nil, onLag: ClientProtocol.LagPolicy = .resync,
+        filter: ClientProtocol.WatchFilter? = nil
     ) async throws -> (
         events: AsyncThrowingStream<WatchEvent, any Error>, replica: ChannelReplica
     ) {
@@ -227,8 +232,26 @@ public final class StateSyncClient: Sendable {
         }
         let resume = replica.cursor.positions.isEmpty && replica.models.isEmpty ? nil : replica.cursor
         let events = try await io.watch(
-            ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag), replica: replica)
-        return (events, replica)
+            ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag, filter: filter), replica: replica)
+        guard let filter else { return (events, replica) }
+        let (filtered, continuation) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
+        let forward = Task {
+            do {
+                for try await event in events {
+                    if case .change(let change, _, _) = event,
+                        !filter.passes(model: change.model, property: change.property)
+                    {
+                        continue
+                    }
+                    continuation.yield(event)
+                }
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+        }
+        continuation.onTermination = { _ in forward.cancel() }
+        return (filtered, replica)
     }
 
     /// The changes of `channel` only (no markers), from now on: a convenience over

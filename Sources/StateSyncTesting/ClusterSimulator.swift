@@ -320,13 +320,20 @@ public enum ClusterSimulator {
         cluster.run(for: UInt64(3 * configuration.heartbeatMilliseconds))  // links up
 
         // Watchers: one per node.
-        let watchers = (0..<options.nodes).map { index in
+        var watchers = (0..<options.nodes).map { index in
             let watcher = SimulatedWatcher(
                 node: index, channel: channel, name: "watch-\(cluster.nodes[index].id)",
                 capacity: configuration.clientHighWaterMark)
             if index == 0 { watcher.client.processingDelay = UInt64(slowWatcher) }
             return watcher
         }
+        // And a filtered watch (PROTOCOL.md 10.5.1) on the last node: models m1*, properties p0
+        // and p2 only; its copy must end equal to that part of the converged state.
+        watchers.append(
+            SimulatedWatcher(
+                node: options.nodes - 1, channel: channel, name: "watch-filtered",
+                capacity: configuration.clientHighWaterMark,
+                filter: .init(prefix: "m1", properties: ["p0", "p2"])))
         for watcher in watchers { watcher.start(in: cluster) }
 
         // The workload: writers issue one write at a time until the operations are used up.
@@ -415,7 +422,7 @@ public enum ClusterSimulator {
             watches: watchers.map { watcher in
                 ConvergenceChecker.WatchHistory(
                     node: cluster.nodes[watcher.nodeIndex].id, sessions: [watcher.changes],
-                    finalState: watcher.finalState)
+                    finalState: watcher.finalState, filter: watcher.filter)
             })
         findings.chainViolations += watchers.flatMap { $0.violations }
         // Every node's channel listed page by page (LIST) must be what the node holds.

@@ -50,14 +50,18 @@ public struct ConvergenceChecker: Sendable {
         /// The watcher's own copy of the state at the end (model → property → register), when it
         /// keeps one: it must equal the nodes' converged state, or the watch missed changes.
         public var finalState: [String: [String: ReplicaStore.Register]]?
+        /// What the watch asked for: its final copy is compared with that part of the state.
+        public var filter: ClientProtocol.WatchFilter?
 
         /// What a watcher on `node` saw.
         public init(
-            node: String, sessions: [[PropertyChange]], finalState: [String: [String: ReplicaStore.Register]]? = nil
+            node: String, sessions: [[PropertyChange]], finalState: [String: [String: ReplicaStore.Register]]? = nil,
+            filter: ClientProtocol.WatchFilter? = nil
         ) {
             self.node = node
             self.sessions = sessions
             self.finalState = finalState
+            self.filter = filter
         }
     }
 
@@ -151,10 +155,17 @@ public struct ConvergenceChecker: Sendable {
 
         // (4) Watch chains, per session and property; a watcher's final copy must match.
         for watch in watches {
-            if let final = watch.finalState, findings.converged, final != majority {
-                let differing = Set(final.keys).union(majority.keys).filter { final[$0] != majority[$0] }.sorted()
+            var expected = majority
+            if let filter = watch.filter {
+                expected = majority.reduce(into: [:]) { kept, model in
+                    let properties = model.value.filter { filter.passes(model: model.key, property: $0.key) }
+                    if !properties.isEmpty { kept[model.key] = properties }
+                }
+            }
+            if let final = watch.finalState, findings.converged, final != expected {
+                let differing = Set(final.keys).union(expected.keys).filter { final[$0] != expected[$0] }.sorted()
                 findings.chainViolations.append(
-                    "\(watch.node)'s watcher ended with a state different from the nodes' (models \(differing.prefix(5).joined(separator: ", "))): it missed changes"
+                    "\(watch.node)'s watcher ended with a state different from the nodes' (models \(differing.prefix(5).joined(separator: ", "))): it missed changes, or got what its filter excludes"
                 )
             }
             for (sessionIndex, session) in watch.sessions.enumerated() {

@@ -110,9 +110,13 @@ final class SimulatedWatcher {
     /// was missing when it was sent.
     private(set) var lastCaughtUp: (at: UInt64, latest: Version?, nodeMissing: Int)?
 
-    init(node: Int, channel: String, name: String, capacity: Int) {
+    /// What the watch asks for (`nil`: the whole channel).
+    let filter: ClientProtocol.WatchFilter?
+
+    init(node: Int, channel: String, name: String, capacity: Int, filter: ClientProtocol.WatchFilter? = nil) {
         self.nodeIndex = node
         self.channel = channel
+        self.filter = filter
         self.session = WatchSession(replica: ChannelReplica(channel: channel))
         client = SimulatedCluster.Client(name: name, capacity: capacity)
         client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
@@ -134,7 +138,7 @@ final class SimulatedWatcher {
         let resume = replica.cursor.positions.isEmpty && replica.models.isEmpty ? nil : replica.cursor
         cluster.send(
             ClientProtocol.encodeRequest(
-                .watch, id: watchID, body: ClientProtocol.encodeWatch(channel: channel, from: resume)),
+                .watch, id: watchID, body: ClientProtocol.encodeWatch(channel: channel, from: resume, filter: filter)),
             from: client)
     }
 

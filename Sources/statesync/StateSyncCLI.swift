@@ -328,6 +328,24 @@ extension StateSyncCLI {
                 valueName: "FILE"))
         var state: String?
 
+        @Option(help: ArgumentHelp("Only models whose ids start with this.", valueName: "PREFIX"))
+        var prefix: String?
+
+        @Option(
+            name: .customLong("property"),
+            help: ArgumentHelp("Only this property (repeat for several).", valueName: "NAME"))
+        var properties: [String] = []
+
+        @Flag(name: .customLong("no-initial"), help: "Do not start with the channel's current state: changes only.")
+        var noInitial = false
+
+        var filter: ClientProtocol.WatchFilter? {
+            guard prefix != nil || !properties.isEmpty || noInitial else { return nil }
+            return .init(
+                prefix: prefix ?? "", properties: properties.isEmpty ? nil : Swift.Set(properties),
+                initialState: !noInitial)
+        }
+
         @Option(
             name: .customLong("on-lag"),
             help: ArgumentHelp(
@@ -341,6 +359,9 @@ extension StateSyncCLI {
             do { try Names.validateChannel(channel) } catch { throw ValidationError("\(error)") }
             guard ["resync", "end"].contains(onLag) else { throw ValidationError("--on-lag must be resync or end") }
             if state != nil, from != nil { throw ValidationError("--state resumes from its own cursor: drop --from") }
+            for property in properties {
+                do { try Names.validateProperty(property) } catch { throw ValidationError("--property: \(error)") }
+            }
             if let from, WatchCursor(from) == nil {
                 if Version(from) != nil {
                     throw ValidationError(
@@ -360,7 +381,7 @@ extension StateSyncCLI {
                     try state.flatMap { try WatchState.load($0, channel: channel) }
                     ?? from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
                 let (events, watched) = try await client.watch(
-                    channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync)
+                    channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync, filter: filter)
                 FileHandle.standardError.write(Data("statesync: watching \(channel) on \(connection.daemon)\n".utf8))
                 // With --state, SIGINT and SIGTERM save what was printed before the process ends.
                 var signals: [any DispatchSourceSignal] = []

@@ -1,5 +1,6 @@
 import Foundation
 import StateSync
+import StateSyncClient
 import Testing
 
 #if canImport(Glibc)
@@ -69,6 +70,23 @@ struct CLIHabitsTests {
                 "\($0["name"] as? String ?? "?")=\($0["models"] as? Int ?? -1)"
             }
             #expect(counts == ["demo=4", "other=1"], "\(channels.stdout)")
+
+            // A filtered watch: models a*, property x, no initial state.
+            let filtered = try ChildProcess(
+                "statesync",
+                ["watch", "demo", "--json", "--prefix", "a", "--property", "x", "--no-initial", "--daemon", api])
+            defer { _ = filtered.process.isRunning ? kill(filtered.process.processIdentifier, SIGKILL) : 0 }
+            let node = try StateSyncClient(endpoint: api)
+            defer { node.close() }
+            try await waitUntil("the filtered watch is registered") { (try? await node.status().watchers) == 1 }
+            for (model, property, value) in [("a1", "y", 5), ("b1", "x", 6), ("a2", "x", 7)] {
+                #expect(try await cli(["set", "demo/\(model)", "\(property)=\(value)", "--daemon", api]).status == 0)
+            }
+            try await waitUntil("the filtered watch prints a2.x") { filtered.stdout.contains("\"a2\"") }
+            let printed = filtered.stdout.split(separator: "\n").compactMap(jsonObject)
+            #expect(printed.count == 1, "only a2.x passes, and no initial state: \(filtered.stdout)")
+            #expect(printed.first?["property"] as? String == "x" && printed.first?["new"] as? Int == 7)
+            #expect(printed.first?["old"] is NSNull, "no initial state: the watch did not hold a2.x before")
         } catch {
             Issue.record("\(error)\n\(daemon.stderr)")
         }

@@ -215,12 +215,20 @@ public enum ClientProtocol {
 
     /// A WATCH request: the channel, to resume the cursor the client has reached, and the lag
     /// policy. Flags: bit 0 = a cursor follows, bit 1 = end on lag.
-    public static func encodeWatch(channel: String, from cursor: WatchCursor?, onLag: LagPolicy = .resync) -> [UInt8] {
+    public static func encodeWatch(
+        channel: String, from cursor: WatchCursor?, onLag: LagPolicy = .resync, filter: WatchFilter? = nil
+    ) -> [UInt8] {
         var w = WireWriter()
         w.string(channel)
-        let flags: UInt8 = (cursor == nil ? 0 : 1) | (onLag == .end ? 2 : 0)
+        let flags: UInt8 = (cursor == nil ? 0 : 1) | (onLag == .end ? 2 : 0) | (filter == nil ? 0 : 4)
         if flags != 0 { w.byte(flags) }
         cursor?.encode(into: &w)
+        if let filter {
+            w.string(filter.prefix)
+            w.varint(UInt64(filter.properties?.count ?? 0))
+            for name in (filter.properties ?? []).sorted() { w.string(name) }
+            w.byte(filter.initialState ? 1 : 0)
+        }
         return w.bytes
     }
 
@@ -228,12 +236,64 @@ public enum ClientProtocol {
     public static func decodeWatch(_ body: [UInt8]) throws(WireError) -> (
         channel: String, cursor: WatchCursor?, onLag: LagPolicy
     ) {
+        let request = try decodeWatchRequest(body)
+        return (request.channel, request.cursor, request.onLag)
+    }
+
+    /// Decodes a WATCH body, its filter included (section 10.5.1, flag bit 2).
+    public static func decodeWatchRequest(_ body: [UInt8]) throws(WireError) -> (
+        channel: String, cursor: WatchCursor?, onLag: LagPolicy, filter: WatchFilter?
+    ) {
         var r = WireReader(body)
         let channel = try r.string("channel")
-        guard !r.isAtEnd else { return (channel, nil, .resync) }
+        guard !r.isAtEnd else { return (channel, nil, .resync, nil) }
         let flags = try r.byte("watch flags")
         let cursor = flags & 1 != 0 ? try WatchCursor.decode(from: &r) : nil
-        return (channel, cursor, flags & 2 != 0 ? .end : .resync)
+        var filter: WatchFilter?
+        if flags & 4 != 0 {
+            let prefix = try r.string("filter prefix")
+            var properties: Set<String> = []
+            for _ in 0..<(try r.count("filter property count", minimumItemSize: 2)) {
+                properties.insert(try r.string("filter property"))
+            }
+            let initial = try r.byte("filter initial state")
+            filter = WatchFilter(
+                prefix: prefix, properties: properties.isEmpty ? nil : properties, initialState: initial != 0)
+        }
+        return (channel, cursor, flags & 2 != 0 ? .end : .resync, filter)
+    }
+
+    /// What a watch asks to be sent (section 10.5.1): models whose ids start with `prefix`, only
+    /// `properties` of them (`nil`: all), and whether a new watch starts with the channel's
+    /// current state. Resumption, markers and lag handling are those of any watch: the cursor
+    /// moves over the deltas filtered out too.
+    public struct WatchFilter: Sendable, Equatable {
+        public var prefix: String
+        public var properties: Set<String>?
+        public var initialState: Bool
+
+        public init(prefix: String = "", properties: Set<String>? = nil, initialState: Bool = true) {
+            self.prefix = prefix
+            self.properties = properties
+            self.initialState = initialState
+        }
+
+        /// Whether a change of `property` of `model` passes.
+        public func passes(model: String, property: String) -> Bool {
+            model.utf8.starts(with: prefix.utf8) && (properties?.contains(property) ?? true)
+        }
+
+        /// `delta` with only the properties that pass (`nil`: none does).
+        public func apply(to delta: Delta) -> Delta? {
+            guard delta.model.utf8.starts(with: prefix.utf8) else { return nil }
+            guard let properties else { return delta }
+            let kept = delta.properties.filter { properties.contains($0.name) }
+            if kept.isEmpty { return nil }
+            if kept.count == delta.properties.count { return delta }
+            var reduced = delta
+            reduced.properties = kept
+            return reduced
+        }
     }
 
     /// What one EVENT of a watch carries (the first byte of its body).

@@ -43,6 +43,8 @@ extension NodeMachine {
 
     struct Watch: Sendable {
         let channel: String
+        /// What of the channel this watch is sent (`nil`: everything).
+        var filter: ClientProtocol.WatchFilter?
         /// With security, who opened it (the user id of its key): checked again at a reload.
         var identity: String?
         var onLag: ClientProtocol.LagPolicy = .resync
@@ -96,10 +98,10 @@ extension NodeMachine {
 
     mutating func addWatch(
         _ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy,
-        identity: String? = nil
+        identity: String? = nil, filter: ClientProtocol.WatchFilter? = nil
     ) {
         var watch = Watch(
-            channel: channel, identity: identity, onLag: onLag,
+            channel: channel, filter: filter, identity: identity, onLag: onLag,
             position: WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
         if let cursor {
             if let position = resumePosition(after: cursor) {
@@ -155,7 +157,7 @@ extension NodeMachine {
                 return
             }
             if let reason = watch.pendingSnapshot {
-                let events = snapshotEvents(of: watch.channel, reason: reason, event)
+                let events = snapshotEvents(of: watch.channel, reason: reason, filter: watch.filter, event)
                 watch.inFlight = .snapshot(events.position, events: events.frames.count)
                 actions.append(.sendWatchEvents(key, events.frames))
                 return
@@ -176,7 +178,9 @@ extension NodeMachine {
             }
             var events: [[[UInt8]]] = []
             var after: [WatchPosition] = []
-            for (delta, position) in deltas {
+            for (whole, position) in deltas {
+                // A filtered watch is sent what passes; its position moves over the rest too.
+                guard let delta = watch.filter.map({ $0.apply(to: whole) }) ?? whole else { continue }
                 let frames = event(.delta(delta, cursor: position.cursor))
                 events.append(frames)
                 after.append(position)
@@ -189,6 +193,11 @@ extension NodeMachine {
             // not lagging by the age of what it replays.
             if latencySamples.enabled, watch.caughtUpSent {
                 latencySamples.watchSent(version: deltas[0].0.version, wallNow: clock.wallMilliseconds())
+            }
+            if events.isEmpty {
+                // Nothing of this batch passed the filter.
+                watch.position = end
+                continue
             }
             watch.inFlight = .deltas(before: before, after: after, end: end)
             actions.append(.sendWatchEvents(key, events))
@@ -211,10 +220,22 @@ extension NodeMachine {
     /// A whole snapshot of `channel` as EVENTs: its start, the records in chunks, and its end
     /// with the record count and digest the client verifies.
     private func snapshotEvents(
-        of channel: String, reason: ClientProtocol.SnapshotReason,
+        of channel: String, reason: ClientProtocol.SnapshotReason, filter: ClientProtocol.WatchFilter?,
         _ event: (ClientProtocol.WatchEventBody) -> [[UInt8]]
     ) -> (frames: [[[UInt8]]], position: WatchPosition) {
-        let (models, position) = channelSnapshot(channel)
+        var (models, position) = channelSnapshot(channel)
+        if let filter {
+            // A new watch that asked for no initial state gets an empty one (a resync still sends
+            // the state: it replaces deltas the watch missed).
+            if reason == .initial && !filter.initialState {
+                models = []
+            } else {
+                models = models.compactMap { model, properties in
+                    let kept = properties.filter { filter.passes(model: model, property: $0.0) }
+                    return kept.isEmpty ? nil : (model, kept)
+                }
+            }
+        }
         var frames = [event(.snapshotBegin(reason))]
         var digest = RegisterDigest()
         var chunk: [(model: String, properties: [(String, ReplicaStore.Register)])] = []
