@@ -238,8 +238,9 @@ public final class StateSyncClient: Sendable {
         let forward = Task {
             do {
                 for try await event in events {
-                    if case .change(let change, _, _) = event,
+                    if case .change(let change, let kind, _) = event,
                         !filter.passes(model: change.model, property: change.property)
+                            || (kind == .initial && !filter.initialState)
                     {
                         continue
                     }

@@ -305,8 +305,16 @@ public enum Harness {
             let digest = (try? await client.status().stateDigest) ?? 0
             states.append(ConvergenceChecker.NodeState(node: names[index], digest: digest, models: models))
         }
-        // Let the watchers take what is already on its way, then stop them.
-        try? await waitFor("watchers to go quiet", seconds: 5) { watchers.allSatisfy { $0.idleMilliseconds > 300 } }
+        // Let the watchers take what is already on their way: each must have been told, by a
+        // caught-up marker of its node, that it holds everything through the newest version (a
+        // watcher still reconnecting to a node restarted at the very end is waited for; quiet
+        // alone is not enough). Then stop them.
+        var newest: Version?
+        for client in clients { newest = max(newest ?? .zero, (try? await client.status().latestVersion) ?? .zero) }
+        try? await waitFor("watchers to catch up", seconds: 30) {
+            guard let newest else { return watchers.allSatisfy(\.isWatching) }
+            return watchers.allSatisfy { $0.isWatching && $0.caughtUpTo.map { $0 >= newest } == true }
+        }
         for task in watchTasks { task.cancel() }
         for watcher in watchers { watcher.stop() }
 

@@ -12,7 +12,8 @@ final class WatchRecorder: Sendable {
     /// Its credentials with `--secure`.
     let security: StateSyncClient.Security?
     let replica = ChannelReplica(channel: Harness.channel)
-    private let state = Mutex<(sessions: [[PropertyChange]], watching: Bool, last: Date)>(([], false, Date()))
+    private let state = Mutex<(sessions: [[PropertyChange]], watching: Bool, last: Date, caughtUp: Version?)>(
+        ([], false, Date(), nil))
     private let stopped = Atomic<Bool>(false)
 
     init(node: String, endpoint: String, security: StateSyncClient.Security? = nil) {
@@ -24,6 +25,9 @@ final class WatchRecorder: Sendable {
     var sessions: [[PropertyChange]] { state.withLock { $0.sessions.filter { !$0.isEmpty } } }
     var isWatching: Bool { state.withLock { $0.watching } }
     var idleMilliseconds: Int { state.withLock { Int(Date().timeIntervalSince($0.last) * 1000) } }
+    /// The newest version of the last caught-up marker whose node missed nothing: the watcher
+    /// holds everything up to it.
+    var caughtUpTo: Version? { state.withLock { $0.caughtUp } }
 
     func stop() { stopped.store(true, ordering: .releasing) }
 
@@ -39,6 +43,9 @@ final class WatchRecorder: Sendable {
                     $0.watching = true
                 }
                 for try await event in events {
+                    if case .caughtUp(_, let latest, let missing) = event, missing == 0 {
+                        state.withLock { $0.caughtUp = latest }
+                    }
                     guard case .change(let change, _, _) = event else { continue }
                     state.withLock {
                         $0.sessions[$0.sessions.count - 1].append(change)

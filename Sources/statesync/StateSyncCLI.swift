@@ -328,7 +328,10 @@ extension StateSyncCLI {
                 valueName: "FILE"))
         var state: String?
 
-        @Option(help: ArgumentHelp("Only models whose ids start with this.", valueName: "PREFIX"))
+        @Option(
+            help: ArgumentHelp(
+                "Only models whose ids start with this (resume such a watch with --from only under the same filter).",
+                valueName: "PREFIX"))
         var prefix: String?
 
         @Option(
@@ -361,6 +364,11 @@ extension StateSyncCLI {
             if state != nil, from != nil { throw ValidationError("--state resumes from its own cursor: drop --from") }
             for property in properties {
                 do { try Names.validateProperty(property) } catch { throw ValidationError("--property: \(error)") }
+            }
+            // A filtered watch's cursor moves over what its filter leaves out: resumed without the
+            // same filter it would never get that part. The state file does not record a filter.
+            if state != nil, filter != nil {
+                throw ValidationError("--state keeps unfiltered watches only: drop --prefix/--property/--no-initial")
             }
             if let from, WatchCursor(from) == nil {
                 if Version(from) != nil {

@@ -272,9 +272,10 @@ public enum ClientProtocol {
         public var properties: Set<String>?
         public var initialState: Bool
 
+        /// An empty `properties` set means every property, as on the wire (count 0).
         public init(prefix: String = "", properties: Set<String>? = nil, initialState: Bool = true) {
             self.prefix = prefix
-            self.properties = properties
+            self.properties = properties?.isEmpty == true ? nil : properties
             self.initialState = initialState
         }
 

@@ -87,5 +87,8 @@ struct FilteredWatchMachineTests {
         #expect(request.filter == .init(prefix: "p", properties: ["a", "b"], initialState: true))
         #expect(
             try ClientProtocol.decodeWatchRequest(ClientProtocol.encodeWatch(channel: "c", from: nil)).filter == nil)
+        // An empty property set is "every property" on both sides, as count 0 is on the wire.
+        let everything = ClientProtocol.WatchFilter(properties: [])
+        #expect(everything.properties == nil && everything.passes(model: "m", property: "any"))
     }
 }

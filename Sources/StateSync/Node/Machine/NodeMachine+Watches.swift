@@ -178,9 +178,11 @@ extension NodeMachine {
             }
             var events: [[[UInt8]]] = []
             var after: [WatchPosition] = []
+            var firstSent: Version?
             for (whole, position) in deltas {
                 // A filtered watch is sent what passes; its position moves over the rest too.
                 guard let delta = watch.filter.map({ $0.apply(to: whole) }) ?? whole else { continue }
+                if firstSent == nil { firstSent = delta.version }
                 let frames = event(.delta(delta, cursor: position.cursor))
                 events.append(frames)
                 after.append(position)
@@ -189,15 +191,15 @@ extension NodeMachine {
                     after.append(position)
                 }
             }
-            // Live events only: a watch still replaying history (resumed from an old cursor) is
-            // not lagging by the age of what it replays.
-            if latencySamples.enabled, watch.caughtUpSent {
-                latencySamples.watchSent(version: deltas[0].0.version, wallNow: clock.wallMilliseconds())
-            }
-            if events.isEmpty {
+            guard let firstSent else {
                 // Nothing of this batch passed the filter.
                 watch.position = end
                 continue
+            }
+            // Live events only: a watch still replaying history (resumed from an old cursor) is
+            // not lagging by the age of what it replays.
+            if latencySamples.enabled, watch.caughtUpSent {
+                latencySamples.watchSent(version: firstSent, wallNow: clock.wallMilliseconds())
             }
             watch.inFlight = .deltas(before: before, after: after, end: end)
             actions.append(.sendWatchEvents(key, events))
