@@ -11,16 +11,22 @@ import Testing
 /// `--json` on the write commands, values from a file or stdin, shell completion.
 @Suite("CLI habits")
 struct CLIHabitsTests {
-    @Test func optionsBeforeTheSubcommandJSONOutputAndValuesFromFilesAndStdin() async throws {
-        let directory = temporaryDirectory("cli-habits")
-        defer { try? FileManager.default.removeItem(atPath: directory) }
+    /// One daemon on the built-in configuration, on free loopback ports, no peers.
+    static func daemon(data: String) throws -> (ChildProcess, api: String) {
         let api = "tcp://127.0.0.1:\(freePort())"
         let daemon = try ChildProcess(
             "statesyncd", [],
             environment: [
-                "STATESYNC_NODE_DATA_DIR": "\(directory)/data", "STATESYNC_NETWORK_API": api,
+                "STATESYNC_NODE_DATA_DIR": data, "STATESYNC_NETWORK_API": api,
                 "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_PEERS": "",
             ])
+        return (daemon, api)
+    }
+
+    @Test func optionsBeforeTheSubcommandJSONOutputAndValuesFromFilesAndStdin() async throws {
+        let directory = temporaryDirectory("cli-habits")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (daemon, api) = try Self.daemon(data: "\(directory)/data")
         do {
             try await waitUntil("the daemon answers") {
                 try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0
@@ -98,13 +104,7 @@ struct CLIHabitsTests {
     @Test func aWatchResumedFromItsStateFilePrintsExactOldValues() async throws {
         let directory = temporaryDirectory("watch-state")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let api = "tcp://127.0.0.1:\(freePort())"
-        let daemon = try ChildProcess(
-            "statesyncd", [],
-            environment: [
-                "STATESYNC_NODE_DATA_DIR": "\(directory)/data", "STATESYNC_NETWORK_API": api,
-                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_PEERS": "",
-            ])
+        let (daemon, api) = try Self.daemon(data: "\(directory)/data")
         let file = "\(directory)/watch.state"
         func watcher() throws -> ChildProcess {
             try ChildProcess("statesync", ["watch", "demo", "--json", "--markers", "--state", file, "--daemon", api])
