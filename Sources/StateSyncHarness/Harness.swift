@@ -296,21 +296,22 @@ public enum Harness {
 
         // Final states.
         var states: [ConvergenceChecker.NodeState] = []
+        var newest: Version?  // the newest version any node holds (nil: nothing written)
         for (index, client) in clients.enumerated() {
             var models: [String: [String: ReplicaStore.Register]] = [:]
             for m in 0..<options.models {
                 let registers = (try? await client.get(ModelAddress(channel: channel, model: "m\(m)"))) ?? [:]
                 if !registers.isEmpty { models["m\(m)"] = registers }
             }
-            let digest = (try? await client.status().stateDigest) ?? 0
-            states.append(ConvergenceChecker.NodeState(node: names[index], digest: digest, models: models))
+            let status = try? await client.status()
+            if let latest = status?.latestVersion { newest = max(newest ?? latest, latest) }
+            states.append(
+                ConvergenceChecker.NodeState(node: names[index], digest: status?.stateDigest ?? 0, models: models))
         }
         // Let the watchers take what is already on their way: each must have been told, by a
         // caught-up marker of its node, that it holds everything through the newest version (a
         // watcher still reconnecting to a node restarted at the very end is waited for; quiet
         // alone is not enough). Then stop them.
-        var newest: Version?
-        for client in clients { newest = max(newest ?? .zero, (try? await client.status().latestVersion) ?? .zero) }
         try? await waitFor("watchers to catch up", seconds: 30) {
             guard let newest else { return watchers.allSatisfy(\.isWatching) }
             return watchers.allSatisfy { $0.isWatching && $0.caughtUpTo.map { $0 >= newest } == true }
