@@ -386,7 +386,7 @@ extension StateSyncCLI {
                 defer { client.close() }
                 let saved = try state.map { try WatchState(path: $0, channel: channel) }
                 let replica =
-                    try state.flatMap { try WatchState.load($0, channel: channel) }
+                    saved?.resumeReplica
                     ?? from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
                 let (events, watched) = try await client.watch(
                     channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync, filter: filter)

@@ -29,24 +29,35 @@ final class WatchState: Sendable {
 
     private let printed: Mutex<Printed>
 
+    /// The replica the client's watch resumes with (`nil`: no file yet): a copy of the printed
+    /// one, read from the same bytes (the client's I/O thread updates it; the printed one moves
+    /// only as lines are printed).
+    let resumeReplica: ChannelReplica?
+
     /// Opens `path` (a new file if it does not exist) for `channel`.
     init(path: String, channel: String) throws {
         self.path = path
         self.channel = channel
-        printed = Mutex(Printed(replica: try Self.load(path, channel: channel) ?? ChannelReplica(channel: channel)))
+        let bytes = try Self.read(path)
+        printed = Mutex(
+            Printed(replica: try bytes.map { try Self.decode($0, path, channel) } ?? ChannelReplica(channel: channel)))
+        resumeReplica = try bytes.map { try Self.decode($0, path, channel) }
     }
 
-    /// A replica as the file holds it, for the client's watch (`nil`: no file yet).
-    static func load(_ path: String, channel: String) throws -> ChannelReplica? {
+    private static func read(_ path: String) throws -> [UInt8]? {
         guard let data = FileManager.default.contents(atPath: path) else {
             if FileManager.default.fileExists(atPath: path) {
                 throw StateSyncError(.invalidConfiguration, "--state \(path): cannot read the file")
             }
             return nil
         }
+        return Array(data)
+    }
+
+    private static func decode(_ bytes: [UInt8], _ path: String, _ channel: String) throws -> ChannelReplica {
         let replica: ChannelReplica
         do {
-            replica = try ChannelReplica(decoding: Array(data))
+            replica = try ChannelReplica(decoding: bytes)
         } catch {
             throw StateSyncError(.invalidConfiguration, "--state \(path): \(error) (remove it to start afresh)")
         }
