@@ -81,7 +81,7 @@ struct CLIHabitsTests {
             let filtered = try ChildProcess(
                 "statesync",
                 ["watch", "demo", "--json", "--prefix", "a", "--property", "x", "--no-initial", "--daemon", api])
-            defer { _ = filtered.process.isRunning ? kill(filtered.process.processIdentifier, SIGKILL) : 0 }
+            defer { if filtered.isRunning { kill(filtered.process.processIdentifier, SIGKILL) } }
             let node = try StateSyncClient(endpoint: api)
             defer { node.close() }
             try await waitUntil("the filtered watch is registered") { (try? await node.status().watchers) == 1 }
@@ -123,6 +123,7 @@ struct CLIHabitsTests {
             }
             #expect(try await cli(["set", "demo/g", "n=1", "--daemon", api]).status == 0)
             let first = try watcher()
+            defer { if first.isRunning { kill(first.process.processIdentifier, SIGKILL) } }
             try await waitUntil("the first watch prints the initial state") { lines(first).count == 1 }
             #expect(try await cli(["set", "demo/g", "n=2", "--daemon", api]).status == 0)
             try await waitUntil("the first watch prints n: 1 -> 2") { lines(first).count == 2 }
@@ -131,6 +132,7 @@ struct CLIHabitsTests {
 
             #expect(try await cli(["set", "demo/g", "n=3", "--daemon", api]).status == 0)
             let second = try watcher()
+            defer { if second.isRunning { kill(second.process.processIdentifier, SIGKILL) } }
             try await waitUntil("the resumed watch prints n: 2 -> 3") { lines(second).count == 1 }
             #expect(try await cli(["set", "demo/g", "n=4", "--daemon", api]).status == 0)
             try await waitUntil("and then n: 3 -> 4") { lines(second).count == 2 }
