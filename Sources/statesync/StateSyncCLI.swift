@@ -9,7 +9,11 @@ struct StateSyncCLI: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "statesync",
         abstract: "Get, set and watch replicated models on a StateSync node.",
-        discussion: "The node is chosen with --daemon (default: $STATESYNC_DAEMON, else tcp://127.0.0.1:7101).",
+        discussion: """
+            The node is chosen with --daemon (default: $STATESYNC_DAEMON, else tcp://127.0.0.1:7101), \
+            given before or after the subcommand. Shell completion: statesync \
+            --generate-completion-script bash (or zsh, fish).
+            """,
         subcommands: [
             Set.self, Get.self, Watch.self, List.self, Channels.self, Status.self, Members.self, Forget.self,
             Keygen.self, ViewTokenCommand.self,
