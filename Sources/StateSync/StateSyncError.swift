@@ -61,6 +61,12 @@ public enum Names {
         try validate(name, what: "property name", forbidSlash: false)
     }
 
+    /// Checks the name of a write: a property name, or the empty name of a model's deletion.
+    public static func validateWrite(_ write: PropertyWrite) throws(StateSyncError) {
+        if write.isModelDeletion { return }
+        try validateProperty(write.name)
+    }
+
     private static func validate(_ name: String, what: String, forbidSlash: Bool) throws(StateSyncError) {
         let count = name.utf8.count
         guard count > 0 else { throw StateSyncError(.invalidName, "\(what) is empty") }

@@ -109,10 +109,38 @@ public final class StateSyncClient: Sendable {
         public var changed: Bool { outcome == .changed }
     }
 
-    /// Writes properties of one model as one delta. Returns once the node has applied it.
+    /// Writes properties of one model as one delta. Returns once the node has applied it (with
+    /// `storage.fsync: always`, once it is durable). A write may carry a time to live
+    /// (``PropertyWrite/init(name:value:timeToLive:)``) or delete its property
+    /// (``PropertyWrite/deletion(of:)``).
     @discardableResult
     public func set(_ address: ModelAddress, _ properties: [PropertyWrite]) async throws -> SetResult {
-        let body = try await io.request(.set, ClientProtocol.encodeSet(address, properties))
+        try setResult(try await io.request(.set, ClientProtocol.encodeSet(address, properties)))
+    }
+
+    /// Writes properties of one model as one delta that expires `timeToLive` after its version:
+    /// then every replica deletes them (docs/PROTOCOL.md 8.3). Writing them again renews it.
+    @discardableResult
+    public func set(_ address: ModelAddress, _ properties: [String: Value], timeToLive: Duration) async throws
+        -> SetResult
+    {
+        let (seconds, attoseconds) = timeToLive.components
+        let milliseconds = UInt64(clamping: max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))
+        return try await set(
+            address,
+            properties.keys.sorted().map { PropertyWrite(name: $0, value: properties[$0]!, timeToLive: milliseconds) })
+    }
+
+    /// Deletes properties of one model — or, with none named, the whole model (every property
+    /// written before the deletion, on every replica) — as one versioned write that replicates
+    /// and merges by last-writer-wins like a set. The outcome is ``SetResult/Outcome/unchanged``
+    /// when nothing named had a value.
+    @discardableResult
+    public func delete(_ address: ModelAddress, properties: [String] = []) async throws -> SetResult {
+        try setResult(try await io.request(.delete, ClientProtocol.encodeDelete(address, properties: properties)))
+    }
+
+    private func setResult(_ body: [UInt8]) throws -> SetResult {
         do {
             var reader = WireReader(body)
             let version = Version(timestamp: try reader.uint64("version"), node: try reader.string("version node"))
@@ -230,7 +258,7 @@ public final class StateSyncClient: Sendable {
         guard replica.channel == channel else {
             throw StateSyncError(.invalidName, "the replica is of channel '\(replica.channel)', not '\(channel)'")
         }
-        let resume = replica.cursor.positions.isEmpty && replica.models.isEmpty ? nil : replica.cursor
+        let resume = replica.isEmpty ? nil : replica.cursor
         let events = try await io.watch(
             ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag, filter: filter), replica: replica)
         guard let filter else { return (events, replica) }

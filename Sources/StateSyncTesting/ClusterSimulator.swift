@@ -56,6 +56,10 @@ public struct SimulationOptions: Sendable {
         case skipRepair = "skip-repair"
         /// The node sends its watchers every live delta twice.
         case duplicateWatchEvents = "duplicate-watch-events"
+        /// The node never lets a deletion win: what others delete it keeps.
+        case ignoreDeletions = "ignore-deletions"
+        /// The node never deletes an expired value.
+        case neverExpire = "never-expire"
     }
 
     /// How many nodes (2–256).
@@ -312,6 +316,8 @@ public enum ClusterSimulator {
             case .wrongTieBreak: configuration.faults[culprit] = NodeFaults(wrongTieBreak: true)
             case .skipRepair: configuration.faults[culprit] = NodeFaults(skipRepair: true)
             case .duplicateWatchEvents: configuration.faults[culprit] = NodeFaults(duplicateWatchEvents: true)
+            case .ignoreDeletions: configuration.faults[culprit] = NodeFaults(ignoreDeletions: true)
+            case .neverExpire: configuration.faults[culprit] = NodeFaults(neverExpire: true)
             }
         }
         if let logger = options.logger { configuration.logger = logger }
@@ -394,6 +400,16 @@ public enum ClusterSimulator {
                 break
             }
         }
+        // Every value written with a time to live expires on every node (whatever its clock),
+        // and the cluster is quiet again: the verdict compares states that no expiry will change.
+        if convergedAt != nil, workload.latestExpiry > cluster.now {
+            cluster.run(for: workload.latestExpiry - cluster.now)
+            let expired = cluster.now
+            while !isQuiet(cluster), cluster.now < expired + options.convergenceTimeoutMilliseconds {
+                cluster.run(for: 20)
+            }
+            if !isQuiet(cluster) { convergedAt = nil }
+        }
         // Let the watchers take what is on their way: each must get a caught-up marker sent once
         // its node held the converged state (its newest version, nothing missing). A slow
         // watcher may need a while; one that never gets there is named by the verdict.
@@ -423,7 +439,7 @@ public enum ClusterSimulator {
                 ConvergenceChecker.WatchHistory(
                     node: cluster.nodes[watcher.nodeIndex].id, sessions: [watcher.changes],
                     finalState: watcher.finalState, filter: watcher.filter)
-            })
+            }, expiredThrough: cluster.nodes.indices.map { cluster.wallMilliseconds(of: $0) }.max() ?? 0)
         findings.chainViolations += watchers.flatMap { $0.violations }
         // Every node's channel listed page by page (LIST) must be what the node holds.
         let listers = states.map { state in
@@ -508,6 +524,10 @@ final class Workload {
     /// The simulated milliseconds the writes are spread over, and when they started.
     let duration: UInt64
     private var start: UInt64 = 0
+    /// A simulated time by which every value written with a time to live has expired on every
+    /// node's clock (what a write may wait for its answer, plus the furthest clock skew).
+    private(set) var latestExpiry: UInt64 = 0
+    static let settleBound = SimulatedWriter.timeout + 3_000
 
     init(options: SimulationOptions, random: SeededRandom, conflictRate: Double, channel: String, duration: UInt64) {
         self.options = options
@@ -557,12 +577,26 @@ final class Workload {
         var properties: [String: Value] = [:]
         let count = random.chance(0.3) ? 2 + random.below(2) : 1
         for _ in 0..<count { properties["p\(random.below(4))"] = .string("\(writer.name)-\(index)") }
+        // Some writes delete (a property or two, or the whole model) and some values expire
+        // (PROTOCOL.md 8.2, 8.3): deletions meet concurrent sets, expiries meet faults.
+        var write = ConvergenceChecker.Write(model: model, properties: properties, node: "", acknowledged: nil)
+        let kind = random.below(100)
+        if kind < 4 {
+            write.properties = [:]
+            write.deletesModel = true
+        } else if kind < 12 {
+            write.properties = [:]
+            write.deleted = Array(Set((0..<(1 + random.below(2))).map { _ in "p\(random.below(4))" })).sorted()
+        } else if kind < 22 {
+            write.timeToLive = UInt64(50 + random.below(2000))
+            latestExpiry = max(latestExpiry, cluster.now + think + Self.settleBound + write.timeToLive)
+        }
         let conflict = random.chance(conflictRate) && options.nodes > 1
         var other = random.below(options.nodes - 1)
         if other >= node { other += 1 }
         let property = "p\(random.below(4))"
         cluster.schedule(at: cluster.now + think) { [unowned self] cluster in
-            writer.write(channel: channel, model: model, properties: properties, to: node, in: cluster)
+            writer.write(channel: channel, write, to: node, in: cluster)
             guard conflict, self.issued + 2 <= options.operations, !self.conflictPair.contains(where: \.isBusy) else {
                 return
             }

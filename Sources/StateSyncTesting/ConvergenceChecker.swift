@@ -4,7 +4,8 @@ public import StateSync
 /// node holds at the end and what every watcher saw, find what is wrong. One checker for
 /// `statesync harness` (real processes) and `statesync simulate` (the simulator).
 public struct ConvergenceChecker: Sendable {
-    /// One write the workload issued.
+    /// One write the workload issued: values (possibly expiring), deletions of properties, or the
+    /// deletion of the model.
     public struct Write: Sendable, Equatable {
         /// The model written.
         public var model: String
@@ -14,13 +15,33 @@ public struct ConvergenceChecker: Sendable {
         public var node: String
         /// The version the node answered with, when the write was acknowledged as applied.
         public var acknowledged: Version?
+        /// The properties it deleted.
+        public var deleted: [String] = []
+        /// Whether it deleted the whole model.
+        public var deletesModel = false
+        /// The time to live of the values written, in milliseconds (0: none).
+        public var timeToLive: UInt64 = 0
 
         /// A write of `properties` of `model` through `node`, acknowledged with a version or not.
-        public init(model: String, properties: [String: Value], node: String, acknowledged: Version?) {
+        public init(
+            model: String, properties: [String: Value], node: String, acknowledged: Version?, deleted: [String] = [],
+            deletesModel: Bool = false, timeToLive: UInt64 = 0
+        ) {
             self.model = model
             self.properties = properties
             self.node = node
             self.acknowledged = acknowledged
+            self.deleted = deleted
+            self.deletesModel = deletesModel
+            self.timeToLive = timeToLive
+        }
+
+        /// The writes to send: values with their time to live, deletions, or the model's.
+        public var propertyWrites: [PropertyWrite] {
+            if deletesModel { return [.modelDeletion] }
+            return properties.keys.sorted().map {
+                PropertyWrite(name: $0, value: properties[$0]!, timeToLive: timeToLive)
+            } + deleted.sorted().map(PropertyWrite.deletion(of:))
         }
     }
 
@@ -92,7 +113,19 @@ public struct ConvergenceChecker: Sendable {
     public init() {}
 
     /// Checks a run: convergence, last-writer-wins winners, lost acknowledged writes, watch chains.
-    public func check(writes: [Write], nodes: [NodeState], watches: [WatchHistory]) -> Findings {
+    /// Values that expire by `expiredThrough` (milliseconds since 1970) count as expired in every
+    /// state compared, whether or not a node or watcher had deleted them yet.
+    public func check(
+        writes: [Write], nodes: [NodeState], watches: [WatchHistory], expiredThrough: UInt64 = 0
+    ) -> Findings {
+        func live(_ models: [String: [String: ReplicaStore.Register]]) -> [String: [String: ReplicaStore.Register]] {
+            guard expiredThrough > 0 else { return models }
+            return models.compactMapValues { properties in
+                let kept = properties.filter { ($0.value.expiresAt ?? .max) > expiredThrough }
+                return kept.isEmpty ? nil : kept
+            }
+        }
+        let nodes = nodes.map { NodeState(node: $0.node, digest: $0.digest, models: live($0.models)) }
         var findings = Findings()
         // (1) Convergence: the majority state, and who differs from it.
         var groups: [[String: [String: ReplicaStore.Register]]: [String]] = [:]
@@ -108,43 +141,74 @@ public struct ConvergenceChecker: Sendable {
             findings.divergedNodes = nodes.filter { $0.digest != common }.map(\.node).sorted()
         }
 
-        // (2) and (3): per property, what was written with which version.
-        var written: [String: [String: [Version: Value]]] = [:]
+        // (2) and (3): per property, the acknowledged writes that touched it — values (with
+        // their expiry) and deletions, the model's included — and whether an unacknowledged one
+        // may have removed it (its version is unknown: it may be the newest).
+        struct Event {
+            let version: Version
+            let value: Value?  // nil: a deletion
+            let expiresAt: UInt64?
+            func removes(by time: UInt64) -> Bool { value == nil || (expiresAt.map { $0 <= time } ?? false) }
+        }
+        var events: [String: [String: [Event]]] = [:]
+        var modelDeletions: [String: Version] = [:]
+        var maybeRemoved: Set<String> = []  // "model" or "model.property"
         for write in writes {
-            guard let version = write.acknowledged else { continue }
+            guard let version = write.acknowledged else {
+                if write.deletesModel { maybeRemoved.insert(write.model) }
+                for name in write.deleted { maybeRemoved.insert("\(write.model).\(name)") }
+                if write.timeToLive > 0 {
+                    for name in write.properties.keys { maybeRemoved.insert("\(write.model).\(name)") }
+                }
+                continue
+            }
+            if write.deletesModel { modelDeletions[write.model] = max(modelDeletions[write.model] ?? version, version) }
             for (name, value) in write.properties {
-                written[write.model, default: [:]][name, default: [:]][version] = value
+                events[write.model, default: [:]][name, default: []].append(
+                    Event(
+                        version: version, value: value,
+                        expiresAt: write.timeToLive > 0 ? version.milliseconds + write.timeToLive : nil))
+            }
+            for name in write.deleted {
+                events[write.model, default: [:]][name, default: []].append(
+                    Event(version: version, value: nil, expiresAt: nil))
             }
         }
         for node in nodes {
-            for write in writes {
-                guard let version = write.acknowledged else { continue }
-                for (name, value) in write.properties {
-                    guard let held = node.models[write.model]?[name] else {
+            let models = Set(events.keys).union(node.models.keys)
+            for model in models.sorted() {
+                let names = Set(events[model]?.keys ?? [:].keys).union(node.models[model]?.keys ?? [:].keys)
+                for name in names.sorted() {
+                    var newest = events[model]?[name]?.max { $0.version < $1.version }
+                    if let deletion = modelDeletions[model], deletion > (newest?.version ?? .zero) {
+                        newest = Event(version: deletion, value: nil, expiresAt: nil)
+                    }
+                    let held = node.models[model]?[name]
+                    if let held {
+                        // The held version must be a write that was made, with that value.
+                        // Unacknowledged writes are unknown here: only a held version that an
+                        // acknowledged write also carries can be checked for its value.
+                        if let event = events[model]?[name]?.first(where: { $0.version == held.version }),
+                            event.value != held.value
+                        {
+                            findings.lwwViolations.append(
+                                "\(node.node): \(model).\(name) holds \(held.value) for \(held.version), which wrote \(event.value?.description ?? "a deletion")"
+                            )
+                            // And what that write wrote is nowhere on this node.
+                            findings.lostWrites.append(
+                                "\(node.node): \(model).\(name) holds \(held.value) @\(held.version), not \(event.value?.description ?? "a deletion") @\(held.version)"
+                            )
+                        }
+                        if let newest, newest.version > held.version {
+                            findings.lostWrites.append(
+                                "\(node.node): \(model).\(name) holds \(held.value) @\(held.version), not the acknowledged \(newest.value?.description ?? "deletion") @\(newest.version) or later"
+                            )
+                        }
+                    } else if let newest, !newest.removes(by: expiredThrough), !maybeRemoved.contains(model),
+                        !maybeRemoved.contains("\(model).\(name)")
+                    {
                         findings.lostWrites.append(
-                            "\(node.node): \(write.model).\(name) missing (written \(version) via \(write.node))")
-                        continue
-                    }
-                    if held.version < version || (held.version == version && held.value != value) {
-                        findings.lostWrites.append(
-                            "\(node.node): \(write.model).\(name) holds \(held.value) @\(held.version), not \(value) @\(version) or later"
-                        )
-                    }
-                }
-            }
-            for (model, properties) in node.models {
-                for (name, held) in properties {
-                    // The held version must be a write that was made, with that value. Unacknowledged
-                    // writes are unknown here: only a held version that an acknowledged write also
-                    // carries can be checked for its value.
-                    if let value = written[model]?[name]?[held.version], value != held.value {
-                        findings.lwwViolations.append(
-                            "\(node.node): \(model).\(name) holds \(held.value) for \(held.version), which wrote \(value)"
-                        )
-                    }
-                    if let newest = written[model]?[name]?.keys.max(), newest > held.version {
-                        findings.lwwViolations.append(
-                            "\(node.node): \(model).\(name) holds \(held.version), older than the acknowledged \(newest)"
+                            "\(node.node): \(model).\(name) missing (acknowledged \(newest.value?.description ?? "") @\(newest.version))"
                         )
                     }
                 }
@@ -162,7 +226,7 @@ public struct ConvergenceChecker: Sendable {
                     if !properties.isEmpty { kept[model.key] = properties }
                 }
             }
-            if let final = watch.finalState, findings.converged, final != expected {
+            if let final = watch.finalState.map(live), findings.converged, final != expected {
                 let differing = Set(final.keys).union(expected.keys).filter { final[$0] != expected[$0] }.sorted()
                 findings.chainViolations.append(
                     "\(watch.node)'s watcher ended with a state different from the nodes' (models \(differing.prefix(5).joined(separator: ", "))): it missed changes, or got what its filter excludes"
@@ -173,9 +237,15 @@ public struct ConvergenceChecker: Sendable {
                 var seen: [String: Set<Version>] = [:]
                 for change in session {
                     let key = "\(change.model).\(change.property)"
-                    if let previous = last[key], change.old != previous.new {
+                    // After a deletion or an expiry the property has no value: the next old is none.
+                    if let previous = last[key], change.old != (previous.isRemoval ? Value?.none : previous.new) {
                         findings.chainViolations.append(
-                            "\(watch.node) session \(sessionIndex): \(key) old \(change.old?.description ?? "null") != previous new \(previous.new) at \(change.version)"
+                            "\(watch.node) session \(sessionIndex): \(key) old \(change.old?.description ?? "none") != previous new \(previous.isRemoval ? "none (\(previous.kind.rawValue))" : previous.new.description) at \(change.version)"
+                        )
+                    }
+                    if last[key] == nil || last[key]!.isRemoval, change.isRemoval, change.old == nil {
+                        findings.chainViolations.append(
+                            "\(watch.node) session \(sessionIndex): \(key) removed at \(change.version) without a value to remove"
                         )
                     }
                     if !seen[key, default: []].insert(change.version).inserted {

@@ -28,8 +28,20 @@ final class SimulatedWriter {
     func write(
         channel: String, model: String, properties: [String: Value], to node: Int, in cluster: SimulatedCluster
     ) -> Bool {
-        let write = ConvergenceChecker.Write(
-            model: model, properties: properties, node: cluster.nodes[node].id, acknowledged: nil)
+        write(
+            channel: channel,
+            ConvergenceChecker.Write(model: model, properties: properties, node: "", acknowledged: nil), to: node,
+            in: cluster)
+    }
+
+    /// Sends `write` — values (a SET, with their time to live), deletions of properties or of the
+    /// model (a DELETE) — to node `node`. `false` when the node is down: the write is recorded as
+    /// not acknowledged.
+    @discardableResult
+    func write(channel: String, _ write: ConvergenceChecker.Write, to node: Int, in cluster: SimulatedCluster) -> Bool {
+        var write = write
+        write.node = cluster.nodes[node].id
+        write.acknowledged = nil
         guard pending == nil else { preconditionFailure("one write at a time") }
         guard client.connection?.node == node || cluster.connect(client, to: node) else {
             // The node is down: the write fails at once (settled on the next turn, not re-entrantly).
@@ -40,11 +52,15 @@ final class SimulatedWriter {
         let id = nextRequestID
         nextRequestID += 1
         pending = (id, write, cluster.now + Self.timeout)
-        let ordered = properties.keys.sorted().map { PropertyWrite(name: $0, value: properties[$0]!) }
-        cluster.send(
-            ClientProtocol.encodeRequest(
-                .set, id: id, body: ClientProtocol.encodeSet(ModelAddress(channel: channel, model: model), ordered)),
-            from: client)
+        let address = ModelAddress(channel: channel, model: write.model)
+        let request =
+            write.properties.isEmpty
+            ? ClientProtocol.encodeRequest(
+                .delete, id: id,
+                body: ClientProtocol.encodeDelete(address, properties: write.deletesModel ? [] : write.deleted.sorted())
+            )
+            : ClientProtocol.encodeRequest(.set, id: id, body: ClientProtocol.encodeSet(address, write.propertyWrites))
+        cluster.send(request, from: client)
         cluster.schedule(at: cluster.now + Self.timeout) { [weak self] cluster in
             guard let self, let pending = self.pending, pending.id == id else { return }
             self.settle(acknowledged: nil, in: cluster)
@@ -52,10 +68,16 @@ final class SimulatedWriter {
         return true
     }
 
-    private func settle(acknowledged: Version?, in cluster: SimulatedCluster) {
+    private func settle(acknowledged: Version?, unchanged: Bool = false, in cluster: SimulatedCluster) {
         guard var write = pending?.write else { return }
         pending = nil
         write.acknowledged = acknowledged
+        if unchanged {
+            // The node said the write changed nothing (a deletion of what had no value): it removed
+            // nothing, anywhere.
+            write.deleted = []
+            write.deletesModel = false
+        }
         writes.append(write)
         cluster.record("write", name, [Array("\(write.model) \(acknowledged?.description ?? "-")".utf8)])
         onSettled?(cluster)
@@ -72,7 +94,7 @@ final class SimulatedWriter {
         {
             version = decoded
         }
-        settle(acknowledged: version, in: cluster)
+        settle(acknowledged: version, unchanged: header.kind == .ok && frames[1].last == 0, in: cluster)
     }
 
     private func connectionLost(in cluster: SimulatedCluster) {
@@ -135,7 +157,7 @@ final class SimulatedWatcher {
         isWatching = false
         watchID = nextRequestID
         nextRequestID += 1
-        let resume = replica.cursor.positions.isEmpty && replica.models.isEmpty ? nil : replica.cursor
+        let resume = replica.isEmpty ? nil : replica.cursor
         cluster.send(
             ClientProtocol.encodeRequest(
                 .watch, id: watchID, body: ClientProtocol.encodeWatch(channel: channel, from: resume, filter: filter)),

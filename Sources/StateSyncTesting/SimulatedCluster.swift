@@ -297,6 +297,11 @@ package final class SimulatedCluster {
     }
 
     /// Runs `action` at `time` (not earlier than now).
+    /// The wall clock of node `index` now (milliseconds since 1970), its skew included.
+    package func wallMilliseconds(of index: Int) -> UInt64 {
+        UInt64(max(0, Int64(Self.epoch &+ now) &+ nodes[index].clockSkew))
+    }
+
     package func schedule(at time: UInt64, _ action: @escaping (SimulatedCluster) -> Void) {
         timers.schedule(.action(action), at: max(time, now))
     }

@@ -15,7 +15,8 @@ struct StateSyncCLI: AsyncParsableCommand {
             --generate-completion-script bash (or zsh, fish).
             """,
         subcommands: [
-            Set.self, Get.self, Watch.self, List.self, Channels.self, Status.self, Members.self, Forget.self,
+            Set.self, Delete.self, Get.self, Watch.self, List.self, Channels.self, Status.self, Members.self,
+            Forget.self,
             Keygen.self, ViewTokenCommand.self,
             Harness.self,
             Simulate.self,
@@ -131,6 +132,23 @@ func writeReport(_ html: String, to path: String) throws {
     }
 }
 
+/// Parses a duration with its unit — `500ms`, `30s`, `2m`, `1h`, `1d`, fractions allowed
+/// (`1.5s`) — into milliseconds (at least 1).
+func parseDuration(_ text: String, option: String) throws -> UInt64 {
+    let units: [(String, Double)] = [("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000), ("d", 86_400_000)]
+    for (unit, scale) in units where text.hasSuffix(unit) {
+        let number = text.dropLast(unit.count)
+        // "ms" also ends in "s": a number before it is needed for "s" to be the unit.
+        guard let value = Double(number), value.isFinite, value > 0 else { continue }
+        let milliseconds = (value * scale).rounded(.up)
+        guard milliseconds <= Double(PropertyWrite.maximumTimeToLive) else {
+            throw ValidationError("\(option) \(text) is too long")
+        }
+        return UInt64(milliseconds)
+    }
+    throw ValidationError("\(option) '\(text)' is not a duration with a unit (500ms, 30s, 2m, 1h, 1d)")
+}
+
 /// Parses `CHANNEL/MODEL`.
 func parseAddress(_ text: String) throws -> ModelAddress {
     guard let slash = text.firstIndex(of: "/") else {
@@ -146,6 +164,26 @@ func parseAddress(_ text: String) throws -> ModelAddress {
     return address
 }
 
+/// Prints the outcome of a SET or DELETE: its version, and why when it changed nothing.
+func report(_ result: StateSyncClient.SetResult, json: Bool, unchanged: String) {
+    if json {
+        let outcome =
+            switch result.outcome {
+            case .changed: "changed"
+            case .unchanged: "unchanged"
+            case .superseded: "superseded"
+            }
+        emit(Value.map(["version": .string(result.version.description), "outcome": .string(outcome)]).jsonText())
+        return
+    }
+    switch result.outcome {
+    case .changed: emit("\(result.version)")
+    case .unchanged: emit("\(result.version) (unchanged: \(unchanged))")
+    case .superseded:
+        emit("\(result.version) (superseded: the node holds a newer version; check peers' clocks)")
+    }
+}
+
 extension StateSyncCLI {
     struct Set: AsyncParsableCommand {
         static let configuration = CommandConfiguration(
@@ -154,6 +192,9 @@ extension StateSyncCLI {
                 Each PROP=JSON assigns a JSON value: count=3, title='"hello"', tags='["a","b"]', \
                 cleared=null. PROP=@FILE reads the JSON value from FILE; --stdin reads one JSON object \
                 of properties from standard input (for values too large for an argument list). \
+                With --ttl the properties written expire that long after the write's version: every \
+                node deletes them then (a model whose last property expires is gone); setting them \
+                again renews it, and setting them without --ttl keeps them for good. \
                 Returns once the node has applied the write.
                 """)
 
@@ -170,10 +211,17 @@ extension StateSyncCLI {
         @Flag(name: .long, help: "Print one JSON object: the version and the outcome.")
         var json = false
 
+        @Option(
+            help: ArgumentHelp(
+                "Time to live of the properties written (500ms, 30s, 2m, 1h, 1d): then every node deletes them.",
+                valueName: "DURATION"))
+        var ttl: String?
+
         @OptionGroup var connection: ConnectionOptions
 
         func validate() throws {
             _ = try parseAddress(model)
+            if let ttl { _ = try parseDuration(ttl, option: "--ttl") }
             guard !assignments.isEmpty || stdin else {
                 throw ValidationError("give at least one PROP=JSON (or --stdin)")
             }
@@ -181,6 +229,7 @@ extension StateSyncCLI {
         }
 
         func parseAssignments(standardInput: String? = nil) throws -> [PropertyWrite] {
+            let timeToLive = try ttl.map { try parseDuration($0, option: "--ttl") } ?? 0
             var seen = Swift.Set<String>()
             var writes = try assignments.map { assignment in
                 guard let equals = assignment.firstIndex(of: "="), equals != assignment.startIndex else {
@@ -197,7 +246,7 @@ extension StateSyncCLI {
                     json = text
                 }
                 do {
-                    return PropertyWrite(name: name, value: try Value(json: json))
+                    return PropertyWrite(name: name, value: try Value(json: json), timeToLive: timeToLive)
                 } catch {
                     throw ValidationError(
                         "value of '\(name)': \(error) (a string needs JSON quotes: \(name)='\"\(json.prefix(40))\"')")
@@ -217,7 +266,7 @@ extension StateSyncCLI {
                     guard seen.insert(name).inserted else {
                         throw ValidationError("property '\(name)' is given twice (argument and --stdin)")
                     }
-                    writes.append(PropertyWrite(name: name, value: value))
+                    writes.append(PropertyWrite(name: name, value: value, timeToLive: timeToLive))
                 }
             }
             return writes
@@ -230,24 +279,52 @@ extension StateSyncCLI {
                 let input =
                     stdin ? String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self) : nil
                 let result = try await client.set(try parseAddress(model), try parseAssignments(standardInput: input))
-                if json {
-                    let outcome =
-                        switch result.outcome {
-                        case .changed: "changed"
-                        case .unchanged: "unchanged"
-                        case .superseded: "superseded"
-                        }
-                    emit(
-                        Value.map(["version": .string(result.version.description), "outcome": .string(outcome)])
-                            .jsonText())
-                    return
+                report(result, json: json, unchanged: "every value was already current")
+            }
+        }
+    }
+
+    struct Delete: AsyncParsableCommand {
+        static let configuration = CommandConfiguration(
+            abstract: "Delete properties of one model, or the whole model; prints the deletion's version.",
+            discussion: """
+                With PROP names, deletes those properties; with none, deletes the model: every \
+                property written before the deletion, on every node. A deletion is a versioned write: \
+                a concurrent set with a later version wins over it on every node, and a later set \
+                re-creates what it deleted. Watches report it with kind "deleted" and the old value.
+                """)
+
+        @Argument(help: ArgumentHelp("The model.", valueName: "CHANNEL/MODEL"))
+        var model: String
+
+        @Argument(help: ArgumentHelp("Properties to delete (none: the whole model).", valueName: "PROP"))
+        var properties: [String] = []
+
+        @Flag(name: .long, help: "Print one JSON object: the version and the outcome.")
+        var json = false
+
+        @OptionGroup var connection: ConnectionOptions
+
+        func validate() throws {
+            _ = try parseAddress(model)
+            var seen = Swift.Set<String>()
+            for property in properties {
+                do { try Names.validateProperty(property) } catch { throw ValidationError("\(error)") }
+                guard seen.insert(property).inserted else {
+                    throw ValidationError("property '\(property)' is given twice")
                 }
-                switch result.outcome {
-                case .changed: emit("\(result.version)")
-                case .unchanged: emit("\(result.version) (unchanged: every value was already current)")
-                case .superseded:
-                    emit("\(result.version) (superseded: the node holds a newer version; check peers' clocks)")
-                }
+            }
+        }
+
+        func run() async throws {
+            try await failingClearly {
+                let client = try connection.client()
+                defer { client.close() }
+                let result = try await client.delete(try parseAddress(model), properties: properties)
+                report(
+                    result, json: json,
+                    unchanged: properties.isEmpty
+                        ? "the model has no property with a value" : "nothing named has a value")
             }
         }
     }
@@ -276,14 +353,19 @@ extension StateSyncCLI {
                         "channel": .string(address.channel), "model": .string(address.model),
                         "properties": .map(properties.mapValues(\.value)),
                         "versions": .map(properties.mapValues { .string($0.version.description) }),
+                        "expires_at": .map(properties.compactMapValues { $0.expiresAt.map { .int(Int64($0)) } }),
                     ])
                     emit(object.jsonText())
                 } else if properties.isEmpty {
                     emit("\(address): no properties")
                 } else {
+                    let now = UInt64(Date().timeIntervalSince1970 * 1000)
                     for name in properties.keys.sorted() {
                         let register = properties[name]!
-                        emit("\(name) = \(register.value.jsonText())  [\(register.version)]")
+                        let expiry = register.expiresAt.map { at in
+                            at > now ? "  (expires in \(Double(at - now) / 1000) s)" : "  (expiring)"
+                        }
+                        emit("\(name) = \(register.value.jsonText())  [\(register.version)]\(expiry ?? "")")
                     }
                 }
             }
@@ -296,7 +378,10 @@ extension StateSyncCLI {
             discussion: """
                 First the channel's current state (lines marked initial), then every change, with \
                 old and new values. With --json each line is an object with channel, model, \
-                property, old, new, version, origin, kind (initial | live | resync) and cursor.
+                property, old, new, version, origin, kind (initial | live | deleted | expired | \
+                resync), deleted (true when the property has no value after it: new is null), \
+                expires_at (milliseconds since 1970, for a value written with a time to live) and \
+                cursor.
 
                 To resume after an interruption — on this node or any other — pass the last \
                 cursor printed: --from CURSOR delivers every change after it, then the live ones. \
@@ -466,19 +551,30 @@ extension StateSyncCLI {
             }
         }
 
+        /// How a change is named in output: how it came (initial, resync), or what it was when it
+        /// came live (live for a new value, deleted, expired).
+        static func kindName(_ change: PropertyChange, _ kind: WatchEvent.Kind) -> String {
+            kind == .live ? (change.kind == .set ? "live" : change.kind.rawValue) : "\(kind)"
+        }
+
         static func json(_ change: PropertyChange, kind: WatchEvent.Kind, cursor: WatchCursor) -> String {
-            Value.map([
+            var fields: [String: Value] = [
                 "channel": .string(change.channel), "model": .string(change.model),
                 "property": .string(change.property),
                 "old": change.old ?? .null, "new": change.new, "version": .string(change.version.description),
-                "origin": .string(change.origin), "kind": .string("\(kind)"), "cursor": .string(cursor.description),
-            ]).jsonText()
+                "origin": .string(change.origin), "kind": .string(kindName(change, kind)),
+                "deleted": .bool(change.isRemoval), "cursor": .string(cursor.description),
+            ]
+            if let expiresAt = change.expiresAt { fields["expires_at"] = .int(Int64(expiresAt)) }
+            return Value.map(fields).jsonText()
         }
 
         static func human(_ change: PropertyChange, kind: WatchEvent.Kind) -> String {
-            let tag = kind == .live ? "" : " (\(kind))"
+            let name = kindName(change, kind)
+            let tag = name == "live" ? "" : " (\(name))"
+            let new = change.isRemoval ? "(\(change.kind.rawValue))" : change.new.jsonText()
             return
-                "\(change.channel)/\(change.model) \(change.property): \(change.old?.jsonText() ?? "null") -> \(change.new.jsonText())  [\(change.version)]\(tag)"
+                "\(change.channel)/\(change.model) \(change.property): \(change.old?.jsonText() ?? "null") -> \(new)  [\(change.version)]\(tag)"
         }
     }
 

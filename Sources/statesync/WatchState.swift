@@ -22,6 +22,9 @@ final class WatchState: Sendable {
         /// The cursor after the last change printed, not yet in the replica (its delta may have
         /// more properties to print).
         var pending: WatchCursor?
+        /// The deletion of a model whose changes are being printed: recorded with the cursor, once
+        /// every property it deleted was printed.
+        var pendingModelDeletion: (model: String, version: Version)?
         var lastSave = ContinuousClock.now
         /// Printed since the last save.
         var dirty = false
@@ -77,16 +80,15 @@ final class WatchState: Sendable {
         printed.withLock { state in
             switch event {
             case .change(let change, _, let cursor):
-                if let pending = state.pending, pending != cursor { state.replica.advance(to: pending) }
-                _ = state.replica.apply(
-                    model: change.model, property: change.property,
-                    register: ReplicaStore.Register(value: change.new, version: change.version))
+                if let pending = state.pending, pending != cursor { commit(&state, through: pending) }
+                state.replica.record(change)
+                if change.byModelDeletion { state.pendingModelDeletion = (change.model, change.version) }
                 state.pending = cursor
                 state.dirty = true
                 if ContinuousClock.now - state.lastSave >= .milliseconds(200) { save(&state) }
             case .initialStateComplete(_, let cursor), .resyncComplete(_, let cursor), .caughtUp(let cursor, _, _):
                 if state.pending != nil || cursor != state.replica.cursor { state.dirty = true }
-                state.replica.advance(to: cursor)
+                commit(&state, through: cursor)
                 state.pending = nil
                 // Markers come about once a second: an idle watch does not rewrite its file.
                 if state.dirty { save(&state) }
@@ -94,6 +96,15 @@ final class WatchState: Sendable {
                 break
             }
         }
+    }
+
+    /// Every line of the delta before `cursor` was printed: the replica moves past it.
+    private func commit(_ state: inout Printed, through cursor: WatchCursor) {
+        if let deletion = state.pendingModelDeletion {
+            state.replica.recordModelDeletion(of: deletion.model, at: deletion.version)
+            state.pendingModelDeletion = nil
+        }
+        state.replica.advance(to: cursor)
     }
 
     /// Saves what was printed (the end of the watch).

@@ -12,57 +12,75 @@ import Synchronization
 public final class ChannelReplica: Sendable {
     /// The channel this replica holds.
     public let channel: String
-    private let state: Mutex<(models: [String: [String: ReplicaStore.Register]], cursor: WatchCursor)>
+    /// The channel's registers (a store of one channel: the nodes' merge rules, deletions and
+    /// expiry included) and the cursor.
+    private let state: Mutex<(store: ReplicaStore, cursor: WatchCursor)>
 
     /// An empty replica; with `cursor`, a watch resumes after it (old values of the first changes
     /// of each property are then unknown: the replica does not hold them).
     public init(channel: String, cursor: WatchCursor = WatchCursor()) {
         self.channel = channel
-        self.state = Mutex(([:], cursor))
+        self.state = Mutex((ReplicaStore(), cursor))
     }
 
     /// What the replica has seen: resume a watch from here on any node.
     public var cursor: WatchCursor { state.withLock { $0.cursor } }
 
-    /// The ids of the models held.
-    public var models: [String] { state.withLock { Array($0.models.keys) } }
-
-    /// A model's properties as held.
-    public func properties(of model: String) -> [String: ReplicaStore.Register] {
-        state.withLock { $0.models[model] ?? [:] }
+    /// The ids of the models that have a property with a value.
+    public var models: [String] {
+        state.withLock { state in
+            state.store.models(in: channel).filter { state.store.isLive(ModelAddress(channel: channel, model: $0)) }
+        }
     }
+
+    /// A model's properties that have a value, as held.
+    public func properties(of model: String) -> [String: ReplicaStore.Register] {
+        state.withLock { $0.store.properties(of: ModelAddress(channel: channel, model: model)) }
+    }
+
+    /// Whether the replica holds nothing at all (no register, no deletion, no cursor).
+    package var isEmpty: Bool {
+        state.withLock { $0.store.models(in: channel).isEmpty && $0.cursor.positions.isEmpty }
+    }
+
+    /// The time through which the replica has deleted expired values (the node's, as its
+    /// CAUGHT-UP events told it).
+    public var expiredThrough: UInt64 { state.withLock { $0.store.expiredThrough } }
 
     /// Applies a delta; returns the changes it made (old from this replica). The cursor is moved
     /// by the node's own account of the watch's position (``advance(to:)``), not from the delta:
     /// deltas come in apply order, not in each origin's sequence order.
     package func apply(_ delta: Delta) -> [PropertyChange] {
         state.withLock { state in
-            var changes: [PropertyChange] = []
-            for write in delta.properties {
-                let current = state.models[delta.model]?[write.name]
-                if let current, current.version >= delta.version { continue }
-                state.models[delta.model, default: [:]][write.name] = ReplicaStore.Register(
-                    value: write.value, version: delta.version)
-                changes.append(
-                    PropertyChange(
-                        channel: delta.channel, model: delta.model, property: write.name, old: current?.value,
-                        new: write.value,
-                        version: delta.version))
-            }
-            return changes
+            guard delta.channel == channel else { return [] }
+            return state.store.apply(delta)
         }
     }
 
-    /// Applies one snapshot record; returns the change it made, if it won.
-    package func apply(model: String, property: String, register: ReplicaStore.Register) -> PropertyChange? {
+    /// Applies one snapshot record; returns the changes it made.
+    package func apply(model: String, property: String, register: ReplicaStore.Register) -> [PropertyChange] {
         state.withLock { state in
-            let current = state.models[model]?[property]
-            if let current, current.version >= register.version { return nil }
-            state.models[model, default: [:]][property] = register
-            return PropertyChange(
-                channel: channel, model: model, property: property, old: current?.value, new: register.value,
-                version: register.version)
+            state.store.merge(ModelAddress(channel: channel, model: model), property: property, register: register)
+                ?? []
         }
+    }
+
+    /// Records a change as the register it left (``PropertyChange/register``): what a copy of a
+    /// replica that follows printed changes one by one needs (`statesync watch --state`). The
+    /// deletion of a whole model is recorded per property here; ``recordModelDeletion(of:at:)``
+    /// records the model's own deletion once all its changes are.
+    package func record(_ change: PropertyChange) {
+        _ = apply(model: change.model, property: change.property, register: change.register)
+    }
+
+    /// Records the deletion of `model` at `version` (see ``record(_:)``).
+    package func recordModelDeletion(of model: String, at version: Version) {
+        _ = apply(model: model, property: "", register: .tombstone(version))
+    }
+
+    /// Deletes the values that expired by `time` (the node's clock of expiry); returns the changes.
+    package func expire(through time: UInt64) -> [PropertyChange] {
+        state.withLock { $0.store.expire(through: time) }
     }
 
     /// Moves the cursor to cover `cursor` (per origin, never backwards).
@@ -145,7 +163,7 @@ package struct WatchSession: Sendable {
             for (model, properties) in models {
                 for (name, register) in properties {
                     digest.add(channel: replica.channel, model: model, property: name, register: register)
-                    if let change = replica.apply(model: model, property: name, register: register) {
+                    for change in replica.apply(model: model, property: name, register: register) {
                         events.append(.change(change, kind: kind, cursor: cursor))
                     }
                 }
@@ -164,9 +182,15 @@ package struct WatchSession: Sendable {
             return reason == .initial
                 ? [.initialStateComplete(records: records, cursor: replica.cursor)]
                 : [.resyncComplete(records: records, cursor: replica.cursor)]
-        case .caughtUp(let cursor, let latest, let missing):
+        case .caughtUp(let cursor, let latest, let missing, let expiredThrough):
             replica.advance(to: cursor)
-            return [.caughtUp(cursor: replica.cursor, latest: latest, nodeMissing: missing)]
+            let position = replica.cursor
+            // The node deleted what expired by its clock; the replica does the same, in the same
+            // order, after everything before the marker.
+            let expired = replica.expire(through: expiredThrough).map {
+                WatchEvent.change($0, kind: .live, cursor: position)
+            }
+            return expired + [.caughtUp(cursor: position, latest: latest, nodeMissing: missing)]
         }
     }
 }
@@ -176,7 +200,7 @@ extension ChannelReplica {
     static let fileMagic: [UInt8] = Array("SSREPL1\n".utf8)
 
     /// The replica as bytes: magic, channel, cursor (as a snapshot's progress list), models (as a
-    /// snapshot's), FNV-1a 64 checksum. ``init(decoding:)`` reads it back exactly: values keep
+    /// snapshot's, deletions included), FNV-1a 64 checksum. ``init(decoding:)`` reads it back exactly: values keep
     /// their types, registers their versions.
     public func encoded() -> [UInt8] {
         state.withLock { state in
@@ -184,9 +208,11 @@ extension ChannelReplica {
             for b in Self.fileMagic { w.byte(b) }
             w.string(channel)
             StateSnapshot.writeProgress(state.cursor.positions, to: &w)
-            w.varint(UInt64(state.models.count))
-            for model in state.models.keys.sorted() {
-                StateSnapshot.writeModel(ModelAddress(channel: channel, model: model), state.models[model]!, to: &w)
+            let models = state.store.models(in: channel).sorted()
+            w.varint(UInt64(models.count))
+            for model in models {
+                let address = ModelAddress(channel: channel, model: model)
+                StateSnapshot.writeModel(address, state.store.records(of: address), to: &w)
             }
             w.uint64(StateSnapshot.fnv1a(w.bytes))
             return w.bytes
@@ -198,24 +224,27 @@ extension ChannelReplica {
     /// - Throws: ``WireError`` when `bytes` are not a whole replica file (torn, corrupt, another
     ///   file).
     public convenience init(decoding bytes: [UInt8]) throws(WireError) {
-        guard bytes.count >= Self.fileMagic.count + 8, Array(bytes.prefix(Self.fileMagic.count)) == Self.fileMagic
-        else { throw .invalid(field: "replica", reason: "not a StateSync watch state file") }
+        guard bytes.count >= Self.fileMagic.count + 8, bytes.starts(with: Self.fileMagic) else {
+            throw .invalid(field: "replica", reason: "not a StateSync watch state file")
+        }
         var r = try StateSnapshot.checkedBody(bytes, magic: Self.fileMagic, what: "replica")
         let channel = try r.string("channel")
         let cursor = WatchCursor(try StateSnapshot.readProgress(&r))
-        var models: [String: [String: ReplicaStore.Register]] = [:]
+        var store = ReplicaStore()
         for _ in 0..<(try r.count("model count", minimumItemSize: 3)) {
             var failure: WireError?
             try StateSnapshot.readModel(&r) { address, name, register in
                 if address.channel != channel {
                     failure = .invalid(field: "replica", reason: "a model of channel '\(address.channel)'")
                 }
-                models[address.model, default: [:]][name] = register
+                store.merge(address, property: name, register: register)
             }
             if let failure { throw failure }
         }
         try r.expectEnd()
+        // Values that expired after the file was written are deleted (and reported) at the first
+        // CAUGHT-UP of the resumed watch, which carries the node's clock of expiry.
         self.init(channel: channel, cursor: cursor)
-        state.withLock { $0.models = models }
+        state.withLock { $0.store = store }
     }
 }

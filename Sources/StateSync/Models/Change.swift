@@ -6,14 +6,17 @@
 public struct Change<Value: Sendable>: Sendable {
     /// The name of the property that changed.
     public let property: String
-    /// The value before the change.
+    /// The value before the change (a property without a value holds its initial value).
     public let old: Value
-    /// The value after the change.
+    /// The value after the change; for a deletion or an expiry, the property's initial value
+    /// (what `init()` gives it).
     public let new: Value
     /// The version of the write; for a standalone model, a version of this process's local clock.
     public let version: Version
     /// `true` when the write came from another node.
     public let isRemote: Bool
+    /// What happened: a new value, a deletion (of the property or of its model), or an expiry.
+    public let kind: PropertyChange.Kind
 
     /// The node that made the write (`"local"` for a standalone model).
     public var origin: String { version.node }
@@ -21,13 +24,17 @@ public struct Change<Value: Sendable>: Sendable {
     // Explicit to be @usableFromInline: the inlinable observe(_:_:) builds changes.
     // swift-format-ignore: UseSynthesizedInitializer
     @usableFromInline
-    init(property: String, old: Value, new: Value, version: Version, isRemote: Bool) {
+    init(property: String, old: Value, new: Value, version: Version, isRemote: Bool, kind: PropertyChange.Kind) {
         self.property = property
         self.old = old
         self.new = new
         self.version = version
         self.isRemote = isRemote
+        self.kind = kind
     }
+
+    /// Whether the property lost its value (deleted or expired): ``new`` is its initial value.
+    public var isRemoval: Bool { kind != .set }
 }
 
 extension Change: Equatable where Value: Equatable {}
@@ -44,11 +51,24 @@ struct ErasedChange: Sendable {
     @usableFromInline let new: any Sendable
     @usableFromInline let version: Version
     @usableFromInline let isRemote: Bool
+    @usableFromInline let kind: PropertyChange.Kind
+
+    init(
+        property: String, old: any Sendable, new: any Sendable, version: Version, isRemote: Bool,
+        kind: PropertyChange.Kind = .set
+    ) {
+        self.property = property
+        self.old = old
+        self.new = new
+        self.version = version
+        self.isRemote = isRemote
+        self.kind = kind
+    }
 
     @inlinable
     func typed<T: Sendable>(as type: T.Type) -> Change<T> {
         // The registrar only hands an observer changes of the property it registered for, whose
         // type the macro fixed at compile time: the casts cannot fail.
-        Change(property: property, old: old as! T, new: new as! T, version: version, isRemote: isRemote)
+        Change(property: property, old: old as! T, new: new as! T, version: version, isRemote: isRemote, kind: kind)
     }
 }

@@ -43,13 +43,34 @@ public final class ModelRegistrar: Sendable {
         case change(ErasedChange, [ObserverEntry])
         /// Observation's willSet/didSet for the tracked property at this schema index.
         case observation(Int)
+        /// Observation's willSet/didSet for ``ReplicatedModel/isDeleted``.
+        case deletionObservation
     }
 
     struct State: Sendable {
         var versions: [String: Version] = [:]
+        /// The version of the model's last deletion: every property written below it is deleted.
+        var deletion: Version?
+        /// The properties that have a version but no value (deleted, or expired): they hold their
+        /// initial value.
+        var removed: Set<String> = []
+        /// The model was deleted (or lost its last value) and no write gave it a value since.
+        var isDeleted = false
         var pending: [Notice] = []
         var delivering = false
         var binding: ModelBinding?
+
+        /// The version a write must exceed to change `property`.
+        func floor(of property: String) -> Version? {
+            guard let deletion else { return versions[property] }
+            return max(versions[property] ?? deletion, deletion)
+        }
+
+        /// Whether `property` holds a written value.
+        func hasValue(_ property: String) -> Bool {
+            guard let version = versions[property], !removed.contains(property) else { return false }
+            return deletion.map { version > $0 } ?? true
+        }
     }
 
     struct Touched: Sendable {
@@ -66,6 +87,8 @@ public final class ModelRegistrar: Sendable {
     // The property versions at the start of the running transaction; same guard as above.
     nonisolated(unsafe) private var transactionVersions: [String: Version] = [:]
     private let supersededWrites = Atomic<Int>(0)
+    /// ``State/isDeleted``, readable without the lock (also inside a transaction, which holds it).
+    private let deletedFlag = Atomic<Bool>(false)
 
     /// Local writes that did not apply because the property holds a version from a clock ahead
     /// of this one (beyond the drift bound): last-writer-wins kept the held value.
@@ -133,16 +156,22 @@ public final class ModelRegistrar: Sendable {
         }
         let deliver = state.withLock { state -> Bool in
             let old = property.get(model)
-            if property.same(old, newValue) { return false }
+            // An equal value changes nothing, unless the property has no value (deleted): then
+            // writing its initial value gives it one.
+            if property.same(old, newValue), state.hasValue(property.name) || state.versions[property.name] == nil {
+                return false
+            }
             let version = (state.binding?.clock ?? Self.standaloneClock).next()
             // A peer whose clock runs ahead beyond the drift bound may have written a version this
             // clock cannot pass yet: last-writer-wins says that write stands (as for a SET).
-            if let held = state.versions[property.name], held >= version {
+            if let held = state.floor(of: property.name), held >= version {
                 supersededWrites.add(1, ordering: .relaxed)
                 return false
             }
             property.set(model, newValue)
             state.versions[property.name] = version
+            state.removed.remove(property.name)
+            noteValue(&state)
             state.pending.append(.observation(property.index))
             enqueue(
                 &state,
@@ -181,6 +210,15 @@ public final class ModelRegistrar: Sendable {
     public func transaction<Model: ReplicatedModel, R, E: Error>(
         _ model: Model, _ body: (Model) throws(E) -> R
     ) throws(E) -> R {
+        try transaction(model, timeToLive: 0, body)
+    }
+
+    /// Runs `body` as ``transaction(_:_:)``; with `timeToLive` (milliseconds, above 0) every
+    /// property it assigns — also to an equal value — is written to expire that long after the
+    /// transaction's version: the attached node deletes it on every replica then.
+    public func transaction<Model: ReplicatedModel, R, E: Error>(
+        _ model: Model, timeToLive: UInt64, _ body: (Model) throws(E) -> R
+    ) throws(E) -> R {
         let schema = Model._$schema
         if inTransactionOnThisThread {
             // Nested: part of the outer transaction; if it throws, its own writes are undone
@@ -217,7 +255,13 @@ public final class ModelRegistrar: Sendable {
             for entry in transactionLog {
                 let property = schema.properties[entry.index]
                 let new = property.currentValue(model)
-                if !property.sameErased(entry.old, new) { touched.append((entry.index, entry.old, new)) }
+                // With a time to live every assignment is a write (it renews the expiry), and a
+                // property without a value gets one even when assigned its initial value.
+                if timeToLive > 0 || !property.sameErased(entry.old, new)
+                    || (!state.hasValue(property.name) && state.versions[property.name] != nil)
+                {
+                    touched.append((entry.index, entry.old, new))
+                }
             }
             if touched.isEmpty { return false }  // no version for a transaction that changed nothing
             let version = (state.binding?.clock ?? Self.standaloneClock).next()
@@ -225,7 +269,7 @@ public final class ModelRegistrar: Sendable {
             var changed = false
             for (index, old, new) in touched {
                 let property = schema.properties[index]
-                if let held = state.versions[property.name], held >= version {
+                if let held = state.floor(of: property.name), held >= version {
                     // Superseded by a version from a clock ahead of ours: the held value stands.
                     property.restore(model, old)
                     supersededWrites.add(1, ordering: .relaxed)
@@ -233,19 +277,23 @@ public final class ModelRegistrar: Sendable {
                 }
                 changed = true
                 state.versions[property.name] = version
+                state.removed.remove(property.name)
                 state.pending.append(.observation(index))
                 enqueue(
                     &state, ErasedChange(property: property.name, old: old, new: new, version: version, isRemote: false)
                 )
                 if let binding = state.binding {
                     do {
-                        writes.append(PropertyWrite(name: property.name, value: try property.encodeErased(new)))
+                        writes.append(
+                            PropertyWrite(
+                                name: property.name, value: try property.encodeErased(new), timeToLive: timeToLive))
                     } catch {
                         binding.reportEncodingFailure(property.name, error)
                     }
                 }
             }
             if !changed { return false }
+            noteValue(&state)
             if let binding = state.binding, !writes.isEmpty {
                 binding.emit(binding.address, version, writes)
             }
@@ -265,7 +313,8 @@ public final class ModelRegistrar: Sendable {
         var rejected: [(property: String, reason: String)] = []
     }
 
-    /// One write set from a replica: a delta's properties with its version.
+    /// One write set from a replica: a delta's properties with its version; or, with
+    /// `expiredAt`, the expiry of the values its properties were written at `version`.
     package struct RemoteWriteSet: Sendable {
         let writes: [PropertyWrite]
         let version: Version
@@ -274,12 +323,19 @@ public final class ModelRegistrar: Sendable {
         /// The ``instanceID`` of the model that made the write (0: none): that model holds it
         /// already and skips it.
         var emitter: UInt64 = 0
+        /// For an expiry: the version it happened at (the writes name the properties whose values
+        /// written at `version` expired).
+        var expiredAt: Version?
 
-        init(writes: [PropertyWrite], version: Version, isRemote: Bool = true, emitter: UInt64 = 0) {
+        init(
+            writes: [PropertyWrite], version: Version, isRemote: Bool = true, emitter: UInt64 = 0,
+            expiredAt: Version? = nil
+        ) {
             self.writes = writes
             self.version = version
             self.isRemote = isRemote
             self.emitter = emitter
+            self.expiredAt = expiredAt
         }
     }
 
@@ -293,7 +349,9 @@ public final class ModelRegistrar: Sendable {
 
     /// Applies several write sets in order, as one state transition: one lock, one look-up of each
     /// property's observers, one Observation notification per property, one delivery. Observers
-    /// still get one change per write, in order, with exact old and new values.
+    /// still get one change per write, in order, with exact old and new values. A deletion (of a
+    /// property, or of the whole model) or an expiry resets a property to its initial value and
+    /// is reported as such (``Change/kind``).
     ///
     /// With `executor`, the values are applied now and the notifications (observers and
     /// Observation) run on the executor; without, on the calling thread before this returns —
@@ -308,33 +366,96 @@ public final class ModelRegistrar: Sendable {
         let deliver = state.withLock { state -> Bool in
             var observerLists: [[ObserverEntry]?] = Array(repeating: nil, count: schema.properties.count)
             var changed = Array(repeating: false, count: schema.properties.count)
+            var initial: Model?
+            let wasDeleted = state.isDeleted
+            var removedAny = false
+            var setAny = false
+            func notify(_ index: Int, _ change: ErasedChange) {
+                result.applied += 1
+                changed[index] = true
+                if observerLists[index] == nil { observerLists[index] = observers(of: change.property) }
+                guard let list = observerLists[index], !list.isEmpty else { return }
+                state.pending.append(.change(change, list))
+                queued += 1
+            }
+            /// Resets the property at `index` to its initial value; reports it unless it had none.
+            func remove(_ index: Int, version: Version, kind: PropertyChange.Kind, isRemote: Bool) {
+                let property = schema.properties[index]
+                let hadValue = state.hasValue(property.name)
+                state.removed.insert(property.name)
+                removedAny = true
+                guard hadValue else { return }
+                if initial == nil { initial = Model() }
+                let old = property.currentValue(model)
+                let new = property.currentValue(initial!)
+                property.restore(model, new)
+                notify(
+                    index,
+                    ErasedChange(
+                        property: property.name, old: old, new: new, version: version, isRemote: isRemote, kind: kind))
+            }
             for set in sets where set.emitter == 0 || set.emitter != instanceID {
+                if let expiredAt = set.expiredAt {
+                    for write in set.writes {
+                        guard let index = schema.index(of: write.name) else { continue }
+                        // Only the value that expired: a later write replaced it already.
+                        guard state.versions[write.name] == set.version, state.hasValue(write.name) else {
+                            result.stale += 1
+                            continue
+                        }
+                        remove(index, version: expiredAt, kind: .expired, isRemote: set.isRemote)
+                    }
+                    continue
+                }
                 for write in set.writes {
+                    if write.isModelDeletion {
+                        if let deletion = state.deletion, deletion >= set.version {
+                            result.stale += 1
+                            continue
+                        }
+                        for (index, property) in schema.properties.enumerated() {
+                            if let version = state.versions[property.name], version < set.version,
+                                state.hasValue(property.name)
+                            {
+                                remove(index, version: set.version, kind: .deleted, isRemote: set.isRemote)
+                            }
+                        }
+                        state.deletion = set.version
+                        removedAny = true
+                        continue
+                    }
                     guard let index = schema.index(of: write.name) else {
                         result.unknownProperties.append(write.name)
                         continue
                     }
-                    let slot = state.versions.index(forKey: write.name)  // one hash for the read and the write
-                    if let slot, state.versions.values[slot] >= set.version {
+                    if let floor = state.floor(of: write.name), floor >= set.version {
                         result.stale += 1
+                        continue
+                    }
+                    if write.isDeletion {
+                        let hadVersion = state.versions[write.name] != nil
+                        state.versions[write.name] = set.version
+                        if hadVersion || !state.removed.contains(write.name) {
+                            remove(index, version: set.version, kind: .deleted, isRemote: set.isRemote)
+                        }
                         continue
                     }
                     let property = schema.properties[index]
                     do {
-                        if let slot {
-                            state.versions.values[slot] = set.version
-                        } else {
-                            state.versions[write.name] = set.version
-                        }
-                        guard let (old, new) = try property.assign(model, from: write.value) else { continue }
-                        result.applied += 1
-                        changed[index] = true
-                        if observerLists[index] == nil { observerLists[index] = observers(of: write.name) }
-                        guard let list = observerLists[index], !list.isEmpty else { continue }
-                        let change = ErasedChange(
-                            property: write.name, old: old, new: new, version: set.version, isRemote: set.isRemote)
-                        state.pending.append(.change(change, list))
-                        queued += 1
+                        let hadValue = state.hasValue(write.name)
+                        let before = property.currentValue(model)
+                        let assigned = try property.assign(model, from: write.value)
+                        state.versions[write.name] = set.version
+                        state.removed.remove(write.name)
+                        setAny = true
+                        // An equal value still gives a property without one its value back.
+                        guard assigned != nil || !hadValue else { continue }
+                        let (old, new) = assigned ?? (before, before)
+                        notify(
+                            index,
+                            ErasedChange(
+                                property: write.name, old: old, new: new, version: set.version,
+                                isRemote: set.isRemote))
                     } catch {
                         result.rejected.append((write.name, "\(error)"))
                     }
@@ -344,6 +465,12 @@ public final class ModelRegistrar: Sendable {
                 state.pending.append(.observation(index))
                 queued += 1
             }
+            if setAny || removedAny {
+                setDeleted(
+                    (state.deletion != nil || !state.removed.isEmpty)
+                        && !schema.properties.contains { state.hasValue($0.name) }, &state)
+            }
+            if state.isDeleted != wasDeleted { queued += 1 }
             return claimDelivery(&state)
         }
         if let executor, queued > 0 {
@@ -356,20 +483,114 @@ public final class ModelRegistrar: Sendable {
         return result
     }
 
-    /// Attaches the model to a node: adopts the node's state for it silently (no notifications,
-    /// no deltas) and from now on publishes local writes through `binding`.
+    // MARK: - Deletion
+
+    /// Whether the model is deleted: its deletion (or the removal of its last value) was applied
+    /// and no write gave it a value since. Tracked by Observation.
+    public func isDeleted<Model: ReplicatedModel>(_ model: Model) -> Bool {
+        observationRegistrar.access(model, keyPath: \Model.isDeleted)
+        return deletedFlag.load(ordering: .acquiring)
+    }
+
+    /// Sets whether the model is deleted; a change is told to Observation in the model's order of
+    /// notifications (caller holds the lock).
+    private func setDeleted(_ deleted: Bool, _ state: inout State) {
+        guard state.isDeleted != deleted else { return }
+        state.isDeleted = deleted
+        deletedFlag.store(deleted, ordering: .releasing)
+        state.pending.append(.deletionObservation)
+    }
+
+    /// A local write gave the model a value: it is no longer deleted (caller holds the lock).
+    private func noteValue(_ state: inout State) {
+        setDeleted(false, &state)
+    }
+
+    /// Deletes the whole model (every property resets to its initial value, observers are told
+    /// with kind ``PropertyChange/Kind/deleted``), and, attached to a node, replicates the
+    /// deletion: every replica deletes every property written before it. A later write gives the
+    /// model a value again.
+    public func deleteModel<Model: ReplicatedModel>(_ model: Model) {
+        deleteLocally(model, property: nil)
+    }
+
+    /// Deletes the tracked property at `index` of the schema: it resets to its initial value, its
+    /// observers are told, and the deletion replicates.
+    public func delete<Model: ReplicatedModel>(_ model: Model, propertyAt index: Int) {
+        deleteLocally(model, property: index)
+    }
+
+    private func deleteLocally<Model: ReplicatedModel>(_ model: Model, property only: Int?) {
+        precondition(!inTransactionOnThisThread, "delete inside a transaction is not supported")
+        let schema = Model._$schema
+        let deliver = state.withLock { state -> Bool in
+            let indices = only.map { [$0] } ?? Array(schema.properties.indices)
+            // Nothing to delete: no version, no delta.
+            guard
+                indices.contains(where: { state.hasValue(schema.properties[$0].name) })
+                    || only == nil && !state.isDeleted
+            else { return false }
+            let version = (state.binding?.clock ?? Self.standaloneClock).next()
+            if let only, let held = state.floor(of: schema.properties[only].name), held >= version {
+                supersededWrites.add(1, ordering: .relaxed)
+                return false
+            }
+            var initial: Model?
+            for index in indices {
+                let property = schema.properties[index]
+                let hadValue = state.hasValue(property.name)
+                if only != nil { state.versions[property.name] = version }
+                state.removed.insert(property.name)
+                guard hadValue else { continue }
+                if initial == nil { initial = Model() }
+                let old = property.currentValue(model)
+                let new = property.currentValue(initial!)
+                property.restore(model, new)
+                state.pending.append(.observation(index))
+                enqueue(
+                    &state,
+                    ErasedChange(
+                        property: property.name, old: old, new: new, version: version, isRemote: false, kind: .deleted))
+            }
+            if only == nil { state.deletion = version }
+            setDeleted(!schema.properties.contains { state.hasValue($0.name) }, &state)
+            if let binding = state.binding {
+                let write = only.map { PropertyWrite.deletion(of: schema.properties[$0].name) } ?? .modelDeletion
+                binding.emit(binding.address, version, [write])
+            }
+            return claimDelivery(&state)
+        }
+        if deliver { drain(model) }
+    }
+
+    /// Attaches the model to a node: adopts the node's records for it silently (no
+    /// notifications, no deltas; deletions included) and from now on publishes local writes
+    /// through `binding`.
     func attach<Model: ReplicatedModel>(
         _ model: Model, adopting registers: [String: ReplicaStore.Register], binding: ModelBinding
     ) {
         let schema = Model._$schema
         state.withLock { state in
             for (name, register) in registers {
+                if name.isEmpty {
+                    if register.isDeleted { state.deletion = register.version }
+                    continue
+                }
                 guard let property = schema.property(named: name) else { continue }
+                state.versions[name] = register.version
+                if register.isDeleted {
+                    state.removed.insert(name)
+                    continue
+                }
                 // A value this model's type cannot hold keeps the initial value; a later write
                 // of the right type still wins by version.
                 _ = try? property.assign(model, from: register.value)
-                state.versions[name] = register.version
             }
+            let deleted =
+                (state.deletion != nil || !state.removed.isEmpty)
+                && !schema.properties.contains { state.hasValue($0.name) }
+            state.isDeleted = deleted
+            deletedFlag.store(deleted, ordering: .releasing)
             state.binding = binding
         }
     }
@@ -457,6 +678,9 @@ public final class ModelRegistrar: Sendable {
                     }
                 case .observation(let index):
                     Model._$schema.properties[index].notifyObservation(model, registrar: observationRegistrar)
+                case .deletionObservation:
+                    observationRegistrar.willSet(model, keyPath: \Model.isDeleted)
+                    observationRegistrar.didSet(model, keyPath: \Model.isDeleted)
                 }
             }
             batch.removeAll(keepingCapacity: true)

@@ -63,6 +63,44 @@ extension ReplicatedModel {
         try _$registrar.transaction(self, body)
     }
 
+    /// Like ``transaction(_:)``, and every property `body` assigns — also to an equal value — is
+    /// written to live for `timeToLive`: once it runs out, the node the model is attached to
+    /// deletes the property on every replica (each computes the same expiry from the write's
+    /// version), and observers get a change of kind ``PropertyChange/Kind/expired``. A later
+    /// write without a time to live keeps the value for good. A model not attached to a node
+    /// never expires.
+    @discardableResult
+    public func transaction<R, E: Error>(timeToLive: Duration, _ body: (Self) throws(E) -> R) throws(E) -> R {
+        let (seconds, attoseconds) = timeToLive.components
+        let milliseconds = max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000)
+        return try _$registrar.transaction(self, timeToLive: UInt64(clamping: milliseconds), body)
+    }
+
+    /// Whether the model is deleted: a deletion of the model (``delete()``, or on any replica),
+    /// or the deletion or expiry of its last property with a value, was applied, and no write
+    /// gave it a value since. Observation tracks it (a SwiftUI view that reads it updates).
+    public var isDeleted: Bool { _$registrar.isDeleted(self) }
+
+    /// Deletes the model: every tracked property resets to its initial value (what `init()`
+    /// gives it) and its observers get a change of kind ``PropertyChange/Kind/deleted``; attached
+    /// to a node, the deletion replicates, and every replica deletes every property written
+    /// before it (a concurrent later write wins, by last-writer-wins). Writing a property again
+    /// re-creates the model.
+    public func delete() {
+        _$registrar.deleteModel(self)
+    }
+
+    /// Deletes the property at `keyPath`: it resets to its initial value, observers get a change
+    /// of kind ``PropertyChange/Kind/deleted``, and the deletion replicates.
+    ///
+    /// - Precondition: `keyPath` names a tracked property (not `@Local`, not a `let`).
+    public func delete<T>(_ keyPath: KeyPath<Self, T>) {
+        guard let name = Self._$schema.name(of: keyPath), let index = Self._$schema.index(of: name) else {
+            preconditionFailure("delete(_:): \(keyPath) is not a tracked property of \(Self.self)")
+        }
+        _$registrar.delete(self, propertyAt: index)
+    }
+
     /// The version of each tracked property that has been written (locally or remotely).
     public var propertyVersions: [String: Version] { _$registrar.propertyVersions }
 }

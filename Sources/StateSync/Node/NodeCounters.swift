@@ -75,6 +75,8 @@ public struct NodeCounters: Sendable, Equatable {
     public var observerBackpressurePauses = 0
     /// Milliseconds spent with peer intake paused (see `observerBackpressurePauses`).
     public var observerBackpressureMilliseconds = 0
+    /// Values whose time to live ran out, deleted by this node.
+    public var valuesExpired = 0
 
     /// All counters at zero.
     public init() {}
@@ -100,7 +102,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("snapshots_served", snapshotsServed), ("snapshots_applied", snapshotsApplied),
             ("log_bytes_cut", logBytesCut),
             ("encoding_failures", encodingFailures), ("observer_backpressure_pauses", observerBackpressurePauses),
-            ("observer_backpressure_ms", observerBackpressureMilliseconds),
+            ("observer_backpressure_ms", observerBackpressureMilliseconds), ("values_expired", valuesExpired),
         ]
     }
 }

@@ -28,20 +28,69 @@ public struct Delta: Sendable, Equatable {
 
     /// The model the delta writes.
     public var address: ModelAddress { ModelAddress(channel: channel, model: model) }
+
+    /// Whether the delta deletes the whole model (its one property is ``PropertyWrite/modelDeletion``).
+    public var deletesModel: Bool { properties.count == 1 && properties[0].isModelDeletion }
+
+    /// Whether the delta needs the version-2 body (docs/PROTOCOL.md 7.1): it deletes, or a value
+    /// expires.
+    var needsVersion2: Bool { properties.contains { $0.isDeletion || $0.timeToLive > 0 } }
 }
 
-/// One property of a ``Delta``.
+/// One property of a ``Delta``: a new value (possibly expiring), or a deletion.
+///
+/// A write with the empty name is the deletion of the whole model
+/// (``PropertyWrite/modelDeletion``): every property whose version is lower than the delta's is
+/// deleted (docs/PROTOCOL.md 8.2). It is a delta's only property.
 public struct PropertyWrite: Sendable, Equatable {
-    /// The property's name.
+    /// The property's name; empty for the deletion of the whole model.
     public var name: String
-    /// Its new value.
+    /// Its new value (`.null` for a deletion).
     public var value: Value
+    /// The time to live and the deletion flag in one word (a write is one or the other): 0 a
+    /// plain value, ``deletionMark`` a deletion, anything else the milliseconds the value lives.
+    private var lifetime: UInt64
+
+    private static let deletionMark = UInt64.max
+
+    /// The longest time to live, in milliseconds (about 8,900 years: a version's milliseconds
+    /// plus it still fit 48 bits).
+    public static let maximumTimeToLive: UInt64 = (1 << 48) - 1
 
     /// A write of `value` to the property `name`.
     public init(name: String, value: Value) {
         self.name = name
         self.value = value
+        self.lifetime = 0
     }
+
+    /// A write of `value` to the property `name` that expires `timeToLive` milliseconds after
+    /// the write's version (0: never; clamped to ``maximumTimeToLive``).
+    public init(name: String, value: Value, timeToLive: UInt64) {
+        self.name = name
+        self.value = value
+        self.lifetime = min(timeToLive, Self.maximumTimeToLive)
+    }
+
+    /// The deletion of the property `name`.
+    public static func deletion(of name: String) -> PropertyWrite {
+        var write = PropertyWrite(name: name, value: .null)
+        write.lifetime = deletionMark
+        return write
+    }
+
+    /// The deletion of the whole model: every property written before it.
+    public static let modelDeletion = deletion(of: "")
+
+    /// Whether this write deletes its property (or, with the empty name, the model).
+    public var isDeletion: Bool { lifetime == Self.deletionMark }
+
+    /// Whether this write deletes the whole model.
+    public var isModelDeletion: Bool { lifetime == Self.deletionMark && name.isEmpty }
+
+    /// Milliseconds after the write's version at which the value expires; 0: never (and for a
+    /// deletion).
+    public var timeToLive: UInt64 { lifetime == Self.deletionMark ? 0 : lifetime }
 }
 
 /// A model's address: its channel and its id within the channel.

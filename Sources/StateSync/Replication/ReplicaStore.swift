@@ -1,34 +1,143 @@
-/// The replicated state of one node: for every model, every property's value and version.
+/// The replicated state of one node: for every model, every property's register (value and
+/// version, or a deletion), the model's own deletion, and the expiry of values written with a
+/// time to live.
 ///
-/// Each property is a last-writer-wins register ordered by ``Version``. ``apply(_:)`` is
-/// idempotent and commutative: replicas that applied the same deltas, in any order and any
-/// number of times, hold the same state (docs/PROTOCOL.md, "Merge rules").
+/// Each property is a last-writer-wins register ordered by ``Version``; a deletion is a register
+/// too (a tombstone), and the deletion of a whole model is a version below which every property
+/// of the model counts as deleted. ``apply(_:)`` is idempotent and commutative: replicas that
+/// applied the same deltas, in any order and any number of times, hold the same state
+/// (docs/PROTOCOL.md, "Merge rules"). Expiry is a function of a register and the time:
+/// ``expire(through:)`` turns the values whose time ran out into tombstones, at the version their
+/// write gave them on every replica.
 ///
 /// Thread safety: none; the owner serialises access (the node keeps it behind a lock).
 public struct ReplicaStore: Sendable {
-    /// One property's register.
+    /// One property's register: a value, or a deletion, at the version of the write that made it.
     public struct Register: Sendable, Hashable {
-        /// The property's value.
+        /// The property's value (null for a deletion).
         public var value: Value
         /// The version of the write that set it.
         public var version: Version
+        /// 0 for a plain value, ``PropertyWrite/maximumTimeToLive``-bounded milliseconds for an
+        /// expiring one, with the top bit set once it is deleted (explicitly, or by its expiry).
+        private var lifetime: UInt64
+
+        private static let deletedBit: UInt64 = 1 << 63
 
         /// A register holding `value`, written at `version`.
         public init(value: Value, version: Version) {
             self.value = value
             self.version = version
+            self.lifetime = 0
+        }
+
+        /// A register holding `value`, written at `version`, that expires `timeToLive` milliseconds
+        /// later (0: never).
+        public init(value: Value, version: Version, timeToLive: UInt64) {
+            self.value = value
+            self.version = version
+            self.lifetime = min(timeToLive, PropertyWrite.maximumTimeToLive)
+        }
+
+        /// A deletion (tombstone) written at `version`.
+        public static func tombstone(_ version: Version) -> Register {
+            var register = Register(value: .null, version: version)
+            register.lifetime = deletedBit
+            return register
+        }
+
+        /// The register a decoded property value (``WireReader/propertyValue(_:)``) stands for,
+        /// written at `version`: an expired value keeps its time to live.
+        init(_ decoded: (value: Value, timeToLive: UInt64, deleted: Bool), version: Version) {
+            if decoded.deleted {
+                self =
+                    decoded.timeToLive == 0
+                    ? .tombstone(version)
+                    : Register(value: .null, version: version, timeToLive: decoded.timeToLive).expired
+            } else {
+                self.init(value: decoded.value, version: version, timeToLive: decoded.timeToLive)
+            }
+        }
+
+        /// The register `write` makes at `version`.
+        init(_ write: PropertyWrite, version: Version) {
+            if write.isDeletion {
+                self = .tombstone(version)
+            } else {
+                self.init(value: write.value, version: version, timeToLive: write.timeToLive)
+            }
+        }
+
+        /// Whether the property is deleted: by a deletion, or because its value expired.
+        public var isDeleted: Bool { lifetime & Self.deletedBit != 0 }
+
+        /// The milliseconds the value was written to live (also once it expired); 0: forever.
+        public var timeToLive: UInt64 { lifetime & ~Self.deletedBit }
+
+        /// When the value expires (milliseconds since 1970), if it was written with a time to live.
+        public var expiresAt: UInt64? {
+            let ttl = timeToLive
+            return ttl == 0 ? nil : version.milliseconds &+ ttl
+        }
+
+        /// The version an expiry happens at: the expiry time, with the writer's node id, so that
+        /// every replica reports it alike.
+        public var expiryVersion: Version? {
+            expiresAt.map { Version(milliseconds: $0, counter: 0, node: version.node) }
+        }
+
+        /// This register once its value expired: deleted, the value dropped, the version and time
+        /// to live kept (a write between the value's version and its expiry still wins over it).
+        package var expired: Register {
+            var register = self
+            register.value = .null
+            register.lifetime |= Self.deletedBit
+            return register
+        }
+
+        /// The live value, if any. (Not a `? nil :`: `Value` is `ExpressibleByNilLiteral`, and the
+        /// literal would become `.null`.)
+        var liveValue: Value? {
+            if isDeleted { return Optional.none }
+            return value
         }
     }
 
-    private(set) var channels: [String: [String: [String: Register]]] = [:]
+    /// One model: its property registers, the version of its last deletion, and how many of its
+    /// properties have a value.
+    struct Model: Sendable {
+        var registers: [String: Register] = [:]
+        /// Every property written at a lower version is deleted.
+        var deletion: Version?
+        var live = 0
+
+        /// The version a write must exceed to change `property`.
+        @inline(__always)
+        func floor(of property: String) -> Version? {
+            guard let deletion else { return registers[property]?.version }
+            guard let held = registers[property]?.version else { return deletion }
+            return max(held, deletion)
+        }
+    }
+
+    private(set) var channels: [String: [String: Model]] = [:]
+    /// Per channel, how many models have at least one property with a value.
+    private var liveModels: [String: Int] = [:]
     /// The highest version applied so far.
     public private(set) var latestVersion: Version = .zero
     /// The newest version that won in each channel (for LIST; kept as writes merge).
     private var channelLatest: [String: Version] = [:]
     private var digestSum: UInt64 = 0
+    /// The values written with a time to live, by expiry.
+    private var expiries = ExpiryQueue()
+    /// The time (milliseconds since 1970) through which expired values were deleted.
+    public private(set) var expiredThrough: UInt64 = 0
     /// A planted bug (``NodeFaults/wrongTieBreak``), never set in production: equal timestamps
     /// are decided by node id the wrong way round.
     var plantedWrongTieBreak = false
+    /// A planted bug (``NodeFaults/ignoreDeletions``), never set in production: a deletion never
+    /// wins.
+    var plantedIgnoreDeletions = false
 
     /// An empty store.
     public init() {}
@@ -43,8 +152,9 @@ public struct ReplicaStore: Sendable {
     }
 
     /// Applies `delta`'s properties that win against what is held. Returns the changes, in the
-    /// delta's property order, with the value each replaced; properties that lose or repeat
-    /// the current value with the same version change nothing and are not returned.
+    /// delta's property order, with the value each replaced; writes that lose, or that delete a
+    /// property without a value, change nothing visible and are not returned. The deletion of a
+    /// model returns one change per property it deleted.
     public mutating func apply(_ delta: Delta) -> [PropertyChange] {
         var changes = ChangeCollector(delta: delta)
         mergeWrites(of: delta, into: &changes)
@@ -65,35 +175,31 @@ public struct ReplicaStore: Sendable {
         guard let first = deltas.first else { return [] }
         // Never create an empty model entry (a delta has at least one property on the wire).
         guard deltas.contains(where: { !$0.properties.isEmpty }) else { return deltas.map { _ in [] } }
-        var prefix = StreamingFNV()
-        prefix.registerAddress(channel: first.channel, model: first.model)
-        var digestSum = self.digestSum
-        var latest = latestVersion
-        var runLatest = Version.zero
+        var context = MergeContext(channel: first.channel, model: first.model, store: self)
         var won: [[PropertyWrite]] = []
         won.reserveCapacity(deltas.count)
-        func merge(into registers: inout [String: Register]) {
+        var runLatest = Version.zero
+        modify(first.address) { model in
             for index in deltas.indices {
                 precondition(deltas[index].channel == first.channel && deltas[index].model == first.model)
                 var winners = WinnerCollector()
-                let anyWon = Self.mergeWrites(
-                    deltas[index].properties, version: deltas[index].version, into: &registers, prefix: prefix,
-                    digestSum: &digestSum, wrongTieBreak: plantedWrongTieBreak, outcome: &winners)
-                if anyWon, deltas[index].version > latest { latest = deltas[index].version }
-                if anyWon, deltas[index].version > runLatest { runLatest = deltas[index].version }
+                if Self.merge(deltas[index], into: &model, context: &context, outcome: &winners),
+                    deltas[index].version > runLatest
+                {
+                    runLatest = deltas[index].version
+                }
                 won.append(winners.writes(of: deltas[index].properties))
             }
         }
-        merge(into: &channels[first.channel, default: [:]][first.model, default: [:]])
-        self.digestSum = digestSum
-        if runLatest > .zero { noteLatest(runLatest, in: first.channel) }
-        latestVersion = latest
+        finish(context, newest: runLatest)
         return won
     }
 
-    /// Told about each property of a delta that won, in the delta's order.
+    /// Told about each write of a delta that won, in the delta's order, with the register it
+    /// replaced; and about each property a model's deletion deleted.
     private protocol MergeOutcome {
         mutating func won(_ index: Int, of properties: [PropertyWrite], replacing old: Register?)
+        mutating func deleted(_ property: String, old: Value, by version: Version)
     }
 
     private struct ChangeCollector: MergeOutcome {
@@ -106,10 +212,30 @@ public struct ReplicaStore: Sendable {
         }
 
         mutating func won(_ index: Int, of properties: [PropertyWrite], replacing old: Register?) {
-            changes.append(
-                PropertyChange(
-                    channel: channel, model: model, property: properties[index].name, old: old?.value,
-                    new: properties[index].value, version: version))
+            let write = properties[index]
+            let old = old?.liveValue
+            if write.isDeletion {
+                // Deleting what has no value changes nothing anyone can see.
+                guard let old, !write.isModelDeletion else { return }
+                changes.append(
+                    PropertyChange(
+                        channel: channel, model: model, property: write.name, old: old, new: .null, version: version,
+                        kind: .deleted))
+            } else {
+                changes.append(
+                    PropertyChange(
+                        channel: channel, model: model, property: write.name, old: old, new: write.value,
+                        version: version,
+                        expiresAt: write.timeToLive == 0 ? nil : version.milliseconds &+ write.timeToLive))
+            }
+        }
+
+        mutating func deleted(_ property: String, old: Value, by version: Version) {
+            var change = PropertyChange(
+                channel: channel, model: model, property: property, old: old, new: .null, version: version,
+                kind: .deleted)
+            change.byModelDeletion = true
+            changes.append(change)
         }
     }
 
@@ -127,31 +253,163 @@ public struct ReplicaStore: Sendable {
             }
         }
 
+        mutating func deleted(_ property: String, old: Value, by version: Version) {}
+
         func writes(of properties: [PropertyWrite]) -> [PropertyWrite] {
             if let subset { return subset }
             return leading == properties.count ? properties : Array(properties[..<leading])
         }
     }
 
-    /// The merge itself: one look-up of the model's registers per delta and one per property,
-    /// in place; the digest sum kept up to date.
+    /// What a merge into one model updates besides the model: the digest sum (the hash of every
+    /// register of the model starts with the same bytes), the channel's count of live models, the
+    /// expiries.
+    private struct MergeContext {
+        let channel: String
+        let model: String
+        let prefix: StreamingFNV
+        var digestSum: UInt64
+        var liveModelDelta = 0
+        var expiries: [ExpiryQueue.Entry] = []
+        let wrongTieBreak: Bool
+        let ignoreDeletions: Bool
+
+        init(channel: String, model: String, store: ReplicaStore) {
+            self.channel = channel
+            self.model = model
+            var prefix = StreamingFNV()
+            prefix.registerAddress(channel: channel, model: model)
+            self.prefix = prefix
+            self.digestSum = store.digestSum
+            self.wrongTieBreak = store.plantedWrongTieBreak
+            self.ignoreDeletions = store.plantedIgnoreDeletions
+        }
+
+        /// A register of the model went from `old` to `new`: the digest counts registers with a
+        /// value, and a new expiring value waits for its expiry.
+        @inline(__always)
+        mutating func account(_ property: String, old: Register?, new: Register?) {
+            if let old, !old.isDeleted {
+                digestSum &-= ReplicaStore.registerHash(prefix: prefix, property: property, register: old)
+            }
+            if let new, !new.isDeleted {
+                digestSum &+= ReplicaStore.registerHash(prefix: prefix, property: property, register: new)
+                if let expiresAt = new.expiresAt {
+                    expiries.append(
+                        ExpiryQueue.Entry(
+                            expiresAt: expiresAt, channel: channel, model: model, property: property,
+                            version: new.version))
+                }
+            }
+        }
+
+        /// The model's count of live properties went from `before` to `after`: whether it has a
+        /// value may have changed, and with it the channel's count of live models.
+        @inline(__always)
+        mutating func noteLiveness(before: Int, after: Int) {
+            if before == 0, after > 0 {
+                liveModelDelta += 1
+            } else if before > 0, after == 0 {
+                liveModelDelta -= 1
+            }
+        }
+    }
+
+    /// Runs `body` on the model at `address` in place, creating it when absent, and drops it again
+    /// when it ends up holding nothing.
+    private mutating func modify(_ address: ModelAddress, _ body: (inout Model) -> Void) {
+        body(&channels[address.channel, default: [:]][address.model, default: Model()])
+        guard let model = channels[address.channel]?[address.model], model.registers.isEmpty, model.deletion == nil
+        else { return }
+        channels[address.channel]?[address.model] = nil
+        if channels[address.channel]?.isEmpty == true { channels[address.channel] = nil }
+    }
+
+    /// Writes back what a merge into one model changed besides the model.
+    private mutating func finish(_ context: MergeContext, newest: Version) {
+        digestSum = context.digestSum
+        for entry in context.expiries { expiries.push(entry) }
+        if context.liveModelDelta != 0 {
+            let count = liveModels[context.channel, default: 0] + context.liveModelDelta
+            liveModels[context.channel] = count > 0 ? count : nil
+        }
+        if newest > .zero {
+            noteLatest(newest, in: context.channel)
+            if newest > latestVersion { latestVersion = newest }
+        }
+    }
+
+    /// The merge of one delta: a model's deletion, or its writes one by one.
     private mutating func mergeWrites<Outcome: MergeOutcome>(of delta: Delta, into outcome: inout Outcome) {
         guard !delta.properties.isEmpty else { return }  // never create an empty model entry
-        // The digest hash of every register of this model starts with the same bytes.
-        var prefix = StreamingFNV()
-        prefix.registerAddress(channel: delta.channel, model: delta.model)
-        var digestSum = self.digestSum
-        // (A delta has at least one property and a model not held yet takes them all: the
-        // default empty entry never stays empty.)
-        let anyWon = Self.mergeWrites(
-            delta.properties, version: delta.version,
-            into: &channels[delta.channel, default: [:]][delta.model, default: [:]], prefix: prefix,
-            digestSum: &digestSum, wrongTieBreak: plantedWrongTieBreak, outcome: &outcome)
-        self.digestSum = digestSum
-        if anyWon {
-            noteLatest(delta.version, in: delta.channel)
-            if delta.version > latestVersion { latestVersion = delta.version }
+        var context = MergeContext(channel: delta.channel, model: delta.model, store: self)
+        var anyWon = false
+        modify(delta.address) { model in
+            anyWon = Self.merge(delta, into: &model, context: &context, outcome: &outcome)
         }
+        finish(context, newest: anyWon ? delta.version : .zero)
+    }
+
+    /// Merges `delta` into `model`; returns whether any part of it won.
+    private static func merge<Outcome: MergeOutcome>(
+        _ delta: Delta, into model: inout Model, context: inout MergeContext, outcome: inout Outcome
+    ) -> Bool {
+        let liveBefore = model.live
+        defer { context.noteLiveness(before: liveBefore, after: model.live) }
+        if context.ignoreDeletions, delta.properties.contains(where: \.isDeletion) { return false }
+        if delta.deletesModel {
+            guard deleteModel(at: delta.version, in: &model, context: &context, outcome: &outcome) else {
+                return false
+            }
+            outcome.won(0, of: delta.properties, replacing: nil)
+            return true
+        }
+        var anyWon = false
+        let version = delta.version
+        let properties = delta.properties
+        for index in properties.indices {
+            let name = properties[index].name
+            if let deletion = model.deletion, !wins(version, over: deletion, wrongTieBreak: context.wrongTieBreak) {
+                continue
+            }
+            let register = Register(properties[index], version: version)
+            let current: Register?
+            if let slot = model.registers.index(forKey: name) {
+                current = model.registers.values[slot]
+                if !wins(version, over: current!.version, wrongTieBreak: context.wrongTieBreak) { continue }
+                model.registers.values[slot] = register
+            } else {
+                current = nil
+                model.registers[name] = register
+            }
+            context.account(name, old: current, new: register)
+            model.live += (register.isDeleted ? 0 : 1) - (current.map { $0.isDeleted ? 0 : 1 } ?? 0)
+            anyWon = true
+            outcome.won(index, of: properties, replacing: current)
+        }
+        return anyWon
+    }
+
+    /// The deletion of a whole model at `version`: every register below it goes (its value, if
+    /// any, is reported deleted). Returns whether the deletion is newer than the model's last.
+    private static func deleteModel<Outcome: MergeOutcome>(
+        at version: Version, in model: inout Model, context: inout MergeContext, outcome: inout Outcome
+    ) -> Bool {
+        if let deletion = model.deletion, !wins(version, over: deletion, wrongTieBreak: context.wrongTieBreak) {
+            return false
+        }
+        model.deletion = version
+        for name in model.registers.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
+            let register = model.registers[name]!
+            guard register.version < version else { continue }
+            model.registers[name] = nil
+            context.account(name, old: register, new: nil)
+            if let old = register.liveValue {
+                model.live -= 1
+                outcome.deleted(name, old: old, by: version)
+            }
+        }
+        return true
     }
 
     private mutating func noteLatest(_ version: Version, in channel: String) {
@@ -159,67 +417,144 @@ public struct ReplicaStore: Sendable {
         channelLatest[channel] = version
     }
 
-    private static func mergeWrites<Outcome: MergeOutcome>(
-        _ properties: [PropertyWrite], version: Version, into registers: inout [String: Register],
-        prefix: StreamingFNV, digestSum: inout UInt64, wrongTieBreak: Bool, outcome: inout Outcome
-    ) -> Bool {
-        var anyWon = false
-        for index in properties.indices {
-            let name = properties[index].name
-            let register = Register(value: properties[index].value, version: version)
-            let current: Register?
-            if let slot = registers.index(forKey: name) {
-                current = registers.values[slot]
-                if !Self.wins(version, over: current!.version, wrongTieBreak: wrongTieBreak) { continue }
-                registers.values[slot] = register
-            } else {
-                current = nil
-                registers[name] = register
+    /// Merges one record of a peer's snapshot (a register; with the empty name, the model's
+    /// deletion) by last-writer-wins. Returns `nil` when the record lost (or was held already),
+    /// else the changes it made that anyone can see (none for a deletion of what had no value).
+    @discardableResult
+    public mutating func merge(_ address: ModelAddress, property: String, register: Register) -> [PropertyChange]? {
+        if property.isEmpty {
+            guard register.isDeleted else { return nil }
+            var changes = ChangeCollector(
+                delta: Delta(
+                    channel: address.channel, model: address.model, version: register.version, sequence: 0,
+                    properties: [.modelDeletion]))
+            var context = MergeContext(channel: address.channel, model: address.model, store: self)
+            var won = false
+            modify(address) { model in
+                let liveBefore = model.live
+                won = Self.deleteModel(at: register.version, in: &model, context: &context, outcome: &changes)
+                context.noteLiveness(before: liveBefore, after: model.live)
             }
-            if let current { digestSum &-= registerHash(prefix: prefix, property: name, register: current) }
-            digestSum &+= registerHash(prefix: prefix, property: name, register: register)
-            anyWon = true
-            outcome.won(index, of: properties, replacing: current)
+            finish(context, newest: won ? register.version : .zero)
+            return won ? changes.changes : nil
         }
-        return anyWon
+        var changes: [PropertyChange] = []
+        var context = MergeContext(channel: address.channel, model: address.model, store: self)
+        var won = false
+        modify(address) { model in
+            let liveBefore = model.live
+            defer { context.noteLiveness(before: liveBefore, after: model.live) }
+            if let floor = model.floor(of: property),
+                !Self.wins(register.version, over: floor, wrongTieBreak: context.wrongTieBreak)
+            {
+                return
+            }
+            let current = model.registers.updateValue(register, forKey: property)
+            context.account(property, old: current, new: register)
+            model.live += (register.isDeleted ? 0 : 1) - (current.map { $0.isDeleted ? 0 : 1 } ?? 0)
+            won = true
+            let old = current?.liveValue
+            if let value = register.liveValue {
+                changes.append(
+                    PropertyChange(
+                        channel: address.channel, model: address.model, property: property, old: old, new: value,
+                        version: register.version, expiresAt: register.expiresAt))
+            } else if let old {
+                let expired = register.timeToLive > 0
+                var change = PropertyChange(
+                    channel: address.channel, model: address.model, property: property, old: old, new: .null,
+                    version: expired ? register.expiryVersion! : register.version,
+                    kind: expired ? .expired : .deleted)
+                if expired { change.writtenVersion = register.version }
+                changes.append(change)
+            }
+        }
+        finish(context, newest: won ? register.version : .zero)
+        return won ? changes : nil
     }
 
-    /// Merges one register (from a peer's snapshot) by last-writer-wins. Returns the change it
-    /// made, if it won.
-    public mutating func merge(_ address: ModelAddress, property: String, register: Register) -> PropertyChange? {
-        let current = channels[address.channel]?[address.model]?[property]
-        if let current, !Self.wins(register.version, over: current.version, wrongTieBreak: plantedWrongTieBreak) {
-            return nil
-        }
-        channels[address.channel, default: [:]][address.model, default: [:]][property] = register
-        account(address.channel, address.model, property, old: current, new: register)
-        noteLatest(register.version, in: address.channel)
-        if register.version > latestVersion { latestVersion = register.version }
-        return PropertyChange(
-            channel: address.channel, model: address.model, property: property, old: current?.value,
-            new: register.value,
-            version: register.version)
+    // MARK: - Expiry
+
+    /// Deletes every value whose time to live ran out by `now` (milliseconds since 1970), in
+    /// order of expiry, and returns the changes: kind ``PropertyChange/Kind/expired``, at each
+    /// value's ``Register/expiryVersion``. The store's clock of expiry only moves forwards.
+    public mutating func expire(through now: UInt64) -> [PropertyChange] {
+        expireDue(through: now).map(\.change)
     }
 
-    /// The properties of one model (empty when unknown).
+    /// ``expire(through:)``, with the version each expired value was written at.
+    mutating func expireDue(through now: UInt64) -> [(change: PropertyChange, written: Version)] {
+        if now > expiredThrough { expiredThrough = now }
+        var changes: [(change: PropertyChange, written: Version)] = []
+        while let entry = expiries.popDue(through: expiredThrough) {
+            let address = ModelAddress(channel: entry.channel, model: entry.model)
+            var context = MergeContext(channel: entry.channel, model: entry.model, store: self)
+            modify(address) { model in
+                guard let register = model.registers[entry.property], register.version == entry.version,
+                    !register.isDeleted
+                else { return }
+                let liveBefore = model.live
+                model.registers[entry.property] = register.expired
+                model.live -= 1
+                context.account(entry.property, old: register, new: nil)
+                context.noteLiveness(before: liveBefore, after: model.live)
+                var change = PropertyChange(
+                    channel: entry.channel, model: entry.model, property: entry.property, old: register.value,
+                    new: .null, version: register.expiryVersion!, kind: .expired)
+                change.writtenVersion = register.version
+                changes.append((change, register.version))
+            }
+            finish(context, newest: .zero)
+        }
+        return changes
+    }
+
+    /// When the next value expires (milliseconds since 1970), if one is waiting.
+    public var nextExpiry: UInt64? { expiries.earliest }
+
+    // MARK: - Reading
+
+    /// The properties of one model that have a value (empty when unknown or deleted).
     public func properties(of address: ModelAddress) -> [String: Register] {
-        channels[address.channel]?[address.model] ?? [:]
+        guard let model = channels[address.channel]?[address.model] else { return [:] }
+        if model.live == model.registers.count { return model.registers }
+        return model.registers.filter { !$0.value.isDeleted }
     }
 
-    /// The ids of the models of `channel`.
+    /// Every record of one model as replicas exchange them: its registers, deletions included,
+    /// and — under the empty name, as a deletion — the model's own deletion.
+    public func records(of address: ModelAddress) -> [String: Register] {
+        guard let model = channels[address.channel]?[address.model] else { return [:] }
+        return Self.records(of: model)
+    }
+
+    private static func records(of model: Model) -> [String: Register] {
+        guard let deletion = model.deletion else { return model.registers }
+        var records = model.registers
+        records[""] = .tombstone(deletion)
+        return records
+    }
+
+    /// Whether the model has at least one property with a value.
+    public func isLive(_ address: ModelAddress) -> Bool {
+        (channels[address.channel]?[address.model]?.live ?? 0) > 0
+    }
+
+    /// The ids of the models of `channel` that hold any record (deleted ones too, until their
+    /// records are collected).
     public func models(in channel: String) -> [String] {
         channels[channel].map { Array($0.keys) } ?? []
     }
 
-    /// The channels that hold at least one model, with their model counts.
+    /// The channels that hold at least one model with a value, with the number of such models.
     public var channelModelCounts: [String: Int] {
-        channels.mapValues(\.count)
+        liveModels
     }
 
     /// The models of `channel` (the channels, when `channel` is empty and `readable` allows
-    /// them) whose names start with `prefix` and sort after `after`: the first `limit` in name
-    /// order, and whether more follow. One pass over the channel's models, keeping the `limit`
-    /// smallest names (the entries are built for those alone).
+    /// them) that have a value, whose names start with `prefix` and sort after `after`: the first
+    /// `limit` in name order, and whether more follow. One pass over the channel's models,
+    /// keeping the `limit` smallest names (the entries are built for those alone).
     public func list(
         channel: String, prefix: String, after: String, limit: Int, readable: (String) -> Bool = { _ in true }
     ) -> (entries: [ClientProtocol.ListEntry], more: Bool) {
@@ -244,32 +579,35 @@ public struct ReplicaStore: Sendable {
             best.insert(name, at: low)
         }
         if channel.isEmpty {
-            for name in channels.keys where readable(name) { consider(name) }
+            for (name, count) in liveModels where count > 0 && readable(name) { consider(name) }
             return (
-                best.map { .init(name: $0, count: channels[$0]?.count ?? 0, latest: channelLatest[$0] ?? .zero) }, more
+                best.map { .init(name: $0, count: liveModels[$0] ?? 0, latest: channelLatest[$0] ?? .zero) }, more
             )
         }
         guard let models = channels[channel] else { return ([], false) }
-        for name in models.keys { consider(name) }
+        for (name, model) in models where model.live > 0 { consider(name) }
         return (
             best.map { name in
-                let registers = models[name] ?? [:]
-                return .init(
-                    name: name, count: registers.count, latest: registers.values.map(\.version).max() ?? .zero)
+                // What GET shows: the properties with a value, and the newest of their versions.
+                let model = models[name]!
+                let newest = model.registers.values.lazy.filter { !$0.isDeleted }.map(\.version).max() ?? .zero
+                return .init(name: name, count: model.live, latest: newest)
             }, more
         )
     }
 
-    /// Every model's state, for snapshots.
+    /// Every model's records (``records(of:)``), for snapshots.
     public var allModels: [(ModelAddress, [String: Register])] {
         channels.flatMap { channel, models in
-            models.map { (ModelAddress(channel: channel, model: $0.key), $0.value) }
+            models.map { (ModelAddress(channel: channel, model: $0.key), Self.records(of: $0.value)) }
         }
     }
 
-    /// A digest of the whole state, equal on replicas that hold equal state: the sum (mod 2^64)
-    /// of every register's hash (FNV-1a 64 over channel, model, property, value, version), kept
-    /// up to date on every change, so reading it costs nothing (docs/PROTOCOL.md, "Digest").
+    /// A digest of the state that has a value, equal on replicas that hold equal state: the sum
+    /// (mod 2^64) of the hash of every register with a value (FNV-1a 64 over channel, model,
+    /// property, value, version), kept up to date on every change, so reading it costs nothing
+    /// (docs/PROTOCOL.md, "Digest"). Deletions do not count: a replica that collected a tombstone
+    /// and one that still holds it have the same digest.
     public var digest: UInt64 { digestSum }
 
     /// A register's canonical bytes: channel, model, property, value, version (wire encodings).
@@ -302,14 +640,6 @@ public struct ReplicaStore: Sendable {
         fnv.registerFields(property: property, register: register)
         return fnv.hash
     }
-
-    private mutating func account(_ channel: String, _ model: String, _ property: String, old: Register?, new: Register)
-    {
-        if let old {
-            digestSum &-= Self.registerHash(channel: channel, model: model, property: property, register: old)
-        }
-        digestSum &+= Self.registerHash(channel: channel, model: model, property: property, register: new)
-    }
 }
 
 /// FNV-1a 64 over the bytes ``WireWriter`` would write, fed as they are produced (no buffer).
@@ -338,8 +668,8 @@ public struct StreamingFNV: WireSink, Sendable {
 }
 
 extension WireSink {
-    /// A register's canonical fields: channel, model, property, value, version timestamp and node
-    /// (what digests hash).
+    /// A register's canonical fields: channel, model, property, value (as a property value:
+    /// with its time to live, or a deletion), version timestamp and node (what digests hash).
     public mutating func register(channel: String, model: String, property: String, register: ReplicaStore.Register) {
         registerAddress(channel: channel, model: model)
         registerFields(property: property, register: register)
@@ -354,7 +684,7 @@ extension WireSink {
     /// The canonical fields of a register after its address.
     mutating func registerFields(property: String, register: ReplicaStore.Register) {
         string(property)
-        value(register.value)
+        propertyValue(register)
         uint64(register.version.timestamp)
         string(register.version.node)
     }

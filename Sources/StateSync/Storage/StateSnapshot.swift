@@ -95,7 +95,7 @@ extension StateSnapshot {
         writer.varint(UInt64(registers.count))
         for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
             writer.string(name)
-            writer.value(register.value)
+            writer.propertyValue(register)
             writer.uint64(register.version.timestamp)
             writer.string(register.version.node)
         }
@@ -110,9 +110,9 @@ extension StateSnapshot {
         // A register holds at least a name, a value, a version and a writer: 11 octets.
         for _ in 0..<(try reader.count("property count", minimumItemSize: 11)) {
             let name = try reader.string("property")
-            let value = try reader.value()
+            let value = try reader.propertyValue()
             let version = Version(timestamp: try reader.uint64("version"), node: try reader.string("version node"))
-            take(address, name, ReplicaStore.Register(value: value, version: version))
+            take(address, name, ReplicaStore.Register(value, version: version))
         }
         return address
     }

@@ -16,6 +16,8 @@ public enum ClientProtocol {
         case forget = 0x07
         /// The models of a channel, or the channels, a page at a time (section 10.13).
         case list = 0x08
+        /// Deletes properties of a model, or the whole model (section 10.14).
+        case delete = 0x09
         /// Node to node: retained deltas of one origin (gap repair).
         case fetch = 0x10
         /// Node to node: the whole state (repair when history is gone; late join).
@@ -131,7 +133,7 @@ public enum ClientProtocol {
         w.varint(UInt64(properties.count))
         for p in properties {
             w.string(p.name)
-            w.value(p.value)
+            w.propertyValue(p)
         }
         return w.bytes
     }
@@ -144,9 +146,29 @@ public enum ClientProtocol {
         var writes: [PropertyWrite] = []
         for _ in 0..<n {
             let name = try r.string("property name")
-            writes.append(PropertyWrite(name: name, value: try r.value("property value")))
+            writes.append(try r.propertyWrite(named: name))
         }
         return (address, writes)
+    }
+
+    /// DELETE: `channel`, `model`, then the names of the properties to delete; none deletes the
+    /// whole model.
+    public static func encodeDelete(_ address: ModelAddress, properties: [String]) -> [UInt8] {
+        var w = WireWriter()
+        w.string(address.channel)
+        w.string(address.model)
+        w.varint(UInt64(properties.count))
+        for name in properties { w.string(name) }
+        return w.bytes
+    }
+
+    /// Decodes a DELETE body.
+    public static func decodeDelete(_ body: [UInt8]) throws(WireError) -> (ModelAddress, [String]) {
+        var r = WireReader(body)
+        let address = ModelAddress(channel: try r.string("channel"), model: try r.string("model"))
+        var names: [String] = []
+        for _ in 0..<(try r.count("property count")) { names.append(try r.string("property name")) }
+        return (address, names)
     }
 
     /// The start of the OK body of a SET: a version (the node appends a changed flag byte).
@@ -184,7 +206,7 @@ public enum ClientProtocol {
         for name in registers.keys.sorted() {
             let register = registers[name]!
             w.string(name)
-            w.value(register.value)
+            w.propertyValue(register)
             w.uint64(register.version.timestamp)
             w.string(register.version.node)
         }
@@ -198,9 +220,9 @@ public enum ClientProtocol {
         var result: [String: ReplicaStore.Register] = [:]
         for _ in 0..<n {
             let name = try r.string("property name")
-            let value = try r.value("property value")
+            let value = try r.propertyValue("property value")
             let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
-            result[name] = ReplicaStore.Register(value: value, version: version)
+            result[name] = ReplicaStore.Register(value, version: version)
         }
         return result
     }
@@ -279,15 +301,16 @@ public enum ClientProtocol {
             self.initialState = initialState
         }
 
-        /// Whether a change of `property` of `model` passes.
+        /// Whether a change of `property` of `model` passes. The deletion of a model (the empty
+        /// property name) passes whenever its model does.
         public func passes(model: String, property: String) -> Bool {
-            model.utf8.starts(with: prefix.utf8) && (properties?.contains(property) ?? true)
+            model.utf8.starts(with: prefix.utf8) && (property.isEmpty || (properties?.contains(property) ?? true))
         }
 
         /// `delta` with only the properties that pass (`nil`: none does).
         public func apply(to delta: Delta) -> Delta? {
             guard delta.model.utf8.starts(with: prefix.utf8) else { return nil }
-            guard let properties else { return delta }
+            guard let properties, !delta.deletesModel else { return delta }
             let kept = delta.properties.filter { properties.contains($0.name) }
             if kept.isEmpty { return nil }
             if kept.count == delta.properties.count { return delta }
@@ -309,8 +332,10 @@ public enum ClientProtocol {
         /// stands for.
         case snapshotEnd(records: Int, digest: UInt64, cursor: WatchCursor)
         /// The watch has everything the node has applied, up to `cursor`; `missing` is how many
-        /// deltas the node itself still lacks (0 = fully synced), `latest` its newest version.
-        case caughtUp(cursor: WatchCursor, latest: Version?, missing: Int)
+        /// deltas the node itself still lacks (0 = fully synced), `latest` its newest version,
+        /// `expiredThrough` the time (milliseconds since 1970) through which it deleted the values
+        /// whose time to live ran out (0 from a node that predates expiry).
+        case caughtUp(cursor: WatchCursor, latest: Version?, missing: Int, expiredThrough: UInt64 = 0)
 
         public static func == (lhs: WatchEventBody, rhs: WatchEventBody) -> Bool {
             ClientProtocol.encodeWatchEvent(lhs) == ClientProtocol.encodeWatchEvent(rhs)
@@ -343,7 +368,7 @@ public enum ClientProtocol {
                 w.varint(UInt64(properties.count))
                 for (name, register) in properties {
                     w.string(name)
-                    w.value(register.value)
+                    w.propertyValue(register)
                     w.uint64(register.version.timestamp)
                     w.string(register.version.node)
                 }
@@ -356,12 +381,13 @@ public enum ClientProtocol {
             w.varint(UInt64(records))
             w.uint64(digest)
             cursor.encode(into: &w)
-        case .caughtUp(let cursor, let latest, let missing):
+        case .caughtUp(let cursor, let latest, let missing, let expiredThrough):
             w.byte(0x05)
             cursor.encode(into: &w)
             w.uint64(latest?.timestamp ?? 0)
             w.string(latest?.node ?? "")
             w.varint(UInt64(missing))
+            w.uint64(expiredThrough)
         }
         return w.bytes
     }
@@ -383,9 +409,9 @@ public enum ClientProtocol {
                 var properties: [(String, ReplicaStore.Register)] = []
                 for _ in 0..<count {
                     let name = try r.string("property name")
-                    let value = try r.value("property value")
+                    let value = try r.propertyValue("property value")
                     let version = Version(timestamp: try r.uint64("version"), node: try r.string("version node"))
-                    properties.append((name, ReplicaStore.Register(value: value, version: version)))
+                    properties.append((name, ReplicaStore.Register(value, version: version)))
                 }
                 models.append((model, properties))
             }
@@ -405,9 +431,12 @@ public enum ClientProtocol {
             let timestamp = try r.uint64("latest version")
             let node = try r.string("latest version node")
             let missing = Int(clamping: try r.varint("missing"))
+            // Appended field (section 13): absent from a node that predates expiry.
+            let expiredThrough = r.isAtEnd ? 0 : try r.uint64("expired through")
             return .caughtUp(
-                cursor: cursor, latest: node.isEmpty ? nil : Version(timestamp: timestamp, node: node), missing: missing
-            )
+                cursor: cursor, latest: node.isEmpty ? nil : Version(timestamp: timestamp, node: node),
+                missing: missing,
+                expiredThrough: expiredThrough)
         default:
             throw .unsupported("watch event kind 0x\(String(kind, radix: 16))")
         }

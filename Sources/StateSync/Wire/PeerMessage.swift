@@ -6,6 +6,9 @@ public enum PeerMessage: Sendable, Equatable {
 
     /// The protocol version this implementation speaks; the first byte of every body.
     public static let protocolVersion: UInt8 = 1
+    /// The version of a DELTA body that deletes, or writes a value with a time to live
+    /// (docs/PROTOCOL.md 7.1): a node of version 1 drops it. Other deltas keep version 1.
+    public static let deletionVersion: UInt8 = 2
 
     /// The first byte of a DELTA topic.
     public static let deltaTopicPrefix: UInt8 = UInt8(ascii: "D")
@@ -98,14 +101,15 @@ public enum PeerMessage: Sendable, Equatable {
     /// The body frame of a DELTA (everything but the topic), written to `sink`: the one
     /// definition of those bytes, shared by the wire and the log.
     static func writeDeltaBody<Sink: WireSink>(_ delta: Delta, to sink: inout Sink) {
-        sink.byte(Self.protocolVersion)
+        let version2 = delta.needsVersion2
+        sink.byte(version2 ? Self.deletionVersion : Self.protocolVersion)
         sink.uint64(delta.version.timestamp)
         sink.string(delta.version.node)
         sink.varint(delta.sequence)
         sink.varint(UInt64(delta.properties.count))
         for property in delta.properties {
             sink.string(property.name)
-            sink.value(property.value)
+            if version2 { sink.propertyValue(property) } else { sink.value(property.value) }
         }
     }
 
@@ -142,8 +146,11 @@ public enum PeerMessage: Sendable, Equatable {
         for index in 1..<frames.count {
             var reader = WireReader(frames[index])
             let version = try reader.byte("protocol version")
-            guard version == protocolVersion else { throw .unsupported("protocol version \(version)") }
-            deltas.append(try decodeDeltaBody(&reader, channel: channel, model: model))
+            guard version == protocolVersion || version == deletionVersion else {
+                throw .unsupported("protocol version \(version)")
+            }
+            deltas.append(
+                try decodeDeltaBody(&reader, channel: channel, model: model, version2: version == deletionVersion))
         }
         return deltas
     }
@@ -158,7 +165,10 @@ public enum PeerMessage: Sendable, Equatable {
         let topic = frames[0]
         var body = WireReader(frames[1])
         let version = try body.byte("protocol version")
-        guard version == protocolVersion else { throw .unsupported("protocol version \(version)") }
+        // Version 2 is a DELTA body that deletes or expires; every other message is version 1.
+        guard version == protocolVersion || (version == deletionVersion && topic != heartbeatTopic) else {
+            throw .unsupported("protocol version \(version)")
+        }
         if topic == heartbeatTopic {
             let node = try body.string("node")
             guard !node.isEmpty else { throw .invalid(field: "node", reason: "empty node id") }
@@ -195,12 +205,14 @@ public enum PeerMessage: Sendable, Equatable {
             throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))")
         }
         let (channel, model) = try splitDeltaTopic(topic)
-        return .delta(try decodeDeltaBody(&body, channel: channel, model: model))
+        return .delta(try decodeDeltaBody(&body, channel: channel, model: model, version2: version == deletionVersion))
     }
 
-    /// The fields of a DELTA body after its protocol version byte.
+    /// The fields of a DELTA body after its protocol version byte. A version-2 body's values are
+    /// property values (section 4.3), and its one property may be the model's deletion (the
+    /// empty name, deleted).
     private static func decodeDeltaBody(
-        _ body: inout WireReader, channel: String, model: String
+        _ body: inout WireReader, channel: String, model: String, version2: Bool
     ) throws(WireError) -> Delta {
         let timestamp = try body.uint64("version")
         let origin = try body.string("origin")
@@ -219,7 +231,17 @@ public enum PeerMessage: Sendable, Equatable {
             guard !duplicate else {
                 throw .invalid(field: "property name", reason: "'\(name)' appears twice")
             }
-            properties.append(PropertyWrite(name: name, value: try body.value("property value")))
+            if version2 {
+                let write = try body.propertyWrite(named: name)
+                if name.isEmpty, !(write.isDeletion && count == 1) {
+                    throw .invalid(
+                        field: "property name",
+                        reason: "the empty name is the deletion of the model, the delta's only property")
+                }
+                properties.append(write)
+            } else {
+                properties.append(PropertyWrite(name: name, value: try body.value("property value")))
+            }
         }
         return Delta(
             channel: channel, model: model, version: Version(timestamp: timestamp, node: origin),

@@ -90,6 +90,35 @@ public struct WireReader {
         if remaining > 0 { throw .trailingBytes(remaining) }
     }
 
+    /// Reads a property value (section 4.3): a value, a deletion or an expiring value. A time to
+    /// live of 0 or over ``PropertyWrite/maximumTimeToLive`` is invalid.
+    public mutating func propertyValue(_ field: String = "property value") throws(WireError) -> (
+        value: Value, timeToLive: UInt64, deleted: Bool
+    ) {
+        var timeToLive: UInt64 = 0
+        if offset < bytes.count, bytes[offset] == ValueTag.expiring {
+            offset += 1
+            timeToLive = try varint(field)
+            guard timeToLive >= 1, timeToLive <= PropertyWrite.maximumTimeToLive else {
+                throw .invalid(field: field, reason: "time to live \(timeToLive) ms is outside 1…2^48−1")
+            }
+        }
+        if offset < bytes.count, bytes[offset] == ValueTag.deleted {
+            offset += 1
+            return (.null, timeToLive, true)
+        }
+        return (try value(field), timeToLive, false)
+    }
+
+    /// Reads a property value as the write of property `name`.
+    mutating func propertyWrite(named name: String, _ field: String = "property value") throws(WireError)
+        -> PropertyWrite
+    {
+        let (value, timeToLive, deleted) = try propertyValue(field)
+        if deleted { return .deletion(of: name) }
+        return PropertyWrite(name: name, value: value, timeToLive: timeToLive)
+    }
+
     /// Reads a value (section 4.2).
     public mutating func value(_ field: String = "value") throws(WireError) -> Value {
         try value(field, depth: 0)

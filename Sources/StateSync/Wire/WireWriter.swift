@@ -75,6 +75,31 @@ extension WireSink {
     }
 }
 
+extension WireSink {
+    /// A property value (docs/PROTOCOL.md 4.3): a value, a deletion (`09`), or either preceded by
+    /// a time to live (`0A`, milliseconds).
+    public mutating func propertyValue(_ write: PropertyWrite) {
+        if write.isDeletion {
+            byte(ValueTag.deleted)
+            return
+        }
+        if write.timeToLive > 0 {
+            byte(ValueTag.expiring)
+            varint(write.timeToLive)
+        }
+        value(write.value)
+    }
+
+    /// A register's property value: an expired value is its time to live and a deletion.
+    public mutating func propertyValue(_ register: ReplicaStore.Register) {
+        if register.timeToLive > 0 {
+            byte(ValueTag.expiring)
+            varint(register.timeToLive)
+        }
+        if register.isDeleted { byte(ValueTag.deleted) } else { value(register.value) }
+    }
+}
+
 /// Appends protocol primitives to a byte buffer.
 public struct WireWriter: WireSink, Sendable {
     /// What was written.
@@ -115,4 +140,8 @@ enum ValueTag {
     static let bytes: UInt8 = 0x06
     static let array: UInt8 = 0x07
     static let map: UInt8 = 0x08
+    /// Property values only (never inside an array or map): the property is deleted.
+    static let deleted: UInt8 = 0x09
+    /// Property values only: a time to live (varint milliseconds) precedes the value.
+    static let expiring: UInt8 = 0x0A
 }

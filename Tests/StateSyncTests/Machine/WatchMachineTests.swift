@@ -32,7 +32,7 @@ struct WatchMachineTests {
         let reply = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
         #expect(reply?.0.kind == .ok)
         let events = node.events(watch: 7)
-        guard case .snapshotBegin(.initial) = events.first, case .caughtUp(_, _, let missing) = events.last else {
+        guard case .snapshotBegin(.initial) = events.first, case .caughtUp(_, _, let missing, _) = events.last else {
             Issue.record("unexpected events \(events)")
             return
         }

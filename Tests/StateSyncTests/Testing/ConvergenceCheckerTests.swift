@@ -60,6 +60,71 @@ struct ConvergenceCheckerTests {
         #expect(!findings.lwwViolations.isEmpty && !findings.lostWrites.isEmpty)
     }
 
+    /// Deletions and expiries (PROTOCOL.md 8.2, 8.3): a value the newest acknowledged write
+    /// deleted, or that expired, must be gone; one deleted by an unacknowledged write may be.
+    @Test func aDeletedOrExpiredValueMustBeGoneAndAKeptOneIsFound() {
+        let v3 = Version(milliseconds: 300, counter: 0, node: "n1")
+        var deletion = ConvergenceChecker.Write(model: "m", properties: [:], node: "n1", acknowledged: v3)
+        deletion.deleted = ["p"]
+        let empty = ConvergenceChecker.NodeState(node: "n1", digest: 0, models: [:])
+        #expect(ConvergenceChecker().check(writes: Self.writes + [deletion], nodes: [empty], watches: []).passed)
+        // A node that kept the deleted value: it holds an older version than the deletion's.
+        let kept = ConvergenceChecker().check(
+            writes: Self.writes + [deletion], nodes: [Self.state("n1", "b", Self.v2)], watches: [])
+        #expect(kept.lostWrites.count == 1 && kept.lostWrites[0].contains("deletion"))
+        // The model's deletion counts for every property.
+        var modelDeletion = deletion
+        modelDeletion.deleted = []
+        modelDeletion.deletesModel = true
+        #expect(
+            !ConvergenceChecker().check(
+                writes: Self.writes + [modelDeletion], nodes: [Self.state("n1", "b", Self.v2)], watches: []
+            ).passed)
+        // A value gone with no acknowledged reason is lost; an unacknowledged deletion may be it.
+        #expect(!ConvergenceChecker().check(writes: Self.writes, nodes: [empty], watches: []).passed)
+        var unacknowledged = deletion
+        unacknowledged.acknowledged = nil
+        #expect(ConvergenceChecker().check(writes: Self.writes + [unacknowledged], nodes: [empty], watches: []).passed)
+        // An expiring write: gone once its time passed, and still there before.
+        var expiring = ConvergenceChecker.Write(model: "m", properties: ["p": "c"], node: "n1", acknowledged: v3)
+        expiring.timeToLive = 100
+        #expect(
+            ConvergenceChecker().check(
+                writes: Self.writes + [expiring], nodes: [empty], watches: [], expiredThrough: 400
+            )
+            .passed)
+        #expect(
+            !ConvergenceChecker().check(
+                writes: Self.writes + [expiring], nodes: [empty], watches: [], expiredThrough: 399
+            ).passed)
+        // A node (or watcher) that still shows an expired value is normalised, not flagged.
+        let stale = ConvergenceChecker.NodeState(
+            node: "n2", digest: 0, models: ["m": ["p": .init(value: "c", version: v3, timeToLive: 100)]])
+        #expect(
+            ConvergenceChecker().check(
+                writes: Self.writes + [expiring], nodes: [empty, stale], watches: [], expiredThrough: 400
+            ).converged)
+    }
+
+    @Test func aChainThroughADeletionHasNoOldAfterIt() {
+        let v3 = Version(milliseconds: 300, counter: 0, node: "n1")
+        func change(_ old: Value?, _ new: Value, _ version: Version, _ kind: PropertyChange.Kind = .set)
+            -> PropertyChange
+        {
+            PropertyChange(channel: "c", model: "m", property: "p", old: old, new: new, version: version, kind: kind)
+        }
+        let good = [change(nil, "a", Self.v1), change("a", .null, Self.v2, .deleted), change(nil, "b", v3)]
+        let bad = [change(nil, "a", Self.v1), change("a", .null, Self.v2, .expired), change(.null, "b", v3)]
+        let twice = [
+            change(nil, "a", Self.v1), change("a", .null, Self.v2, .deleted), change(nil, .null, v3, .deleted),
+        ]
+        let findings = ConvergenceChecker().check(
+            writes: [], nodes: [], watches: [.init(node: "n1", sessions: [good, bad, twice])])
+        #expect(findings.chainViolations.count == 2, "\(findings.chainViolations)")
+        #expect(findings.chainViolations.contains { $0.contains("session 1") && $0.contains("none (expired)") })
+        #expect(findings.chainViolations.contains { $0.contains("session 2") && $0.contains("without a value") })
+    }
+
     @Test func equalDigestsOfDifferentModelsAreStillDivergence() {
         let findings = ConvergenceChecker().check(
             writes: [], nodes: [Self.state("n1", "a", Self.v1, digest: 5), Self.state("n2", "a", Self.v1, digest: 6)],

@@ -41,8 +41,12 @@ struct PeerMessageTests {
 
     @Test func unknownProtocolVersionIsRejected() {
         var frames = PeerMessage.delta(Self.delta).encode()
-        frames[1][0] = 2
-        #expect(throws: WireError.unsupported("protocol version 2")) { try PeerMessage.decode(frames) }
+        frames[1][0] = 3
+        #expect(throws: WireError.unsupported("protocol version 3")) { try PeerMessage.decode(frames) }
+        // Version 2 is a DELTA body only (section 7.1): a HEARTBEAT of version 2 is refused.
+        var beat = PeerMessage.heartbeat(.init(node: "n2", latestSequence: 1, clock: 0, incarnation: 1)).encode()
+        beat[1][0] = 2
+        #expect(throws: WireError.unsupported("protocol version 2")) { try PeerMessage.decode(beat) }
     }
 
     @Test func everyTruncatedBodyIsAnErrorNotATrap() {

@@ -171,16 +171,21 @@ extension NodeMachine {
             case .set:
                 let (address, writes) = try ClientProtocol.decodeSet(body)
                 try authorize(identity, write: true, channel: address.channel)
-                if diskFull {
-                    counters.clientErrors += 1
-                    reply(
-                        client, .error, id,
-                        ClientProtocol.encodeError(
-                            .diskFull,
-                            "the disk of node \(configuration.nodeID) is full (\(diskFree ?? 0) bytes free, under storage.reserve_bytes \(configuration.reserveBytes)): it takes no writes until space returns"
-                        ))
-                    return
+                try refuseWhenDiskFull(client, id)
+                let (version, result) = try clientSet(address, writes)
+                var answer = ClientProtocol.encodeVersion(version)
+                answer.append(result.rawValue)
+                // Answered once durable: an acknowledged write survives a crash.
+                replyWhenDurable(client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: answer))
+            case .delete:
+                let (address, names) = try ClientProtocol.decodeDelete(body)
+                if names.contains(where: \.isEmpty) {
+                    throw StateSyncError(
+                        .invalidName, "property name is empty (to delete the whole model, name no property)")
                 }
+                try authorize(identity, write: true, channel: address.channel)
+                try refuseWhenDiskFull(client, id)
+                let writes = names.isEmpty ? [PropertyWrite.modelDeletion] : names.map(PropertyWrite.deletion(of:))
                 let (version, result) = try clientSet(address, writes)
                 var answer = ClientProtocol.encodeVersion(version)
                 answer.append(result.rawValue)
@@ -284,6 +289,8 @@ extension NodeMachine {
                 let answer: Value = ["incarnation": .string(String(incarnation, radix: 16)), "lost": .array(lost)]
                 reply(client, .ok, id, ClientProtocol.encodeValue(answer))
             }
+        } catch is DiskFull {
+            return
         } catch let error as Forbidden {
             counters.clientErrors += 1
             reply(client, .error, id, ClientProtocol.encodeError(.forbidden, error.message))
@@ -304,29 +311,51 @@ extension NodeMachine {
         }
     }
 
+    /// Thrown once a write was answered with ERROR 9.
+    struct DiskFull: Error {}
+
+    /// Answers ERROR 9 and throws ``DiskFull`` while the data directory's disk is under its
+    /// reserve: the node takes no writes until space returns.
+    private mutating func refuseWhenDiskFull(_ client: [UInt8], _ id: UInt64) throws(DiskFull) {
+        guard diskFull else { return }
+        counters.clientErrors += 1
+        reply(
+            client, .error, id,
+            ClientProtocol.encodeError(
+                .diskFull,
+                "the disk of node \(configuration.nodeID) is full (\(diskFree ?? 0) bytes free, under storage.reserve_bytes \(configuration.reserveBytes)): it takes no writes until space returns"
+            ))
+        throw DiskFull()
+    }
+
     private mutating func reply(_ client: [UInt8], _ kind: ClientProtocol.ReplyKind, _ id: UInt64, _ body: [UInt8]) {
         actions.append(.reply(client: client, frames: ClientProtocol.encodeReply(kind, id: id, body: body)))
     }
 
-    /// A client's SET: the properties whose value differs become one delta with a new version.
-    /// Returns the version to report (the write's, or when nothing changed the newest of the
-    /// named properties) and what happened.
+    /// A client's SET (or DELETE): the writes that change something become one delta with a new
+    /// version. A value equal to the one held changes nothing unless a time to live is given or
+    /// removed; a deletion changes something only when the property (or, for the model's
+    /// deletion, any property of the model) has a value. Returns the version to report (the
+    /// write's, or when nothing changed the newest of the named properties) and what happened.
     mutating func clientSet(_ address: ModelAddress, _ writes: [PropertyWrite]) throws(StateSyncError) -> (
         version: Version, result: SetResult
     ) {
         try Names.validateChannel(address.channel)
         try Names.validateModel(address.model)
         guard !writes.isEmpty else { throw StateSyncError(.invalidName, "a set needs at least one property") }
+        if writes.contains(where: \.isModelDeletion), writes.count > 1 {
+            throw StateSyncError(.invalidName, "the deletion of a model is a write of its own")
+        }
         var seen = Set<String>()
         for write in writes {
-            try Names.validateProperty(write.name)
+            try Names.validateWrite(write)
             guard seen.insert(write.name).inserted else {
                 throw StateSyncError(.invalidName, "property '\(write.name)' is given twice")
             }
         }
         let size = writes.reduce(0) { total, write in
             var w = WireWriter()
-            w.value(write.value)
+            w.propertyValue(write)
             return total + write.name.utf8.count + w.bytes.count
         }
         guard size <= Self.maximumWriteBytes else {
@@ -334,14 +363,20 @@ extension NodeMachine {
                 .invalidName, "the write is \(size) bytes; a delta may carry at most \(Self.maximumWriteBytes)")
         }
         let current = store.properties(of: address)
-        let effective = writes.filter { current[$0.name]?.value != $0.value }
+        let effective = writes.filter { write in
+            if write.isModelDeletion { return !current.isEmpty }
+            guard let held = current[write.name] else { return !write.isDeletion }
+            return write.isDeletion || held.value != write.value || held.timeToLive != 0 || write.timeToLive != 0
+        }
         guard !effective.isEmpty else {
-            return (writes.compactMap { current[$0.name]?.version }.max() ?? .zero, .unchanged)
+            let held = store.records(of: address)
+            let named = writes.compactMap { held[$0.name]?.version }
+            return ((writes[0].isModelDeletion ? held.values.map(\.version) : named).max() ?? .zero, .unchanged)
         }
         let version = clock.next()
         let applied = applyLocal([LocalWrite(address: address, version: version, writes: effective)])
         if applied.first?.won.isEmpty ?? true {
-            let held = store.properties(of: address)
+            let held = store.records(of: address)
             return (writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
         }
         return (version, .changed)

@@ -376,8 +376,8 @@ extension NodeMachine {
             latestSequence: cursor == nil ? served.latestSequence : 0, progress: cursor == nil ? served.progress : [:],
             maximumOctets: octets,
             models: served.addresses[start...].lazy.compactMap { address in
-                let registers = store.properties(of: address)
-                return registers.isEmpty ? nil : (address, registers)
+                let records = store.records(of: address)
+                return records.isEmpty ? nil : (address, records)
             })
         repair.serving[client] = page.next == nil ? nil : served
         counters.snapshotPagesServed += 1
@@ -407,26 +407,33 @@ extension NodeMachine {
                 refused += registers.count
                 continue
             }
-            let changes = registers.sorted(by: { $0.key < $1.key }).compactMap {
-                name, register -> PropertyChange? in
-                if (try? Names.validateProperty(name)) == nil {
+            var sets: [ModelRegistrar.RemoteWriteSet] = []
+            var newest: Version?
+            for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
+                // The empty name is the model's deletion, which only a deletion may carry.
+                if name.isEmpty ? !register.isDeleted : (try? Names.validateProperty(name)) == nil {
                     refused += 1
-                    return nil
+                    continue
                 }
-                return store.merge(address, property: name, register: register)
+                // A register that won but changed nothing visible (a deletion of what had no value)
+                // still moves the version a live model holds.
+                guard store.merge(address, property: name, register: register) != nil else { continue }
+                newest = max(newest ?? register.version, register.version)
+                let write: PropertyWrite
+                if name.isEmpty {
+                    write = .modelDeletion
+                } else if register.isDeleted {
+                    write = .deletion(of: name)
+                } else {
+                    write = PropertyWrite(name: name, value: register.value, timeToLive: register.timeToLive)
+                }
+                sets.append(ModelRegistrar.RemoteWriteSet(writes: [write], version: register.version))
             }
-            guard let newest = changes.map(\.version).max() else { continue }
+            guard let newest else { continue }
             clock.observe(newest)
             changed.insert(address.channel)
             if attachedModels[address] != nil {
-                deliveries.append(
-                    ModelDelivery(
-                        address: address,
-                        sets: changes.map { change in
-                            ModelRegistrar.RemoteWriteSet(
-                                writes: [PropertyWrite(name: change.property, value: change.new)],
-                                version: change.version)
-                        }))
+                deliveries.append(ModelDelivery(address: address, sets: sets))
             }
         }
         if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }

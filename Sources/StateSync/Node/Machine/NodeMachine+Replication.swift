@@ -157,7 +157,7 @@ extension NodeMachine {
                         try Names.validateModel(delta.model)
                         validated = delta.address
                     }
-                    for property in delta.properties { try Names.validateProperty(property.name) }
+                    for property in delta.properties { try Names.validateWrite(property) }
                     refused = plantedDrop(delta)
                 } catch {
                     countMalformed(

@@ -120,6 +120,15 @@ extension NodeMachine {
         watches[key] = nil
     }
 
+    /// Values of `channels` expired: their watches are due a CAUGHT-UP at the end of their next
+    /// walk, which carries the node's clock of expiry (the client deletes them then, after every
+    /// delta before it).
+    mutating func noteExpiries(in channels: Set<String>) {
+        for key in watches.order where channels.contains(watches[key]?.channel ?? "") {
+            watches[key]?.caughtUpSent = false
+        }
+    }
+
     /// Watches of `channels` get a resync snapshot: their state changed without deltas (a peer's
     /// snapshot was merged), which the journal cannot show them.
     mutating func resyncWatches(of channels: Set<String>) {
@@ -212,7 +221,7 @@ extension NodeMachine {
             watch.inFlight = .marker
             let marker = ClientProtocol.WatchEventBody.caughtUp(
                 cursor: watch.position.cursor, latest: store.latestVersion == .zero ? nil : store.latestVersion,
-                missing: missingDeltas)
+                missing: missingDeltas, expiredThrough: store.expiredThrough)
             actions.append(.sendWatchEvents(key, [event(marker)]))
         } else {
             setLagging(&watch, false)
@@ -382,8 +391,9 @@ extension NodeMachine {
             }
             index += 1
         }
+        // Deletions too: a client's replica learns of a deletion it missed from its record.
         let models = store.models(in: channel).sorted().map { model in
-            (model, store.properties(of: ModelAddress(channel: channel, model: model)).sorted { $0.key < $1.key })
+            (model, store.records(of: ModelAddress(channel: channel, model: model)).sorted { $0.key < $1.key })
         }
         return (models, position)
     }

@@ -156,6 +156,7 @@ package struct NodeMachine: Sendable {
             }
         }
         store.plantedWrongTieBreak = faults.wrongTieBreak
+        store.plantedIgnoreDeletions = faults.ignoreDeletions
         // Replay the write-ahead log: every delta applied since the snapshot, own and remote.
         var ownLatest = store.allModels.flatMap { $0.1.values.map(\.version) }.filter {
             $0.node == configuration.nodeID
@@ -289,6 +290,7 @@ package struct NodeMachine: Sendable {
             }
         }
         applyBackpressure(observerBacklog: observerBacklog)
+        expireValues()
         checkPeerLinks()
         for (kind, suppressed) in limiter.closedWindows(now: now) {
             logger.warning(
@@ -379,6 +381,11 @@ package struct NodeMachine: Sendable {
             deadline = min(deadline, durability.lastSync &+ UInt64(configuration.fsyncIntervalMilliseconds))
         }
         if watches.lagging > 0 || intakePaused { deadline = min(deadline, now &+ 5) }
+        // The next expiry, in this monotonic time (the wall clock tells how far off it is).
+        if let expiry = store.nextExpiry {
+            let wall = clock.wallMilliseconds()
+            deadline = min(deadline, expiry > wall ? now &+ (expiry - wall) : now)
+        }
         return max(deadline, now)
     }
 
@@ -474,15 +481,21 @@ package struct NodeFaults: Sendable, Equatable {
     package var skipRepair = false
     /// This node sends every watch each live delta twice.
     package var duplicateWatchEvents = false
+    /// This node never lets a deletion win (of a property or a model).
+    package var ignoreDeletions = false
+    /// This node never deletes an expired value.
+    package var neverExpire = false
 
     package init(
         dropRemoteDeltasShare: Double = 0, wrongTieBreak: Bool = false, skipRepair: Bool = false,
-        duplicateWatchEvents: Bool = false
+        duplicateWatchEvents: Bool = false, ignoreDeletions: Bool = false, neverExpire: Bool = false
     ) {
         self.dropRemoteDeltasShare = min(max(dropRemoteDeltasShare, 0), 1)
         self.wrongTieBreak = wrongTieBreak
         self.skipRepair = skipRepair
         self.duplicateWatchEvents = duplicateWatchEvents
+        self.ignoreDeletions = ignoreDeletions
+        self.neverExpire = neverExpire
     }
 
     package var isEmpty: Bool { self == NodeFaults() }
