@@ -17,7 +17,9 @@ final class ClientIO: Sendable {
 
     enum Command: Sendable {
         case request(id: UInt64, command: ClientProtocol.Command, body: [UInt8], reply: Reply)
-        case watch(id: UInt64, body: [UInt8], events: Events, replica: ChannelReplica, registered: Reply)
+        case watch(
+            id: UInt64, body: [UInt8], events: Events, replica: ChannelReplica,
+            filter: ClientProtocol.WatchFilter?, registered: Reply)
         case unwatch(id: UInt64)
     }
 
@@ -107,12 +109,16 @@ final class ClientIO: Sendable {
         }
     }
 
-    func watch(_ body: [UInt8], replica: ChannelReplica) async throws -> AsyncThrowingStream<WatchEvent, any Error> {
+    func watch(_ body: [UInt8], replica: ChannelReplica, filter: ClientProtocol.WatchFilter?) async throws
+        -> AsyncThrowingStream<WatchEvent, any Error>
+    {
         let id = nextID.add(1, ordering: .relaxed).newValue
         let (stream, events) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
         events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
         _ = try await withCheckedThrowingContinuation { (registered: Reply) in
-            if !enqueue(.watch(id: id, body: body, events: events, replica: replica, registered: registered)) {
+            if !enqueue(
+                .watch(id: id, body: body, events: events, replica: replica, filter: filter, registered: registered))
+            {
                 registered.resume(throwing: closedError)
             }
         }
@@ -169,7 +175,7 @@ final class ClientIO: Sendable {
         }
         for command in leftover {
             switch command {
-            case .request(_, _, _, let reply), .watch(_, _, _, _, let reply): reply.resume(throwing: error)
+            case .request(_, _, _, let reply), .watch(_, _, _, _, _, let reply): reply.resume(throwing: error)
             case .unwatch: break
             }
         }
@@ -189,10 +195,10 @@ final class ClientIO: Sendable {
             // Not yet connected: the DEALER queues the request; the deadline covers both.
             _ = send(kind, id: id, body: body, dealer: dealer)
             state.pending[id] = Pending(reply: reply, deadline: now + timeoutMilliseconds, command: kind)
-        case .watch(let id, let body, let events, let replica, let registered):
+        case .watch(let id, let body, let events, let replica, let filter, let registered):
             _ = send(.watch, id: id, body: body, dealer: dealer)
             state.pending[id] = Pending(reply: registered, deadline: now + timeoutMilliseconds, command: .watch)
-            state.watches[id] = WatchState(events: events, session: WatchSession(replica: replica))
+            state.watches[id] = WatchState(events: events, session: WatchSession(replica: replica, filter: filter))
             if state.lastPing == 0 { state.lastPing = now }
         case .unwatch(let id):
             if state.watches.removeValue(forKey: id) != nil {

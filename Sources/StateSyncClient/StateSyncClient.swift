@@ -133,8 +133,8 @@ public final class StateSyncClient: Sendable {
 
     /// Deletes properties of one model — or, with none named, the whole model (every property
     /// written before the deletion, on every replica) — as one versioned write that replicates
-    /// and merges by last-writer-wins like a set. The outcome is ``SetResult/Outcome/unchanged``
-    /// when nothing named had a value.
+    /// and merges by last-writer-wins like a set. A deletion is always written, also of what
+    /// this node holds no value for (an older write of it may still be on its way).
     @discardableResult
     public func delete(_ address: ModelAddress, properties: [String] = []) async throws -> SetResult {
         try setResult(try await io.request(.delete, ClientProtocol.encodeDelete(address, properties: properties)))
@@ -260,7 +260,8 @@ public final class StateSyncClient: Sendable {
         }
         let resume = replica.isEmpty ? nil : replica.cursor
         let events = try await io.watch(
-            ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag, filter: filter), replica: replica)
+            ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag, filter: filter), replica: replica,
+            filter: filter)
         guard let filter else { return (events, replica) }
         let (filtered, continuation) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
         let forward = Task {

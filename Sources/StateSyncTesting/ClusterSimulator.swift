@@ -60,6 +60,8 @@ public struct SimulationOptions: Sendable {
         case ignoreDeletions = "ignore-deletions"
         /// The node never deletes an expired value.
         case neverExpire = "never-expire"
+        /// The node collects deletions at its own floor, without waiting for the others.
+        case collectEarly = "collect-early"
     }
 
     /// How many nodes (2–256).
@@ -147,6 +149,11 @@ public struct SimulationReport: Sendable {
     public var peerMessages = 0
     /// Their frames' octets.
     public var peerBytes = 0
+    /// Values that expired, deletions collected, and deletions still held at the end, over all
+    /// nodes (PROTOCOL.md 8.3, 8.4).
+    public var valuesExpired = 0
+    public var tombstonesCollected = 0
+    public var tombstonesHeld = 0
     /// Writes and each node's lag over simulated time (with ``SimulationOptions/recordTimeline``).
     public var timeline: RunTimeline?
 
@@ -173,6 +180,8 @@ public struct SimulationReport: Sendable {
             "peer_messages": .int(Int64(peerMessages)),
             "peer_messages_per_node_per_s": .double(peerMessagesPerNodePerSecond),
             "peer_bytes": .int(Int64(peerBytes)),
+            "values_expired": .int(Int64(valuesExpired)), "tombstones_collected": .int(Int64(tombstonesCollected)),
+            "tombstones_held": .int(Int64(tombstonesHeld)),
             "parameters": .map(parameters.mapValues(Value.string)),
             "faults": .array(
                 faults.map { fault in
@@ -215,6 +224,9 @@ public struct SimulationReport: Sendable {
             "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied, \(peerMessages) peer messages (\(peerMessagesPerNodePerSecond) per node per simulated second)"
         )
         lines.append("drawn: " + parameters.keys.sorted().map { "\($0)=\(parameters[$0]!)" }.joined(separator: " "))
+        lines.append(
+            "deletions: \(valuesExpired) values expired, \(tombstonesCollected) deletions collected, \(tombstonesHeld) still held at the end (all nodes)"
+        )
         if let plantedBug = options.plantedBug, let culprit {
             lines.append("planted bug: \(plantedBug.rawValue) in \(culprit)")
         }
@@ -287,6 +299,9 @@ public enum ClusterSimulator {
         configuration.clientHighWaterMark = draw("client_hwm", [64, 1000, 10_000])
         configuration.batchMaximumDeltas = draw("batch", [1, 8, 256])
         configuration.snapshotPageOctets = draw("snapshot_page", [1024, 4096, 4 << 20])
+        // Above what the faults can keep a writer unknown to the cluster (a node that joins cut
+        // off from its seed): the grace covers such writers (PROTOCOL.md 8.4).
+        configuration.tombstoneGraceMilliseconds = draw("tombstone_grace_ms", [10_000, 20_000])
         configuration.fsync = draw("fsync", [NodeConfiguration.FsyncPolicy.always, .always, .interval])
         configuration.fsyncIntervalMilliseconds = draw("fsync_interval_ms", [5, 20, 50])
         let baseDelay = UInt64(draw("delay_ms", [1, 2, 5]))
@@ -318,6 +333,7 @@ public enum ClusterSimulator {
             case .duplicateWatchEvents: configuration.faults[culprit] = NodeFaults(duplicateWatchEvents: true)
             case .ignoreDeletions: configuration.faults[culprit] = NodeFaults(ignoreDeletions: true)
             case .neverExpire: configuration.faults[culprit] = NodeFaults(neverExpire: true)
+            case .collectEarly: configuration.faults[culprit] = NodeFaults(collectEarly: true)
             }
         }
         if let logger = options.logger { configuration.logger = logger }
@@ -485,6 +501,12 @@ public enum ClusterSimulator {
                 }, notifications: watchers.reduce(0) { $0 + $1.changes.count }, cpuSeconds: cpu,
             culprit: culprit.map { cluster.nodes[$0].id }, peerMessages: cluster.peerMessagesDelivered,
             peerBytes: cluster.peerBytesDelivered)
+        for node in cluster.nodes {
+            guard let status = node.host?.status else { continue }
+            report.valuesExpired += status.counters["values_expired"] ?? 0
+            report.tombstonesCollected += status.counters["tombstones_collected"] ?? 0
+            report.tombstonesHeld += status.tombstones
+        }
         sample(cluster, force: true)  // the last acknowledgements, whatever the sampling gate
         report.timeline = recorder?.timeline(
             healed: Int(healed), converged: convergedAt.map(Int.init), end: Int(cluster.now))

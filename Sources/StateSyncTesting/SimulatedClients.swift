@@ -139,7 +139,7 @@ final class SimulatedWatcher {
         self.nodeIndex = node
         self.channel = channel
         self.filter = filter
-        self.session = WatchSession(replica: ChannelReplica(channel: channel))
+        self.session = WatchSession(replica: ChannelReplica(channel: channel), filter: filter)
         client = SimulatedCluster.Client(name: name, capacity: capacity)
         client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
         client.onConnectionLost = { [unowned self] cluster in self.connectionLost(in: cluster) }

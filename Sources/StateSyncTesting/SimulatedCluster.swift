@@ -26,6 +26,8 @@ package final class SimulatedCluster {
         package var batchMaximumDeltas = 256
         /// The pages snapshots are streamed in (small ones make every snapshot a stream).
         package var snapshotPageOctets = 4 << 20
+        /// How old a stable deletion must be before it is collected (simulated milliseconds).
+        package var tombstoneGraceMilliseconds = 5000
         package var fsync: NodeConfiguration.FsyncPolicy = .always
         package var fsyncIntervalMilliseconds = 20
         /// The conditions of every peer link (until changed).
@@ -191,6 +193,7 @@ package final class SimulatedCluster {
             node.clientHighWaterMark = configuration.clientHighWaterMark
             node.batchMaximumDeltas = configuration.batchMaximumDeltas
             node.snapshotPageOctets = configuration.snapshotPageOctets
+            node.tombstoneGraceMilliseconds = configuration.tombstoneGraceMilliseconds
             // Links are authenticated as with CURVE keys: each peer's live stream is bound to its
             // node id (PROTOCOL.md 14). The machine reads no key; the simulated network is the
             // authentication, and only the forge fault sends in another node's name.
@@ -335,6 +338,9 @@ package final class SimulatedCluster {
             .clientAccessChanged(["client:sim": .init(key: "sim")], peers: Set(nodes.map(\.id)).subtracting([node.id])),
             at: node)
         touched[node.index] = true
+        // Its first tick (heartbeat, repair round) comes at once, whatever else happens.
+        node.tickAt = now
+        timers.schedule(.tick(node: node.index, generation: node.generation), at: now)
     }
 
     /// Feeds `input` to `node` (if it is up) and marks it for a tick at the end of the instant.

@@ -12,6 +12,7 @@ import Synchronization
 public final class SimulatedDisk: NodeStorage {
     private struct State {
         var snapshot: [UInt8]?
+        var members: [UInt8]?
         var durableLog: [UInt8] = DeltaLog.magic
         var pendingLog: [UInt8] = []
         var syncs = 0
@@ -25,9 +26,9 @@ public final class SimulatedDisk: NodeStorage {
     public init() {}
 
     package func recover(onCorruptSnapshot: (String) -> Void) throws(StateSyncError) -> NodeMachine.Recovery {
-        let (snapshotBytes, log) = state.withLock { state in
+        let (snapshotBytes, log, membersBytes) = state.withLock { state in
             state.pendingLog = []
-            return (state.snapshot, state.durableLog)
+            return (state.snapshot, state.durableLog, state.members)
         }
         var snapshot: StateSnapshot?
         if let snapshotBytes {
@@ -40,9 +41,15 @@ public final class SimulatedDisk: NodeStorage {
         let parsed = try DeltaLog.parse(log, path: "simulated log")
         let intact = log.count - parsed.cutBytes
         state.withLock { $0.durableLog = Array(log.prefix(intact)) }
-        return NodeMachine.Recovery(
+        var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: parsed.deltas, cutBytes: parsed.cutBytes, cutReason: parsed.cutReason,
             logSize: intact)
+        recovery.members = (membersBytes.flatMap { try? Membership.decodeFile($0) }) ?? []
+        return recovery
+    }
+
+    package func saveMembers(_ bytes: [UInt8]) throws(StateSyncError) {
+        state.withLock { $0.members = bytes }
     }
 
     package func append(_ records: [UInt8]) throws(StateSyncError) {

@@ -78,6 +78,13 @@ public final class ChannelReplica: Sendable {
         _ = apply(model: model, property: "", register: .tombstone(version))
     }
 
+    /// Drops every record (a deletion of a model included) whose version's timestamp is at or
+    /// below `horizon` and that `keeping` does not keep; returns the changes (kind deleted) for
+    /// those that had a value.
+    package func drop(through horizon: UInt64, keeping: (ReplicaStore.RecordKey) -> Bool) -> [PropertyChange] {
+        state.withLock { $0.store.drop(channel: channel, through: horizon, keeping: keeping) }
+    }
+
     /// Deletes the values that expired by `time` (the node's clock of expiry); returns the changes.
     package func expire(through time: UInt64) -> [PropertyChange] {
         state.withLock { $0.store.expire(through: time) }
@@ -130,11 +137,17 @@ public enum WatchEvent: Sendable {
 /// `StateSyncClient` and the cluster simulator's watchers.
 package struct WatchSession: Sendable {
     package let replica: ChannelReplica
+    /// What the watch asked for: a record it holds that the filter excludes is not the node's to
+    /// drop.
+    package let filter: ClientProtocol.WatchFilter?
     private var snapshotReason: ClientProtocol.SnapshotReason?
     private var digest = RegisterDigest()
+    /// The records (model, property) of the snapshot being received.
+    private var received: Set<ReplicaStore.RecordKey> = []
 
-    package init(replica: ChannelReplica) {
+    package init(replica: ChannelReplica, filter: ClientProtocol.WatchFilter? = nil) {
         self.replica = replica
+        self.filter = filter
     }
 
     /// Applies one event; returns what it means, in order. Throws when the watch must end (a
@@ -151,6 +164,7 @@ package struct WatchSession: Sendable {
         case .snapshotBegin(let reason):
             snapshotReason = reason
             digest = RegisterDigest()
+            received = []
             switch reason {
             case .initial: return []
             case .lagged: return [.resyncStarted(.lagged)]
@@ -163,25 +177,41 @@ package struct WatchSession: Sendable {
             for (model, properties) in models {
                 for (name, register) in properties {
                     digest.add(channel: replica.channel, model: model, property: name, register: register)
+                    received.insert(ReplicaStore.RecordKey(model: model, property: name))
                     for change in replica.apply(model: model, property: name, register: register) {
                         events.append(.change(change, kind: kind, cursor: cursor))
                     }
                 }
             }
             return events
-        case .snapshotEnd(let records, let expected, let cursor):
+        case .snapshotEnd(let records, let expected, let cursor, let collectedThrough):
             guard digest.count == records, digest.value == expected else {
                 throw StateSyncError(
                     .protocolError,
                     "the snapshot from \(endpoint) is incomplete: \(digest.count) of \(records) records, digest mismatch; watch again"
                 )
             }
+            // What the replica holds at or below the node's horizon of collection that the
+            // snapshot lacks was deleted there, and the deletion collected: it goes here too.
+            let kind: WatchEvent.Kind = snapshotReason == .initial ? .initial : .resync
+            var events: [WatchEvent] = []
+            if collectedThrough > 0 {
+                let filter = self.filter
+                let dropped = replica.drop(
+                    through: collectedThrough,
+                    keeping: { key in
+                        received.contains(key) || !(filter?.passes(model: key.model, property: key.property) ?? true)
+                    })
+                events = dropped.map { .change($0, kind: kind, cursor: replica.cursor) }
+            }
+            received = []
             replica.advance(to: cursor)
             let reason = snapshotReason
             snapshotReason = nil
-            return reason == .initial
-                ? [.initialStateComplete(records: records, cursor: replica.cursor)]
-                : [.resyncComplete(records: records, cursor: replica.cursor)]
+            return events
+                + (reason == .initial
+                    ? [.initialStateComplete(records: records, cursor: replica.cursor)]
+                    : [.resyncComplete(records: records, cursor: replica.cursor)])
         case .caughtUp(let cursor, let latest, let missing, let expiredThrough):
             replica.advance(to: cursor)
             let position = replica.cursor

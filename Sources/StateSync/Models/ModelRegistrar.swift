@@ -4,10 +4,16 @@ import Synchronization
 /// Where a model attached to a node sends its local writes.
 struct ModelBinding: Sendable {
     let address: ModelAddress
-    let clock: HybridLogicalClock
-    /// Hands a local write to the node. Called with the model's lock held, in version order; it
-    /// must only enqueue.
+    /// Stamps a version for a write from the node's clock. The node holds it as in flight until
+    /// ``emit`` hands the write over or ``discard`` says there is none: until then it never
+    /// claims, in the floor its HEARTBEATs carry, that no delta at or below it will come
+    /// (docs/PROTOCOL.md 8.4).
+    let stamp: @Sendable () -> Version
+    /// Hands a local write at a stamped version to the node. Called with the model's lock held,
+    /// in version order; it must only enqueue.
     let emit: @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void
+    /// A stamped version makes no write after all (superseded, or nothing could be encoded).
+    let discard: @Sendable (_ version: Version) -> Void
     /// Reports a property that could not be encoded for the wire.
     let reportEncodingFailure: @Sendable (_ property: String, _ error: any Error) -> Void
 }
@@ -161,10 +167,11 @@ public final class ModelRegistrar: Sendable {
             if property.same(old, newValue), state.hasValue(property.name) || state.versions[property.name] == nil {
                 return false
             }
-            let version = (state.binding?.clock ?? Self.standaloneClock).next()
+            let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             // A peer whose clock runs ahead beyond the drift bound may have written a version this
             // clock cannot pass yet: last-writer-wins says that write stands (as for a SET).
             if let held = state.floor(of: property.name), held >= version {
+                state.binding?.discard(version)
                 supersededWrites.add(1, ordering: .relaxed)
                 return false
             }
@@ -181,6 +188,7 @@ public final class ModelRegistrar: Sendable {
                     let value = try ValueEncoder().encode(newValue)
                     binding.emit(binding.address, version, [PropertyWrite(name: property.name, value: value)])
                 } catch {
+                    binding.discard(version)
                     binding.reportEncodingFailure(property.name, error)
                 }
             }
@@ -264,7 +272,7 @@ public final class ModelRegistrar: Sendable {
                 }
             }
             if touched.isEmpty { return false }  // no version for a transaction that changed nothing
-            let version = (state.binding?.clock ?? Self.standaloneClock).next()
+            let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             var writes: [PropertyWrite] = []
             var changed = false
             for (index, old, new) in touched {
@@ -292,11 +300,15 @@ public final class ModelRegistrar: Sendable {
                     }
                 }
             }
+            if let binding = state.binding {
+                if changed && !writes.isEmpty {
+                    binding.emit(binding.address, version, writes)
+                } else {
+                    binding.discard(version)
+                }
+            }
             if !changed { return false }
             noteValue(&state)
-            if let binding = state.binding, !writes.isEmpty {
-                binding.emit(binding.address, version, writes)
-            }
             return claimDelivery(&state)
         }
         if deliver { drain(model) }
@@ -530,8 +542,9 @@ public final class ModelRegistrar: Sendable {
                 indices.contains(where: { state.hasValue(schema.properties[$0].name) })
                     || only == nil && !state.isDeleted
             else { return false }
-            let version = (state.binding?.clock ?? Self.standaloneClock).next()
+            let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             if let only, let held = state.floor(of: schema.properties[only].name), held >= version {
+                state.binding?.discard(version)
                 supersededWrites.add(1, ordering: .relaxed)
                 return false
             }

@@ -25,6 +25,7 @@ extension NodeConfiguration {
         case clientHighWaterMark = "network.client_hwm"
         case batchMaximumDeltas = "network.batch_max_deltas"
         case reserveBytes = "storage.reserve_bytes"
+        case tombstoneGrace = "storage.tombstone_grace_ms"
         case secretKey = "security.secret_key"
         case peerKeys = "security.peer_keys"
         case clientKeys = "security.client_keys"
@@ -201,6 +202,10 @@ extension NodeConfiguration {
         guard hwm >= 0 else { throw reader.invalid(.highWaterMark, "\(hwm) must not be negative (0 = unbounded)") }
         let clientHWM = try reader.int(.clientHighWaterMark) ?? 10_000
         guard clientHWM >= 1 else { throw reader.invalid(.clientHighWaterMark, "\(clientHWM) must be at least 1") }
+        let grace = try reader.int(.tombstoneGrace) ?? 3_600_000
+        guard (0...2_592_000_000).contains(grace) else {
+            throw reader.invalid(.tombstoneGrace, "\(grace) is outside 0…2592000000 milliseconds (30 days)")
+        }
         let batch = try reader.int(.batchMaximumDeltas) ?? 256
         guard (1...65_536).contains(batch) else {
             throw reader.invalid(.batchMaximumDeltas, "\(batch) is outside 1…65536 deltas per message")
@@ -216,6 +221,7 @@ extension NodeConfiguration {
         configuration.batchMaximumDeltas = batch
         configuration.peerNodeIDs = peerNodeIDs
         configuration.reserveBytes = reserveBytes
+        configuration.tombstoneGraceMilliseconds = grace
         configuration.logFormat = format
         configuration.httpListen = httpListen.flatMap { $0.isEmpty ? nil : $0 }
         configuration.security = try security(reader, peers: peers, peerNodeIDs: peerNodeIDs)

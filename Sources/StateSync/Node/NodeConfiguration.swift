@@ -52,6 +52,10 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// Local writes are refused (client SETs get ERROR 9) while the data directory's file system
     /// has less free space than this; reads, watches and repairs go on.
     public var reserveBytes: Int = 64 << 20
+    /// How old (by its version, in milliseconds) a deletion must be before it may be collected,
+    /// once it is stable (docs/PROTOCOL.md 8.4): the time within which a writer the cluster does
+    /// not know yet — a new node cut off at its start, one that runs alone first — must reach it.
+    public var tombstoneGraceMilliseconds: Int = 3_600_000
     /// How many deltas per origin are kept in memory to serve peers' repairs.
     public var historyDeltas: Int
     /// The size of the pages a snapshot is streamed in when this node asks a peer for one

@@ -77,6 +77,11 @@ public struct NodeCounters: Sendable, Equatable {
     public var observerBackpressureMilliseconds = 0
     /// Values whose time to live ran out, deleted by this node.
     public var valuesExpired = 0
+    /// Deletions (tombstones, expired values, deletions of models) collected once no delta they
+    /// must beat could still arrive.
+    public var tombstonesCollected = 0
+    /// Times this node dropped its state for a peer's snapshot, having been forgotten while away.
+    public var resyncs = 0
 
     /// All counters at zero.
     public init() {}
@@ -103,6 +108,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("log_bytes_cut", logBytesCut),
             ("encoding_failures", encodingFailures), ("observer_backpressure_pauses", observerBackpressurePauses),
             ("observer_backpressure_ms", observerBackpressureMilliseconds), ("values_expired", valuesExpired),
+            ("tombstones_collected", tombstonesCollected), ("resyncs", resyncs),
         ]
     }
 }

@@ -52,6 +52,14 @@ public struct NodeStatus: Sendable, Equatable {
     public var diskFreeBytes: UInt64?
     /// Every member this node knows of, itself included (docs/PROTOCOL.md section 7.5), by id.
     public var members: [Member] = []
+    /// Deletions held (tombstones, expired values, deletions of models), not yet collected.
+    public var tombstones = 0
+    /// The timestamp (milliseconds << 16 | counter) through which deletions were collected
+    /// (docs/PROTOCOL.md 8.4); 0 before any collection.
+    public var collectedThrough: UInt64 = 0
+    /// The member (or peer endpoint never heard) holding collection back: it has no stable floor
+    /// yet, or its floor is the least. `nil` before the first HEARTBEAT.
+    public var collectionHeldBy: String?
 
     /// One member of the cluster, as this node sees it.
     public struct Member: Sendable, Equatable {
@@ -163,6 +171,10 @@ public struct NodeStatus: Sendable, Equatable {
         map["disk_free_bytes"] = diskFreeBytes.map { .int(Int64(clamping: $0)) } ?? .null
         map["api"] = apiEndpoint.map(Value.string) ?? .null
         map["members"] = .array(members.map(\.value))
+        map["tombstones"] = .int(Int64(tombstones))
+        // The text form of a version's clock part (section 6.3), without a node.
+        map["collected_through"] = .string("\(collectedThrough >> 16).\(collectedThrough & 0xFFFF)")
+        map["collection_held_by"] = collectionHeldBy.map(Value.string) ?? .null
         return .map(map)
     }
 
@@ -214,6 +226,11 @@ public struct NodeStatus: Sendable, Equatable {
         if case .bool(let full)? = map["disk_full"] { self.diskFull = full }
         self.diskFreeBytes = int(map["disk_free_bytes"]).map { UInt64(clamping: $0) }
         if case .array(let list)? = map["members"] { self.members = list.compactMap(Member.init) }
+        self.tombstones = int(map["tombstones"]) ?? 0
+        if let through = string("collected_through"), let version = Version(through + "@-") {
+            self.collectedThrough = version.timestamp  // (parsed as a version of a placeholder node)
+        }
+        self.collectionHeldBy = string("collection_held_by")
     }
 
     init(

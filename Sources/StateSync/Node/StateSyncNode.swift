@@ -45,7 +45,9 @@ public final class StateSyncNode: Sendable {
     /// Milliseconds of a monotonic clock: the driver's time.
     let monotonicNow: @Sendable () -> UInt64
     private let state: Mutex<HostState>
-    private let outbox = Mutex<[LocalWrite]>([])
+    /// The local writes of live models waiting for the driver, and the versions stamped for
+    /// writes not handed over yet (timestamp → how many): the node's floor stays below them.
+    private let outbox = Mutex<(writes: [LocalWrite], stamped: [UInt64: Int])>(([], [:]))
     /// When the data directory's free space was last measured (monotonic milliseconds).
     private let lastSpaceCheck = Atomic<UInt64>(0)
     /// How often the free space is measured.
@@ -143,10 +145,14 @@ public final class StateSyncNode: Sendable {
     /// models — feeding the outcomes back until nothing follows. The driver calls this from its
     /// one thread.
     package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
-        let written = outbox.withLock { pending -> [LocalWrite] in
-            defer { pending = [] }
-            return pending
+        // Under the outbox lock, where models stamp: every write stamped so far is in this batch,
+        // still in flight, or above the clock's last timestamp read here.
+        let (written, writeFloor) = outbox.withLock { pending -> ([LocalWrite], UInt64) in
+            defer { pending.writes = [] }
+            let inFlight = pending.stamped.keys.min().map { $0 &- 1 } ?? .max
+            return (pending.writes, min(clock.lastTimestamp, inFlight))
         }
+        state.withLock { $0.machine.hostWriteFloor = writeFloor }
         // Writers can outrun the node by far: their writes go in as rounds of bounded size; a
         // full round is logged, synced and published (its outcomes handled) before the next.
         // Arrays stay small, and peers get the first writes of a long queue while the rest is
@@ -265,6 +271,14 @@ public final class StateSyncNode: Sendable {
                 )
             }
             return .logDurable(through: position)
+        case .saveMembers(let bytes):
+            do {
+                try storage.saveMembers(bytes)
+            } catch {
+                logger.error(
+                    "cannot save the member list; after a restart it is relearned from peers, and deletions are not collected until it is",
+                    metadata: ["error": "\(error)"])
+            }
         case .compact(let snapshot):
             do {
                 try storage.compact(snapshot)
@@ -370,11 +384,23 @@ public final class StateSyncNode: Sendable {
         let address = ModelAddress(channel: channel, model: id)
         let fresh = M()
         let emitter = fresh._$registrar.instanceID
+        let clock = self.clock
         let binding = ModelBinding(
-            address: address, clock: clock,
+            address: address,
+            stamp: { [weak self] in
+                guard let self else { return clock.next() }
+                return self.outbox.withLock { pending in
+                    let version = clock.next()
+                    pending.stamped[version.timestamp, default: 0] += 1
+                    return version
+                }
+            },
             emit: { [weak self] address, version, writes in
                 self?.enqueueLocalWrite(
                     LocalWrite(address: address, version: version, writes: writes, emitter: emitter))
+            },
+            discard: { [weak self] version in
+                self?.outbox.withLock { Self.release(version, from: &$0.stamped) }
             },
             reportEncodingFailure: { [weak self] property, error in
                 self?.reportEncodingFailure(address, property, error)
@@ -397,8 +423,17 @@ public final class StateSyncNode: Sendable {
 
     /// Called by an attached model, under its lock, for every local write: queued for the driver.
     private func enqueueLocalWrite(_ write: LocalWrite) {
-        outbox.withLock { $0.append(write) }
+        outbox.withLock { pending in
+            Self.release(write.version, from: &pending.stamped)
+            pending.writes.append(write)
+        }
         driver.withLock { $0 }?.wake()
+    }
+
+    /// A stamped version is no longer in flight.
+    private static func release(_ version: Version, from stamped: inout [UInt64: Int]) {
+        guard let count = stamped[version.timestamp] else { return }
+        stamped[version.timestamp] = count > 1 ? count - 1 : nil
     }
 
     private func reportEncodingFailure(_ address: ModelAddress, _ property: String, _ error: any Error) {

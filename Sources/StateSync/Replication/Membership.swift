@@ -50,8 +50,13 @@ package struct Membership: Sendable, Equatable {
     package static let maximumMembers = 1024
 
     package private(set) var members: [String: Member] = [:]
+    /// How many times the list changed: what the node saved is compared against it.
+    package private(set) var revision = 0
 
     package init() {}
+
+    /// Two lists are equal when they hold the same entries (however they got them).
+    package static func == (lhs: Membership, rhs: Membership) -> Bool { lhs.members == rhs.members }
 
     /// Takes `member` if it is newer than the entry held for its id. Returns whether it did.
     /// Two different entries with one version (a writer's clock never gives one version twice,
@@ -69,6 +74,7 @@ package struct Membership: Sendable, Equatable {
             return false
         }
         members[member.id] = member
+        revision += 1
         return true
     }
 
@@ -110,6 +116,30 @@ package struct Membership: Sendable, Equatable {
         guard !writer.isEmpty else { throw .invalid(field: "member version node", reason: "empty node id") }
         return Member(
             id: id, publish: publish, api: api, state: state, version: Version(timestamp: timestamp, node: writer))
+    }
+
+    // MARK: - The members file
+
+    /// The members file's magic (in the data directory, beside the snapshot).
+    static let fileMagic: [UInt8] = Array("SSMEMB1\n".utf8)
+
+    /// The list as a file: magic, entry count, the entries in id order, FNV-1a 64 checksum.
+    package static func encodeFile(_ list: [Member]) -> [UInt8] {
+        var writer = WireWriter(capacity: 64 * list.count + 32)
+        for byte in fileMagic { writer.byte(byte) }
+        writer.varint(UInt64(list.count))
+        for member in list { write(member, to: &writer) }
+        writer.uint64(ReplicaStore.fnv1a(writer.bytes))
+        return writer.bytes
+    }
+
+    /// The entries of a members file.
+    package static func decodeFile(_ bytes: [UInt8]) throws(WireError) -> [Member] {
+        var reader = try StateSnapshot.checkedBody(bytes, magic: fileMagic, what: "members file")
+        var list: [Member] = []
+        for _ in 0..<(try reader.count("member count", minimumItemSize: 14)) { list.append(try read(&reader)) }
+        try reader.expectEnd()
+        return list
     }
 
     /// The body of an ANNOUNCE request: one entry.

@@ -129,7 +129,15 @@ public struct ReplicaStore: Sendable {
     private var channelLatest: [String: Version] = [:]
     private var digestSum: UInt64 = 0
     /// The values written with a time to live, by expiry.
-    private var expiries = ExpiryQueue()
+    private var expiries = TimedQueue()
+    /// The deletions held (tombstones, expired values, deletions of models), by version
+    /// timestamp: what ``collect(through:)`` takes.
+    private var tombstoneQueue = TimedQueue()
+    /// How many deletions are held: tombstones, expired values and deletions of models.
+    public private(set) var tombstones = 0
+    /// The timestamp through which deletions may have been collected (``collect(through:)``):
+    /// a register at or below it that a replica lacks was deleted, not missed.
+    public private(set) var collectedThrough: UInt64 = 0
     /// The time (milliseconds since 1970) through which expired values were deleted.
     public private(set) var expiredThrough: UInt64 = 0
     /// A planted bug (``NodeFaults/wrongTieBreak``), never set in production: equal timestamps
@@ -270,7 +278,9 @@ public struct ReplicaStore: Sendable {
         let prefix: StreamingFNV
         var digestSum: UInt64
         var liveModelDelta = 0
-        var expiries: [ExpiryQueue.Entry] = []
+        var tombstoneDelta = 0
+        var expiries: [TimedQueue.Entry] = []
+        var deletions: [TimedQueue.Entry] = []
         let wrongTieBreak: Bool
         let ignoreDeletions: Bool
 
@@ -289,18 +299,34 @@ public struct ReplicaStore: Sendable {
         /// value, and a new expiring value waits for its expiry.
         @inline(__always)
         mutating func account(_ property: String, old: Register?, new: Register?) {
-            if let old, !old.isDeleted {
-                digestSum &-= ReplicaStore.registerHash(prefix: prefix, property: property, register: old)
-            }
-            if let new, !new.isDeleted {
-                digestSum &+= ReplicaStore.registerHash(prefix: prefix, property: property, register: new)
-                if let expiresAt = new.expiresAt {
-                    expiries.append(
-                        ExpiryQueue.Entry(
-                            expiresAt: expiresAt, channel: channel, model: model, property: property,
-                            version: new.version))
+            if let old {
+                if old.isDeleted {
+                    tombstoneDelta -= 1
+                } else {
+                    digestSum &-= ReplicaStore.registerHash(prefix: prefix, property: property, register: old)
                 }
             }
+            guard let new else { return }
+            if new.isDeleted {
+                noteDeletion(property, at: new.version)
+                return
+            }
+            digestSum &+= ReplicaStore.registerHash(prefix: prefix, property: property, register: new)
+            if let expiresAt = new.expiresAt {
+                expiries.append(
+                    TimedQueue.Entry(
+                        time: expiresAt, channel: channel, model: model, property: property, version: new.version))
+            }
+        }
+
+        /// A deletion is now held at `version` (the empty property: the model's): it waits for
+        /// collection.
+        @inline(__always)
+        mutating func noteDeletion(_ property: String, at version: Version) {
+            tombstoneDelta += 1
+            deletions.append(
+                TimedQueue.Entry(
+                    time: version.timestamp, channel: channel, model: model, property: property, version: version))
         }
 
         /// The model's count of live properties went from `before` to `after`: whether it has a
@@ -329,6 +355,8 @@ public struct ReplicaStore: Sendable {
     private mutating func finish(_ context: MergeContext, newest: Version) {
         digestSum = context.digestSum
         for entry in context.expiries { expiries.push(entry) }
+        for entry in context.deletions { tombstoneQueue.push(entry) }
+        tombstones += context.tombstoneDelta
         if context.liveModelDelta != 0 {
             let count = liveModels[context.channel, default: 0] + context.liveModelDelta
             liveModels[context.channel] = count > 0 ? count : nil
@@ -398,7 +426,9 @@ public struct ReplicaStore: Sendable {
         if let deletion = model.deletion, !wins(version, over: deletion, wrongTieBreak: context.wrongTieBreak) {
             return false
         }
+        if model.deletion != nil { context.tombstoneDelta -= 1 }
         model.deletion = version
+        context.noteDeletion("", at: version)
         for name in model.registers.keys.sorted(by: { $0.utf8.lexicographicallyPrecedes($1.utf8) }) {
             let register = model.registers[name]!
             guard register.version < version else { continue }
@@ -487,6 +517,7 @@ public struct ReplicaStore: Sendable {
         if now > expiredThrough { expiredThrough = now }
         var changes: [(change: PropertyChange, written: Version)] = []
         while let entry = expiries.popDue(through: expiredThrough) {
+            // (An entry names the register its write made: one replaced since is not expired.)
             let address = ModelAddress(channel: entry.channel, model: entry.model)
             var context = MergeContext(channel: entry.channel, model: entry.model, store: self)
             modify(address) { model in
@@ -496,7 +527,7 @@ public struct ReplicaStore: Sendable {
                 let liveBefore = model.live
                 model.registers[entry.property] = register.expired
                 model.live -= 1
-                context.account(entry.property, old: register, new: nil)
+                context.account(entry.property, old: register, new: register.expired)
                 context.noteLiveness(before: liveBefore, after: model.live)
                 var change = PropertyChange(
                     channel: entry.channel, model: entry.model, property: entry.property, old: register.value,
@@ -511,6 +542,93 @@ public struct ReplicaStore: Sendable {
 
     /// When the next value expires (milliseconds since 1970), if one is waiting.
     public var nextExpiry: UInt64? { expiries.earliest }
+
+    // MARK: - Collection
+
+    /// Forgets every deletion — tombstone, expired value, deletion of a model — whose version's
+    /// timestamp is at or below `stable` (docs/PROTOCOL.md 8.4): the caller knows that every
+    /// member has received every delta up to there, so no delta a deletion would have to beat can
+    /// still arrive. Returns how many it forgot. Values and the digest do not change.
+    @discardableResult
+    public mutating func collect(through stable: UInt64) -> Int {
+        var collected = 0
+        while let entry = tombstoneQueue.popDue(through: stable) {
+            var context = MergeContext(channel: entry.channel, model: entry.model, store: self)
+            modify(ModelAddress(channel: entry.channel, model: entry.model)) { model in
+                if entry.property.isEmpty {
+                    guard model.deletion == entry.version else { return }
+                    model.deletion = nil
+                } else {
+                    guard let register = model.registers[entry.property], register.isDeleted,
+                        register.version == entry.version
+                    else { return }
+                    model.registers[entry.property] = nil
+                }
+                context.tombstoneDelta -= 1
+                collected += 1
+            }
+            finish(context, newest: .zero)
+        }
+        collectedThrough = max(collectedThrough, stable)
+        return collected
+    }
+
+    /// A record's place: its model and property (empty: the model's deletion).
+    public struct RecordKey: Hashable, Sendable {
+        public var model: String
+        public var property: String
+
+        public init(model: String, property: String) {
+            self.model = model
+            self.property = property
+        }
+    }
+
+    /// Drops every record of `channel` whose version's timestamp is at or below `horizon` and
+    /// that `keeping` does not keep: what a client does with a snapshot from a node that may have
+    /// collected their deletions (PROTOCOL.md 10.5.8). Returns the changes for those that had a
+    /// value (kind deleted, at a version of the horizon's timestamp and no node: the deletion's
+    /// own is gone).
+    mutating func drop(
+        channel: String, through horizon: UInt64, keeping: (RecordKey) -> Bool
+    ) -> [PropertyChange] {
+        var changes: [PropertyChange] = []
+        let collected = Version(timestamp: horizon, node: "")
+        for model in models(in: channel).sorted() {
+            var context = MergeContext(channel: channel, model: model, store: self)
+            modify(ModelAddress(channel: channel, model: model)) { entry in
+                let liveBefore = entry.live
+                if let deletion = entry.deletion, deletion.timestamp <= horizon,
+                    !keeping(RecordKey(model: model, property: ""))
+                {
+                    entry.deletion = nil
+                    context.tombstoneDelta -= 1
+                }
+                for name in entry.registers.keys.sorted() {
+                    let register = entry.registers[name]!
+                    guard register.version.timestamp <= horizon, !keeping(RecordKey(model: model, property: name))
+                    else { continue }
+                    entry.registers[name] = nil
+                    context.account(name, old: register, new: nil)
+                    if let old = register.liveValue {
+                        entry.live -= 1
+                        changes.append(
+                            PropertyChange(
+                                channel: channel, model: model, property: name, old: old, new: .null,
+                                version: collected, kind: .deleted))
+                    }
+                }
+                context.noteLiveness(before: liveBefore, after: entry.live)
+            }
+            finish(context, newest: .zero)
+        }
+        return changes
+    }
+
+    /// Marks `stable` as collected through (a snapshot that was: its horizon).
+    mutating func markCollected(through stable: UInt64) {
+        collectedThrough = max(collectedThrough, stable)
+    }
 
     // MARK: - Reading
 

@@ -26,6 +26,7 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
     private var log: DeltaLog?
 
     static let snapshotName = "state.snapshot"
+    static let membersName = "members"
     static let logName = "deltas.log"
 
     /// Creates the directory when missing and takes its lock.
@@ -80,9 +81,24 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         let log = try openLog()
         self.log = log
         let recovered = try log.recover()
-        return NodeMachine.Recovery(
+        var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: recovered.deltas, cutBytes: recovered.cutBytes,
             cutReason: recovered.cutReason, logSize: log.size)
+        let members = path + "/" + Self.membersName
+        if let data = FileManager.default.contents(atPath: members) {
+            do {
+                recovery.members = try Membership.decodeFile(Array(data))
+            } catch {
+                // The list is relearned from the peers; only collection waits for it meanwhile.
+                onCorruptSnapshot(
+                    "members file \(members) is damaged (\(error)); relearning the member list from peers")
+            }
+        }
+        return recovery
+    }
+
+    package func saveMembers(_ bytes: [UInt8]) throws(StateSyncError) {
+        try writeFileAtomically(bytes, named: Self.membersName)
     }
 
     package func append(_ records: [UInt8]) throws(StateSyncError) {
@@ -127,8 +143,13 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
 
     /// Writes the snapshot atomically and durably.
     func writeSnapshot(_ snapshot: StateSnapshot) throws(StateSyncError) {
-        let bytes = StateSnapshot.encode(snapshot)
-        let file = path + "/" + Self.snapshotName
+        try writeFileAtomically(StateSnapshot.encode(snapshot), named: Self.snapshotName)
+    }
+
+    /// Writes `bytes` as the file `name` of the directory: a temporary file, fsynced, renamed
+    /// over the old one, the directory fsynced — a crash leaves the old file or the new one.
+    func writeFileAtomically(_ bytes: [UInt8], named name: String) throws(StateSyncError) {
+        let file = path + "/" + name
         let temporary = file + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw Self.ioError("open", temporary) }

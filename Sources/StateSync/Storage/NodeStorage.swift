@@ -13,6 +13,8 @@ package protocol NodeStorage: AnyObject, Sendable {
     func sync() throws(StateSyncError)
     /// Syncs the log, writes `snapshot` durably (atomically), then empties the log.
     func compact(_ snapshot: StateSnapshot) throws(StateSyncError)
+    /// Writes the member list (``Membership/encodeFile(_:)``) durably and atomically.
+    func saveMembers(_ bytes: [UInt8]) throws(StateSyncError)
     /// Releases the storage for another node. Idempotent.
     func close()
     /// The bytes still free for the log and snapshot (`nil` when unknown).

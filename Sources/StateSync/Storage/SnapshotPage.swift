@@ -27,7 +27,7 @@ package struct SnapshotPage: Sendable {
         self.next = next
     }
 
-    /// A page's magic (a whole snapshot's is `SSNAP2`, Appendix A).
+    /// A page's magic (a whole snapshot's is `SSNAP3`, Appendix A).
     static let magic: [UInt8] = Array("SSPAGE1\n".utf8)
 
     /// The order of pages: channel, then model, as octets.

@@ -14,15 +14,19 @@ package struct StateSnapshot: Sendable {
 }
 
 extension StateSnapshot {
-    /// The snapshot file's magic.
-    static let magic: [UInt8] = Array("SSNAP2\n".utf8)
+    /// The snapshot file's magic: `SSNAP3` adds the horizon of collection after the latest
+    /// sequence. A file of the previous layout (`SSNAP2`) is read too (an upgrade).
+    static let magic: [UInt8] = Array("SSNAP3\n".utf8)
+    static let previousMagic: [UInt8] = Array("SSNAP2\n".utf8)
 
-    /// The snapshot format of Appendix A: magic, latest sequence, progress, registers (sorted,
-    /// so equal states write equal files), checksum.
+    /// The snapshot format of Appendix A: magic, latest sequence, the timestamp through which
+    /// deletions were collected (uint64), progress, registers (sorted, so equal states write
+    /// equal files; deletions included), checksum.
     package static func encode(_ snapshot: StateSnapshot) -> [UInt8] {
         var w = WireWriter(capacity: 4096)
         for b in magic { w.byte(b) }
         w.varint(snapshot.latestSequence)
+        w.uint64(snapshot.store.collectedThrough)
         writeProgress(snapshot.progress, to: &w)
         // Sorted, so equal states write equal files.
         let models = snapshot.store.allModels.sorted {
@@ -36,13 +40,17 @@ extension StateSnapshot {
     }
 
     package static func decode(_ bytes: [UInt8]) throws(WireError) -> StateSnapshot {
-        guard bytes.count >= magic.count + 8, Array(bytes.prefix(magic.count)) == magic else {
+        guard let layout = [magic, previousMagic].first(where: { bytes.starts(with: $0) }),
+            bytes.count >= layout.count + 8
+        else {
             throw .invalid(field: "snapshot", reason: "not a StateSync snapshot")
         }
-        var r = try checkedBody(bytes, magic: magic, what: "snapshot")
+        var r = try checkedBody(bytes, magic: layout, what: "snapshot")
         let sequence = try r.varint("latest sequence")
+        let collectedThrough = layout == magic ? try r.uint64("collected through") : 0
         let progress = try readProgress(&r)
         var store = ReplicaStore()
+        store.markCollected(through: collectedThrough)
         for _ in 0..<(try r.count("model count", minimumItemSize: 3)) {
             try readModel(&r) { address, name, register in
                 _ = store.merge(address, property: name, register: register)

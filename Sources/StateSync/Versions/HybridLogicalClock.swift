@@ -69,6 +69,10 @@ public final class HybridLogicalClock: Sendable {
         state.withLock { last in last = max(last, stamp) }
     }
 
+    /// The last timestamp issued or followed: every version this clock issues from now on is
+    /// above it.
+    public var lastTimestamp: UInt64 { state.withLock { $0 } }
+
     /// How many peer timestamps were too far ahead to follow.
     public var driftRejectionCount: Int { driftRejections.load(ordering: .relaxed) }
 }

@@ -329,8 +329,10 @@ public enum ClientProtocol {
         /// A snapshot starts (it may repeat an earlier, interrupted one).
         case snapshotBegin(SnapshotReason)
         /// The snapshot is complete: how many records it had, their digest, and the cursor it
-        /// stands for.
-        case snapshotEnd(records: Int, digest: UInt64, cursor: WatchCursor)
+        /// stands for; `collectedThrough` is the timestamp through which the node may have
+        /// collected deletions (0: none, or the snapshot left records out on purpose): a record
+        /// the client holds at or below it that the snapshot did not carry was deleted.
+        case snapshotEnd(records: Int, digest: UInt64, cursor: WatchCursor, collectedThrough: UInt64 = 0)
         /// The watch has everything the node has applied, up to `cursor`; `missing` is how many
         /// deltas the node itself still lacks (0 = fully synced), `latest` its newest version,
         /// `expiredThrough` the time (milliseconds since 1970) through which it deleted the values
@@ -376,11 +378,12 @@ public enum ClientProtocol {
         case .snapshotBegin(let reason):
             w.byte(0x03)
             w.byte(reason.rawValue)
-        case .snapshotEnd(let records, let digest, let cursor):
+        case .snapshotEnd(let records, let digest, let cursor, let collectedThrough):
             w.byte(0x04)
             w.varint(UInt64(records))
             w.uint64(digest)
             cursor.encode(into: &w)
+            w.uint64(collectedThrough)
         case .caughtUp(let cursor, let latest, let missing, let expiredThrough):
             w.byte(0x05)
             cursor.encode(into: &w)
@@ -425,7 +428,10 @@ public enum ClientProtocol {
         case 0x04:
             let records = Int(clamping: try r.varint("record count"))
             let digest = try r.uint64("digest")
-            return .snapshotEnd(records: records, digest: digest, cursor: try WatchCursor.decode(from: &r))
+            let cursor = try WatchCursor.decode(from: &r)
+            // Appended field (section 13): absent from a node that predates collection.
+            let collectedThrough = r.isAtEnd ? 0 : try r.uint64("collected through")
+            return .snapshotEnd(records: records, digest: digest, cursor: cursor, collectedThrough: collectedThrough)
         case 0x05:
             let cursor = try WatchCursor.decode(from: &r)
             let timestamp = try r.uint64("latest version")

@@ -46,7 +46,8 @@ struct DeletionMachineTests {
         #expect(node.published[published...].contains { $0.count > 1 && $0[1].first == PeerMessage.deletionVersion })
         let again = Self.outcome(
             node.request(.delete, id: 3, ClientProtocol.encodeDelete(Self.address, properties: ["a"])))
-        #expect(again.1 == 0, "nothing left to delete: unchanged, no delta")
+        #expect(again.1 == 1, "a deletion is always written: an older write may still be on its way")
+        #expect((again.0 ?? .zero) > (first.0 ?? .zero))
         #expect(node.machine.store.properties(of: Self.address).keys.sorted() == ["b"])
 
         let whole = Self.outcome(

@@ -29,6 +29,7 @@ struct DurabilityMachineTests {
             case .appendLog: "append"
             case .syncLog: "sync"
             case .compact: "compact"
+            case .saveMembers: "members"
             case .deliver: "deliver"
             case .connectRepairLink: "link"
             case .sendRepairRequest: "repair"

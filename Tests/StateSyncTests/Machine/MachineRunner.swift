@@ -20,6 +20,8 @@ struct MachineRunner {
     var repairRequests: [(peer: String, frames: [[UInt8]])] = []
     var logBytes: [UInt8] = []
     var compactions = 0
+    /// The member list the machine last asked to save.
+    var savedMembers: [UInt8]?
     /// How many watch events a client takes per batch (its queue space).
     var clientCapacity = Int.max
     var intakePaused = false
@@ -80,6 +82,7 @@ struct MachineRunner {
                 case .appendLog(let bytes, _): logBytes += bytes
                 case .syncLog(let position): inputs.append(.logDurable(through: position))
                 case .compact: compactions += 1
+                case .saveMembers(let bytes): savedMembers = bytes
                 case .deliver: break
                 case .connectRepairLink(let peer, _): repairLinksConnected.append(peer)
                 case .sendRepairRequest(let peer, _, let frames): repairRequests.append((peer, frames))

@@ -45,6 +45,13 @@ struct Journal: Sendable {
         droppedThrough[origin] = max(droppedThrough[origin] ?? 0, sequence)
     }
 
+    /// Drops every entry (the state they led to is gone): a watch that needs one gets a snapshot.
+    mutating func dropAll() {
+        for entry in entries { droppedThrough[entry.origin] = max(droppedThrough[entry.origin] ?? 0, entry.sequence) }
+        base += entries.count
+        entries = []
+    }
+
     /// The entry at absolute position `index`, if still held.
     func entry(at index: Int) -> Entry? {
         index >= base && index < end ? entries[index - base] : nil

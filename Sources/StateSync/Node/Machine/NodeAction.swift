@@ -14,6 +14,9 @@ package enum NodeAction: Sendable {
     case syncLog(through: UInt64)
     /// Write `snapshot` durably as the state snapshot (after syncing the log), then empty the log.
     case compact(StateSnapshot)
+    /// Write the member list (a members file, ``Membership/encodeFile(_:)``) durably, before
+    /// the actions that follow. A failure is logged: the list is relearned from peers.
+    case saveMembers([UInt8])
     /// Apply writes to the live models at their addresses (the node's host does; observers run
     /// on its observer executor).
     case deliver([ModelDelivery])

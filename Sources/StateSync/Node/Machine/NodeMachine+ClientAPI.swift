@@ -172,11 +172,7 @@ extension NodeMachine {
                 let (address, writes) = try ClientProtocol.decodeSet(body)
                 try authorize(identity, write: true, channel: address.channel)
                 try refuseWhenDiskFull(client, id)
-                let (version, result) = try clientSet(address, writes)
-                var answer = ClientProtocol.encodeVersion(version)
-                answer.append(result.rawValue)
-                // Answered once durable: an acknowledged write survives a crash.
-                replyWhenDurable(client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: answer))
+                try write(address, writes, client: client, id: id)
             case .delete:
                 let (address, names) = try ClientProtocol.decodeDelete(body)
                 if names.contains(where: \.isEmpty) {
@@ -186,11 +182,7 @@ extension NodeMachine {
                 try authorize(identity, write: true, channel: address.channel)
                 try refuseWhenDiskFull(client, id)
                 let writes = names.isEmpty ? [PropertyWrite.modelDeletion] : names.map(PropertyWrite.deletion(of:))
-                let (version, result) = try clientSet(address, writes)
-                var answer = ClientProtocol.encodeVersion(version)
-                answer.append(result.rawValue)
-                // Answered once durable: an acknowledged write survives a crash.
-                replyWhenDurable(client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: answer))
+                try write(address, writes, client: client, id: id)
             case .get:
                 let address = try ClientProtocol.decodeAddress(body)
                 try Names.validateChannel(address.channel)
@@ -328,18 +320,52 @@ extension NodeMachine {
         throw DiskFull()
     }
 
+    /// Makes a client's write (SET or DELETE) and answers it once durable.
+    mutating func write(_ address: ModelAddress, _ writes: [PropertyWrite], client: [UInt8], id: UInt64)
+        throws(StateSyncError)
+    {
+        let (version, result) = try clientSet(address, writes)
+        var answer = ClientProtocol.encodeVersion(version)
+        answer.append(result.rawValue)
+        // Answered once durable: an acknowledged write survives a crash.
+        replyWhenDurable(client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: answer))
+    }
+
     private mutating func reply(_ client: [UInt8], _ kind: ClientProtocol.ReplyKind, _ id: UInt64, _ body: [UInt8]) {
         actions.append(.reply(client: client, frames: ClientProtocol.encodeReply(kind, id: id, body: body)))
     }
 
     /// A client's SET (or DELETE): the writes that change something become one delta with a new
     /// version. A value equal to the one held changes nothing unless a time to live is given or
-    /// removed; a deletion changes something only when the property (or, for the model's
-    /// deletion, any property of the model) has a value. Returns the version to report (the
+    /// removed; a deletion is always written (an older write of what it deletes, still on its
+    /// way, must lose to it on every replica). Returns the version to report (the
     /// write's, or when nothing changed the newest of the named properties) and what happened.
     mutating func clientSet(_ address: ModelAddress, _ writes: [PropertyWrite]) throws(StateSyncError) -> (
         version: Version, result: SetResult
     ) {
+        try validateWrite(address, writes)
+        let current = store.properties(of: address)
+        // A deletion is always written: whatever this node holds, a write older than it may still
+        // be on its way, and must lose to it everywhere.
+        let effective = writes.filter { write in
+            guard !write.isDeletion, let held = current[write.name] else { return true }
+            return held.value != write.value || held.timeToLive != 0 || write.timeToLive != 0
+        }
+        guard !effective.isEmpty else {
+            return (writes.compactMap { current[$0.name]?.version }.max() ?? .zero, .unchanged)
+        }
+        let version = clock.next()
+        let applied = applyLocal([LocalWrite(address: address, version: version, writes: effective)])
+        if applied.first?.won.isEmpty ?? true {
+            let held = store.records(of: address)
+            return (writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
+        }
+        return (version, .changed)
+    }
+
+    /// Checks a SET or DELETE (ERROR 3): names, no property twice, the model's deletion alone,
+    /// the size.
+    func validateWrite(_ address: ModelAddress, _ writes: [PropertyWrite]) throws(StateSyncError) {
         try Names.validateChannel(address.channel)
         try Names.validateModel(address.model)
         guard !writes.isEmpty else { throw StateSyncError(.invalidName, "a set needs at least one property") }
@@ -362,23 +388,5 @@ extension NodeMachine {
             throw StateSyncError(
                 .invalidName, "the write is \(size) bytes; a delta may carry at most \(Self.maximumWriteBytes)")
         }
-        let current = store.properties(of: address)
-        let effective = writes.filter { write in
-            if write.isModelDeletion { return !current.isEmpty }
-            guard let held = current[write.name] else { return !write.isDeletion }
-            return write.isDeletion || held.value != write.value || held.timeToLive != 0 || write.timeToLive != 0
-        }
-        guard !effective.isEmpty else {
-            let held = store.records(of: address)
-            let named = writes.compactMap { held[$0.name]?.version }
-            return ((writes[0].isModelDeletion ? held.values.map(\.version) : named).max() ?? .zero, .unchanged)
-        }
-        let version = clock.next()
-        let applied = applyLocal([LocalWrite(address: address, version: version, writes: effective)])
-        if applied.first?.won.isEmpty ?? true {
-            let held = store.records(of: address)
-            return (writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
-        }
-        return (version, .changed)
     }
 }

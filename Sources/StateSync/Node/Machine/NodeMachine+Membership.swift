@@ -65,10 +65,11 @@ extension NodeMachine {
             guard let own = ownEntry, own.version < member.version || (own.version == member.version && own != member)
             else { return }
             clock.advance(past: member.version)
-            if member.state == .forgotten {
+            if member.state == .forgotten, !stopping {
                 logger.error(
                     "this node was forgotten by another member (statesync forget); it stays in the cluster because it runs, and says so",
                     metadata: ["member.version": "\(member.version)"])
+                resyncAfterForget(by: member.version.node)
             }
             writeOwnEntry(stopping ? .left : .alive)
             return
@@ -81,6 +82,54 @@ extension NodeMachine {
         } else {
             unlink(member.id, publishingAt: member.publish, because: member.state)
         }
+    }
+
+    /// This node was forgotten (section 7.5): while it was away the others collected deletions
+    /// without waiting for it (section 8.4), so what it holds may be data deleted since. It
+    /// drops its state — its replica, what it received of every origin, its history and journal
+    /// — and takes a peer's snapshot instead; its own deltas no peer holds are given up (its
+    /// sequence numbers go on after them, and its snapshot covers them). The reset is made
+    /// durable at the next repair round.
+    mutating func resyncAfterForget(by forgetter: String) {
+        let own = configuration.nodeID
+        let latest = nextSequence - 1
+        var fresh = ReplicaStore()
+        fresh.plantedWrongTieBreak = faults.wrongTieBreak
+        fresh.plantedIgnoreDeletions = faults.ignoreDeletions
+        store = fresh
+        origins = [:]
+        history = [:]
+        journal.dropAll()
+        coverWithoutHistory(origin: own, through: latest)
+        published = max(published, latest)
+        durability.staged = []
+        durability.stagedPositions = []
+        // Writes waiting to be acknowledged are given up with the rest: their clients are told.
+        for waiting in durability.replies {
+            var header = WireReader(waiting.frames[0])
+            _ = try? header.byte("version")
+            _ = try? header.byte("kind")
+            let id = (try? header.uint64("request id")) ?? 0
+            actions.append(
+                .reply(
+                    client: waiting.client,
+                    frames: ClientProtocol.encodeReply(
+                        .error, id: id,
+                        body: ClientProtocol.encodeError(
+                            .internal,
+                            "node \(own) was forgotten while this write waited to be made durable: it is given up (write again)"
+                        ))))
+        }
+        durability.replies = []
+        collection = CollectionState()
+        repair.needsSnapshot = true
+        repair.fetches = [:]
+        durability.compactionPending = true
+        counters.resyncs += 1
+        resyncWatches(of: Set(watches.order.compactMap { watches[$0]?.channel }))
+        logger.warning(
+            "this node was forgotten while away: dropping its state and taking a peer's snapshot (deletions it missed may have been collected; its writes no peer holds are given up)",
+            metadata: ["forgotten.by": "\(forgetter)", "sequence": "\(latest)"])
     }
 
     /// Stops the node for good with `reason` (once): it takes no more input that matters, and
@@ -100,7 +149,8 @@ extension NodeMachine {
         guard stopping, !leftAnnounced, refusal == nil, durability.staged.isEmpty else { return }
         leftAnnounced = true
         writeOwnEntry(.left)
-        actions.append(.publish(heartbeat().encode()))
+        saveMembersIfChanged()
+        actions.append(.publish(heartbeat(floor: ownFloor).encode()))
     }
 
     /// The node id linked at a peer endpoint, if known.

@@ -75,6 +75,12 @@ extension NodeMachine {
         covered[beat.node] = max(covered[beat.node] ?? 0, beat.latestSequence)
         peers[endpoint, default: PeerProgress()].progress = covered
         guard beat.node != configuration.nodeID else { return }
+        // Its floor (section 8.4): for collection, and followed like a version, so that what this
+        // node writes from now on is above every deletion anyone may have collected.
+        noteReport(
+            of: beat.node, floor: beat.clock, latest: beat.latestSequence, progress: covered,
+            withMembers: beat.members != nil)
+        clock.observe(Version(timestamp: beat.clock, node: beat.node))
         origins[beat.node, default: OriginProgress()].incarnation = beat.incarnation
         // A claim this peer could not back is not followed again while it repeats it unchanged
         // (section 11.3); a new claim (an honest origin's latest grows as it writes) is.
@@ -406,7 +412,7 @@ extension NodeMachine {
     /// peer told of one still waiting for its fsync would see a gap that is not there, and with
     /// a long queue ahead of it could even give up on it (FETCH too late for the history) and
     /// take a snapshot instead.
-    func heartbeat(withMembers: Bool = true) -> PeerMessage {
+    func heartbeat(withMembers: Bool = true, floor: UInt64? = nil) -> PeerMessage {
         var progress: [String: UInt64] = [:]
         for (origin, state) in origins where state.contiguous > 0 {
             progress[origin] = origin == configuration.nodeID ? min(state.contiguous, published) : state.contiguous
@@ -414,7 +420,7 @@ extension NodeMachine {
         if progress[configuration.nodeID] == 0 { progress[configuration.nodeID] = nil }
         return .heartbeat(
             PeerMessage.Heartbeat(
-                node: configuration.nodeID, latestSequence: published, clock: clock.wallMilliseconds() << 16,
+                node: configuration.nodeID, latestSequence: published, clock: floor ?? ownFloor,
                 incarnation: incarnation, api: boundRepair, progress: progress,
                 members: withMembers ? membership.sorted : nil))
     }

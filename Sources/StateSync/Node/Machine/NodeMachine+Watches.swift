@@ -235,11 +235,15 @@ extension NodeMachine {
         _ event: (ClientProtocol.WatchEventBody) -> [[UInt8]]
     ) -> (frames: [[[UInt8]]], position: WatchPosition) {
         var (models, position) = channelSnapshot(channel)
+        // Whether the records are the whole (filtered) state: then a client drops what it holds
+        // at or below the horizon of collection that they lack (PROTOCOL.md 10.5.4).
+        var complete = true
         if let filter {
             // A new watch that asked for no initial state gets an empty one (a resync still sends
             // the state: it replaces deltas the watch missed).
             if reason == .initial && !filter.initialState {
                 models = []
+                complete = false
             } else {
                 models = models.compactMap { model, properties in
                     let kept = properties.filter { filter.passes(model: model, property: $0.0) }
@@ -264,7 +268,11 @@ extension NodeMachine {
             }
         }
         if !chunk.isEmpty { frames.append(event(.records(chunk))) }
-        frames.append(event(.snapshotEnd(records: digest.count, digest: digest.value, cursor: position.cursor)))
+        frames.append(
+            event(
+                .snapshotEnd(
+                    records: digest.count, digest: digest.value, cursor: position.cursor,
+                    collectedThrough: complete ? store.collectedThrough : 0)))
         return (frames, position)
     }
 

@@ -51,8 +51,11 @@ package struct NodeMachine: Sendable {
     /// A peer's member list held this node's entry of this start: it is in the cluster, and a
     /// forget it hears of from now on was made while it ran.
     var ownEntryAcknowledged = false
+
     /// The cluster's member list (section 7.5).
     package internal(set) var membership = Membership()
+    /// The list's revision when it was last saved (``NodeAction/saveMembers(_:)``).
+    var savedMembershipRevision = 0
     /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
     var lastAnnounce: [String: UInt64] = [:]
     var announcesInFlight: [UInt64: String] = [:]
@@ -104,6 +107,10 @@ package struct NodeMachine: Sendable {
     var durability = Durability()
     var repair = RepairState()
     var watches = WatchTable()
+    var collection = CollectionState()
+    /// Set by the host before each input: below every version a live model stamped and the
+    /// machine has not taken yet (``ownFloor``); `.max` when there is none.
+    package var hostWriteFloor: UInt64 = .max
 
     /// The actions of the input being handled.
     var actions: [NodeAction] = []
@@ -120,6 +127,8 @@ package struct NodeMachine: Sendable {
         package var cutReason: String?
         /// The log's size after recovery (its magic and its intact records).
         package var logSize = 0
+        /// The member list the node saved (section 7.5), if any.
+        package var members: [Membership.Member] = []
 
         package init(
             snapshot: StateSnapshot? = nil, deltas: [Delta] = [], cutBytes: Int = 0, cutReason: String? = nil,
@@ -155,6 +164,17 @@ package struct NodeMachine: Sendable {
                 coverWithoutHistory(origin: origin, through: through)
             }
         }
+        // The member list saved by an earlier run: a restarted node knows every member it knew,
+        // which its collection of deletions relies on (section 8.4). Its own entry is written
+        // again at bind, above the one saved.
+        for member in recovery.members {
+            if member.id == configuration.nodeID {
+                clock.advance(past: member.version)
+            } else {
+                membership.merge(member)
+            }
+        }
+        savedMembershipRevision = membership.revision
         store.plantedWrongTieBreak = faults.wrongTieBreak
         store.plantedIgnoreDeletions = faults.ignoreDeletions
         // Replay the write-ahead log: every delta applied since the snapshot, own and remote.
@@ -257,9 +277,18 @@ package struct NodeMachine: Sendable {
             requestSync(force: true)
             leaveIfDrained()
         }
+        saveMembersIfChanged()
         let result = actions
         actions = []
         return result
+    }
+
+    /// Saves the member list when it changed: before any HEARTBEAT that carries it (a member this
+    /// node acknowledges in its list is one it will still know after a crash, section 8.4).
+    mutating func saveMembersIfChanged() {
+        guard membership.revision != savedMembershipRevision else { return }
+        savedMembershipRevision = membership.revision
+        actions.append(.saveMembers(Membership.encodeFile(membership.sorted)))
     }
 
     /// Runs what is due: durability of staged writes, heartbeat, the repair round (with
@@ -271,9 +300,12 @@ package struct NodeMachine: Sendable {
             let withMembers =
                 heartbeatsSent &- membershipChangedAt < Self.membersAfterChange
                 || heartbeatsSent % Self.membersEveryHeartbeats == 0
-            actions.append(.publish(heartbeat(withMembers: withMembers).encode()))
+            let floor = ownFloor
+            saveMembersIfChanged()
+            actions.append(.publish(heartbeat(withMembers: withMembers, floor: floor).encode()))
             heartbeatsSent += 1
             lastHeartbeat = now
+            collectDeletions(ownFloor: floor)
         }
         if lastRepairRound.map({ now &- $0 >= Self.repairInterval }) ?? true {
             lastRepairRound = now
@@ -444,6 +476,9 @@ package struct NodeMachine: Sendable {
         status.diskFull = diskFull
         status.diskFreeBytes = diskFree
         status.members = memberStatus()
+        status.tombstones = store.tombstones
+        status.collectedThrough = store.collectedThrough
+        status.collectionHeldBy = collection.heldBy
         return status
     }
 
@@ -485,10 +520,13 @@ package struct NodeFaults: Sendable, Equatable {
     package var ignoreDeletions = false
     /// This node never deletes an expired value.
     package var neverExpire = false
+    /// This node collects deletions at its own floor, as if every member had everything.
+    package var collectEarly = false
 
     package init(
         dropRemoteDeltasShare: Double = 0, wrongTieBreak: Bool = false, skipRepair: Bool = false,
-        duplicateWatchEvents: Bool = false, ignoreDeletions: Bool = false, neverExpire: Bool = false
+        duplicateWatchEvents: Bool = false, ignoreDeletions: Bool = false, neverExpire: Bool = false,
+        collectEarly: Bool = false
     ) {
         self.dropRemoteDeltasShare = min(max(dropRemoteDeltasShare, 0), 1)
         self.wrongTieBreak = wrongTieBreak
@@ -496,6 +534,7 @@ package struct NodeFaults: Sendable, Equatable {
         self.duplicateWatchEvents = duplicateWatchEvents
         self.ignoreDeletions = ignoreDeletions
         self.neverExpire = neverExpire
+        self.collectEarly = collectEarly
     }
 
     package var isEmpty: Bool { self == NodeFaults() }

@@ -1,23 +1,24 @@
-/// The values written with a time to live, ordered by when they expire: a binary min-heap.
+/// Registers ordered by a time: the values written with a time to live by when they expire, the
+/// deletions by their version (for collection). A binary min-heap.
 ///
 /// Entries are not removed when their register changes (a later write replaces the value, a
 /// deletion removes it): whoever pops an entry checks that the register still holds the version
 /// it names. So a push costs O(log n) and nothing else does work on the write path.
 ///
 /// Thread safety: none; its owner serialises access.
-struct ExpiryQueue: Sendable {
-    /// One expiring value: where it is and the version that wrote it.
+struct TimedQueue: Sendable {
+    /// One register: when it is due, where it is and the version that wrote it.
     struct Entry: Sendable, Equatable {
-        let expiresAt: UInt64
+        let time: UInt64
         let channel: String
         let model: String
+        /// Empty for the deletion of the model.
         let property: String
         let version: Version
 
-        /// Earlier expiry first; equal expiries by address, so every replica expires them in one
-        /// order.
+        /// Earlier first; equal times by address, so every replica takes them in one order.
         func precedes(_ other: Entry) -> Bool {
-            if expiresAt != other.expiresAt { return expiresAt < other.expiresAt }
+            if time != other.time { return time < other.time }
             if channel != other.channel { return channel.utf8.lexicographicallyPrecedes(other.channel.utf8) }
             if model != other.model { return model.utf8.lexicographicallyPrecedes(other.model.utf8) }
             return property.utf8.lexicographicallyPrecedes(other.property.utf8)
@@ -29,8 +30,8 @@ struct ExpiryQueue: Sendable {
     /// How many entries wait (including those whose register changed since).
     var count: Int { heap.count }
 
-    /// When the earliest entry expires.
-    var earliest: UInt64? { heap.first?.expiresAt }
+    /// When the earliest entry is due.
+    var earliest: UInt64? { heap.first?.time }
 
     mutating func push(_ entry: Entry) {
         heap.append(entry)
@@ -43,9 +44,9 @@ struct ExpiryQueue: Sendable {
         }
     }
 
-    /// Removes and returns the earliest entry if it expires at or before `now`.
+    /// Removes and returns the earliest entry if it is due at or before `now`.
     mutating func popDue(through now: UInt64) -> Entry? {
-        guard let first = heap.first, first.expiresAt <= now else { return nil }
+        guard let first = heap.first, first.time <= now else { return nil }
         let last = heap.removeLast()
         guard !heap.isEmpty else { return first }
         heap[0] = last

@@ -1,0 +1,203 @@
+import Testing
+
+@testable import StateSync
+
+/// The collection of deletions (PROTOCOL.md 8.4) on node machines wired by hand: a deletion goes
+/// once every member holds it and everything before it, and it is old enough; a member that is
+/// down holds it back until it is forgotten; a node that was forgotten while away takes the
+/// cluster's state instead of bringing deleted data back; a watch whose client missed a collected
+/// deletion is told of it.
+@Suite("Collecting deletions on the node machine")
+struct CollectionMachineTests {
+    static let address = ModelAddress(channel: "c", model: "m")
+
+    /// Machines that deliver each other's published messages when `exchange` says so (no repair
+    /// here: a node cut off gets what it missed once it is back, in order).
+    struct Cluster {
+        var nodes: [MachineRunner]
+        /// Per sender, per receiver, how many of the sender's messages were delivered.
+        var delivered: [[Int]]
+        /// Nodes cut off: nothing reaches them or comes from them until they are back.
+        var silent: Set<Int> = []
+
+        init(_ ids: [String], grace: Int = 0) {
+            nodes = ids.map { id in
+                var configuration = MachineRunner.configuration(id, peers: ids.filter { $0 != id })
+                configuration.tombstoneGraceMilliseconds = grace
+                var node = MachineRunner(configuration)
+                node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
+                return node
+            }
+            delivered = ids.map { _ in ids.map { _ in 0 } }
+        }
+
+        /// `rounds` heartbeat intervals: every node ticks, then gets what the others published.
+        mutating func exchange(rounds: Int) {
+            for _ in 0..<rounds {
+                for index in nodes.indices { nodes[index].advance(100) }
+                for from in nodes.indices where !silent.contains(from) {
+                    let peer = "inproc://\(nodes[from].machine.configuration.nodeID)"
+                    for to in nodes.indices where to != from && !silent.contains(to) {
+                        for frames in nodes[from].published[delivered[from][to]...] {
+                            nodes[to].handle(.peerMessage(peer: peer, frames: frames))
+                        }
+                        delivered[from][to] = nodes[from].published.count
+                    }
+                }
+            }
+        }
+
+        mutating func set(on index: Int, _ id: UInt64, _ writes: [PropertyWrite]) -> Version? {
+            let reply = nodes[index].request(
+                .set, id: id, ClientProtocol.encodeSet(CollectionMachineTests.address, writes))
+            return reply.flatMap { try? ClientProtocol.decodeVersion(Array($0.1.dropLast())) }
+        }
+
+        mutating func delete(on index: Int, _ id: UInt64, _ names: [String] = []) -> Version? {
+            let reply = nodes[index].request(
+                .delete, id: id, ClientProtocol.encodeDelete(CollectionMachineTests.address, properties: names))
+            return reply.flatMap { try? ClientProtocol.decodeVersion(Array($0.1.dropLast())) }
+        }
+
+        func tombstones(_ index: Int) -> Int { nodes[index].machine.store.tombstones }
+    }
+
+    @Test func aDeletionIsCollectedOnceEveryMemberHoldsItAndEverythingBefore() throws {
+        var cluster = Cluster(["n1", "n2"])
+        cluster.exchange(rounds: 12)  // member lists and floors
+        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: 1)])
+        cluster.exchange(rounds: 2)
+        let deleted = cluster.delete(on: 0, 2, ["x"])
+        let deletion = try #require(deleted)
+        #expect(cluster.tombstones(0) == 1)
+        // n2 has not heard of it: n1 keeps it, however long.
+        cluster.silent = [1]
+        cluster.exchange(rounds: 30)
+        #expect(cluster.tombstones(0) == 1, "n2 does not hold the deletion yet")
+        #expect(cluster.nodes[0].machine.status(now: cluster.nodes[0].now).collectionHeldBy == "n2")
+        cluster.silent = []
+        cluster.exchange(rounds: 25)
+        #expect(cluster.tombstones(0) == 0 && cluster.tombstones(1) == 0)
+        for node in cluster.nodes {
+            #expect(node.machine.store.collectedThrough >= deletion.timestamp)
+            #expect(node.machine.counters.tombstonesCollected == 1)
+        }
+        // What it deleted stays deleted: an older write arriving now would be a bug upstream, but
+        // a newer one wins as always.
+        _ = cluster.set(on: 1, 3, [PropertyWrite(name: "x", value: 2)])
+        cluster.exchange(rounds: 2)
+        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.value == 2)
+    }
+
+    @Test func aMemberThatIsDownHoldsCollectionBackUntilItIsForgotten() throws {
+        var cluster = Cluster(["n1", "n2", "n3"])
+        cluster.exchange(rounds: 12)
+        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: 1)])
+        cluster.exchange(rounds: 2)
+        cluster.silent = [2]  // n3 goes down
+        _ = cluster.delete(on: 0, 2)
+        cluster.exchange(rounds: 40)
+        #expect(cluster.tombstones(0) == 1 && cluster.tombstones(1) == 1)
+        #expect(cluster.nodes[0].machine.status(now: cluster.nodes[0].now).collectionHeldBy == "n3")
+        var body = WireWriter()
+        body.string("n3")
+        let forget = cluster.nodes[0].request(.forget, id: 9, body.bytes)
+        #expect(forget?.0.kind == .ok, "\(forget.map { (try? ClientProtocol.decodeError($0.1).message) ?? "" } ?? "")")
+        cluster.exchange(rounds: 25)
+        #expect(cluster.tombstones(0) == 0 && cluster.tombstones(1) == 0)
+    }
+
+    @Test func aStableDeletionWaitsForTheGracePeriod() throws {
+        var cluster = Cluster(["n1", "n2"], grace: 5_000)
+        cluster.exchange(rounds: 12)
+        _ = cluster.delete(on: 0, 1, ["x"])
+        cluster.exchange(rounds: 30)  // 3 s: stable, not old enough
+        #expect(cluster.tombstones(0) == 1)
+        cluster.exchange(rounds: 30)  // 6 s
+        #expect(cluster.tombstones(0) == 0)
+    }
+
+    /// 8.4: a HEARTBEAT's floor is below every own write not yet published (here, waiting for
+    /// the interval's sync), and at most the clock's last timestamp.
+    @Test func theFloorIsBelowEveryUnpublishedOwnWrite() throws {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        configuration.fsync = .interval
+        configuration.fsyncIntervalMilliseconds = 60_000
+        var node = MachineRunner(configuration)
+        let reply = node.request(
+            .set, id: 1, ClientProtocol.encodeSet(Self.address, [PropertyWrite(name: "x", value: 1)]))
+        let body = try #require(reply?.1)
+        let written = try ClientProtocol.decodeVersion(Array(body.dropLast()))
+        node.advance(600)
+        let beats = node.published.compactMap { frames -> PeerMessage.Heartbeat? in
+            guard case .heartbeat(let beat)? = try? PeerMessage.decode(frames) else { return nil }
+            return beat
+        }
+        #expect(!beats.isEmpty && beats.allSatisfy { $0.clock < written.timestamp })
+        #expect(node.machine.published == 0, "still waiting for its sync")
+    }
+
+    /// 7.5 and 8.4: a node forgotten while it was away drops what it holds (its peers may have
+    /// collected deletions of it) and asks a peer for its state; it says it is alive again.
+    @Test func aNodeForgottenWhileAwayTakesThePeersStateInsteadOfItsOwn() throws {
+        var cluster = Cluster(["n1", "n2"])
+        cluster.exchange(rounds: 12)
+        _ = cluster.set(on: 1, 1, [PropertyWrite(name: "stale", value: "deleted since")])
+        cluster.exchange(rounds: 2)
+        cluster.silent = [1]
+        _ = cluster.delete(on: 0, 2)
+        var body = WireWriter()
+        body.string("n2")
+        cluster.exchange(rounds: 5)
+        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
+        cluster.exchange(rounds: 25)
+        #expect(cluster.tombstones(0) == 0, "collected without the forgotten node")
+        let requestsBefore = cluster.nodes[1].repairRequests.count
+        cluster.silent = []
+        cluster.exchange(rounds: 15)
+        let returning = cluster.nodes[1].machine
+        #expect(returning.counters.resyncs == 1)
+        #expect(
+            cluster.nodes[1].repairRequests[requestsBefore...].contains { _, frames in
+                (try? ClientProtocol.decodeRequestHeader(frames[0]).command) == ClientProtocol.Command.snapshot.rawValue
+            })
+        #expect(returning.store.properties(of: Self.address)["stale"] == nil)
+        #expect(returning.membership.members["n2"]?.state == .alive)
+        #expect(cluster.nodes[0].machine.membership.members["n2"]?.state == .alive)
+    }
+
+    /// 10.5.4 and 10.5.8: a client that held a value whose deletion was collected before it
+    /// came back (its cursor older than the history) is told of the deletion by its resync.
+    @Test func aResyncAfterCollectionDropsWhatTheClientStillHeld() throws {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.historyDeltas = 4
+        configuration.tombstoneGraceMilliseconds = 0
+        var node = MachineRunner(configuration)
+        _ = node.request(.set, id: 1, ClientProtocol.encodeSet(Self.address, [PropertyWrite(name: "x", value: 1)]))
+        _ = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        for event in node.events(watch: 7) { _ = try session.handle(event, from: "n1") }
+        #expect(session.replica.properties(of: "m")["x"]?.value == 1)
+        var unwatch = WireWriter()
+        unwatch.uint64(7)
+        _ = node.request(.unwatch, id: 8, unwatch.bytes)
+        _ = node.request(.delete, id: 2, ClientProtocol.encodeDelete(Self.address, properties: ["x"]))
+        for value in 0..<10 {
+            _ = node.request(
+                .set, id: 100 + UInt64(value),
+                ClientProtocol.encodeSet(
+                    ModelAddress(channel: "c", model: "other"), [PropertyWrite(name: "n", value: .int(Int64(value)))]))
+        }
+        for _ in 0..<5 { node.advance(100) }
+        #expect(node.machine.store.tombstones == 0, "a lone node collects at once")
+        let from = node.sent.count
+        _ = node.request(.watch, id: 9, ClientProtocol.encodeWatch(channel: "c", from: session.replica.cursor))
+        var changes: [PropertyChange] = []
+        for event in node.events(watch: 9, from: from) {
+            for case .change(let change, _, _) in try session.handle(event, from: "n1") { changes.append(change) }
+        }
+        let dropped = changes.filter { $0.model == "m" }
+        #expect(dropped.count == 1 && dropped.first?.kind == .deleted && dropped.first?.old == 1)
+        #expect(session.replica.properties(of: "m").isEmpty)
+    }
+}
