@@ -623,6 +623,13 @@ extension StateSyncCLI {
                     "version:   \(status.latestVersion?.description ?? "none yet")  (sequence \(status.latestSequence))"
                 )
                 emit("digest:    \(String(status.stateDigest, radix: 16))")
+                let horizon =
+                    status.collectedThrough == 0
+                    ? "none collected yet"
+                    : "collected through \(status.collectedThrough >> 16).\(status.collectedThrough & 0xFFFF)"
+                emit(
+                    "deletions: \(status.tombstones) held, \(horizon)\(status.collectionHeldBy.map { " (held back by \($0))" } ?? "")"
+                )
                 let alive = status.members.filter { $0.state == "alive" }.count
                 emit("members:   \(status.members.count) known, \(alive) alive (statesync members)")
                 emit("peers:")

@@ -19,7 +19,8 @@ struct ModelLifecycleTests {
         let api: [String]
         var daemons: [ChildProcess] = []
 
-        init() throws {
+        /// `grace`: `storage.tombstone_grace_ms` (`nil`: the default).
+        init(grace: Int? = nil) throws {
             directory = temporaryDirectory("lifecycle")
             let publish = (0..<3).map { _ in "tcp://127.0.0.1:\(freePort())" }
             api = (0..<3).map { _ in "tcp://127.0.0.1:\(freePort())" }
@@ -34,9 +35,16 @@ struct ModelLifecycleTests {
                   api: \(api[index])
                   heartbeat_ms: 100
                   peers: [\(publish.enumerated().filter { $0.offset != index }.map(\.element).joined(separator: ", "))]
+                \(grace.map { "storage:\n  tombstone_grace_ms: \($0)" } ?? "")
                 """.write(toFile: path, atomically: true, encoding: .utf8)
                 daemons.append(try ChildProcess("statesyncd", ["--config", path], name: "node\(index + 1)"))
             }
+        }
+
+        /// Starts node `index` again, with its configuration and data directory.
+        mutating func restart(_ index: Int) throws {
+            daemons[index] = try ChildProcess(
+                "statesyncd", ["--config", "\(directory)/node\(index + 1).yaml"], name: "node\(index + 1)")
         }
 
         func stop() async -> [Int32] {
@@ -165,6 +173,62 @@ struct ModelLifecycleTests {
             Issue.record("\(error)\n\(cluster.logs)")
         }
         for watch in watches { _ = await watch.stop(SIGKILL) }
+        #expect(await cluster.stop() == [0, 0, 0], "\(cluster.logs)")
+    }
+
+    /// PROTOCOL.md 8.4: a deletion is kept while a member that is away could still need it; once
+    /// that member is forgotten the others collect it, and when the member comes back with its
+    /// old data it takes the cluster's state instead of bringing the deleted model back.
+    @Test func aNodeAwayLongerThanTheDeletionsAreKeptIsResyncedNotResurrecting() async throws {
+        var cluster = try Cluster(grace: 0)
+        do {
+            let clients = try cluster.api.map { try StateSyncClient(endpoint: $0, requestTimeout: .seconds(2)) }
+            defer { for client in clients { client.close() } }
+            func status(_ index: Int) async -> NodeStatus? { try? await clients[index].status() }
+            try await waitUntil("every node sees its two peers") {
+                for index in 0..<3 {
+                    guard let status = await status(index), status.peers.allSatisfy(\.connected) else { return false }
+                }
+                return true
+            }
+            let gone = ModelAddress(channel: "demo", model: "gone")
+            #expect(try await cli(["set", "demo/gone", "x=1", "--daemon", cluster.api[0]]).status == 0)
+            // (Through node3: a node that never wrote does not come back once forgotten, 7.5.)
+            #expect(try await cli(["set", "demo/kept", "y=2", "--daemon", cluster.api[2]]).status == 0)
+            try await waitUntil("node3 holds both models") {
+                let first = (try? await clients[2].get(gone))?["x"]
+                let second = (try? await clients[2].get(ModelAddress(channel: "demo", model: "kept")))?["y"]
+                return first != nil && second != nil
+            }
+            // node3 stops (it leaves cleanly), holding demo/gone.
+            #expect(await cluster.daemons[2].stop() == 0)
+            #expect(try await cli(["delete", "demo/gone", "--daemon", cluster.api[0]]).status == 0)
+            try await waitUntil("node2 has the deletion") { (try? await clients[1].get(gone))?.isEmpty == true }
+            // Held back by node3, which may come back needing it.
+            try await waitUntil("node1 says node3 holds collection back") {
+                await status(0)?.collectionHeldBy == "node3"
+            }
+            #expect((await status(0)?.tombstones ?? 0) >= 1)
+            let forget = try await cli(["forget", "node3", "--daemon", cluster.api[0]])
+            #expect(forget.status == 0, "\(forget.stderr)")
+            try await waitUntil("node1 and node2 collect the deletion") {
+                guard let one = await status(0), let two = await status(1) else { return false }
+                return one.tombstones == 0 && two.tombstones == 0 && one.collectedThrough > 0
+            }
+            // node3 comes back with its data directory, which still holds demo/gone.
+            try cluster.restart(2)
+            try await waitUntil("node3 resyncs and holds what the others hold") {
+                guard let three = await status(2), let one = await status(0) else { return false }
+                return three.counters["resyncs"] == 1 && three.missingDeltas == 0
+                    && three.stateDigest == one.stateDigest
+            }
+            #expect(try await clients[2].get(gone).isEmpty, "node3 did not bring demo/gone back")
+            for index in 0..<2 { #expect(try await clients[index].get(gone).isEmpty, "node\(index + 1)") }
+            #expect(try await clients[2].get(ModelAddress(channel: "demo", model: "kept"))["y"]?.value == 2)
+            #expect(cluster.daemons[2].stderr.contains("forgotten while away"), "\(cluster.daemons[2].stderr)")
+        } catch {
+            Issue.record("\(error)\n\(cluster.logs)")
+        }
         #expect(await cluster.stop() == [0, 0, 0], "\(cluster.logs)")
     }
 }

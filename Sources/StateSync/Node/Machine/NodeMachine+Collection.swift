@@ -108,24 +108,29 @@ extension NodeMachine {
             let contiguous = origins[origin]?.contiguous ?? 0
             return origin == configuration.nodeID ? min(contiguous, published) : contiguous
         }
-        var least: (member: String, floor: UInt64)?
+        // Per member, its stable floor, and who lacks its next one: the member that has not
+        // received all its deltas yet (a member that is away, usually).
+        var least: (member: String, floor: UInt64, lacking: String?)?
         for member in members.sorted() {
             guard var report = collection.reports[member] else {
                 collection.heldBy = member
                 return nil
             }
-            while let first = report.floors.first, members.allSatisfy({ mark($0, of: member) >= first.latest }) {
+            var lacking: String?
+            while let first = report.floors.first {
+                lacking = members.sorted().first { mark($0, of: member) < first.latest }
+                guard lacking == nil else { break }
                 report.stable = max(report.stable ?? 0, first.floor)
                 report.floors.removeFirst()
             }
             collection.reports[member] = report
             guard let stable = report.stable else {
-                collection.heldBy = member
+                collection.heldBy = lacking ?? member
                 return nil
             }
-            if least.map({ stable < $0.floor }) ?? true { least = (member, stable) }
+            if least.map({ stable < $0.floor }) ?? true { least = (member, stable, lacking) }
         }
-        collection.heldBy = least?.member
+        collection.heldBy = least.map { $0.lacking ?? $0.member }
         return least?.floor
     }
 }

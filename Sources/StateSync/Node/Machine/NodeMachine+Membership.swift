@@ -56,6 +56,18 @@ extension NodeMachine {
                 )
                 return
             }
+            // Forgotten while it ran, or while it was away (the forget is newer than what an
+            // earlier run last said about itself, though older than what this start said): the
+            // others may have collected deletions without it. It takes their state, once.
+            if member.state == .forgotten, !stopping, member.version > (earlierOwnEntry?.version ?? .zero),
+                resyncedAfterForget != member.version
+            {
+                resyncedAfterForget = member.version
+                logger.error(
+                    "this node was forgotten by another member (statesync forget); it stays in the cluster because it runs, and says so",
+                    metadata: ["member.version": "\(member.version)"])
+                resyncAfterForget(by: member.version.node)
+            }
             // A newer entry about this node than the one it wrote at this start: written by
             // another (an operator's forget, a forged leave), or by itself in an earlier run (the
             // leave it wrote when it stopped, from a clock that was ahead of its clock now). It
@@ -65,12 +77,6 @@ extension NodeMachine {
             guard let own = ownEntry, own.version < member.version || (own.version == member.version && own != member)
             else { return }
             clock.advance(past: member.version)
-            if member.state == .forgotten, !stopping {
-                logger.error(
-                    "this node was forgotten by another member (statesync forget); it stays in the cluster because it runs, and says so",
-                    metadata: ["member.version": "\(member.version)"])
-                resyncAfterForget(by: member.version.node)
-            }
             writeOwnEntry(stopping ? .left : .alive)
             return
         }

@@ -56,6 +56,11 @@ package struct NodeMachine: Sendable {
     package internal(set) var membership = Membership()
     /// The list's revision when it was last saved (``NodeAction/saveMembers(_:)``).
     var savedMembershipRevision = 0
+    /// This node's own entry as an earlier run left it (from its saved list): a forget newer
+    /// than it was made while the node was away.
+    var earlierOwnEntry: Membership.Member?
+    /// The version of the forget this node resynced after (it does so once per forget).
+    var resyncedAfterForget: Version?
     /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
     var lastAnnounce: [String: UInt64] = [:]
     var announcesInFlight: [UInt64: String] = [:]
@@ -170,6 +175,7 @@ package struct NodeMachine: Sendable {
         for member in recovery.members {
             if member.id == configuration.nodeID {
                 clock.advance(past: member.version)
+                earlierOwnEntry = member
             } else {
                 membership.merge(member)
             }
