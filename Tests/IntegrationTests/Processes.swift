@@ -97,6 +97,9 @@ func waitUntil(
         if try await condition() { return }
         try await Task.sleep(for: .milliseconds(10))
     }
+    // Once more after the deadline: a waiter that was itself not scheduled for a while (a busy
+    // 2-core machine) judges the state as it is, not the last one it happened to see.
+    if try await condition() { return }
     Issue.record("timed out after \(timeout) waiting for \(what)", sourceLocation: sourceLocation)
     throw CancellationError()
 }

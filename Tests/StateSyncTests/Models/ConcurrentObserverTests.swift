@@ -5,29 +5,33 @@ import Testing
 @testable import StateSync
 
 /// Many threads writing one model at once: observers still see one unbroken chain.
-@Suite("Concurrent writers")
+@Suite("Concurrent writers", .serialized)  // 8 busy threads at a time is enough for 2 cores
 struct ConcurrentObserverTests {
     static let threads = 8
     static let perThread = 10_000
 
-    /// Runs `work(thread)` on `threads` real threads at once and waits for all of them.
-    static func onThreads(_ threads: Int, _ work: @escaping @Sendable (Int) -> Void) {
-        let group = DispatchGroup()
-        for thread in 0..<threads {
-            group.enter()
-            Thread {
-                work(thread)
-                group.leave()
-            }.start()
+    /// Runs `work(thread)` on `threads` real threads at once and waits for all of them without
+    /// blocking a thread of the test's concurrency pool (on 2 cores that pool has 2 threads: a
+    /// blocking wait there stalls every other test, and their deadlines pass unwatched).
+    static func onThreads(_ threads: Int, _ work: @escaping @Sendable (Int) -> Void) async {
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            let group = DispatchGroup()
+            for thread in 0..<threads {
+                group.enter()
+                Thread {
+                    work(thread)
+                    group.leave()
+                }.start()
+            }
+            group.notify(queue: .global()) { done.resume() }
         }
-        group.wait()
     }
 
-    @Test func plainSetsFromEightThreadsFormOneChain() {
+    @Test func plainSetsFromEightThreadsFormOneChain() async {
         let counter = Counter()
         let seen = Mutex<[(old: Int, new: Int)]>([])
         counter.observe(\.count) { change in seen.withLock { $0.append((change.old, change.new)) } }
-        Self.onThreads(Self.threads) { thread in
+        await Self.onThreads(Self.threads) { thread in
             for i in 1...Self.perThread {
                 counter.count = thread * Self.perThread + i  // distinct values across all threads
             }
@@ -42,11 +46,11 @@ struct ConcurrentObserverTests {
         #expect(chain.last?.new == counter.count)
     }
 
-    @Test func transactionsFromEightThreadsCountToEightyThousand() {
+    @Test func transactionsFromEightThreadsCountToEightyThousand() async {
         let counter = Counter()
         let seen = Mutex<[(old: Int, new: Int)]>([])
         counter.observe(\.count) { change in seen.withLock { $0.append((change.old, change.new)) } }
-        Self.onThreads(Self.threads) { _ in
+        await Self.onThreads(Self.threads) { _ in
             for _ in 0..<Self.perThread { counter.transaction { $0.count += 1 } }
         }
         let total = Self.threads * Self.perThread

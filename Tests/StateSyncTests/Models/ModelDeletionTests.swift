@@ -109,13 +109,20 @@ struct ModelDeletionTests {
 
             let expiries = Shared<[Change<String>]>([])
             remote.observe(\.title) { change in expiries.withLock { $0.append(change) } }
-            local.transaction(timeToLive: .milliseconds(300)) { $0.title = "for a moment" }
-            try await waitUntil("node2 sees the value") { remote.title == "for a moment" }
-            try await waitUntil("node2's model sees it expire") { expiries.value.last?.kind == .expired }
-            #expect(remote.title == "untitled" && local.title == "untitled")
-            #expect(expiries.value.map(\.kind) == [.set, .expired])
-            #expect(expiries.value.last?.old == "for a moment")
-            #expect(local.count == 9 && !local.isDeleted, "count was written without a time to live")
+            local.transaction(timeToLive: .seconds(1)) { $0.title = "for a moment" }
+            local.count = 10  // published after the title: once node2 has it, it has the title too
+            try await waitUntil("node2 applied both writes") { remote.count == 10 }
+            try await waitUntil("the title expired on both nodes") {
+                local.title == "untitled" && remote.title == "untitled"
+                    && node2.properties(of: ModelAddress(channel: "c", model: "room"))["title"] == nil
+            }
+            // Normally node2 holds the value for a while and is told of its expiry once. On a
+            // machine so busy that the write reached node2 after its expiry, node2 never held it
+            // and tells nothing: both are right, a set without its expiry (or twice) never is.
+            let kinds = expiries.value.map(\.kind)
+            #expect(kinds == [.set, .expired] || kinds.isEmpty, "\(expiries.value)")
+            if kinds == [.set, .expired] { #expect(expiries.value.last?.old == "for a moment") }
+            #expect(local.count == 10 && !local.isDeleted, "count was written without a time to live")
         } catch {
             await node1.stop()
             await node2.stop()

@@ -98,7 +98,7 @@ struct ObservationParityTests {
     /// self-re-arming trackings re-armed in `onChange` by whichever writer thread is delivering.
     /// Each tracking fires exactly once. (With notifications sent from several threads at once,
     /// two of them could both reach a tracking before either cancelled it.)
-    @Test func concurrentWritersFireEachSelfRearmingTrackingExactlyOnce() {
+    @Test func concurrentWritersFireEachSelfRearmingTrackingExactlyOnce() async {
         let threads = 8
         let perThread = 10_000
         let counter = Counter()
@@ -114,7 +114,7 @@ struct ObservationParityTests {
             }
         }
         for _ in 0..<threads { arm() }  // one chain per writer, armed before any write
-        ConcurrentObserverTests.onThreads(threads) { thread in
+        await ConcurrentObserverTests.onThreads(threads) { thread in
             for step in 0..<perThread { counter.count = thread * perThread + step + 1 }  // all distinct
         }
         let counts = fired.value
@@ -127,7 +127,7 @@ struct ObservationParityTests {
 
     /// Trackings armed before the writers start, one per model on 200 models that 8 threads all
     /// write: each fires exactly once.
-    @Test func concurrentWritersFireEachPreArmedTrackingExactlyOnce() {
+    @Test func concurrentWritersFireEachPreArmedTrackingExactlyOnce() async {
         let models = (0..<200).map { _ in Counter() }
         let fired = Shared<[Int]>(Array(repeating: 0, count: models.count))
         for (index, model) in models.enumerated() {
@@ -137,7 +137,7 @@ struct ObservationParityTests {
                 fired.withLock { $0[index] += 1 }
             }
         }
-        ConcurrentObserverTests.onThreads(8) { thread in
+        await ConcurrentObserverTests.onThreads(8) { thread in
             for round in 1...50 {
                 for model in models { model.count = thread * 1000 + round }
             }

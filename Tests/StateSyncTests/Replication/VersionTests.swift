@@ -44,10 +44,10 @@ struct VersionTests {
         #expect(clock.next().milliseconds < 11_000, "a peer beyond the bound must not pull the clock")
     }
 
-    @Test func concurrentCallersGetDistinctIncreasingVersions() {
+    @Test func concurrentCallersGetDistinctIncreasingVersions() async {
         let clock = HybridLogicalClock(node: "n")
         let seen = Shared<Set<UInt64>>([])
-        ConcurrentObserverTests.onThreads(4) { _ in
+        await ConcurrentObserverTests.onThreads(4) { _ in
             var mine: [UInt64] = []
             for _ in 0..<5000 { mine.append(clock.next().timestamp) }
             #expect(mine == mine.sorted())
