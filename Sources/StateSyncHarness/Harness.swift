@@ -54,7 +54,7 @@ public enum Harness {
             relays["\(i)>\(j)"]?.endpoint ?? "tcp://\(hosts[j]):\(publishPorts[j])"
         }
         let skewed: Int? = options.faults.contains(.clock) ? Int(rng.next() % UInt64(options.nodes)) : nil
-        let skewMilliseconds = 1500 + Int(rng.next() % 2000)
+        let skewMilliseconds = 1500 + Int(rng.next() % UInt64(Self.maximumClockSkewMilliseconds - 1500))
         let planted: Int? = options.plantedBug == nil ? nil : options.nodes - 1
         // --faults join: the last node starts late, knowing only n1; no one knows it.
         let joiner: Int? = options.faults.contains(.join) ? options.nodes - 1 : nil
@@ -93,7 +93,12 @@ public enum Harness {
                 environment["STATESYNC_SECURITY_CLIENT_KEYS"] = publicKeys[names.count]
             }
             if i == skewed { environment["STATESYNC_TEST_CLOCK_OFFSET_MS"] = String(skewMilliseconds) }
-            if i == planted { environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"] = "0.3" }
+            if i == planted {
+                switch options.plantedBug {
+                case .dropDeltas, nil: environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"] = "0.3"
+                case .neverExpire: environment["STATESYNC_TEST_NEVER_EXPIRE"] = "1"
+                }
+            }
             built.append(
                 NodeProcess(
                     name: names[i], api: "tcp://\(hosts[i]):\(apiPorts[i])", publishPort: publishPorts[i],
@@ -108,7 +113,8 @@ public enum Harness {
                 healed: nil)
         }
         if let planted {
-            faults.record(kind: "planted-bug", target: names[planted], detail: "drop-deltas 30%", at: 0, healed: nil)
+            let detail = options.plantedBug == .neverExpire ? "never-expire" : "drop-deltas 30%"
+            faults.record(kind: "planted-bug", target: names[planted], detail: detail, at: 0, healed: nil)
         }
 
         defer {
@@ -157,6 +163,7 @@ public enum Harness {
         // (A late joiner's clients and watcher wait for it like for a killed node.)
         let workloadStart = Date()
         let writes = WriteLog()
+        let expiries = LatestExpiry()
         // The report's pictures: every write's time and outcome, and each node's lag, sampled
         // through clients of their own (a node that does not answer does not hold up the others).
         let timeline = TimelineRecorder()
@@ -209,23 +216,26 @@ public enum Harness {
                         let elapsed = Date().timeIntervalSince(workloadStart)
                         if elapsed < due { try? await Task.sleep(for: .milliseconds(Int((due - elapsed) * 1000))) }
                         let target = Int(rng.next() % UInt64(names.count))
-                        let model = "m\(rng.next() % UInt64(options.models))"
-                        let propertyCount = rng.next() % 10 < 3 ? 2 + Int(rng.next() % 2) : 1
-                        var properties: [String: Value] = [:]
-                        for _ in 0..<propertyCount {
-                            properties["p\(rng.next() % 4)"] = .string("c\(client)-\(index)")
+                        var write = Self.drawWrite(
+                            &rng, models: options.models, value: "c\(client)-\(index)", node: names[target])
+                        let sentAt = Self.wallMilliseconds()
+                        let address = ModelAddress(channel: channel, model: write.model)
+                        let result =
+                            write.deletesModel || !write.deleted.isEmpty
+                            ? try? await clients[target].delete(
+                                address, properties: write.deletesModel ? [] : write.deleted)
+                            : try? await clients[target].set(address, write.propertyWrites)
+                        if let result, result.outcome == .changed { write.acknowledged = result.version }
+                        if write.timeToLive > 0 {
+                            // When it expires at the latest: its version's time, or, unacknowledged,
+                            // a version a skewed clock may have given it.
+                            let latest =
+                                write.acknowledged.map { $0.milliseconds }
+                                ?? sentAt + UInt64(Self.maximumClockSkewMilliseconds)
+                            expiries.note(latest + write.timeToLive)
                         }
-                        var acknowledged: Version?
-                        if let result = try? await clients[target].set(
-                            ModelAddress(channel: channel, model: model), properties),
-                            result.outcome == .changed
-                        {
-                            acknowledged = result.version
-                        }
-                        writes.append(
-                            ConvergenceChecker.Write(
-                                model: model, properties: properties, node: names[target], acknowledged: acknowledged))
-                        timeline.write(at: sinceStart(), acknowledged: acknowledged != nil)
+                        writes.append(write)
+                        timeline.write(at: sinceStart(), acknowledged: write.acknowledged != nil)
                     }
                 }
             }
@@ -252,8 +262,15 @@ public enum Harness {
         }
         let healed = Date()
         var converged = false
-        let deadline = healed.addingTimeInterval(TimeInterval(options.convergenceTimeoutSeconds))
+        // Values written with a time to live must have expired everywhere before the states are
+        // compared (a node's clock may be skewed ahead: it deletes them earlier than the others).
+        // A tick or two after the latest expiry, every node has deleted them.
+        let expiredBy = expiries.latest.map { $0 + 500 } ?? 0
+        let deadline = max(
+            healed.addingTimeInterval(TimeInterval(options.convergenceTimeoutSeconds)),
+            Date(timeIntervalSince1970: Double(expiredBy) / 1000 + 10))
         var quietSince: Date?
+        var equalSince: Date?  // when the states last became equal (the convergence time)
         var lastDigests: [UInt64] = []
         while Date() < deadline {
             var statuses: [NodeStatus] = []
@@ -261,14 +278,18 @@ public enum Harness {
             let settled =
                 statuses.count == clients.count
                 && statuses.allSatisfy({ $0.missingDeltas == 0 && $0.peers.allSatisfy(\.connected) })
-            if settled, Set(statuses.map(\.stateDigest)).count == 1 {
+            let equal = settled && Set(statuses.map(\.stateDigest)).count == 1
+            if equal, equalSince == nil { equalSince = Date() }
+            if !equal { equalSince = nil }
+            let expiriesDone = Self.wallMilliseconds() >= expiredBy
+            if equal && expiriesDone {
                 converged = true
                 break
             }
             // Quiet but different: nothing is missing, nothing changes, and still the states
-            // differ. Waiting longer will not help.
+            // differ. Waiting longer will not help (unless values are still to expire).
             let digests = statuses.map(\.stateDigest)
-            if settled && digests == lastDigests {
+            if settled && !equal && expiriesDone && digests == lastDigests {
                 if let since = quietSince, Date().timeIntervalSince(since) > 3 { break }
                 if quietSince == nil { quietSince = Date() }
             } else {
@@ -277,7 +298,8 @@ public enum Harness {
             lastDigests = digests
             try await Task.sleep(for: .milliseconds(20))
         }
-        let convergenceMilliseconds = converged ? Int(Date().timeIntervalSince(healed) * 1000) : nil
+        let convergenceMilliseconds =
+            converged ? Int((equalSince ?? Date()).timeIntervalSince(healed) * 1000) : nil
         samplingDone.set()
         await samplingTask.value
         let healedAt = Int(healed.timeIntervalSince(workloadStart) * 1000)
@@ -319,14 +341,13 @@ public enum Harness {
         for task in watchTasks { task.cancel() }
         for watcher in watchers { watcher.stop() }
 
+        let histories = watchers.map { watcher in
+            let models = Dictionary(
+                uniqueKeysWithValues: watcher.replica.models.map { ($0, watcher.replica.properties(of: $0)) })
+            return ConvergenceChecker.WatchHistory(node: watcher.node, sessions: watcher.sessions, finalState: models)
+        }
         let findings = ConvergenceChecker().check(
-            writes: writes.all, nodes: states,
-            watches: watchers.map { watcher in
-                let models = Dictionary(
-                    uniqueKeysWithValues: watcher.replica.models.map { ($0, watcher.replica.properties(of: $0)) })
-                return ConvergenceChecker.WatchHistory(
-                    node: watcher.node, sessions: watcher.sessions, finalState: models)
-            })
+            writes: writes.all, nodes: states, watches: histories, expiredThrough: expiredBy)
         // --secure: every node must refuse a stranger's key and a client without CURVE.
         var strangersRefused: Bool?
         if options.secure {
@@ -354,6 +375,9 @@ public enum Harness {
             faults: faults.events, durationSeconds: Date().timeIntervalSince(started), workDirectory: work,
             notifications: watchers.reduce(0) { $0 + $1.sessions.reduce(0) { $0 + $1.count } })
         report.strangersRefused = strangersRefused
+        let acknowledged = writes.all.filter { $0.acknowledged != nil }
+        report.deletions = acknowledged.filter { $0.deletesModel || !$0.deleted.isEmpty }.count
+        report.expiringWrites = acknowledged.filter { $0.timeToLive > 0 }.count
         report.resources = resources
         report.peerMessagesReceived = peerMessages
         report.timeline = runTimeline
@@ -364,6 +388,35 @@ public enum Harness {
             report.workDirectory = nil
         }
         return report
+    }
+
+    /// The largest clock skew the `clock` fault gives a node.
+    static let maximumClockSkewMilliseconds = 3500
+
+    static func wallMilliseconds() -> UInt64 { UInt64(Date().timeIntervalSince1970 * 1000) }
+
+    /// One client operation, drawn from `rng`: mostly sets of one to three properties, some
+    /// with a time to live (0.3–3 s), some deletions of properties, some of the whole model.
+    static func drawWrite(
+        _ rng: inout SeededGenerator, models: Int, value: String, node: String
+    ) -> ConvergenceChecker.Write {
+        let model = "m\(rng.next() % UInt64(models))"
+        let kind = rng.next() % 100
+        if kind < 5 {
+            return ConvergenceChecker.Write(
+                model: model, properties: [:], node: node, acknowledged: nil, deletesModel: true)
+        }
+        if kind < 13 {
+            let deleted = Set((0..<(1 + rng.next() % 2)).map { _ in "p\(rng.next() % 4)" })
+            return ConvergenceChecker.Write(
+                model: model, properties: [:], node: node, acknowledged: nil, deleted: deleted.sorted())
+        }
+        let propertyCount = rng.next() % 10 < 3 ? 2 + Int(rng.next() % 2) : 1
+        var properties: [String: Value] = [:]
+        for _ in 0..<propertyCount { properties["p\(rng.next() % 4)"] = .string(value) }
+        let timeToLive = kind < 25 ? 300 + rng.next() % 2700 : 0
+        return ConvergenceChecker.Write(
+            model: model, properties: properties, node: node, acknowledged: nil, timeToLive: timeToLive)
     }
 
     /// One progress update.
@@ -389,6 +442,14 @@ public enum Harness {
 }
 
 /// The writes the workload made, from all clients.
+
+/// The latest expiry of the values written with a time to live, in wall-clock milliseconds.
+final class LatestExpiry: Sendable {
+    private let value = Mutex<UInt64?>(nil)
+    func note(_ expiry: UInt64) { value.withLock { $0 = max($0 ?? expiry, expiry) } }
+    var latest: UInt64? { value.withLock { $0 } }
+}
+
 final class WriteLog: Sendable {
     private let writes = Mutex<[ConvergenceChecker.Write]>([])
     func append(_ write: ConvergenceChecker.Write) { writes.withLock { $0.append(write) } }

@@ -26,6 +26,9 @@ public struct HarnessOptions: Sendable {
         /// One node silently discards a share of the remote deltas it should apply, and never
         /// repairs them (`STATESYNC_TEST_DROP_REMOTE_DELTAS`).
         case dropDeltas = "drop-deltas"
+        /// One node never deletes the values whose time to live ran out
+        /// (`STATESYNC_TEST_NEVER_EXPIRE`).
+        case neverExpire = "never-expire"
     }
 
     public var nodes = 3

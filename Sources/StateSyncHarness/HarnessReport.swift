@@ -15,6 +15,10 @@ public struct HarnessReport: Sendable {
     public var nodes: Int
     public var operations: Int
     public var acknowledged: Int
+    /// Of the acknowledged writes: deletions (of properties or models), and sets with a time to
+    /// live.
+    public var deletions = 0
+    public var expiringWrites = 0
     public var findings: ConvergenceChecker.Findings
     public var converged: Bool
     /// From the last heal until every node held the same state with nothing missing.
@@ -41,6 +45,7 @@ public struct HarnessReport: Sendable {
         var map: [String: Value] = [
             "passed": .bool(passed), "converged": .bool(converged), "seed": .int(Int64(bitPattern: seed)),
             "nodes": .int(Int64(nodes)), "ops": .int(Int64(operations)), "acknowledged": .int(Int64(acknowledged)),
+            "deletions": .int(Int64(deletions)), "expiring_writes": .int(Int64(expiringWrites)),
             "lost_writes": .int(Int64(findings.lostWrites.count)),
             "chain_violations": .int(Int64(findings.chainViolations.count)),
             "lww_violations": .int(Int64(findings.lwwViolations.count)),
@@ -77,7 +82,7 @@ public struct HarnessReport: Sendable {
     public var humanText: String {
         var lines: [String] = []
         lines.append(
-            "StateSync harness: \(nodes) nodes, \(operations) ops (\(acknowledged) acknowledged), seed \(seed), \(String(format: "%.1f", durationSeconds)) s"
+            "StateSync harness: \(nodes) nodes, \(operations) ops (\(acknowledged) acknowledged: \(deletions) deletions, \(expiringWrites) with a time to live), seed \(seed), \(String(format: "%.1f", durationSeconds)) s"
         )
         lines.append("faults (\(faults.count)):")
         for fault in faults {

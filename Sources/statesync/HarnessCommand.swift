@@ -45,7 +45,8 @@ extension StateSyncCLI {
         @Option(help: ArgumentHelp("Concurrent writer clients.", valueName: "N"))
         var clients = 4
 
-        @Option(help: ArgumentHelp("Plant a bug to prove the checker fails: drop-deltas.", valueName: "BUG"))
+        @Option(
+            help: ArgumentHelp("Plant a bug to prove the checker fails: drop-deltas, never-expire.", valueName: "BUG"))
         var plantBug: String?
 
         @Flag(help: "Run every node in its own network namespace with its own address (root only).")
@@ -76,7 +77,9 @@ extension StateSyncCLI {
                 )
             }
             if let plantBug, HarnessOptions.PlantedBug(rawValue: plantBug) == nil {
-                throw ValidationError("unknown bug '\(plantBug)'; the harness can plant: drop-deltas")
+                throw ValidationError(
+                    "unknown bug '\(plantBug)'; the harness can plant: \(HarnessOptions.PlantedBug.allCases.map(\.rawValue).joined(separator: ", "))"
+                )
             }
             guard (2...32).contains(nodes) else { throw ValidationError("--nodes must be between 2 and 32") }
             guard ops > 0 else { throw ValidationError("--ops must be positive") }

@@ -199,12 +199,15 @@ struct StateSyncDaemon: AsyncParsableCommand {
         let environment = ProcessInfo.processInfo.environment
         let share = environment["STATESYNC_TEST_DROP_REMOTE_DELTAS"].flatMap(Double.init) ?? 0
         let offset = environment["STATESYNC_TEST_CLOCK_OFFSET_MS"].flatMap(Int64.init) ?? 0
+        let neverExpire = environment["STATESYNC_TEST_NEVER_EXPIRE"].flatMap(Int.init) ?? 0 != 0
         if offset != 0 {
             logger.warning(
                 "TEST FAULT INJECTION: this node's wall clock is skewed", metadata: ["offset_ms": "\(offset)"])
         }
+        if neverExpire { logger.warning("TEST FAULT INJECTION: this node never deletes expired values") }
         return StateSyncNode.TestHooks(
-            faults: NodeFaults(dropRemoteDeltasShare: share), clockOffsetMilliseconds: offset)
+            faults: NodeFaults(dropRemoteDeltasShare: share, neverExpire: neverExpire),
+            clockOffsetMilliseconds: offset)
     }
 }
 

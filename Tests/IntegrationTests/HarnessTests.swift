@@ -30,6 +30,8 @@ struct HarnessTests {
         #expect(report["lost_writes"] as? Int == 0)
         #expect(report["chain_violations"] as? Int == 0)
         #expect(report["ops"] as? Int == 3000)
+        // The workload deletes and expires too, and the checks above held with them.
+        #expect((report["deletions"] as? Int ?? 0) > 100 && (report["expiring_writes"] as? Int ?? 0) > 100, "\(report)")
         #expect((report["convergence_ms"] as? Int) != nil)
         let kinds = Set((report["faults"] as? [[String: Any]] ?? []).compactMap { $0["kind"] as? String })
         #expect(kinds.isSuperset(of: ["kill", "partition", "pause", "loss", "clock"]), "\(kinds)")
@@ -133,12 +135,11 @@ struct HarnessTests {
         #expect(details.contains { $0.hasPrefix("link down") }, "\(details)")
     }
 
-    @Test func aPlantedBugFailsTheVerdictAndNamesTheNode() async throws {
+    /// `drop-deltas`: n3 diverges at once; `never-expire`: once the first value it holds expires.
+    @Test(arguments: ["drop-deltas", "never-expire"])
+    func aPlantedBugFailsTheVerdictAndNamesTheNode(bug: String) async throws {
         let (run, report) = try await Self.harness(
-            [
-                "--nodes", "3", "--ops", "1500", "--seed", "7", "--faults", "kill", "--plant-bug",
-                "drop-deltas",
-            ])
+            ["--nodes", "3", "--ops", "1500", "--seed", "7", "--faults", "kill", "--plant-bug", bug])
         #expect(run.status == 1)
         #expect(report["converged"] as? Bool == false)
         #expect(report["diverged_nodes"] as? [String] == ["n3"])
