@@ -20,7 +20,14 @@ public final class StateSyncClient: Sendable {
     public let endpoint: String
     /// How long a request may wait for its answer before failing with a timeout.
     public let requestTimeout: Duration
+    /// The other daemons the typed models of this client fail over to, in order, when theirs
+    /// dies (``model(_:channel:id:)``); empty for one endpoint.
+    public let failoverEndpoints: [String]
+    let security: Security?
     private let io: ClientIO
+    /// The live typed models of this client, by address, and their failover connections.
+    let models = ClientModels()
+    let connections = ClientConnections()
 
     /// CurveZMQ credentials for a node with security configured (docs/PROTOCOL.md section 14).
     public struct Security: Sendable {
@@ -42,14 +49,41 @@ public final class StateSyncClient: Sendable {
     /// when it does not admit this client's key (a refused CURVE handshake is silent).
     ///
     /// - Throws: ``StateSyncError`` for a bad endpoint, or `security` whose keys cannot be read.
-    public init(
+    public convenience init(
         endpoint: String = "tcp://127.0.0.1:7101", requestTimeout: Duration = .seconds(5), security: Security? = nil
     ) throws {
         if let problem = NodeConfiguration.endpointProblem(endpoint) {
             throw StateSyncError(.invalidConfiguration, "--daemon: \(problem)")
         }
+        try self.init(endpoint: endpoint, failover: [], requestTimeout: requestTimeout, security: security)
+    }
+
+    /// A client of the first of `endpoints`, whose typed models (``model(_:channel:id:)``) fail
+    /// over to the next one when their daemon dies (no answer within `requestTimeout`), and so
+    /// on round the list. Requests made on the client itself go to the first endpoint.
+    ///
+    /// - Throws: ``StateSyncError`` for an empty list, a bad endpoint, or unreadable keys.
+    public convenience init(
+        endpoints: [String], requestTimeout: Duration = .seconds(5), security: Security? = nil
+    ) throws {
+        guard let first = endpoints.first else {
+            throw StateSyncError(.invalidConfiguration, "give at least one daemon endpoint")
+        }
+        for endpoint in endpoints {
+            if let problem = NodeConfiguration.endpointProblem(endpoint) {
+                throw StateSyncError(.invalidConfiguration, "endpoint \(endpoint): \(problem)")
+            }
+        }
+        try self.init(
+            endpoint: first, failover: Array(endpoints.dropFirst()), requestTimeout: requestTimeout,
+            security: security)
+    }
+
+    private init(endpoint: String, failover: [String], requestTimeout: Duration, security: Security?) throws {
         self.endpoint = endpoint
         self.requestTimeout = requestTimeout
+        self.failoverEndpoints = failover
+        self.security = security
         var credentials: (serverKey: [UInt8], pair: Curve.KeyPair)?
         if let security {
             do {
@@ -62,6 +96,7 @@ public final class StateSyncClient: Sendable {
             }
         }
         self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout, credentials: credentials)
+        connections.setOwner(self)
     }
 
     /// A client whose CurveZMQ key pair is held in memory, never in a file (the daemon's own
@@ -74,10 +109,14 @@ public final class StateSyncClient: Sendable {
         }
         self.endpoint = endpoint
         self.requestTimeout = requestTimeout
+        self.failoverEndpoints = []
+        self.security = nil
         self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout, credentials: (serverKey, keyPair))
     }
 
     deinit {
+        models.closeAll()
+        connections.closeAll()
         io.close()
     }
 
@@ -85,6 +124,8 @@ public final class StateSyncClient: Sendable {
     /// once the thread has stopped: from then on no watch event arrives and no replica changes, so
     /// a replica can be handed to another client to resume from exactly where it stands.
     public func close() {
+        models.closeAll()
+        connections.closeAll()
         io.close()
     }
 

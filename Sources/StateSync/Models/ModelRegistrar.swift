@@ -2,20 +2,33 @@ public import Observation
 import Synchronization
 
 /// Where a model attached to a node sends its local writes.
-struct ModelBinding: Sendable {
-    let address: ModelAddress
+package struct ModelBinding: Sendable {
+    package let address: ModelAddress
     /// Stamps a version for a write from the node's clock. The node holds it as in flight until
     /// ``emit`` hands the write over or ``discard`` says there is none: until then it never
     /// claims, in the floor its HEARTBEATs carry, that no delta at or below it will come
     /// (docs/PROTOCOL.md 8.4).
-    let stamp: @Sendable () -> Version
+    package let stamp: @Sendable () -> Version
     /// Hands a local write at a stamped version to the node. Called with the model's lock held,
     /// in version order; it must only enqueue.
-    let emit: @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void
+    package let emit: @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void
     /// A stamped version makes no write after all (superseded, or nothing could be encoded).
-    let discard: @Sendable (_ version: Version) -> Void
+    package let discard: @Sendable (_ version: Version) -> Void
     /// Reports a property that could not be encoded for the wire.
-    let reportEncodingFailure: @Sendable (_ property: String, _ error: any Error) -> Void
+    package let reportEncodingFailure: @Sendable (_ property: String, _ error: any Error) -> Void
+
+    package init(
+        address: ModelAddress, stamp: @escaping @Sendable () -> Version,
+        emit: @escaping @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void,
+        discard: @escaping @Sendable (_ version: Version) -> Void,
+        reportEncodingFailure: @escaping @Sendable (_ property: String, _ error: any Error) -> Void
+    ) {
+        self.address = address
+        self.stamp = stamp
+        self.emit = emit
+        self.discard = discard
+        self.reportEncodingFailure = reportEncodingFailure
+    }
 }
 
 /// The engine behind every ``Replicated()`` model: one lock per model instance, exact old and new
@@ -339,7 +352,7 @@ public final class ModelRegistrar: Sendable {
         /// written at `version` expired).
         var expiredAt: Version?
 
-        init(
+        package init(
             writes: [PropertyWrite], version: Version, isRemote: Bool = true, emitter: UInt64 = 0,
             expiredAt: Version? = nil
         ) {
@@ -369,7 +382,7 @@ public final class ModelRegistrar: Sendable {
     /// Observation) run on the executor; without, on the calling thread before this returns —
     /// unless another thread is delivering this model's notifications, which then delivers these
     /// too, in order.
-    func applyRemote<Model: ReplicatedModel>(
+    package func applyRemote<Model: ReplicatedModel>(
         _ model: Model, _ sets: [RemoteWriteSet], notifyingOn executor: (any ObserverExecutor)? = nil
     ) -> RemoteApplyResult {
         let schema = Model._$schema
@@ -579,7 +592,7 @@ public final class ModelRegistrar: Sendable {
     /// Attaches the model to a node: adopts the node's records for it silently (no
     /// notifications, no deltas; deletions included) and from now on publishes local writes
     /// through `binding`.
-    func attach<Model: ReplicatedModel>(
+    package func attach<Model: ReplicatedModel>(
         _ model: Model, adopting registers: [String: ReplicaStore.Register], binding: ModelBinding
     ) {
         let schema = Model._$schema
@@ -608,8 +621,64 @@ public final class ModelRegistrar: Sendable {
         }
     }
 
+    /// A write made at the provisional version `provisional` was acknowledged by the node with
+    /// `acknowledged`: the properties (and the model's deletion) still at the provisional version
+    /// take the node's, against which later changes are merged. Nothing is notified: the values
+    /// do not change.
+    package func acknowledge(provisional: Version, as acknowledged: Version) {
+        state.withLock { state in
+            for (name, version) in state.versions where version == provisional {
+                state.versions[name] = acknowledged
+            }
+            if state.deletion == provisional { state.deletion = acknowledged }
+        }
+    }
+
+    /// A write made at the provisional version `provisional` was refused by the node: the
+    /// properties still at that version take back what the node holds (`registers`, its
+    /// replica's records of the model; a property it holds no value for resets to its initial
+    /// value), and their observers are told, as of a remote change.
+    package func revert<Model: ReplicatedModel>(
+        _ model: Model, provisional: Version, to registers: [String: ReplicaStore.Register]
+    ) {
+        let schema = Model._$schema
+        let deliver = state.withLock { state -> Bool in
+            if state.deletion == provisional {
+                state.deletion = registers[""].flatMap { $0.isDeleted ? $0.version : nil }
+            }
+            var initial: Model?
+            for (index, property) in schema.properties.enumerated() where state.versions[property.name] == provisional {
+                let old = property.currentValue(model)
+                let held = registers[property.name]
+                state.versions[property.name] = held?.version
+                if let held, !held.isDeleted {
+                    // A value this model's type cannot hold keeps the current one.
+                    _ = try? property.assign(model, from: held.value)
+                    state.removed.remove(property.name)
+                } else {
+                    if initial == nil { initial = Model() }
+                    property.restore(model, property.currentValue(initial!))
+                    if held == nil { state.removed.remove(property.name) } else { state.removed.insert(property.name) }
+                }
+                let new = property.currentValue(model)
+                guard !property.sameErased(old, new) else { continue }
+                state.pending.append(.observation(index))
+                enqueue(
+                    &state,
+                    ErasedChange(
+                        property: property.name, old: old, new: new, version: held?.version ?? provisional,
+                        isRemote: true))
+            }
+            setDeleted(
+                (state.deletion != nil || !state.removed.isEmpty)
+                    && !schema.properties.contains { state.hasValue($0.name) }, &state)
+            return !state.pending.isEmpty && claimDelivery(&state)
+        }
+        if deliver { drain(model) }
+    }
+
     /// Detaches the model from its node; later writes stay local.
-    func detach() {
+    package func detach() {
         state.withLock { $0.binding = nil }
     }
 

@@ -1,0 +1,150 @@
+import Foundation
+import Observation
+import StateSync
+import StateSyncClient
+import Synchronization
+import Testing
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+@Replicated
+final class Scoreboard {
+    var score = 0
+    var title = "untitled"
+}
+
+/// Typed models in a client app (issue #16): `client.model(...)` mirrors a model from a daemon,
+/// its writes are acknowledged with their versions, and when its daemon dies it fails over to the
+/// next without missing or repeating a change.
+@Suite("Typed models in client apps")
+struct ClientModelTests {
+    /// An app on two daemons of a 3-node cluster; another client writes 1...600 through the
+    /// third; the app's daemon is killed (kill -9) a third of the way in. The model's observer
+    /// sees every value once, in order, old always the previous new; its own writes are
+    /// acknowledged by the daemon it is on, before and after the failover.
+    @Test func aModelFailsOverWithAnUnbrokenChainAndItsWritesAreAcknowledged() async throws {
+        let cluster = try ModelLifecycleTests.Cluster()
+        do {
+            let writer = try StateSyncClient(endpoint: cluster.api[2], requestTimeout: .seconds(5))
+            defer { writer.close() }
+            try await waitUntil("every node sees its two peers") {
+                for api in cluster.api {
+                    let client = try StateSyncClient(endpoint: api, requestTimeout: .milliseconds(500))
+                    defer { client.close() }
+                    guard let status = try? await client.status(), status.peers.allSatisfy(\.connected),
+                        status.peers.count == 2
+                    else { return false }
+                }
+                return true
+            }
+            let address = ModelAddress(channel: "app", model: "board")
+            try await writer.set(address, ["score": 0, "title": "set before the app started"])
+            try await waitUntil("node1 holds the model") {
+                let client = try StateSyncClient(endpoint: cluster.api[0], requestTimeout: .milliseconds(500))
+                defer { client.close() }
+                return (try? await client.get(address))?["title"] != nil
+            }
+
+            let app = try StateSyncClient(endpoints: [cluster.api[0], cluster.api[1]], requestTimeout: .seconds(1))
+            defer { app.close() }
+            let board = try await app.model(Scoreboard.self, channel: "app", id: "board")
+            #expect(board.title == "set before the app started", "it starts with the daemon's state")
+            #expect(try await app.model(Scoreboard.self, channel: "app", id: "board") === board)
+
+            let seen = Mutex<[Change<Int>]>([])
+            let token = board.observe(\.score) { change in seen.withLock { $0.append(change) } }
+            defer { token.cancel() }
+            // Observation tracking fires once, after the value is there.
+            let tracked = Mutex<[Int]>([])
+            withObservationTracking {
+                _ = board.score
+            } onChange: {
+                tracked.withLock { $0.append(board.score) }
+            }
+
+            // A local write: applied at once, then acknowledged by node1 with its version.
+            board.title = "the app's"
+            #expect(board.title == "the app's")
+            let before = try #require(try await app.synchronize(board))
+            #expect(before.node == "node1")
+            try await waitUntil("node3 has the app's write") {
+                (try? await writer.get(address))?["title"]?.value == "the app's"
+            }
+
+            let total = 600
+            for value in 1...total {
+                try await writer.set(address, ["score": .int(Int64(value))])
+                if value == total / 3 {
+                    try await waitUntil("the app saw a first part") { seen.withLock { $0.count } >= 20 }
+                    _ = await cluster.daemons[0].stop(SIGKILL)
+                }
+            }
+            try await waitUntil("the app has the last value", timeout: .seconds(60)) { board.score == total }
+
+            let chain = seen.withLock { $0 }
+            #expect(chain.map(\.new) == Array(1...total), "every value once, in order: \(chain.map(\.new).prefix(20))…")
+            var broken: [String] = []
+            for (index, change) in chain.enumerated() {
+                let previous = index == 0 ? 0 : chain[index - 1].new
+                if change.old != previous { broken.append("\(change.old) -> \(change.new) after \(previous)") }
+                if !change.isRemote { broken.append("\(change.new) is not remote") }
+            }
+            #expect(broken.isEmpty, "\(broken.prefix(5))")
+            #expect(tracked.withLock { $0 }.count == 1 && tracked.withLock { $0 }.first ?? 0 >= 1)
+
+            // After the failover, the app's writes go to node2.
+            board.title = "after the failover"
+            let after = try #require(try await app.synchronize(board))
+            #expect(after.node == "node2" && after > before)
+            try await waitUntil("node3 has the app's write") {
+                (try? await writer.get(address))?["title"]?.value == "after the failover"
+            }
+            #expect(board.score == total && board.title == "after the failover")
+        } catch {
+            Issue.record("\(error)\n\(cluster.logs)")
+        }
+        _ = await cluster.stop()
+    }
+
+    /// Deletions and expiries reach a client model like remote writes; the app's own deletion is
+    /// acknowledged and reaches the other nodes.
+    @Test func deletionsAndExpiriesReachAClientModel() async throws {
+        let cluster = try ModelLifecycleTests.Cluster()
+        do {
+            let writer = try StateSyncClient(endpoint: cluster.api[1], requestTimeout: .seconds(5))
+            defer { writer.close() }
+            let app = try StateSyncClient(endpoint: cluster.api[0], requestTimeout: .seconds(2))
+            defer { app.close() }
+            try await waitUntil("node1 answers") { (try? await app.status()) != nil }
+            let board = try await app.model(Scoreboard.self, channel: "app", id: "b2")
+            let changes = Mutex<[Change<String>]>([])
+            board.observe(\.title) { change in changes.withLock { $0.append(change) } }
+
+            board.title = "mine"
+            try await app.synchronize(board)
+            let address = ModelAddress(channel: "app", model: "b2")
+            try await waitUntil("node2 holds the app's write") {
+                (try? await writer.get(address))?["title"]?.value == "mine"
+            }
+            try await writer.delete(address)
+            try await waitUntil("the app's model is deleted") { board.isDeleted }
+            #expect(board.title == "untitled")
+            #expect(changes.withLock { $0.last?.kind } == .deleted && changes.withLock { $0.last?.old } == "mine")
+
+            try await writer.set(address, ["title": "briefly"], timeToLive: .seconds(3))
+            try await waitUntil("the app sees the value expire") { changes.withLock { $0.last?.kind } == .expired }
+            #expect(changes.withLock { $0.map(\.kind) } == [.set, .deleted, .set, .expired])
+            #expect(changes.withLock { $0.last?.old } == "briefly" && board.title == "untitled")
+
+            board.score = 7
+            board.delete()
+            try await app.synchronize(board)
+            try await waitUntil("node2 has the app's deletion") { (try? await writer.get(address))?.isEmpty == true }
+        } catch {
+            Issue.record("\(error)\n\(cluster.logs)")
+        }
+        _ = await cluster.stop()
+    }
+}
