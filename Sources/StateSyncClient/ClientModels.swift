@@ -240,7 +240,7 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
     /// Sends the queued writes in order, one at a time, until cancelled or the daemon fails.
     private func send(through client: StateSyncClient, wake: AsyncStream<Void>) async throws {
         var wakes = wake.makeAsyncIterator()
-        while !Task.isCancelled {
+        while !Task.isCancelled && isAlive {
             guard let next = state.withLock({ $0.queue.first }) else {
                 _ = await wakes.next()
                 continue
@@ -300,7 +300,11 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
             return (released, ready)
         }
         apply(released)
-        let outcome = state.withLock { ($0.lastVersion, $0.refusal) }
+        // A refusal is told to the waiters it finds, or else to the next synchronize.
+        let outcome = state.withLock { state in
+            defer { if !ready.isEmpty { state.refusal = nil } }
+            return (state.lastVersion, state.refusal)
+        }
         for continuation in ready {
             if let refusal = outcome.1 {
                 continuation.resume(throwing: refusal)
@@ -308,7 +312,6 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
                 continuation.resume(returning: outcome.0)
             }
         }
-        if refusal != nil { state.withLock { $0.refusal = nil } }
     }
 
     /// Applies changes the watch computed against the replica, in order, to the model.
@@ -341,7 +344,10 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
                 if state.closed {
                     return .failure(StateSyncError(.stopped, "the model \(address) is no longer linked"))
                 }
-                if state.answered >= state.written { return .success(state.lastVersion) }
+                if state.answered >= state.written {
+                    defer { state.refusal = nil }
+                    return state.refusal.map { .failure($0) } ?? .success(state.lastVersion)
+                }
                 state.waiters.append((state.written, continuation))
                 return nil
             }
