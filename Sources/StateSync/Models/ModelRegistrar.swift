@@ -1,8 +1,9 @@
 public import Observation
 import Synchronization
 
-/// Where a model attached to a node sends its local writes.
-package struct ModelBinding: Sendable {
+/// Where a model attached to a node sends its local writes. A class: the registrar reaches it on
+/// every write, and copying it out of the model's state is one retain, not one per closure.
+package final class ModelBinding: Sendable {
     package let address: ModelAddress
     /// Stamps a version for a write from the node's clock. The node holds it as in flight until
     /// ``emit`` hands the write over or ``discard`` says there is none: until then it never
@@ -87,7 +88,10 @@ public final class ModelRegistrar: Sendable {
 
         /// Whether `property` holds a written value.
         func hasValue(_ property: String) -> Bool {
-            guard let version = versions[property], !removed.contains(property) else { return false }
+            // (An empty set is asked first: hashing the name on every write costs.)
+            guard let version = versions[property], removed.isEmpty || !removed.contains(property) else {
+                return false
+            }
             return deletion.map { version > $0 } ?? true
         }
     }
@@ -190,7 +194,7 @@ public final class ModelRegistrar: Sendable {
             }
             property.set(model, newValue)
             state.versions[property.name] = version
-            state.removed.remove(property.name)
+            if !state.removed.isEmpty { state.removed.remove(property.name) }
             noteValue(&state)
             state.pending.append(.observation(property.index))
             enqueue(
@@ -298,7 +302,7 @@ public final class ModelRegistrar: Sendable {
                 }
                 changed = true
                 state.versions[property.name] = version
-                state.removed.remove(property.name)
+                if !state.removed.isEmpty { state.removed.remove(property.name) }
                 state.pending.append(.observation(index))
                 enqueue(
                     &state, ErasedChange(property: property.name, old: old, new: new, version: version, isRemote: false)
@@ -453,7 +457,11 @@ public final class ModelRegistrar: Sendable {
                         result.unknownProperties.append(write.name)
                         continue
                     }
-                    if let floor = state.floor(of: write.name), floor >= set.version {
+                    // One look-up of the property's version serves the merge, whether it had a
+                    // value, and the new version (this runs for every property a peer writes).
+                    let slot = state.versions.index(forKey: write.name)
+                    let held = slot.map { state.versions.values[$0] }
+                    if let floor = state.deletion.map({ max(held ?? $0, $0) }) ?? held, floor >= set.version {
                         result.stale += 1
                         continue
                     }
@@ -467,11 +475,17 @@ public final class ModelRegistrar: Sendable {
                     }
                     let property = schema.properties[index]
                     do {
-                        let hadValue = state.hasValue(write.name)
+                        let hadValue =
+                            held != nil && (state.removed.isEmpty || !state.removed.contains(write.name))
+                            && (state.deletion.map { held! > $0 } ?? true)
                         let before = property.currentValue(model)
                         let assigned = try property.assign(model, from: write.value)
-                        state.versions[write.name] = set.version
-                        state.removed.remove(write.name)
+                        if let slot {
+                            state.versions.values[slot] = set.version
+                        } else {
+                            state.versions[write.name] = set.version
+                        }
+                        if !state.removed.isEmpty { state.removed.remove(write.name) }
                         setAny = true
                         // An equal value still gives a property without one its value back.
                         guard assigned != nil || !hadValue else { continue }
@@ -654,7 +668,7 @@ public final class ModelRegistrar: Sendable {
                 if let held, !held.isDeleted {
                     // A value this model's type cannot hold keeps the current one.
                     _ = try? property.assign(model, from: held.value)
-                    state.removed.remove(property.name)
+                    if !state.removed.isEmpty { state.removed.remove(property.name) }
                 } else {
                     if initial == nil { initial = Model() }
                     property.restore(model, property.currentValue(initial!))

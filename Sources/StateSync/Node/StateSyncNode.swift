@@ -47,7 +47,7 @@ public final class StateSyncNode: Sendable {
     private let state: Mutex<HostState>
     /// The local writes of live models waiting for the driver, and the versions stamped for
     /// writes not handed over yet (timestamp → how many): the node's floor stays below them.
-    private let outbox = Mutex<(writes: [LocalWrite], stamped: [UInt64: Int])>(([], [:]))
+    private let outbox = Mutex<(writes: [LocalWrite], stamped: [UInt64])>(([], []))
     /// When the data directory's free space was last measured (monotonic milliseconds).
     private let lastSpaceCheck = Atomic<UInt64>(0)
     /// How often the free space is measured.
@@ -149,7 +149,7 @@ public final class StateSyncNode: Sendable {
         // still in flight, or above the clock's last timestamp read here.
         let (written, writeFloor) = outbox.withLock { pending -> ([LocalWrite], UInt64) in
             defer { pending.writes = [] }
-            let inFlight = pending.stamped.keys.min().map { $0 &- 1 } ?? .max
+            let inFlight = pending.stamped.min().map { $0 &- 1 } ?? .max
             return (pending.writes, min(clock.lastTimestamp, inFlight))
         }
         state.withLock { $0.machine.hostWriteFloor = writeFloor }
@@ -391,7 +391,7 @@ public final class StateSyncNode: Sendable {
                 guard let self else { return clock.next() }
                 return self.outbox.withLock { pending in
                     let version = clock.next()
-                    pending.stamped[version.timestamp, default: 0] += 1
+                    pending.stamped.append(version.timestamp)
                     return version
                 }
             },
@@ -430,10 +430,11 @@ public final class StateSyncNode: Sendable {
         driver.withLock { $0 }?.wake()
     }
 
-    /// A stamped version is no longer in flight.
-    private static func release(_ version: Version, from stamped: inout [UInt64: Int]) {
-        guard let count = stamped[version.timestamp] else { return }
-        stamped[version.timestamp] = count > 1 ? count - 1 : nil
+    /// A stamped version is no longer in flight. (At most one per writing thread is: a short
+    /// array, searched from its end, where the write just stamped is; no hashing per write.)
+    private static func release(_ version: Version, from stamped: inout [UInt64]) {
+        guard let index = stamped.lastIndex(of: version.timestamp) else { return }
+        stamped.remove(at: index)
     }
 
     private func reportEncodingFailure(_ address: ModelAddress, _ property: String, _ error: any Error) {

@@ -344,11 +344,20 @@ public struct ReplicaStore: Sendable {
     /// Runs `body` on the model at `address` in place, creating it when absent, and drops it again
     /// when it ends up holding nothing.
     private mutating func modify(_ address: ModelAddress, _ body: (inout Model) -> Void) {
-        body(&channels[address.channel, default: [:]][address.model, default: Model()])
-        guard let model = channels[address.channel]?[address.model], model.registers.isEmpty, model.deletion == nil
-        else { return }
+        // One look-up of the channel and of the model on the hot path; the empty check rides on it.
+        var emptied = false
+        Self.withModel(&channels[address.channel, default: [:]][address.model, default: Model()]) { model in
+            body(&model)
+            emptied = model.registers.isEmpty && model.deletion == nil
+        }
+        guard emptied else { return }
         channels[address.channel]?[address.model] = nil
         if channels[address.channel]?.isEmpty == true { channels[address.channel] = nil }
+    }
+
+    @inline(__always)
+    private static func withModel(_ model: inout Model, _ body: (inout Model) -> Void) {
+        body(&model)
     }
 
     /// Writes back what a merge into one model changed besides the model.
