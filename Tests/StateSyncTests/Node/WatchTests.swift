@@ -95,6 +95,12 @@ struct WatchTests {
             first.close()
             // Meanwhile, more writes, from two nodes.
             for i in 21...40 { try await writer.set(address, ["n": .int(Int64(i))]) }
+            // Every node holds 40 before node1 writes 41: else node2 could get node1's 41 before
+            // node3's 40 (a gap being repaired) and rightly drop 40 as older, and the chain this
+            // test expects would not be the one node2 applied.
+            try await waitUntil("every node holds 40") {
+                nodes.allSatisfy { $0.properties(of: address)["n"]?.value == 40 }
+            }
             let other = try StateSyncClient(endpoint: try #require(nodes[0].apiEndpoint))
             defer { other.close() }
             for i in 41...45 { try await other.set(address, ["n": .int(Int64(i))]) }

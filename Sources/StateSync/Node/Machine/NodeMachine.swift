@@ -227,6 +227,10 @@ package struct NodeMachine: Sendable {
             boundPublish = publish
             boundRepair = repair
             writeOwnEntry(.alive)
+            // The members an earlier run saved are dialled now, not only the configured peers:
+            // a node that joined through a seed which is away (leaving, restarting) when it
+            // comes back would otherwise hear no one, and no one would hear it.
+            linkKnownMembers()
             if Self.isWildcard(publish) {
                 logger.warning(
                     "network.publish is bound to every interface: nodes that learn this node from the member list cannot dial that address, so it can join a cluster only through nodes whose network.peers list its real address (bind network.publish to that address to join through a seed)",
