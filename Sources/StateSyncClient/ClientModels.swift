@@ -14,39 +14,58 @@ import Synchronization
 /// change the daemon applied before the write is older than it (the daemon's clock is past every
 /// version it applied) and loses, a later one wins. So the model ends where the daemon does.
 ///
-/// **Failover.** When the daemon does not answer (a request or the watch's liveness ping times
-/// out), the model moves to the next endpoint of the client, resumes its watch there with its
-/// replica — every change it had not seen, once — and sends again the writes that were not
-/// answered: a write the dead daemon had applied is applied once more with the same value, which
-/// changes nothing that was not changed since.
+/// **Failover.** When the daemon does not answer (the watch's liveness ping times out, or the
+/// watch ends), the model moves to the next endpoint of the client, resumes its watch there with
+/// its replica — every change it had not seen, once — and sends again the writes that were not
+/// answered. A write the dead daemon had applied is then written once more, with a new version:
+/// if another client wrote the property in between, the resent value wins over it (as if the
+/// app had written it again).
 ///
 /// **Refused writes.** A write the daemon refuses (``StateSyncError/Code/remote``: a key without
-/// write permission, a full disk) is undone in the model: its properties take back what the
-/// daemon holds, and observers are told. ``StateSyncClient/synchronize(_:)`` throws the refusal.
+/// write permission, a full disk), or does not apply (its values were current, or it holds newer
+/// ones), is undone in the model: its properties take back what the watch's replica holds, and
+/// observers are told. ``StateSyncClient/synchronize(_:)`` throws a refusal once.
+///
+/// **Threads.** Observers of remote changes run on a serial queue of the model's own, in apply
+/// order; those of local writes on the writing thread, as with an embedded node. The client
+/// stays alive while one of its models does.
 final class ClientModels: Sendable {
-    private let links = Mutex<[ModelAddress: any ClientModelLinkProtocol]>([:])
+    private let links = Mutex<(table: [ModelAddress: any ClientModelLinkProtocol], closed: Bool)>(([:], false))
 
     func link(for address: ModelAddress) -> (any ClientModelLinkProtocol)? {
-        links.withLock { table in
-            if let link = table[address], link.isAlive { return link }
-            table[address] = nil
+        links.withLock { links in
+            if let link = links.table[address], link.isAlive { return link }
+            links.table[address] = nil
             return nil
         }
     }
 
-    func insert(_ link: any ClientModelLinkProtocol, for address: ModelAddress) {
-        links.withLock { $0[address] = link }
+    /// Registers `link` for `address` and returns it — or, when a live link got there first (a
+    /// concurrent `model(...)` call), that one; or nil when the client is closed. A link not
+    /// registered is closed.
+    func insert(_ link: any ClientModelLinkProtocol, for address: ModelAddress) -> (any ClientModelLinkProtocol)? {
+        let kept = links.withLock { links -> (any ClientModelLinkProtocol)? in
+            if links.closed { return nil }
+            if let existing = links.table[address], existing.isAlive { return existing }
+            links.table[address] = link
+            return link
+        }
+        if kept !== link { link.close() }
+        return kept
     }
 
     /// The link of the live model `model`, if it is one of this client's.
     func linkHolding(_ model: AnyObject) -> (any ClientModelLinkProtocol)? {
-        links.withLock { table in table.values.first { $0.holds(model) } }
+        links.withLock { links in links.table.values.first { $0.holds(model) } }
     }
 
     func closeAll() {
-        let all = links.withLock { table in
-            defer { table.removeAll() }
-            return Array(table.values)
+        let all = links.withLock { links in
+            defer {
+                links.table.removeAll()
+                links.closed = true
+            }
+            return Array(links.table.values)
         }
         for link in all { link.close() }
     }
@@ -66,6 +85,8 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
     struct Outgoing: Sendable {
         let provisional: Version
         let writes: [PropertyWrite]
+        /// Its place among the model's writes (1, 2, ...).
+        let index: Int
         /// The properties it writes or deletes ("" for the whole model's deletion).
         var names: [String] { writes.map(\.name) }
         var isDeletion: Bool { writes.allSatisfy(\.isDeletion) }
@@ -80,10 +101,13 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
         var written = 0
         var answered = 0
         var lastVersion: Version?
-        var refusal: StateSyncError?
+        /// Refusals not yet told to a ``synchronize()``, by the index of the write refused.
+        var refusals: [(index: Int, error: StateSyncError)] = []
         var waiters: [(upTo: Int, continuation: CheckedContinuation<Version?, any Error>)] = []
         var closed = false
         var task: Task<Void, Never>?
+        /// Wakes the sender of the current session (each session has its own: a stream whose
+        /// waiting task is cancelled ends for good).
         var wake: AsyncStream<Void>.Continuation?
     }
 
@@ -91,6 +115,13 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
     let replica: ChannelReplica
     private let model = Mutex<WeakModel>(WeakModel())
     private let state = Mutex(State())
+    /// Orders what reaches the model from the watch and from the answers: a change released
+    /// after an answer never overtakes, or is overtaken by, one the watch gives meanwhile.
+    /// Held only while values are applied; observers run on ``observers``, not under it.
+    private let applying = Mutex(())
+    /// Runs the model's observers for remote changes, in apply order (one serial queue per
+    /// model, like a node's observer queue).
+    private let observers = SerialObserverExecutor()
     /// Gives local writes their provisional versions: past every version the model has seen.
     let clock: HybridLogicalClock
     private let endpoints: [String]
@@ -132,25 +163,23 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
         for index in endpoints.indices {
             do {
                 let client = try connections.client(at: index)
-                let (events, _) = try await client.watch(
-                    channel: address.channel, replica: replica, filter: filter)
-                // The initial state: the replica holds it once its end is verified. (The stream
-                // is iterated on by the link later, by one task at a time.)
+                let (events, _) = try await client.watch(channel: address.channel, replica: replica, filter: filter)
+                // The initial state: the replica holds it once its end is verified — or, when an
+                // earlier endpoint died mid-snapshot and this watch resumed, once it caught up.
+                // (The stream is iterated on by the link later, by one task at a time.)
                 for try await event in events {
-                    if case .initialStateComplete = event { break }
+                    switch event {
+                    case .initialStateComplete, .resyncComplete, .caughtUp: break
+                    default: continue
+                    }
+                    break
                 }
-                let registers = replica.properties(of: address.model)
-                for register in registers.values { clock.advance(past: register.version) }
+                let records = replica.records(of: address.model)
+                for register in records.values { clock.advance(past: register.version) }
                 model.withLock { $0.value = fresh }
-                fresh._$registrar.attach(fresh, adopting: registers, binding: binding())
-                let (wakeStream, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
-                let task = Task { [self] in
-                    await run(startingAt: index, events: events, wake: wakeStream)
-                }
-                state.withLock {
-                    $0.task = task
-                    $0.wake = wake
-                }
+                fresh._$registrar.attach(fresh, adopting: records, binding: binding())
+                let task = Task { [self] in await run(startingAt: index, events: events) }
+                state.withLock { $0.task = task }
                 return
             } catch {
                 lastError = error
@@ -163,17 +192,18 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
         ModelBinding(
             address: address,
             stamp: { [clock] in clock.next() },
-            emit: { [weak self] _, version, writes in self?.enqueue(Outgoing(provisional: version, writes: writes)) },
+            emit: { [weak self] _, version, writes in self?.enqueue(version, writes) },
             discard: { _ in },
             reportEncodingFailure: { _, _ in })
     }
 
     /// Called by the model, under its lock, for every local write: only queues it.
-    private func enqueue(_ write: Outgoing) {
+    private func enqueue(_ version: Version, _ writes: [PropertyWrite]) {
         let wake = state.withLock { state -> AsyncStream<Void>.Continuation? in
             guard !state.closed else { return nil }
-            state.queue.append(write)
             state.written += 1
+            let write = Outgoing(provisional: version, writes: writes, index: state.written)
+            state.queue.append(write)
             for name in write.names { state.inFlight[name, default: 0] += 1 }
             return state.wake
         }
@@ -182,13 +212,14 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
 
     // MARK: - Running
 
-    private func run(
-        startingAt first: Int, events: AsyncThrowingStream<WatchEvent, any Error>, wake: AsyncStream<Void>
-    ) async {
+    /// Sessions, one per daemon in turn: the watch (resumed with the replica after the first)
+    /// and the sender. A session ends when its watch does — the daemon died, restarted, or
+    /// stopped answering its liveness pings — and the next endpoint is tried.
+    private func run(startingAt first: Int, events: AsyncThrowingStream<WatchEvent, any Error>) async {
         var index = first
         var stream: AsyncThrowingStream<WatchEvent, any Error>? = events
-        var failures = 0
         while !Task.isCancelled && isAlive {
+            let opened = ContinuousClock.now
             do {
                 let client = try connections.client(at: index)
                 let events: AsyncThrowingStream<WatchEvent, any Error>
@@ -197,52 +228,63 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
                 } else {
                     (events, _) = try await client.watch(channel: address.channel, replica: replica, filter: filter)
                 }
-                failures = 0
+                stream = nil
+                let (wakes, wake) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
+                state.withLock { $0.wake = wake }
+                wake.yield()  // what is queued goes out at once
                 try await withThrowingTaskGroup(of: Void.self) { group in
                     group.addTask { [self] in try await consume(events) }
-                    group.addTask { [self] in try await send(through: client, wake: wake) }
-                    // The first to end (an error: the daemon is gone) ends the other.
+                    group.addTask { [self] in await send(through: client, wakes: wakes) }
+                    // The watch ends the session (the sender never does: it retries on this
+                    // connection until the watch says the daemon is gone).
                     try await group.next()
                     group.cancelAll()
                 }
             } catch {
                 if Task.isCancelled || !isAlive { break }
-                failures += 1
-                // The next daemon; after a whole round without an answer, wait a little.
                 index = (index + 1) % endpoints.count
-                if failures % endpoints.count == 0 { try? await Task.sleep(for: .milliseconds(200)) }
             }
             stream = nil
+            // A session that failed at once (no daemon answering): wait a little before the next.
+            if ContinuousClock.now - opened < .seconds(1) { try? await Task.sleep(for: .milliseconds(200)) }
         }
         failWaiters(StateSyncError(.stopped, "the model \(address) is no longer linked"))
     }
 
     /// Applies the watch's changes of this model, holding back those of properties with writes
-    /// in flight.
+    /// in flight. Every event the watch yielded before it ended is taken: the replica has
+    /// counted them, and the next daemon resumes after them.
     private func consume(_ events: AsyncThrowingStream<WatchEvent, any Error>) async throws {
         for try await event in events {
             // The model is gone (or the link closed): markers come periodically, so this ends soon.
             guard isAlive else { return }
             guard case .change(let change, _, _) = event, change.model == address.model else { continue }
             clock.advance(past: change.version)
-            let apply = state.withLock { state -> Bool in
-                let held =
-                    state.inFlight[change.property, default: 0] > 0
-                    || (state.inFlight["", default: 0] > 0) || (change.byModelDeletion && !state.inFlight.isEmpty)
-                if held { state.heldBack.append(change) }
-                return !held
+            applying.withLock { _ in
+                let held = state.withLock { state -> Bool in
+                    let held = Self.isHeld(change, state)
+                    if held { state.heldBack.append(change) }
+                    return held
+                }
+                if !held { apply([change]) }
             }
-            if apply { self.apply([change]) }
         }
         throw StateSyncError(.connectionLost, "the watch of \(address.channel) ended")
     }
 
-    /// Sends the queued writes in order, one at a time, until cancelled or the daemon fails.
-    private func send(through client: StateSyncClient, wake: AsyncStream<Void>) async throws {
-        var wakes = wake.makeAsyncIterator()
+    private static func isHeld(_ change: PropertyChange, _ state: State) -> Bool {
+        state.inFlight[change.property, default: 0] > 0 || state.inFlight["", default: 0] > 0
+            || (change.byModelDeletion && !state.inFlight.isEmpty)
+    }
+
+    /// Sends the queued writes in order, one at a time, until cancelled. A request that gets no
+    /// answer is sent again on this connection after a pause: if the daemon is gone, the watch
+    /// ends the session first; if it is slow, the write may apply twice with the same value.
+    private func send(through client: StateSyncClient, wakes: AsyncStream<Void>) async {
+        var wakes = wakes.makeAsyncIterator()
         while !Task.isCancelled && isAlive {
             guard let next = state.withLock({ $0.queue.first }) else {
-                _ = await wakes.next()
+                if await wakes.next() == nil { return }
                 continue
             }
             do {
@@ -254,67 +296,80 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
                 } else {
                     result = try await client.set(address, next.writes)
                 }
-                answered(next, version: result.version, refusal: nil)
+                answered(next, result: result, refusal: nil)
             } catch let error as StateSyncError where error.code == .remote {
-                answered(next, version: nil, refusal: error)
+                answered(next, result: nil, refusal: error)
+            } catch {
+                try? await Task.sleep(for: .milliseconds(100))
             }
         }
     }
 
-    /// The daemon answered `write`: it takes the daemon's version (or, refused, is undone), and
-    /// the changes held back for its properties are merged now.
-    private func answered(_ write: Outgoing, version: Version?, refusal: StateSyncError?) {
+    /// The daemon answered `write`. Applied (`.changed`), it takes the daemon's version; refused,
+    /// or not applied (`.unchanged`, `.superseded`: the daemon holds those values, or newer
+    /// ones), the model takes back what the replica holds for it. Then the changes held back
+    /// for its properties are merged.
+    private func answered(_ write: Outgoing, result: StateSyncClient.SetResult?, refusal: StateSyncError?) {
         guard let model = model.withLock({ $0.value }) else { return }
-        if let version {
-            clock.advance(past: version)
-            model._$registrar.acknowledge(provisional: write.provisional, as: version)
-        } else {
-            model._$registrar.revert(
-                model, provisional: write.provisional, to: replica.properties(of: address.model))
-        }
-        let (released, ready) = state.withLock {
-            state -> ([PropertyChange], [CheckedContinuation<Version?, any Error>]) in
-            state.queue.removeFirst()
-            state.answered += 1
-            if let version { state.lastVersion = version }
-            if let refusal { state.refusal = refusal }
-            for name in write.names {
-                let count = state.inFlight[name, default: 0] - 1
-                state.inFlight[name] = count > 0 ? count : nil
-            }
-            var released: [PropertyChange] = []
-            var kept: [PropertyChange] = []
-            for change in state.heldBack {
-                let held =
-                    state.inFlight[change.property, default: 0] > 0 || state.inFlight["", default: 0] > 0
-                    || (change.byModelDeletion && !state.inFlight.isEmpty)
-                if held { kept.append(change) } else { released.append(change) }
-            }
-            state.heldBack = kept
-            var ready: [CheckedContinuation<Version?, any Error>] = []
-            state.waiters.removeAll { waiter in
-                guard waiter.upTo <= state.answered else { return false }
-                ready.append(waiter.continuation)
-                return true
-            }
-            return (released, ready)
-        }
-        apply(released)
-        // A refusal is told to the waiters it finds, or else to the next synchronize.
-        let outcome = state.withLock { state in
-            defer { if !ready.isEmpty { state.refusal = nil } }
-            return (state.lastVersion, state.refusal)
-        }
-        for continuation in ready {
-            if let refusal = outcome.1 {
-                continuation.resume(throwing: refusal)
+        let ready = applying.withLock {
+            _ -> [(CheckedContinuation<Version?, any Error>, Result<Version?, any Error>)] in
+            if let result, result.outcome == .changed {
+                clock.advance(past: result.version)
+                model._$registrar.acknowledge(provisional: write.provisional, as: result.version)
             } else {
-                continuation.resume(returning: outcome.0)
+                if let result { clock.advance(past: result.version) }
+                model._$registrar.revert(
+                    model, provisional: write.provisional, to: replica.records(of: address.model),
+                    notifyingOn: observers)
             }
+            let (released, ready) = state.withLock { state in
+                state.queue.removeFirst()
+                state.answered += 1
+                if let result, result.outcome == .changed { state.lastVersion = result.version }
+                if let refusal { state.refusals.append((write.index, refusal)) }
+                for name in write.names {
+                    let count = state.inFlight[name, default: 0] - 1
+                    state.inFlight[name] = count > 0 ? count : nil
+                }
+                var released: [PropertyChange] = []
+                var kept: [PropertyChange] = []
+                for change in state.heldBack {
+                    if Self.isHeld(change, state) { kept.append(change) } else { released.append(change) }
+                }
+                state.heldBack = kept
+                return (released, Self.takeReady(&state))
+            }
+            apply(released)
+            return ready
         }
+        for (continuation, result) in ready { continuation.resume(with: result) }
     }
 
-    /// Applies changes the watch computed against the replica, in order, to the model.
+    /// The waiters whose writes are all answered, with what each gets: the first refusal among
+    /// its writes (told once), or the last version.
+    private static func takeReady(
+        _ state: inout State
+    ) -> [(CheckedContinuation<Version?, any Error>, Result<Version?, any Error>)] {
+        var ready: [(CheckedContinuation<Version?, any Error>, Result<Version?, any Error>)] = []
+        state.waiters.sort { $0.upTo < $1.upTo }
+        while let waiter = state.waiters.first, waiter.upTo <= state.answered {
+            state.waiters.removeFirst()
+            ready.append((waiter.continuation, outcome(upTo: waiter.upTo, &state)))
+        }
+        return ready
+    }
+
+    private static func outcome(upTo index: Int, _ state: inout State) -> Result<Version?, any Error> {
+        guard let refused = state.refusals.firstIndex(where: { $0.index <= index }) else {
+            return .success(state.lastVersion)
+        }
+        let error = state.refusals[refused].error
+        state.refusals.removeAll { $0.index <= index }
+        return .failure(error)
+    }
+
+    /// Applies changes the watch computed against the replica, in order, to the model; their
+    /// observers run on ``observers``. (Caller holds ``applying``.)
     private func apply(_ changes: [PropertyChange]) {
         guard !changes.isEmpty, let model = model.withLock({ $0.value }) else { return }
         let sets = changes.map { change -> ModelRegistrar.RemoteWriteSet in
@@ -331,7 +386,7 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
                     expiredAt: change.version)
             }
         }
-        _ = model._$registrar.applyRemote(model, sets)
+        _ = model._$registrar.applyRemote(model, sets, notifyingOn: observers)
     }
 
     // MARK: - Waiting and closing
@@ -339,20 +394,19 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
     /// Returns once every write made before the call has been answered: the last version the
     /// daemon gave (nil before the first write); throws the refusal of any of them.
     func synchronize() async throws -> Version? {
-        try await withCheckedThrowingContinuation { continuation in
+        let version = try await withCheckedThrowingContinuation { continuation in
             let immediate = state.withLock { state -> Result<Version?, any Error>? in
                 if state.closed {
                     return .failure(StateSyncError(.stopped, "the model \(address) is no longer linked"))
                 }
-                if state.answered >= state.written {
-                    defer { state.refusal = nil }
-                    return state.refusal.map { .failure($0) } ?? .success(state.lastVersion)
-                }
+                if state.answered >= state.written { return Self.outcome(upTo: state.written, &state) }
                 state.waiters.append((state.written, continuation))
                 return nil
             }
             if let immediate { continuation.resume(with: immediate) }
         }
+        await observers.flush()  // what the answers released has reached the observers
+        return version
     }
 
     private func failWaiters(_ error: StateSyncError) {
@@ -375,6 +429,29 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
     }
 }
 
+/// Runs jobs one after another on a serial dispatch queue: a client model's observers, in
+/// apply order, off the link's tasks and locks.
+final class SerialObserverExecutor: ObserverExecutor {
+    private let queue = DispatchQueue(label: "statesync.client-model.observers")
+    private let pending = Atomic<Int>(0)
+
+    func run(weight: Int, _ job: @escaping @Sendable () -> Void) {
+        pending.add(weight, ordering: .relaxed)
+        queue.async { [self] in
+            job()
+            pending.subtract(weight, ordering: .relaxed)
+        }
+    }
+
+    var backlog: Int { pending.load(ordering: .relaxed) }
+
+    func flush() async {
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            queue.async { done.resume() }
+        }
+    }
+}
+
 /// The connections typed models share: the client itself for its own endpoint, one more client
 /// per failover endpoint, made when first needed.
 final class ClientConnections: Sendable {
@@ -383,7 +460,7 @@ final class ClientConnections: Sendable {
         weak var client: StateSyncClient?
     }
     private let owner = Mutex(Owner())
-    private let failovers = Mutex<[Int: StateSyncClient]>([:])
+    private let failovers = Mutex<(clients: [Int: StateSyncClient], closed: Bool)>(([:], false))
 
     /// Set once, at the end of the owner's initialisation (weak: the owner holds this).
     func setOwner(_ client: StateSyncClient) {
@@ -395,20 +472,24 @@ final class ClientConnections: Sendable {
             throw StateSyncError(.stopped, "the client is closed")
         }
         if index == 0 { return owner }
-        return try failovers.withLock { table in
-            if let existing = table[index] { return existing }
+        return try failovers.withLock { failovers in
+            if failovers.closed { throw StateSyncError(.stopped, "the client is closed") }
+            if let existing = failovers.clients[index] { return existing }
             let client = try StateSyncClient(
                 endpoint: owner.failoverEndpoints[index - 1], requestTimeout: owner.requestTimeout,
                 security: owner.security)
-            table[index] = client
+            failovers.clients[index] = client
             return client
         }
     }
 
     func closeAll() {
-        let all = failovers.withLock { table in
-            defer { table.removeAll() }
-            return Array(table.values)
+        let all = failovers.withLock { failovers in
+            defer {
+                failovers.clients.removeAll()
+                failovers.closed = true
+            }
+            return Array(failovers.clients.values)
         }
         for client in all { client.close() }
     }
@@ -442,8 +523,15 @@ extension StateSyncClient {
             address: address, endpoints: [endpoint] + failoverEndpoints, connections: connections)
         let fresh = M()
         try await link.start(fresh)
-        models.insert(link, for: address)
-        return fresh
+        guard let kept = models.insert(link, for: address) else {
+            throw StateSyncError(.stopped, "the client for \(endpoint) is closed")
+        }
+        guard kept !== link else { return fresh }
+        // A concurrent call for the same address linked its model first: that one it is.
+        guard let other = kept as? ClientModelLink<M>, let model = other.currentModel else {
+            throw StateSyncError(.modelTypeMismatch, "\(address) is already held by a live model of another type")
+        }
+        return model
     }
 
     /// Waits until the daemon has answered every write `model` made before this call, and

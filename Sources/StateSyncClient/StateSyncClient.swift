@@ -112,6 +112,7 @@ public final class StateSyncClient: Sendable {
         self.failoverEndpoints = []
         self.security = nil
         self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout, credentials: (serverKey, keyPair))
+        connections.setOwner(self)
     }
 
     deinit {

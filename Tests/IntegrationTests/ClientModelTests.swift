@@ -78,10 +78,15 @@ struct ClientModelTests {
                 try await writer.set(address, ["score": .int(Int64(value))])
                 if value == total / 3 {
                     try await waitUntil("the app saw a first part") { seen.withLock { $0.count } >= 20 }
+                    // Local writes still in flight when the daemon dies: sent again to the next.
+                    for step in 1...50 { board.title = "app \(step)" }
                     _ = await cluster.daemons[0].stop(SIGKILL)
                 }
             }
-            try await waitUntil("the app has the last value", timeout: .seconds(60)) { board.score == total }
+            try await waitUntil("the app's observer saw the last value", timeout: .seconds(60)) {
+                seen.withLock { $0.last?.new } == total
+            }
+            #expect(board.score == total)
 
             let chain = seen.withLock { $0 }
             #expect(chain.map(\.new) == Array(1...total), "every value once, in order: \(chain.map(\.new).prefix(20))…")
@@ -94,6 +99,12 @@ struct ClientModelTests {
             #expect(broken.isEmpty, "\(broken.prefix(5))")
             #expect(tracked.withLock { $0 }.count == 1 && tracked.withLock { $0 }.first ?? 0 >= 1)
 
+            // The writes in flight at the kill reached the cluster; the last one stands.
+            try await app.synchronize(board)
+            #expect(board.title == "app 50")
+            try await waitUntil("node3 has the app's last write from before the kill") {
+                (try? await writer.get(address))?["title"]?.value == "app 50"
+            }
             // After the failover, the app's writes go to node2.
             board.title = "after the failover"
             let after = try #require(try await app.synchronize(board))
@@ -129,8 +140,10 @@ struct ClientModelTests {
                 (try? await writer.get(address))?["title"]?.value == "mine"
             }
             try await writer.delete(address)
-            try await waitUntil("the app's model is deleted") { board.isDeleted }
-            #expect(board.title == "untitled")
+            try await waitUntil("the app's observer sees the deletion") {
+                changes.withLock { $0.last?.kind } == .deleted
+            }
+            #expect(board.isDeleted && board.title == "untitled")
             #expect(changes.withLock { $0.last?.kind } == .deleted && changes.withLock { $0.last?.old } == "mine")
 
             try await writer.set(address, ["title": "briefly"], timeToLive: .seconds(3))
@@ -139,9 +152,13 @@ struct ClientModelTests {
             #expect(changes.withLock { $0.last?.old } == "briefly" && board.title == "untitled")
 
             board.score = 7
+            try await app.synchronize(board)
+            try await waitUntil("node2 has the app's write") { (try? await writer.get(address))?["score"]?.value == 7 }
             board.delete()
+            #expect(board.isDeleted && board.score == 0)
             try await app.synchronize(board)
             try await waitUntil("node2 has the app's deletion") { (try? await writer.get(address))?.isEmpty == true }
+            #expect(board.isDeleted, "the app's own deletion came back from the daemon and changed nothing")
         } catch {
             Issue.record("\(error)\n\(cluster.logs)")
         }

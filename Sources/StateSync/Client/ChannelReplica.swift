@@ -38,6 +38,12 @@ public final class ChannelReplica: Sendable {
         state.withLock { $0.store.properties(of: ModelAddress(channel: channel, model: model)) }
     }
 
+    /// Every record of a model: its properties' registers, deletions and expired values
+    /// included, and the model's own deletion under the empty name.
+    package func records(of model: String) -> [String: ReplicaStore.Register] {
+        state.withLock { $0.store.records(of: ModelAddress(channel: channel, model: model)) }
+    }
+
     /// Whether the replica holds nothing at all (no register, no deletion, no cursor).
     package var isEmpty: Bool {
         state.withLock { $0.store.models(in: channel).isEmpty && $0.cursor.positions.isEmpty }

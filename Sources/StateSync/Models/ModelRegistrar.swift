@@ -649,19 +649,24 @@ public final class ModelRegistrar: Sendable {
     }
 
     /// A write made at the provisional version `provisional` was refused by the node: the
-    /// properties still at that version take back what the node holds (`registers`, its
-    /// replica's records of the model; a property it holds no value for resets to its initial
-    /// value), and their observers are told, as of a remote change.
+    /// properties still at that version — every property, when it was the model's deletion —
+    /// take back what the node holds (`registers`, its replica's records of the model, the
+    /// model's deletion under the empty name; a property it holds no value for resets to its
+    /// initial value), and their observers are told, as of a remote change (on `executor` when
+    /// given).
     package func revert<Model: ReplicatedModel>(
-        _ model: Model, provisional: Version, to registers: [String: ReplicaStore.Register]
+        _ model: Model, provisional: Version, to registers: [String: ReplicaStore.Register],
+        notifyingOn executor: (any ObserverExecutor)? = nil
     ) {
         let schema = Model._$schema
         let deliver = state.withLock { state -> Bool in
-            if state.deletion == provisional {
+            let revertsDeletion = state.deletion == provisional
+            if revertsDeletion {
                 state.deletion = registers[""].flatMap { $0.isDeleted ? $0.version : nil }
             }
             var initial: Model?
-            for (index, property) in schema.properties.enumerated() where state.versions[property.name] == provisional {
+            for (index, property) in schema.properties.enumerated()
+            where revertsDeletion || state.versions[property.name] == provisional {
                 let old = property.currentValue(model)
                 let held = registers[property.name]
                 state.versions[property.name] = held?.version
@@ -688,7 +693,11 @@ public final class ModelRegistrar: Sendable {
                     && !schema.properties.contains { state.hasValue($0.name) }, &state)
             return !state.pending.isEmpty && claimDelivery(&state)
         }
-        if deliver { drain(model) }
+        if let executor, deliver {
+            executor.run(weight: 1) { [self] in drain(model) }
+        } else if deliver {
+            drain(model)
+        }
     }
 
     /// Detaches the model from its node; later writes stay local.

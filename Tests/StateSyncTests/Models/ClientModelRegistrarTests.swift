@@ -19,12 +19,12 @@ struct ClientModelRegistrarTests {
         return counter
     }
 
-    @Test func anAcknowledgedWriteMergesByTheDaemonsVersion() {
+    @Test func anAcknowledgedWriteMergesByTheDaemonsVersion() throws {
         let clock = HybridLogicalClock(node: "client", wallClock: { 1_000 })
         let sent = Shared<[(Version, [PropertyWrite])]>([])
         let counter = Self.bound(clock, sent)
         counter.count = 5
-        let provisional = try! #require(sent.withLock { $0.first?.0 })
+        let provisional = try #require(sent.withLock { $0.first?.0 })
         let acknowledged = Version(timestamp: 5_000 << 16, node: "node1")
         counter._$registrar.acknowledge(provisional: provisional, as: acknowledged)
         #expect(counter.propertyVersions["count"] == acknowledged)
@@ -42,7 +42,7 @@ struct ClientModelRegistrarTests {
         #expect(seen.withLock { $0.map { [$0.old, $0.new] } } == [[5, 9]])
     }
 
-    @Test func aRefusedWriteTakesBackWhatTheDaemonHolds() {
+    @Test func aRefusedWriteTakesBackWhatTheDaemonHolds() throws {
         let clock = HybridLogicalClock(node: "client", wallClock: { 1_000 })
         let sent = Shared<[(Version, [PropertyWrite])]>([])
         let counter = Self.bound(clock, sent)
@@ -61,7 +61,7 @@ struct ClientModelRegistrarTests {
             $0.title = "mine"
             $0.count = 2
         }
-        let provisional = try! #require(sent.withLock { $0.first?.0 })
+        let provisional = try #require(sent.withLock { $0.first?.0 })
         counter._$registrar.revert(
             counter, provisional: provisional, to: ["title": ReplicaStore.Register(value: "theirs", version: held)])
         #expect(counter.title == "theirs" && counter.count == 0, "the daemon's value, or the initial one")
@@ -69,5 +69,42 @@ struct ClientModelRegistrarTests {
         #expect(titles.withLock { $0.map { [$0.old, $0.new] } } == [["theirs", "mine"], ["mine", "theirs"]])
         #expect(titles.withLock { $0.last?.isRemote } == true)
         #expect(counts.withLock { $0.map { [$0.old, $0.new] } } == [[0, 2], [2, 0]])
+    }
+
+    /// A refused deletion of the whole model gives back every value the daemon holds, and the
+    /// model is no longer deleted.
+    @Test func aRefusedModelDeletionGivesEveryValueBack() throws {
+        let clock = HybridLogicalClock(node: "client", wallClock: { 1_000 })
+        let sent = Shared<[(Version, [PropertyWrite])]>([])
+        let counter = Counter()
+        let held = Version(timestamp: 500 << 16, node: "node1")
+        let records: [String: ReplicaStore.Register] = [
+            "title": ReplicaStore.Register(value: "theirs", version: held),
+            "count": ReplicaStore.Register(value: 4, version: held),
+        ]
+        counter._$registrar.attach(
+            counter, adopting: records,
+            binding: ModelBinding(
+                address: ModelAddress(channel: "c", model: "m"), stamp: { clock.next() },
+                emit: { _, version, writes in sent.withLock { $0.append((version, writes)) } },
+                discard: { _ in }, reportEncodingFailure: { _, _ in }))
+        let counts = Shared<[Change<Int>]>([])
+        counter.observe(\.count) { change in counts.withLock { $0.append(change) } }
+        counter.delete()
+        #expect(counter.isDeleted && counter.count == 0)
+        let provisional = try #require(sent.withLock { $0.first?.0 })
+        #expect(sent.withLock { $0.first?.1.first?.isModelDeletion } == true)
+        counter._$registrar.revert(counter, provisional: provisional, to: records)
+        #expect(!counter.isDeleted && counter.count == 4 && counter.title == "theirs")
+        #expect(counts.withLock { $0.map { [$0.old, $0.new] } } == [[4, 0], [0, 4]])
+        // Acknowledged instead, a deletion takes the daemon's version: an older write loses.
+        counter.delete()
+        let second = try #require(sent.withLock { $0.last?.0 })
+        let acknowledged = Version(timestamp: 700 << 16, node: "node1")
+        counter._$registrar.acknowledge(provisional: second, as: acknowledged)
+        let older = ModelRegistrar.RemoteWriteSet(
+            writes: [PropertyWrite(name: "count", value: 9)], version: Version(timestamp: 600 << 16, node: "node2"))
+        _ = counter._$registrar.applyRemote(counter, [older])
+        #expect(counter.isDeleted && counter.count == 0)
     }
 }
