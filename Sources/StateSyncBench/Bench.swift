@@ -28,9 +28,37 @@ public enum Bench {
 
         subscript(key: String) -> Double? { figures.first { $0.key == key }?.value }
 
+        /// The limits every latency is bounded by — raw one-way latency for a path that does
+        /// not wait for the disk, raw one-way + fdatasync for a durable one — and the ratios of
+        /// each figure to its limit, so that runs on different days compare.
+        mutating func addLimitsAndRatios() {
+            func add(_ key: String, _ value: Double?) {
+                guard let value, value.isFinite else { return }
+                figures.append((key, value))
+            }
+            func divide(_ a: String, by b: String) -> Double? {
+                guard let x = self[a], let y = self[b], y > 0 else { return nil }
+                return x / y
+            }
+            if let raw50 = self["raw_latency_p50_us"], let raw99 = self["raw_latency_p99_us"] {
+                add("limit_durable_p50_us", self["fsync_p50_us"].map { raw50 + $0 })
+                add("limit_durable_p99_us", self["fsync_p99_us"].map { raw99 + $0 })
+            }
+            add("deltas_per_s_ratio_raw", divide("deltas_per_s", by: "raw_msgs_per_s"))
+            add("properties_per_s_tx_ratio_raw", divide("properties_per_s_tx", by: "raw_msgs_per_s"))
+            add("latency_p50_ratio_limit", divide("latency_p50_us", by: "limit_durable_p50_us"))
+            add("latency_p99_ratio_limit", divide("latency_p99_us", by: "limit_durable_p99_us"))
+            add("latency_p50_interval_ratio_raw", divide("latency_p50_us_interval", by: "raw_latency_p50_us"))
+            add("latency_p99_interval_ratio_raw", divide("latency_p99_us_interval", by: "raw_latency_p99_us"))
+        }
+
         public var value: Value {
             var map: [String: Value] = [:]
-            for (key, value) in figures { map[key] = value.isFinite ? .double((value * 10).rounded() / 10) : .null }
+            for (key, value) in figures {
+                // Ratios keep three decimals; the rest one.
+                let scale = key.contains("_ratio_") ? 1000.0 : 10.0
+                map[key] = value.isFinite ? .double((value * scale).rounded() / scale) : .null
+            }
             map["notes"] = .array(notes.map(Value.string))
             return .map(map)
         }
@@ -53,6 +81,8 @@ public enum Bench {
             line("raw libzmq PUB→SUB, delta-sized messages", "raw_msgs_per_s", "msg/s")
             line("raw one-way latency p50 at 10k/s", "raw_latency_p50_us", "µs")
             line("raw one-way latency p99 at 10k/s", "raw_latency_p99_us", "µs")
+            line("fdatasync of a small append, p50", "fsync_p50_us", "µs")
+            line("fdatasync of a small append, p99", "fsync_p99_us", "µs")
             line("deltas/s at the reader, single sets", "deltas_per_s", "/s", ratio(self["deltas_per_s"], to: raw))
             line(
                 "deltas/s at the reader, 8-property tx", "deltas_per_s_tx", "/s",
@@ -60,13 +90,25 @@ public enum Bench {
             line(
                 "properties/s at the reader, 8-property tx", "properties_per_s_tx", "/s",
                 ratio(self["properties_per_s_tx"], to: raw))
+            func ofLimit(_ key: String, _ limitKey: String, _ name: String) -> String {
+                guard let value = self[key], let limit = self[limitKey], limit > 0 else { return "" }
+                return String(format: "  (limit %.0f µs: %.2f×, %+.0f µs)", limit, value / limit, value - limit)
+                    + " \(name)"
+            }
+            _ = rawLatency
             line(
-                "set → remote observer p50 at 10k/s", "latency_p50_us", "µs",
-                ratio(self["latency_p50_us"], to: rawLatency, inverse: true))
+                "set → remote observer p50 at 10k/s, durable", "latency_p50_us", "µs",
+                ofLimit("latency_p50_us", "limit_durable_p50_us", "raw+fsync"))
             line(
-                "set → remote observer p99 at 10k/s", "latency_p99_us", "µs",
-                ratio(self["latency_p99_us"], to: self["raw_latency_p99_us"] ?? .nan, inverse: true))
+                "set → remote observer p99 at 10k/s, durable", "latency_p99_us", "µs",
+                ofLimit("latency_p99_us", "limit_durable_p99_us", "raw+fsync"))
             line("set → remote observer p99.9 at 10k/s", "latency_p999_us", "µs")
+            line(
+                "set → remote observer p50, fsync: interval", "latency_p50_us_interval", "µs",
+                ofLimit("latency_p50_us_interval", "raw_latency_p50_us", "raw"))
+            line(
+                "set → remote observer p99, fsync: interval", "latency_p99_us_interval", "µs",
+                ofLimit("latency_p99_us_interval", "raw_latency_p99_us", "raw"))
             func ofPlain(_ key: String, _ plainKey: String) -> String {
                 guard let value = self[key], let plain = self[plainKey], plain > 0 else { return "" }
                 return String(format: "  (%.0f%% of plain)", 100 * value / plain)
@@ -107,6 +149,15 @@ public enum Bench {
         let rawLatency = try RawBench.latency(rate: 10_000, seconds: seconds)
         report.figures.append(("raw_latency_p50_us", rawLatency.p50))
         report.figures.append(("raw_latency_p99_us", rawLatency.p99))
+        // The disk's limit, where the nodes keep their data (the same temporary directory).
+        progress("fdatasync latency of small appends")
+        let disk = try DiskBench.fdatasyncLatency(
+            directory: NSTemporaryDirectory() + "statesync-bench-disk", samples: options.quick ? 200 : 1000)
+        report.figures.append(("fsync_p50_us", disk.p50))
+        report.figures.append(("fsync_p99_us", disk.p99))
+        report.notes.append(
+            "fsync_p50_us/fsync_p99_us: \(disk.samples) appends of 64 B each followed by fdatasync in \(NSTemporaryDirectory()), where the nodes keep their data"
+        )
 
         for mode in [NodeBenchRole.Mode.single, .tx, .latency] {
             progress("two node processes: \(mode)")
@@ -128,6 +179,12 @@ public enum Bench {
                 )
             }
         }
+
+        // Latency with `storage.fsync: interval`: bounded by the network alone, not the disk.
+        progress("two node processes: latency with fsync interval")
+        let interval = try await twoProcesses(options, mode: .latency, seconds: seconds, fsync: .interval)
+        report.figures.append(("latency_p50_us_interval", interval.p50))
+        report.figures.append(("latency_p99_us_interval", interval.p99))
 
         // The cost of CurveZMQ: the same single sets and latency with both nodes keyed.
         for mode in [NodeBenchRole.Mode.single, .latency] {
@@ -152,8 +209,9 @@ public enum Bench {
         if options.quick {
             report.notes.append("--quick: late join measured with \(properties) properties and scaled linearly to 1M")
         }
+        report.addLimitsAndRatios()
         report.notes.append(
-            "storage.fsync is 'always' (the default) on both nodes; build: \(isDebugBuild ? "DEBUG (use swift build -c release for real numbers)" : "release")"
+            "storage.fsync is 'always' (the default) on both nodes except for the *_interval figures; build: \(isDebugBuild ? "DEBUG (use swift build -c release for real numbers)" : "release")"
         )
         return report
     }
@@ -175,9 +233,10 @@ public enum Bench {
 
     /// Starts a reader and a writer node process, lets the writer run, and reads the reader's
     /// measurements.
-    static func twoProcesses(_ options: Options, mode: NodeBenchRole.Mode, seconds: Double, secure: Bool = false)
-        async throws -> TwoProcessResult
-    {
+    static func twoProcesses(
+        _ options: Options, mode: NodeBenchRole.Mode, seconds: Double, secure: Bool = false,
+        fsync: NodeConfiguration.FsyncPolicy = .always
+    ) async throws -> TwoProcessResult {
         let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: work) }
         if secure {
@@ -195,6 +254,7 @@ public enum Bench {
                     reader ? "reader" : "writer",
                     "--publish", "tcp://127.0.0.1:\(ports[me])", "--peer", "tcp://127.0.0.1:\(ports[1 - me])",
                     "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "10000",
+                    "--fsync", fsync.rawValue,
                 ] + (secure ? ["--keys", work] : [])
             let output = Pipe()
             let input = Pipe()

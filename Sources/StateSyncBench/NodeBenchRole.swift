@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import StateSync
+public import StateSync
 import StateSyncZeroMQ
 import Synchronization
 
@@ -27,6 +27,8 @@ public enum NodeBenchRole {
         public var rate: Int
         /// With CurveZMQ: the directory holding `reader.key` and `writer.key` (and their `.pub`).
         public var keyDirectory: String?
+        /// `storage.fsync` of the node.
+        public var fsync: NodeConfiguration.FsyncPolicy = .always
 
         public init(
             reader: Bool, mode: Mode, id: String, publish: String, peer: String, dataDirectory: String, seconds: Double,
@@ -50,6 +52,7 @@ public enum NodeBenchRole {
         var configuration = NodeConfiguration(
             nodeID: options.id, dataDirectory: options.dataDirectory, publishEndpoint: options.publish,
             peers: [options.peer], heartbeatIntervalMilliseconds: 50)
+        configuration.fsync = options.fsync
         if let keys = options.keyDirectory {
             let other = options.id == "reader" ? "writer" : "reader"
             configuration.peerNodeIDs = [options.peer: other]

@@ -106,13 +106,18 @@ extension StateSyncCLI {
         @Option var seconds: Double
         @Option var rate: Int
         @Option var keys: String?
+        @Option var fsync: String = "always"
 
         func run() async throws {
             guard let mode = NodeBenchRole.Mode(rawValue: mode) else { throw ValidationError("unknown mode \(mode)") }
+            guard let policy = NodeConfiguration.FsyncPolicy(rawValue: fsync) else {
+                throw ValidationError("unknown fsync policy \(fsync)")
+            }
             var options = NodeBenchRole.Options(
                 reader: role == "reader", mode: mode, id: id, publish: publish, peer: peer, dataDirectory: data,
                 seconds: seconds, rate: rate)
             options.keyDirectory = keys
+            options.fsync = policy
             try await NodeBenchRole.run(options)
         }
     }

@@ -19,4 +19,29 @@ struct BenchReportTests {
         #expect(!html.contains("with CURVE"), "a figure the run did not measure is not drawn")
         #expect(html.contains("1.50 s"))
     }
+
+    /// Every latency gets the limit it is bounded by (raw one-way, plus fdatasync when durable)
+    /// and every figure its ratio, in the JSON, so runs on different days compare.
+    @Test func limitsAndRatiosFollowFromTheRawAndDiskFigures() throws {
+        var report = Bench.Report()
+        report.figures = [
+            ("raw_msgs_per_s", 2_000_000), ("raw_latency_p50_us", 30), ("raw_latency_p99_us", 70),
+            ("fsync_p50_us", 170), ("fsync_p99_us", 330), ("deltas_per_s", 500_000),
+            ("properties_per_s_tx", 1_200_000), ("latency_p50_us", 250), ("latency_p99_us", 800),
+            ("latency_p50_us_interval", 45_000), ("latency_p99_us_interval", 60_000),
+        ]
+        report.addLimitsAndRatios()
+        #expect(report["limit_durable_p50_us"] == 200 && report["limit_durable_p99_us"] == 400)
+        #expect(report["deltas_per_s_ratio_raw"] == 0.25 && report["properties_per_s_tx_ratio_raw"] == 0.6)
+        #expect(report["latency_p50_ratio_limit"] == 1.25 && report["latency_p99_ratio_limit"] == 2)
+        #expect(report["latency_p50_interval_ratio_raw"] == 1500)
+        guard case .map(let json) = report.value else { throw CancellationError() }
+        #expect(json["latency_p50_ratio_limit"] == .double(1.25))
+        #expect(report.humanText.contains("(limit 200 µs: 1.25×, +50 µs) raw+fsync"))
+        // Without the disk figure, no durable limit is made up.
+        var partial = Bench.Report()
+        partial.figures = [("raw_latency_p50_us", 30), ("raw_latency_p99_us", 70), ("latency_p50_us", 250)]
+        partial.addLimitsAndRatios()
+        #expect(partial["limit_durable_p50_us"] == nil && partial["latency_p50_ratio_limit"] == nil)
+    }
 }

@@ -1,0 +1,45 @@
+import Foundation
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// The disk's own limit on a durable write: the latency of `fdatasync` after a small append, in
+/// the directory the nodes keep their data in (docs/PROTOCOL.md 11.2: a durable acknowledgement
+/// waits for one). No node can acknowledge a durable write faster than this.
+enum DiskBench {
+    struct Latency {
+        var p50: Double
+        var p99: Double
+        var samples: Int
+    }
+
+    /// Appends `samples` records of `size` octets to a new file in `directory`, each followed by
+    /// `fdatasync`, and returns the latency percentiles of append + sync, in microseconds.
+    static func fdatasyncLatency(directory: String, samples: Int, size: Int = 64) throws -> Latency {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let path = "\(directory)/fdatasync-probe-\(getpid())"
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0o600)
+        guard fd >= 0 else {
+            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
+        }
+        defer {
+            close(fd)
+            unlink(path)
+        }
+        let record = [UInt8](repeating: 0x5A, count: size)
+        var timings: [Double] = []
+        timings.reserveCapacity(samples)
+        for _ in 0..<samples {
+            let start = DispatchTime.now().uptimeNanoseconds
+            let written = record.withUnsafeBytes { write(fd, $0.baseAddress, size) }
+            guard written == size, fdatasync(fd) == 0 else {
+                throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
+            }
+            timings.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1000)
+        }
+        timings.sort()
+        func percentile(_ p: Double) -> Double { timings[min(timings.count - 1, Int(Double(timings.count) * p))] }
+        return Latency(p50: percentile(0.50), p99: percentile(0.99), samples: samples)
+    }
+}
