@@ -65,7 +65,6 @@ public enum Bench {
 
         public var humanText: String {
             let raw = self["raw_msgs_per_s"] ?? .nan
-            let rawLatency = self["raw_latency_p50_us"] ?? .nan
             func ratio(_ value: Double?, to base: Double, inverse: Bool = false) -> String {
                 guard let value, base.isFinite, base > 0, value.isFinite, value > 0 else { return "" }
                 return inverse
@@ -95,7 +94,6 @@ public enum Bench {
                 return String(format: "  (limit %.0f µs: %.2f×, %+.0f µs)", limit, value / limit, value - limit)
                     + " \(name)"
             }
-            _ = rawLatency
             line(
                 "set → remote observer p50 at 10k/s, durable", "latency_p50_us", "µs",
                 ofLimit("latency_p50_us", "limit_durable_p50_us", "raw+fsync"))
