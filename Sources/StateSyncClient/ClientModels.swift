@@ -394,7 +394,20 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
     /// Returns once every write made before the call has been answered: the last version the
     /// daemon gave (nil before the first write); throws the refusal of any of them.
     func synchronize() async throws -> Version? {
-        let version = try await withCheckedThrowingContinuation { continuation in
+        // What the answers released, or undid, has reached the observers when this returns or
+        // throws.
+        let outcome: Result<Version?, any Error>
+        do {
+            outcome = .success(try await answers())
+        } catch {
+            outcome = .failure(error)
+        }
+        await observers.flush()
+        return try outcome.get()
+    }
+
+    private func answers() async throws -> Version? {
+        try await withCheckedThrowingContinuation { continuation in
             let immediate = state.withLock { state -> Result<Version?, any Error>? in
                 if state.closed {
                     return .failure(StateSyncError(.stopped, "the model \(address) is no longer linked"))
@@ -405,8 +418,6 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
             }
             if let immediate { continuation.resume(with: immediate) }
         }
-        await observers.flush()  // what the answers released has reached the observers
-        return version
     }
 
     private func failWaiters(_ error: StateSyncError) {

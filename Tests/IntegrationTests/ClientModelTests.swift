@@ -164,4 +164,69 @@ struct ClientModelTests {
         }
         _ = await cluster.stop()
     }
+
+    /// A daemon refuses the app's writes (its key may read the channel, not write it): each
+    /// write is undone in the model, its observers see the value go back, `synchronize` throws
+    /// the refusal once, and a refused deletion of the model gives every value back.
+    @Test func aRefusedWriteIsUndoneInTheModel() async throws {
+        let directory = temporaryDirectory("client-model-refused")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        for name in ["node1", "node2", "app", "writer"] {
+            let made = try await cli(["keygen", "--out", "\(directory)/\(name).key"])
+            #expect(made.status == 0, "\(made.stderr)")
+        }
+        let api = "tcp://127.0.0.1:\(freePort())"
+        let path = "\(directory)/node1.yaml"
+        try """
+        node:
+          id: node1
+          data_dir: \(directory)/data
+        network:
+          publish: tcp://127.0.0.1:\(freePort())
+          api: \(api)
+          peers:
+            - node2=tcp://127.0.0.1:\(freePort())
+        security:
+          secret_key: \(directory)/node1.key
+          peer_keys:
+            - node2=\(directory)/node2.key.pub
+          client_keys:
+            - \(directory)/app.key.pub read=app write=elsewhere
+            - \(directory)/writer.key.pub
+        """.write(toFile: path, atomically: true, encoding: .utf8)
+        let daemon = try ChildProcess("statesyncd", ["--config", path])
+        do {
+            func security(_ key: String) -> StateSyncClient.Security {
+                .init(serverKey: "\(directory)/node1.key.pub", secretKeyFile: "\(directory)/\(key).key")
+            }
+            let writer = try StateSyncClient(endpoint: api, requestTimeout: .seconds(3), security: security("writer"))
+            defer { writer.close() }
+            let address = ModelAddress(channel: "app", model: "r")
+            try await waitUntil("the daemon takes the writer's write") {
+                (try? await writer.set(address, ["score": 3, "title": "theirs"])) != nil
+            }
+            let app = try StateSyncClient(endpoint: api, requestTimeout: .seconds(3), security: security("app"))
+            defer { app.close() }
+            let board = try await app.model(Scoreboard.self, channel: "app", id: "r")
+            #expect(board.score == 3 && board.title == "theirs")
+            let scores = Mutex<[Change<Int>]>([])
+            board.observe(\.score) { change in scores.withLock { $0.append(change) } }
+
+            board.score = 10
+            #expect(board.score == 10, "applied at once, before the daemon answers")
+            await #expect(throws: StateSyncError.self) { try await app.synchronize(board) }
+            #expect(board.score == 3, "undone: the daemon holds 3")
+            #expect(scores.withLock { $0.map { [$0.old, $0.new] } } == [[3, 10], [10, 3]])
+            #expect(try await app.synchronize(board) == nil, "the refusal is told once; nothing was applied")
+
+            board.delete()
+            #expect(board.isDeleted)
+            await #expect(throws: StateSyncError.self) { try await app.synchronize(board) }
+            #expect(!board.isDeleted && board.score == 3 && board.title == "theirs")
+            #expect(try await writer.get(address)["score"]?.value == 3, "the daemon never changed")
+        } catch {
+            Issue.record("\(error)\n\(daemon.stderr)")
+        }
+        _ = await daemon.stop()
+    }
 }
