@@ -182,7 +182,9 @@ struct EmbeddedNodeTests {
         do {
             let writer = try await node1.model(Counter.self, channel: "c", id: "m")
             for value in 1...300 { writer.count = value }  // node2 is not running: it misses them all
-            try await waitUntil("node1 logged its writes") { node1.status.latestSequence == 300 }
+            // Published, not only numbered: on a busy machine node1 could still be publishing
+            // them when node2 subscribes, and node2 would get them live, with nothing to repair.
+            try await waitUntil("node1 published its writes") { node1.status.publishedSequence == 300 }
             let late = try await StateSyncNode.start(configuration: configs[1])
             node2 = late
             try await waitUntil("node2 repairs the 300 deltas it missed") {
