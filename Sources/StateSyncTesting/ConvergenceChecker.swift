@@ -234,7 +234,7 @@ public struct ConvergenceChecker: Sendable {
             }
             for (sessionIndex, session) in watch.sessions.enumerated() {
                 var last: [String: PropertyChange] = [:]
-                var seen: [String: Set<Version>] = [:]
+                var seen: [String: Set<[Version]>] = [:]
                 for change in session {
                     let key = "\(change.model).\(change.property)"
                     // After a deletion or an expiry the property has no value: the next old is none.
@@ -248,7 +248,12 @@ public struct ConvergenceChecker: Sendable {
                             "\(watch.node) session \(sessionIndex): \(key) removed at \(change.version) without a value to remove"
                         )
                     }
-                    if !seen[key, default: []].insert(change.version).inserted {
+                    // An expiry is told apart by the write that expired as well: its version
+                    // (its time, with the writer's id) can equal the version that writer gave a
+                    // write in that millisecond, or another write's expiry (docs/PROTOCOL.md 8.3).
+                    let identity =
+                        change.kind == .expired ? [change.version, change.writtenVersion ?? .zero] : [change.version]
+                    if !seen[key, default: []].insert(identity).inserted {
                         findings.chainViolations.append(
                             "\(watch.node) session \(sessionIndex): \(key) notified twice for \(change.version)")
                     }

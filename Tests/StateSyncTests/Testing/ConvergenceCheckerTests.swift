@@ -151,6 +151,23 @@ struct ConvergenceCheckerTests {
         #expect(findings.chainViolations[1].contains("notified twice"))
     }
 
+    /// An expiry's version can equal a write's (the writer's next write in that millisecond, as
+    /// simulator seed 5242 showed): not a duplicate. The same expiry told twice is.
+    @Test func anExpiryIsToldApartByTheWriteThatExpired() {
+        let expiry = Version(timestamp: 5_296 << 16, node: "n2")
+        let written = Version(timestamp: 4_416 << 16, node: "n2")
+        var expired = PropertyChange(
+            channel: "c", model: "m", property: "p", old: "a", new: .null, version: expiry, kind: .expired)
+        expired.writtenVersion = written
+        let set = PropertyChange(channel: "c", model: "m", property: "p", old: nil, new: "b", version: expiry)
+        let first = PropertyChange(channel: "c", model: "m", property: "p", old: nil, new: "a", version: written)
+        let findings = ConvergenceChecker().check(
+            writes: [], nodes: [],
+            watches: [.init(node: "n2", sessions: [[first, expired, set], [first, expired, expired]])])
+        #expect(findings.chainViolations.count == 2, "\(findings.chainViolations)")
+        #expect(findings.chainViolations.allSatisfy { $0.contains("session 1") })
+    }
+
     @Test func sessionsAreCheckedSeparately() {
         let findings = ConvergenceChecker().check(
             writes: [], nodes: [],
