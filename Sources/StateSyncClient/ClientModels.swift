@@ -89,7 +89,6 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
         let index: Int
         /// The properties it writes or deletes ("" for the whole model's deletion).
         var names: [String] { writes.map(\.name) }
-        var isDeletion: Bool { writes.allSatisfy(\.isDeletion) }
     }
 
     struct State: Sendable {
@@ -121,7 +120,7 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
     private let applying = Mutex(())
     /// Runs the model's observers for remote changes, in apply order (one serial queue per
     /// model, like a node's observer queue).
-    private let observers = SerialObserverExecutor()
+    private let observers = DispatchObserverExecutor(label: "statesync.client-model.observers")
     /// Gives local writes their provisional versions: past every version the model has seen.
     let clock: HybridLogicalClock
     private let endpoints: [String]
@@ -288,15 +287,7 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
                 continue
             }
             do {
-                let result: StateSyncClient.SetResult
-                if next.writes.contains(where: \.isModelDeletion) {
-                    result = try await client.delete(address)
-                } else if next.isDeletion {
-                    result = try await client.delete(address, properties: next.names)
-                } else {
-                    result = try await client.set(address, next.writes)
-                }
-                answered(next, result: result, refusal: nil)
+                answered(next, result: try await client.write(address, next.writes), refusal: nil)
             } catch let error as StateSyncError where error.code == .remote {
                 answered(next, result: nil, refusal: error)
             } catch {
@@ -440,29 +431,6 @@ final class ClientModelLink<Model: ReplicatedModel>: ClientModelLinkProtocol {
     }
 }
 
-/// Runs jobs one after another on a serial dispatch queue: a client model's observers, in
-/// apply order, off the link's tasks and locks.
-final class SerialObserverExecutor: ObserverExecutor {
-    private let queue = DispatchQueue(label: "statesync.client-model.observers")
-    private let pending = Atomic<Int>(0)
-
-    func run(weight: Int, _ job: @escaping @Sendable () -> Void) {
-        pending.add(weight, ordering: .relaxed)
-        queue.async { [self] in
-            job()
-            pending.subtract(weight, ordering: .relaxed)
-        }
-    }
-
-    var backlog: Int { pending.load(ordering: .relaxed) }
-
-    func flush() async {
-        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
-            queue.async { done.resume() }
-        }
-    }
-}
-
 /// The connections typed models share: the client itself for its own endpoint, one more client
 /// per failover endpoint, made when first needed.
 final class ClientConnections: Sendable {
@@ -524,25 +492,23 @@ extension StateSyncClient {
         try Names.validateChannel(channel)
         try Names.validateModel(id)
         let address = ModelAddress(channel: channel, model: id)
-        if let existing = models.link(for: address) {
-            guard let link = existing as? ClientModelLink<M>, let model = link.currentModel else {
+        /// The live model of `link`, which must be of type `M`.
+        func model(of link: any ClientModelLinkProtocol) throws -> M {
+            guard let typed = link as? ClientModelLink<M>, let model = typed.currentModel else {
                 throw StateSyncError(.modelTypeMismatch, "\(address) is already held by a live model of another type")
             }
             return model
         }
+        if let existing = models.link(for: address) { return try model(of: existing) }
         let link = ClientModelLink<M>(
             address: address, endpoints: [endpoint] + failoverEndpoints, connections: connections)
-        let fresh = M()
+        let fresh = M()  // (the link holds its model weakly: this is the reference that keeps it)
         try await link.start(fresh)
         guard let kept = models.insert(link, for: address) else {
             throw StateSyncError(.stopped, "the client for \(endpoint) is closed")
         }
-        guard kept !== link else { return fresh }
-        // A concurrent call for the same address linked its model first: that one it is.
-        guard let other = kept as? ClientModelLink<M>, let model = other.currentModel else {
-            throw StateSyncError(.modelTypeMismatch, "\(address) is already held by a live model of another type")
-        }
-        return model
+        // A concurrent call for the same address may have linked its model first: that one it is.
+        return kept === link ? fresh : try model(of: kept)
     }
 
     /// Waits until the daemon has answered every write `model` made before this call, and

@@ -182,6 +182,17 @@ public final class StateSyncClient: Sendable {
         try setResult(try await io.request(.delete, ClientProtocol.encodeDelete(address, properties: properties)))
     }
 
+    /// Sends `writes` of one model as one request: a DELETE when they are deletions (of the
+    /// model, or of properties), a SET otherwise.
+    @discardableResult
+    package func write(_ address: ModelAddress, _ writes: [PropertyWrite]) async throws -> SetResult {
+        if writes.contains(where: \.isModelDeletion) { return try await delete(address) }
+        if !writes.isEmpty, writes.allSatisfy(\.isDeletion) {
+            return try await delete(address, properties: writes.map(\.name))
+        }
+        return try await set(address, writes)
+    }
+
     private func setResult(_ body: [UInt8]) throws -> SetResult {
         do {
             var reader = WireReader(body)

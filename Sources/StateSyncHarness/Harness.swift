@@ -220,11 +220,7 @@ public enum Harness {
                             &rng, models: options.models, value: "c\(client)-\(index)", node: names[target])
                         let sentAt = Self.wallMilliseconds()
                         let address = ModelAddress(channel: channel, model: write.model)
-                        let result =
-                            write.deletesModel || !write.deleted.isEmpty
-                            ? try? await clients[target].delete(
-                                address, properties: write.deletesModel ? [] : write.deleted)
-                            : try? await clients[target].set(address, write.propertyWrites)
+                        let result = try? await clients[target].write(address, write.propertyWrites)
                         if let result, result.outcome == .changed { write.acknowledged = result.version }
                         if write.timeToLive > 0 {
                             // When it expires at the latest: its version's time, or, unacknowledged,

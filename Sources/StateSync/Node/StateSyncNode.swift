@@ -45,8 +45,9 @@ public final class StateSyncNode: Sendable {
     /// Milliseconds of a monotonic clock: the driver's time.
     let monotonicNow: @Sendable () -> UInt64
     private let state: Mutex<HostState>
-    /// The local writes of live models waiting for the driver, and the versions stamped for
-    /// writes not handed over yet (timestamp → how many): the node's floor stays below them.
+    /// The local writes of live models waiting for the driver, and the timestamps stamped for
+    /// writes not handed over yet (at most one per writing thread): the node's floor stays below
+    /// them.
     private let outbox = Mutex<(writes: [LocalWrite], stamped: [UInt64])>(([], []))
     /// When the data directory's free space was last measured (monotonic milliseconds).
     private let lastSpaceCheck = Atomic<UInt64>(0)

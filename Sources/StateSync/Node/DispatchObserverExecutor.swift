@@ -1,8 +1,8 @@
 import Dispatch
-import StateSync
 import Synchronization
 
 /// Where a node runs the observers of changes its I/O thread applied: one serial queue per node.
+/// (A typed model mirrored by a client runs its remote changes' observers on one of its own.)
 ///
 /// The I/O thread applies a peer's writes to the store and to the live models (under each
 /// model's lock, so reads see them at once) and hands the notifications here: an observer that
