@@ -233,10 +233,7 @@ struct SecureLiveViewTests {
     func aViewerSeesOnlyWhatItsClientKeyMayRead() async throws {
         let directory = temporaryDirectory("secure-view")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        for name in ["node1", "node2", "viewer", "writer"] {
-            let made = try await cli(["keygen", "--out", "\(directory)/\(name).key"])
-            #expect(made.status == 0, "\(made.stderr)")
-        }
+        try await keygen(["node1", "node2", "viewer", "writer"], in: directory)
         let api = "tcp://127.0.0.1:\(freePort())"
         let http = "127.0.0.1:\(freePort())"
         let path = "\(directory)/node1.yaml"

@@ -104,6 +104,16 @@ func waitUntil(
     throw CancellationError()
 }
 
+/// Writes a CurveZMQ key pair `DIRECTORY/NAME.key` (and `.pub`) per name with `statesync keygen`.
+func keygen(_ names: [String], in directory: String, sourceLocation: SourceLocation = #_sourceLocation)
+    async throws
+{
+    for name in names {
+        let made = try await cli(["keygen", "--out", "\(directory)/\(name).key"])
+        #expect(made.status == 0, "\(made.stderr)", sourceLocation: sourceLocation)
+    }
+}
+
 func temporaryDirectory(_ label: String) -> String {
     let path = NSTemporaryDirectory() + "statesync-it-\(label)-\(UUID().uuidString)"
     try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)

@@ -9,10 +9,7 @@ struct SecurityReloadTests {
     @Test func aReloadKeepsTrustedWatchesAndCutsARemovedKeyOff() async throws {
         let directory = temporaryDirectory("reload")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        for name in ["node1", "node2", "kept", "removed"] {
-            let made = try await cli(["keygen", "--out", "\(directory)/\(name).key"])
-            #expect(made.status == 0, "\(made.stderr)")
-        }
+        try await keygen(["node1", "node2", "kept", "removed"], in: directory)
         let api = "tcp://127.0.0.1:\(freePort())"
         func config(clients: [String]) -> String {
             """
@@ -123,10 +120,7 @@ struct PeerKeyRotationTests {
     @Test func aPeerRotatesItsKeyWhileTheOthersRunAndARemovedPeerIsCutOff() async throws {
         let directory = temporaryDirectory("rotate")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        for name in ["node1", "node2", "node2-new", "node3", "cli"] {
-            let made = try await cli(["keygen", "--out", "\(directory)/\(name).key"])
-            #expect(made.status == 0, "\(made.stderr)")
-        }
+        try await keygen(["node1", "node2", "node2-new", "node3", "cli"], in: directory)
         let nodes = ["node1", "node2", "node3"]
         let cluster = Cluster(
             directory: directory, publish: Dictionary(uniqueKeysWithValues: nodes.map { ($0, freePort()) }),

@@ -13,10 +13,7 @@ struct WireCaptureTests {
         let directory = temporaryDirectory("capture")
         defer { try? FileManager.default.removeItem(atPath: directory) }
         if secure {
-            for name in ["node1", "node2", "client"] {
-                let made = try await cli(["keygen", "--out", "\(directory)/\(name).key"])
-                #expect(made.status == 0, "\(made.stderr)")
-            }
+            try await keygen(["node1", "node2", "client"], in: directory)
         }
         let publish = [freePort(), freePort()]
         // node2 subscribes to node1 through the relay; node1 to node2 directly.
