@@ -9,8 +9,10 @@ extension StateSyncCLI {
             abstract: "Run a local multi-node convergence test with real daemons and real faults.",
             discussion: """
                 Starts N statesyncd processes on loopback (temporary data directories, free ports), \
-                runs concurrent writers and a watcher on every node, injects faults on a schedule \
-                drawn from --seed, heals, waits for quiet and checks: equal state on every node, \
+                runs concurrent writers (sets, some with a time to live, and deletions of properties \
+                and models) and a watcher on every node, injects faults on a schedule drawn from \
+                --seed, heals, waits for quiet and for every value written with a time to live to \
+                expire, and checks: equal state on every node, \
                 last-writer-wins winners, no acknowledged write lost, unbroken old/new chains. \
                 Exits 0 only when every check passes; on failure the nodes' logs and data are kept \
                 and their directory printed.
