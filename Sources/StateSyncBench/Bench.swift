@@ -149,8 +149,9 @@ public enum Bench {
         report.figures.append(("raw_latency_p99_us", rawLatency.p99))
         // The disk's limit, where the nodes keep their data (the same temporary directory).
         progress("fdatasync latency of small appends")
-        let disk = try DiskBench.fdatasyncLatency(
-            directory: NSTemporaryDirectory() + "statesync-bench-disk", samples: options.quick ? 200 : 1000)
+        let diskDirectory = NSTemporaryDirectory() + "statesync-bench-disk-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: diskDirectory) }
+        let disk = try DiskBench.fdatasyncLatency(directory: diskDirectory, samples: options.quick ? 200 : 1000)
         report.figures.append(("fsync_p50_us", disk.p50))
         report.figures.append(("fsync_p99_us", disk.p99))
         report.notes.append(
