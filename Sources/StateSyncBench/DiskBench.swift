@@ -4,9 +4,10 @@ import Foundation
     import Glibc
 #endif
 
-/// The disk's own limit on a durable write: the latency of `fdatasync` after a small append, in
+/// The disk's own limit on a durable write: the latency of `fdatasync` after a small write, in
 /// the directory the nodes keep their data in (docs/PROTOCOL.md 11.2: a durable acknowledgement
-/// waits for one). No node can acknowledge a durable write faster than this.
+/// waits for one). Measured two ways: appending (each sync also commits the file's new size) and
+/// writing into preallocated space (as the node's log does, Appendix B), which is the floor.
 enum DiskBench {
     struct Latency {
         var p50: Double
@@ -14,9 +15,12 @@ enum DiskBench {
         var samples: Int
     }
 
-    /// Appends `samples` records of `size` octets to a new file in `directory`, each followed by
-    /// `fdatasync`, and returns the latency percentiles of append + sync, in microseconds.
-    static func fdatasyncLatency(directory: String, samples: Int, size: Int = 64) throws -> Latency {
+    /// Writes `samples` records of `size` octets one after another to a new file in `directory`,
+    /// each followed by `fdatasync`, and returns the latency percentiles of write + sync, in
+    /// microseconds. `preallocated`: the file is first grown (zero-filled) to hold them all.
+    static func fdatasyncLatency(
+        directory: String, samples: Int, size: Int = 64, preallocated: Bool = false
+    ) throws -> Latency {
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         let path = "\(directory)/fdatasync-probe-\(getpid())"
         let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0o600)
@@ -26,6 +30,13 @@ enum DiskBench {
         defer {
             close(fd)
             unlink(path)
+        }
+        if preallocated {
+            // O_APPEND would write past the preallocated length: write from the start instead.
+            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_APPEND)
+            guard posix_fallocate(fd, 0, off_t(samples * size)) == 0, fsync(fd) == 0 else {
+                throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
+            }
         }
         let record = [UInt8](repeating: 0x5A, count: size)
         var timings: [Double] = []

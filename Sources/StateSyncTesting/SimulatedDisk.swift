@@ -39,7 +39,7 @@ public final class SimulatedDisk: NodeStorage {
             }
         }
         let parsed = try DeltaLog.parse(log, path: "simulated log")
-        let intact = log.count - parsed.cutBytes
+        let intact = parsed.end
         state.withLock { $0.durableLog = Array(log.prefix(intact)) }
         var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: parsed.deltas, cutBytes: parsed.cutBytes, cutReason: parsed.cutReason,

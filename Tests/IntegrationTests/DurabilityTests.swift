@@ -117,9 +117,12 @@ struct DurabilityTests {
             _ = await node1.wait()
             // Damage the end of node1's log, as a crash in the middle of a write would.
             let log = nodes[0].environment["STATESYNC_NODE_DATA_DIR"]! + "/deltas.log"
-            let size = try #require(try FileManager.default.attributesOfItem(atPath: log)[.size] as? Int)
+            // The file is preallocated (zero-filled past its records): cut into the last record,
+            // whose last non-zero octet is at most its own last.
+            let bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: log)))
+            let recordsEnd = try #require(bytes.lastIndex { $0 != 0 }) + 1
             let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: log))
-            try handle.truncate(atOffset: UInt64(size - 3))
+            try handle.truncate(atOffset: UInt64(recordsEnd - 3))
             try handle.close()
 
             node1 = try daemons.start(
