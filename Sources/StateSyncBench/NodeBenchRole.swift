@@ -21,7 +21,9 @@ public enum NodeBenchRole {
         public var mode: Mode
         public var id: String
         public var publish: String
-        public var peer: String
+        /// The publish endpoints of the other nodes (one for a reader; every reader for the
+        /// writer of a fan-out run).
+        public var peers: [String]
         public var dataDirectory: String
         public var seconds: Double
         public var rate: Int
@@ -31,14 +33,14 @@ public enum NodeBenchRole {
         public var fsync: NodeConfiguration.FsyncPolicy = .always
 
         public init(
-            reader: Bool, mode: Mode, id: String, publish: String, peer: String, dataDirectory: String, seconds: Double,
-            rate: Int
+            reader: Bool, mode: Mode, id: String, publish: String, peers: [String], dataDirectory: String,
+            seconds: Double, rate: Int
         ) {
             self.reader = reader
             self.mode = mode
             self.id = id
             self.publish = publish
-            self.peer = peer
+            self.peers = peers
             self.dataDirectory = dataDirectory
             self.seconds = seconds
             self.rate = rate
@@ -51,11 +53,11 @@ public enum NodeBenchRole {
         logger.logLevel = .error
         var configuration = NodeConfiguration(
             nodeID: options.id, dataDirectory: options.dataDirectory, publishEndpoint: options.publish,
-            peers: [options.peer], heartbeatIntervalMilliseconds: 50)
+            peers: options.peers, heartbeatIntervalMilliseconds: 50)
         configuration.fsync = options.fsync
-        if let keys = options.keyDirectory {
+        if let keys = options.keyDirectory, let peer = options.peers.first {
             let other = options.id == "reader" ? "writer" : "reader"
-            configuration.peerNodeIDs = [options.peer: other]
+            configuration.peerNodeIDs = [peer: other]
             configuration.security = SecurityConfiguration(
                 secretKeyFile: "\(keys)/\(options.id).key", peerKeys: [other: ["\(keys)/\(other).key.pub"]])
         }
@@ -77,7 +79,7 @@ public enum NodeBenchRole {
     }
 
     final class Tally: @unchecked Sendable {
-        // Safe: `latencies` and `done` are read and written only under `lock`; the counters are
+        // Safe: `latencies` and `written` are read and written only under `lock`; the counters are
         // atomics (the count observer runs per change: it must cost little next to what it
         // measures).
         let lock = NSLock()
@@ -85,7 +87,12 @@ public enum NodeBenchRole {
         let first = Atomic<UInt64>(0)
         let last = Atomic<UInt64>(0)
         var latencies: [UInt64] = []
-        var done = false
+        /// How many changes the writer made (it says so once it is done), 0 before.
+        var written = 0
+        /// Whether every change the writer made was seen.
+        func complete(mode: Mode) -> Bool {
+            written > 0 && (mode == .latency ? latencies.count : count.load(ordering: .relaxed)) >= written
+        }
     }
 
     private static func read(_ options: Options, model: BenchModel) async throws {
@@ -105,10 +112,12 @@ public enum NodeBenchRole {
                 tally.lock.withLock { tally.latencies.append(now &- change.new) }
             }
         }
-        model.observe(\.done) { _ in tally.lock.withLock { tally.done = true } }
+        // The writer says how many changes it made; the reader waits for every one of them (a
+        // change dropped at a high-water mark arrives later, by repair): a run counts whole.
+        model.observe(\.done) { change in tally.lock.withLock { tally.written = change.new } }
         say("READY")
         let limit = Date().addingTimeInterval(options.seconds + 60)
-        while !tally.lock.withLock({ tally.done }) && Date() < limit {
+        while !tally.lock.withLock({ tally.complete(mode: options.mode) }) && Date() < limit {
             try await Task.sleep(for: .milliseconds(5))
         }
         let result = tally.lock.withLock { () -> Value in
@@ -121,7 +130,7 @@ public enum NodeBenchRole {
                 "p50_us": .double(latency.p50.isNaN ? 0 : latency.p50),
                 "p99_us": .double(latency.p99.isNaN ? 0 : latency.p99),
                 "p999_us": .double(latency.p999.isNaN ? 0 : latency.p999), "samples": .int(Int64(latency.samples)),
-                "done": .bool(tally.done),
+                "done": .bool(tally.complete(mode: options.mode)), "written": .int(Int64(tally.written)),
             ]
         }
         say(result.jsonText())
@@ -169,7 +178,7 @@ public enum NodeBenchRole {
         while node.status.counters["deltas_published"] ?? 0 < written {
             try await Task.sleep(for: .milliseconds(5))
         }
-        model.done = 1
+        model.done = written
         say("WROTE \(written)")
         _ = readLine()  // STOP
     }

@@ -42,7 +42,37 @@ extension StateSyncCLI {
         )
         var daemons = false
 
+        @Option(
+            help: ArgumentHelp(
+                "Only measure fan-out: one writer node process and each listed number of reader node processes on loopback (single sets: deltas/s at the slowest reader; set → remote observer latency at 1,000 changes/s).",
+                valueName: "N,N,..."))
+        var fanout: String?
+
         func run() async throws {
+            if let fanout {
+                let counts = fanout.split(separator: ",").map { Int($0.trimmingCharacters(in: .whitespaces)) }
+                guard !counts.isEmpty, counts.allSatisfy({ ($0 ?? 0) >= 1 && ($0 ?? 0) <= 32 }) else {
+                    throw ValidationError("--fanout takes reader counts of 1…32, separated by commas: --fanout 2,4,8")
+                }
+                let executable =
+                    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
+                    ?? CommandLine.arguments[0]
+                for readers in counts.compactMap({ $0 }) {
+                    let figures = try await StateSyncBench.Bench.fanOut(
+                        executable: executable, readers: readers, seconds: quick ? 1 : 3)
+                    let rounded = { (value: Double) in Value.double(value.isFinite ? (value * 10).rounded() / 10 : 0) }
+                    let value: Value = [
+                        "readers": .int(Int64(readers)),
+                        "slowest_reader_deltas_per_s": rounded(figures.slowestPerSecond),
+                        "fastest_reader_deltas_per_s": rounded(figures.fastestPerSecond),
+                        "written": .int(Int64(figures.written)), "fewest_seen": .int(Int64(figures.fewestSeen)),
+                        "latency_p50_us_median_reader": rounded(figures.latencyP50),
+                        "latency_p99_us_worst_reader": rounded(figures.latencyP99),
+                    ]
+                    emit(value.jsonText())
+                }
+                return
+            }
             if let join, daemons {
                 guard join >= 1000 else { throw ValidationError("--join needs at least 1000 properties") }
                 let executable =
@@ -103,7 +133,7 @@ extension StateSyncCLI {
         @Option var mode: String
         @Option var id: String
         @Option var publish: String
-        @Option var peer: String
+        @Option var peer: [String]
         @Option var data: String
         @Option var seconds: Double
         @Option var rate: Int
@@ -116,7 +146,7 @@ extension StateSyncCLI {
                 throw ValidationError("unknown fsync policy \(fsync)")
             }
             var options = NodeBenchRole.Options(
-                reader: role == "reader", mode: mode, id: id, publish: publish, peer: peer, dataDirectory: data,
+                reader: role == "reader", mode: mode, id: id, publish: publish, peers: peer, dataDirectory: data,
                 seconds: seconds, rate: rate)
             options.keyDirectory = keys
             options.fsync = policy

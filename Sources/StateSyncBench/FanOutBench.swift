@@ -1,0 +1,104 @@
+import Foundation
+import StateSync
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// One writer node process and N reader node processes on loopback (`statesync bench --fanout`):
+/// every reader subscribes to the writer, the writer to every reader. What the slowest reader
+/// sees is the figure: a write is replicated once every reader has it.
+extension Bench {
+    /// What N readers saw of one writer.
+    public struct FanOutFigures: Sendable {
+        public var readers: Int
+        /// Single-property sets as fast as the writer makes them: deltas/s at the slowest
+        /// reader, and at the fastest.
+        public var slowestPerSecond: Double
+        public var fastestPerSecond: Double
+        /// Changes the writer made, and the fewest any reader's observers saw.
+        public var written: Int
+        public var fewestSeen: Int
+        /// Set → remote observer at 1,000 changes/s (storage.fsync always): the median of the
+        /// readers' p50s and the worst reader's p99, in microseconds.
+        public var latencyP50: Double
+        public var latencyP99: Double
+    }
+
+    /// Runs single sets, then latency, with one writer and `readers` readers.
+    public static func fanOut(executable: String, readers: Int, seconds: Double) async throws -> FanOutFigures {
+        let single = try await fanOutRun(executable: executable, readers: readers, mode: .single, seconds: seconds)
+        let latency = try await fanOutRun(executable: executable, readers: readers, mode: .latency, seconds: seconds)
+        let rates = single.results.map(\.perSecond)
+        let p50s = latency.results.map(\.p50).sorted()
+        return FanOutFigures(
+            readers: readers, slowestPerSecond: rates.min() ?? 0, fastestPerSecond: rates.max() ?? 0,
+            written: single.written, fewestSeen: single.results.map(\.count).min() ?? 0,
+            latencyP50: p50s.isEmpty ? .nan : p50s[p50s.count / 2],
+            latencyP99: latency.results.map(\.p99).max() ?? .nan)
+    }
+
+    private static func fanOutRun(
+        executable: String, readers count: Int, mode: NodeBenchRole.Mode, seconds: Double
+    ) async throws -> (written: Int, results: [TwoProcessResult]) {
+        let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: work) }
+        let ports = try (0...count).map { _ in try port() }
+        let endpoint = { (index: Int) in "tcp://127.0.0.1:\(ports[index])" }
+        var started: [(process: Process, lines: LineReader, input: FileHandle)] = []
+        defer {
+            for (process, _, _) in started where process.isRunning {
+                kill(process.processIdentifier, SIGKILL)
+                process.waitUntilExit()
+            }
+        }
+        // Index 0 is the writer; 1...count the readers.
+        for index in 0...count {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: executable)
+            let name = index == 0 ? "writer" : "reader\(index)"
+            let peers = index == 0 ? (1...count).map(endpoint) : [endpoint(0)]
+            process.arguments =
+                [
+                    "bench-node", "--role", index == 0 ? "writer" : "reader", "--mode", mode.rawValue, "--id", name,
+                    "--publish", endpoint(index), "--data", "\(work)/\(name)", "--seconds", "\(seconds)",
+                    "--rate", mode == .latency ? "1000" : "10000",
+                ] + peers.flatMap { ["--peer", $0] }
+            let output = Pipe()
+            let input = Pipe()
+            process.standardOutput = output
+            process.standardInput = input
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            started.append((process, LineReader(output.fileHandleForReading), input.fileHandleForWriting))
+        }
+        for node in started where node.lines.next() != "READY" {
+            throw StateSyncError(.timeout, "bench: a node process of the fan-out did not start")
+        }
+        started[0].input.write(Data("GO\n".utf8))
+        var written = 0
+        if let line = started[0].lines.next(), line.hasPrefix("WROTE ") { written = Int(line.dropFirst(6)) ?? 0 }
+        var results: [TwoProcessResult] = []
+        for reader in started.dropFirst() {
+            guard let line = reader.lines.next(), case .map(let map)? = try? Value(json: line) else {
+                throw StateSyncError(.protocolError, "bench: a reader of the fan-out reported nothing")
+            }
+            func number(_ key: String) -> Double {
+                switch map[key] {
+                case .double(let d)?: d
+                case .int(let i)?: Double(i)
+                default: .nan
+                }
+            }
+            var result = TwoProcessResult()
+            result.perSecond = number("per_second")
+            result.count = Int(number("count"))
+            result.p50 = number("p50_us")
+            result.p99 = number("p99_us")
+            results.append(result)
+        }
+        started[0].input.write(Data("STOP\n".utf8))
+        for node in started { node.process.waitUntilExit() }
+        return (written, results)
+    }
+}

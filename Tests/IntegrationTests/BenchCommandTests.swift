@@ -1,0 +1,34 @@
+import Foundation
+import StateSync
+import Testing
+
+/// `statesync bench --fanout`: one writer node process and N reader node processes, for real.
+@Suite("statesync bench --fanout")
+struct BenchCommandTests {
+    @Test func everyReaderSeesEveryChangeOfTheWriter() async throws {
+        let run = try await cli(["bench", "--fanout", "2", "--quick"], timeout: .seconds(120))
+        try #require(run.status == 0, "\(run.stderr)")
+        let line = try #require(run.stdout.split(separator: "\n").last.map(String.init))
+        guard case .map(let figures) = try Value(json: line) else {
+            Issue.record("not a JSON object: \(line)")
+            return
+        }
+        #expect(figures["readers"] == .int(2))
+        let written = try #require(figures["written"].flatMap { if case .int(let n) = $0 { n } else { nil } })
+        #expect(written > 0)
+        #expect(figures["fewest_seen"] == .int(written), "a reader missed changes: \(line)")
+        for key in ["slowest_reader_deltas_per_s", "latency_p50_us_median_reader", "latency_p99_us_worst_reader"] {
+            guard case .double(let value)? = figures[key] else {
+                Issue.record("\(key) missing: \(line)")
+                continue
+            }
+            #expect(value > 0, "\(key)")
+        }
+    }
+
+    @Test func aBadReaderCountIsRefusedClearly() async throws {
+        let run = try await cli(["bench", "--fanout", "2,zero"])
+        #expect(run.status != 0)
+        #expect(run.stderr.contains("--fanout takes reader counts of 1…32"), "\(run.stderr)")
+    }
+}
