@@ -58,6 +58,35 @@ struct SnapshotStreamTests {
         #expect(malformed?.0.kind == .error)
     }
 
+    /// The next page is encoded at the tick after a page is served (while the requester merges
+    /// the one it got) and served as is when asked for with the same cursor: a write in between
+    /// is not in it (it reaches the requester as a delta), and another requester, with no page
+    /// ahead, gets it read now.
+    @Test func theNextPageIsEncodedAheadAtTheTickAndServedAsIs() throws {
+        var server = Self.server(models: 60)
+        let first = try SnapshotPage.decode(try Self.page(&server, after: nil, octets: 1024, id: 1))
+        let cursor = try #require(first.next)
+        let ready = try #require(server.machine.repair.serving[[0x4C, 1]]?.prefetched)
+        #expect(ready.after == cursor && ready.octets == 1024)
+        let ahead = try SnapshotPage.decode(ready.bytes)
+        let (address, _) = try #require(ahead.models.first)
+        let newer = Delta(
+            channel: address.channel, model: address.model,
+            version: Version(milliseconds: 1_900_000_000_000, counter: 0, node: "n2"), sequence: 61,
+            properties: [PropertyWrite(name: "p0", value: "newer")])
+        server.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(newer).encode()))
+        let second = try Self.page(&server, after: cursor, octets: 1024, id: 2)
+        #expect(second == ready.bytes, "the page encoded ahead is served")
+        #expect(try SnapshotPage.decode(second).models.first?.1["p0"]?.value != "newer")
+        let answer = server.request(
+            .snapshot, id: 3, SnapshotPage.encodeRequest(after: cursor, maximumOctets: 1024), client: [0x4C, 2])
+        let other = try #require(answer)
+        #expect(try SnapshotPage.decode(other.1).models.first?.1["p0"]?.value == "newer")
+        // Asked with another size, the page is read anew too.
+        let resized = try Self.page(&server, after: cursor, octets: 2048, id: 4)
+        #expect(try SnapshotPage.decode(resized).models.first?.1["p0"]?.value == "newer")
+    }
+
     /// The requester asks page after page; a page lost with its link is asked again of the same
     /// peer at the same cursor after the page timeout; at the end the state equals the peer's
     /// and the progress the first page carried is covered.

@@ -59,6 +59,12 @@ extension NodeMachine {
         var progress: [String: UInt64]
         var latestSequence: UInt64
         var usedAt: UInt64
+        /// The page after the one just served, to encode at the next tick: after the reply is
+        /// sent, while the requester merges it (two processes, two cores: the transfer is a
+        /// pipeline instead of encode, merge, encode, ...).
+        var ahead: (after: ModelAddress, octets: Int)?
+        /// That page, encoded: served as is when asked for with the same cursor and size.
+        var prefetched: (after: ModelAddress, octets: Int, bytes: [UInt8], next: ModelAddress?)?
     }
 
     /// At most this many streamed SNAPSHOTs are served at once (each holds a list of the model
@@ -362,6 +368,45 @@ extension NodeMachine {
                 usedAt: now)
         }
         served.usedAt = now
+        let page: (bytes: [UInt8], next: ModelAddress?)
+        if let cursor, let ready = served.prefetched, ready.after == cursor, ready.octets == octets {
+            // Read at the tick after the previous page: later than that page's progress, as a
+            // page must be (section 10.9); writes since then reach the requester as deltas.
+            page = (ready.bytes, ready.next)
+        } else {
+            page = Self.encodePage(of: served, after: cursor, octets: octets, from: store)
+        }
+        served.prefetched = nil
+        served.ahead = page.next.map { ($0, octets) }
+        repair.serving[client] = page.next == nil ? nil : served
+        counters.snapshotPagesServed += 1
+        return page.bytes
+    }
+
+    /// Encodes, at a tick, the next page of every streamed SNAPSHOT served a page since (the
+    /// reply went out with the round before), and lets go of prefetched pages nobody asked for
+    /// within a page timeout.
+    mutating func prefetchSnapshotPages() {
+        guard !repair.serving.isEmpty else { return }
+        for client in Array(repair.serving.keys) {
+            guard var served = repair.serving[client] else { continue }
+            if let ahead = served.ahead {
+                let page = Self.encodePage(of: served, after: ahead.after, octets: ahead.octets, from: store)
+                served.prefetched = (ahead.after, ahead.octets, page.bytes, page.next)
+                served.ahead = nil
+            } else if served.prefetched != nil, now &- served.usedAt > Self.snapshotPageTimeout {
+                served.prefetched = nil
+            } else {
+                continue
+            }
+            repair.serving[client] = served
+        }
+    }
+
+    /// One page of `served`: the models after `cursor` (all from the start without one).
+    static func encodePage(
+        of served: ServedSnapshot, after cursor: ModelAddress?, octets: Int, from store: ReplicaStore
+    ) -> (bytes: [UInt8], next: ModelAddress?) {
         // The first address after the cursor (binary search: the list is in page order).
         var start = 0
         if let cursor {
@@ -371,17 +416,13 @@ extension NodeMachine {
                 if SnapshotPage.precedes(cursor, served.addresses[middle]) { high = middle } else { start = middle + 1 }
             }
         }
-        let store = self.store
-        let page = SnapshotPage.encode(
+        return SnapshotPage.encode(
             latestSequence: cursor == nil ? served.latestSequence : 0, progress: cursor == nil ? served.progress : [:],
             maximumOctets: octets,
             models: served.addresses[start...].lazy.compactMap { address in
                 let records = store.records(of: address)
                 return records.isEmpty ? nil : (address, records)
             })
-        repair.serving[client] = page.next == nil ? nil : served
-        counters.snapshotPagesServed += 1
-        return page.bytes
     }
 
     /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it

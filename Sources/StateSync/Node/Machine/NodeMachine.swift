@@ -305,6 +305,7 @@ package struct NodeMachine: Sendable {
     /// compaction), backpressure, and the watches.
     mutating func tick(observerBacklog: Int) {
         requestSync(force: false)
+        prefetchSnapshotPages()
         let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
         if lastHeartbeat.map({ now &- $0 >= interval }) ?? true {
             let withMembers =
