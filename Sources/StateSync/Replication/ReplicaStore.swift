@@ -483,14 +483,7 @@ public struct ReplicaStore: Sendable {
         modify(address) { model in
             let liveBefore = model.live
             defer { context.noteLiveness(before: liveBefore, after: model.live) }
-            if let floor = model.floor(of: property),
-                !Self.wins(register.version, over: floor, wrongTieBreak: context.wrongTieBreak)
-            {
-                return
-            }
-            let current = model.registers.updateValue(register, forKey: property)
-            context.account(property, old: current, new: register)
-            model.live += (register.isDeleted ? 0 : 1) - (current.map { $0.isDeleted ? 0 : 1 } ?? 0)
+            guard let current = Self.mergeRegister(property, register, into: &model, context: &context) else { return }
             won = true
             let old = current?.liveValue
             if let value = register.liveValue {
@@ -510,6 +503,60 @@ public struct ReplicaStore: Sendable {
         }
         finish(context, newest: won ? register.version : .zero)
         return won ? changes : nil
+    }
+
+    /// Merges `register` into `model` at `property` when it wins over what the model holds there
+    /// (its register, or the model's deletion). Returns `nil` when it lost, else the register it
+    /// replaced (`.some(nil)`: none).
+    @inline(__always)
+    private static func mergeRegister(
+        _ property: String, _ register: Register, into model: inout Model, context: inout MergeContext
+    ) -> Register?? {
+        if let floor = model.floor(of: property),
+            !wins(register.version, over: floor, wrongTieBreak: context.wrongTieBreak)
+        {
+            return nil
+        }
+        let current = model.registers.updateValue(register, forKey: property)
+        context.account(property, old: current, new: register)
+        model.live += (register.isDeleted ? 0 : 1) - (current.map { $0.isDeleted ? 0 : 1 } ?? 0)
+        return .some(current)
+    }
+
+    /// Merges registers of one model (a snapshot's, in the order given) like
+    /// ``merge(_:property:register:)`` one by one, with one look-up of the model for them all
+    /// (a snapshot merges a million registers). Returns, for each, whether it won. The model's
+    /// deletion (the empty name) is merged through ``merge(_:property:register:)``.
+    public mutating func merge(
+        _ address: ModelAddress, registers: [(name: String, register: Register)]
+    ) -> [Bool] {
+        var won = [Bool](repeating: false, count: registers.count)
+        var start = 0
+        while start < registers.count, registers[start].name.isEmpty {
+            won[start] = merge(address, property: "", register: registers[start].register) != nil
+            start += 1
+        }
+        guard start < registers.count else { return won }
+        var context = MergeContext(channel: address.channel, model: address.model, store: self)
+        var newest = Version.zero
+        modify(address) { model in
+            let liveBefore = model.live
+            defer { context.noteLiveness(before: liveBefore, after: model.live) }
+            for index in start..<registers.count {
+                let (name, register) = registers[index]
+                if name.isEmpty {
+                    continue  // a model's deletion after its properties: not in a snapshot's order
+                }
+                guard Self.mergeRegister(name, register, into: &model, context: &context) != nil else { continue }
+                won[index] = true
+                newest = max(newest, register.version)
+            }
+        }
+        finish(context, newest: newest)
+        for index in start..<registers.count where registers[index].name.isEmpty {
+            won[index] = merge(address, property: "", register: registers[index].register) != nil
+        }
+        return won
     }
 
     // MARK: - Expiry

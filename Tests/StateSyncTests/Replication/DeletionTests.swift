@@ -1,3 +1,4 @@
+import StateSyncTesting
 import Testing
 
 @testable import StateSync
@@ -203,6 +204,58 @@ struct DeletionTests {
         }
         #expect(Set(replicas.map(\.digest)).count == 1, "seed \(seed)")
     }
+
+    /// A snapshot's registers merged a model at a time end in exactly the state merging them one
+    /// by one does: digest, registers, deletions held, live models, latest version; and the same
+    /// registers win. Random states and registers from fixed seeds (in every failure message).
+    @Test(arguments: 1...40 as ClosedRange<UInt64>)
+    func mergingAModelsRegistersAtOnceEqualsOneByOne(seed: UInt64) {
+        var random = SeededRandom(seed: seed)
+        var base = ReplicaStore()
+        for step in 0..<30 {
+            let model = "m\(random.below(3))"
+            let ms = UInt64(100 + random.below(100))
+            let node = ["a", "b"][random.below(2)]
+            switch random.below(5) {
+            case 0: _ = base.apply(Self.delta(ms, by: node, model: model, [.modelDeletion]))
+            case 1: _ = base.apply(Self.delta(ms, by: node, model: model, [.deletion(of: "p\(random.below(4))")]))
+            default:
+                _ = base.apply(
+                    Self.delta(
+                        ms, by: node, model: model,
+                        [PropertyWrite(name: "p\(random.below(4))", value: .int(Int64(step)))]))
+            }
+        }
+        for model in ["m0", "m1", "m2", "m3"] {
+            let address = ModelAddress(channel: "c", model: model)
+            var registers: [(name: String, register: ReplicaStore.Register)] = []
+            if random.below(3) == 0 {
+                registers.append(("", .tombstone(Self.version(UInt64(100 + random.below(100)), "b"))))
+            }
+            for property in 0..<5 where random.below(4) != 0 {
+                let version = Self.version(UInt64(100 + random.below(100)), ["a", "b", "c"][random.below(3)])
+                let register: ReplicaStore.Register =
+                    switch random.below(3) {
+                    case 0: .tombstone(version)
+                    case 1: ReplicaStore.Register(value: .int(7), version: version, timeToLive: 60_000)
+                    default: ReplicaStore.Register(value: .string("s\(property)"), version: version)
+                    }
+                registers.append(("p\(property)", register))
+            }
+            var batched = base
+            var single = base
+            let won = batched.merge(address, registers: registers)
+            let wonOneByOne = registers.map { single.merge(address, property: $0.name, register: $0.register) != nil }
+            #expect(won == wonOneByOne, "seed \(seed)")
+            #expect(batched.digest == single.digest, "seed \(seed)")
+            #expect(batched.records(of: address) == single.records(of: address), "seed \(seed)")
+            #expect(batched.tombstones == single.tombstones, "seed \(seed)")
+            #expect(batched.channelModelCounts == single.channelModelCounts, "seed \(seed)")
+            #expect(batched.latestVersion == single.latestVersion, "seed \(seed)")
+            base = batched
+        }
+    }
+
 }
 
 @Suite("Property values on the wire (PROTOCOL.md 4.3, 7.1)")

@@ -450,16 +450,25 @@ extension NodeMachine {
             }
             var sets: [ModelRegistrar.RemoteWriteSet] = []
             var newest: Version?
+            var valid: [(name: String, register: ReplicaStore.Register)] = []
+            valid.reserveCapacity(registers.count)
             for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
                 // The empty name is the model's deletion, which only a deletion may carry.
                 if name.isEmpty ? !register.isDeleted : (try? Names.validateProperty(name)) == nil {
                     refused += 1
                     continue
                 }
+                valid.append((name, register))
+            }
+            // One look-up of the model for all its registers; what a live model is sent is built
+            // only when one is attached.
+            let won = store.merge(address, registers: valid)
+            let attached = attachedModels[address] != nil
+            for ((name, register), won) in zip(valid, won) where won {
                 // A register that won but changed nothing visible (a deletion of what had no value)
                 // still moves the version a live model holds.
-                guard store.merge(address, property: name, register: register) != nil else { continue }
                 newest = max(newest ?? register.version, register.version)
+                guard attached else { continue }
                 let write: PropertyWrite
                 if name.isEmpty {
                     write = .modelDeletion
