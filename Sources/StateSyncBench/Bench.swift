@@ -253,68 +253,88 @@ public enum Bench {
             for name in ["reader", "writer"] { try CurveKeyFile.generate(at: "\(work)/\(name).key") }
         }
         let ports = [try port(), try port()]
-        func start(_ reader: Bool) throws -> (Process, FileHandle, FileHandle) {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: options.executable)
+        func start(_ reader: Bool) throws -> NodeProcess {
             let me = reader ? 0 : 1
-            process.arguments =
-                [
+            return try NodeProcess(
+                executable: options.executable,
+                arguments: [
                     "bench-node", "--role", reader ? "reader" : "writer", "--mode", mode.rawValue, "--id",
                     reader ? "reader" : "writer",
                     "--publish", "tcp://127.0.0.1:\(ports[me])", "--peer", "tcp://127.0.0.1:\(ports[1 - me])",
                     "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "10000",
                     "--fsync", fsync.rawValue,
-                ] + (secure ? ["--keys", work] : [])
+                ] + (secure ? ["--keys", work] : []))
+        }
+        let reader = try start(true)
+        defer { reader.kill() }
+        let writer = try start(false)
+        defer { writer.kill() }
+        guard reader.lines.next() == "READY", writer.lines.next() == "READY" else {
+            throw StateSyncError(.timeout, "bench: a node process did not start")
+        }
+        writer.say("GO")
+        var result = try reader.readerReport()
+        result.written = writer.wrote()
+        writer.say("STOP")
+        reader.process.waitUntilExit()
+        writer.process.waitUntilExit()
+        return result
+    }
+
+    /// A `statesync bench-node` process: its output read line by line, its input written to.
+    final class NodeProcess {
+        let process = Process()
+        let lines: LineReader
+        private let input: FileHandle
+
+        init(executable: String, arguments: [String]) throws {
+            process.executableURL = URL(fileURLWithPath: executable)
+            process.arguments = arguments
             let output = Pipe()
             let input = Pipe()
             process.standardOutput = output
             process.standardInput = input
             process.standardError = FileHandle.nullDevice
             try process.run()
-            return (process, output.fileHandleForReading, input.fileHandleForWriting)
+            lines = LineReader(output.fileHandleForReading)
+            self.input = input.fileHandleForWriting
         }
-        let reader = try start(true)
-        let writer: (Process, FileHandle, FileHandle)
-        do {
-            writer = try start(false)
-        } catch {
-            kill(reader.0.processIdentifier, SIGKILL)
-            reader.0.waitUntilExit()
-            throw error
+
+        func say(_ line: String) { input.write(Data((line + "\n").utf8)) }
+
+        /// Stops it if it still runs (a run that failed half-way).
+        func kill() {
+            guard process.isRunning else { return }
+            Glibc.kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
         }
-        defer {
-            for process in [reader.0, writer.0] where process.isRunning {
-                kill(process.processIdentifier, SIGKILL)
-                process.waitUntilExit()
+
+        /// The writer's count of changes made (its `WROTE n` line).
+        func wrote() -> Int {
+            guard let line = lines.next(), line.hasPrefix("WROTE ") else { return 0 }
+            return Int(line.dropFirst(6)) ?? 0
+        }
+
+        /// A reader's measurements (its one JSON line).
+        func readerReport() throws -> TwoProcessResult {
+            guard let line = lines.next(), case .map(let map)? = try? Value(json: line) else {
+                throw StateSyncError(.protocolError, "bench: a reader reported nothing")
             }
-        }
-        let readerLines = LineReader(reader.1)
-        let writerLines = LineReader(writer.1)
-        guard readerLines.next() == "READY", writerLines.next() == "READY" else {
-            throw StateSyncError(.timeout, "bench: a node process did not start")
-        }
-        writer.2.write(Data("GO\n".utf8))
-        var result = TwoProcessResult()
-        if let wrote = writerLines.next(), wrote.hasPrefix("WROTE ") { result.written = Int(wrote.dropFirst(6)) ?? 0 }
-        guard let line = readerLines.next(), case .map(let map)? = try? Value(json: line) else {
-            throw StateSyncError(.protocolError, "bench: the reader reported nothing")
-        }
-        writer.2.write(Data("STOP\n".utf8))
-        func number(_ key: String) -> Double {
-            switch map[key] {
-            case .double(let d)?: d
-            case .int(let i)?: Double(i)
-            default: .nan
+            func number(_ key: String) -> Double {
+                switch map[key] {
+                case .double(let d)?: d
+                case .int(let i)?: Double(i)
+                default: .nan
+                }
             }
+            var result = TwoProcessResult()
+            result.perSecond = number("per_second")
+            result.count = Int(number("count"))
+            result.p50 = number("p50_us")
+            result.p99 = number("p99_us")
+            result.p999 = number("p999_us")
+            return result
         }
-        result.perSecond = number("per_second")
-        result.count = Int(number("count"))
-        result.p50 = number("p50_us")
-        result.p99 = number("p99_us")
-        result.p999 = number("p999_us")
-        reader.0.waitUntilExit()
-        writer.0.waitUntilExit()
-        return result
     }
 
     /// A node holding `properties` properties; a new node joins and takes them by snapshot.

@@ -1,10 +1,6 @@
 import Foundation
 import StateSync
 
-#if canImport(Glibc)
-    import Glibc
-#endif
-
 /// One writer node process and N reader node processes on loopback (`statesync bench --fanout`):
 /// every reader subscribes to the writer, the writer to every reader. What the slowest reader
 /// sees is the figure: a write is replicated once every reader has it.
@@ -45,59 +41,28 @@ extension Bench {
         defer { try? FileManager.default.removeItem(atPath: work) }
         let ports = try (0...count).map { _ in try port() }
         let endpoint = { (index: Int) in "tcp://127.0.0.1:\(ports[index])" }
-        var started: [(process: Process, lines: LineReader, input: FileHandle)] = []
-        defer {
-            for (process, _, _) in started where process.isRunning {
-                kill(process.processIdentifier, SIGKILL)
-                process.waitUntilExit()
-            }
-        }
+        var started: [NodeProcess] = []
+        defer { for node in started { node.kill() } }
         // Index 0 is the writer; 1...count the readers.
         for index in 0...count {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: executable)
             let name = index == 0 ? "writer" : "reader\(index)"
             let peers = index == 0 ? (1...count).map(endpoint) : [endpoint(0)]
-            process.arguments =
-                [
-                    "bench-node", "--role", index == 0 ? "writer" : "reader", "--mode", mode.rawValue, "--id", name,
-                    "--publish", endpoint(index), "--data", "\(work)/\(name)", "--seconds", "\(seconds)",
-                    "--rate", mode == .latency ? "1000" : "10000",
-                ] + peers.flatMap { ["--peer", $0] }
-            let output = Pipe()
-            let input = Pipe()
-            process.standardOutput = output
-            process.standardInput = input
-            process.standardError = FileHandle.nullDevice
-            try process.run()
-            started.append((process, LineReader(output.fileHandleForReading), input.fileHandleForWriting))
+            started.append(
+                try NodeProcess(
+                    executable: executable,
+                    arguments: [
+                        "bench-node", "--role", index == 0 ? "writer" : "reader", "--mode", mode.rawValue, "--id", name,
+                        "--publish", endpoint(index), "--data", "\(work)/\(name)", "--seconds", "\(seconds)",
+                        "--rate", mode == .latency ? "1000" : "10000",
+                    ] + peers.flatMap { ["--peer", $0] }))
         }
         for node in started where node.lines.next() != "READY" {
             throw StateSyncError(.timeout, "bench: a node process of the fan-out did not start")
         }
-        started[0].input.write(Data("GO\n".utf8))
-        var written = 0
-        if let line = started[0].lines.next(), line.hasPrefix("WROTE ") { written = Int(line.dropFirst(6)) ?? 0 }
-        var results: [TwoProcessResult] = []
-        for reader in started.dropFirst() {
-            guard let line = reader.lines.next(), case .map(let map)? = try? Value(json: line) else {
-                throw StateSyncError(.protocolError, "bench: a reader of the fan-out reported nothing")
-            }
-            func number(_ key: String) -> Double {
-                switch map[key] {
-                case .double(let d)?: d
-                case .int(let i)?: Double(i)
-                default: .nan
-                }
-            }
-            var result = TwoProcessResult()
-            result.perSecond = number("per_second")
-            result.count = Int(number("count"))
-            result.p50 = number("p50_us")
-            result.p99 = number("p99_us")
-            results.append(result)
-        }
-        started[0].input.write(Data("STOP\n".utf8))
+        started[0].say("GO")
+        let written = started[0].wrote()
+        let results = try started.dropFirst().map { try $0.readerReport() }
+        started[0].say("STOP")
         for node in started { node.process.waitUntilExit() }
         return (written, results)
     }
