@@ -238,6 +238,8 @@ public enum Bench {
         var count = 0
         var written = 0
         var p50 = 0.0, p99 = 0.0, p999 = 0.0
+        /// The reader saw, or applied, every change the writer made.
+        var complete = false
     }
 
     /// Starts a reader and a writer node process, lets the writer run, and reads the reader's
@@ -333,6 +335,7 @@ public enum Bench {
             result.p50 = number("p50_us")
             result.p99 = number("p99_us")
             result.p999 = number("p999_us")
+            result.complete = map["done"] == .bool(true)
             return result
         }
     }

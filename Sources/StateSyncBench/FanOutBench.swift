@@ -12,9 +12,12 @@ extension Bench {
         /// reader, and at the fastest.
         public var slowestPerSecond: Double
         public var fastestPerSecond: Double
-        /// Changes the writer made, and the fewest any reader's observers saw.
+        /// Changes the writer made, and the fewest any reader's observers saw (a change repaired
+        /// after a later one of its property was applied notifies nothing).
         public var written: Int
         public var fewestSeen: Int
+        /// Every reader's node applied every change (in both runs).
+        public var everyReaderComplete: Bool
         /// Set → remote observer at 1,000 changes/s (storage.fsync always): the median of the
         /// readers' p50s and the worst reader's p99, in microseconds.
         public var latencyP50: Double
@@ -30,6 +33,7 @@ extension Bench {
         return FanOutFigures(
             readers: readers, slowestPerSecond: rates.min() ?? 0, fastestPerSecond: rates.max() ?? 0,
             written: single.written, fewestSeen: single.results.map(\.count).min() ?? 0,
+            everyReaderComplete: (single.results + latency.results).allSatisfy(\.complete),
             latencyP50: p50s.isEmpty ? .nan : p50s[p50s.count / 2],
             latencyP99: latency.results.map(\.p99).max() ?? .nan)
     }

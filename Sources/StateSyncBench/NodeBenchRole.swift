@@ -69,7 +69,7 @@ public enum NodeBenchRole {
             try await Task.sleep(for: .milliseconds(10))
         }
         if options.reader {
-            try await read(options, model: model)
+            try await read(options, model: model, node: node)
         } else {
             say("READY")
             _ = readLine()  // GO
@@ -95,7 +95,7 @@ public enum NodeBenchRole {
         }
     }
 
-    private static func read(_ options: Options, model: BenchModel) async throws {
+    private static func read(_ options: Options, model: BenchModel, node: StateSyncNode) async throws {
         let tally = Tally()
         tally.latencies.reserveCapacity(Int(Double(options.rate) * options.seconds) + 16)
         let count: @Sendable () -> Void = {
@@ -112,12 +112,19 @@ public enum NodeBenchRole {
                 tally.lock.withLock { tally.latencies.append(now &- change.new) }
             }
         }
-        // The writer says how many changes it made; the reader waits for every one of them (a
-        // change dropped at a high-water mark arrives later, by repair): a run counts whole.
+        // The writer says how many changes it made; the reader waits until it saw every one of
+        // them, or its node applied every one (a change dropped at a high-water mark arrives
+        // later, by repair, and then notifies nothing when a later value of the property was
+        // applied meanwhile): a run counts whole.
         model.observe(\.done) { change in tally.lock.withLock { tally.written = change.new } }
         say("READY")
         let limit = Date().addingTimeInterval(options.seconds + 60)
-        while !tally.lock.withLock({ tally.complete(mode: options.mode) }) && Date() < limit {
+        var applied = 0
+        while Date() < limit {
+            let written = tally.lock.withLock { tally.complete(mode: options.mode) ? -1 : tally.written }
+            if written < 0 { break }
+            applied = node.status.counters["deltas_applied"] ?? 0
+            if written > 0, applied > written { break }  // every change, and the `done` write
             try await Task.sleep(for: .milliseconds(5))
         }
         let result = tally.lock.withLock { () -> Value in
@@ -130,7 +137,8 @@ public enum NodeBenchRole {
                 "p50_us": .double(latency.p50.isNaN ? 0 : latency.p50),
                 "p99_us": .double(latency.p99.isNaN ? 0 : latency.p99),
                 "p999_us": .double(latency.p999.isNaN ? 0 : latency.p999), "samples": .int(Int64(latency.samples)),
-                "done": .bool(tally.complete(mode: options.mode)), "written": .int(Int64(tally.written)),
+                "done": .bool(tally.complete(mode: options.mode) || (tally.written > 0 && applied > tally.written)),
+                "written": .int(Int64(tally.written)),
             ]
         }
         say(result.jsonText())

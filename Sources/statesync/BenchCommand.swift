@@ -66,6 +66,7 @@ extension StateSyncCLI {
                         "slowest_reader_deltas_per_s": rounded(figures.slowestPerSecond),
                         "fastest_reader_deltas_per_s": rounded(figures.fastestPerSecond),
                         "written": .int(Int64(figures.written)), "fewest_seen": .int(Int64(figures.fewestSeen)),
+                        "every_reader_complete": .bool(figures.everyReaderComplete),
                         "latency_p50_us_median_reader": rounded(figures.latencyP50),
                         "latency_p99_us_worst_reader": rounded(figures.latencyP99),
                     ]

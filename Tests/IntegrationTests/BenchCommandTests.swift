@@ -16,7 +16,9 @@ struct BenchCommandTests {
         #expect(figures["readers"] == .int(2))
         let written = try #require(figures["written"].flatMap { if case .int(let n) = $0 { n } else { nil } })
         #expect(written > 0)
-        #expect(figures["fewest_seen"] == .int(written), "a reader missed changes: \(line)")
+        #expect(figures["every_reader_complete"] == .bool(true), "a reader's node missed changes: \(line)")
+        let seen = try #require(figures["fewest_seen"].flatMap { if case .int(let n) = $0 { n } else { nil } })
+        #expect(seen > 0 && seen <= written, "\(line)")
         for key in ["slowest_reader_deltas_per_s", "latency_p50_us_median_reader", "latency_p99_us_worst_reader"] {
             guard case .double(let value)? = figures[key] else {
                 Issue.record("\(key) missing: \(line)")

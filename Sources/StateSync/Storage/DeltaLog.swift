@@ -106,9 +106,10 @@ package final class DeltaLog: @unchecked Sendable {
             offset = next
         }
         recovery.end = offset
-        // Preallocated space is zero-filled: only a tail holding something else is torn.
-        if bytes[offset...].contains(where: { $0 != 0 }) {
-            recovery.cutBytes = bytes.count - offset
+        // Preallocated space is zero-filled: only a tail holding something else is torn, and
+        // only through its last non-zero octet (the zeros after it are the preallocation).
+        if let last = bytes[offset...].lastIndex(where: { $0 != 0 }) {
+            recovery.cutBytes = last + 1 - offset
             if recovery.cutReason == nil { recovery.cutReason = "a record has a zero length" }
         } else {
             recovery.cutReason = nil
