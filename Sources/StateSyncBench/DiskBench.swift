@@ -34,7 +34,12 @@ enum DiskBench {
         if preallocated {
             // O_APPEND would write past the preallocated length: write from the start instead.
             _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_APPEND)
-            guard posix_fallocate(fd, 0, off_t(samples * size)) == 0, fsync(fd) == 0 else {
+            // posix_fallocate returns its error instead of setting errno.
+            let result = posix_fallocate(fd, 0, off_t(samples * size))
+            guard result == 0 else {
+                throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": result])
+            }
+            guard fsync(fd) == 0 else {
                 throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
             }
         }
