@@ -523,38 +523,37 @@ public struct ReplicaStore: Sendable {
         return .some(current)
     }
 
-    /// Merges registers of one model (a snapshot's, in the order given) like
-    /// ``merge(_:property:register:)`` one by one, with one look-up of the model for them all
-    /// (a snapshot merges a million registers). Returns, for each, whether it won. The model's
-    /// deletion (the empty name) is merged through ``merge(_:property:register:)``.
+    /// Merges registers of one model (a snapshot's), in the order given, exactly like
+    /// ``merge(_:property:register:)`` one by one, with one look-up of the model for each run of
+    /// properties (a snapshot merges a million registers). Returns, for each, whether it won. The
+    /// model's deletion (the empty name) goes through ``merge(_:property:register:)``.
     public mutating func merge(
         _ address: ModelAddress, registers: [(name: String, register: Register)]
     ) -> [Bool] {
         var won = [Bool](repeating: false, count: registers.count)
-        var start = 0
-        while start < registers.count, registers[start].name.isEmpty {
-            won[start] = merge(address, property: "", register: registers[start].register) != nil
-            start += 1
-        }
-        guard start < registers.count else { return won }
-        var context = MergeContext(channel: address.channel, model: address.model, store: self)
-        var newest = Version.zero
-        modify(address) { model in
-            let liveBefore = model.live
-            defer { context.noteLiveness(before: liveBefore, after: model.live) }
-            for index in start..<registers.count {
-                let (name, register) = registers[index]
-                if name.isEmpty {
-                    continue  // a model's deletion after its properties: not in a snapshot's order
-                }
-                guard Self.mergeRegister(name, register, into: &model, context: &context) != nil else { continue }
-                won[index] = true
-                newest = max(newest, register.version)
+        var index = 0
+        while index < registers.count {
+            if registers[index].name.isEmpty {
+                won[index] = merge(address, property: "", register: registers[index].register) != nil
+                index += 1
+                continue
             }
-        }
-        finish(context, newest: newest)
-        for index in start..<registers.count where registers[index].name.isEmpty {
-            won[index] = merge(address, property: "", register: registers[index].register) != nil
+            // A run of properties up to the next deletion of the model (a snapshot has none after).
+            var context = MergeContext(channel: address.channel, model: address.model, store: self)
+            var newest = Version.zero
+            modify(address) { model in
+                let liveBefore = model.live
+                defer { context.noteLiveness(before: liveBefore, after: model.live) }
+                while index < registers.count, !registers[index].name.isEmpty {
+                    let (name, register) = registers[index]
+                    if Self.mergeRegister(name, register, into: &model, context: &context) != nil {
+                        won[index] = true
+                        newest = max(newest, register.version)
+                    }
+                    index += 1
+                }
+            }
+            finish(context, newest: newest)
         }
         return won
     }

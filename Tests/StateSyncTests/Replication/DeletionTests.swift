@@ -205,7 +205,7 @@ struct DeletionTests {
         #expect(Set(replicas.map(\.digest)).count == 1, "seed \(seed)")
     }
 
-    /// A snapshot's registers merged a model at a time end in exactly the state merging them one
+    /// A model's registers merged at once end in exactly the state merging them one
     /// by one does: digest, registers, deletions held, live models, latest version; and the same
     /// registers win. Random states and registers from fixed seeds (in every failure message).
     @Test(arguments: 1...40 as ClosedRange<UInt64>)
@@ -229,9 +229,6 @@ struct DeletionTests {
         for model in ["m0", "m1", "m2", "m3"] {
             let address = ModelAddress(channel: "c", model: model)
             var registers: [(name: String, register: ReplicaStore.Register)] = []
-            if random.below(3) == 0 {
-                registers.append(("", .tombstone(Self.version(UInt64(100 + random.below(100)), "b"))))
-            }
             for property in 0..<5 where random.below(4) != 0 {
                 let version = Self.version(UInt64(100 + random.below(100)), ["a", "b", "c"][random.below(3)])
                 let register: ReplicaStore.Register =
@@ -241,6 +238,11 @@ struct DeletionTests {
                     default: ReplicaStore.Register(value: .string("s\(property)"), version: version)
                     }
                 registers.append(("p\(property)", register))
+            }
+            // The model's deletion, if any, first (as a snapshot has it) or anywhere (in order).
+            if random.below(3) == 0 {
+                let deletion = ReplicaStore.Register.tombstone(Self.version(UInt64(100 + random.below(100)), "b"))
+                registers.insert(("", deletion), at: random.below(2) == 0 ? 0 : random.below(registers.count + 1))
             }
             var batched = base
             var single = base
@@ -255,7 +257,6 @@ struct DeletionTests {
             base = batched
         }
     }
-
 }
 
 @Suite("Property values on the wire (PROTOCOL.md 4.3, 7.1)")

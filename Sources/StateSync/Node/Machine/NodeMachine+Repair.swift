@@ -482,9 +482,7 @@ extension NodeMachine {
             guard let newest else { continue }
             clock.observe(newest)
             changed.insert(address.channel)
-            if attachedModels[address] != nil {
-                deliveries.append(ModelDelivery(address: address, sets: sets))
-            }
+            if attached { deliveries.append(ModelDelivery(address: address, sets: sets)) }
         }
         if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
         if refused > 0 {
