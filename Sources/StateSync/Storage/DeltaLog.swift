@@ -111,8 +111,6 @@ package final class DeltaLog: @unchecked Sendable {
         if let last = bytes[offset...].lastIndex(where: { $0 != 0 }) {
             recovery.cutBytes = last + 1 - offset
             if recovery.cutReason == nil { recovery.cutReason = "a record has a zero length" }
-        } else {
-            recovery.cutReason = nil
         }
         return recovery
     }
