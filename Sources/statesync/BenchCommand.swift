@@ -9,8 +9,8 @@ extension StateSyncCLI {
             abstract: "Measure the whole path against raw libzmq, in one run on this machine.",
             discussion: """
                 Measures raw libzmq PUB→SUB with delta-sized messages (best of 3 runs) and its \
-                one-way latency at 10,000 msg/s, and fdatasync after a small append in the data \
-                directory; then two node processes on loopback: deltas/s at the reader (single sets \
+                one-way latency at 10,000 msg/s, and fdatasync after a small append and after a small \
+                write into preallocated space in the data directory; then two node processes on loopback: deltas/s at the reader (single sets \
                 and 8-property transactions, observers fired) and set → remote observer latency at \
                 10,000 changes/s (storage.fsync always and interval), each next to its limit (raw \
                 one-way, plus fdatasync when durable); then a late joiner taking a snapshot \
@@ -54,9 +54,7 @@ extension StateSyncCLI {
                 guard !counts.isEmpty, counts.allSatisfy({ ($0 ?? 0) >= 1 && ($0 ?? 0) <= 32 }) else {
                     throw ValidationError("--fanout takes reader counts of 1…32, separated by commas: --fanout 2,4,8")
                 }
-                let executable =
-                    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
-                    ?? CommandLine.arguments[0]
+                let executable = currentExecutable()
                 for readers in counts.compactMap({ $0 }) {
                     let figures = try await StateSyncBench.Bench.fanOut(
                         executable: executable, readers: readers, seconds: quick ? 1 : 3)
@@ -76,11 +74,7 @@ extension StateSyncCLI {
             }
             if let join, daemons {
                 guard join >= 1000 else { throw ValidationError("--join needs at least 1000 properties") }
-                let executable =
-                    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
-                    ?? CommandLine.arguments[0]
-                let daemon = URL(fileURLWithPath: executable).deletingLastPathComponent()
-                    .appendingPathComponent("statesyncd").path
+                let daemon = siblingDaemon()
                 let interactive = isatty(STDERR_FILENO) == 1
                 let figures = try await StateSyncBench.DaemonJoin.run(properties: join, daemonPath: daemon) { phase in
                     if interactive { FileHandle.standardError.write(Data("\r\u{1B}[Kbench: \(phase)…".utf8)) }
@@ -113,9 +107,7 @@ extension StateSyncCLI {
                 emit(value.jsonText())
                 return
             }
-            let executable =
-                (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
-                ?? CommandLine.arguments[0]
+            let executable = currentExecutable()
             let interactive = isatty(STDERR_FILENO) == 1
             let result = try await StateSyncBench.Bench.run(.init(executable: executable, quick: quick)) { phase in
                 if interactive { FileHandle.standardError.write(Data("\r\u{1B}[Kbench: \(phase)…".utf8)) }

@@ -89,7 +89,7 @@ extension StateSyncCLI {
         }
 
         func run() async throws {
-            var options = HarnessOptions(daemonPath: statesyncd ?? Self.siblingDaemon())
+            var options = HarnessOptions(daemonPath: statesyncd ?? siblingDaemon())
             options.nodes = nodes
             options.operations = ops
             options.seed = seed
@@ -119,13 +119,6 @@ extension StateSyncCLI {
             emit(json ? result.value.jsonText() : result.humanText)
             if let report { try writeReport(result.html, to: report) }
             if !result.passed { throw ExitCode(1) }
-        }
-
-        static func siblingDaemon() -> String {
-            let me = URL(
-                fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
-                    ?? CommandLine.arguments[0])
-            return me.deletingLastPathComponent().appendingPathComponent("statesyncd").path
         }
     }
 }

@@ -115,6 +115,16 @@ func failingClearly(_ body: () async throws -> Void) async throws {
     }
 }
 
+/// The path of this `statesync` executable (the bench starts node processes of it).
+func currentExecutable() -> String {
+    (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+}
+
+/// The `statesyncd` next to this `statesync` (the harness and `bench --join --daemons` start it).
+func siblingDaemon() -> String {
+    URL(fileURLWithPath: currentExecutable()).deletingLastPathComponent().appendingPathComponent("statesyncd").path
+}
+
 /// Writes a line to stdout and flushes it (watch output goes to pipes line by line).
 func emit(_ line: String) {
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
