@@ -118,15 +118,16 @@ public enum NodeBenchRole {
         // applied meanwhile): a run counts whole.
         model.observe(\.done) { change in tally.lock.withLock { tally.written = change.new } }
         say("READY")
+        func finished() -> Bool {
+            let (seen, written) = tally.lock.withLock { (tally.complete(mode: options.mode), tally.written) }
+            // Applied: every change, and the `done` write.
+            return seen || (written > 0 && node.status.counters["deltas_applied"] ?? 0 > written)
+        }
         let limit = Date().addingTimeInterval(options.seconds + 60)
-        var applied = 0
-        while Date() < limit {
-            let written = tally.lock.withLock { tally.complete(mode: options.mode) ? -1 : tally.written }
-            if written < 0 { break }
-            applied = node.status.counters["deltas_applied"] ?? 0
-            if written > 0, applied > written { break }  // every change, and the `done` write
+        while !finished() && Date() < limit {
             try await Task.sleep(for: .milliseconds(5))
         }
+        let done = finished()
         let result = tally.lock.withLock { () -> Value in
             let count = tally.count.load(ordering: .relaxed)
             let seconds = Double(tally.last.load(ordering: .relaxed) &- tally.first.load(ordering: .relaxed)) / 1e9
@@ -137,7 +138,7 @@ public enum NodeBenchRole {
                 "p50_us": .double(latency.p50.isNaN ? 0 : latency.p50),
                 "p99_us": .double(latency.p99.isNaN ? 0 : latency.p99),
                 "p999_us": .double(latency.p999.isNaN ? 0 : latency.p999), "samples": .int(Int64(latency.samples)),
-                "done": .bool(tally.complete(mode: options.mode) || (tally.written > 0 && applied > tally.written)),
+                "done": .bool(done),
                 "written": .int(Int64(tally.written)),
             ]
         }
