@@ -38,13 +38,13 @@ struct BenchReportTests {
         guard case .map(let json) = report.value else { throw CancellationError() }
         #expect(json["latency_p50_ratio_limit"] == .double(1.25))
         #expect(report.humanText.contains("(limit 200 µs: 1.25×, +50 µs) raw+fsync"))
-        // Without the disk figure, no durable limit is made up.
         // A write into preallocated space syncs faster than an append: the limit is the floor.
         var preallocated = Bench.Report()
         preallocated.figures = report.figures.filter { !$0.key.hasPrefix("limit_") && !$0.key.contains("_ratio_") }
         preallocated.figures += [("fsync_preallocated_p50_us", 90), ("fsync_preallocated_p99_us", 400)]
         preallocated.addLimitsAndRatios()
         #expect(preallocated["limit_durable_p50_us"] == 120 && preallocated["limit_durable_p99_us"] == 400)
+        // Without the disk figure, no durable limit is made up.
         var partial = Bench.Report()
         partial.figures = [("raw_latency_p50_us", 30), ("raw_latency_p99_us", 70), ("latency_p50_us", 250)]
         partial.addLimitsAndRatios()

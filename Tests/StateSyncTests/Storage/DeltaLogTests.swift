@@ -14,6 +14,15 @@ struct DeltaLogTests {
 
     static func path() -> String { temporaryDirectory("log") + "/deltas.log" }
 
+    /// A new log holding `deltas`, synced and closed; its path.
+    static func logged(_ deltas: [Delta]) throws -> String {
+        let path = path()
+        let log = try DeltaLog(path: path)
+        try log.append(deltas)
+        try log.sync()
+        return path
+    }
+
     /// The standard check value of CRC-32/ISO-HDLC, and agreement with the bitwise definition at
     /// every length around the 8-byte steps.
     @Test func crc32MatchesItsDefinition() {
@@ -34,12 +43,7 @@ struct DeltaLogTests {
     }
 
     @Test func appendedDeltasAreRecoveredInOrder() throws {
-        let path = Self.path()
-        do {
-            let log = try DeltaLog(path: path)
-            try log.append((1...50).map { Self.delta($0) })
-            try log.sync()
-        }
+        let path = try Self.logged((1...50).map { Self.delta($0) })
         let recovery = try DeltaLog(path: path).recover()
         #expect(recovery.deltas == (1...50).map { Self.delta($0) })
         #expect(recovery.cutBytes == 0)
@@ -48,12 +52,7 @@ struct DeltaLogTests {
     /// A crash can leave any prefix of the last write on disk: every such prefix must recover the
     /// complete records and cut the rest.
     @Test func everyTornTailIsCutAndTheCompleteRecordsSurvive() throws {
-        let path = Self.path()
-        do {
-            let log = try DeltaLog(path: path)
-            try log.append([Self.delta(1), Self.delta(2)])
-            try log.sync()
-        }
+        let path = try Self.logged([Self.delta(1), Self.delta(2)])
         // The records, without the preallocated space after them.
         let full = try Data(contentsOf: URL(fileURLWithPath: path)).prefix(try DeltaLog(path: path).recover().end)
         var writer = WireWriter()
@@ -78,12 +77,7 @@ struct DeltaLogTests {
     }
 
     @Test func aCorruptRecordEndsTheLogAndIsNeverLoaded() throws {
-        let path = Self.path()
-        do {
-            let log = try DeltaLog(path: path)
-            try log.append([Self.delta(1), Self.delta(2, "original"), Self.delta(3)])
-            try log.sync()
-        }
+        let path = try Self.logged([Self.delta(1), Self.delta(2, "original"), Self.delta(3)])
         var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
         if let index = bytes.lastIndex(of: UInt8(ascii: "o")) { bytes[index] = UInt8(ascii: "O") }  // in "original"
         try Data(bytes).write(to: URL(fileURLWithPath: path))
@@ -95,18 +89,12 @@ struct DeltaLogTests {
     /// The file is grown ahead of its records (zero-filled): the zeros are not data and not a
     /// torn write; a record torn inside them is cut and counted; the log goes on after both.
     @Test func preallocatedSpaceEndsTheLogAndATornRecordInItIsCut() throws {
-        let path = Self.path()
-        do {
-            let log = try DeltaLog(path: path)
-            try log.append([Self.delta(1), Self.delta(2)])
-            try log.sync()
-            // On a file system that cannot preallocate (none in this suite's /tmp so far) the
-            // file is exactly its records; the checks below hold either way.
-            let length = try #require(try FileManager.default.attributesOfItem(atPath: path)[.size] as? Int)
-            #expect(length >= log.size)
-        }
+        // On a file system that cannot preallocate (none in this suite's /tmp so far) the file is
+        // exactly its records; the checks below hold either way.
+        let path = try Self.logged([Self.delta(1), Self.delta(2)])
         var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
         let recovered = try DeltaLog(path: path).recover()
+        #expect(bytes.count >= recovered.end)
         #expect(recovered.deltas == [Self.delta(1), Self.delta(2)])
         #expect(recovered.cutBytes == 0 && recovered.cutReason == nil)
         // A third record whose payload's second half never reached the disk, then zeros.
@@ -131,12 +119,7 @@ struct DeltaLogTests {
 
     /// A zero length field with something else after it is not preallocated space: damage.
     @Test func aZeroLengthRecordWithDataAfterItIsCutAndCounted() throws {
-        let path = Self.path()
-        do {
-            let log = try DeltaLog(path: path)
-            try log.append([Self.delta(1)])
-            try log.sync()
-        }
+        let path = try Self.logged([Self.delta(1)])
         let recovered = try DeltaLog(path: path).recover()
         var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: path)))
         bytes += [0, 0, 0, 0, 1, 2, 3, 4, 5]
