@@ -17,6 +17,7 @@ public final class SimulatedDisk: NodeStorage {
         var pendingLog: [UInt8] = []
         var syncs = 0
         var bytesAppended = 0
+        var appends = 0
         var freeBytes: UInt64?
     }
 
@@ -56,6 +57,7 @@ public final class SimulatedDisk: NodeStorage {
         state.withLock { state in
             state.pendingLog += records
             state.bytesAppended += records.count
+            state.appends += 1
         }
     }
 
@@ -98,6 +100,10 @@ public final class SimulatedDisk: NodeStorage {
 
     /// Bytes appended but not yet synced.
     public var unsyncedBytes: Int { state.withLock { $0.pendingLog.count } }
+    /// Octets appended to the log since the disk was made.
+    public var appendedBytes: Int { state.withLock { $0.bytesAppended } }
+    /// How many appends (writes) the log took.
+    public var appendCount: Int { state.withLock { $0.appends } }
     /// How many times the log was synced (or a snapshot written).
     public var syncCount: Int { state.withLock { $0.syncs } }
 }

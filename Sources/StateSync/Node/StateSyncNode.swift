@@ -60,6 +60,13 @@ public final class StateSyncNode: Sendable {
     /// published (touched by the driver's thread only; the lock is never contended).
     let metrics: NodeMetrics
     private let writeTimes = Mutex(WriteTimes())
+    /// Log records the machine appended that are not handed to storage yet (touched by the
+    /// driver's thread only; the lock is never contended). The records of a whole round of inputs
+    /// — the client requests and peer messages the driver drained at once — reach the file in one
+    /// write instead of one each; they are handed over before any action that makes something
+    /// visible outside the node (a reply, a DELTA, a watch event, a sync…) and at every tick, so
+    /// nothing is seen before the operating system has it.
+    private let pendingLog = Mutex(PendingLog())
 
     /// Why the node stopped on its own, if it did: it started with an empty data directory
     /// under an id whose earlier deltas the cluster holds, or that was forgotten (docs/PROTOCOL.md
@@ -173,6 +180,10 @@ public final class StateSyncNode: Sendable {
             }
         }
         handle(input, now: now, via: transport)
+        switch input {
+        case .tick, .stop: flushLog()
+        default: break
+        }
     }
 
     /// Feeds the machine `input`, performs its actions, and feeds their outcomes back until
@@ -233,25 +244,35 @@ public final class StateSyncNode: Sendable {
         state.withLock { $0.machine.nextDeadline() }
     }
 
+    /// Hands the log records appended since the last call to storage, in one write.
+    private func flushLog() {
+        guard let (bytes, mustSucceed) = pendingLog.withLock({ $0.take() }) else { return }
+        do {
+            try storage.append(bytes)
+        } catch {
+            // A peer's deltas can be sent again; the node's own writes must not be
+            // acknowledged or published unless logged.
+            guard mustSucceed else {
+                logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
+                return
+            }
+            fatalError(
+                "statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
+        }
+    }
+
     /// Performs one action; returns the input that reports its outcome, if the machine needs it.
     private func perform(_ action: NodeAction, via transport: some NodeTransport) -> NodeInput? {
+        switch action {
+        case .appendLog, .deliver: break
+        default: flushLog()
+        }
         switch action {
         case .publish(let frames):
             transport.publish(frames)
         case .appendLog(let bytes, let mustSucceed):
             if metrics.isRecording { writeTimes.withLock { $0.appended(bytes.count, ownWrites: mustSucceed) } }
-            do {
-                try storage.append(bytes)
-            } catch {
-                // A peer's deltas can be sent again; the node's own writes must not be
-                // acknowledged or published unless logged.
-                guard mustSucceed else {
-                    logger.critical("cannot append to the log", metadata: ["error": "\(error)"])
-                    return nil
-                }
-                fatalError(
-                    "statesyncd: cannot append to the write-ahead log (\(error)); stopping before acknowledging writes")
-            }
+            if pendingLog.withLock({ $0.add(bytes, mustSucceed: mustSucceed) }) >= PendingLog.flushBytes { flushLog() }
         case .syncLog(let position):
             let started = metrics.isRecording ? ContinuousClock.now : nil
             defer {
@@ -517,6 +538,7 @@ public final class StateSyncNode: Sendable {
     /// Writes the snapshot (everything in the log is in it) and releases the storage: the end of
     /// a clean stop, once the driver is done.
     package func finishStop() {
+        flushLog()
         do {
             let snapshot = state.withLock { $0.machine.snapshot }
             try storage.compact(snapshot)
@@ -611,5 +633,31 @@ struct WriteTimes: Sendable {
             first = 0
         }
         return done
+    }
+}
+
+/// Log records appended by the machine and not yet written (``StateSyncNode``'s `pendingLog`).
+private struct PendingLog {
+    /// Past this many octets the records are written at once, whatever comes next.
+    static let flushBytes = 1 << 20
+    private var bytes: [UInt8] = []
+    /// Whether the records hold the node's own writes (a failed write of those stops the node).
+    private var mustSucceed = false
+
+    /// Adds records; returns the octets now pending.
+    mutating func add(_ records: [UInt8], mustSucceed: Bool) -> Int {
+        if bytes.isEmpty { bytes = records } else { bytes.append(contentsOf: records) }
+        self.mustSucceed = self.mustSucceed || mustSucceed
+        return bytes.count
+    }
+
+    /// The pending records and whether they must succeed; `nil` when there are none.
+    mutating func take() -> (bytes: [UInt8], mustSucceed: Bool)? {
+        guard !bytes.isEmpty else { return nil }
+        defer {
+            bytes = []
+            mustSucceed = false
+        }
+        return (bytes, mustSucceed)
     }
 }
