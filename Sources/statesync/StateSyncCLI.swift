@@ -502,12 +502,18 @@ extension StateSyncCLI {
                     }
                 }
                 defer { for source in signals { source.cancel() } }
+                // Without --state, lines are written in batches when they come faster than one
+                // write each; with it, a line counts as printed once written (WatchState).
+                let output = saved == nil ? LineOutput() : nil
+                let print: (String) -> Void = output.map { output in { output.print($0) } } ?? { emit($0) }
                 do {
                     for try await event in events {
-                        if let saved { saved.printing(event) { show(event) } } else { show(event) }
+                        if let saved { saved.printing(event) { show(event, print) } } else { show(event, print) }
                     }
+                    output?.flush()
                     saved?.saveNow()
                 } catch {
+                    output?.flush()
                     saved?.saveNow()
                     let resume =
                         saved.map { "resume with --state \($0.path)" } ?? "resume with --from \(watched.cursor)"
@@ -516,13 +522,13 @@ extension StateSyncCLI {
             }
         }
 
-        func show(_ event: WatchEvent) {
+        func show(_ event: WatchEvent, _ emit: (String) -> Void) {
             switch event {
             case .change(let change, let kind, let cursor):
                 emit(json ? Self.json(change, kind: kind, cursor: cursor) : Self.human(change, kind: kind))
             case .initialStateComplete(let records, let cursor):
                 marker(
-                    "initial", "initial state complete: \(records) properties",
+                    emit, "initial", "initial state complete: \(records) properties",
                     ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
             case .resyncStarted(let reason):
                 let why =
@@ -532,15 +538,16 @@ extension StateSyncCLI {
                 FileHandle.standardError.write(
                     Data("statesync: resync: \(why); the current state follows as changes marked resync\n".utf8))
                 marker(
-                    "resync", "resync started", ["reason": .string(reason == .lagged ? "lagged" : "history_gone")],
+                    emit, "resync", "resync started",
+                    ["reason": .string(reason == .lagged ? "lagged" : "history_gone")],
                     always: false)
             case .resyncComplete(let records, let cursor):
                 marker(
-                    "resynced", "resync complete: \(records) properties",
+                    emit, "resynced", "resync complete: \(records) properties",
                     ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
             case .caughtUp(let cursor, let latest, let missing):
                 marker(
-                    "caught_up",
+                    emit, "caught_up",
                     "caught up to \(latest?.description ?? "nothing yet")\(missing > 0 ? " (node still missing \(missing) deltas)" : "")",
                     [
                         "cursor": .string(cursor.description),
@@ -549,7 +556,9 @@ extension StateSyncCLI {
             }
         }
 
-        func marker(_ kind: String, _ text: String, _ fields: [String: Value], always: Bool = false) {
+        func marker(
+            _ emit: (String) -> Void, _ kind: String, _ text: String, _ fields: [String: Value], always: Bool = false
+        ) {
             guard markers || always else { return }
             if json {
                 var map = fields
@@ -567,16 +576,32 @@ extension StateSyncCLI {
             kind == .live ? (change.kind == .set ? "live" : change.kind.rawValue) : "\(kind)"
         }
 
+        /// One change as a JSON object, keys in ascending order (as ``Value/jsonText()`` writes a
+        /// map), written directly: a watch prints one per change.
         static func json(_ change: PropertyChange, kind: WatchEvent.Kind, cursor: WatchCursor) -> String {
-            var fields: [String: Value] = [
-                "channel": .string(change.channel), "model": .string(change.model),
-                "property": .string(change.property),
-                "old": change.old ?? .null, "new": change.new, "version": .string(change.version.description),
-                "origin": .string(change.origin), "kind": .string(kindName(change, kind)),
-                "deleted": .bool(change.isRemoval), "cursor": .string(cursor.description),
-            ]
-            if let expiresAt = change.expiresAt { fields["expires_at"] = .int(Int64(expiresAt)) }
-            return Value.map(fields).jsonText()
+            var out = "{\"channel\":"
+            out.reserveCapacity(256)
+            Value.string(change.channel).writeJSON(into: &out)
+            out += ",\"cursor\":"
+            Value.string(cursor.description).writeJSON(into: &out)
+            out += change.isRemoval ? ",\"deleted\":true" : ",\"deleted\":false"
+            if let expiresAt = change.expiresAt { out += ",\"expires_at\":\(Int64(expiresAt))" }
+            out += ",\"kind\":"
+            Value.string(kindName(change, kind)).writeJSON(into: &out)
+            out += ",\"model\":"
+            Value.string(change.model).writeJSON(into: &out)
+            out += ",\"new\":"
+            change.new.writeJSON(into: &out)
+            out += ",\"old\":"
+            (change.old ?? .null).writeJSON(into: &out)
+            out += ",\"origin\":"
+            Value.string(change.origin).writeJSON(into: &out)
+            out += ",\"property\":"
+            Value.string(change.property).writeJSON(into: &out)
+            out += ",\"version\":"
+            Value.string(change.version.description).writeJSON(into: &out)
+            out += "}"
+            return out
         }
 
         static func human(_ change: PropertyChange, kind: WatchEvent.Kind) -> String {

@@ -48,7 +48,8 @@ extension Value {
         return out
     }
 
-    private func writeJSON(into out: inout String) {
+    /// Appends the value as compact JSON with sorted keys to `out`.
+    public func writeJSON(into out: inout String) {
         switch self {
         case .null: out += "null"
         case .bool(let b): out += b ? "true" : "false"
@@ -82,6 +83,12 @@ extension Value {
 
     static func writeJSONString(_ string: String, into out: inout String) {
         out += "\""
+        // Most strings need no escape: appended whole.
+        if !string.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+            out += string
+            out += "\""
+            return
+        }
         for scalar in string.unicodeScalars {
             switch scalar {
             case "\"": out += "\\\""

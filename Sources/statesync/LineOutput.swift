@@ -1,0 +1,48 @@
+import Dispatch
+import Foundation
+import Synchronization
+
+/// Standard output for a stream of lines (`statesync watch`): lines are written by a serial
+/// queue, all the lines queued since its last write in one `write`. An idle watch prints each
+/// line at once; one that receives faster than one write per line batches by itself, instead of
+/// one system call (and one wake-up of the reading process) per line.
+///
+/// A line given to ``print(_:)`` is not yet on stdout: ``flush()`` waits until it is. The
+/// `--state` watch prints with ``emit(_:)`` instead, since it records a line as printed once
+/// printing returns.
+final class LineOutput: Sendable {
+    private let queue = DispatchQueue(label: "statesync.stdout")
+    /// Lines not yet handed to the queue's next write, and whether that write is scheduled.
+    private let pending = Mutex<(bytes: [UInt8], scheduled: Bool)>(([], false))
+
+    /// Queues `line` and a newline.
+    func print(_ line: String) {
+        let schedule = pending.withLock { pending -> Bool in
+            pending.bytes.append(contentsOf: line.utf8)
+            pending.bytes.append(0x0A)
+            defer { pending.scheduled = true }
+            return !pending.scheduled
+        }
+        if schedule { queue.async { self.writePending() } }
+    }
+
+    /// Returns once every line queued before the call is written.
+    func flush() {
+        queue.sync { writePending() }
+    }
+
+    private func writePending() {
+        let bytes = pending.withLock { pending -> [UInt8] in
+            defer { pending = ([], false) }
+            return pending.bytes
+        }
+        var written = 0
+        while written < bytes.count {
+            let result = bytes.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress! + written, $0.count - written) }
+            if result < 0, errno == EINTR { continue }
+            // stdout closed (a reader that went away): the process ends on SIGPIPE as before.
+            guard result > 0 else { return }
+            written += result
+        }
+    }
+}
