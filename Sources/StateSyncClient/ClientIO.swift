@@ -141,6 +141,15 @@ final class ClientIO: Sendable {
         var pingDeadline: UInt64 = 0
         var lastPing: UInt64 = 0
         var incarnation: String?
+        /// Watch events of this round of received messages, yielded together at its end (or
+        /// before anything else ends a watch or answers a request): a watcher that keeps up is
+        /// woken once per round, not once per event.
+        var ready: [(events: Events, event: WatchEvent)] = []
+
+        mutating func deliverReady() {
+            for (events, event) in ready { events.yield(event) }
+            ready.removeAll(keepingCapacity: true)
+        }
     }
 
     private func main(_ transfer: SocketTransfer) {
@@ -161,11 +170,16 @@ final class ClientIO: Sendable {
             guard let ready = try? poller.poll(timeoutMilliseconds: 100) else { break }
             if ready[0].contains(.readable) { wakeUp.drain() }
             if ready[1].contains(.readable) {
+                var received = 0
                 while let frames = try? dealer.receive(dontWait: true) {
                     handle(frames, state: &state)
+                    received += 1
+                    if received % 256 == 0 { state.deliverReady() }
                 }
+                state.deliverReady()
             }
         }
+        state.deliverReady()
         let error = closedError
         for (_, pending) in state.pending { pending.reply.resume(throwing: error) }
         for (_, watch) in state.watches { watch.events.finish(throwing: error) }
@@ -262,15 +276,18 @@ final class ClientIO: Sendable {
         guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]) else { return }
         let id = header.requestID
         let body = frames[1]
+        // A reply can end a watch or resume a task: the events received before it go first.
+        if header.kind != .event { state.deliverReady() }
         switch header.kind {
         case .event:
             guard var watch = state.watches[id] else { return }
             guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
+                state.deliverReady()
                 state.watches[id] = nil
                 watch.events.finish(throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
                 return
             }
-            if handleWatchEvent(event, watch: &watch) {
+            if handleWatchEvent(event, watch: &watch, ready: &state.ready) {
                 state.watches[id] = watch
             } else {
                 state.watches[id] = nil
@@ -317,13 +334,29 @@ final class ClientIO: Sendable {
 }
 
 extension ClientIO {
-    /// Applies one watch event to the watch's replica and yields what it means. Returns `false`
-    /// when the watch has ended (with an error).
-    func handleWatchEvent(_ event: ClientProtocol.WatchEventBody, watch: inout WatchState) -> Bool {
+    /// Applies one watch event to the watch's replica and queues what it means in `ready`.
+    /// Returns `false` when the watch has ended (with an error, after what was queued).
+    func handleWatchEvent(
+        _ event: ClientProtocol.WatchEventBody, watch: inout WatchState,
+        ready: inout [(events: Events, event: WatchEvent)]
+    ) -> Bool {
         do {
-            for meaning in try watch.session.handle(event, from: endpoint) { watch.events.yield(meaning) }
+            let filter = watch.session.filter
+            for meaning in try watch.session.handle(event, from: endpoint) {
+                // A node older than filters sends everything: what does not pass is dropped here
+                // (on this thread: no second stream and task per event).
+                if let filter, case .change(let change, let kind, _) = meaning,
+                    !filter.passes(model: change.model, property: change.property)
+                        || (kind == .initial && !filter.initialState)
+                {
+                    continue
+                }
+                ready.append((watch.events, meaning))
+            }
             return true
         } catch {
+            for (events, event) in ready { events.yield(event) }
+            ready.removeAll(keepingCapacity: true)
             watch.events.finish(throwing: error)
             return false
         }

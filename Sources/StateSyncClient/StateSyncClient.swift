@@ -312,29 +312,12 @@ public final class StateSyncClient: Sendable {
             throw StateSyncError(.invalidName, "the replica is of channel '\(replica.channel)', not '\(channel)'")
         }
         let resume = replica.isEmpty ? nil : replica.cursor
+        // The client's I/O thread drops what does not pass the filter (a node older than filters
+        // sends everything).
         let events = try await io.watch(
             ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag, filter: filter), replica: replica,
             filter: filter)
-        guard let filter else { return (events, replica) }
-        let (filtered, continuation) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
-        let forward = Task {
-            do {
-                for try await event in events {
-                    if case .change(let change, let kind, _) = event,
-                        !filter.passes(model: change.model, property: change.property)
-                            || (kind == .initial && !filter.initialState)
-                    {
-                        continue
-                    }
-                    continuation.yield(event)
-                }
-                continuation.finish()
-            } catch {
-                continuation.finish(throwing: error)
-            }
-        }
-        continuation.onTermination = { _ in forward.cancel() }
-        return (filtered, replica)
+        return (events, replica)
     }
 
     /// The changes of `channel` only (no markers), from now on: a convenience over
