@@ -181,6 +181,8 @@ public enum Bench {
                 report.figures.append(("latency_p50_us", result.p50))
                 report.figures.append(("latency_p99_us", result.p99))
                 report.figures.append(("latency_p999_us", result.p999))
+            case .models:
+                break  // not in this loop: its own run below
             }
             if result.written > 0, mode != .latency {
                 report.notes.append(
@@ -246,7 +248,7 @@ public enum Bench {
     /// measurements.
     static func twoProcesses(
         _ options: Options, mode: NodeBenchRole.Mode, seconds: Double, secure: Bool = false,
-        fsync: NodeConfiguration.FsyncPolicy = .always
+        fsync: NodeConfiguration.FsyncPolicy = .always, models: Int? = nil
     ) async throws -> TwoProcessResult {
         let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: work) }
@@ -265,7 +267,7 @@ public enum Bench {
                     "--publish", "tcp://127.0.0.1:\(ports[me])", "--peer", "tcp://127.0.0.1:\(ports[1 - me])",
                     "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "10000",
                     "--fsync", fsync.rawValue,
-                ] + (secure ? ["--keys", work] : []))
+                ] + (secure ? ["--keys", work] : []) + (models.map { ["--models", "\($0)"] } ?? []))
         }
         let reader = try start(true)
         defer { reader.kill() }
@@ -281,6 +283,27 @@ public enum Bench {
         reader.process.waitUntilExit()
         writer.process.waitUntilExit()
         return result
+    }
+
+    /// Single sets to `models` distinct models written round-robin (`statesync bench --models`):
+    /// deltas/s applied by the reader node, which attaches none of them.
+    public static func manyModels(executable: String, models: Int, seconds: Double) async throws -> ManyModelsFigures {
+        let result = try await twoProcesses(
+            .init(executable: executable), mode: .models, seconds: seconds, models: models)
+        return ManyModelsFigures(
+            perSecond: result.perSecond, written: result.written, applied: result.count, complete: result.complete)
+    }
+
+    /// What ``manyModels(executable:models:seconds:)`` measured.
+    public struct ManyModelsFigures: Sendable {
+        /// Deltas applied per second by the reader node.
+        public var perSecond: Double
+        /// Changes the writer made, and the deltas the reader's node held at the end (with the
+        /// writer's closing `done` write; some may have come in a snapshot).
+        public var written: Int
+        public var applied: Int
+        /// The reader's node applied every change.
+        public var complete: Bool
     }
 
     /// A `statesync bench-node` process: its output read line by line, its input written to.

@@ -14,6 +14,10 @@ public enum NodeBenchRole {
         case tx
         /// Timestamped sets at a fixed rate: one-way latency to the remote observer.
         case latency
+        /// Single-property sets to ``Options/models`` distinct models, round-robin, as fast as
+        /// possible: the per-model look-ups, not the wire, dominate. The reader attaches none of
+        /// them and counts what its node applied.
+        case models
     }
 
     public struct Options: Sendable {
@@ -31,6 +35,8 @@ public enum NodeBenchRole {
         public var keyDirectory: String?
         /// `storage.fsync` of the node.
         public var fsync: NodeConfiguration.FsyncPolicy = .always
+        /// How many models the writer writes round-robin in ``Mode/models``.
+        public var models = 100_000
 
         public init(
             reader: Bool, mode: Mode, id: String, publish: String, peers: [String], dataDirectory: String,
@@ -106,6 +112,7 @@ public enum NodeBenchRole {
         switch options.mode {
         case .single: model.observe(\.value) { _ in count() }
         case .tx: model.observe(\.f7) { _ in count() }
+        case .models: break  // counted from the node's applied deltas below
         case .latency:
             model.observe(\.stamp) { change in
                 let now = monotonicNanoseconds()
@@ -120,14 +127,32 @@ public enum NodeBenchRole {
         say("READY")
         func finished() -> Bool {
             let (seen, written) = tally.lock.withLock { (tally.complete(mode: options.mode), tally.written) }
+            if options.mode == .models {
+                // The `done` write is the writer's last: once it is applied and nothing below it
+                // is missing (deltas dropped at a high-water mark are repaired, by a snapshot when
+                // the writer's history no longer reaches back), the node holds every change.
+                return written > 0 && node.status.missingDeltas == 0
+            }
             // Applied: every change, and the `done` write.
             return seen || (written > 0 && node.status.counters["deltas_applied"] ?? 0 > written)
         }
+        // Without live models (Mode.models), the node's counter dates the first change (read
+        // every millisecond), and the end is when the node holds every change.
+        let baseline = node.status.counters["deltas_applied"] ?? 0
         let limit = Date().addingTimeInterval(options.seconds + 60)
         while !finished() && Date() < limit {
-            try await Task.sleep(for: .milliseconds(5))
+            if options.mode == .models, tally.first.load(ordering: .relaxed) == 0,
+                node.status.counters["deltas_applied"] ?? 0 > baseline
+            {
+                tally.first.store(monotonicNanoseconds(), ordering: .relaxed)
+            }
+            try await Task.sleep(for: .milliseconds(options.mode == .models ? 1 : 5))
         }
         let done = finished()
+        if options.mode == .models, done {
+            tally.last.store(monotonicNanoseconds(), ordering: .relaxed)
+            tally.count.store(tally.lock.withLock { tally.written } + 1, ordering: .relaxed)
+        }
         let result = tally.lock.withLock { () -> Value in
             let count = tally.count.load(ordering: .relaxed)
             let seconds = Double(tally.last.load(ordering: .relaxed) &- tally.first.load(ordering: .relaxed)) / 1e9
@@ -171,6 +196,22 @@ public enum NodeBenchRole {
                         m.f6 = v
                         m.f7 = v
                     }
+                }
+            }
+        case .models:
+            var models: [BenchModel] = []
+            models.reserveCapacity(options.models)
+            for index in 0..<options.models {
+                models.append(try await node.model(BenchModel.self, channel: "bench", id: "r\(index)"))
+            }
+            let start = monotonicNanoseconds()
+            let end = start + UInt64(options.seconds * 1e9)
+            var next = 0
+            while monotonicNanoseconds() < end {
+                for _ in 0..<256 {
+                    written += 1
+                    models[next].value = written
+                    next = next + 1 == models.count ? 0 : next + 1
                 }
             }
         case .latency:

@@ -48,7 +48,26 @@ extension StateSyncCLI {
                 valueName: "N,N,..."))
         var fanout: String?
 
+        @Option(
+            help: ArgumentHelp(
+                "Only measure many models: single sets to N distinct models written round-robin by one node process, deltas/s applied by a reader node process.",
+                valueName: "N"))
+        var models: Int?
+
         func run() async throws {
+            if let models {
+                guard models >= 1, models <= 1_000_000 else { throw ValidationError("--models takes 1…1000000") }
+                let result = try await StateSyncBench.Bench.manyModels(
+                    executable: currentExecutable(), models: models, seconds: quick ? 1 : 3)
+                let value: Value = [
+                    "models": .int(Int64(models)),
+                    "deltas_per_s": .double(result.perSecond.isFinite ? result.perSecond.rounded() : 0),
+                    "written": .int(Int64(result.written)), "held": .int(Int64(result.applied)),
+                    "complete": .bool(result.complete),
+                ]
+                emit(value.jsonText())
+                return
+            }
             if let fanout {
                 let counts = fanout.split(separator: ",").map { Int($0.trimmingCharacters(in: .whitespaces)) }
                 guard !counts.isEmpty, counts.allSatisfy({ ($0 ?? 0) >= 1 && ($0 ?? 0) <= 32 }) else {
@@ -132,6 +151,7 @@ extension StateSyncCLI {
         @Option var rate: Int
         @Option var keys: String?
         @Option var fsync: String = "always"
+        @Option var models: Int = 100_000
 
         func run() async throws {
             guard let mode = NodeBenchRole.Mode(rawValue: mode) else { throw ValidationError("unknown mode \(mode)") }
@@ -143,6 +163,7 @@ extension StateSyncCLI {
                 seconds: seconds, rate: rate)
             options.keyDirectory = keys
             options.fsync = policy
+            options.models = models
             try await NodeBenchRole.run(options)
         }
     }

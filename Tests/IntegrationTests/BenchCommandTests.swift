@@ -2,8 +2,9 @@ import Foundation
 import StateSync
 import Testing
 
-/// `statesync bench --fanout`: one writer node process and N reader node processes, for real.
-@Suite("statesync bench --fanout")
+/// `statesync bench --fanout` and `--models`: one writer node process and reader node
+/// processes, for real.
+@Suite("statesync bench --fanout and --models")
 struct BenchCommandTests {
     @Test func everyReaderSeesEveryChangeOfTheWriter() async throws {
         let run = try await cli(["bench", "--fanout", "2", "--quick"], timeout: .seconds(120))
@@ -26,6 +27,28 @@ struct BenchCommandTests {
             case .int(let value)?: #expect(value > 0, "\(key)")
             default: Issue.record("\(key) missing: \(line)")
             }
+        }
+    }
+
+    /// `--models`: one writer process writes 1,000 models round-robin; the reader's node ends
+    /// holding every change (the `done` write included), and the rate is measured.
+    @Test func manyModelsRoundRobinReachTheReaderWhole() async throws {
+        let run = try await cli(["bench", "--models", "1000", "--quick"], timeout: .seconds(120))
+        try #require(run.status == 0, "\(run.stderr)")
+        let line = try #require(run.stdout.split(separator: "\n").last.map(String.init))
+        guard case .map(let figures) = try Value(json: line) else {
+            Issue.record("not a JSON object: \(line)")
+            return
+        }
+        #expect(figures["models"] == .int(1000))
+        #expect(figures["complete"] == .bool(true), "the reader's node did not end holding every change: \(line)")
+        let written = try #require(figures["written"].flatMap { if case .int(let n) = $0 { n } else { nil } })
+        #expect(written >= 1000, "fewer writes than models: \(line)")
+        #expect(figures["held"] == .int(written + 1), "\(line)")
+        switch figures["deltas_per_s"] {
+        case .double(let value)?: #expect(value > 0)
+        case .int(let value)?: #expect(value > 0)
+        default: Issue.record("deltas_per_s missing: \(line)")
         }
     }
 
