@@ -766,6 +766,9 @@ def table(results, title):
         "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for r in results:
+        if "error" in r:
+            rows.append(f"| {r['system']} | {r['setting']} | failed: {r['error']} |")
+            continue
         old = (
             f"yes, {r['old_values_exact']}/{r['old_values_given']} exact"
             if r["old_values_given"]
@@ -786,7 +789,11 @@ def run(args):
             sys.exit(f"peers: unknown system '{name}' (known: {', '.join(SYSTEMS)})")
     for name in args.systems.split(","):
         print(f"==> {name}", file=sys.stderr, flush=True)
-        result = run_one(name, args)
+        try:
+            result = run_one(name, args)
+        except Exception as error:  # one system failing does not hide the others' figures
+            print(f"peers: {name} failed: {error}", file=sys.stderr, flush=True)
+            result = {"system": name, "setting": SYSTEMS[name][2], "error": str(error)}
         print(json.dumps(result), file=sys.stderr, flush=True)
         results.append(result)
         if args.out:
