@@ -39,10 +39,29 @@ final class LineOutput: Sendable {
         var written = 0
         while written < bytes.count {
             let result = bytes.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress! + written, $0.count - written) }
-            if result < 0, errno == EINTR { continue }
-            // stdout closed (a reader that went away): the process ends on SIGPIPE as before.
-            guard result > 0 else { return }
-            written += result
+            if result > 0 {
+                written += result
+                continue
+            }
+            let error = result < 0 ? errno : EIO
+            switch error {
+            case EINTR:
+                continue
+            case EAGAIN:
+                // A non-blocking stdout that is full: wait until it takes more.
+                var descriptor = pollfd(fd: STDOUT_FILENO, events: Int16(POLLOUT), revents: 0)
+                _ = poll(&descriptor, 1, -1)
+            default:
+                // A line that cannot be printed must not be skipped silently while later ones are:
+                // the watch ends (EPIPE: the reader went away).
+                if error != EPIPE {
+                    FileHandle.standardError.write(
+                        Data(
+                            "statesync: cannot write to stdout: \(String(cString: strerror(error))); the watch ends\n"
+                                .utf8))
+                }
+                _exit(1)
+            }
         }
     }
 }

@@ -501,14 +501,31 @@ extension StateSyncCLI {
                         signals.append(source)
                     }
                 }
-                defer { for source in signals { source.cancel() } }
                 // Without --state, lines are written in batches when they come faster than one
                 // write each; with it, a line counts as printed once written (WatchState).
                 let output = saved == nil ? LineOutput() : nil
+                if let output {
+                    // SIGINT and SIGTERM print what is queued before the process ends.
+                    for number in [SIGINT, SIGTERM] {
+                        signal(number, SIG_IGN)
+                        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+                        source.setEventHandler {
+                            output.flush()
+                            _exit(128 + number)
+                        }
+                        source.resume()
+                        signals.append(source)
+                    }
+                }
+                defer { for source in signals { source.cancel() } }
                 let print: (String) -> Void = output.map { output in { output.print($0) } } ?? { emit($0) }
                 do {
                     for try await event in events {
-                        if let saved { saved.printing(event) { show(event, print) } } else { show(event, print) }
+                        if let saved {
+                            saved.printing(event) { show(event, print, output) }
+                        } else {
+                            show(event, print, output)
+                        }
                     }
                     output?.flush()
                     saved?.saveNow()
@@ -522,7 +539,9 @@ extension StateSyncCLI {
             }
         }
 
-        func show(_ event: WatchEvent, _ emit: (String) -> Void) {
+        /// Prints `event` with `emit`; `output` (batched stdout) is flushed before anything goes to
+        /// stderr, so the two keep their order.
+        func show(_ event: WatchEvent, _ emit: (String) -> Void, _ output: LineOutput?) {
             switch event {
             case .change(let change, let kind, let cursor):
                 emit(json ? Self.json(change, kind: kind, cursor: cursor) : Self.human(change, kind: kind))
@@ -535,6 +554,7 @@ extension StateSyncCLI {
                     reason == .lagged
                     ? "this watch fell behind the node's history"
                     : "the node's history no longer reaches back to the cursor"
+                output?.flush()
                 FileHandle.standardError.write(
                     Data("statesync: resync: \(why); the current state follows as changes marked resync\n".utf8))
                 marker(
