@@ -182,7 +182,7 @@ public enum Bench {
                 report.figures.append(("latency_p99_us", result.p99))
                 report.figures.append(("latency_p999_us", result.p999))
             case .models:
-                break  // not in this loop: its own run below
+                break  // not in this loop: `statesync bench --models` runs it alone
             }
             if result.written > 0, mode != .latency {
                 report.notes.append(
@@ -242,6 +242,8 @@ public enum Bench {
         var p50 = 0.0, p99 = 0.0, p999 = 0.0
         /// The reader saw, or applied, every change the writer made.
         var complete = false
+        /// Peers' snapshots the reader's node merged (a repair that brought latest values).
+        var snapshotsApplied = 0
     }
 
     /// Starts a reader and a writer node process, lets the writer run, and reads the reader's
@@ -291,19 +293,23 @@ public enum Bench {
         let result = try await twoProcesses(
             .init(executable: executable), mode: .models, seconds: seconds, models: models)
         return ManyModelsFigures(
-            perSecond: result.perSecond, written: result.written, applied: result.count, complete: result.complete)
+            perSecond: result.perSecond, written: result.written, applied: result.count, complete: result.complete,
+            snapshotsApplied: result.snapshotsApplied)
     }
 
     /// What ``manyModels(executable:models:seconds:)`` measured.
     public struct ManyModelsFigures: Sendable {
         /// Deltas applied per second by the reader node.
         public var perSecond: Double
-        /// Changes the writer made, and the deltas the reader's node held at the end (with the
-        /// writer's closing `done` write; some may have come in a snapshot).
+        /// Changes the writer made, and the deltas the reader's node applied (with the writer's
+        /// closing `done` write; fewer when a snapshot brought latest values instead).
         public var written: Int
         public var applied: Int
-        /// The reader's node applied every change.
+        /// The reader's node ended holding every change.
         public var complete: Bool
+        /// Snapshots the reader's node merged to catch up (the writer's history no longer
+        /// reached back to deltas dropped at the high-water mark).
+        public var snapshotsApplied: Int
     }
 
     /// A `statesync bench-node` process: its output read line by line, its input written to.
@@ -359,6 +365,7 @@ public enum Bench {
             result.p99 = number("p99_us")
             result.p999 = number("p999_us")
             result.complete = map["done"] == .bool(true)
+            result.snapshotsApplied = Int(number("snapshots_applied").isNaN ? 0 : number("snapshots_applied"))
             return result
         }
     }

@@ -150,16 +150,22 @@ public enum NodeBenchRole {
         }
         let done = finished()
         if options.mode == .models, done {
+            // Counted, not assumed: the deltas the node applied (fewer than written when a
+            // snapshot brought the latest values instead of every delta).
             tally.last.store(monotonicNanoseconds(), ordering: .relaxed)
-            tally.count.store(tally.lock.withLock { tally.written } + 1, ordering: .relaxed)
+            tally.count.store((node.status.counters["deltas_applied"] ?? 0) - baseline, ordering: .relaxed)
         }
         let result = tally.lock.withLock { () -> Value in
             let count = tally.count.load(ordering: .relaxed)
             let seconds = Double(tally.last.load(ordering: .relaxed) &- tally.first.load(ordering: .relaxed)) / 1e9
             let latency = LatencySummary(nanoseconds: tally.latencies)
+            // Mode.models: every change is held at the end, so the rate counts what was written.
+            let changes = options.mode == .models ? tally.written : count - 1
             return [
                 "count": .int(Int64(count)), "seconds": .double(seconds),
-                "per_second": .double(seconds > 0 ? Double(count - 1) / seconds : 0),
+                "per_second": .double(
+                    seconds > 0 && changes > 0 && (done || options.mode != .models) ? Double(changes) / seconds : 0),
+                "snapshots_applied": .int(Int64(node.status.counters["snapshots_applied"] ?? 0)),
                 "p50_us": .double(latency.p50.isNaN ? 0 : latency.p50),
                 "p99_us": .double(latency.p99.isNaN ? 0 : latency.p99),
                 "p999_us": .double(latency.p999.isNaN ? 0 : latency.p999), "samples": .int(Int64(latency.samples)),
