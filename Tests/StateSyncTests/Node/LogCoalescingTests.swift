@@ -76,6 +76,21 @@ struct LogCoalescingTests {
         #expect(transport.sent.withLock { $0.contains { $0.kind == "delta" } })
     }
 
+    /// A clean stop writes what the last round left pending (and syncs it) before the node ends.
+    @Test func aStopWritesWhatIsPending() throws {
+        let disk = SimulatedDisk()
+        let node = try Self.node(.always, disk: disk)
+        let transport = RecordingTransport(disk: disk)
+        node.process(.tick(observerBacklog: 0), now: 1, via: transport)
+        let bytesBefore = disk.appendedBytes
+        node.process(.clientRequest(client: [9], frames: Self.set(1, 1), identity: nil), now: 2, via: transport)
+        #expect(disk.appendedBytes == bytesBefore)
+        node.process(.stop, now: 2, via: transport)
+        #expect(disk.appendedBytes > bytesBefore, "the pending record was not written at stop")
+        #expect(disk.unsyncedBytes == 0, "a stop syncs what it wrote")
+        #expect(transport.sent.withLock { $0.contains { $0.kind == "reply" } }, "the SET was answered once durable")
+    }
+
     /// With `interval`, a SET is acknowledged once written to the OS: its record is appended
     /// before its reply is sent, even in the middle of a round.
     @Test func anIntervalSetIsWrittenBeforeItsReply() throws {
