@@ -130,6 +130,18 @@ class StateSyncWriter:
         self.context.term()
 
 
+def fill(sock, buffer, timeout_s, name):
+    """Appends what `sock` has to `buffer` (waiting up to timeout_s); False when nothing came."""
+    ready, _, _ = select.select([sock], [], [], timeout_s)
+    if not ready:
+        return False
+    data = sock.recv(1 << 20)
+    if not data:
+        raise RuntimeError(f"{name} closed the connection")
+    buffer += data
+    return True
+
+
 # --------------------------------------------------------------------------------------------
 # Redis: RESP over a plain socket.
 
@@ -150,14 +162,11 @@ class RespReader:
         self.buffer = bytearray()
 
     def fill(self, timeout_s):
-        ready, _, _ = select.select([self.sock], [], [], timeout_s)
-        if not ready:
-            return False
-        data = self.sock.recv(1 << 20)
-        if not data:
-            raise RuntimeError("redis closed the connection")
-        self.buffer += data
-        return True
+        return fill(self.sock, self.buffer, timeout_s, "redis")
+
+    def incomplete(self):
+        """Whether the buffer lacks a whole reply (empty, or one cut off mid-way)."""
+        return not self.buffer or self.parse() is None
 
     def parse(self, at=0):
         """(reply, next offset) or None when the buffer does not hold a whole reply yet."""
@@ -225,7 +234,7 @@ class RedisWriter:
         return key
 
     def receive(self, timeout_s):
-        if not self.reader.buffer or not self.reader.parse():
+        if self.reader.incomplete():
             self.reader.fill(timeout_s)
         done = []
         for reply in self.reader.replies():
@@ -254,14 +263,7 @@ class NatsConnection:
         self.next_id = 1
 
     def fill(self, timeout_s):
-        ready, _, _ = select.select([self.sock], [], [], timeout_s)
-        if not ready:
-            return False
-        data = self.sock.recv(1 << 20)
-        if not data:
-            raise RuntimeError("nats closed the connection")
-        self.buffer += data
-        return True
+        return fill(self.sock, self.buffer, timeout_s, "nats")
 
     def messages(self):
         """(subject, payload) of every whole MSG/HMSG in the buffer; answers PING."""
@@ -351,10 +353,10 @@ def run_writer(args):
     while acked < args.writes:
         while seq < args.writes and len(sent_at) < WINDOW:
             now = time.monotonic_ns()
-            sent_at[writer.send(key_for(seq), value_for(seq, now))] = now
+            sent_at[writer.send(key_for(seq), value_for(seq, now))] = (now, seq)
             seq += 1
         for request in writer.receive(1.0):
-            latencies.append(time.monotonic_ns() - sent_at.pop(request))
+            latencies.append(time.monotonic_ns() - sent_at.pop(request)[0])
             acked += 1
         if time.monotonic() > deadline:
             break
@@ -365,6 +367,9 @@ def run_writer(args):
         json.dumps(
             {
                 "acked": acked,
+                "sent": seq,
+                # Writes sent but not acknowledged when the writer stopped (at its time limit).
+                "unacknowledged": sorted(s for _, s in sent_at.values()),
                 "elapsed_s": round(elapsed, 3),
                 "acks_per_s": round(acked / elapsed),
                 "ack_p50_us": round(percentile(latencies, 0.5) / 1000),
@@ -417,9 +422,12 @@ class Watch:
     def complete(self):
         return self.finals_seen >= min(KEYS, self.writes)
 
-    def report(self, acked):
+    def report(self, sent, unacknowledged):
+        """`sent` writes were made (sequence numbers 0..sent-1), all acknowledged but those listed."""
         span = ((self.last_ns or 0) - (self.first_ns or 0)) / 1e9
-        seen_of_acked = len([s for s in self.seen if s < acked])
+        unacknowledged = set(unacknowledged)
+        acked = sent - len(unacknowledged)
+        seen_of_acked = len([s for s in self.seen if s < sent and s not in unacknowledged])
         return {
             "events": self.events,
             "distinct_writes_seen": len(self.seen),
@@ -433,8 +441,10 @@ class Watch:
 
 
 def run_watcher(args):
+    # SIGTERM (the orchestrator ending a failed run) still stops the `statesync watch` child.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     watch = Watch(args.writes)
-    stdin_done = None  # the acked count, once the orchestrator sends it
+    stdin_done = None  # what the writer wrote (sent, unacknowledged), once the orchestrator says
     if args.system == "statesync":
         child = subprocess.Popen(
             [args.statesync, "watch", "bench", "--json", "--no-initial", "--daemon", args.endpoint],
@@ -444,6 +454,8 @@ def run_watcher(args):
         # `watch` says "watching" on stderr once the node took the watch.
         line = child.stderr.readline().decode()
         if "watching" not in line:
+            child.kill()
+            child.wait()
             raise RuntimeError(f"statesync watch: {line.strip()}")
         source = child.stdout.fileno()
         pending = bytearray()
@@ -481,7 +493,7 @@ def run_watcher(args):
         def poll(timeout_s):
             # A keyspace event names the key, not the value: read it with GET (pipelined for every
             # event that arrived together). A later write can come first; nothing gives the old one.
-            if not events.buffer:
+            if events.incomplete():  # nothing, or a message cut off mid-way: read more
                 events.fill(timeout_s)
             keys = [r[2].split(":", 1)[1] for r in events.replies() if isinstance(r, list) and r[0] == "pmessage"]
             if not keys:
@@ -542,23 +554,25 @@ def run_watcher(args):
     print("ready", flush=True)
     quiet_since = time.monotonic()
     hard_deadline = None
-    while not watch.complete():
-        before = watch.events
-        poll(0.05)
-        if watch.events != before:
-            quiet_since = time.monotonic()
-        if stdin_done is None and select.select([sys.stdin], [], [], 0)[0]:
-            stdin_done = int(sys.stdin.readline())
-            hard_deadline = time.monotonic() + args.limit_s
-        if stdin_done is not None and (
-            time.monotonic() - quiet_since > args.quiet_s or time.monotonic() > hard_deadline
-        ):
-            break
-    if stdin_done is None:
-        stdin_done = int(sys.stdin.readline())
-    close()
+    try:
+        while not watch.complete():
+            before = watch.events
+            poll(0.05)
+            if watch.events != before:
+                quiet_since = time.monotonic()
+            if stdin_done is None and select.select([sys.stdin], [], [], 0)[0]:
+                stdin_done = json.loads(sys.stdin.readline())
+                hard_deadline = time.monotonic() + args.limit_s
+            if stdin_done is not None and (
+                time.monotonic() - quiet_since > args.quiet_s or time.monotonic() > hard_deadline
+            ):
+                break
+        if stdin_done is None:
+            stdin_done = json.loads(sys.stdin.readline())
+    finally:
+        close()
     used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    report = watch.report(stdin_done)
+    report = watch.report(stdin_done["sent"], stdin_done["unacknowledged"])
     report["watcher_cpu_s"] = round(sum(u.ru_utime + u.ru_stime for u in used), 2)
     print(json.dumps(report), flush=True)
 
@@ -652,8 +666,11 @@ def start_redis(cluster, args, appendfsync):
         cluster.spawn(f"redis{i}", argv)
 
     def replicas_up():
-        info = RespReader(redis_connect(REDIS_PORTS[0])).call("INFO", "replication")
-        return info.count("state=online") == 2
+        reader = RespReader(redis_connect(REDIS_PORTS[0]))
+        try:
+            return reader.call("INFO", "replication").count("state=online") == 2
+        finally:
+            reader.sock.close()
 
     wait_for(replicas_up, "both redis replicas online")
     return str(REDIS_PORTS[0]), str(REDIS_PORTS[2])
@@ -722,6 +739,7 @@ def run_one(name, args):
     work = tempfile.mkdtemp(prefix=f"statesync-peers-{name}-")
     cluster = Cluster(work)
     me = os.path.abspath(__file__)
+    clients = []
     try:
         writer_endpoint, watcher_endpoint = start(cluster, args)
         common = ["--system", protocol, "--writes", str(args.writes), "--limit-s", str(args.limit_s)]
@@ -730,17 +748,19 @@ def run_one(name, args):
              os.path.join(args.bin, "statesync"), "--quiet-s", str(args.quiet_s)] + common,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )
+        clients.append(watcher)
         if watcher.stdout.readline().strip() != "ready":
             raise RuntimeError(f"{name}: the watcher did not start")
         cpu_before = cluster.cpu_s()
         writer = subprocess.Popen(
             [sys.executable, me, "write", "--endpoint", writer_endpoint] + common, stdout=subprocess.PIPE, text=True
         )
+        clients.append(writer)
         if writer.stdout.readline().strip() != "ready":
             raise RuntimeError(f"{name}: the writer did not start")
         wrote = json.loads(writer.stdout.readline())
         writer.wait(10)
-        watcher.stdin.write(f"{wrote['acked']}\n")
+        watcher.stdin.write(json.dumps({"sent": wrote["sent"], "unacknowledged": wrote["unacknowledged"]}) + "\n")
         watcher.stdin.flush()
         watched = json.loads(watcher.stdout.readline())
         servers_cpu = cluster.cpu_s() - cpu_before
@@ -750,6 +770,14 @@ def run_one(name, args):
             "servers_cpu_us_per_write": round(servers_cpu * 1e6 / max(1, wrote["acked"])),
         }
     finally:
+        for client in clients:  # a run that failed half-way: its clients go too
+            if client.poll() is None:
+                client.terminate()
+                try:
+                    client.wait(5)
+                except subprocess.TimeoutExpired:
+                    client.kill()
+                    client.wait()
         cluster.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -783,6 +811,8 @@ def table(results, title):
 
 
 def run(args):
+    # SIGTERM ends the run like an error: every server and client it started is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results = []
     for name in args.systems.split(","):
         if name not in SYSTEMS:
