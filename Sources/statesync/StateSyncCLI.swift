@@ -590,38 +590,12 @@ extension StateSyncCLI {
             }
         }
 
-        /// How a change is named in output: how it came (initial, resync), or what it was when it
-        /// came live (live for a new value, deleted, expired).
         static func kindName(_ change: PropertyChange, _ kind: WatchEvent.Kind) -> String {
-            kind == .live ? (change.kind == .set ? "live" : change.kind.rawValue) : "\(kind)"
+            change.watchKindName(kind)
         }
 
-        /// One change as a JSON object, keys in ascending order (as ``Value/jsonText()`` writes a
-        /// map), written directly: a watch prints one per change.
         static func json(_ change: PropertyChange, kind: WatchEvent.Kind, cursor: WatchCursor) -> String {
-            var out = "{\"channel\":"
-            out.reserveCapacity(256)
-            Value.string(change.channel).writeJSON(into: &out)
-            out += ",\"cursor\":"
-            Value.string(cursor.description).writeJSON(into: &out)
-            out += change.isRemoval ? ",\"deleted\":true" : ",\"deleted\":false"
-            if let expiresAt = change.expiresAt { out += ",\"expires_at\":\(Int64(expiresAt))" }
-            out += ",\"kind\":"
-            Value.string(kindName(change, kind)).writeJSON(into: &out)
-            out += ",\"model\":"
-            Value.string(change.model).writeJSON(into: &out)
-            out += ",\"new\":"
-            change.new.writeJSON(into: &out)
-            out += ",\"old\":"
-            (change.old ?? .null).writeJSON(into: &out)
-            out += ",\"origin\":"
-            Value.string(change.origin).writeJSON(into: &out)
-            out += ",\"property\":"
-            Value.string(change.property).writeJSON(into: &out)
-            out += ",\"version\":"
-            Value.string(change.version.description).writeJSON(into: &out)
-            out += "}"
-            return out
+            change.watchJSONLine(kind: kind, cursor: cursor)
         }
 
         static func human(_ change: PropertyChange, kind: WatchEvent.Kind) -> String {

@@ -49,7 +49,7 @@ extension Value {
     }
 
     /// Appends the value as compact JSON with sorted keys to `out`.
-    public func writeJSON(into out: inout String) {
+    package func writeJSON(into out: inout String) {
         switch self {
         case .null: out += "null"
         case .bool(let b): out += b ? "true" : "false"

@@ -1,0 +1,55 @@
+import StateSyncTesting
+import Testing
+
+@testable import StateSync
+
+/// `statesync watch --json` writes a change's line directly; it must be byte for byte the map of
+/// its fields as ``Value/jsonText()`` writes it (keys in order, the same escapes).
+@Suite("The watch's JSON line")
+struct WatchJSONLineTests {
+    static let texts = [
+        "", "plain", "k0001", "with \"quotes\"", "back\\slash", "new\nline", "tab\tand\rreturn", "\u{1}\u{1F}ctl",
+        "é accent", "emoji 🙂", "mixed \" \\ \n é",
+    ]
+
+    static func text(_ random: inout SeededRandom) -> String {
+        texts[Int(random.next() % UInt64(texts.count))]
+    }
+
+    static func value(_ random: inout SeededRandom, depth: Int = 0) -> Value {
+        switch random.next() % (depth < 2 ? 9 : 7) {
+        case 0: return .null
+        case 1: return .bool(random.next() % 2 == 0)
+        case 2: return .int(Int64(bitPattern: random.next()))
+        case 3: return .double([0.5, -0.0, 1e-5, .infinity, .nan, 123456.789][Int(random.next() % 6)])
+        case 4, 5: return .string(text(&random))
+        case 6: return .bytes((0..<Int(random.next() % 5)).map { _ in UInt8(truncatingIfNeeded: random.next()) })
+        case 7: return .array((0..<Int(random.next() % 3)).map { _ in value(&random, depth: depth + 1) })
+        default:
+            var map: [String: Value] = [:]
+            for _ in 0..<Int(random.next() % 3) { map[text(&random)] = value(&random, depth: depth + 1) }
+            return .map(map)
+        }
+    }
+
+    @Test(arguments: 1...20 as ClosedRange<UInt64>)
+    func theLineIsTheMapOfItsFields(seed: UInt64) {
+        var random = SeededRandom(seed: seed)
+        for _ in 0..<50 {
+            let kind: PropertyChange.Kind = [.set, .deleted, .expired][Int(random.next() % 3)]
+            let change = PropertyChange(
+                channel: Self.text(&random), model: Self.text(&random), property: Self.text(&random),
+                old: random.next() % 3 == 0 ? nil : Self.value(&random),
+                new: kind == .set ? Self.value(&random) : .null,
+                version: Version(
+                    milliseconds: 1_795_000_000_000 + random.next() % 1000, counter: UInt16(random.next() % 3),
+                    node: "n\(random.next() % 3)"),
+                kind: kind, expiresAt: kind == .set && random.next() % 2 == 0 ? 1_795_000_000_000 : nil)
+            let watchKind: WatchEvent.Kind = [.live, .initial, .resync][Int(random.next() % 3)]
+            let cursor = WatchCursor(["n0": random.next() % 100, "n1": random.next() % 100])
+            let line = change.watchJSONLine(kind: watchKind, cursor: cursor)
+            let reference = Value.map(change.watchJSONFields(kind: watchKind, cursor: cursor)).jsonText()
+            #expect(line == reference, "seed \(seed)")
+        }
+    }
+}
