@@ -288,7 +288,7 @@ public enum Bench {
     }
 
     /// Single sets to `models` distinct models written round-robin (`statesync bench --models`):
-    /// deltas/s applied by the reader node, which attaches none of them.
+    /// changes per second until the reader node, which attaches none of them, holds every one.
     public static func manyModels(executable: String, models: Int, seconds: Double) async throws -> ManyModelsFigures {
         let result = try await twoProcesses(
             .init(executable: executable), mode: .models, seconds: seconds, models: models)
@@ -299,7 +299,8 @@ public enum Bench {
 
     /// What ``manyModels(executable:models:seconds:)`` measured.
     public struct ManyModelsFigures: Sendable {
-        /// Deltas applied per second by the reader node.
+        /// Changes written per second, timed from the reader node's first applied delta until
+        /// it holds every change (0 when it did not within the run's limit).
         public var perSecond: Double
         /// Changes the writer made, and the deltas the reader's node applied (with the writer's
         /// closing `done` write; fewer when a snapshot brought latest values instead).

@@ -16,7 +16,7 @@ public enum NodeBenchRole {
         case latency
         /// Single-property sets to ``Options/models`` distinct models, round-robin, as fast as
         /// possible: the per-model look-ups, not the wire, dominate. The reader attaches none of
-        /// them and counts what its node applied.
+        /// them; it is timed until its node holds every change.
         case models
     }
 

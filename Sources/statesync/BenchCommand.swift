@@ -50,7 +50,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Only measure many models: single sets to N distinct models written round-robin by one node process, deltas/s applied by a reader node process.",
+                "Only measure many models: single sets to N distinct models written round-robin by one node process, changes/s until a reader node process holds every one.",
                 valueName: "N"))
         var models: Int?
 
