@@ -18,8 +18,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null ||
         { apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
-echo "==> building statesyncd and statesync (release)" >&2
-for product in statesyncd statesync; do swift build -c release --jobs 2 --product "$product" >/dev/null; done
+echo "==> building statesyncd and statesync (release; the first build takes several minutes)" >&2
+build_log="$(mktemp -t statesync-peers-build.XXXXXX)"
+for product in statesyncd statesync; do
+    # Dependencies' own warnings are not ours to show; a failure prints the whole log.
+    if ! swift build -c release --jobs 2 --product "$product" >"$build_log" 2>&1; then
+        cat "$build_log" >&2
+        echo "peers: the build failed (log above)" >&2
+        exit 1
+    fi
+done
+rm -f "$build_log"
 bin="$(swift build -c release --show-bin-path)"
 # Debian's python3 has python3-zmq; a pyenv or venv python on PATH may not.
 PATH="/usr/sbin:$PATH" exec /usr/bin/python3 Benchmarks/peers/peers.py run --bin "$bin" "$@"
