@@ -7,16 +7,22 @@ import Synchronization
 /// line at once; one that receives faster than one write per line batches by itself, instead of
 /// one system call (and one wake-up of the reading process) per line.
 ///
-/// A line given to ``print(_:)`` is not yet on stdout: ``flush()`` waits until it is. The
-/// `--state` watch prints with ``emit(_:)`` instead, since it records a line as printed once
-/// printing returns.
+/// A line given to ``print(_:)`` is not yet on stdout: ``flush()`` waits until it is. Not
+/// `batched` (the `--state` watch, which records a line as printed once printing returns), each
+/// line is written before ``print(_:)`` returns.
 final class LineOutput: Sendable {
+    private let batched: Bool
     private let queue = DispatchQueue(label: "statesync.stdout")
     /// Lines not yet handed to the queue's next write, and whether that write is scheduled.
     private let pending = Mutex<(bytes: [UInt8], scheduled: Bool)>(([], false))
 
-    /// Queues `line` and a newline.
+    init(batched: Bool) {
+        self.batched = batched
+    }
+
+    /// Queues `line` and a newline (writes them, not `batched`).
     func print(_ line: String) {
+        guard batched else { return emit(line) }
         let schedule = pending.withLock { pending -> Bool in
             pending.bytes.append(contentsOf: line.utf8)
             pending.bytes.append(0x0A)

@@ -490,47 +490,36 @@ extension StateSyncCLI {
                 let (events, watched) = try await client.watch(
                     channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync, filter: filter)
                 FileHandle.standardError.write(Data("statesync: watching \(channel) on \(connection.daemon)\n".utf8))
-                // With --state, SIGINT and SIGTERM save what was printed before the process ends.
-                var signals: [any DispatchSourceSignal] = []
-                if let saved {
-                    for number in [SIGINT, SIGTERM] {
-                        signal(number, SIG_IGN)
-                        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-                        source.setEventHandler { saved.saveAndExit() }
-                        source.resume()
-                        signals.append(source)
-                    }
-                }
                 // Without --state, lines are written in batches when they come faster than one
                 // write each; with it, a line counts as printed once written (WatchState).
-                let output = saved == nil ? LineOutput() : nil
-                if let output {
-                    // SIGINT and SIGTERM print what is queued before the process ends.
-                    for number in [SIGINT, SIGTERM] {
-                        signal(number, SIG_IGN)
-                        let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
-                        source.setEventHandler {
-                            output.flush()
-                            _exit(128 + number)
-                        }
-                        source.resume()
-                        signals.append(source)
+                let output = LineOutput(batched: saved == nil)
+                // SIGINT and SIGTERM: with --state, save what was printed; without, print what is
+                // queued; then the process ends.
+                var signals: [any DispatchSourceSignal] = []
+                for number in [SIGINT, SIGTERM] {
+                    signal(number, SIG_IGN)
+                    let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+                    source.setEventHandler {
+                        saved?.saveAndExit()
+                        output.flush()
+                        _exit(128 + number)
                     }
+                    source.resume()
+                    signals.append(source)
                 }
                 defer { for source in signals { source.cancel() } }
-                let print: (String) -> Void = output.map { output in { output.print($0) } } ?? { emit($0) }
                 do {
                     for try await event in events {
                         if let saved {
-                            saved.printing(event) { show(event, print, output) }
+                            saved.printing(event) { show(event, to: output) }
                         } else {
-                            show(event, print, output)
+                            show(event, to: output)
                         }
                     }
-                    output?.flush()
+                    output.flush()
                     saved?.saveNow()
                 } catch {
-                    output?.flush()
+                    output.flush()
                     saved?.saveNow()
                     let resume =
                         saved.map { "resume with --state \($0.path)" } ?? "resume with --from \(watched.cursor)"
@@ -539,35 +528,36 @@ extension StateSyncCLI {
             }
         }
 
-        /// Prints `event` with `emit`; `output` (batched stdout) is flushed before anything goes to
-        /// stderr, so the two keep their order.
-        func show(_ event: WatchEvent, _ emit: (String) -> Void, _ output: LineOutput?) {
+        /// Prints `event` to `output`, which is flushed before anything goes to stderr, so the two
+        /// keep their order.
+        func show(_ event: WatchEvent, to output: LineOutput) {
             switch event {
             case .change(let change, let kind, let cursor):
-                emit(json ? Self.json(change, kind: kind, cursor: cursor) : Self.human(change, kind: kind))
+                output.print(
+                    json ? change.watchJSONLine(kind: kind, cursor: cursor) : Self.human(change, kind: kind))
             case .initialStateComplete(let records, let cursor):
                 marker(
-                    emit, "initial", "initial state complete: \(records) properties",
+                    output, "initial", "initial state complete: \(records) properties",
                     ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
             case .resyncStarted(let reason):
                 let why =
                     reason == .lagged
                     ? "this watch fell behind the node's history"
                     : "the node's history no longer reaches back to the cursor"
-                output?.flush()
+                output.flush()
                 FileHandle.standardError.write(
                     Data("statesync: resync: \(why); the current state follows as changes marked resync\n".utf8))
                 marker(
-                    emit, "resync", "resync started",
+                    output, "resync", "resync started",
                     ["reason": .string(reason == .lagged ? "lagged" : "history_gone")],
                     always: false)
             case .resyncComplete(let records, let cursor):
                 marker(
-                    emit, "resynced", "resync complete: \(records) properties",
+                    output, "resynced", "resync complete: \(records) properties",
                     ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
             case .caughtUp(let cursor, let latest, let missing):
                 marker(
-                    emit, "caught_up",
+                    output, "caught_up",
                     "caught up to \(latest?.description ?? "nothing yet")\(missing > 0 ? " (node still missing \(missing) deltas)" : "")",
                     [
                         "cursor": .string(cursor.description),
@@ -577,29 +567,21 @@ extension StateSyncCLI {
         }
 
         func marker(
-            _ emit: (String) -> Void, _ kind: String, _ text: String, _ fields: [String: Value], always: Bool = false
+            _ output: LineOutput, _ kind: String, _ text: String, _ fields: [String: Value], always: Bool = false
         ) {
             guard markers || always else { return }
             if json {
                 var map = fields
                 map["marker"] = .string(kind)
                 map["channel"] = .string(channel)
-                emit(Value.map(map).jsonText())
+                output.print(Value.map(map).jsonText())
             } else {
-                emit("-- \(text)")
+                output.print("-- \(text)")
             }
         }
 
-        static func kindName(_ change: PropertyChange, _ kind: WatchEvent.Kind) -> String {
-            change.watchKindName(kind)
-        }
-
-        static func json(_ change: PropertyChange, kind: WatchEvent.Kind, cursor: WatchCursor) -> String {
-            change.watchJSONLine(kind: kind, cursor: cursor)
-        }
-
         static func human(_ change: PropertyChange, kind: WatchEvent.Kind) -> String {
-            let name = kindName(change, kind)
+            let name = change.watchKindName(kind)
             let tag = name == "live" ? "" : " (\(name))"
             let new = change.isRemoval ? "(\(change.kind.rawValue))" : change.new.jsonText()
             return
