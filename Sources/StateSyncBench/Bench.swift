@@ -366,7 +366,7 @@ public enum Bench {
             result.p99 = number("p99_us")
             result.p999 = number("p999_us")
             result.complete = map["done"] == .bool(true)
-            result.snapshotsApplied = Int(number("snapshots_applied").isNaN ? 0 : number("snapshots_applied"))
+            if case .int(let snapshots)? = map["snapshots_applied"] { result.snapshotsApplied = Int(snapshots) }
             return result
         }
     }
