@@ -12,16 +12,7 @@ cd "$(dirname "$0")/../.."
 out="${1:-Benchmarks/scale/results.jsonl}"
 real_sizes="${STATESYNC_SCALE_REAL:-3 8 16 24}"
 sim_sizes="${STATESYNC_SCALE_SIM:-3 8 16 32 64 128}"
-build_log="$(mktemp -t statesync-scale-build.XXXXXX)"
-for product in statesyncd statesync; do
-    # Dependencies' own warnings are not ours to show; a failure prints the whole log.
-    if ! swift build -c release --jobs 2 --product "$product" >"$build_log" 2>&1; then
-        cat "$build_log" >&2
-        echo "scale: the build failed (log above)" >&2
-        exit 1
-    fi
-done
-rm -f "$build_log"
+bash .ci/build -c release
 bin="$(swift build -c release --show-bin-path)"
 netns=()
 if [ "$(id -u)" = 0 ] && command -v ip >/dev/null; then netns=(--netns); fi
