@@ -35,39 +35,47 @@ struct LogCoalescingTests {
         func refuseToRun(_ reason: String) {}
     }
 
-    static func node(_ fsync: NodeConfiguration.FsyncPolicy, disk: SimulatedDisk) throws -> StateSyncNode {
-        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
-        configuration.fsync = fsync
-        configuration.fsyncIntervalMilliseconds = 50
-        return try StateSyncNode(
-            configuration: configuration, storage: disk,
-            clock: HybridLogicalClock(node: "n1", wallClock: { 1_800_000_000_000 }), monotonicNow: { 1 },
-            incarnation: 7, observers: InlineObserverExecutor(),
-            logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
-    }
+    /// A node on a simulated disk, its first tick done, with what it sends recorded.
+    struct Started {
+        let disk = SimulatedDisk()
+        let transport: RecordingTransport
+        let node: StateSyncNode
 
-    static func set(_ id: UInt64, _ value: Int64) -> [[UInt8]] {
-        ClientProtocol.encodeRequest(
-            .set, id: id,
-            body: ClientProtocol.encodeSet(
-                ModelAddress(channel: "c", model: "m\(id)"), [PropertyWrite(name: "x", value: .int(value))]))
+        init(_ fsync: NodeConfiguration.FsyncPolicy) throws {
+            var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+            configuration.fsync = fsync
+            configuration.fsyncIntervalMilliseconds = 50
+            transport = RecordingTransport(disk: disk)
+            node = try StateSyncNode(
+                configuration: configuration, storage: disk,
+                clock: HybridLogicalClock(node: "n1", wallClock: { 1_800_000_000_000 }), monotonicNow: { 1 },
+                incarnation: 7, observers: InlineObserverExecutor(),
+                logger: Logger(label: "test", factory: { _ in SwiftLogNoOpLogHandler() }))
+            node.process(.tick(observerBacklog: 0), now: 1, via: transport)
+        }
+
+        /// A client's SET of `m<id>.x = id`.
+        func set(_ id: UInt64) {
+            let frames = ClientProtocol.encodeRequest(
+                .set, id: id,
+                body: ClientProtocol.encodeSet(
+                    ModelAddress(channel: "c", model: "m\(id)"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
+            node.process(.clientRequest(client: [9], frames: frames, identity: nil), now: 2, via: transport)
+        }
+
+        func process(_ input: NodeInput) { node.process(input, now: 2, via: transport) }
     }
 
     /// With `always`, the SETs drained in one round are written with one append before their
     /// sync, and each is acknowledged and published only after.
     @Test func aRoundOfSetsIsWrittenOnceThenSyncedAndAnswered() throws {
-        let disk = SimulatedDisk()
-        let node = try Self.node(.always, disk: disk)
-        let transport = RecordingTransport(disk: disk)
-        node.process(.tick(observerBacklog: 0), now: 1, via: transport)
+        let started = try Started(.always)
+        let (disk, transport) = (started.disk, started.transport)
         let appendsBefore = disk.appendCount
         let bytesBefore = disk.appendedBytes
-        for id in 1...5 as ClosedRange<UInt64> {
-            node.process(
-                .clientRequest(client: [9], frames: Self.set(id, Int64(id)), identity: nil), now: 2, via: transport)
-        }
+        for id in 1...5 as ClosedRange<UInt64> { started.set(id) }
         #expect(disk.appendCount == appendsBefore, "nothing written before the round ends")
-        node.process(.tick(observerBacklog: 0), now: 2, via: transport)
+        started.process(.tick(observerBacklog: 0))
         #expect(disk.appendCount == appendsBefore + 1, "the five records in one write")
         #expect(disk.unsyncedBytes == 0)
         let replies = transport.sent.withLock { $0.filter { $0.kind == "reply" } }
@@ -78,14 +86,12 @@ struct LogCoalescingTests {
 
     /// A clean stop writes what the last round left pending (and syncs it) before the node ends.
     @Test func aStopWritesWhatIsPending() throws {
-        let disk = SimulatedDisk()
-        let node = try Self.node(.always, disk: disk)
-        let transport = RecordingTransport(disk: disk)
-        node.process(.tick(observerBacklog: 0), now: 1, via: transport)
+        let started = try Started(.always)
+        let (disk, transport) = (started.disk, started.transport)
         let bytesBefore = disk.appendedBytes
-        node.process(.clientRequest(client: [9], frames: Self.set(1, 1), identity: nil), now: 2, via: transport)
+        started.set(1)
         #expect(disk.appendedBytes == bytesBefore)
-        node.process(.stop, now: 2, via: transport)
+        started.process(.stop)
         #expect(disk.appendedBytes > bytesBefore, "the pending record was not written at stop")
         #expect(disk.unsyncedBytes == 0, "a stop syncs what it wrote")
         #expect(transport.sent.withLock { $0.contains { $0.kind == "reply" } }, "the SET was answered once durable")
@@ -94,14 +100,11 @@ struct LogCoalescingTests {
     /// With `interval`, a SET is acknowledged once written to the OS: its record is appended
     /// before its reply is sent, even in the middle of a round.
     @Test func anIntervalSetIsWrittenBeforeItsReply() throws {
-        let disk = SimulatedDisk()
-        let node = try Self.node(.interval, disk: disk)
-        let transport = RecordingTransport(disk: disk)
-        node.process(.tick(observerBacklog: 0), now: 1, via: transport)
+        let started = try Started(.interval)
+        let (disk, transport) = (started.disk, started.transport)
         var written = disk.appendedBytes
         for id in 1...3 as ClosedRange<UInt64> {
-            node.process(
-                .clientRequest(client: [9], frames: Self.set(id, Int64(id)), identity: nil), now: 2, via: transport)
+            started.set(id)
             let reply = try #require(transport.sent.withLock { $0.last { $0.kind == "reply" } })
             #expect(reply.appendedBytes > written, "SET \(id) answered before its record was written")
             written = reply.appendedBytes
