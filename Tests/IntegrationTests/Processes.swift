@@ -56,15 +56,38 @@ final class ChildProcess: @unchecked Sendable {
     /// Waits for the process to exit, with a deadline; kills it if the deadline passes.
     func wait(timeout: Duration = .seconds(20)) async -> Int32 {
         let deadline = ContinuousClock.now + timeout
+        var exitSeenAt: ContinuousClock.Instant?
         while process.isRunning && ContinuousClock.now < deadline {
+            // Foundation learns of an exit from SIGCHLD. Should it miss one, the child is a
+            // zombie that waitid sees without reaping; after 5 s that status is the answer.
+            if let status = exitedStatus() {
+                let seenAt = exitSeenAt ?? .now
+                exitSeenAt = seenAt
+                if ContinuousClock.now - seenAt > .seconds(5) {
+                    FileHandle.standardError.write(Data("note: Foundation had not seen \(name) exit; status from waitid\n".utf8))
+                    return status
+                }
+            }
             try? await Task.sleep(for: .milliseconds(5))
         }
         if process.isRunning {
-            Issue.record("\(name) did not exit within \(timeout); killing it. stderr:\n\(stderr)")
+            Issue.record(
+                "\(name) did not exit within \(timeout); killing it. stderr:\n\(stderr)\nstdout:\n\(String(stdout.suffix(2000)))\n\(whereItIs(process.processIdentifier))")
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
         }
         return process.terminationStatus
+    }
+
+    /// The exit status of a child that has ended, read without reaping it (Foundation reaps it):
+    /// the exit code, or the signal number for a child killed by one, as `terminationStatus`.
+    private func exitedStatus() -> Int32? {
+        var info = siginfo_t()
+        let pid = process.processIdentifier
+        guard waitid(P_PID, id_t(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0,
+            info._sifields._sigchld.si_pid == pid
+        else { return nil }
+        return info._sifields._sigchld.si_status
     }
 
     /// Sends `signal` and waits for the exit status.
@@ -76,6 +99,40 @@ final class ChildProcess: @unchecked Sendable {
     deinit {
         if process.isRunning { kill(process.processIdentifier, SIGKILL) }
     }
+}
+
+/// Where the threads of a process that missed its deadline are: each thread's state and kernel
+/// wait channel (and kernel stack, readable as root) from /proc, then a user-space backtrace of
+/// every thread when gdb is installed. A hang in CI is then a report, not a guess.
+func whereItIs(_ pid: pid_t) -> String {
+    var report = "threads of \(pid):\n"
+    let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+    for task in tasks.sorted() {
+        let base = "/proc/\(pid)/task/\(task)/"
+        func read(_ name: String) -> String {
+            ((try? String(contentsOfFile: base + name, encoding: .utf8)) ?? "?")
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        let status = read("status").split(separator: "\n")
+        let state = status.first { $0.hasPrefix("State:") } ?? "State: ?"
+        let signals = status.filter { ["SigPnd:", "ShdPnd:", "SigBlk:", "SigIgn:"].contains($0.prefix(7)) }
+        report += "  \(task) \(read("comm")) \(state) wchan=\(read("wchan")) \(signals.joined(separator: " "))\n"
+        let stack = read("stack")
+        if stack != "?" && !stack.isEmpty { report += stack.split(separator: "\n").map { "      \($0)\n" }.joined() }
+    }
+    let gdb = "/usr/bin/gdb"
+    guard FileManager.default.isExecutableFile(atPath: gdb) else { return report + "(no gdb for a user-space backtrace)" }
+    let debugger = Process()
+    debugger.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
+    debugger.arguments = ["30", gdb, "-batch", "-p", "\(pid)", "-ex", "thread apply all bt 30"]
+    let output = Pipe()
+    debugger.standardOutput = output
+    debugger.standardError = output
+    guard (try? debugger.run()) != nil else { return report + "(gdb did not start)" }
+    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+    debugger.waitUntilExit()
+    let frames = text.split(separator: "\n").filter { $0.hasPrefix("#") || $0.hasPrefix("Thread ") }
+    return report + "gdb backtrace:\n" + frames.prefix(400).joined(separator: "\n")
 }
 
 /// Runs a `statesync` CLI command to completion.
@@ -128,4 +185,24 @@ func freePort() -> Int {
 /// Parses one line of JSON into a dictionary.
 func jsonObject(_ line: Substring) -> [String: Any]? {
     (try? JSONSerialization.jsonObject(with: Data(line.utf8), options: [.fragmentsAllowed])) as? [String: Any]
+}
+
+/// The report a hung child gets names its threads and where they wait.
+@Suite("Test support: a hung child's report")
+struct HungChildReportTests {
+    @Test func namesEachThreadItsStateAndItsBacktrace() async throws {
+        let child = try ChildProcess("/bin/sleep", ["30"])
+        try await waitUntil("sleep is asleep") {
+            (try? String(contentsOfFile: "/proc/\(child.process.processIdentifier)/stat", encoding: .utf8))?
+                .contains(") S ") == true
+        }
+        let report = whereItIs(child.process.processIdentifier)
+        #expect(report.contains("sleep State:\tS (sleeping)"), "\(report)")
+        if FileManager.default.isExecutableFile(atPath: "/usr/bin/gdb") {
+            #expect(report.contains("#0 "), "\(report)")
+        }
+        // Children of the test runner start with SIGTERM blocked (the spawning thread's mask);
+        // sleep does not unblock it, so it is killed.
+        #expect(await child.stop(SIGKILL) == SIGKILL)
+    }
 }
