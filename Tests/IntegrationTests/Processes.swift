@@ -64,7 +64,8 @@ final class ChildProcess: @unchecked Sendable {
                 let seenAt = exitSeenAt ?? .now
                 exitSeenAt = seenAt
                 if ContinuousClock.now - seenAt > .seconds(5) {
-                    FileHandle.standardError.write(Data("note: Foundation had not seen \(name) exit; status from waitid\n".utf8))
+                    FileHandle.standardError.write(
+                        Data("note: Foundation had not seen \(name) exit; status from waitid\n".utf8))
                     return status
                 }
             }
@@ -72,9 +73,13 @@ final class ChildProcess: @unchecked Sendable {
         }
         if process.isRunning {
             Issue.record(
-                "\(name) did not exit within \(timeout); killing it. stderr:\n\(stderr)\nstdout:\n\(String(stdout.suffix(2000)))\n\(whereItIs(process.processIdentifier))")
+                "\(name) did not exit within \(timeout); killing it. stderr:\n\(stderr)\nstdout:\n\(String(stdout.suffix(2000)))\n\(whereItIs(process.processIdentifier))"
+            )
             kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
+            for _ in 0..<2000 where process.isRunning {  // 10 s, without trusting SIGCHLD alone
+                if let status = exitedStatus(), process.isRunning { return status }
+                try? await Task.sleep(for: .milliseconds(5))
+            }
         }
         return process.terminationStatus
     }
@@ -121,7 +126,9 @@ func whereItIs(_ pid: pid_t) -> String {
         if stack != "?" && !stack.isEmpty { report += stack.split(separator: "\n").map { "      \($0)\n" }.joined() }
     }
     let gdb = "/usr/bin/gdb"
-    guard FileManager.default.isExecutableFile(atPath: gdb) else { return report + "(no gdb for a user-space backtrace)" }
+    guard FileManager.default.isExecutableFile(atPath: gdb) else {
+        return report + "(no gdb for a user-space backtrace)"
+    }
     let debugger = Process()
     debugger.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
     debugger.arguments = ["30", gdb, "-batch", "-p", "\(pid)", "-ex", "thread apply all bt 30"]
