@@ -166,6 +166,15 @@ package final class DeltaLog: @unchecked Sendable {
             if !DeltaLog.appendRecord(delta, to: &buffer) { tooLarge.append(offered) }
             offered += 1
         }
+
+        /// Adds the record of a delta that arrived as the DELTA body frame `body` (its bytes as
+        /// they came, see ``DeltaLog/appendRecord(channel:model:body:to:)``).
+        mutating func add(channel: String, model: String, body: [UInt8]) {
+            if !DeltaLog.appendRecord(channel: channel, model: model, body: body, to: &buffer) {
+                tooLarge.append(offered)
+            }
+            offered += 1
+        }
     }
 
     /// Appends `deltas` as records (not yet durable: call ``sync()``), except those too large
@@ -263,9 +272,27 @@ package final class DeltaLog: @unchecked Sendable {
     /// payload is larger than ``maximumRecord``.
     @discardableResult
     static func appendRecord(_ delta: Delta, to writer: inout WireWriter) -> Bool {
+        appendRecord(to: &writer) { writePayload(delta, to: &$0) }
+    }
+
+    /// Appends the record of a delta of `channel`/`model` that arrived as `body`, its DELTA body
+    /// frame: the payload holds those bytes as they came off the wire, not a re-encoding (what
+    /// recovery reads back is what the peer sent, decoded by the same rules). Returns `false`
+    /// (and appends nothing) when the payload is larger than ``maximumRecord``.
+    @discardableResult
+    static func appendRecord(channel: String, model: String, body: [UInt8], to writer: inout WireWriter) -> Bool {
+        appendRecord(to: &writer) { sink in
+            sink.string(channel)
+            sink.string(model)
+            sink.bytes(body)
+        }
+    }
+
+    @inline(__always)
+    private static func appendRecord(to writer: inout WireWriter, payload: (inout WireWriter) -> Void) -> Bool {
         let start = writer.bytes.count
         writer.uint64(0)  // length and CRC, filled in below
-        writePayload(delta, to: &writer)
+        payload(&writer)
         let length = writer.bytes.count - start - 8
         guard length <= maximumRecord else {
             writer.cut(to: start)

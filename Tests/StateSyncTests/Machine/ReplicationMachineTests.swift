@@ -140,4 +140,36 @@ struct ReplicationMachineTests {
         let batches = try node.published.compactMap { try PeerMessage.decodeDeltas($0) }
         #expect(batches.map { $0.map(\.sequence) } == [[1, 2, 3], [4], [5]])
     }
+
+    /// 11.2 / Appendix B: a received delta is logged as the body frame it arrived in (channel,
+    /// model, then those bytes), not re-encoded; in a batch, only the new, accepted deltas, each
+    /// with its own body. Recovery reads them back as the deltas the peer sent.
+    @Test func aReceivedDeltaIsLoggedAsTheBodyItCameIn() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        let held = Self.delta("n2", 2, 20, at: 6)
+        node.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(held).encode()))
+        let logBefore = node.logBytes.count
+        let first = Self.delta("n2", 1, 10, at: 5)
+        let echo = Self.delta("n1", 1, 99, at: 7)  // this node's own write, echoed: refused
+        let last = Self.delta("n2", 3, 30, at: 8)
+        var frames = PeerMessage.encodeBatch([first, echo, held, last])
+        // Bytes after the fields a version knows are ignored on the wire (section 7.1): a body
+        // that carries some is not what re-encoding its delta would give.
+        frames[1] += [0xEE, 0xEE]
+        frames[4] += [0xEE]
+        node.handle(.peerMessage(peer: "inproc://n2", frames: frames))
+
+        func record(_ body: [UInt8]) -> [UInt8] {
+            var payload = WireWriter()
+            payload.string("c")
+            payload.string("m")
+            payload.bytes(body)
+            var record = WireWriter()
+            record.uint64(UInt64(payload.bytes.count) << 32 | UInt64(CRC32.checksum(payload.bytes)))
+            return record.bytes + payload.bytes
+        }
+        #expect(Array(node.logBytes[logBefore...]) == record(frames[1]) + record(frames[4]))
+        let recovered = try DeltaLog.parse(DeltaLog.magic + node.logBytes, path: "test")
+        #expect(recovered.deltas == [held, first, last] && recovered.cutBytes == 0)
+    }
 }

@@ -25,14 +25,21 @@ extension NodeMachine {
         var compactionPending = false
     }
 
-    /// Appends `applied` as log records. A local write too large for a record stays local: it
-    /// is neither logged nor published (SETs are refused before this; a model's write is
-    /// reported).
+    /// Appends `applied` as log records: deltas that arrived in `received` as the bodies they
+    /// came in, the others encoded. A local write too large for a record stays local: it is
+    /// neither logged nor published (SETs are refused before this; a model's write is reported).
     @discardableResult
-    mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool) -> Set<Int> {
+    mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil) -> Set<Int> {
         guard !applied.isEmpty else { return [] }
         var records = DeltaLog.Batch()
-        for entry in applied { records.add(entry.delta) }
+        if let received {
+            for entry in applied {
+                records.add(
+                    channel: entry.delta.channel, model: entry.delta.model, body: received.body(ofAccepted: entry.offset))
+            }
+        } else {
+            for entry in applied { records.add(entry.delta) }
+        }
         if !records.isEmpty {
             let bytes = records.bytes
             durability.appended += UInt64(bytes.count)

@@ -7,6 +7,19 @@ extension NodeMachine {
         let won: [PropertyWrite]
         /// The instance id of the model that made it (local writes), else 0.
         var emitter: UInt64 = 0
+        /// Its position in the deltas given to ``NodeMachine/apply(_:emitters:account:)``.
+        var offset = 0
+    }
+
+    /// The frames of a DELTA message as received (topic, then one body per delta), and which of
+    /// its deltas were accepted: a received delta is logged as its body, not re-encoded.
+    struct ReceivedFrames {
+        let frames: [[UInt8]]
+        /// The positions of the accepted deltas among the message's; `nil`: all of them.
+        var accepted: [Int]?
+
+        /// The body frame of the accepted delta at `offset`.
+        func body(ofAccepted offset: Int) -> [UInt8] { frames[1 + (accepted?[offset] ?? offset)] }
     }
 
     // MARK: - Peer messages
@@ -17,7 +30,7 @@ extension NodeMachine {
             if let deltas = try PeerMessage.decodeDeltas(frames) {
                 counters.deltaMessagesReceived += 1
                 counters.peerMessagesReceived += 1
-                applyRemote(deltas, from: endpoint)
+                applyRemote(deltas, from: endpoint, frames: frames)
                 return
             }
             switch try PeerMessage.decode(frames) {
@@ -142,10 +155,15 @@ extension NodeMachine {
 
     /// Applies deltas from one peer message (or one repair answer). Returns the new ones, in
     /// order; they are logged, followed by the clock and sent to live models.
+    /// `frames`, when given, are the DELTA message the deltas were decoded from (one body per
+    /// delta): the new ones are logged as those bodies.
     @discardableResult
-    mutating func applyRemote(_ deltas: [Delta], from endpoint: String, repaired: Bool = false) -> [Applied] {
+    mutating func applyRemote(
+        _ deltas: [Delta], from endpoint: String, repaired: Bool = false, frames: [[UInt8]]? = nil
+    ) -> [Applied] {
         // The deltas to apply: all of them (the same array, no copy) unless one is refused.
         var accepted = deltas
+        var acceptedPositions: [Int]?  // set once one is refused
         var refusedAny = false
         var validated: ModelAddress?  // a batch is of one model: its names are checked once
         let bound = repaired ? nil : boundNode(of: endpoint)
@@ -174,8 +192,10 @@ extension NodeMachine {
             if refused, !refusedAny {
                 refusedAny = true
                 accepted = Array(deltas[..<index])
+                acceptedPositions = Array(0..<index)
             } else if !refused, refusedAny {
                 accepted.append(delta)
+                acceptedPositions!.append(index)
             }
         }
         guard let newest = accepted.indices.max(by: { accepted[$0].version < accepted[$1].version }) else {
@@ -210,7 +230,11 @@ extension NodeMachine {
         // observers), then logged, without fsync: the log does not make them durable on a power
         // loss anyway, and a peer can always send them again.
         deliver(applied)
-        appendToLog(applied, mustSucceed: false)
+        if let frames, frames.count == deltas.count + 1 {
+            appendToLog(applied, mustSucceed: false, received: ReceivedFrames(frames: frames, accepted: acceptedPositions))
+        } else {
+            appendToLog(applied, mustSucceed: false)
+        }
         return applied
     }
 
@@ -234,17 +258,19 @@ extension NodeMachine {
             let isNew = record(run: deltas[start..<end])
             // Usually every delta of the run is new: merge the run as it is, without a copy.
             let fresh: [Delta]
-            let offsets: [Int]
+            let offsets: [Int]?  // of the fresh deltas in `deltas`; nil: start, start + 1, ...
             if isNew.allSatisfy({ $0 }) {
                 fresh = start == 0 && end == deltas.count ? deltas : Array(deltas[start..<end])
-                offsets = Array(start..<end)
+                offsets = nil
             } else {
                 offsets = (start..<end).filter { isNew[$0 - start] }
-                fresh = offsets.map { deltas[$0] }
+                fresh = offsets!.map { deltas[$0] }
             }
             for (index, won) in store.applyWinning(run: fresh).enumerated() {
                 account(&self, fresh[index], won)
-                applied.append(Applied(delta: fresh[index], won: won, emitter: emitters?[offsets[index]] ?? 0))
+                let offset = offsets?[index] ?? start + index
+                applied.append(
+                    Applied(delta: fresh[index], won: won, emitter: emitters?[offset] ?? 0, offset: offset))
             }
             start = end
         }
