@@ -57,7 +57,16 @@ public struct WatchCursor: Sendable, Hashable, CustomStringConvertible {
 
     /// The text form: `origin:sequence` pairs sorted by origin, or `-`.
     public var description: String {
-        origins.isEmpty ? "-" : zip(origins, sequences).map { "\($0):\($1)" }.joined(separator: ",")
+        guard !origins.isEmpty else { return "-" }
+        // Built in place: every watch event line carries it.
+        var text = ""
+        for index in origins.indices {
+            if index > 0 { text += "," }
+            text += origins[index]
+            text += ":"
+            text += String(sequences[index])
+        }
+        return text
     }
 
     /// Parses the text form; `nil` when it is not one.

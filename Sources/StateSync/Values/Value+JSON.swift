@@ -83,8 +83,13 @@ extension Value {
 
     static func writeJSONString(_ string: String, into out: inout String) {
         out += "\""
-        // Most strings need no escape: appended whole.
-        if !string.utf8.contains(where: { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }) {
+        // Most strings need no escape: appended whole. (The scan runs over the string's bytes in
+        // place; a generic walk of the UTF-8 view cost the watch CLI 2 % of its time.)
+        let needsEscape: (UInt8) -> Bool = { $0 < 0x20 || $0 == UInt8(ascii: "\"") || $0 == UInt8(ascii: "\\") }
+        let escaped =
+            string.utf8.withContiguousStorageIfAvailable { $0.contains(where: needsEscape) }
+            ?? string.utf8.contains(where: needsEscape)
+        if !escaped {
             out += string
             out += "\""
             return

@@ -52,4 +52,13 @@ struct WatchJSONLineTests {
             #expect(line == reference, "seed \(seed)")
         }
     }
+
+    /// A cursor's text form (in every line): `origin:sequence` pairs sorted by origin, or `-`;
+    /// it parses back to the same cursor.
+    @Test func aCursorsTextIsItsSortedPairsAndParsesBack() throws {
+        let cursor = WatchCursor(["n2": 7, "n10": 12, "n1": 3])
+        #expect(cursor.description == "n1:3,n10:12,n2:7")
+        #expect(WatchCursor(cursor.description) == cursor)
+        #expect(WatchCursor().description == "-" && WatchCursor("-") == WatchCursor())
+    }
 }
