@@ -35,7 +35,8 @@ extension NodeMachine {
         if let received {
             for entry in applied {
                 records.add(
-                    channel: entry.delta.channel, model: entry.delta.model, body: received.body(ofAccepted: entry.offset))
+                    channel: entry.delta.channel, model: entry.delta.model,
+                    body: received.body(ofAccepted: entry.offset))
             }
         } else {
             for entry in applied { records.add(entry.delta) }

@@ -231,7 +231,8 @@ extension NodeMachine {
         // loss anyway, and a peer can always send them again.
         deliver(applied)
         if let frames, frames.count == deltas.count + 1 {
-            appendToLog(applied, mustSucceed: false, received: ReceivedFrames(frames: frames, accepted: acceptedPositions))
+            appendToLog(
+                applied, mustSucceed: false, received: ReceivedFrames(frames: frames, accepted: acceptedPositions))
         } else {
             appendToLog(applied, mustSucceed: false)
         }
