@@ -78,6 +78,16 @@ public struct SimulationOptions: Sendable {
     public var writers = 4
     /// Distinct models written (in channel `sim`).
     public var models = 16
+    /// Which nodes take channel batches (PROTOCOL.md 7.6): all, every other one (the others stand
+    /// for nodes older than them), or none; `nil`: drawn by the seed.
+    public var channelBatches: ChannelBatches?
+    /// Every node with `storage.fsync: interval` at this period (milliseconds); `nil`: drawn.
+    public var intervalSyncMilliseconds: Int?
+
+    /// Which nodes of a simulated cluster take channel batches.
+    public enum ChannelBatches: String, Sendable, CaseIterable {
+        case all, mixed, none
+    }
     /// How long (simulated) the cluster may take to converge after the last fault heals.
     public var convergenceTimeoutMilliseconds: UInt64 = 120_000
     /// Where the nodes log (nothing by default: a simulation makes many lines).
@@ -154,6 +164,9 @@ public struct SimulationReport: Sendable {
     public var valuesExpired = 0
     public var tombstonesCollected = 0
     public var tombstonesHeld = 0
+    /// Channel batches published, over all nodes (PROTOCOL.md 7.6; none while a node linked to
+    /// the sender does not take them).
+    public var channelBatchesPublished = 0
     /// Writes and each node's lag over simulated time (with ``SimulationOptions/recordTimeline``).
     public var timeline: RunTimeline?
 
@@ -182,6 +195,7 @@ public struct SimulationReport: Sendable {
             "peer_bytes": .int(Int64(peerBytes)),
             "values_expired": .int(Int64(valuesExpired)), "tombstones_collected": .int(Int64(tombstonesCollected)),
             "tombstones_held": .int(Int64(tombstonesHeld)),
+            "channel_batches_published": .int(Int64(channelBatchesPublished)),
             "parameters": .map(parameters.mapValues(Value.string)),
             "faults": .array(
                 faults.map { fault in
@@ -221,7 +235,7 @@ public struct SimulationReport: Sendable {
             "StateSync simulator: \(options.nodes) nodes, \(options.operations) ops (\(acknowledged) acknowledged), seed \(options.seed)"
         )
         lines.append(
-            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied, \(peerMessages) peer messages (\(peerMessagesPerNodePerSecond) per node per simulated second)"
+            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied, \(peerMessages) peer messages (\(peerMessagesPerNodePerSecond) per node per simulated second, \(channelBatchesPublished) of them channel batches)"
         )
         lines.append("drawn: " + parameters.keys.sorted().map { "\($0)=\(parameters[$0]!)" }.joined(separator: " "))
         lines.append(
@@ -314,6 +328,22 @@ public enum ClusterSimulator {
         let reorderRate = draw("reorder", [0.05, 0.3])
         let conflictRate = options.plantedBug == .wrongTieBreak ? 0.3 : draw("conflicts", [0.0, 0.02, 0.1])
         let slowWatcher = draw("slow_watcher_ms", [0, 0, 1])
+        // A cluster in the middle of an upgrade: some nodes older than channel batches (PROTOCOL.md
+        // 7.6), which neither take nor send them.
+        if let period = options.intervalSyncMilliseconds {
+            configuration.fsync = .interval
+            configuration.fsyncIntervalMilliseconds = period
+            parameters["fsync"] = "interval"
+            parameters["fsync_interval_ms"] = "\(period)"
+        }
+        let drawnMix = draw("channel_batches", [SimulationOptions.ChannelBatches.all, .mixed, .mixed, .none])
+        let mix = options.channelBatches ?? drawnMix
+        parameters["channel_batches"] = mix.rawValue
+        switch mix {
+        case .mixed: configuration.withoutChannelBatches = Set((0..<options.nodes).filter { $0 % 2 == 1 })
+        case .none: configuration.withoutChannelBatches = Set(0..<options.nodes)
+        case .all: break
+        }
         // A wrong tie-break shows only on ties (equal timestamps, two nodes): keep the clocks in
         // step so that concurrent writes on two nodes tie.
         let clocksInStep = options.plantedBug == .wrongTieBreak
@@ -505,6 +535,7 @@ public enum ClusterSimulator {
             guard let status = node.host?.status else { continue }
             report.valuesExpired += status.counters["values_expired"] ?? 0
             report.tombstonesCollected += status.counters["tombstones_collected"] ?? 0
+            report.channelBatchesPublished += status.counters["channel_batches_published"] ?? 0
             report.tombstonesHeld += status.tombstones
         }
         sample(cluster, force: true)  // the last acknowledgements, whatever the sampling gate

@@ -38,6 +38,8 @@ package final class SimulatedCluster {
         package var faults: [Int: NodeFaults] = [:]
         /// Per node (by index), how far its wall clock is off, in milliseconds.
         package var clockSkew: [Int: Int64] = [:]
+        /// Nodes (by index) that stand for nodes older than channel batches (PROTOCOL.md 7.6).
+        package var withoutChannelBatches: Set<Int> = []
         /// The last node is not started with the others and knows only the first node (its
         /// seed), and the others do not know it: it joins through membership when
         /// ``SimulatedCluster/join(_:)`` starts it (PROTOCOL.md 7.5).
@@ -192,6 +194,7 @@ package final class SimulatedCluster {
                 compactBytes: configuration.compactBytes, historyDeltas: configuration.historyDeltas)
             node.clientHighWaterMark = configuration.clientHighWaterMark
             node.batchMaximumDeltas = configuration.batchMaximumDeltas
+            node.channelBatches = !configuration.withoutChannelBatches.contains(index)
             node.snapshotPageOctets = configuration.snapshotPageOctets
             node.tombstoneGraceMilliseconds = configuration.tombstoneGraceMilliseconds
             // Links are authenticated as with CURVE keys: each peer's live stream is bound to its

@@ -40,6 +40,10 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// At most this many consecutive deltas of one model travel in one DELTA batch message; 1
     /// sends one message per delta. Batching adds no delay: a batch is what is ready to publish.
     public var batchMaximumDeltas: Int = 256
+    /// Whether the node takes and sends channel batches (deltas of several models of a channel in
+    /// one message, docs/PROTOCOL.md 7.6). Always on in a real node; the simulator turns it off
+    /// for some nodes to stand for nodes older than channel batches in a mixed cluster.
+    package var channelBatches = true
     /// When the node's observer queue is this many changes behind, the node stops taking peer
     /// deltas until it is back under half of it: backpressure instead of unbounded memory.
     public var observerBacklogLimit: Int = 100_000

@@ -7,6 +7,9 @@ public struct NodeCounters: Sendable, Equatable {
     public var deltasReceived = 0
     /// DELTA messages published (a batch counts once).
     public var deltaMessagesPublished = 0
+    /// Of those, channel batches (deltas of several models in one message, docs/PROTOCOL.md 7.6):
+    /// 0 while a linked peer has not said it takes them (an older node, or one not heard from).
+    public var channelBatchesPublished = 0
     /// Peer links (SUB sockets) replaced after the peer was silent for long, and repair links
     /// replaced after a request got no answer in time.
     public var peerLinkResets = 0
@@ -97,6 +100,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("membership_updates", membershipUpdates), ("announces_sent", announcesSent),
             ("peer_messages_received", peerMessagesReceived), ("snapshot_pages_served", snapshotPagesServed),
             ("delta_messages_published", deltaMessagesPublished),
+            ("channel_batches_published", channelBatchesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),
             ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),

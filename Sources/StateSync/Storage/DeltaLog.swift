@@ -167,6 +167,18 @@ package final class DeltaLog: @unchecked Sendable {
             offered += 1
         }
 
+        /// Adds the record of a delta of `channel` that arrived in a channel batch as the frame
+        /// `modelAndBody` (its model id, then its DELTA body): the record's payload is the channel
+        /// followed by those bytes as they came.
+        mutating func add(channel: String, modelAndBody: [UInt8]) {
+            let fits = DeltaLog.appendRecord(to: &buffer) { sink in
+                sink.string(channel)
+                sink.bytes(modelAndBody)
+            }
+            if !fits { tooLarge.append(offered) }
+            offered += 1
+        }
+
         /// Adds the record of a delta that arrived as the DELTA body frame `body` (its bytes as
         /// they came, see ``DeltaLog/appendRecord(channel:model:body:to:)``).
         mutating func add(channel: String, model: String, body: [UInt8]) {
@@ -289,7 +301,7 @@ package final class DeltaLog: @unchecked Sendable {
     }
 
     @inline(__always)
-    private static func appendRecord(to writer: inout WireWriter, payload: (inout WireWriter) -> Void) -> Bool {
+    fileprivate static func appendRecord(to writer: inout WireWriter, payload: (inout WireWriter) -> Void) -> Bool {
         let start = writer.bytes.count
         writer.uint64(0)  // length and CRC, filled in below
         payload(&writer)

@@ -14,6 +14,11 @@ public enum PeerMessage: Sendable, Equatable {
     public static let deltaTopicPrefix: UInt8 = UInt8(ascii: "D")
     /// The topic of a HEARTBEAT.
     public static let heartbeatTopic: [UInt8] = [UInt8(ascii: "H")]
+    /// The first byte of the topic of a channel batch: deltas of several models of one channel
+    /// (docs/PROTOCOL.md 7.6), sent only to peers that said they take them.
+    public static let channelBatchTopicPrefix: UInt8 = UInt8(ascii: "M")
+    /// The capability bit of a node that takes channel batches (HEARTBEAT `capabilities`).
+    package static let channelBatchesCapability: UInt64 = 1
 
     /// The SUB prefix that selects every DELTA of `channel`.
     public static func subscriptionPrefix(channel: String) -> [UInt8] {
@@ -39,6 +44,9 @@ public enum PeerMessage: Sendable, Equatable {
         public var progress: [String: UInt64]
         /// The sender's member list (section 7.5); `nil` from a node older than membership.
         package var members: [Membership.Member]?
+        /// What the sender takes beyond version 1 (bits, section 7.3), carried only with a
+        /// member list; `nil` when absent (a node older than capabilities, or no member list).
+        package var capabilities: UInt64?
 
         /// A heartbeat with these fields.
         public init(
@@ -56,12 +64,13 @@ public enum PeerMessage: Sendable, Equatable {
         /// A heartbeat that carries the sender's member list.
         package init(
             node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64, api: String,
-            progress: [String: UInt64], members: [Membership.Member]?
+            progress: [String: UInt64], members: [Membership.Member]?, capabilities: UInt64? = nil
         ) {
             self.init(
                 node: node, latestSequence: latestSequence, clock: clock, incarnation: incarnation, api: api,
                 progress: progress)
             self.members = members
+            self.capabilities = members == nil ? nil : capabilities
         }
     }
 
@@ -93,6 +102,7 @@ public enum PeerMessage: Sendable, Equatable {
             if let members = beat.members {
                 body.varint(UInt64(members.count))
                 for member in members { Membership.write(member, to: &body) }
+                if let capabilities = beat.capabilities { body.varint(capabilities) }
             }
             return [Self.heartbeatTopic, body.bytes]
         }
@@ -130,6 +140,26 @@ public enum PeerMessage: Sendable, Equatable {
         return frames
     }
 
+    /// Encodes consecutive deltas of one channel, of any models, as one channel batch (section
+    /// 7.6): the topic `M` channel NUL, then one frame per delta, its model id followed by its
+    /// DELTA body. Only for peers that take channel batches.
+    package static func encodeChannelBatch(_ deltas: [Delta]) -> [[UInt8]] {
+        precondition(!deltas.isEmpty)
+        var topic: [UInt8] = [channelBatchTopicPrefix]
+        topic.append(contentsOf: deltas[0].channel.utf8)
+        topic.append(0)
+        var frames = [topic]
+        frames.reserveCapacity(deltas.count + 1)
+        for delta in deltas {
+            precondition(delta.channel == deltas[0].channel, "a channel batch is of one channel")
+            var body = WireWriter(capacity: 40 + delta.model.utf8.count + delta.properties.count * 16)
+            body.string(delta.model)
+            writeDeltaBody(delta, to: &body)
+            frames.append(body.bytes)
+        }
+        return frames
+    }
+
     /// Decodes a message that may be a DELTA batch (one body frame per delta); a heartbeat or a
     /// single delta gives one message.
     public static func decodeAll(_ frames: [[UInt8]]) throws(WireError) -> [PeerMessage] {
@@ -138,13 +168,43 @@ public enum PeerMessage: Sendable, Equatable {
     }
 
     /// Decodes a DELTA or a DELTA batch into its deltas, in order; `nil` for any other message.
-    public static func decodeDeltas(_ frames: [[UInt8]]) throws(WireError) -> [Delta]? {
-        guard frames.count >= 2, frames[0].first == deltaTopicPrefix else { return nil }
+    /// A channel batch (section 7.6) is decoded too unless `channelBatches` is false (a node that
+    /// does not take them: then it is a message of an unsupported topic).
+    public static func decodeDeltas(_ frames: [[UInt8]], channelBatches: Bool = true) throws(WireError) -> [Delta]? {
+        guard frames.count >= 2 else { return nil }
+        if channelBatches, frames[0].first == channelBatchTopicPrefix { return try decodeChannelBatch(frames) }
+        guard frames[0].first == deltaTopicPrefix else { return nil }
         let (channel, model) = try splitDeltaTopic(frames[0])
         var deltas: [Delta] = []
         deltas.reserveCapacity(frames.count - 1)
         for index in 1..<frames.count {
             var reader = WireReader(frames[index])
+            let version = try reader.byte("protocol version")
+            guard version == protocolVersion || version == deletionVersion else {
+                throw .unsupported("protocol version \(version)")
+            }
+            deltas.append(
+                try decodeDeltaBody(&reader, channel: channel, model: model, version2: version == deletionVersion))
+        }
+        return deltas
+    }
+
+    /// The deltas of a channel batch: each body frame is a model id, then a DELTA body.
+    private static func decodeChannelBatch(_ frames: [[UInt8]]) throws(WireError) -> [Delta] {
+        let topic = frames[0]
+        guard topic.count >= 3, topic.last == 0, !topic.dropFirst().dropLast().contains(0),
+            let channel = String(utf8Bytes: topic[1..<(topic.count - 1)])
+        else {
+            throw .invalid(field: "topic", reason: "expected M<channel>\\0")
+        }
+        var deltas: [Delta] = []
+        deltas.reserveCapacity(frames.count - 1)
+        for index in 1..<frames.count {
+            var reader = WireReader(frames[index])
+            let model = try reader.string("model")
+            guard !model.isEmpty, !model.utf8.contains(0) else {
+                throw .invalid(field: "model", reason: "empty or contains NUL")
+            }
             let version = try reader.byte("protocol version")
             guard version == protocolVersion || version == deletionVersion else {
                 throw .unsupported("protocol version \(version)")
@@ -196,10 +256,11 @@ public enum PeerMessage: Sendable, Equatable {
                 for _ in 0..<count { list.append(try Membership.read(&body)) }
                 members = list
             }
+            let capabilities = members != nil && !body.isAtEnd ? try body.varint("capabilities") : nil
             return .heartbeat(
                 Heartbeat(
                     node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api,
-                    progress: progress, members: members))
+                    progress: progress, members: members, capabilities: capabilities))
         }
         guard topic.first == deltaTopicPrefix else {
             throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))")

@@ -48,6 +48,33 @@ struct SimulatorTests {
         #expect(report.passed, "seed \(seed) failed; replay: \(report.options.replayCommand)\n\(report.humanText)")
     }
 
+    /// PROTOCOL.md 7.6 under every fault: with every node taking channel batches they are sent
+    /// and the replicas converge; in a cluster half of older nodes none is ever sent, and the
+    /// replicas converge too. Rounds must hold writes of several models: `fsync: interval`
+    /// (50 ms) here, as the simulated disk syncs at once. Bounded: at most 8 seeds for the first.
+    @Test func channelBatchesTravelUnderFaultsOnlyWhereEveryPeerTakesThem() throws {
+        var seedsWithBatches: [UInt64] = []
+        for seed in 1...8 as ClosedRange<UInt64> where seedsWithBatches.count < 2 {
+            var options = Self.options(seed: seed, ops: 3000, nodes: 3)
+            options.writers = 16
+            options.channelBatches = .all
+            options.intervalSyncMilliseconds = 50
+            let report = try ClusterSimulator.run(options)
+            #expect(report.passed, "seed \(seed) failed; replay: \(report.options.replayCommand)\n\(report.humanText)")
+            if report.channelBatchesPublished > 0 { seedsWithBatches.append(seed) }
+        }
+        #expect(seedsWithBatches.count == 2, "channel batches were sent in \(seedsWithBatches.count) runs of 8")
+        for seed in seedsWithBatches {
+            var options = Self.options(seed: seed, ops: 3000, nodes: 3)
+            options.writers = 16
+            options.channelBatches = .mixed
+            options.intervalSyncMilliseconds = 50
+            let report = try ClusterSimulator.run(options)
+            #expect(report.passed, "seed \(seed) (mixed) failed\n\(report.humanText)")
+            #expect(report.channelBatchesPublished == 0, "seed \(seed): sent to a node that does not take them")
+        }
+    }
+
     /// The simulated disk loses what was not synced, and a torn tail is cut by recovery.
     @Test func aCrashLosesWhatWasNotSyncedAndCutsATornTail() throws {
         let disk = SimulatedDisk()

@@ -28,6 +28,61 @@ struct PeerMessageTests {
         #expect(try PeerMessage.decodeAll(PeerMessage.delta(Self.delta).encode()) == [.delta(Self.delta)])
     }
 
+    /// 7.6: a channel batch carries deltas of several models of one channel, each frame its
+    /// model id then a DELTA body (version 1 or 2); a node that does not take them sees an
+    /// unsupported topic.
+    @Test func channelBatchesRoundTripAndAreUnsupportedWhereNotTaken() throws {
+        var other = Self.delta
+        other.model = "farewell"
+        other.sequence = 2
+        var deletion = Self.delta
+        deletion.sequence = 3
+        deletion.properties = [.deletion(of: "n")]
+        let frames = PeerMessage.encodeChannelBatch([Self.delta, other, deletion])
+        #expect(frames.count == 4 && frames[0] == Array("Mdemo\u{0}".utf8))
+        #expect(Array(frames[2].prefix(9)) == [8] + Array("farewell".utf8))
+        #expect(try PeerMessage.decodeDeltas(frames) == [Self.delta, other, deletion])
+        #expect(try PeerMessage.decodeDeltas(frames, channelBatches: false) == nil)
+        // A node that does not take them reads the model id's length as a protocol version.
+        #expect(throws: WireError.unsupported("protocol version 8")) { try PeerMessage.decode(frames) }
+    }
+
+    @Test func malformedChannelBatchesAreRefused() throws {
+        let good = PeerMessage.encodeChannelBatch([Self.delta])
+        for topic in [Array("Mdemo".utf8), Array("M\u{0}".utf8), Array("Mde\u{0}mo\u{0}".utf8)] {
+            #expect(throws: WireError.self) { try PeerMessage.decodeDeltas([topic, good[1]]) }
+        }
+        var emptyModel = WireWriter()
+        emptyModel.string("")
+        #expect(throws: WireError.self) {
+            try PeerMessage.decodeDeltas([good[0], emptyModel.bytes + good[1].dropFirst(9)])
+        }
+        #expect(throws: WireError.self) { try PeerMessage.decodeDeltas([good[0], Array(good[1].prefix(12))]) }
+    }
+
+    /// 7.3: capabilities travel after the member list, and only with one.
+    @Test func capabilitiesTravelWithTheMemberList() throws {
+        let member = Membership.Member(
+            id: "n2", publish: "tcp://127.0.0.1:7102", api: "", state: .alive,
+            version: Version(milliseconds: 5, counter: 0, node: "n2"))
+        func beat(_ members: [Membership.Member]?, _ capabilities: UInt64?) -> PeerMessage.Heartbeat {
+            PeerMessage.Heartbeat(
+                node: "n2", latestSequence: 4, clock: 7 << 16, incarnation: 9, api: "", progress: [:], members: members,
+                capabilities: capabilities)
+        }
+        func decoded(_ beat: PeerMessage.Heartbeat) throws -> PeerMessage.Heartbeat? {
+            guard case .heartbeat(let decoded) = try PeerMessage.decode(PeerMessage.heartbeat(beat).encode()) else {
+                return nil
+            }
+            return decoded
+        }
+        #expect(try decoded(beat([member], 1))?.capabilities == 1)
+        #expect(try decoded(beat([member], 1))?.members == [member])
+        #expect(try decoded(beat([member], nil))?.capabilities == nil)
+        #expect(try decoded(beat(nil, 1))?.capabilities == nil)
+        #expect(try decoded(beat(nil, 1)) == beat(nil, nil))
+    }
+
     @Test func heartbeatRoundTrips() throws {
         let beat = PeerMessage.heartbeat(.init(node: "n2", latestSequence: 42, clock: 7 << 16, incarnation: 99))
         #expect(try PeerMessage.decode(beat.encode()) == beat)

@@ -32,7 +32,11 @@ extension NodeMachine {
     mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil) -> Set<Int> {
         guard !applied.isEmpty else { return [] }
         var records = DeltaLog.Batch()
-        if let received {
+        if let received, received.modelFirst {
+            for entry in applied {
+                records.add(channel: entry.delta.channel, modelAndBody: received.body(ofAccepted: entry.offset))
+            }
+        } else if let received {
             for entry in applied {
                 records.add(
                     channel: entry.delta.channel, model: entry.delta.model,
@@ -115,11 +119,7 @@ extension NodeMachine {
                 durability.staged.removeFirst(ready)
                 durability.stagedPositions.removeFirst(ready)
             }
-            // Consecutive deltas of one model go out as one message (a DELTA batch).
-            for range in Self.batchRanges(of: deltas, limit: configuration.batchMaximumDeltas) {
-                actions.append(.publish(PeerMessage.encodeBatch(Array(deltas[range]))))
-                counters.deltaMessagesPublished += 1
-            }
+            publish(deltas)
             for delta in deltas { published = max(published, delta.sequence) }
         }
         var answered = 0
@@ -143,14 +143,30 @@ extension NodeMachine {
         durability.compactionPending = false
     }
 
-    /// How `deltas` go out as DELTA batches: runs of consecutive deltas of one model, of at most
-    /// `limit` each, in order.
-    static func batchRanges(of deltas: [Delta], limit: Int) -> [Range<Int>] {
+    /// Publishes durable local writes, in order: consecutive deltas of one model as one DELTA
+    /// batch; when every linked peer takes channel batches (section 7.6), consecutive deltas of
+    /// one channel as one channel batch instead, unless they are all of one model.
+    mutating func publish(_ deltas: [Delta]) {
+        let acrossModels =
+            configuration.channelBatches && !peerEndpoints.isEmpty
+            && peerEndpoints.allSatisfy { peers[$0]?.takesChannelBatches == true }
+        for range in Self.batchRanges(of: deltas, limit: configuration.batchMaximumDeltas, acrossModels: acrossModels) {
+            let run = Array(deltas[range])
+            let oneModel = run.allSatisfy { $0.model == run[0].model }
+            actions.append(.publish(oneModel ? PeerMessage.encodeBatch(run) : PeerMessage.encodeChannelBatch(run)))
+            counters.deltaMessagesPublished += 1
+            if !oneModel { counters.channelBatchesPublished += 1 }
+        }
+    }
+
+    /// How `deltas` go out as batches: runs of consecutive deltas of one model (of one channel,
+    /// `acrossModels`), of at most `limit` each, in order.
+    static func batchRanges(of deltas: [Delta], limit: Int, acrossModels: Bool = false) -> [Range<Int>] {
         var ranges: [Range<Int>] = []
         var start = 0
         for index in deltas.indices.dropFirst() {
-            if deltas[index].channel != deltas[start].channel || deltas[index].model != deltas[start].model
-                || index - start >= limit
+            if deltas[index].channel != deltas[start].channel
+                || (!acrossModels && deltas[index].model != deltas[start].model) || index - start >= limit
             {
                 ranges.append(start..<index)
                 start = index

@@ -17,6 +17,8 @@ extension NodeMachine {
         let frames: [[UInt8]]
         /// The positions of the accepted deltas among the message's; `nil`: all of them.
         var accepted: [Int]?
+        /// Whether each body starts with its model id (a channel batch, section 7.6).
+        var modelFirst: Bool { frames[0].first == PeerMessage.channelBatchTopicPrefix }
 
         /// The body frame of the accepted delta at `offset`.
         func body(ofAccepted offset: Int) -> [UInt8] { frames[1 + (accepted?[offset] ?? offset)] }
@@ -27,7 +29,7 @@ extension NodeMachine {
     /// One message (or DELTA batch) from the peer at `endpoint`.
     mutating func receivePeerMessage(_ frames: [[UInt8]], from endpoint: String) {
         do {
-            if let deltas = try PeerMessage.decodeDeltas(frames) {
+            if let deltas = try PeerMessage.decodeDeltas(frames, channelBatches: configuration.channelBatches) {
                 counters.deltaMessagesReceived += 1
                 counters.peerMessagesReceived += 1
                 applyRemote(deltas, from: endpoint, frames: frames)
@@ -72,6 +74,16 @@ extension NodeMachine {
     mutating func receiveHeartbeat(_ beat: PeerMessage.Heartbeat, from endpoint: String) {
         peers[endpoint, default: PeerProgress()].lastMessageAt = now
         peers[endpoint, default: PeerProgress()].node = beat.node
+        // What it takes (section 7.6) is said with its member list; a restart may be an older
+        // version, so a new incarnation takes nothing more until it says so.
+        if peers[endpoint]?.incarnation != beat.incarnation {
+            peers[endpoint]?.incarnation = beat.incarnation
+            peers[endpoint]?.takesChannelBatches = false
+        }
+        if beat.members != nil {
+            peers[endpoint]?.takesChannelBatches =
+                (beat.capabilities ?? 0) & PeerMessage.channelBatchesCapability != 0
+        }
         var repairEndpoint = beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
         // Only an API on the host this node reaches the peer at is dialled: a HEARTBEAT must not
         // make the node connect anywhere else (section 14).
@@ -449,6 +461,7 @@ extension NodeMachine {
             PeerMessage.Heartbeat(
                 node: configuration.nodeID, latestSequence: published, clock: floor ?? ownFloor,
                 incarnation: incarnation, api: boundRepair, progress: progress,
-                members: withMembers ? membership.sorted : nil))
+                members: withMembers ? membership.sorted : nil,
+                capabilities: configuration.channelBatches ? PeerMessage.channelBatchesCapability : nil))
     }
 }

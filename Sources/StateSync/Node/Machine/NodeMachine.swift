@@ -514,6 +514,10 @@ struct PeerProgress: Sendable {
     /// Per origin, the contiguous mark the peer's last heartbeat reported (its own included): a
     /// snapshot from it covers at least that much.
     var progress: [String: UInt64] = [:]
+    /// The incarnation of the peer's last heartbeat: a new one forgets what it said it takes.
+    var incarnation: UInt64?
+    /// Whether the peer said, in this incarnation, that it takes channel batches (section 7.6).
+    var takesChannelBatches = false
 }
 
 /// Faults a test can plant in a node on purpose, to prove its checkers catch them. Never set in
