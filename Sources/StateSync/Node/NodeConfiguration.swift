@@ -37,8 +37,10 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// The high-water mark of the client API socket, per client, in messages: watch events queue
     /// here before a slow client's watch waits (and, past the history, resyncs).
     public var clientHighWaterMark: Int = 10_000
-    /// At most this many consecutive deltas of one model travel in one DELTA batch message; 1
-    /// sends one message per delta. Batching adds no delay: a batch is what is ready to publish.
+    /// At most this many consecutive deltas travel in one message: of one model in a DELTA batch,
+    /// of one channel in a channel batch (when every linked peer takes them, docs/PROTOCOL.md
+    /// 7.6); 1 sends one message per delta. Batching adds no delay: a batch is what is ready to
+    /// publish.
     public var batchMaximumDeltas: Int = 256
     /// Whether the node takes and sends channel batches (deltas of several models of a channel in
     /// one message, docs/PROTOCOL.md 7.6). Always on in a real node; the simulator turns it off
