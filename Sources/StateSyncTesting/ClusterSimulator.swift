@@ -106,6 +106,8 @@ public struct SimulationOptions: Sendable {
         if !faults.isEmpty { parts.append("--faults \(faults.map(\.rawValue).joined(separator: ","))") }
         if let plantedBug { parts.append("--plant-bug \(plantedBug.rawValue)") }
         if writers != 4 { parts.append("--writers \(writers)") }
+        if let channelBatches { parts.append("--channel-batches \(channelBatches.rawValue)") }
+        if let intervalSyncMilliseconds { parts.append("--interval-sync-ms \(intervalSyncMilliseconds)") }
         return parts.joined(separator: " ")
     }
 }
@@ -235,7 +237,7 @@ public struct SimulationReport: Sendable {
             "StateSync simulator: \(options.nodes) nodes, \(options.operations) ops (\(acknowledged) acknowledged), seed \(options.seed)"
         )
         lines.append(
-            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied, \(peerMessages) peer messages (\(peerMessagesPerNodePerSecond) per node per simulated second, \(channelBatchesPublished) of them channel batches)"
+            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied, \(peerMessages) peer messages (\(peerMessagesPerNodePerSecond) per node per simulated second); \(channelBatchesPublished) channel batches published"
         )
         lines.append("drawn: " + parameters.keys.sorted().map { "\($0)=\(parameters[$0]!)" }.joined(separator: " "))
         lines.append(
@@ -328,14 +330,14 @@ public enum ClusterSimulator {
         let reorderRate = draw("reorder", [0.05, 0.3])
         let conflictRate = options.plantedBug == .wrongTieBreak ? 0.3 : draw("conflicts", [0.0, 0.02, 0.1])
         let slowWatcher = draw("slow_watcher_ms", [0, 0, 1])
-        // A cluster in the middle of an upgrade: some nodes older than channel batches (PROTOCOL.md
-        // 7.6), which neither take nor send them.
         if let period = options.intervalSyncMilliseconds {
             configuration.fsync = .interval
             configuration.fsyncIntervalMilliseconds = period
             parameters["fsync"] = "interval"
             parameters["fsync_interval_ms"] = "\(period)"
         }
+        // A cluster in the middle of an upgrade: some nodes older than channel batches (PROTOCOL.md
+        // 7.6), which neither take nor send them.
         let drawnMix = draw("channel_batches", [SimulationOptions.ChannelBatches.all, .mixed, .mixed, .none])
         let mix = options.channelBatches ?? drawnMix
         parameters["channel_batches"] = mix.rawValue

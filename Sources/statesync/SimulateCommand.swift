@@ -59,6 +59,18 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
+                "Which nodes take channel batches (PROTOCOL.md 7.6): all, mixed (every other one stands for an older node) or none; drawn by the seed by default.",
+                valueName: "MIX"))
+        var channelBatches: String?
+
+        @Option(
+            help: ArgumentHelp(
+                "Every node with storage.fsync: interval at this period in ms (drawn by the seed by default).",
+                valueName: "MS"))
+        var intervalSyncMs: Int?
+
+        @Option(
+            help: ArgumentHelp(
                 "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, duplicate-watch-events.",
                 valueName: "BUG"))
         var plantBug: String?
@@ -91,6 +103,12 @@ extension StateSyncCLI {
             guard (2...256).contains(nodes) else { throw ValidationError("--nodes must be between 2 and 256") }
             guard ops > 0 else { throw ValidationError("--ops must be positive") }
             guard (1...64).contains(writers) else { throw ValidationError("--writers must be between 1 and 64") }
+            if let channelBatches, SimulationOptions.ChannelBatches(rawValue: channelBatches) == nil {
+                throw ValidationError("--channel-batches takes all, mixed or none")
+            }
+            if let intervalSyncMs, !(1...10_000).contains(intervalSyncMs) {
+                throw ValidationError("--interval-sync-ms must be between 1 and 10000")
+            }
             if let seeds, Self.range(seeds) == nil {
                 throw ValidationError("--seeds takes A..B with A ≤ B, e.g. --seeds 1..200")
             }
@@ -112,6 +130,8 @@ extension StateSyncCLI {
             options.faults = faults.split(separator: ",").compactMap { SimulationOptions.Fault(rawValue: String($0)) }
             options.plantedBug = plantBug.flatMap(SimulationOptions.PlantedBug.init)
             options.writers = writers
+            options.channelBatches = channelBatches.flatMap(SimulationOptions.ChannelBatches.init)
+            options.intervalSyncMilliseconds = intervalSyncMs
             options.recordTimeline = report != nil
             if let logLevel, let level = Logger.Level(rawValue: logLevel) {
                 options.logger = Logger(label: "sim") { label in

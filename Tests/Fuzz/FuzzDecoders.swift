@@ -22,6 +22,7 @@ public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
             [UInt8(ascii: "D")] + bytes[..<split], Array(bytes[split...].dropFirst()), bytes,
         ])
         // The same bytes as a channel batch (PROTOCOL.md 7.6): topic M<channel>\0, model-first frames.
+        _ = try? PeerMessage.decodeDeltas([[UInt8(ascii: "M")] + bytes[..<split], Array(bytes[split...].dropFirst())])
         _ = try? PeerMessage.decodeDeltas([
             [UInt8(ascii: "M")] + bytes[..<split], Array(bytes[split...].dropFirst()), bytes,
         ])

@@ -8,7 +8,8 @@ public struct NodeCounters: Sendable, Equatable {
     /// DELTA messages published (a batch counts once).
     public var deltaMessagesPublished = 0
     /// Of those, channel batches (deltas of several models in one message, docs/PROTOCOL.md 7.6):
-    /// 0 while a linked peer has not said it takes them (an older node, or one not heard from).
+    /// it does not grow while a linked peer has not said it takes them (an older node, or one not
+    /// heard from).
     public var channelBatchesPublished = 0
     /// Peer links (SUB sockets) replaced after the peer was silent for long, and repair links
     /// replaced after a request got no answer in time.

@@ -20,7 +20,8 @@ public enum PeerMessage: Sendable, Equatable {
     /// The capability bit of a node that takes channel batches (HEARTBEAT `capabilities`).
     package static let channelBatchesCapability: UInt64 = 1
 
-    /// The SUB prefix that selects every DELTA of `channel`.
+    /// The SUB prefix that selects every DELTA of `channel` (its channel batches have the topic
+    /// `M`, the channel, NUL: a filter by channel subscribes to both).
     public static func subscriptionPrefix(channel: String) -> [UInt8] {
         [deltaTopicPrefix] + Array(channel.utf8) + [0]
     }

@@ -134,4 +134,23 @@ struct ChannelBatchMachineTests {
         #expect(node.logBytes == frames.dropFirst().flatMap(record))
         #expect(try DeltaLog.parse(DeltaLog.magic + node.logBytes, path: "test").deltas == deltas)
     }
+
+    /// Each frame of a channel batch names its model: a name is checked unless it is byte for
+    /// byte the one checked before it, so the NFD twin of a valid NFC name is refused, not
+    /// taken for it.
+    @Test func everyModelNameOfAChannelBatchIsChecked() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        let composed = "caf\u{E9}"
+        let decomposed = "cafe\u{301}"
+        #expect(composed == decomposed && !composed.utf8.elementsEqual(decomposed.utf8))
+        let deltas = [composed, decomposed].enumerated().map { index, model in
+            Delta(
+                channel: "c", model: model, version: Version(milliseconds: 5, counter: UInt16(index), node: "n2"),
+                sequence: UInt64(index + 1), properties: [PropertyWrite(name: "x", value: .int(Int64(index)))])
+        }
+        node.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.encodeChannelBatch(deltas)))
+        #expect(node.machine.counters.malformedMessages == 1)
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: composed))["x"]?.value == .int(0))
+        #expect(try DeltaLog.parse(DeltaLog.magic + node.logBytes, path: "test").deltas.count == 1)
+    }
 }

@@ -70,7 +70,7 @@ struct SimulatorTests {
             options.channelBatches = .mixed
             options.intervalSyncMilliseconds = 50
             let report = try ClusterSimulator.run(options)
-            #expect(report.passed, "seed \(seed) (mixed) failed\n\(report.humanText)")
+            #expect(report.passed, "seed \(seed) failed; replay: \(report.options.replayCommand)\n\(report.humanText)")
             #expect(report.channelBatchesPublished == 0, "seed \(seed): sent to a node that does not take them")
         }
     }

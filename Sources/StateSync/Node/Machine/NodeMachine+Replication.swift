@@ -16,7 +16,7 @@ extension NodeMachine {
     struct ReceivedFrames {
         let frames: [[UInt8]]
         /// The positions of the accepted deltas among the message's; `nil`: all of them.
-        var accepted: [Int]?
+        let accepted: [Int]?
         /// Whether each body starts with its model id (a channel batch, section 7.6).
         var modelFirst: Bool { frames[0].first == PeerMessage.channelBatchTopicPrefix }
 
@@ -177,7 +177,10 @@ extension NodeMachine {
         var accepted = deltas
         var acceptedPositions: [Int]?  // set once one is refused
         var refusedAny = false
-        var validated: ModelAddress?  // a batch is of one model: its names are checked once
+        // A DELTA batch is of one model: its names are checked once. Compared as bytes, not as
+        // Strings: a channel batch names each delta's model, and `==` would take the NFD twin of
+        // a checked name for it (and let it past the NFC and length checks).
+        var validated: ModelAddress?
         let bound = repaired ? nil : boundNode(of: endpoint)
         for index in deltas.indices {
             let delta = deltas[index]
@@ -188,7 +191,12 @@ extension NodeMachine {
             }
             if !refused {
                 do {
-                    if validated?.channel != delta.channel || validated?.model != delta.model {
+                    let checkedAlready =
+                        validated.map {
+                            $0.channel.utf8.elementsEqual(delta.channel.utf8)
+                                && $0.model.utf8.elementsEqual(delta.model.utf8)
+                        } ?? false
+                    if !checkedAlready {
                         try Names.validateChannel(delta.channel)
                         try Names.validateModel(delta.model)
                         validated = delta.address
