@@ -79,14 +79,15 @@ public struct SimulationOptions: Sendable {
     /// Distinct models written (in channel `sim`).
     public var models = 16
     /// Which nodes take channel batches (PROTOCOL.md 7.6): all, every other one (the others stand
-    /// for nodes older than them), or none; `nil`: drawn by the seed.
+    /// for nodes older than them), every other one at the start and a restarted node comes back
+    /// as the other version (rolling), or none; `nil`: drawn by the seed.
     public var channelBatches: ChannelBatches?
     /// Every node with `storage.fsync: interval` at this period (milliseconds); `nil`: drawn.
     public var intervalSyncMilliseconds: Int?
 
     /// Which nodes of a simulated cluster take channel batches.
     public enum ChannelBatches: String, Sendable, CaseIterable {
-        case all, mixed, none
+        case all, mixed, rolling, none
     }
     /// How long (simulated) the cluster may take to converge after the last fault heals.
     public var convergenceTimeoutMilliseconds: UInt64 = 120_000
@@ -169,6 +170,9 @@ public struct SimulationReport: Sendable {
     /// Channel batches published, over all nodes (PROTOCOL.md 7.6; none while a node linked to
     /// the sender does not take them).
     public var channelBatchesPublished = 0
+    /// Messages the nodes dropped as malformed, over all nodes (a forged or mangled message, or a
+    /// channel batch reaching a node that does not take them, in a rolling upgrade).
+    public var malformedMessages = 0
     /// Writes and each node's lag over simulated time (with ``SimulationOptions/recordTimeline``).
     public var timeline: RunTimeline?
 
@@ -198,6 +202,7 @@ public struct SimulationReport: Sendable {
             "values_expired": .int(Int64(valuesExpired)), "tombstones_collected": .int(Int64(tombstonesCollected)),
             "tombstones_held": .int(Int64(tombstonesHeld)),
             "channel_batches_published": .int(Int64(channelBatchesPublished)),
+            "malformed_messages": .int(Int64(malformedMessages)),
             "parameters": .map(parameters.mapValues(Value.string)),
             "faults": .array(
                 faults.map { fault in
@@ -338,11 +343,13 @@ public enum ClusterSimulator {
         }
         // A cluster in the middle of an upgrade: some nodes older than channel batches (PROTOCOL.md
         // 7.6), which neither take nor send them.
-        let drawnMix = draw("channel_batches", [SimulationOptions.ChannelBatches.all, .mixed, .mixed, .none])
+        let drawnMix = draw("channel_batches", [SimulationOptions.ChannelBatches.all, .mixed, .rolling, .none])
         let mix = options.channelBatches ?? drawnMix
         parameters["channel_batches"] = mix.rawValue
         switch mix {
-        case .mixed: configuration.withoutChannelBatches = Set((0..<options.nodes).filter { $0 % 2 == 1 })
+        case .mixed, .rolling:
+            configuration.withoutChannelBatches = Set((0..<options.nodes).filter { $0 % 2 == 1 })
+            configuration.flipChannelBatchesOnRestart = mix == .rolling
         case .none: configuration.withoutChannelBatches = Set(0..<options.nodes)
         case .all: break
         }
@@ -538,6 +545,7 @@ public enum ClusterSimulator {
             report.valuesExpired += status.counters["values_expired"] ?? 0
             report.tombstonesCollected += status.counters["tombstones_collected"] ?? 0
             report.channelBatchesPublished += status.counters["channel_batches_published"] ?? 0
+            report.malformedMessages += status.counters["malformed_messages"] ?? 0
             report.tombstonesHeld += status.tombstones
         }
         sample(cluster, force: true)  // the last acknowledgements, whatever the sampling gate

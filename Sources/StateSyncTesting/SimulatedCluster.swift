@@ -40,6 +40,9 @@ package final class SimulatedCluster {
         package var clockSkew: [Int: Int64] = [:]
         /// Nodes (by index) that stand for nodes older than channel batches (PROTOCOL.md 7.6).
         package var withoutChannelBatches: Set<Int> = []
+        /// A node that restarts comes back as the other version (with channel batches if it had
+        /// none, and the other way round): a rolling upgrade, and downgrade, at the same endpoint.
+        package var flipChannelBatchesOnRestart = false
         /// The last node is not started with the others and knows only the first node (its
         /// seed), and the others do not know it: it joins through membership when
         /// ``SimulatedCluster/join(_:)`` starts it (PROTOCOL.md 7.5).
@@ -69,7 +72,8 @@ package final class SimulatedCluster {
     package final class Node {
         package let index: Int
         package let id: String
-        package let configuration: NodeConfiguration
+        /// Its configuration (a restart may change what it takes: ``Configuration/flipChannelBatchesOnRestart``).
+        package fileprivate(set) var configuration: NodeConfiguration
         package let disk = SimulatedDisk()
         /// The running node; `nil` while crashed.
         package fileprivate(set) var host: StateSyncNode?
@@ -397,6 +401,7 @@ package final class SimulatedCluster {
         let node = nodes[index]
         guard node.host == nil else { return }
         record("restart", node.id, [])
+        if configuration.flipChannelBatchesOnRestart { node.configuration.channelBatches.toggle() }
         // A restarted node has new sockets: its inbound links work again.
         brokenLinks = brokenLinks.filter { !$0.hasSuffix(">" + node.id) }
         try start(node)

@@ -59,7 +59,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Which nodes take channel batches (PROTOCOL.md 7.6): all, mixed (every other one stands for an older node) or none; drawn by the seed by default.",
+                "Which nodes take channel batches (PROTOCOL.md 7.6): all, mixed (every other one stands for an older node), rolling (mixed, and a restarted node comes back as the other version) or none; drawn by the seed by default.",
                 valueName: "MIX"))
         var channelBatches: String?
 
@@ -104,7 +104,7 @@ extension StateSyncCLI {
             guard ops > 0 else { throw ValidationError("--ops must be positive") }
             guard (1...64).contains(writers) else { throw ValidationError("--writers must be between 1 and 64") }
             if let channelBatches, SimulationOptions.ChannelBatches(rawValue: channelBatches) == nil {
-                throw ValidationError("--channel-batches takes all, mixed or none")
+                throw ValidationError("--channel-batches takes all, mixed, rolling or none")
             }
             if let intervalSyncMs, !(1...10_000).contains(intervalSyncMs) {
                 throw ValidationError("--interval-sync-ms must be between 1 and 10000")
