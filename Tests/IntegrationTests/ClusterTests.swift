@@ -112,6 +112,66 @@ struct ClusterTests {
         }
     }
 
+    /// PROTOCOL.md 7.6 between real daemons: once the nodes have heard each other's HEARTBEATs,
+    /// bursts of sets to many models on node1 go out as channel batches, and the other two end
+    /// with every model's last value.
+    @Test func channelBatchesFlowBetweenDaemons() async throws {
+        let daemons = Daemons()
+        let ports = (0..<3).map { _ in (publish: freePort(), api: freePort()) }
+        do {
+            for i in 0..<3 {
+                let peers = ports.enumerated().filter { $0.offset != i }.map { "tcp://127.0.0.1:\($0.element.publish)" }
+                _ = try daemons.start(
+                    config: "Config/node\(i + 1).yaml",
+                    environment: [
+                        "STATESYNC_NODE_DATA_DIR": temporaryDirectory("channel-batches-\(i)"),
+                        "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(ports[i].publish)",
+                        "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
+                        "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
+                        "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
+                    ], name: "node\(i + 1)")
+            }
+            let apis = ports.map { "tcp://127.0.0.1:\($0.api)" }
+            for api in apis { try await Self.waitUntilReady(api, peers: 2) }
+            let clients = try apis.map { try StateSyncClient(endpoint: $0) }
+            defer { for client in clients { client.close() } }
+
+            let models = 32
+            var burst = 0
+            try await waitUntil("node1 publishes a channel batch") {
+                burst += 1
+                let value = Int64(burst)
+                try await withThrowingTaskGroup(of: Void.self) { group in
+                    for model in 0..<models {
+                        group.addTask {
+                            _ = try await clients[0].set(
+                                ModelAddress(channel: "wide", model: "m\(model)"), ["burst": .int(value)])
+                        }
+                    }
+                    try await group.waitForAll()
+                }
+                return try await clients[0].status().counters["channel_batches_published", default: 0] > 0
+            }
+            let last = Int64(burst)
+            for (index, client) in clients.enumerated().dropFirst() {
+                try await waitUntil("node\(index + 1) holds burst \(last) of every model") {
+                    for model in 0..<models {
+                        let view = try await client.get(ModelAddress(channel: "wide", model: "m\(model)"))
+                        guard view["burst"]?.value == .int(last) else { return false }
+                    }
+                    return true
+                }
+            }
+            let receiver = try await clients[1].status().counters
+            #expect(
+                receiver["delta_messages_received", default: 0] < receiver["deltas_received", default: 0],
+                "fewer messages than deltas: \(receiver)")
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        #expect(await daemons.stopAll() == [0, 0, 0])
+    }
+
     /// Issue #4: many concurrent writers of the same properties through all three nodes; once
     /// quiet, every node holds the same values.
     @Test func concurrentSetsThroughThreeNodesConverge() async throws {
