@@ -224,7 +224,7 @@ struct SecureLiveViewTests {
         -> String
     {
         let curl = try ChildProcess("/usr/bin/curl", ["-sN", url], name: "curl")
-        defer { kill(curl.process.processIdentifier, SIGKILL) }
+        defer { if curl.isRunning { kill(curl.process.processIdentifier, SIGKILL) } }  // never a reused pid
         try await waitUntil(what) { condition(curl.stdout) }
         return curl.stdout
     }
