@@ -287,7 +287,7 @@ final class ClientIO: Sendable {
                 watch.events.finish(throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
                 return
             }
-            if handleWatchEvent(event, watch: &watch, ready: &state.ready) {
+            if handleWatchEvent(event, watch: &watch, state: &state) {
                 state.watches[id] = watch
             } else {
                 state.watches[id] = nil
@@ -334,11 +334,10 @@ final class ClientIO: Sendable {
 }
 
 extension ClientIO {
-    /// Applies one watch event to the watch's replica and queues what it means in `ready`.
+    /// Applies one watch event to the watch's replica and queues what it means in `state.ready`.
     /// Returns `false` when the watch has ended (with an error, after what was queued).
-    func handleWatchEvent(
-        _ event: ClientProtocol.WatchEventBody, watch: inout WatchState,
-        ready: inout [(events: Events, event: WatchEvent)]
+    private func handleWatchEvent(
+        _ event: ClientProtocol.WatchEventBody, watch: inout WatchState, state: inout State
     ) -> Bool {
         do {
             let filter = watch.session.filter
@@ -351,12 +350,11 @@ extension ClientIO {
                 {
                     continue
                 }
-                ready.append((watch.events, meaning))
+                state.ready.append((watch.events, meaning))
             }
             return true
         } catch {
-            for (events, event) in ready { events.yield(event) }
-            ready.removeAll(keepingCapacity: true)
+            state.deliverReady()
             watch.events.finish(throwing: error)
             return false
         }

@@ -24,6 +24,28 @@ struct ClusterTests {
             return daemon
         }
 
+        /// Starts three daemons from the example configs on free loopback ports, each with the
+        /// other two as peers and a 100 ms heartbeat, data in fresh directories named after
+        /// `label`; returns their API endpoints once each sees both peers connected.
+        func startThree(_ label: String) async throws -> [String] {
+            let ports = (0..<3).map { _ in (publish: freePort(), api: freePort()) }
+            for i in 0..<3 {
+                let peers = ports.enumerated().filter { $0.offset != i }.map { "tcp://127.0.0.1:\($0.element.publish)" }
+                _ = try start(
+                    config: "Config/node\(i + 1).yaml",
+                    environment: [
+                        "STATESYNC_NODE_DATA_DIR": temporaryDirectory("\(label)-\(i)"),
+                        "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(ports[i].publish)",
+                        "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
+                        "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
+                        "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
+                    ], name: "node\(i + 1)")
+            }
+            let apis = ports.map { "tcp://127.0.0.1:\($0.api)" }
+            for api in apis { try await ClusterTests.waitUntilReady(api, peers: 2) }
+            return apis
+        }
+
         /// SIGTERM every daemon; returns their exit statuses.
         func stopAll() async -> [Int32] {
             var statuses: [Int32] = []
@@ -117,22 +139,8 @@ struct ClusterTests {
     /// with every model's last value.
     @Test func channelBatchesFlowBetweenDaemons() async throws {
         let daemons = Daemons()
-        let ports = (0..<3).map { _ in (publish: freePort(), api: freePort()) }
         do {
-            for i in 0..<3 {
-                let peers = ports.enumerated().filter { $0.offset != i }.map { "tcp://127.0.0.1:\($0.element.publish)" }
-                _ = try daemons.start(
-                    config: "Config/node\(i + 1).yaml",
-                    environment: [
-                        "STATESYNC_NODE_DATA_DIR": temporaryDirectory("channel-batches-\(i)"),
-                        "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(ports[i].publish)",
-                        "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
-                        "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
-                        "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
-                    ], name: "node\(i + 1)")
-            }
-            let apis = ports.map { "tcp://127.0.0.1:\($0.api)" }
-            for api in apis { try await Self.waitUntilReady(api, peers: 2) }
+            let apis = try await daemons.startThree("channel-batches")
             let clients = try apis.map { try StateSyncClient(endpoint: $0) }
             defer { for client in clients { client.close() } }
 
@@ -176,22 +184,8 @@ struct ClusterTests {
     /// quiet, every node holds the same values.
     @Test func concurrentSetsThroughThreeNodesConverge() async throws {
         let daemons = Daemons()
-        let ports = (0..<3).map { _ in (publish: freePort(), api: freePort()) }
         do {
-            for i in 0..<3 {
-                let peers = ports.enumerated().filter { $0.offset != i }.map { "tcp://127.0.0.1:\($0.element.publish)" }
-                _ = try daemons.start(
-                    config: "Config/node\(i + 1).yaml",
-                    environment: [
-                        "STATESYNC_NODE_DATA_DIR": temporaryDirectory("converge-\(i)"),
-                        "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(ports[i].publish)",
-                        "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
-                        "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
-                        "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
-                    ], name: "node\(i + 1)")
-            }
-            let apis = ports.map { "tcp://127.0.0.1:\($0.api)" }
-            for api in apis { try await Self.waitUntilReady(api, peers: 2) }
+            let apis = try await daemons.startThree("converge")
             let clients = try apis.map { try StateSyncClient(endpoint: $0) }
             defer { for client in clients { client.close() } }
 

@@ -163,28 +163,32 @@ package final class DeltaLog: @unchecked Sendable {
         var bytes: [UInt8] { buffer.bytes }
 
         mutating func add(_ delta: Delta) {
-            if !DeltaLog.appendRecord(delta, to: &buffer) { tooLarge.append(offered) }
-            offered += 1
+            add { DeltaLog.writePayload(delta, to: &$0) }
+        }
+
+        /// Adds the record of a delta that arrived as the DELTA body frame `body`: the payload
+        /// holds those bytes as they came off the wire, not a re-encoding (recovery reads back
+        /// what the peer sent, decoded by the same rules).
+        mutating func add(channel: String, model: String, body: [UInt8]) {
+            add { sink in
+                sink.string(channel)
+                sink.string(model)
+                sink.bytes(body)
+            }
         }
 
         /// Adds the record of a delta of `channel` that arrived in a channel batch as the frame
-        /// `modelAndBody` (its model id, then its DELTA body): the record's payload is the channel
-        /// followed by those bytes as they came.
+        /// `modelAndBody` (its model id, then its DELTA body): the payload is the channel followed
+        /// by those bytes as they came.
         mutating func add(channel: String, modelAndBody: [UInt8]) {
-            let fits = DeltaLog.appendRecord(to: &buffer) { sink in
+            add { sink in
                 sink.string(channel)
                 sink.bytes(modelAndBody)
             }
-            if !fits { tooLarge.append(offered) }
-            offered += 1
         }
 
-        /// Adds the record of a delta that arrived as the DELTA body frame `body` (its bytes as
-        /// they came, see ``DeltaLog/appendRecord(channel:model:body:to:)``).
-        mutating func add(channel: String, model: String, body: [UInt8]) {
-            if !DeltaLog.appendRecord(channel: channel, model: model, body: body, to: &buffer) {
-                tooLarge.append(offered)
-            }
+        private mutating func add(_ payload: (inout WireWriter) -> Void) {
+            if !DeltaLog.appendRecord(to: &buffer, payload: payload) { tooLarge.append(offered) }
             offered += 1
         }
     }
@@ -287,19 +291,8 @@ package final class DeltaLog: @unchecked Sendable {
         appendRecord(to: &writer) { writePayload(delta, to: &$0) }
     }
 
-    /// Appends the record of a delta of `channel`/`model` that arrived as `body`, its DELTA body
-    /// frame: the payload holds those bytes as they came off the wire, not a re-encoding (what
-    /// recovery reads back is what the peer sent, decoded by the same rules). Returns `false`
-    /// (and appends nothing) when the payload is larger than ``maximumRecord``.
-    @discardableResult
-    static func appendRecord(channel: String, model: String, body: [UInt8], to writer: inout WireWriter) -> Bool {
-        appendRecord(to: &writer) { sink in
-            sink.string(channel)
-            sink.string(model)
-            sink.bytes(body)
-        }
-    }
-
+    /// Appends a record whose payload `payload` writes; `false` (and nothing appended) when it is
+    /// larger than ``maximumRecord``.
     @inline(__always)
     fileprivate static func appendRecord(to writer: inout WireWriter, payload: (inout WireWriter) -> Void) -> Bool {
         let start = writer.bytes.count

@@ -173,13 +173,29 @@ public enum PeerMessage: Sendable, Equatable {
     /// does not take them: then it is a message of an unsupported topic).
     public static func decodeDeltas(_ frames: [[UInt8]], channelBatches: Bool = true) throws(WireError) -> [Delta]? {
         guard frames.count >= 2 else { return nil }
-        if channelBatches, frames[0].first == channelBatchTopicPrefix { return try decodeChannelBatch(frames) }
-        guard frames[0].first == deltaTopicPrefix else { return nil }
-        let (channel, model) = try splitDeltaTopic(frames[0])
+        let channel: String
+        let topicModel: String?  // nil: a channel batch, whose frames each start with their model
+        if channelBatches, frames[0].first == channelBatchTopicPrefix {
+            channel = try channelOfChannelBatch(frames[0])
+            topicModel = nil
+        } else if frames[0].first == deltaTopicPrefix {
+            (channel, topicModel) = try splitDeltaTopic(frames[0])
+        } else {
+            return nil
+        }
         var deltas: [Delta] = []
         deltas.reserveCapacity(frames.count - 1)
         for index in 1..<frames.count {
             var reader = WireReader(frames[index])
+            let model: String
+            if let topicModel {
+                model = topicModel
+            } else {
+                model = try reader.string("model")
+                guard !model.isEmpty, !model.utf8.contains(0) else {
+                    throw .invalid(field: "model", reason: "empty or contains NUL")
+                }
+            }
             let version = try reader.byte("protocol version")
             guard version == protocolVersion || version == deletionVersion else {
                 throw .unsupported("protocol version \(version)")
@@ -190,30 +206,14 @@ public enum PeerMessage: Sendable, Equatable {
         return deltas
     }
 
-    /// The deltas of a channel batch: each body frame is a model id, then a DELTA body.
-    private static func decodeChannelBatch(_ frames: [[UInt8]]) throws(WireError) -> [Delta] {
-        let topic = frames[0]
+    /// The channel of a channel batch's topic, `M` channel NUL (section 7.6).
+    private static func channelOfChannelBatch(_ topic: [UInt8]) throws(WireError) -> String {
         guard topic.count >= 3, topic.last == 0, !topic.dropFirst().dropLast().contains(0),
             let channel = String(utf8Bytes: topic[1..<(topic.count - 1)])
         else {
             throw .invalid(field: "topic", reason: "expected M<channel>\\0")
         }
-        var deltas: [Delta] = []
-        deltas.reserveCapacity(frames.count - 1)
-        for index in 1..<frames.count {
-            var reader = WireReader(frames[index])
-            let model = try reader.string("model")
-            guard !model.isEmpty, !model.utf8.contains(0) else {
-                throw .invalid(field: "model", reason: "empty or contains NUL")
-            }
-            let version = try reader.byte("protocol version")
-            guard version == protocolVersion || version == deletionVersion else {
-                throw .unsupported("protocol version \(version)")
-            }
-            deltas.append(
-                try decodeDeltaBody(&reader, channel: channel, model: model, version2: version == deletionVersion))
-        }
-        return deltas
+        return channel
     }
 
     /// Decodes a message from its frames. Bytes after the fields this version knows are ignored

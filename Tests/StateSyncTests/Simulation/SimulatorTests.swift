@@ -55,24 +55,30 @@ struct SimulatorTests {
     @Test func channelBatchesTravelUnderFaultsOnlyWhereEveryPeerTakesThem() throws {
         var seedsWithBatches: [UInt64] = []
         for seed in 1...8 as ClosedRange<UInt64> where seedsWithBatches.count < 2 {
-            var options = Self.options(seed: seed, ops: 3000, nodes: 3)
-            options.writers = 16
-            options.channelBatches = .all
-            options.intervalSyncMilliseconds = 50
-            let report = try ClusterSimulator.run(options)
-            #expect(report.passed, "seed \(seed) failed; replay: \(report.options.replayCommand)\n\(report.humanText)")
+            let report = try Self.channelBatchRun(seed: seed, .all)
             if report.channelBatchesPublished > 0 { seedsWithBatches.append(seed) }
         }
         #expect(seedsWithBatches.count == 2, "channel batches were sent in \(seedsWithBatches.count) runs of 8")
         for seed in seedsWithBatches {
-            var options = Self.options(seed: seed, ops: 3000, nodes: 3)
-            options.writers = 16
-            options.channelBatches = .mixed
-            options.intervalSyncMilliseconds = 50
-            let report = try ClusterSimulator.run(options)
-            #expect(report.passed, "seed \(seed) failed; replay: \(report.options.replayCommand)\n\(report.humanText)")
+            let report = try Self.channelBatchRun(seed: seed, .mixed)
             #expect(report.channelBatchesPublished == 0, "seed \(seed): sent to a node that does not take them")
         }
+    }
+
+    /// A run of 3 nodes, 3,000 writes by 16 writers, `storage.fsync: interval` (50 ms: rounds
+    /// that hold writes of several models) and the channel-batch `mix`; it must pass.
+    static func channelBatchRun(
+        seed: UInt64, _ mix: SimulationOptions.ChannelBatches,
+        faults: [SimulationOptions.Fault] = SimulationOptions.Fault.allCases
+    ) throws -> SimulationReport {
+        var options = Self.options(seed: seed, ops: 3000, nodes: 3)
+        options.faults = faults
+        options.writers = 16
+        options.channelBatches = mix
+        options.intervalSyncMilliseconds = 50
+        let report = try ClusterSimulator.run(options)
+        #expect(report.passed, "seed \(seed) failed; replay: \(report.options.replayCommand)\n\(report.humanText)")
+        return report
     }
 
     /// PROTOCOL.md 7.6, a rolling upgrade: every other node starts without channel batches and a
@@ -83,13 +89,8 @@ struct SimulatorTests {
     @Test func aRollingUpgradeLosesNothingWhenAnOlderNodeGetsChannelBatches() throws {
         var windowSeen = false
         for seed in 1...16 as ClosedRange<UInt64> where !windowSeen {
-            var options = Self.options(seed: seed, ops: 3000, nodes: 3)
-            options.faults = SimulationOptions.Fault.allCases.filter { $0 != .forge && $0 != .join }
-            options.writers = 16
-            options.channelBatches = .rolling
-            options.intervalSyncMilliseconds = 50
-            let report = try ClusterSimulator.run(options)
-            #expect(report.passed, "seed \(seed) failed; replay: \(report.options.replayCommand)\n\(report.humanText)")
+            let report = try Self.channelBatchRun(
+                seed: seed, .rolling, faults: SimulationOptions.Fault.allCases.filter { $0 != .forge && $0 != .join })
             // No forged or mangled messages in these runs: what was malformed was a channel batch.
             windowSeen = report.channelBatchesPublished > 0 && report.malformedMessages > 0
         }
