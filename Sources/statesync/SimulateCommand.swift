@@ -16,7 +16,7 @@ extension StateSyncCLI {
                 property on two nodes) on random nodes, a watcher on every node records every \
                 change, and faults follow a schedule drawn from the seed. Each seed also draws the \
                 cluster's parameters (history size, compaction, batching, fsync policy, link delays, \
-                fault rates): different seeds stress different mixes.
+                fault rates, which nodes take channel batches): different seeds stress different mixes.
 
                 Faults: crash (a node crashes — what it had not synced is lost, a torn write is \
                 possible — and restarts on its disk), partition (links between two groups cut both \
