@@ -84,6 +84,8 @@ public struct SimulationOptions: Sendable {
     public var channelBatches: ChannelBatches?
     /// Every node with `storage.fsync: interval` at this period (milliseconds); `nil`: drawn.
     public var intervalSyncMilliseconds: Int?
+    /// How long a sync of a node's log takes (simulated milliseconds; 0: at once); `nil`: drawn.
+    public var diskSyncMilliseconds: Int?
 
     /// Which nodes of a simulated cluster take channel batches.
     public enum ChannelBatches: String, Sendable, CaseIterable {
@@ -109,6 +111,7 @@ public struct SimulationOptions: Sendable {
         if writers != 4 { parts.append("--writers \(writers)") }
         if let channelBatches { parts.append("--channel-batches \(channelBatches.rawValue)") }
         if let intervalSyncMilliseconds { parts.append("--interval-sync-ms \(intervalSyncMilliseconds)") }
+        if let diskSyncMilliseconds { parts.append("--disk-sync-ms \(diskSyncMilliseconds)") }
         return parts.joined(separator: " ")
     }
 }
@@ -353,6 +356,12 @@ public enum ClusterSimulator {
         case .none: configuration.withoutChannelBatches = Set(0..<options.nodes)
         case .all: break
         }
+        // A disk whose sync takes time: writes taken while it runs share the next one (group
+        // commit), and a crash in the middle loses what it was syncing.
+        let drawnSync = draw("disk_sync_ms", [0, 0, 1, 4])
+        let diskSync = options.diskSyncMilliseconds ?? drawnSync
+        parameters["disk_sync_ms"] = "\(diskSync)"
+        configuration.diskSyncMilliseconds = UInt64(diskSync)
         // A wrong tie-break shows only on ties (equal timestamps, two nodes): keep the clocks in
         // step so that concurrent writes on two nodes tie.
         let clocksInStep = options.plantedBug == .wrongTieBreak

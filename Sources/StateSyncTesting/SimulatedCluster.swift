@@ -30,6 +30,11 @@ package final class SimulatedCluster {
         package var tombstoneGraceMilliseconds = 5000
         package var fsync: NodeConfiguration.FsyncPolicy = .always
         package var fsyncIntervalMilliseconds = 20
+        /// How long a sync of a node's log takes (simulated milliseconds). 0: at once, in the
+        /// node's own step. Above 0, the node goes on while it runs — writes it takes meanwhile
+        /// wait for the next one (group commit) — and a crash before it ends loses what it was
+        /// syncing.
+        package var diskSyncMilliseconds: UInt64 = 0
         /// The conditions of every peer link (until changed).
         package var peerLinks = SimulatedNetwork<Packet>.LinkConditions(delay: 1...3)
         /// The one-way delay between a client and its node.
@@ -169,9 +174,14 @@ package final class SimulatedCluster {
     package private(set) var peerMessagesDelivered = 0
     /// Their frames' octets.
     package private(set) var peerBytesDelivered = 0
+    /// Syncs of a slow disk that ended (``Configuration/diskSyncMilliseconds``).
+    package private(set) var syncsEnded = 0
 
     private enum Timer {
         case tick(node: Int, generation: Int)
+        /// A sync of the node's log ends: the first `octets` not synced when it began are
+        /// durable now, the log through `position` (the node's count).
+        case syncEnds(node: Int, generation: Int, position: UInt64, octets: Int)
         case action((SimulatedCluster) -> Void)
         case consume(client: [UInt8])
     }
@@ -298,6 +308,13 @@ package final class SimulatedCluster {
             guard node.generation == generation, node.tickAt == now else { return }
             node.tickAt = nil
             tick(node)
+        case .syncEnds(let index, let generation, let position, let octets):
+            let node = nodes[index]
+            guard node.generation == generation, node.host != nil else { return }
+            node.disk.sync(prefix: octets)
+            syncsEnded += 1
+            record("synced", node.id, [])
+            process(.logDurable(through: position), at: node)
         case .action(let action):
             action(self)
         case .consume(let routingID):
@@ -576,6 +593,19 @@ package final class SimulatedCluster {
     private struct Transport: NodeTransport {
         let cluster: SimulatedCluster
         let node: Node
+
+        func syncLater(through position: UInt64) -> Bool {
+            let duration = cluster.configuration.diskSyncMilliseconds
+            guard duration > 0 else { return false }
+            // The records through `position` are on the disk already (the host hands them over
+            // before any sync): this sync covers what is unsynced now, not what comes after.
+            cluster.timers.schedule(
+                .syncEnds(
+                    node: node.index, generation: node.generation, position: position,
+                    octets: node.disk.unsyncedBytes),
+                at: cluster.now + duration)
+            return true
+        }
 
         func publish(_ frames: [[UInt8]]) {
             for peer in cluster.nodes where peer.index != node.index && peer.subscribedTo.contains(node.id) {

@@ -69,6 +69,17 @@ public final class SimulatedDisk: NodeStorage {
         }
     }
 
+    /// A sync that began when `octets` were unsynced ended: those (the oldest unsynced ones)
+    /// are durable; what was appended since is not.
+    package func sync(prefix octets: Int) {
+        state.withLock { state in
+            let count = min(max(0, octets), state.pendingLog.count)
+            state.durableLog += state.pendingLog.prefix(count)
+            state.pendingLog.removeFirst(count)
+            state.syncs += 1
+        }
+    }
+
     package func compact(_ snapshot: StateSnapshot) throws(StateSyncError) {
         let bytes = StateSnapshot.encode(snapshot)
         state.withLock { state in

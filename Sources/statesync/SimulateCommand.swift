@@ -16,7 +16,8 @@ extension StateSyncCLI {
                 property on two nodes) on random nodes, a watcher on every node records every \
                 change, and faults follow a schedule drawn from the seed. Each seed also draws the \
                 cluster's parameters (history size, compaction, batching, fsync policy, link delays, \
-                fault rates, which nodes take channel batches): different seeds stress different mixes.
+                fault rates, which nodes take channel batches, how long a disk sync takes): different \
+                seeds stress different mixes.
 
                 Faults: crash (a node crashes — what it had not synced is lost, a torn write is \
                 possible — and restarts on its disk), partition (links between two groups cut both \
@@ -71,6 +72,12 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
+                "How long a sync of a node's log takes, in simulated ms (0: at once; drawn by the seed by default).",
+                valueName: "MS"))
+        var diskSyncMs: Int?
+
+        @Option(
+            help: ArgumentHelp(
                 "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, duplicate-watch-events.",
                 valueName: "BUG"))
         var plantBug: String?
@@ -109,6 +116,9 @@ extension StateSyncCLI {
             if let intervalSyncMs, !(1...10_000).contains(intervalSyncMs) {
                 throw ValidationError("--interval-sync-ms must be between 1 and 10000")
             }
+            if let diskSyncMs, !(0...1000).contains(diskSyncMs) {
+                throw ValidationError("--disk-sync-ms must be between 0 and 1000")
+            }
             if let seeds, Self.range(seeds) == nil {
                 throw ValidationError("--seeds takes A..B with A ≤ B, e.g. --seeds 1..200")
             }
@@ -132,6 +142,7 @@ extension StateSyncCLI {
             options.writers = writers
             options.channelBatches = channelBatches.flatMap(SimulationOptions.ChannelBatches.init)
             options.intervalSyncMilliseconds = intervalSyncMs
+            options.diskSyncMilliseconds = diskSyncMs
             options.recordTimeline = report != nil
             if let logLevel, let level = Logger.Level(rawValue: logLevel) {
                 options.logger = Logger(label: "sim") { label in

@@ -22,6 +22,15 @@ package protocol NodeTransport {
     func disconnectPeer(endpoint: String)
     /// The node refuses to run (``NodeAction/refuseToRun(reason:)``): stop it.
     func refuseToRun(_ reason: String)
+    /// Takes over the sync of the log through `position`, to sync it later and then feed the
+    /// node ``NodeInput/logDurable(through:)``; `false` (the default) leaves it to the host,
+    /// which syncs at once. The simulator's slow disk takes it over, so that writes made while
+    /// a sync runs wait for the next one, as on a real disk.
+    func syncLater(through position: UInt64) -> Bool
+}
+
+extension NodeTransport {
+    package func syncLater(through position: UInt64) -> Bool { false }
 }
 
 /// What became of a reply.

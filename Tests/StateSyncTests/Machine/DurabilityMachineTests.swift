@@ -153,6 +153,46 @@ struct DurabilityMachineTests {
         #expect(machine.store.properties(of: ModelAddress(channel: "c", model: "m"))["x"]?.value == 5)
         #expect(clock.next() > logged.version, "never a version below one this node already wrote")
     }
+
+    /// One sync at a time: SETs taken while a sync runs (a host that syncs in the background, as
+    /// the simulator's slow disk does) ask for none; when it ends, its write is published and
+    /// acknowledged and one sync is asked for at once for all of them. A stop does not wait for
+    /// the sync in flight: it asks for its own, through everything logged.
+    @Test func writesTakenWhileASyncRunsShareTheNextOne() {
+        func set(_ id: UInt64) -> [[UInt8]] {
+            ClientProtocol.encodeRequest(
+                .set, id: id,
+                body: ClientProtocol.encodeSet(
+                    ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
+        }
+        func syncs(_ actions: [NodeAction]) -> [UInt64] {
+            actions.compactMap { if case .syncLog(let position) = $0 { position } else { nil } }
+        }
+        var machine = Self.machine()
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        _ = machine.handle(.clientRequest(client: [1], frames: set(1)), now: 2)
+        let first = syncs(machine.handle(.tick(observerBacklog: 0), now: 2))
+        #expect(first.count == 1)
+        for id in 2...3 as ClosedRange<UInt64> {
+            #expect(Self.kinds(machine.handle(.clientRequest(client: [1], frames: set(id)), now: id + 1)) == ["append"])
+            #expect(syncs(machine.handle(.tick(observerBacklog: 0), now: id + 1)).isEmpty, "a sync is running")
+        }
+        let ended = machine.handle(.logDurable(through: first[0]), now: 5)
+        #expect(Self.kinds(ended).filter { $0 != "watch" } == ["publish", "reply", "sync"])
+        #expect(machine.published == 1)
+        let next = syncs(ended)
+        #expect(next.count == 1 && next[0] > first[0])
+        #expect(Self.kinds(machine.handle(.logDurable(through: next[0]), now: 9)) == ["publish", "reply", "reply"])
+        #expect(machine.published == 3)
+
+        // A stop while a sync runs syncs at once, through everything logged.
+        _ = machine.handle(.clientRequest(client: [1], frames: set(4)), now: 10)
+        let running = syncs(machine.handle(.tick(observerBacklog: 0), now: 10))
+        #expect(running.count == 1)
+        _ = machine.handle(.clientRequest(client: [1], frames: set(5)), now: 11)
+        let stop = syncs(machine.handle(.stop, now: 11))
+        #expect(stop.count == 1 && stop[0] > running[0], "the stop's own sync covers the last write")
+    }
 }
 
 /// A nearly full disk (issue #13): writes are refused with ERROR 9, everything else goes on, and

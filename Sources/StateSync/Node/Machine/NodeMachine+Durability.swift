@@ -15,7 +15,8 @@ extension NodeMachine {
         var appended: UInt64 = 0
         /// The position through which the log is durable.
         var durable: UInt64 = 0
-        /// The position of the sync asked for and not yet reported.
+        /// The position of the sync asked for and not yet reported: one at a time, so writes
+        /// that arrive while it runs share the next one (group commit).
         var syncRequested: UInt64?
         /// The size of the log file (for compaction).
         var logSize = 0
@@ -84,7 +85,9 @@ extension NodeMachine {
     }
 
     /// Asks for a sync of what is staged: at once with `storage.fsync: always` (or when
-    /// `force`d), every `storage.fsync_interval_ms` with `interval`.
+    /// `force`d), every `storage.fsync_interval_ms` with `interval`. While a sync runs (a host
+    /// that syncs in the background: the simulator's slow disk), the next waits for it to end,
+    /// then covers everything written meanwhile — except at stop, which syncs at once.
     mutating func requestSync(force: Bool) {
         guard durability.appended > durability.durable, !durability.staged.isEmpty || !durability.replies.isEmpty
         else { return }
@@ -94,7 +97,7 @@ extension NodeMachine {
             return
         }
         let position = durability.appended
-        if let requested = durability.syncRequested, requested >= position { return }
+        if let requested = durability.syncRequested, requested >= position || !stopping { return }
         durability.syncRequested = position
         actions.append(.syncLog(through: position))
     }
@@ -129,6 +132,8 @@ extension NodeMachine {
             answered += 1
         }
         durability.replies.removeFirst(answered)
+        // What was written while the sync ran is synced next.
+        requestSync(force: false)
         pumpWatches()
         if durability.logSize > configuration.compactBytes, durability.staged.isEmpty { compact() }
         if stopping { leaveIfDrained() }
