@@ -15,6 +15,8 @@ public struct ConvergenceChecker: Sendable {
         public var node: String
         /// The version the node answered with, when the write was acknowledged as applied.
         public var acknowledged: Version?
+        /// When the client got the acknowledgement (the simulator's milliseconds), if it did.
+        public var acknowledgedAt: UInt64?
         /// The properties it deleted.
         public var deleted: [String] = []
         /// Whether it deleted the whole model.

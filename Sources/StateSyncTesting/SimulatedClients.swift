@@ -72,6 +72,7 @@ final class SimulatedWriter {
         guard var write = pending?.write else { return }
         pending = nil
         write.acknowledged = acknowledged
+        write.acknowledgedAt = acknowledged == nil ? nil : cluster.now
         if unchanged {
             // The node said the write changed nothing (a deletion of what had no value): it removed
             // nothing, anywhere.

@@ -193,6 +193,38 @@ struct DurabilityMachineTests {
         let stop = syncs(machine.handle(.stop, now: 11))
         #expect(stop.count == 1 && stop[0] > running[0], "the stop's own sync covers the last write")
     }
+
+    /// A SNAPSHOT served while this node's own writes are not yet durable would let the peer
+    /// hold them, covered by its progress list, while a power loss could still take them from
+    /// this node — which would then number a new write the same, and the peer would drop it as
+    /// a duplicate. So the reply waits for the sync, with either fsync policy, whole or paged;
+    /// with nothing of its own waiting, it goes at once.
+    @Test func aSnapshotWaitsUntilTheOwnWritesInItAreDurable() {
+        let whole = ClientProtocol.encodeRequest(.snapshot, id: 7, body: [])
+        let paged = ClientProtocol.encodeRequest(
+            .snapshot, id: 8, body: SnapshotPage.encodeRequest(after: nil, maximumOctets: 4096))
+        for fsync in [NodeConfiguration.FsyncPolicy.always, .interval] {
+            for request in [whole, paged] {
+                var machine = Self.machine(fsync)
+                _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+                #expect(Self.kinds(machine.handle(.clientRequest(client: [2], frames: request), now: 1)) == ["reply"])
+                _ = machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
+                let asked = machine.handle(.clientRequest(client: [2], frames: request), now: 2)
+                #expect(!Self.kinds(asked).contains("reply"), "\(fsync): served before the write in it is durable")
+                var actions = asked + machine.handle(.tick(observerBacklog: 0), now: 60)
+                var replies: [[UInt8]] = []
+                while let index = actions.firstIndex(where: { if case .syncLog = $0 { true } else { false } }),
+                    case .syncLog(let position) = actions[index]
+                {
+                    actions.remove(at: index)
+                    for case .reply(let client, _) in machine.handle(.logDurable(through: position), now: 61) {
+                        replies.append(client)
+                    }
+                }
+                #expect(replies.contains([2]), "\(fsync): the snapshot goes once the write is durable")
+            }
+        }
+    }
 }
 
 /// A nearly full disk (issue #13): writes are refused with ERROR 9, everything else goes on, and

@@ -236,13 +236,15 @@ extension NodeMachine {
                 try authorizeRepair(identity)
                 // A transfer counts once: at its first page, or as one whole reply.
                 if paged == nil || paged?.after == nil { counters.snapshotsServed += 1 }
-                if let paged {
-                    reply(
-                        client, .ok, id,
-                        snapshotPage(for: client, after: paged.after, maximumOctets: paged.maximumOctets))
-                } else {
-                    reply(client, .ok, id, StateSnapshot.encode(snapshot))
-                }
+                // Held until this node's own writes in it are durable (section 10.9).
+                let body =
+                    if let paged {
+                        snapshotPage(for: client, after: paged.after, maximumOctets: paged.maximumOctets)
+                    } else {
+                        StateSnapshot.encode(snapshot)
+                    }
+                replyOnceOwnWritesAreDurable(
+                    client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: body))
             case .forget:
                 var reader = WireReader(body)
                 let member = try reader.string("node id")

@@ -84,6 +84,22 @@ extension NodeMachine {
         }
     }
 
+    /// Queues a reply that carries this node's own state — a served snapshot, whose progress
+    /// list covers the own writes it holds — for when every own write logged so far is durable,
+    /// whatever `storage.fsync` says. Sent earlier, it could leave a peer holding a write that a
+    /// power loss then takes from this node, which would number its next write the same: the
+    /// peer would drop that one as a duplicate (section 10.9).
+    mutating func replyOnceOwnWritesAreDurable(client: [UInt8], frames: [[UInt8]]) {
+        guard let position = durability.stagedPositions.last, position > durability.durable else {
+            actions.append(.reply(client: client, frames: frames))
+            return
+        }
+        durability.replies.append((client, frames, position))
+        // Not the interval's timer: a peer's repair waits on it (snapshots are rare; a page of a
+        // streamed one comes at a time).
+        requestSync(force: true)
+    }
+
     /// Asks for a sync of what is staged: at once with `storage.fsync: always` (or when
     /// `force`d), every `storage.fsync_interval_ms` with `interval`. While a sync runs (a host
     /// that syncs in the background: the simulator's slow disk), the next waits for it to end,
