@@ -248,7 +248,7 @@ public struct SimulationReport: Sendable {
         lines.append(
             "StateSync simulator: \(options.nodes) nodes, \(options.operations) ops (\(acknowledged) acknowledged), seed \(options.seed)"
                 + (mayBeLostToPowerLoss > 0
-                    ? "; \(mayBeLostToPowerLoss) more acknowledged within an fsync interval before a power loss (fsync: interval), not checked"
+                    ? "; \(mayBeLostToPowerLoss) more acknowledged within one sync interval (plus two syncs) before a power loss of their node (fsync: interval), not checked for loss"
                     : "")
         )
         lines.append(

@@ -28,7 +28,9 @@ extension StateSyncCLI {
                 and comes back later).
 
                 Then everything heals and the harness's verdict is given: equal state everywhere, \
-                last-writer-wins winners, no acknowledged write lost, unbroken old/new chains, each \
+                last-writer-wins winners, no acknowledged write lost (with storage.fsync: interval, \
+                but for what a node acknowledged within one sync interval before a power loss, which \
+                that policy may lose: counted as may_be_lost_to_power_loss), unbroken old/new chains, each \
                 watcher's copy equal to the nodes', no delta sent twice on one watch. It prints a \
                 digest of the whole trace: the same seed (and build) gives the same digest. Exits 0 \
                 only when every check passes; a failure prints the command that replays it.

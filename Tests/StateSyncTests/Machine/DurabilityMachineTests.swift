@@ -192,9 +192,18 @@ struct DurabilityMachineTests {
         _ = machine.handle(.clientRequest(client: [1], frames: set(5)), now: 11)
         let stop = syncs(machine.handle(.stop, now: 11))
         #expect(stop.count == 1 && stop[0] > running[0], "the stop's own sync covers the last write")
+
+        // Also when the running sync covers everything: the stop does not wait for it.
+        var quiet = Self.machine()
+        _ = quiet.handle(.tick(observerBacklog: 0), now: 1)
+        _ = quiet.handle(.clientRequest(client: [1], frames: set(1)), now: 2)
+        let covering = syncs(quiet.handle(.tick(observerBacklog: 0), now: 2))
+        #expect(covering.count == 1)
+        let stopped = quiet.handle(.stop, now: 3)
+        #expect(syncs(stopped) == covering, "a sync of its own, through the same position")
     }
 
-    /// A SNAPSHOT served while this node's own writes are not yet durable would let the peer
+    /// PROTOCOL.md 10.9: a SNAPSHOT served while this node's own writes are not yet durable would let the peer
     /// hold them, covered by its progress list, while a power loss could still take them from
     /// this node — which would then number a new write the same, and the peer would drop it as
     /// a duplicate. So the reply waits for the sync, with either fsync policy, whole or paged;
@@ -224,6 +233,24 @@ struct DurabilityMachineTests {
                 #expect(replies.contains([2]), "\(fsync): the snapshot goes once the write is durable")
             }
         }
+
+        // With `interval`, a snapshot asked for while a sync runs does not wait for the next
+        // interval once that sync ends: the sync it needs is asked for at once.
+        var machine = Self.machine(.interval)
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        _ = machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
+        let running = machine.handle(.tick(observerBacklog: 0), now: 60).compactMap {
+            if case .syncLog(let position) = $0 { position } else { nil }
+        }
+        #expect(running.count == 1)
+        let second = ClientProtocol.encodeRequest(
+            .set, id: 2,
+            body: ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: 2)])
+        )
+        _ = machine.handle(.clientRequest(client: [1], frames: second), now: 61)
+        #expect(!Self.kinds(machine.handle(.clientRequest(client: [2], frames: whole), now: 61)).contains("reply"))
+        let ended = machine.handle(.logDurable(through: running[0]), now: 62)
+        #expect(Self.kinds(ended).contains("sync"), "not one interval later")
     }
 }
 

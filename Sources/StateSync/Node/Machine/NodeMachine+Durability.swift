@@ -113,7 +113,8 @@ extension NodeMachine {
             return
         }
         let position = durability.appended
-        if let requested = durability.syncRequested, requested >= position || !stopping { return }
+        // At stop, also with one running: the stop's round must end with everything durable.
+        if durability.syncRequested != nil, !stopping { return }
         durability.syncRequested = position
         actions.append(.syncLog(through: position))
     }
@@ -148,10 +149,15 @@ extension NodeMachine {
             answered += 1
         }
         durability.replies.removeFirst(answered)
-        // What was written while the sync ran is synced next.
-        requestSync(force: false)
+        // What was written while the sync ran is synced next; at once, whatever the policy, when
+        // a reply waits (with `interval` only held snapshots do: a peer's repair waits on them).
+        requestSync(force: !durability.replies.isEmpty)
         pumpWatches()
-        if durability.logSize > configuration.compactBytes, durability.staged.isEmpty { compact() }
+        // Not while a sync runs (a host that syncs later): the compaction would empty the log
+        // under it.
+        if durability.logSize > configuration.compactBytes, durability.staged.isEmpty, durability.syncRequested == nil {
+            compact()
+        }
         if stopping { leaveIfDrained() }
     }
 

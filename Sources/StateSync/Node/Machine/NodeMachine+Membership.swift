@@ -123,7 +123,7 @@ extension NodeMachine {
                         .error, id: id,
                         body: ClientProtocol.encodeError(
                             .internal,
-                            "node \(own) was forgotten while this write waited to be made durable: it is given up (write again)"
+                            "node \(own) was forgotten while this request waited for the log to be made durable: it is given up (send it again)"
                         ))))
         }
         durability.replies = []
