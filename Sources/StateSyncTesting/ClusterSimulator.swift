@@ -503,7 +503,7 @@ public enum ClusterSimulator {
             }
             states.append(ConvergenceChecker.NodeState(node: node.id, digest: host.status.stateDigest, models: models))
         }
-        let writes = Self.withoutWritesAPowerLossMayTake(
+        let (writes, mayBeLost) = Self.withoutWritesAPowerLossMayTake(
             workload.writes, losses: schedule.intervalPowerLosses, configuration: configuration)
         var findings = ConvergenceChecker().check(
             writes: writes, nodes: states,
@@ -545,7 +545,6 @@ public enum ClusterSimulator {
                 "the workload did not finish within \(workloadLimit) simulated ms: writes stopped being answered")
         }
         let cpu = threadCPUSeconds() - started
-        let mayBeLost = zip(workload.writes, writes).filter { $0.acknowledged != nil && $1.acknowledged == nil }.count
         var report = SimulationReport(
             options: options, parameters: parameters, acknowledged: writes.filter { $0.acknowledged != nil }.count,
             findings: findings, converged: convergedAt != nil && findings.converged,
@@ -573,7 +572,8 @@ public enum ClusterSimulator {
         return report
     }
 
-    /// The writes, with those a power loss may have taken counted as not acknowledged: with
+    /// The writes, with those a power loss may have taken counted as not acknowledged, and how
+    /// many those are: with
     /// `storage.fsync: interval` a node acknowledges a write once the OS has it and syncs within
     /// `storage.fsync_interval_ms` (plus the sync's own time, twice: one may be running), so a
     /// power loss may take what it acknowledged that long before (PROTOCOL.md 11.1). Anything
@@ -582,19 +582,22 @@ public enum ClusterSimulator {
     static func withoutWritesAPowerLossMayTake(
         _ writes: [ConvergenceChecker.Write], losses: [(node: String, at: UInt64)],
         configuration: SimulatedCluster.Configuration
-    ) -> [ConvergenceChecker.Write] {
-        guard !losses.isEmpty else { return writes }
+    ) -> (writes: [ConvergenceChecker.Write], setAside: Int) {
+        guard !losses.isEmpty else { return (writes, 0) }
         let window =
             UInt64(configuration.fsyncIntervalMilliseconds) + 2 * configuration.diskSyncMilliseconds + 2
         let slack = configuration.clientDelay + 1  // an acknowledgement on its way to the client
-        return writes.map { write in
-            guard let at = write.acknowledgedAt,
+        var setAside = 0
+        let checked = writes.map { write in
+            guard write.acknowledged != nil, let at = write.acknowledgedAt,
                 losses.contains(where: { $0.node == write.node && at + window > $0.at && at <= $0.at + slack })
             else { return write }
+            setAside += 1
             var unknown = write
             unknown.acknowledged = nil
             return unknown
         }
+        return (checked, setAside)
     }
 
     /// Every node up, connected to every peer, missing nothing, and all with one digest.

@@ -62,11 +62,7 @@ public final class SimulatedDisk: NodeStorage {
     }
 
     package func sync() throws(StateSyncError) {
-        state.withLock { state in
-            state.durableLog += state.pendingLog
-            state.pendingLog = []
-            state.syncs += 1
-        }
+        sync(prefix: .max)
     }
 
     /// A sync that began when `octets` were unsynced ended: those (the oldest unsynced ones)

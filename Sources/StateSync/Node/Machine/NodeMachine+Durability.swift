@@ -33,18 +33,8 @@ extension NodeMachine {
     mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil) -> Set<Int> {
         guard !applied.isEmpty else { return [] }
         var records = DeltaLog.Batch()
-        if let received, received.modelFirst {
-            for entry in applied {
-                records.add(channel: entry.delta.channel, modelAndBody: received.body(ofAccepted: entry.offset))
-            }
-        } else if let received {
-            for entry in applied {
-                records.add(
-                    channel: entry.delta.channel, model: entry.delta.model,
-                    body: received.body(ofAccepted: entry.offset))
-            }
-        } else {
-            for entry in applied { records.add(entry.delta) }
+        for entry in applied {
+            if let received { received.addRecord(of: entry, to: &records) } else { records.add(entry.delta) }
         }
         if !records.isEmpty {
             let bytes = records.bytes

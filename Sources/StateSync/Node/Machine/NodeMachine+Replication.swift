@@ -20,8 +20,15 @@ extension NodeMachine {
         /// Whether each body starts with its model id (a channel batch, section 7.6).
         var modelFirst: Bool { frames[0].first == PeerMessage.channelBatchTopicPrefix }
 
-        /// The body frame of the accepted delta at `offset`.
-        func body(ofAccepted offset: Int) -> [UInt8] { frames[1 + (accepted?[offset] ?? offset)] }
+        /// Adds the log record of the accepted delta `entry`: its frame as it came.
+        func addRecord(of entry: Applied, to records: inout DeltaLog.Batch) {
+            let body = frames[1 + (accepted?[entry.offset] ?? entry.offset)]
+            if modelFirst {
+                records.add(channel: entry.delta.channel, modelAndBody: body)
+            } else {
+                records.add(channel: entry.delta.channel, model: entry.delta.model, body: body)
+            }
+        }
     }
 
     // MARK: - Peer messages
