@@ -14,7 +14,10 @@ struct HarnessTests {
         run: (status: Int32, stdout: String, stderr: String), report: [String: Any]
     ) {
         let run = try await cli(["harness"] + arguments + ["--json"], timeout: .seconds(240))
-        let report = try #require(jsonObject(Substring(run.stdout)), "stdout: \(run.stdout)\nstderr: \(run.stderr)")
+        let report = try #require(
+            jsonObject(Substring(run.stdout)),
+            "exit status \(run.status) (a signal's number when killed by one)\nstdout: \(run.stdout)\nstderr: \(run.stderr)"
+        )
         return (run, report)
     }
 
