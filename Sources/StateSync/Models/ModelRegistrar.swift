@@ -67,32 +67,70 @@ public final class ModelRegistrar: Sendable {
         case deletionObservation
     }
 
+    /// Per-property records are kept by schema index, not by name: a write, a remote apply and
+    /// an observer look-up index an array instead of hashing the property's name.
     struct State: Sendable {
-        var versions: [String: Version] = [:]
+        /// By schema index (sized by ``prepare(_:)``): the version of each property that has one.
+        var versions: [Version?] = []
         /// The version of the model's last deletion: every property written below it is deleted.
         var deletion: Version?
-        /// The properties that have a version but no value (deleted, or expired): they hold their
-        /// initial value.
-        var removed: Set<String> = []
+        /// By schema index: the property has a version but no value (deleted, or expired): it
+        /// holds its initial value.
+        var removed: [Bool] = []
+        /// How many entries of ``removed`` are set; most models have none, and then no write
+        /// looks at the array.
+        var removedCount = 0
+        /// The property names, by schema index (for ``ModelRegistrar/propertyVersions``).
+        var names: [String] = []
         /// The model was deleted (or lost its last value) and no write gave it a value since.
         var isDeleted = false
         var pending: [Notice] = []
         var delivering = false
         var binding: ModelBinding?
 
-        /// The version a write must exceed to change `property`.
-        func floor(of property: String) -> Version? {
-            guard let deletion else { return versions[property] }
-            return max(versions[property] ?? deletion, deletion)
+        /// Sizes the per-property records for the model's schema; the first call only (a
+        /// registrar belongs to one model instance, so the schema never changes).
+        mutating func prepare<Model>(_ schema: ModelSchema<Model>) {
+            guard names.count != schema.names.count else { return }
+            versions = Array(repeating: nil, count: schema.names.count)
+            removed = Array(repeating: false, count: schema.names.count)
+            removedCount = 0
+            names = schema.names
         }
 
-        /// Whether `property` holds a written value.
-        func hasValue(_ property: String) -> Bool {
-            // (An empty set is asked first: hashing the name on every write costs.)
-            guard let version = versions[property], removed.isEmpty || !removed.contains(property) else {
-                return false
-            }
+        /// The version a write must exceed to change the property at `index`.
+        func floor(of index: Int) -> Version? {
+            guard let deletion else { return versions[index] }
+            return max(versions[index] ?? deletion, deletion)
+        }
+
+        /// Whether the property at `index` has a version but no value.
+        func isRemoved(_ index: Int) -> Bool { removedCount > 0 && removed[index] }
+
+        /// Marks the property at `index` as holding no value (`true`) or a value (`false`).
+        mutating func setRemoved(_ index: Int, _ isRemoved: Bool) {
+            if !isRemoved && removedCount == 0 { return }
+            guard removed[index] != isRemoved else { return }
+            removed[index] = isRemoved
+            removedCount += isRemoved ? 1 : -1
+        }
+
+        /// Whether the property at `index` holds a written value.
+        func hasValue(_ index: Int) -> Bool {
+            guard let version = versions[index], !isRemoved(index) else { return false }
             return deletion.map { version > $0 } ?? true
+        }
+
+        /// Whether any property of the model holds a written value.
+        var anyValue: Bool { versions.indices.contains { hasValue($0) } }
+
+        /// The version of each property that has one, by name.
+        var versionsByName: [String: Version] {
+            var byName: [String: Version] = [:]
+            for (index, version) in versions.enumerated() {
+                if let version { byName[names[index]] = version }
+            }
+            return byName
         }
     }
 
@@ -102,13 +140,18 @@ public final class ModelRegistrar: Sendable {
     }
 
     private let state = Mutex(State())
-    private let observers = Mutex<(nextID: UInt64, byProperty: [String: [ObserverEntry]])>((1, [:]))
+    /// The observers, by the schema index of the property they watch.
+    private let observers = Mutex<(nextID: UInt64, byProperty: [[ObserverEntry]])>((1, []))
+    /// Whether an observer was ever registered: until then a write looks up none (no lock).
+    private let everObserved = Atomic<Bool>(false)
     /// The thread running a transaction on this model, or 0.
     private let transactionOwner = Atomic<UInt>(0)
     // Read and written only by the thread in `transactionOwner` while it holds `state`'s lock.
     nonisolated(unsafe) private var transactionLog: [Touched] = []
-    // The property versions at the start of the running transaction; same guard as above.
-    nonisolated(unsafe) private var transactionVersions: [String: Version] = [:]
+    // The property names and versions (by schema index) while the running transaction's body
+    // runs, for ``propertyVersions``; same guard as above. Emptied before the transaction stores
+    // its versions, so the array is never copied.
+    nonisolated(unsafe) private var transactionVersions: (names: [String], versions: [Version?]) = ([], [])
     private let supersededWrites = Atomic<Int>(0)
     /// ``State/isDeleted``, readable without the lock (also inside a transaction, which holds it).
     private let deletedFlag = Atomic<Bool>(false)
@@ -132,7 +175,7 @@ public final class ModelRegistrar: Sendable {
     deinit {
         // The model is gone: observers still registered end (an `AsyncStream` of changes
         // finishes), and their closures are released with this table, tokens or not.
-        let entries = observers.withLock { table in table.byProperty.values.flatMap { $0 } }
+        let entries = observers.withLock { table in table.byProperty.flatMap { $0 } }
         for entry in entries where !entry.cancelled.load(ordering: .acquiring) { entry.onEnd?() }
     }
 
@@ -178,27 +221,29 @@ public final class ModelRegistrar: Sendable {
             return
         }
         let deliver = state.withLock { state -> Bool in
+            let index = property.index
+            if state.versions.count <= index { state.prepare(Model._$schema) }
             let old = property.get(model)
             // An equal value changes nothing, unless the property has no value (deleted): then
             // writing its initial value gives it one.
-            if property.same(old, newValue), state.hasValue(property.name) || state.versions[property.name] == nil {
+            if property.same(old, newValue), state.hasValue(index) || state.versions[index] == nil {
                 return false
             }
             let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             // A peer whose clock runs ahead beyond the drift bound may have written a version this
             // clock cannot pass yet: last-writer-wins says that write stands (as for a SET).
-            if let held = state.floor(of: property.name), held >= version {
+            if let held = state.floor(of: index), held >= version {
                 state.binding?.discard(version)
                 supersededWrites.add(1, ordering: .relaxed)
                 return false
             }
             property.set(model, newValue)
-            state.versions[property.name] = version
-            if !state.removed.isEmpty { state.removed.remove(property.name) }
+            state.versions[index] = version
+            state.setRemoved(index, false)
             noteValue(&state)
-            state.pending.append(.observation(property.index))
+            state.pending.append(.observation(index))
             enqueue(
-                &state,
+                &state, index,
                 ErasedChange(property: property.name, old: old, new: newValue, version: version, isRemote: false))
             if let binding = state.binding {
                 do {
@@ -220,9 +265,13 @@ public final class ModelRegistrar: Sendable {
         _ model: Model, _ body: (Model) throws(E) -> R
     ) throws(E) -> R {
         if inTransactionOnThisThread { return try body(model) }
-        return try state.withLock { (_) throws(E) -> R in
+        return try state.withLock { (state) throws(E) -> R in
             transactionOwner.store(currentThreadID(), ordering: .relaxed)
-            defer { transactionOwner.store(0, ordering: .relaxed) }
+            transactionVersions = (state.names, state.versions)
+            defer {
+                transactionVersions = ([], [])
+                transactionOwner.store(0, ordering: .relaxed)
+            }
             return try body(model)
         }
     }
@@ -263,14 +312,17 @@ public final class ModelRegistrar: Sendable {
             let me = currentThreadID()
             transactionOwner.store(me, ordering: .relaxed)
             transactionLog.removeAll(keepingCapacity: true)
-            transactionVersions = state.versions
+            state.prepare(schema)
+            transactionVersions = (state.names, state.versions)
             defer {
                 transactionLog.removeAll(keepingCapacity: true)
                 transactionOwner.store(0, ordering: .relaxed)
             }
             do throws(E) {
                 result = try body(model)
+                transactionVersions = ([], [])
             } catch {
+                transactionVersions = ([], [])
                 for touched in transactionLog.reversed() {
                     schema.properties[touched.index].restore(model, touched.old)
                 }
@@ -283,7 +335,7 @@ public final class ModelRegistrar: Sendable {
                 // With a time to live every assignment is a write (it renews the expiry), and a
                 // property without a value gets one even when assigned its initial value.
                 if timeToLive > 0 || !property.sameErased(entry.old, new)
-                    || (!state.hasValue(property.name) && state.versions[property.name] != nil)
+                    || (!state.hasValue(entry.index) && state.versions[entry.index] != nil)
                 {
                     touched.append((entry.index, entry.old, new))
                 }
@@ -294,19 +346,19 @@ public final class ModelRegistrar: Sendable {
             var changed = false
             for (index, old, new) in touched {
                 let property = schema.properties[index]
-                if let held = state.floor(of: property.name), held >= version {
+                if let held = state.floor(of: index), held >= version {
                     // Superseded by a version from a clock ahead of ours: the held value stands.
                     property.restore(model, old)
                     supersededWrites.add(1, ordering: .relaxed)
                     continue
                 }
                 changed = true
-                state.versions[property.name] = version
-                if !state.removed.isEmpty { state.removed.remove(property.name) }
+                state.versions[index] = version
+                state.setRemoved(index, false)
                 state.pending.append(.observation(index))
                 enqueue(
-                    &state, ErasedChange(property: property.name, old: old, new: new, version: version, isRemote: false)
-                )
+                    &state, index,
+                    ErasedChange(property: property.name, old: old, new: new, version: version, isRemote: false))
                 if let binding = state.binding {
                     do {
                         writes.append(
@@ -393,6 +445,7 @@ public final class ModelRegistrar: Sendable {
         var result = RemoteApplyResult()
         var queued = 0
         let deliver = state.withLock { state -> Bool in
+            state.prepare(schema)
             var observerLists: [[ObserverEntry]?] = Array(repeating: nil, count: schema.properties.count)
             var changed = Array(repeating: false, count: schema.properties.count)
             var initial: Model?
@@ -402,7 +455,7 @@ public final class ModelRegistrar: Sendable {
             func notify(_ index: Int, _ change: ErasedChange) {
                 result.applied += 1
                 changed[index] = true
-                if observerLists[index] == nil { observerLists[index] = observers(of: change.property) }
+                if observerLists[index] == nil { observerLists[index] = observers(of: index) }
                 guard let list = observerLists[index], !list.isEmpty else { return }
                 state.pending.append(.change(change, list))
                 queued += 1
@@ -410,8 +463,8 @@ public final class ModelRegistrar: Sendable {
             /// Resets the property at `index` to its initial value; reports it unless it had none.
             func remove(_ index: Int, version: Version, kind: PropertyChange.Kind, isRemote: Bool) {
                 let property = schema.properties[index]
-                let hadValue = state.hasValue(property.name)
-                state.removed.insert(property.name)
+                let hadValue = state.hasValue(index)
+                state.setRemoved(index, true)
                 removedAny = true
                 guard hadValue else { return }
                 if initial == nil { initial = Model() }
@@ -423,12 +476,14 @@ public final class ModelRegistrar: Sendable {
                     ErasedChange(
                         property: property.name, old: old, new: new, version: version, isRemote: isRemote, kind: kind))
             }
+            // Where the next property of a delta is looked for first (see ModelSchema.index(of:hint:)).
+            var hint = 0
             for set in sets where set.emitter == 0 || set.emitter != instanceID {
                 if let expiredAt = set.expiredAt {
                     for write in set.writes {
                         guard let index = schema.index(of: write.name) else { continue }
                         // Only the value that expired: a later write replaced it already.
-                        guard state.versions[write.name] == set.version, state.hasValue(write.name) else {
+                        guard state.versions[index] == set.version, state.hasValue(index) else {
                             result.stale += 1
                             continue
                         }
@@ -442,10 +497,8 @@ public final class ModelRegistrar: Sendable {
                             result.stale += 1
                             continue
                         }
-                        for (index, property) in schema.properties.enumerated() {
-                            if let version = state.versions[property.name], version < set.version,
-                                state.hasValue(property.name)
-                            {
+                        for index in state.versions.indices {
+                            if let version = state.versions[index], version < set.version, state.hasValue(index) {
                                 remove(index, version: set.version, kind: .deleted, isRemote: set.isRemote)
                             }
                         }
@@ -453,43 +506,41 @@ public final class ModelRegistrar: Sendable {
                         removedAny = true
                         continue
                     }
-                    guard let index = schema.index(of: write.name) else {
+                    guard let index = schema.index(of: write.name, hint: hint) else {
                         result.unknownProperties.append(write.name)
                         continue
                     }
-                    // One look-up of the property's version serves the merge, whether it had a
-                    // value, and the new version (this runs for every property a peer writes).
-                    let slot = state.versions.index(forKey: write.name)
-                    let held = slot.map { state.versions.values[$0] }
-                    if let floor = state.deletion.map({ max(held ?? $0, $0) }) ?? held, floor >= set.version {
+                    hint = index + 1
+                    if let floor = state.floor(of: index), floor >= set.version {
                         result.stale += 1
                         continue
                     }
                     if write.isDeletion {
-                        let hadVersion = state.versions[write.name] != nil
-                        state.versions[write.name] = set.version
-                        if hadVersion || !state.removed.contains(write.name) {
+                        let hadVersion = state.versions[index] != nil
+                        state.versions[index] = set.version
+                        if hadVersion || !state.isRemoved(index) {
                             remove(index, version: set.version, kind: .deleted, isRemote: set.isRemote)
                         }
                         continue
                     }
                     let property = schema.properties[index]
                     do {
-                        let hadValue =
-                            held != nil && (state.removed.isEmpty || !state.removed.contains(write.name))
-                            && (state.deletion.map { held! > $0 } ?? true)
-                        let before = property.currentValue(model)
+                        let hadValue = state.hasValue(index)
                         let assigned = try property.assign(model, from: write.value)
-                        if let slot {
-                            state.versions.values[slot] = set.version
-                        } else {
-                            state.versions[write.name] = set.version
-                        }
-                        if !state.removed.isEmpty { state.removed.remove(write.name) }
+                        state.versions[index] = set.version
+                        state.setRemoved(index, false)
                         setAny = true
                         // An equal value still gives a property without one its value back.
                         guard assigned != nil || !hadValue else { continue }
-                        let (old, new) = assigned ?? (before, before)
+                        let old: any Sendable
+                        let new: any Sendable
+                        if let assigned {
+                            (old, new) = assigned
+                        } else {
+                            // Equal: nothing was stored, so the current value is both.
+                            old = property.currentValue(model)
+                            new = old
+                        }
                         notify(
                             index,
                             ErasedChange(
@@ -505,9 +556,7 @@ public final class ModelRegistrar: Sendable {
                 queued += 1
             }
             if setAny || removedAny {
-                setDeleted(
-                    (state.deletion != nil || !state.removed.isEmpty)
-                        && !schema.properties.contains { state.hasValue($0.name) }, &state)
+                setDeleted((state.deletion != nil || state.removedCount > 0) && !state.anyValue, &state)
             }
             if state.isDeleted != wasDeleted { queued += 1 }
             return claimDelivery(&state)
@@ -563,14 +612,14 @@ public final class ModelRegistrar: Sendable {
         precondition(!inTransactionOnThisThread, "delete inside a transaction is not supported")
         let schema = Model._$schema
         let deliver = state.withLock { state -> Bool in
+            state.prepare(schema)
             let indices = only.map { [$0] } ?? Array(schema.properties.indices)
             // Nothing to delete: no version, no delta.
-            guard
-                indices.contains(where: { state.hasValue(schema.properties[$0].name) })
-                    || only == nil && !state.isDeleted
-            else { return false }
+            guard indices.contains(where: { state.hasValue($0) }) || only == nil && !state.isDeleted else {
+                return false
+            }
             let version = state.binding?.stamp() ?? Self.standaloneClock.next()
-            if let only, let held = state.floor(of: schema.properties[only].name), held >= version {
+            if let only, let held = state.floor(of: only), held >= version {
                 state.binding?.discard(version)
                 supersededWrites.add(1, ordering: .relaxed)
                 return false
@@ -578,9 +627,9 @@ public final class ModelRegistrar: Sendable {
             var initial: Model?
             for index in indices {
                 let property = schema.properties[index]
-                let hadValue = state.hasValue(property.name)
-                if only != nil { state.versions[property.name] = version }
-                state.removed.insert(property.name)
+                let hadValue = state.hasValue(index)
+                if only != nil { state.versions[index] = version }
+                state.setRemoved(index, true)
                 guard hadValue else { continue }
                 if initial == nil { initial = Model() }
                 let old = property.currentValue(model)
@@ -588,12 +637,12 @@ public final class ModelRegistrar: Sendable {
                 property.restore(model, new)
                 state.pending.append(.observation(index))
                 enqueue(
-                    &state,
+                    &state, index,
                     ErasedChange(
                         property: property.name, old: old, new: new, version: version, isRemote: false, kind: .deleted))
             }
             if only == nil { state.deletion = version }
-            setDeleted(!schema.properties.contains { state.hasValue($0.name) }, &state)
+            setDeleted(!state.anyValue, &state)
             if let binding = state.binding {
                 let write = only.map { PropertyWrite.deletion(of: schema.properties[$0].name) } ?? .modelDeletion
                 binding.emit(binding.address, version, [write])
@@ -611,24 +660,24 @@ public final class ModelRegistrar: Sendable {
     ) {
         let schema = Model._$schema
         state.withLock { state in
+            state.prepare(schema)
             for (name, register) in registers {
                 if name.isEmpty {
                     if register.isDeleted { state.deletion = register.version }
                     continue
                 }
-                guard let property = schema.property(named: name) else { continue }
-                state.versions[name] = register.version
+                guard let index = schema.index(of: name) else { continue }
+                let property = schema.properties[index]
+                state.versions[index] = register.version
                 if register.isDeleted {
-                    state.removed.insert(name)
+                    state.setRemoved(index, true)
                     continue
                 }
                 // A value this model's type cannot hold keeps the initial value; a later write
                 // of the right type still wins by version.
                 _ = try? property.assign(model, from: register.value)
             }
-            let deleted =
-                (state.deletion != nil || !state.removed.isEmpty)
-                && !schema.properties.contains { state.hasValue($0.name) }
+            let deleted = (state.deletion != nil || state.removedCount > 0) && !state.anyValue
             state.isDeleted = deleted
             deletedFlag.store(deleted, ordering: .releasing)
             state.binding = binding
@@ -641,8 +690,8 @@ public final class ModelRegistrar: Sendable {
     /// do not change.
     package func acknowledge(provisional: Version, as acknowledged: Version) {
         state.withLock { state in
-            for (name, version) in state.versions where version == provisional {
-                state.versions[name] = acknowledged
+            for index in state.versions.indices where state.versions[index] == provisional {
+                state.versions[index] = acknowledged
             }
             if state.deletion == provisional { state.deletion = acknowledged }
         }
@@ -660,37 +709,36 @@ public final class ModelRegistrar: Sendable {
     ) {
         let schema = Model._$schema
         let deliver = state.withLock { state -> Bool in
+            state.prepare(schema)
             let revertsDeletion = state.deletion == provisional
             if revertsDeletion {
                 state.deletion = registers[""].flatMap { $0.isDeleted ? $0.version : nil }
             }
             var initial: Model?
             for (index, property) in schema.properties.enumerated()
-            where revertsDeletion || state.versions[property.name] == provisional {
+            where revertsDeletion || state.versions[index] == provisional {
                 let old = property.currentValue(model)
                 let held = registers[property.name]
-                state.versions[property.name] = held?.version
+                state.versions[index] = held?.version
                 if let held, !held.isDeleted {
                     // A value this model's type cannot hold keeps the current one.
                     _ = try? property.assign(model, from: held.value)
-                    if !state.removed.isEmpty { state.removed.remove(property.name) }
+                    state.setRemoved(index, false)
                 } else {
                     if initial == nil { initial = Model() }
                     property.restore(model, property.currentValue(initial!))
-                    if held == nil { state.removed.remove(property.name) } else { state.removed.insert(property.name) }
+                    state.setRemoved(index, held != nil)
                 }
                 let new = property.currentValue(model)
                 guard !property.sameErased(old, new) else { continue }
                 state.pending.append(.observation(index))
                 enqueue(
-                    &state,
+                    &state, index,
                     ErasedChange(
                         property: property.name, old: old, new: new, version: held?.version ?? provisional,
                         isRemote: true))
             }
-            setDeleted(
-                (state.deletion != nil || !state.removed.isEmpty)
-                    && !schema.properties.contains { state.hasValue($0.name) }, &state)
+            setDeleted((state.deletion != nil || state.removedCount > 0) && !state.anyValue, &state)
             return !state.pending.isEmpty && claimDelivery(&state)
         }
         if let executor, deliver {
@@ -707,48 +755,62 @@ public final class ModelRegistrar: Sendable {
 
     /// The version of each property that has one.
     public var propertyVersions: [String: Version] {
-        if inTransactionOnThisThread { return transactionVersions }
-        return state.withLock { $0.versions }
+        if inTransactionOnThisThread {
+            let (names, versions) = transactionVersions
+            var byName: [String: Version] = [:]
+            for (index, version) in versions.enumerated() {
+                if let version { byName[names[index]] = version }
+            }
+            return byName
+        }
+        return state.withLock { $0.versionsByName }
     }
 
     // MARK: - Observers
 
-    /// Registers `callback` for changes of the property called `name`. `onEnd` runs when the
-    /// model is deallocated while the observer is still registered.
+    /// Registers `callback` for changes of the tracked property at schema index `index`. `onEnd`
+    /// runs when the model is deallocated while the observer is still registered.
     ///
     /// The token refers to the observer weakly: the callback (and what it captures) is released
     /// when the observer is cancelled or the model goes away, whether the token is kept or not.
     @usableFromInline
     func addObserver(
-        property name: String, onEnd: (@Sendable () -> Void)? = nil,
+        propertyAt index: Int, onEnd: (@Sendable () -> Void)? = nil,
         _ callback: @escaping @Sendable (ErasedChange) -> Void
     ) -> ObservationToken {
         let entry = observers.withLock { table in
             let entry = ObserverEntry(id: table.nextID, callback: callback, onEnd: onEnd)
             table.nextID += 1
-            table.byProperty[name, default: []].append(entry)
+            if table.byProperty.count <= index {
+                table.byProperty += Array(repeating: [], count: index + 1 - table.byProperty.count)
+            }
+            table.byProperty[index].append(entry)
             return entry
         }
+        everObserved.store(true, ordering: .releasing)
         return ObservationToken { [weak self, weak entry] in
             guard let entry else { return }
             entry.cancelled.store(true, ordering: .releasing)
             self?.observers.withLock { table in
-                table.byProperty[name]?.removeAll { $0 === entry }
+                table.byProperty[index].removeAll { $0 === entry }
             }
         }
     }
 
     // MARK: - Delivery
 
-    private func enqueue(_ state: inout State, _ change: ErasedChange) {
-        let list = observers(of: change.property)
+    /// Queues `change` of the property at schema index `index` for the observers registered for
+    /// it now (caller holds the state lock).
+    private func enqueue(_ state: inout State, _ index: Int, _ change: ErasedChange) {
+        let list = observers(of: index)
         if list.isEmpty { return }
         state.pending.append(.change(change, list))
     }
 
-    /// The observers registered for the property called `name`, now.
-    private func observers(of name: String) -> [ObserverEntry] {
-        observers.withLock { $0.byProperty[name] ?? [] }
+    /// The observers registered for the property at schema index `index`, now.
+    private func observers(of index: Int) -> [ObserverEntry] {
+        guard everObserved.load(ordering: .acquiring) else { return [] }
+        return observers.withLock { table in index < table.byProperty.count ? table.byProperty[index] : [] }
     }
 
     /// Makes the caller the delivering thread if no delivery is running and there is work.
@@ -764,6 +826,7 @@ public final class ModelRegistrar: Sendable {
         // Two buffers taking turns: the writers' queue and the batch being delivered, so a long
         // delivery (changes keep arriving) allocates no new queue per batch.
         var spare: [Notice] = []
+        let properties = Model._$schema.properties  // once, not once per notice
         while true {
             var batch = state.withLock { state -> [Notice] in
                 if state.pending.isEmpty {
@@ -782,7 +845,7 @@ public final class ModelRegistrar: Sendable {
                         observer.callback(change)
                     }
                 case .observation(let index):
-                    Model._$schema.properties[index].notifyObservation(model, registrar: observationRegistrar)
+                    properties[index].notifyObservation(model, registrar: observationRegistrar)
                 case .deletionObservation:
                     observationRegistrar.willSet(model, keyPath: \Model.isDeleted)
                     observationRegistrar.didSet(model, keyPath: \Model.isDeleted)

@@ -30,10 +30,10 @@ extension ReplicatedModel {
     public func observe<T: Sendable>(
         _ keyPath: KeyPath<Self, T>, _ callback: @escaping @Sendable (Change<T>) -> Void
     ) -> ObservationToken {
-        guard let name = Self._$schema.name(of: keyPath) else {
+        guard let index = Self._$schema.index(of: keyPath) else {
             preconditionFailure("observe(_:): \(keyPath) is not a tracked property of \(Self.self)")
         }
-        return _$registrar.addObserver(property: name) { change in callback(change.typed(as: T.self)) }
+        return _$registrar.addObserver(propertyAt: index) { change in callback(change.typed(as: T.self)) }
     }
 
     /// The changes of the property at `keyPath` as an `AsyncSequence`, from now on, in apply
@@ -41,11 +41,11 @@ extension ReplicatedModel {
     /// finishes when the model is deallocated (the stream does not keep the model alive).
     public func changes<T: Sendable>(of keyPath: KeyPath<Self, T>) -> AsyncStream<Change<T>> {
         let (stream, continuation) = AsyncStream.makeStream(of: Change<T>.self)
-        guard let name = Self._$schema.name(of: keyPath) else {
+        guard let index = Self._$schema.index(of: keyPath) else {
             preconditionFailure("changes(of:): \(keyPath) is not a tracked property of \(Self.self)")
         }
         let token = _$registrar.addObserver(
-            property: name, onEnd: { continuation.finish() },
+            propertyAt: index, onEnd: { continuation.finish() },
             { change in continuation.yield(change.typed(as: T.self)) })
         continuation.onTermination = { _ in token.cancel() }
         return stream
@@ -95,7 +95,7 @@ extension ReplicatedModel {
     ///
     /// - Precondition: `keyPath` names a tracked property (not `@Local`, not a `let`).
     public func delete<T>(_ keyPath: KeyPath<Self, T>) {
-        guard let name = Self._$schema.name(of: keyPath), let index = Self._$schema.index(of: name) else {
+        guard let index = Self._$schema.index(of: keyPath) else {
             preconditionFailure("delete(_:): \(keyPath) is not a tracked property of \(Self.self)")
         }
         _$registrar.delete(self, propertyAt: index)

@@ -108,6 +108,9 @@ extension ReplicatedProperty: AnyReplicatedProperty {
 public struct ModelSchema<Model: AnyObject & Observable>: Sendable {
     /// The tracked properties, in declaration order.
     public let properties: [any AnyReplicatedProperty<Model>]
+    /// The properties' names, in declaration order (compared without reaching into the
+    /// existentials of ``properties``).
+    package let names: [String]
     private let indexByName: [String: Int]
     // Key paths are immutable values; the dictionary is written once in init and only read after.
     nonisolated(unsafe) private let indexByKeyPath: [AnyKeyPath: Int]
@@ -115,6 +118,7 @@ public struct ModelSchema<Model: AnyObject & Observable>: Sendable {
     /// The schema of `properties`, numbered in declaration order.
     public init(_ properties: [any AnyReplicatedProperty<Model>]) {
         self.properties = properties
+        names = properties.map(\.name)
         var byName: [String: Int] = [:]
         var byKeyPath: [AnyKeyPath: Int] = [:]
         for (index, property) in properties.enumerated() {
@@ -133,6 +137,18 @@ public struct ModelSchema<Model: AnyObject & Observable>: Sendable {
 
     /// The position of the property called `name` in ``properties``.
     public func index(of name: String) -> Int? { indexByName[name] }
+
+    /// The position of the property called `name`, tried first at `hint`: the properties of a
+    /// delta usually come in declaration order, so a caller walking them passes the position
+    /// after the last one found, and a name comparison replaces a hash of the name.
+    @inline(__always)
+    package func index(of name: String, hint: Int) -> Int? {
+        if hint < names.count, names[hint] == name { return hint }
+        return indexByName[name]
+    }
+
+    /// The position of the tracked property at `keyPath`, if it is one.
+    public func index(of keyPath: AnyKeyPath) -> Int? { indexByKeyPath[keyPath] }
 
     /// The name of the tracked property at `keyPath`, if it is one.
     public func name(of keyPath: AnyKeyPath) -> String? {

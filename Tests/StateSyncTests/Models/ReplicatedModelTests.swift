@@ -163,6 +163,36 @@ struct ReplicatedModelTests {
         #expect(target.mood == .busy && target.shape == .square(side: 3))
     }
 
+    /// A peer's delta usually lists properties in declaration order, and the registrar looks for
+    /// each one first where the last one ended; any other order, and names this model does not
+    /// have, still reach the right properties.
+    @Test func remoteWritesInAnyOrderReachTheirOwnProperties() throws {
+        let source = Everything()
+        source.int = 7
+        source.string = "seven"
+        source.mood = .busy
+        source.point = Point(x: 7, y: 7)
+        let target = Everything()
+        let seen = Shared<[String]>([])
+        target.observe(\.int) { change in seen.withLock { $0.append("int \(change.old)->\(change.new)") } }
+        target.observe(\.mood) { change in seen.withLock { $0.append("mood \(change.old)->\(change.new)") } }
+        let schema = Everything._$schema
+        var writes: [PropertyWrite] = []
+        for property in schema.properties.reversed() {
+            writes.append(PropertyWrite(name: property.name, value: try property.encodeCurrent(source)))
+            if property.name == "string" { writes.append(PropertyWrite(name: "notAProperty", value: 1)) }
+        }
+        let version = HybridLogicalClock(node: "n1").next()
+        let result = target._$registrar.applyRemote(target, writes: writes, version: version)
+        #expect(result.unknownProperties == ["notAProperty"])
+        #expect(result.rejected.isEmpty)
+        #expect(target.int == 7 && target.string == "seven")
+        #expect(target.mood == .busy && target.point == Point(x: 7, y: 7))
+        #expect(Set(seen.value) == ["int 0->7", "mood calm->busy"])
+        #expect(target.propertyVersions.count == schema.properties.count)
+        #expect(target.propertyVersions.values.allSatisfy { $0 == version })
+    }
+
     @Test func remoteValueOfWrongTypeIsRejectedAndChangesNothing() {
         let counter = Counter()
         let version = HybridLogicalClock(node: "n1").next()
@@ -230,6 +260,9 @@ struct ReplicatedModelEdgeTests {
     @Test func aNestedTransactionThatThrowsIsUndoneAndTheOuterOneGoesOn() {
         struct Abort: Error {}
         let counter = Counter()
+        counter.count = 5
+        let before = counter.propertyVersions
+        #expect(Array(before.keys) == ["count"])
         counter.transaction { model in
             model.count = 1
             do {
@@ -240,10 +273,15 @@ struct ReplicatedModelEdgeTests {
                 }
             } catch {}
             model.title = "outer"
-            // Reading versions inside a transaction must not deadlock.
-            _ = model.propertyVersions
+            // Reading versions inside a transaction must not deadlock; they are those before it.
+            #expect(model.propertyVersions == before)
         }
         #expect(counter.count == 1 && counter.title == "outer")
+        let after = counter.propertyVersions
+        #expect(Set(after.keys) == ["count", "title"] && after["count"] == after["title"])
+        #expect(after["count"]! > before["count"]!)
+        let whileReading = counter._$registrar.consistentRead(counter) { $0.propertyVersions }
+        #expect(whileReading == after, "also while reading consistently")
     }
 
     @Test func namesMustBeNFC() {
