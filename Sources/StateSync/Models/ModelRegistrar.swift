@@ -329,6 +329,7 @@ public final class ModelRegistrar: Sendable {
                 throw error
             }
             var touched: [(Int, any Sendable, any Sendable)] = []
+            touched.reserveCapacity(transactionLog.count)
             for entry in transactionLog {
                 let property = schema.properties[entry.index]
                 let new = property.currentValue(model)
@@ -343,6 +344,7 @@ public final class ModelRegistrar: Sendable {
             if touched.isEmpty { return false }  // no version for a transaction that changed nothing
             let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             var writes: [PropertyWrite] = []
+            if state.binding != nil { writes.reserveCapacity(touched.count) }
             var changed = false
             for (index, old, new) in touched {
                 let property = schema.properties[index]
@@ -813,6 +815,10 @@ public final class ModelRegistrar: Sendable {
         return observers.withLock { table in index < table.byProperty.count ? table.byProperty[index] : [] }
     }
 
+    /// The largest notification queue a model keeps when idle (a large remote batch's queue is
+    /// let go: a node may hold many models).
+    private static let keptQueueCapacity = 64
+
     /// Makes the caller the delivering thread if no delivery is running and there is work.
     private func claimDelivery(_ state: inout State) -> Bool {
         if state.delivering || state.pending.isEmpty { return false }
@@ -824,13 +830,18 @@ public final class ModelRegistrar: Sendable {
     /// claimed the delivery calls this: one thread at a time sends a model's notifications.
     private func drain<Model: ReplicatedModel>(_ model: Model) {
         // Two buffers taking turns: the writers' queue and the batch being delivered, so a long
-        // delivery (changes keep arriving) allocates no new queue per batch.
+        // delivery (changes keep arriving) allocates no new queue per batch. When the queue is
+        // empty, the emptied batch (with its capacity) stays as the queue for the next writes:
+        // a write or transaction then queues its notices without growing a new array.
         var spare: [Notice] = []
         let properties = Model._$schema.properties  // once, not once per notice
         while true {
             var batch = state.withLock { state -> [Notice] in
                 if state.pending.isEmpty {
                     state.delivering = false
+                    if spare.capacity > state.pending.capacity, spare.capacity <= Self.keptQueueCapacity {
+                        swap(&state.pending, &spare)
+                    }
                     return []
                 }
                 swap(&state.pending, &spare)

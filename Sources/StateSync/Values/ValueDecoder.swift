@@ -10,14 +10,24 @@ public struct ValueDecoder: Sendable {
 
     /// Decodes a `T` from `value`; throws when the value does not fit the type.
     public func decode<T: Decodable>(_ type: T.Type, from value: Value) throws -> T {
-        if let direct = try Self.directDecode(type, value, path: []) { return direct }
+        if Self.decodesDirectly(type) { return try Self.directDecode(type, value, path: []) }
         return try T(from: _ValueDecoder(value: value, codingPath: []))
     }
 
-    // Each `unsafeBitCast` follows a check that `T` is exactly that type: a reinterpretation of a
-    // value as its own type, without the dynamic cast `as! T` costs in generic code.
+    /// Whether ``directDecode(_:_:path:)`` decodes `T`: the common property types, compared by
+    /// metadata (no dynamic cast).
     @inline(__always)
-    static func directDecode<T>(_ type: T.Type, _ value: Value, path: [any CodingKey]) throws -> T? {
+    static func decodesDirectly<T>(_ type: T.Type) -> Bool {
+        T.self == Int.self || T.self == String.self || T.self == Bool.self || T.self == Double.self
+            || T.self == Data.self || T.self == Date.self || T.self == Value.self
+    }
+
+    // Each `unsafeBitCast` follows a check that `T` is exactly that type: a reinterpretation of a
+    // value as its own type, without the dynamic cast `as! T` costs in generic code. It returns
+    // `T`, not `T?`: an optional of a generic type costs a metadata look-up on every call.
+    /// Decodes one of the types ``decodesDirectly(_:)`` accepts (only those).
+    @inline(__always)
+    static func directDecode<T>(_ type: T.Type, _ value: Value, path: [any CodingKey]) throws -> T {
         if T.self == Int.self {
             guard case .int(let i) = value, let v = Int(exactly: i) else { throw mismatch(type, value, path) }
             return unsafeBitCast(v, to: T.self)
@@ -48,8 +58,8 @@ public struct ValueDecoder: Sendable {
             default: throw mismatch(type, value, path)
             }
         }
-        if T.self == Value.self { return unsafeBitCast(value, to: T.self) }
-        return nil
+        precondition(T.self == Value.self, "directDecode(_:_:path:) is only for the types decodesDirectly accepts")
+        return unsafeBitCast(value, to: T.self)
     }
 
     static func mismatch<T>(_ type: T.Type, _ value: Value, _ path: [any CodingKey]) -> DecodingError {
@@ -79,7 +89,7 @@ private struct _ValueDecoder: Decoder {
     }
 
     static func decodeNested<T: Decodable>(_ type: T.Type, _ value: Value, path: [any CodingKey]) throws -> T {
-        if let direct = try ValueDecoder.directDecode(type, value, path: path) { return direct }
+        if ValueDecoder.decodesDirectly(type) { return try ValueDecoder.directDecode(type, value, path: path) }
         return try T(from: _ValueDecoder(value: value, codingPath: path))
     }
 
