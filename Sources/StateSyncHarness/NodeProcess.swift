@@ -17,7 +17,8 @@ package final class NodeProcess: @unchecked Sendable {
     let logPath: String
     /// A command that runs the daemon (e.g. `ip netns exec NS statesyncd`), if not run directly.
     let launcher: (executable: String, arguments: [String])?
-    private let state = Mutex<(process: Process?, paused: Bool, restarts: Int)>((nil, false, 0))
+    private let state = Mutex<(process: Process?, paused: Bool, restarts: Int, stdin: FileHandle?)>(
+        (nil, false, 0, nil))
 
     package init(
         name: String, api: String, publishPort: Int, environment: [String: String], daemonPath: String, logPath: String,
@@ -35,7 +36,9 @@ package final class NodeProcess: @unchecked Sendable {
     package func start() throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: launcher?.executable ?? daemonPath)
-        process.arguments = launcher?.arguments ?? []
+        // The daemon stops when its standard input ends: the harness holds the pipe's other end,
+        // so if the harness dies (even by SIGKILL) its nodes stop instead of running on orphaned.
+        process.arguments = (launcher?.arguments ?? []) + ["--stop-when-stdin-closes"]
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         if !FileManager.default.fileExists(atPath: logPath) {
             _ = FileManager.default.createFile(atPath: logPath, contents: nil)
@@ -44,11 +47,26 @@ package final class NodeProcess: @unchecked Sendable {
         log.seekToEndOfFile()
         process.standardError = log
         process.standardOutput = log
-        process.standardInput = FileHandle.nullDevice
+        // Both ends close on exec: the node gets the read end as its standard input, and no
+        // other child (a node started later) inherits the write end and keeps the pipe open.
+        var ends: [Int32] = [0, 0]
+        // (Glibc's pipe2 is not imported into Swift: flagged right after; a child spawned by
+        // another thread in between holds the ends only until it execs.)
+        guard pipe(&ends) == 0, fcntl(ends[0], F_SETFD, FD_CLOEXEC) == 0, fcntl(ends[1], F_SETFD, FD_CLOEXEC) == 0
+        else {
+            throw CocoaError(
+                .fileWriteUnknown,
+                userInfo: [NSLocalizedDescriptionKey: "pipe for a node's standard input: errno \(errno)"])
+        }
+        let readEnd = FileHandle(fileDescriptor: ends[0], closeOnDealloc: true)
+        let writeEnd = FileHandle(fileDescriptor: ends[1], closeOnDealloc: true)
+        process.standardInput = readEnd
         try process.run()
+        try? readEnd.close()  // the node has its own
         state.withLock {
             $0.process = process
             $0.paused = false
+            $0.stdin = writeEnd
         }
     }
 

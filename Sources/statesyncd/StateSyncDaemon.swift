@@ -39,6 +39,15 @@ struct StateSyncDaemon: AsyncParsableCommand {
             valueName: "FILE"))
     var checkConfig: String?
 
+    @Flag(
+        name: .long,
+        help: ArgumentHelp(
+            "Stop cleanly, as on SIGTERM, when standard input reaches its end.",
+            discussion:
+                "For a supervisor that starts the daemon with a pipe on its standard input and keeps the other end open: if the supervisor dies, however it dies, the kernel closes that end and the node stops instead of running on orphaned. What is written to the pipe is ignored."
+        ))
+    var stopWhenStdinCloses = false
+
     func run() async throws {
         // A SIGHUP (e.g. a service manager's reload) during a long start must not end the daemon;
         // once the node runs, it reloads the keys (reloadOnHangUp).
@@ -98,6 +107,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
         // the node cleanly, not kill the process: caught from here on, acted on once it runs.
         let early = EarlyStop()
         defer { early.cancel() }
+        if stopWhenStdinCloses { early.stopWhenStandardInputCloses(logger: logger) }
         // With `http.listen`: one Prometheus registry for the process, filled through swift-metrics.
         let exporter = configuration.httpListen.map { _ in MetricsExporter() }
         if let exporter { MetricsSystem.bootstrap(exporter.factory) }
@@ -218,6 +228,15 @@ final class EarlyStop {
     /// What the signal handlers (on a global queue) and `run()` share.
     private final class Requests: Sendable {
         let state = Mutex<(requested: Bool, node: StateSyncNode?)>((false, nil))
+
+        /// Stops the node, now if it runs, else as soon as it does.
+        func request() {
+            let node = state.withLock { current -> StateSyncNode? in
+                current.requested = true
+                return current.node
+            }
+            if let node { Task { await node.stop() } }
+        }
     }
 
     private let requests = Requests()
@@ -228,16 +247,28 @@ final class EarlyStop {
         for signal in [SIGTERM, SIGINT] {
             Glibc.signal(signal, SIG_IGN)
             let source = DispatchSource.makeSignalSource(signal: signal, queue: .global())
-            source.setEventHandler {
-                let node = requests.state.withLock { current -> StateSyncNode? in
-                    current.requested = true
-                    return current.node
-                }
-                if let node { Task { await node.stop() } }
-            }
+            source.setEventHandler { requests.request() }
             source.resume()
             sources.append(source)
         }
+    }
+
+    /// `--stop-when-stdin-closes`: a thread reads standard input (and ignores what it reads)
+    /// until its end, then stops the node as a SIGTERM would.
+    func stopWhenStandardInputCloses(logger: Logger) {
+        let requests = self.requests
+        let reader = Thread {
+            var buffer = [UInt8](repeating: 0, count: 512)
+            while true {
+                let count = read(STDIN_FILENO, &buffer, buffer.count)
+                if count > 0 || (count < 0 && errno == EINTR) { continue }
+                break
+            }
+            logger.notice("standard input reached its end (--stop-when-stdin-closes): stopping")
+            requests.request()
+        }
+        reader.name = "stdin-watch"
+        reader.start()
     }
 
     /// The node now runs: stop it if a signal came during its start.

@@ -51,6 +51,33 @@ struct DaemonOperationsTests {
         #expect(output.isEmpty, "systemd-analyze verify warned: \(output)")
     }
 
+    /// `--stop-when-stdin-closes`: when the supervisor's end of the pipe on the daemon's
+    /// standard input closes (the supervisor died, however), the node stops cleanly, as on
+    /// SIGTERM: exit 0, its snapshot written. What the supervisor writes is ignored.
+    @Test func aDaemonStopsCleanlyWhenItsStandardInputEnds() async throws {
+        let directory = temporaryDirectory("stdin-stop")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let api = "tcp://127.0.0.1:\(freePort())"
+        let environment = [
+            "STATESYNC_NODE_DATA_DIR": "\(directory)/data",
+            "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
+            "STATESYNC_NETWORK_API": api, "STATESYNC_NETWORK_PEERS": "",
+        ]
+        let supervisor = try closeOnExecPipe()
+        let daemon = try ChildProcess(
+            "statesyncd", ["--stop-when-stdin-closes"], environment: environment, standardInput: supervisor.read)
+        try supervisor.read.close()
+        try await waitUntil("the daemon logs that it started") { daemon.stderr.contains("node started") }
+        supervisor.write.write(Data("anything\n".utf8))
+        // A request round trip later it still answers: a line on standard input does not stop it.
+        #expect(try await cli(["status", "--daemon", api]).status == 0)
+        #expect(daemon.isRunning)
+        try supervisor.write.close()
+        #expect(await daemon.wait() == 0, "\(daemon.stderr)")
+        #expect(daemon.stderr.contains("standard input reached its end"), "\(daemon.stderr)")
+        #expect(daemon.stderr.contains("node stopped; snapshot written"), "\(daemon.stderr)")
+    }
+
     /// `log.format: json`: every line the daemon writes is one JSON object with `ts`, `level`,
     /// `message` and the metadata; an unknown format is a configuration error.
     @Test func jsonLogsAreOneObjectPerLine() async throws {

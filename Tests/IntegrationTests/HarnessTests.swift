@@ -21,6 +21,21 @@ struct HarnessTests {
         return (run, report)
     }
 
+    /// A harness that dies, even by SIGKILL, leaves no node running: each node's standard input
+    /// is a pipe the harness holds, and a node stops when it ends.
+    @Test func theNodesOfAKilledHarnessStop() async throws {
+        let harness = try ChildProcess(
+            "statesync", ["harness", "--nodes", "3", "--ops", "1000000", "--seed", "2", "--json"])
+        var nodes: [pid_t] = []
+        defer { for node in nodes where isAlive(node) { kill(node, SIGKILL) } }
+        try await waitUntil("the harness to start its three nodes", timeout: .seconds(60)) {
+            nodes = childProcesses(of: harness.process.processIdentifier, named: "statesyncd")
+            return nodes.count == 3
+        }
+        #expect(await harness.stop(SIGKILL) == SIGKILL)
+        try await waitUntil("the orphaned nodes to stop", timeout: .seconds(30)) { !nodes.contains(where: isAlive) }
+    }
+
     @Test func smallClusterWithKillAndPartitionPasses() async throws {
         let page = temporaryDirectory("harness-report") + ".html"
         let (run, report) = try await Self.harness(

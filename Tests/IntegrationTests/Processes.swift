@@ -30,7 +30,11 @@ final class ChildProcess: @unchecked Sendable {
     let stdoutPath: String
     let stderrPath: String
 
-    init(_ executable: String, _ arguments: [String], environment: [String: String] = [:], name: String? = nil) throws {
+    /// Starts `executable`; its standard input is `standardInput` (default: `/dev/null`).
+    init(
+        _ executable: String, _ arguments: [String], environment: [String: String] = [:], name: String? = nil,
+        standardInput: FileHandle? = nil
+    ) throws {
         self.name = name ?? executable
         let base = NSTemporaryDirectory() + "statesync-proc-\(UUID().uuidString)"
         stdoutPath = base + ".out"
@@ -45,7 +49,7 @@ final class ChildProcess: @unchecked Sendable {
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: stdoutPath))
         process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: stderrPath))
-        process.standardInput = FileHandle.nullDevice
+        process.standardInput = standardInput ?? FileHandle.nullDevice
         try process.run()
     }
 
@@ -149,6 +153,43 @@ func whereItIs(_ pid: pid_t) -> String {
     debugger.waitUntilExit()
     let frames = text.split(separator: "\n").filter { $0.hasPrefix("#") || $0.hasPrefix("Thread ") }
     return report + "gdb backtrace:\n" + frames.prefix(400).joined(separator: "\n")
+}
+
+/// A pipe whose ends both close on exec (no other child the tests start inherits them): for a
+/// child's standard input, the test keeping the write end.
+func closeOnExecPipe() throws -> (read: FileHandle, write: FileHandle) {
+    var ends: [Int32] = [0, 0]
+    // (Glibc's pipe2 is not imported into Swift: flagged right after; a child spawned by another
+    // thread in between holds the ends only until it execs.)
+    guard pipe(&ends) == 0, fcntl(ends[0], F_SETFD, FD_CLOEXEC) == 0, fcntl(ends[1], F_SETFD, FD_CLOEXEC) == 0
+    else { throw POSIXError(.EMFILE) }
+    return (
+        FileHandle(fileDescriptor: ends[0], closeOnDealloc: true),
+        FileHandle(fileDescriptor: ends[1], closeOnDealloc: true)
+    )
+}
+
+/// The processes whose parent is `parent` and whose name (`comm`) is `name`, from /proc.
+func childProcesses(of parent: pid_t, named name: String) -> [pid_t] {
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+    return entries.compactMap { entry -> pid_t? in
+        guard let pid = pid_t(entry), let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+            let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")")
+        else { return nil }
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard stat[stat.index(after: open)..<close] == name, fields.count > 1, pid_t(fields[1]) == parent else {
+            return nil
+        }
+        return pid
+    }
+}
+
+/// Whether `pid` is a live process (not gone, not a zombie waiting to be reaped).
+func isAlive(_ pid: pid_t) -> Bool {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+        let close = stat.lastIndex(of: ")")
+    else { return false }
+    return stat[stat.index(after: close)...].split(separator: " ").first != "Z"
 }
 
 /// Runs a `statesync` CLI command to completion.
