@@ -50,8 +50,7 @@ package final class NodeProcess: @unchecked Sendable {
         // Both ends close on exec: the node gets the read end as its standard input, and no
         // other child (a node started later) inherits the write end and keeps the pipe open.
         var ends: [Int32] = [0, 0]
-        // (Glibc's pipe2 is not imported into Swift: flagged right after; a child spawned by
-        // another thread in between holds the ends only until it execs.)
+        // (Glibc's pipe2 is not imported into Swift, so the flag is set right after.)
         guard pipe(&ends) == 0, fcntl(ends[0], F_SETFD, FD_CLOEXEC) == 0, fcntl(ends[1], F_SETFD, FD_CLOEXEC) == 0
         else {
             throw CocoaError(

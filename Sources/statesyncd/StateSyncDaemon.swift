@@ -44,7 +44,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
         help: ArgumentHelp(
             "Stop cleanly, as on SIGTERM, when standard input reaches its end.",
             discussion:
-                "For a supervisor that starts the daemon with a pipe on its standard input and keeps the other end open: if the supervisor dies, however it dies, the kernel closes that end and the node stops instead of running on orphaned. What is written to the pipe is ignored."
+                "For a supervisor that starts the daemon with a pipe on its standard input and keeps the other end open: if the supervisor dies, however it dies, the kernel closes that end and the node stops instead of running on orphaned. What is written to the pipe is ignored. Not with /dev/null or a file on standard input (it ends at once: systemd, nohup, docker without -i); a terminal is not watched."
         ))
     var stopWhenStdinCloses = false
 
@@ -254,15 +254,33 @@ final class EarlyStop {
     }
 
     /// `--stop-when-stdin-closes`: a thread reads standard input (and ignores what it reads)
-    /// until its end, then stops the node as a SIGTERM would.
+    /// until its end, then stops the node as a SIGTERM would. A terminal is not watched (a read
+    /// from a background job would suspend the daemon), and a read error other than the end
+    /// ends the watch, not the node.
     func stopWhenStandardInputCloses(logger: Logger) {
+        if isatty(STDIN_FILENO) != 0 {
+            logger.warning(
+                "--stop-when-stdin-closes: standard input is a terminal, not a supervisor's pipe; not watching it")
+            return
+        }
         let requests = self.requests
         let reader = Thread {
             var buffer = [UInt8](repeating: 0, count: 512)
             while true {
                 let count = read(STDIN_FILENO, &buffer, buffer.count)
-                if count > 0 || (count < 0 && errno == EINTR) { continue }
-                break
+                if count > 0 { continue }
+                if count == 0 { break }
+                switch errno {
+                case EINTR: continue
+                case EAGAIN:  // a non-blocking descriptor: wait until it is readable (or ends)
+                    var wait = pollfd(fd: STDIN_FILENO, events: Int16(POLLIN), revents: 0)
+                    _ = poll(&wait, 1, -1)
+                default:
+                    logger.warning(
+                        "--stop-when-stdin-closes: cannot read standard input; not watching it",
+                        metadata: ["errno": "\(errno)"])
+                    return
+                }
             }
             logger.notice("standard input reached its end (--stop-when-stdin-closes): stopping")
             requests.request()

@@ -159,8 +159,7 @@ func whereItIs(_ pid: pid_t) -> String {
 /// child's standard input, the test keeping the write end.
 func closeOnExecPipe() throws -> (read: FileHandle, write: FileHandle) {
     var ends: [Int32] = [0, 0]
-    // (Glibc's pipe2 is not imported into Swift: flagged right after; a child spawned by another
-    // thread in between holds the ends only until it execs.)
+    // (Glibc's pipe2 is not imported into Swift, so the flag is set right after.)
     guard pipe(&ends) == 0, fcntl(ends[0], F_SETFD, FD_CLOEXEC) == 0, fcntl(ends[1], F_SETFD, FD_CLOEXEC) == 0
     else { throw POSIXError(.EMFILE) }
     return (

@@ -222,7 +222,10 @@ public final class ModelRegistrar: Sendable {
         }
         let deliver = state.withLock { state -> Bool in
             let index = property.index
-            if state.versions.count <= index { state.prepare(Model._$schema) }
+            if state.versions.count <= index {
+                state.prepare(Model._$schema)
+                precondition(index < state.versions.count, "\(property.name) is not in \(Model.self)'s schema")
+            }
             let old = property.get(model)
             // An equal value changes nothing, unless the property has no value (deleted): then
             // writing its initial value gives it one.
@@ -839,6 +842,9 @@ public final class ModelRegistrar: Sendable {
             var batch = state.withLock { state -> [Notice] in
                 if state.pending.isEmpty {
                     state.delivering = false
+                    if state.pending.capacity > Self.keptQueueCapacity {
+                        state.pending = []  // a large batch's buffer, swapped in by a long delivery
+                    }
                     if spare.capacity > state.pending.capacity, spare.capacity <= Self.keptQueueCapacity {
                         swap(&state.pending, &spare)
                     }

@@ -99,7 +99,8 @@ struct ModelDeletionTests {
             local.count = 4
             try await waitUntil("node2 sees the write") { remote.count == 4 }
             local.delete()
-            try await waitUntil("node2 sees the deletion") { remote.isDeleted }
+            // Its observers run after the value changed, on their own queue: wait for both.
+            try await waitUntil("node2 sees the deletion") { remote.isDeleted && seen.value.last?.kind == .deleted }
             let deletion = try #require(seen.value.last)
             #expect(deletion.kind == .deleted && deletion.old == 4 && deletion.new == 0 && deletion.isRemote)
             #expect(node2.properties(of: ModelAddress(channel: "c", model: "room")).isEmpty)

@@ -193,6 +193,23 @@ struct ReplicatedModelTests {
         #expect(target.propertyVersions.values.allSatisfy { $0 == version })
     }
 
+    /// Observers kept by schema index: one registered before the model ever changed, on the last
+    /// property, sees the changes; once cancelled, none; another property's observer is unaffected.
+    @Test func anObserverOfAModelThatNeverChangedSeesItsChangesUntilCancelled() {
+        let target = Everything()
+        let shapes = Shared<[Shape]>([])
+        let token = target.observe(\.shape) { change in shapes.withLock { $0.append(change.new) } }
+        let ints = Shared<[Int]>([])
+        target.observe(\.int) { change in ints.withLock { $0.append(change.new) } }
+        target.shape = .square(side: 2)
+        target.int = 1
+        token.cancel()
+        target.shape = .circle(radius: 3)
+        target.int = 2
+        #expect(shapes.value == [.square(side: 2)])
+        #expect(ints.value == [1, 2])
+    }
+
     @Test func remoteValueOfWrongTypeIsRejectedAndChangesNothing() {
         let counter = Counter()
         let version = HybridLogicalClock(node: "n1").next()
