@@ -124,6 +124,60 @@ public enum PeerMessage: Sendable, Equatable {
         }
     }
 
+    /// A delta's DELTA body (section 7.1), encoded alone: what a DELTA message carries after its
+    /// topic, and what a log record holds after the channel and model.
+    static func deltaBody(_ delta: Delta) -> [UInt8] {
+        var body = WireWriter(capacity: 32 + delta.properties.count * 16)
+        writeDeltaBody(delta, to: &body)
+        return body.bytes
+    }
+
+    /// The topic frame of a DELTA (or DELTA batch) of `model` in `channel`.
+    static func deltaTopic(channel: String, model: String) -> [UInt8] {
+        var topic: [UInt8] = [deltaTopicPrefix]
+        topic.reserveCapacity(channel.utf8.count + model.utf8.count + 3)
+        topic.append(contentsOf: channel.utf8)
+        topic.append(0)
+        topic.append(contentsOf: model.utf8)
+        topic.append(0)
+        return topic
+    }
+
+    /// ``encodeBatch(_:)`` of deltas whose bodies (``deltaBody(_:)``) are encoded already: the
+    /// frames are those bytes, not a second encoding.
+    static func encodeBatch(_ deltas: ArraySlice<Delta>, bodies: ArraySlice<[UInt8]>) -> [[UInt8]] {
+        precondition(!deltas.isEmpty && deltas.count == bodies.count)
+        let first = deltas[deltas.startIndex]
+        var frames = [deltaTopic(channel: first.channel, model: first.model)]
+        frames.reserveCapacity(deltas.count + 1)
+        for index in deltas.indices {
+            precondition(
+                deltas[index].channel == first.channel && deltas[index].model == first.model, "a batch is of one model")
+        }
+        frames.append(contentsOf: bodies)
+        return frames
+    }
+
+    /// ``encodeChannelBatch(_:)`` of deltas whose bodies are encoded already: each frame is the
+    /// delta's model id followed by those bytes.
+    static func encodeChannelBatch(_ deltas: ArraySlice<Delta>, bodies: ArraySlice<[UInt8]>) -> [[UInt8]] {
+        precondition(!deltas.isEmpty && deltas.count == bodies.count)
+        let channel = deltas[deltas.startIndex].channel
+        var topic: [UInt8] = [channelBatchTopicPrefix]
+        topic.append(contentsOf: channel.utf8)
+        topic.append(0)
+        var frames = [topic]
+        frames.reserveCapacity(deltas.count + 1)
+        for (index, body) in zip(deltas.indices, bodies) {
+            precondition(deltas[index].channel == channel, "a channel batch is of one channel")
+            var frame = WireWriter(capacity: 8 + deltas[index].model.utf8.count + body.count)
+            frame.string(deltas[index].model)
+            frame.bytes(body)
+            frames.append(frame.bytes)
+        }
+        return frames
+    }
+
     /// Encodes consecutive deltas of one model as one message: the topic, then one body frame
     /// per delta (a DELTA batch; a batch of one is a plain DELTA). Fewer, larger messages under
     /// load; subscribers filter batches by channel exactly like single deltas.

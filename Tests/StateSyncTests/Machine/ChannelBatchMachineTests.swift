@@ -68,6 +68,49 @@ struct ChannelBatchMachineTests {
         #expect(round(4) == ["D", "D", "D"])
     }
 
+    /// A local write's body is encoded once, for its log record and for the message that
+    /// publishes it: the bytes on the wire and in the log are exactly those of encoding the
+    /// deltas afresh, for DELTA batches and channel batches alike (the wire does not change).
+    @Test func localWritesGoOutAndIntoTheLogAsTheyWouldBeEncodedAfresh() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        var deltas: [Delta] = []
+        var messages: [[[UInt8]]] = []
+        for takesChannelBatches in [false, true] {
+            node.handle(
+                .peerMessage(
+                    peer: "inproc://n2",
+                    frames: Self.heartbeat(
+                        from: "n2", incarnation: takesChannelBatches ? 2 : 1,
+                        capabilities: takesChannelBatches ? 1 : nil)))
+            let before = node.published.count
+            var writes = Self.writes(&node, value: 7)
+            // Two writes of one model (one DELTA batch of two), a deletion and an expiring value
+            // (version-2 bodies).
+            writes.append(
+                LocalWrite(
+                    address: ModelAddress(channel: "c", model: "c"), version: node.machine.clock.next(),
+                    writes: [.deletion(of: "x"), PropertyWrite(name: "y", value: .string("é"), timeToLive: 5_000)]))
+            node.handle(.localWrites(writes))
+            node.handle(.tick(observerBacklog: 0))
+            let sent = node.published[before...].filter { $0.first?.first != UInt8(ascii: "H") }
+            #expect(sent.count == (takesChannelBatches ? 1 : 3), "\(sent.map { String(UnicodeScalar($0[0][0])) })")
+            for frames in sent {
+                let decoded = try #require(try PeerMessage.decodeDeltas(frames))
+                let afresh =
+                    frames[0].first == PeerMessage.channelBatchTopicPrefix
+                    ? PeerMessage.encodeChannelBatch(decoded) : PeerMessage.encodeBatch(decoded)
+                #expect(frames == afresh)
+                deltas += decoded
+                messages.append(frames)
+            }
+        }
+        #expect(deltas.count == 8)
+        #expect(try DeltaLog.parse(DeltaLog.magic + node.logBytes, path: "test").deltas == deltas)
+        var afresh = DeltaLog.Batch()
+        for delta in deltas { afresh.add(delta) }
+        #expect(node.logBytes == afresh.bytes)
+    }
+
     @Test func writesOfOneModelStayADeltaBatch() throws {
         var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
         node.handle(

@@ -5,9 +5,11 @@
 /// (and at every tick), so a lone write never waits for a timer.
 extension NodeMachine {
     struct Durability: Sendable {
-        /// Local writes logged but not yet durable, in order, and the log position after each
-        /// (two arrays: no tuple copies on the hot path).
+        /// Local writes logged but not yet durable, in order, their DELTA bodies (encoded once,
+        /// for the log record and for publishing) and the log position after each (parallel
+        /// arrays: no tuple copies on the hot path).
         var staged: [Delta] = []
+        var stagedBodies: [[UInt8]] = []
         var stagedPositions: [UInt64] = []
         /// SET replies waiting for the log position of their write.
         var replies: [(client: [UInt8], frames: [[UInt8]], position: UInt64)] = []
@@ -27,14 +29,23 @@ extension NodeMachine {
     }
 
     /// Appends `applied` as log records: deltas that arrived in `received` as the bodies they
-    /// came in, the others encoded. A local write too large for a record stays local: it is
-    /// neither logged nor published (SETs are refused before this; a model's write is reported).
+    /// came in, those with `bodies` (encoded by the caller, one per entry) as those, the others
+    /// encoded. A local write too large for a record stays local: it is neither logged nor
+    /// published (SETs are refused before this; a model's write is reported).
     @discardableResult
-    mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil) -> Set<Int> {
+    mutating func appendToLog(
+        _ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil, bodies: [[UInt8]]? = nil
+    ) -> Set<Int> {
         guard !applied.isEmpty else { return [] }
         var records = DeltaLog.Batch()
-        for entry in applied {
-            if let received { received.addRecord(of: entry, to: &records) } else { records.add(entry.delta) }
+        for (index, entry) in applied.enumerated() {
+            if let received {
+                received.addRecord(of: entry, to: &records)
+            } else if let bodies {
+                records.add(channel: entry.delta.channel, model: entry.delta.model, body: bodies[index])
+            } else {
+                records.add(entry.delta)
+            }
         }
         if !records.isEmpty {
             let bytes = records.bytes
@@ -45,9 +56,11 @@ extension NodeMachine {
         return Set(records.tooLarge)
     }
 
-    /// Logs this node's own writes and stages them to be published once durable.
+    /// Logs this node's own writes and stages them to be published once durable. Each delta's
+    /// body is encoded once: the log record and the published frame are those same bytes.
     mutating func stage(_ applied: [Applied]) {
-        let tooLarge = appendToLog(applied, mustSucceed: true)
+        let bodies = applied.map { PeerMessage.deltaBody($0.delta) }
+        let tooLarge = appendToLog(applied, mustSucceed: true, bodies: bodies)
         for (index, entry) in applied.enumerated() {
             if tooLarge.contains(index) {
                 counters.encodingFailures += 1
@@ -60,6 +73,7 @@ extension NodeMachine {
                 continue
             }
             durability.staged.append(entry.delta)
+            durability.stagedBodies.append(bodies[index])
             durability.stagedPositions.append(durability.appended)
         }
     }
@@ -119,17 +133,22 @@ extension NodeMachine {
         while ready < durability.stagedPositions.count, durability.stagedPositions[ready] <= position { ready += 1 }
         if ready > 0 {
             let deltas: [Delta]
+            let bodies: [[UInt8]]
             if ready == durability.staged.count {
-                // The usual case: everything staged is durable; hand the array over, no copy.
+                // The usual case: everything staged is durable; hand the arrays over, no copy.
                 deltas = durability.staged
+                bodies = durability.stagedBodies
                 durability.staged = []
+                durability.stagedBodies = []
                 durability.stagedPositions.removeAll(keepingCapacity: true)
             } else {
                 deltas = Array(durability.staged[..<ready])
+                bodies = Array(durability.stagedBodies[..<ready])
                 durability.staged.removeFirst(ready)
+                durability.stagedBodies.removeFirst(ready)
                 durability.stagedPositions.removeFirst(ready)
             }
-            publish(deltas)
+            publish(deltas, bodies: bodies)
             for delta in deltas { published = max(published, delta.sequence) }
         }
         var answered = 0
@@ -162,15 +181,21 @@ extension NodeMachine {
 
     /// Publishes durable local writes, in order: consecutive deltas of one model as one DELTA
     /// batch; when every linked peer takes channel batches (section 7.6), consecutive deltas of
-    /// one channel as one channel batch instead, unless they are all of one model.
-    mutating func publish(_ deltas: [Delta]) {
+    /// one channel as one channel batch instead, unless they are all of one model. `bodies` are
+    /// the deltas' encoded bodies (one each), sent as they are.
+    mutating func publish(_ deltas: [Delta], bodies: [[UInt8]]) {
         let acrossModels =
             configuration.channelBatches && !peerEndpoints.isEmpty
             && peerEndpoints.allSatisfy { peers[$0]?.takesChannelBatches == true }
         for range in Self.batchRanges(of: deltas, limit: configuration.batchMaximumDeltas, acrossModels: acrossModels) {
-            let run = Array(deltas[range])
-            let oneModel = run.allSatisfy { $0.model == run[0].model }
-            actions.append(.publish(oneModel ? PeerMessage.encodeBatch(run) : PeerMessage.encodeChannelBatch(run)))
+            let run = deltas[range]
+            let model = run[run.startIndex].model
+            let oneModel = run.allSatisfy { $0.model == model }
+            actions.append(
+                .publish(
+                    oneModel
+                        ? PeerMessage.encodeBatch(run, bodies: bodies[range])
+                        : PeerMessage.encodeChannelBatch(run, bodies: bodies[range])))
             counters.deltaMessagesPublished += 1
             if !oneModel { counters.channelBatchesPublished += 1 }
         }

@@ -109,6 +109,7 @@ extension NodeMachine {
         coverWithoutHistory(origin: own, through: latest)
         published = max(published, latest)
         durability.staged = []
+        durability.stagedBodies = []
         durability.stagedPositions = []
         // Writes waiting to be acknowledged are given up with the rest: their clients are told.
         for waiting in durability.replies {
