@@ -38,13 +38,16 @@ extension NodeMachine {
     ) -> Set<Int> {
         guard !applied.isEmpty else { return [] }
         var records = DeltaLog.Batch()
-        for (index, entry) in applied.enumerated() {
+        // By index, not `for entry in applied`: the loop would copy every entry (its delta and
+        // winning writes: retains and releases per delta on the hot path).
+        for index in applied.indices {
             if let received {
-                received.addRecord(of: entry, to: &records)
+                received.addRecord(of: applied[index], to: &records)
             } else if let bodies {
-                records.add(channel: entry.delta.channel, model: entry.delta.model, body: bodies[index])
+                records.add(
+                    channel: applied[index].delta.channel, model: applied[index].delta.model, body: bodies[index])
             } else {
-                records.add(entry.delta)
+                records.add(applied[index].delta)
             }
         }
         if !records.isEmpty {
@@ -61,18 +64,19 @@ extension NodeMachine {
     mutating func stage(_ applied: [Applied]) {
         let bodies = applied.map { PeerMessage.deltaBody($0.delta) }
         let tooLarge = appendToLog(applied, mustSucceed: true, bodies: bodies)
-        for (index, entry) in applied.enumerated() {
-            if tooLarge.contains(index) {
+        durability.staged.reserveCapacity(durability.staged.count + applied.count)
+        for index in applied.indices {  // by index: see appendToLog
+            if !tooLarge.isEmpty, tooLarge.contains(index) {
                 counters.encodingFailures += 1
                 logger.error(
                     "a local write is too large to log and replicate; it stays local",
                     metadata: [
-                        "model": "\(entry.delta.channel)/\(entry.delta.model)",
-                        "delta.version": "\(entry.delta.version)",
+                        "model": "\(applied[index].delta.channel)/\(applied[index].delta.model)",
+                        "delta.version": "\(applied[index].delta.version)",
                     ])
                 continue
             }
-            durability.staged.append(entry.delta)
+            durability.staged.append(applied[index].delta)
             durability.stagedBodies.append(bodies[index])
             durability.stagedPositions.append(durability.appended)
         }

@@ -320,15 +320,26 @@ extension NodeMachine {
     mutating func deliver(_ applied: [Applied]) {
         guard !attachedModels.isEmpty else { return }
         var deliveries: [ModelDelivery] = []
-        for entry in applied where !entry.won.isEmpty {
-            guard let instance = attachedModels[entry.delta.address], instance != entry.emitter else { continue }
+        // The live model of the last address looked up: a run of deltas of one model (a batch)
+        // looks it up once.
+        var last: (address: ModelAddress, instance: UInt64?)?
+        for index in applied.indices where !applied[index].won.isEmpty {  // by index: no copies
+            let address = applied[index].delta.address
+            let instance: UInt64?
+            if let last, last.address == address {
+                instance = last.instance
+            } else {
+                instance = attachedModels[address]
+                last = (address, instance)
+            }
+            guard let instance, instance != applied[index].emitter else { continue }
             let set = ModelRegistrar.RemoteWriteSet(
-                writes: entry.won, version: entry.delta.version,
-                isRemote: entry.delta.origin != configuration.nodeID, emitter: entry.emitter)
-            if deliveries.last?.address == entry.delta.address {
+                writes: applied[index].won, version: applied[index].delta.version,
+                isRemote: applied[index].delta.origin != configuration.nodeID, emitter: applied[index].emitter)
+            if deliveries.last?.address == address {
                 deliveries[deliveries.count - 1].sets.append(set)
             } else {
-                deliveries.append(ModelDelivery(address: entry.delta.address, sets: [set]))
+                deliveries.append(ModelDelivery(address: address, sets: [set]))
             }
         }
         if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
