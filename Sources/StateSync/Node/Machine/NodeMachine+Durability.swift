@@ -42,7 +42,9 @@ extension NodeMachine {
         // winning writes: retains and releases per delta on the hot path).
         for index in applied.indices {
             if let received {
-                received.addRecord(of: applied[index], to: &records)
+                received.addRecord(
+                    channel: applied[index].delta.channel, model: applied[index].delta.model,
+                    offset: applied[index].offset, to: &records)
             } else if let bodies {
                 records.add(
                     channel: applied[index].delta.channel, model: applied[index].delta.model, body: bodies[index])

@@ -20,13 +20,14 @@ extension NodeMachine {
         /// Whether each body starts with its model id (a channel batch, section 7.6).
         var modelFirst: Bool { frames[0].first == PeerMessage.channelBatchTopicPrefix }
 
-        /// Adds the log record of the accepted delta `entry`: its frame as it came.
-        func addRecord(of entry: Applied, to records: inout DeltaLog.Batch) {
-            let body = frames[1 + (accepted?[entry.offset] ?? entry.offset)]
+        /// Adds the log record of the accepted delta at `offset` (``Applied/offset``) of
+        /// `channel`/`model`: its frame as it came.
+        func addRecord(channel: String, model: String, offset: Int, to records: inout DeltaLog.Batch) {
+            let body = frames[1 + (accepted?[offset] ?? offset)]
             if modelFirst {
-                records.add(channel: entry.delta.channel, modelAndBody: body)
+                records.add(channel: channel, modelAndBody: body)
             } else {
-                records.add(channel: entry.delta.channel, model: entry.delta.model, body: body)
+                records.add(channel: channel, model: model, body: body)
             }
         }
     }
