@@ -481,9 +481,14 @@ public final class ModelRegistrar: Sendable {
                     ErasedChange(
                         property: property.name, old: old, new: new, version: version, isRemote: isRemote, kind: kind))
             }
-            // Where the next property of a delta is looked for first (see ModelSchema.index(of:hint:)).
+            // Where the next property of a delta is looked for first (see ModelSchema.index(of:hint:)):
+            // after the one before it; a delta's first property where the last delta's began (a
+            // batch's deltas usually write the same properties).
             var hint = 0
+            var firstHint = 0
             for set in sets where set.emitter == 0 || set.emitter != instanceID {
+                hint = firstHint
+                var isFirst = true
                 if let expiredAt = set.expiredAt {
                     for write in set.writes {
                         guard let index = schema.index(of: write.name) else { continue }
@@ -514,6 +519,10 @@ public final class ModelRegistrar: Sendable {
                     guard let index = schema.index(of: write.name, hint: hint) else {
                         result.unknownProperties.append(write.name)
                         continue
+                    }
+                    if isFirst {
+                        firstHint = index
+                        isFirst = false
                     }
                     hint = index + 1
                     if let floor = state.floor(of: index), floor >= set.version {
