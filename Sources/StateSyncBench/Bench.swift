@@ -95,6 +95,8 @@ public enum Bench {
             line(
                 "properties/s at the reader, 8-property tx", "properties_per_s_tx", "/s",
                 ratio(self["properties_per_s_tx"], to: raw))
+            line("CPU per single set (both processes)", "cpu_us_per_delta", "µs")
+            line("CPU per 8-property tx (both processes)", "cpu_us_per_tx", "µs")
             func ofLimit(_ key: String, _ limitKey: String, _ name: String) -> String {
                 guard let value = self[key], let limit = self[limitKey], limit > 0 else { return "" }
                 return String(format: "  (limit %.0f µs: %.2f×, %+.0f µs)", limit, value / limit, value - limit)
@@ -174,9 +176,15 @@ public enum Bench {
             switch mode {
             case .single:
                 report.figures.append(("deltas_per_s", result.perSecond))
+                if result.cpuMicrosecondsPerChange.isFinite {
+                    report.figures.append(("cpu_us_per_delta", result.cpuMicrosecondsPerChange))
+                }
             case .tx:
                 report.figures.append(("deltas_per_s_tx", result.perSecond))
                 report.figures.append(("properties_per_s_tx", result.perSecond * 8))
+                if result.cpuMicrosecondsPerChange.isFinite {
+                    report.figures.append(("cpu_us_per_tx", result.cpuMicrosecondsPerChange))
+                }
             case .latency:
                 report.figures.append(("latency_p50_us", result.p50))
                 report.figures.append(("latency_p99_us", result.p99))
@@ -244,6 +252,14 @@ public enum Bench {
         var complete = false
         /// Peers' snapshots the reader's node merged (a repair that brought latest values).
         var snapshotsApplied = 0
+        /// CPU seconds of each process over the run (NaN when not reported).
+        var readerCPUSeconds = Double.nan
+        var writerCPUSeconds = Double.nan
+
+        /// Microseconds of CPU per change, both processes together.
+        var cpuMicrosecondsPerChange: Double {
+            written > 0 ? (readerCPUSeconds + writerCPUSeconds) * 1e6 / Double(written) : .nan
+        }
     }
 
     /// Starts a reader and a writer node process, lets the writer run, and reads the reader's
@@ -280,7 +296,7 @@ public enum Bench {
         }
         writer.say("GO")
         var result = try reader.readerReport()
-        result.written = writer.wrote()
+        (result.written, result.writerCPUSeconds) = writer.wrote()
         writer.say("STOP")
         reader.process.waitUntilExit()
         writer.process.waitUntilExit()
@@ -341,10 +357,14 @@ public enum Bench {
             process.waitUntilExit()
         }
 
-        /// The writer's count of changes made (its `WROTE n` line).
-        func wrote() -> Int {
-            guard let line = lines.next(), line.hasPrefix("WROTE ") else { return 0 }
-            return Int(line.dropFirst(6)) ?? 0
+        /// The writer's count of changes made and its CPU seconds over them (its `WROTE n CPU s`
+        /// line).
+        func wrote() -> (count: Int, cpuSeconds: Double) {
+            guard let line = lines.next(), line.hasPrefix("WROTE ") else { return (0, .nan) }
+            let words = line.split(separator: " ")
+            return (
+                words.count > 1 ? Int(words[1]) ?? 0 : 0, words.count > 3 ? Double(words[3]) ?? .nan : .nan
+            )
         }
 
         /// A reader's measurements (its one JSON line).
@@ -366,6 +386,7 @@ public enum Bench {
             result.p99 = number("p99_us")
             result.p999 = number("p999_us")
             result.complete = map["done"] == .bool(true)
+            result.readerCPUSeconds = number("cpu_s")
             if case .int(let snapshots)? = map["snapshots_applied"] { result.snapshotsApplied = Int(snapshots) }
             return result
         }

@@ -12,6 +12,19 @@ func monotonicNanoseconds() -> UInt64 {
     return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
 }
 
+/// CPU seconds (user + system) this process has used so far, all threads: what a measured
+/// phase cost is the difference of two readings (steadier on a shared machine than a rate).
+func processCPUSeconds() -> Double {
+    var usage = rusage()
+    #if canImport(Glibc)
+        getrusage(RUSAGE_SELF.rawValue, &usage)  // an enum in Glibc's import
+    #else
+        getrusage(RUSAGE_SELF, &usage)
+    #endif
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec)
+        + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
+}
+
 /// Waits until `deadline` (monotonic ns) asleep: a fixed-rate sender must not spin, or on a
 /// 2-core machine it takes a core from the threads whose latency is being measured. The send
 /// time is stamped after waking, so wake-up jitter (timer slack, 50 µs by default) shifts the

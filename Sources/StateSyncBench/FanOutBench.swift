@@ -64,7 +64,7 @@ extension Bench {
             throw StateSyncError(.timeout, "bench: a node process of the fan-out did not start")
         }
         started[0].say("GO")
-        let written = started[0].wrote()
+        let written = started[0].wrote().count
         let results = try started.dropFirst().map { try $0.readerReport() }
         started[0].say("STOP")
         for node in started { node.process.waitUntilExit() }

@@ -79,7 +79,7 @@ public enum NodeBenchRole {
         } else {
             say("READY")
             _ = readLine()  // GO
-            try await write(options, model: model, node: node)
+            try await write(options, model: model, node: node, cpuAtStart: processCPUSeconds())
         }
         await node.stop()
     }
@@ -125,6 +125,7 @@ public enum NodeBenchRole {
         // applied meanwhile): a run counts whole.
         model.observe(\.done) { change in tally.lock.withLock { tally.written = change.new } }
         say("READY")
+        let cpuAtStart = processCPUSeconds()
         func finished() -> Bool {
             let (seen, written) = tally.lock.withLock { (tally.complete(mode: options.mode), tally.written) }
             if options.mode == .models {
@@ -171,12 +172,16 @@ public enum NodeBenchRole {
                 "p999_us": .double(latency.p999.isNaN ? 0 : latency.p999), "samples": .int(Int64(latency.samples)),
                 "done": .bool(done),
                 "written": .int(Int64(tally.written)),
+                // This process's CPU from READY to here (the run, with the wait for its end).
+                "cpu_s": .double(processCPUSeconds() - cpuAtStart),
             ]
         }
         say(result.jsonText())
     }
 
-    private static func write(_ options: Options, model: BenchModel, node: StateSyncNode) async throws {
+    private static func write(
+        _ options: Options, model: BenchModel, node: StateSyncNode, cpuAtStart: Double
+    ) async throws {
         let end = monotonicNanoseconds() + UInt64(options.seconds * 1e9)
         var written = 0
         switch options.mode {
@@ -235,7 +240,8 @@ public enum NodeBenchRole {
             try await Task.sleep(for: .milliseconds(5))
         }
         model.done = written
-        say("WROTE \(written)")
+        // And this process's CPU from GO to here (the writes, until every one was published).
+        say("WROTE \(written) CPU \(processCPUSeconds() - cpuAtStart)")
         _ = readLine()  // STOP
     }
 }
