@@ -11,7 +11,8 @@ extension StateSyncCLI {
                 Measures raw libzmq PUB→SUB with delta-sized messages (best of 3 runs) and its \
                 one-way latency at 10,000 msg/s, and fdatasync after a small append and after a small \
                 write into preallocated space in the data directory; then two node processes on loopback: deltas/s at the reader (single sets \
-                and 8-property transactions, observers fired) and set → remote observer latency at \
+                and 8-property transactions, observers fired) with the CPU both processes spent per \
+                change, and set → remote observer latency at \
                 10,000 changes/s (storage.fsync always and interval), each next to its limit (raw \
                 one-way, plus fdatasync when durable); then a late joiner taking a snapshot \
                 of 1,000,000 properties, and resident bytes per property held. Build with \
