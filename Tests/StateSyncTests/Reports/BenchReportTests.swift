@@ -50,4 +50,35 @@ struct BenchReportTests {
         partial.addLimitsAndRatios()
         #expect(partial["limit_durable_p50_us"] == nil && partial["latency_p50_ratio_limit"] == nil)
     }
+
+    /// The CPU per change both node processes report (`cpu_us_per_delta`, `cpu_us_per_tx`): their
+    /// seconds together over the writer's count of changes; none when a process did not say.
+    @Test func cpuPerChangeIsBothProcessesOverTheChangesWritten() {
+        var result = Bench.TwoProcessResult()
+        result.written = 1_000
+        result.readerCPUSeconds = 0.0012
+        result.writerCPUSeconds = 0.0018
+        #expect(abs(result.cpuMicrosecondsPerChange - 3.0) < 1e-9)
+        result.writerCPUSeconds = .nan  // an older writer's `WROTE n` line, without its CPU
+        #expect(!result.cpuMicrosecondsPerChange.isFinite)
+        result.writerCPUSeconds = 0.0018
+        result.written = 0
+        #expect(!result.cpuMicrosecondsPerChange.isFinite)
+
+        var report = Bench.Report()
+        report.figures = [("deltas_per_s", 600_000), ("cpu_us_per_delta", 3.04), ("cpu_us_per_tx", 9.46)]
+        #expect(report.humanText.contains("CPU per single set (both processes)"))
+        #expect(report.humanText.contains("9.5 µs"))
+        guard case .map(let json) = report.value else {
+            Issue.record("the report is not a JSON object")
+            return
+        }
+        #expect(json["cpu_us_per_delta"] == .double(3.0))
+
+        // What a process has spent only grows, and burning CPU shows in it.
+        let before = processCPUSeconds()
+        var sum = 0.0
+        for step in 0..<3_000_000 { sum += Double(step).squareRoot() }
+        #expect(sum > 0 && processCPUSeconds() > before)
+    }
 }
