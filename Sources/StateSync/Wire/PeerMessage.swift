@@ -79,14 +79,7 @@ public enum PeerMessage: Sendable, Equatable {
     public func encode() -> [[UInt8]] {
         switch self {
         case .delta(let delta):
-            var topic: [UInt8] = [Self.deltaTopicPrefix]
-            topic.append(contentsOf: delta.channel.utf8)
-            topic.append(0)
-            topic.append(contentsOf: delta.model.utf8)
-            topic.append(0)
-            var body = WireWriter(capacity: 32 + delta.properties.count * 16)
-            Self.writeDeltaBody(delta, to: &body)
-            return [topic, body.bytes]
+            return [Self.deltaTopic(channel: delta.channel, model: delta.model), Self.deltaBody(delta)]
         case .heartbeat(let beat):
             var body = WireWriter()
             body.byte(Self.protocolVersion)
@@ -182,37 +175,14 @@ public enum PeerMessage: Sendable, Equatable {
     /// per delta (a DELTA batch; a batch of one is a plain DELTA). Fewer, larger messages under
     /// load; subscribers filter batches by channel exactly like single deltas.
     public static func encodeBatch(_ deltas: [Delta]) -> [[UInt8]] {
-        precondition(!deltas.isEmpty)
-        var frames = PeerMessage.delta(deltas[0]).encode()
-        frames.reserveCapacity(deltas.count + 1)
-        for delta in deltas.dropFirst() {
-            precondition(
-                delta.channel == deltas[0].channel && delta.model == deltas[0].model, "a batch is of one model")
-            var body = WireWriter(capacity: 32 + delta.properties.count * 16)
-            writeDeltaBody(delta, to: &body)
-            frames.append(body.bytes)
-        }
-        return frames
+        encodeBatch(deltas[...], bodies: deltas.map(deltaBody)[...])
     }
 
     /// Encodes consecutive deltas of one channel, of any models, as one channel batch (section
     /// 7.6): the topic `M` channel NUL, then one frame per delta, its model id followed by its
     /// DELTA body. Only for peers that take channel batches.
     package static func encodeChannelBatch(_ deltas: [Delta]) -> [[UInt8]] {
-        precondition(!deltas.isEmpty)
-        var topic: [UInt8] = [channelBatchTopicPrefix]
-        topic.append(contentsOf: deltas[0].channel.utf8)
-        topic.append(0)
-        var frames = [topic]
-        frames.reserveCapacity(deltas.count + 1)
-        for delta in deltas {
-            precondition(delta.channel == deltas[0].channel, "a channel batch is of one channel")
-            var body = WireWriter(capacity: 40 + delta.model.utf8.count + delta.properties.count * 16)
-            body.string(delta.model)
-            writeDeltaBody(delta, to: &body)
-            frames.append(body.bytes)
-        }
-        return frames
+        encodeChannelBatch(deltas[...], bodies: deltas.map(deltaBody)[...])
     }
 
     /// Decodes a message that may be a DELTA batch (one body frame per delta); a heartbeat or a

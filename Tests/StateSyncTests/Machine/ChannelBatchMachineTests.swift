@@ -74,7 +74,6 @@ struct ChannelBatchMachineTests {
     @Test func localWritesGoOutAndIntoTheLogAsTheyWouldBeEncodedAfresh() throws {
         var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
         var deltas: [Delta] = []
-        var messages: [[[UInt8]]] = []
         for takesChannelBatches in [false, true] {
             node.handle(
                 .peerMessage(
@@ -101,7 +100,6 @@ struct ChannelBatchMachineTests {
                     ? PeerMessage.encodeChannelBatch(decoded) : PeerMessage.encodeBatch(decoded)
                 #expect(frames == afresh)
                 deltas += decoded
-                messages.append(frames)
             }
         }
         #expect(deltas.count == 8)
