@@ -606,14 +606,14 @@ class Cluster:
         )
 
     def cpu_s(self):
-        """User + system CPU seconds the servers used so far."""
+        """User + system CPU seconds each server used so far, in the order they were started."""
         ticks = os.sysconf("SC_CLK_TCK")
-        total = 0
+        used = []
         for process in self.processes:
             with open(f"/proc/{process.pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / ticks
+            used.append((int(fields[11]) + int(fields[12])) / ticks)
+        return used
 
     def stop(self):
         for process in self.processes:
@@ -763,11 +763,14 @@ def run_one(name, args):
         watcher.stdin.write(json.dumps({"sent": wrote["sent"], "unacknowledged": wrote["unacknowledged"]}) + "\n")
         watcher.stdin.flush()
         watched = json.loads(watcher.stdout.readline())
-        servers_cpu = cluster.cpu_s() - cpu_before
+        by_server = [after - before for before, after in zip(cpu_before, cluster.cpu_s())]
         watcher.wait(10)
+        per_write = 1e6 / max(1, wrote["acked"])
         return {
             "system": name, "setting": setting, "writes": args.writes, **wrote, **watched,
-            "servers_cpu_us_per_write": round(servers_cpu * 1e6 / max(1, wrote["acked"])),
+            "servers_cpu_us_per_write": round(sum(by_server) * per_write),
+            # Node 1 takes the writes, node 3 serves the watcher.
+            "servers_cpu_us_per_write_by_node": [round(cpu * per_write, 1) for cpu in by_server],
         }
     finally:
         for client in clients:  # a run that failed half-way: its clients go too

@@ -7,7 +7,21 @@ import ZeroMQ
 /// queue and a wake-up pipe.
 final class ClientIO: Sendable {
     typealias Reply = CheckedContinuation<[UInt8], any Error>
-    typealias Events = AsyncThrowingStream<WatchEvent, any Error>.Continuation
+
+    /// Where a watch's events go: one element per event (the public stream), or one element per
+    /// round of received messages (``StateSyncClient/watchInBatches(channel:replica:onLag:filter:)``):
+    /// a consumer woken once per round, not once per event.
+    enum Events: Sendable {
+        case each(AsyncThrowingStream<WatchEvent, any Error>.Continuation)
+        case batched(AsyncThrowingStream<[WatchEvent], any Error>.Continuation)
+
+        func finish(throwing error: any Error) {
+            switch self {
+            case .each(let continuation): continuation.finish(throwing: error)
+            case .batched(let continuation): continuation.finish(throwing: error)
+            }
+        }
+    }
 
     /// A watch's client-side state: its stream and its session (replica, snapshot being received).
     struct WatchState {
@@ -115,6 +129,25 @@ final class ClientIO: Sendable {
         let id = nextID.add(1, ordering: .relaxed).newValue
         let (stream, events) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
         events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
+        try await register(id: id, body, events: .each(events), replica: replica, filter: filter)
+        return stream
+    }
+
+    /// ``watch(_:replica:filter:)`` with the events of each round of received messages as one
+    /// element.
+    func watchInBatches(_ body: [UInt8], replica: ChannelReplica, filter: ClientProtocol.WatchFilter?) async throws
+        -> AsyncThrowingStream<[WatchEvent], any Error>
+    {
+        let id = nextID.add(1, ordering: .relaxed).newValue
+        let (stream, events) = AsyncThrowingStream.makeStream(of: [WatchEvent].self)
+        events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
+        try await register(id: id, body, events: .batched(events), replica: replica, filter: filter)
+        return stream
+    }
+
+    private func register(
+        id: UInt64, _ body: [UInt8], events: Events, replica: ChannelReplica, filter: ClientProtocol.WatchFilter?
+    ) async throws {
         _ = try await withCheckedThrowingContinuation { (registered: Reply) in
             if !enqueue(
                 .watch(id: id, body: body, events: events, replica: replica, filter: filter, registered: registered))
@@ -122,7 +155,6 @@ final class ClientIO: Sendable {
                 registered.resume(throwing: closedError)
             }
         }
-        return stream
     }
 
     // MARK: - The thread
@@ -143,11 +175,25 @@ final class ClientIO: Sendable {
         var incarnation: String?
         /// Watch events of this round of received messages, yielded together at its end (or
         /// before anything else ends a watch or answers a request): a watcher that keeps up is
-        /// woken once per round, not once per event.
-        var ready: [(events: Events, event: WatchEvent)] = []
+        /// woken once per round, not once per event. A batched watch's run of events is one
+        /// element.
+        var ready: [(watch: UInt64, events: Events, event: WatchEvent)] = []
 
         mutating func deliverReady() {
-            for (events, event) in ready { events.yield(event) }
+            var index = 0
+            while index < ready.count {
+                switch ready[index].events {
+                case .each(let continuation):
+                    continuation.yield(ready[index].event)
+                    index += 1
+                case .batched(let continuation):
+                    let watch = ready[index].watch
+                    var end = index + 1
+                    while end < ready.count, ready[end].watch == watch { end += 1 }
+                    continuation.yield(ready[index..<end].map(\.event))
+                    index = end
+                }
+            }
             ready.removeAll(keepingCapacity: true)
         }
     }
@@ -287,7 +333,7 @@ final class ClientIO: Sendable {
                 watch.events.finish(throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
                 return
             }
-            if handleWatchEvent(event, watch: &watch, state: &state) {
+            if handleWatchEvent(event, id: id, watch: &watch, state: &state) {
                 state.watches[id] = watch
             } else {
                 state.watches[id] = nil
@@ -337,7 +383,7 @@ extension ClientIO {
     /// Applies one watch event to the watch's replica and queues what it means in `state.ready`.
     /// Returns `false` when the watch has ended (with an error, after what was queued).
     private func handleWatchEvent(
-        _ event: ClientProtocol.WatchEventBody, watch: inout WatchState, state: inout State
+        _ event: ClientProtocol.WatchEventBody, id: UInt64, watch: inout WatchState, state: inout State
     ) -> Bool {
         do {
             let filter = watch.session.filter
@@ -350,7 +396,7 @@ extension ClientIO {
                 {
                     continue
                 }
-                state.ready.append((watch.events, meaning))
+                state.ready.append((id, watch.events, meaning))
             }
             return true
         } catch {

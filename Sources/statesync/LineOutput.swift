@@ -1,47 +1,44 @@
-import Dispatch
 import Foundation
 import Synchronization
 
-/// Standard output for a stream of lines (`statesync watch`): lines are written by a serial
-/// queue, all the lines queued since its last write in one `write`. An idle watch prints each
-/// line at once; one that receives faster than one write per line batches by itself, instead of
-/// one system call (and one wake-up of the reading process) per line.
+/// Standard output for a stream of lines (`statesync watch`). Batched, the lines printed are
+/// kept until ``flush()`` writes them all in one `write`: the watch flushes after each batch of
+/// events its client received together, so a watch that receives faster than one write per line
+/// makes one system call (and one wake-up of the reading process) per batch, and an idle one
+/// prints each line at once. The caller's thread writes: no hop to another thread per batch.
 ///
-/// A line given to ``print(_:)`` is not yet on stdout: ``flush()`` waits until it is. Not
-/// `batched` (the `--state` watch, which records a line as printed once printing returns), each
-/// line is written before ``print(_:)`` returns.
+/// Not `batched` (the `--state` watch, which records a line as printed once printing returns),
+/// each line is written before ``print(_:)`` returns.
 final class LineOutput: Sendable {
     private let batched: Bool
-    private let queue = DispatchQueue(label: "statesync.stdout")
-    /// Lines not yet handed to the queue's next write, and whether that write is scheduled.
-    private let pending = Mutex<(bytes: [UInt8], scheduled: Bool)>(([], false))
+    /// Lines not yet written. The lock is held while they are written, so that a flush from a
+    /// signal handler returns only once a write in progress has ended.
+    private let pending = Mutex<[UInt8]>([])
 
     init(batched: Bool) {
         self.batched = batched
     }
 
-    /// Queues `line` and a newline (writes them, not `batched`).
+    /// Keeps `line` and a newline for the next ``flush()`` (writes them, not `batched`).
     func print(_ line: String) {
         guard batched else { return emit(line) }
-        let schedule = pending.withLock { pending -> Bool in
-            pending.bytes.append(contentsOf: line.utf8)
-            pending.bytes.append(0x0A)
-            defer { pending.scheduled = true }
-            return !pending.scheduled
+        pending.withLock { pending in
+            pending.append(contentsOf: line.utf8)
+            pending.append(0x0A)
         }
-        if schedule { queue.async { self.writePending() } }
     }
 
-    /// Returns once every line queued before the call is written.
+    /// Returns once every line printed before the call is written.
     func flush() {
-        queue.sync { writePending() }
+        pending.withLock { pending in
+            guard !pending.isEmpty else { return }
+            Self.writeAll(pending)
+            // A burst's large buffer is not kept for the quiet that follows.
+            pending.removeAll(keepingCapacity: pending.count <= 1 << 16)
+        }
     }
 
-    private func writePending() {
-        let bytes = pending.withLock { pending -> [UInt8] in
-            defer { pending = ([], false) }
-            return pending.bytes
-        }
+    private static func writeAll(_ bytes: [UInt8]) {
         var written = 0
         while written < bytes.count {
             let result = bytes.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress! + written, $0.count - written) }

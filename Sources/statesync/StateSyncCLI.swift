@@ -487,11 +487,11 @@ extension StateSyncCLI {
                 let replica =
                     saved?.resumeReplica
                     ?? from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
-                let (events, watched) = try await client.watch(
+                let (batches, watched) = try await client.watchInBatches(
                     channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync, filter: filter)
                 FileHandle.standardError.write(Data("statesync: watching \(channel) on \(connection.daemon)\n".utf8))
-                // Without --state, lines are written in batches when they come faster than one
-                // write each; with it, a line counts as printed once written (WatchState).
+                // Without --state, the lines of the events that arrived together are written at
+                // once; with it, a line counts as printed once written (WatchState).
                 let output = LineOutput(batched: saved == nil)
                 // SIGINT and SIGTERM: with --state, save what was printed; without, print what is
                 // queued; then the process ends.
@@ -509,12 +509,15 @@ extension StateSyncCLI {
                 }
                 defer { for source in signals { source.cancel() } }
                 do {
-                    for try await event in events {
-                        if let saved {
-                            saved.printing(event) { show(event, to: output) }
-                        } else {
-                            show(event, to: output)
+                    for try await batch in batches {
+                        for event in batch {
+                            if let saved {
+                                saved.printing(event) { show(event, to: output) }
+                            } else {
+                                show(event, to: output)
+                            }
                         }
+                        output.flush()
                     }
                     output.flush()
                     saved?.saveNow()

@@ -135,6 +135,79 @@ struct WatchTests {
         for node in nodes { await node.stop() }
     }
 
+    /// A watch read in batches gets exactly the events of a watch read one by one, in the same
+    /// order, in fewer elements than events (the point of it), and never an empty one.
+    @Test func aWatchReadInBatchesGetsTheSameEventsInOrder() async throws {
+        let configs = meshConfigurations(1, label: "batches", api: true)
+        let node = try await StateSyncNode.start(configuration: configs[0])
+        do {
+            let endpoint = try #require(node.apiEndpoint)
+            let writer = try StateSyncClient(endpoint: endpoint)
+            defer { writer.close() }
+            // A state to start from: its snapshot arrives as one burst of events.
+            for model in 0..<50 {
+                try await writer.set(
+                    ModelAddress(channel: "c", model: "m\(model)"),
+                    Dictionary(uniqueKeysWithValues: (0..<20).map { ("p\($0)", Value.int(Int64($0))) }))
+            }
+            let eachClient = try StateSyncClient(endpoint: endpoint)
+            defer { eachClient.close() }
+            let batchedClient = try StateSyncClient(endpoint: endpoint)
+            defer { batchedClient.close() }
+            let (events, _) = try await eachClient.watch(channel: "c")
+            let (batches, replica) = try await batchedClient.watchInBatches(channel: "c")
+            let each = Collector()
+            let eachTask = each.collect(events)
+            let batched = Mutex<(batches: [[WatchEvent]], failure: String?)>(([], nil))
+            let batchedTask = Task {
+                do {
+                    for try await batch in batches { batched.withLock { $0.batches.append(batch) } }
+                } catch {
+                    batched.withLock { $0.failure = "\(error)" }
+                }
+            }
+            // Live changes after the state, some of them concurrent.
+            let address = ModelAddress(channel: "c", model: "m0")
+            await withTaskGroup(of: Void.self) { group in
+                for lane in 0..<4 {
+                    group.addTask {
+                        for i in 0..<50 { _ = try? await writer.set(address, ["lane\(lane)": .int(Int64(i))]) }
+                    }
+                }
+            }
+            let expected = 1_000 + 200
+            try await waitUntil("both watches saw the state and every change") {
+                each.changes.count == expected
+                    && batched.withLock { $0.batches.joined().filter { if case .change = $0 { true } else { false } } }
+                        .count == expected
+            }
+            eachTask.cancel()
+            batchedTask.cancel()
+            let (got, failure) = batched.withLock { ($0.batches, $0.failure) }
+            #expect(failure == nil)
+            #expect(!got.contains { $0.isEmpty }, "an empty batch")
+            let flat = got.joined().map(Self.describe)
+            let one = each.lock.withLock { each.events }.map(Self.describe)
+            // The markers a watch is sent once per interval may differ in number: compare the rest.
+            #expect(flat.filter { !$0.hasPrefix("caught-up") } == one.filter { !$0.hasPrefix("caught-up") })
+            #expect(got.count < got.joined().count, "\(got.count) batches for \(got.joined().count) events")
+            #expect(replica.properties(of: "m0")["lane3"]?.value == 49)
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
+
+    /// An event as text, for comparing two watches' sequences.
+    static func describe(_ event: WatchEvent) -> String {
+        switch event {
+        case .change(let change, let kind, let cursor):
+            "\(kind) \(change.model).\(change.property) \(String(describing: change.old)) -> \(change.new) at \(change.version) \(cursor)"
+        case .caughtUp: "caught-up"
+        default: "\(event)"
+        }
+    }
+
     /// close() returns once the client's thread stopped: writes made afterwards never reach the
     /// replica, so it can be handed to another client exactly as it stands.
     @Test func afterCloseTheReplicaNoLongerChanges() async throws {
