@@ -319,7 +319,9 @@ final class ClientIO: Sendable {
     }
 
     private func handle(_ frames: [[UInt8]], state: inout State) {
-        guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]) else { return }
+        guard frames.count >= 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]) else { return }
+        // Only an EVENT carries more than one body: a run of a batched watch's events (10.5.7).
+        guard frames.count == 2 || header.kind == .event else { return }
         let id = header.requestID
         let body = frames[1]
         // A reply can end a watch or resume a task: the events received before it go first.
@@ -327,17 +329,20 @@ final class ClientIO: Sendable {
         switch header.kind {
         case .event:
             guard var watch = state.watches[id] else { return }
-            guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
-                state.deliverReady()
-                state.watches[id] = nil
-                watch.events.finish(throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
-                return
+            for body in frames[1...] {
+                guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
+                    state.deliverReady()
+                    state.watches[id] = nil
+                    watch.events.finish(
+                        throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
+                    return
+                }
+                guard handleWatchEvent(event, id: id, watch: &watch, state: &state) else {
+                    state.watches[id] = nil
+                    return
+                }
             }
-            if handleWatchEvent(event, id: id, watch: &watch, state: &state) {
-                state.watches[id] = watch
-            } else {
-                state.watches[id] = nil
-            }
+            state.watches[id] = watch
         case .ok:
             if id == state.pingID {
                 state.pingID = nil

@@ -337,7 +337,13 @@ public final class StateSyncClient: Sendable {
             throw StateSyncError(.invalidName, "the replica is of channel '\(replica.channel)', not '\(channel)'")
         }
         let resume = replica.isEmpty ? nil : replica.cursor
-        return (replica, ClientProtocol.encodeWatch(channel: channel, from: resume, onLag: onLag, filter: filter))
+        // Batched events: a node sends a run of events as one message (one that predates them
+        // ignores the flag and sends one each; both are read alike).
+        return (
+            replica,
+            ClientProtocol.encodeWatch(
+                channel: channel, from: resume, onLag: onLag, filter: filter, batchedEvents: true)
+        )
     }
 
     /// The changes of `channel` only (no markers), from now on: a convenience over

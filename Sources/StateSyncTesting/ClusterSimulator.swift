@@ -396,11 +396,12 @@ public enum ClusterSimulator {
         let cluster = try SimulatedCluster(configuration)
         cluster.run(for: UInt64(3 * configuration.heartbeatMilliseconds))  // links up
 
-        // Watchers: one per node.
+        // Watchers: one per node; those of even-numbered nodes (the slow one of node 0 among
+        // them) take batched events (PROTOCOL.md 10.5.1), the others one event per message.
         var watchers = (0..<options.nodes).map { index in
             let watcher = SimulatedWatcher(
                 node: index, channel: channel, name: "watch-\(cluster.nodes[index].id)",
-                capacity: configuration.clientHighWaterMark)
+                capacity: configuration.clientHighWaterMark, batchedEvents: index % 2 == 0)
             if index == 0 { watcher.client.processingDelay = UInt64(slowWatcher) }
             return watcher
         }
@@ -410,7 +411,7 @@ public enum ClusterSimulator {
             SimulatedWatcher(
                 node: options.nodes - 1, channel: channel, name: "watch-filtered",
                 capacity: configuration.clientHighWaterMark,
-                filter: .init(prefix: "m1", properties: ["p0", "p2"])))
+                filter: .init(prefix: "m1", properties: ["p0", "p2"]), batchedEvents: true))
         for watcher in watchers { watcher.start(in: cluster) }
 
         // The workload: writers issue one write at a time until the operations are used up.

@@ -135,11 +135,19 @@ final class SimulatedWatcher {
 
     /// What the watch asks for (`nil`: the whole channel).
     let filter: ClientProtocol.WatchFilter?
+    /// Whether the watch takes several events in one message (WATCH flag bit 3).
+    let batchedEvents: Bool
+    /// The most events one message brought.
+    private(set) var largestMessage = 0
 
-    init(node: Int, channel: String, name: String, capacity: Int, filter: ClientProtocol.WatchFilter? = nil) {
+    init(
+        node: Int, channel: String, name: String, capacity: Int, filter: ClientProtocol.WatchFilter? = nil,
+        batchedEvents: Bool = false
+    ) {
         self.nodeIndex = node
         self.channel = channel
         self.filter = filter
+        self.batchedEvents = batchedEvents
         self.session = WatchSession(replica: ChannelReplica(channel: channel), filter: filter)
         client = SimulatedCluster.Client(name: name, capacity: capacity)
         client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
@@ -161,14 +169,23 @@ final class SimulatedWatcher {
         let resume = replica.isEmpty ? nil : replica.cursor
         cluster.send(
             ClientProtocol.encodeRequest(
-                .watch, id: watchID, body: ClientProtocol.encodeWatch(channel: channel, from: resume, filter: filter)),
+                .watch, id: watchID,
+                body: ClientProtocol.encodeWatch(
+                    channel: channel, from: resume, filter: filter, batchedEvents: batchedEvents)),
             from: client)
     }
 
     private func received(_ frames: [[UInt8]], in cluster: SimulatedCluster) {
-        guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]),
+        guard frames.count >= 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]),
             header.requestID == watchID
         else { return }
+        // Only an EVENT of a watch that asked for batched events carries more than one body.
+        if frames.count > 2, !(header.kind == .event && batchedEvents) {
+            violations.append(
+                "\(cluster.nodes[nodeIndex].id)'s watcher: a message of \(frames.count) frames (batched events: \(batchedEvents))"
+            )
+            return
+        }
         switch header.kind {
         case .ok:
             isWatching = true
@@ -178,28 +195,33 @@ final class SimulatedWatcher {
             cluster.disconnect(client)
             start(in: cluster)
         case .event:
-            guard let event = try? ClientProtocol.decodeWatchEvent(frames[1]) else {
-                violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: a malformed watch event")
-                return
-            }
-            if case .delta(let delta, _) = event,
-                !seen.insert(DeltaID(origin: delta.origin, sequence: delta.sequence)).inserted
-            {
-                violations.append(
-                    "\(cluster.nodes[nodeIndex].id)'s watcher: delta \(delta.origin):\(delta.sequence) sent twice on one watch"
-                )
-            }
-            do {
-                for meaning in try session.handle(event, from: cluster.nodes[nodeIndex].id) {
-                    switch meaning {
-                    case .change(let change, _, _): changes.append(change)
-                    case .caughtUp(_, let latest, let missing): lastCaughtUp = (cluster.now, latest, missing)
-                    default: break
-                    }
+            largestMessage = max(largestMessage, frames.count - 1)
+            for body in frames[1...] { receivedEvent(body, in: cluster) }
+        }
+    }
+
+    private func receivedEvent(_ body: [UInt8], in cluster: SimulatedCluster) {
+        guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
+            violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: a malformed watch event")
+            return
+        }
+        if case .delta(let delta, _) = event,
+            !seen.insert(DeltaID(origin: delta.origin, sequence: delta.sequence)).inserted
+        {
+            violations.append(
+                "\(cluster.nodes[nodeIndex].id)'s watcher: delta \(delta.origin):\(delta.sequence) sent twice on one watch"
+            )
+        }
+        do {
+            for meaning in try session.handle(event, from: cluster.nodes[nodeIndex].id) {
+                switch meaning {
+                case .change(let change, _, _): changes.append(change)
+                case .caughtUp(_, let latest, let missing): lastCaughtUp = (cluster.now, latest, missing)
+                default: break
                 }
-            } catch {
-                violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: \(error)")
             }
+        } catch {
+            violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: \(error)")
         }
     }
 

@@ -235,14 +235,18 @@ public enum ClientProtocol {
         case end
     }
 
-    /// A WATCH request: the channel, to resume the cursor the client has reached, and the lag
-    /// policy. Flags: bit 0 = a cursor follows, bit 1 = end on lag.
+    /// A WATCH request: the channel, to resume the cursor the client has reached, the lag
+    /// policy, a filter, and whether the client takes several events in one message. Flags: bit 0
+    /// = a cursor follows, bit 1 = end on lag, bit 2 = a filter follows, bit 3 = batched events
+    /// (section 10.5.1).
     public static func encodeWatch(
-        channel: String, from cursor: WatchCursor?, onLag: LagPolicy = .resync, filter: WatchFilter? = nil
+        channel: String, from cursor: WatchCursor?, onLag: LagPolicy = .resync, filter: WatchFilter? = nil,
+        batchedEvents: Bool = false
     ) -> [UInt8] {
         var w = WireWriter()
         w.string(channel)
-        let flags: UInt8 = (cursor == nil ? 0 : 1) | (onLag == .end ? 2 : 0) | (filter == nil ? 0 : 4)
+        let flags: UInt8 =
+            (cursor == nil ? 0 : 1) | (onLag == .end ? 2 : 0) | (filter == nil ? 0 : 4) | (batchedEvents ? 8 : 0)
         if flags != 0 { w.byte(flags) }
         cursor?.encode(into: &w)
         if let filter {
@@ -262,13 +266,14 @@ public enum ClientProtocol {
         return (request.channel, request.cursor, request.onLag)
     }
 
-    /// Decodes a WATCH body, its filter included (section 10.5.1, flag bit 2).
+    /// Decodes a WATCH body, its filter (flag bit 2) and batched events (flag bit 3) included
+    /// (section 10.5.1).
     public static func decodeWatchRequest(_ body: [UInt8]) throws(WireError) -> (
-        channel: String, cursor: WatchCursor?, onLag: LagPolicy, filter: WatchFilter?
+        channel: String, cursor: WatchCursor?, onLag: LagPolicy, filter: WatchFilter?, batchedEvents: Bool
     ) {
         var r = WireReader(body)
         let channel = try r.string("channel")
-        guard !r.isAtEnd else { return (channel, nil, .resync, nil) }
+        guard !r.isAtEnd else { return (channel, nil, .resync, nil, false) }
         let flags = try r.byte("watch flags")
         let cursor = flags & 1 != 0 ? try WatchCursor.decode(from: &r) : nil
         var filter: WatchFilter?
@@ -282,7 +287,7 @@ public enum ClientProtocol {
             filter = WatchFilter(
                 prefix: prefix, properties: properties.isEmpty ? nil : properties, initialState: initial != 0)
         }
-        return (channel, cursor, flags & 2 != 0 ? .end : .resync, filter)
+        return (channel, cursor, flags & 2 != 0 ? .end : .resync, filter, flags & 8 != 0)
     }
 
     /// What a watch asks to be sent (section 10.5.1): models whose ids start with `prefix`, only

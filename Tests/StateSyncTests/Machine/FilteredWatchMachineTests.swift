@@ -87,6 +87,22 @@ struct FilteredWatchMachineTests {
         #expect(request.filter == .init(prefix: "p", properties: ["a", "b"], initialState: true))
         #expect(
             try ClientProtocol.decodeWatchRequest(ClientProtocol.encodeWatch(channel: "c", from: nil)).filter == nil)
+        // Batched events (flag bit 3) travel alone and with a cursor and a filter; without the
+        // flag a WATCH asks for one event per message.
+        #expect(
+            try ClientProtocol.decodeWatchRequest(
+                ClientProtocol.encodeWatch(channel: "c", from: nil, batchedEvents: true)
+            )
+            .batchedEvents)
+        let everythingAsked = try ClientProtocol.decodeWatchRequest(
+            ClientProtocol.encodeWatch(
+                channel: "c", from: WatchCursor(["n1": 4]), onLag: .end, filter: .init(prefix: "p"),
+                batchedEvents: true))
+        #expect(
+            everythingAsked.batchedEvents && everythingAsked.cursor?.positions == ["n1": 4]
+                && everythingAsked.onLag == .end && everythingAsked.filter?.prefix == "p")
+        #expect(
+            try !ClientProtocol.decodeWatchRequest(ClientProtocol.encodeWatch(channel: "c", from: nil)).batchedEvents)
         // An empty property set is "every property" on both sides, as count 0 is on the wire.
         let everything = ClientProtocol.WatchFilter(properties: [])
         #expect(everything.properties == nil && everything.passes(model: "m", property: "any"))

@@ -129,11 +129,16 @@ struct MachineRunner {
 
     /// The watch events sent to `client` for watch `id`, decoded, from position `from` of `sent`.
     func events(of client: [UInt8] = [0x53, 1], watch id: UInt64, from: Int = 0) -> [ClientProtocol.WatchEventBody] {
-        sent[from...].compactMap { to, frames in
+        var events: [ClientProtocol.WatchEventBody] = []
+        for (to, frames) in sent[from...] {
             guard to == client, let header = try? ClientProtocol.decodeReplyHeader(frames[0]), header.kind == .event,
                 header.requestID == id
-            else { return nil }
-            return try? ClientProtocol.decodeWatchEvent(frames[1])
+            else { continue }
+            // A batched watch's message carries several bodies (PROTOCOL.md 10.5.7).
+            for body in frames.dropFirst() {
+                if let event = try? ClientProtocol.decodeWatchEvent(body) { events.append(event) }
+            }
         }
+        return events
     }
 }

@@ -71,6 +71,47 @@ struct WatchMachineTests {
         #expect(node.machine.watches.lagging == 0)
     }
 
+    /// 10.5.1 flag bit 3: a watch that takes batched events gets runs of deltas as one message
+    /// (one header, at most 32 bodies), and a message its client's queue refuses is sent again
+    /// from exactly where it stopped: every delta once, in order. A watch without the flag still
+    /// gets one event per message.
+    @Test func batchedEventsComeManyToAMessageAndResumeExactlyWhereRefused() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        #expect(
+            node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil, batchedEvents: true))?.0
+                .kind == .ok)
+        _ = node.request(.watch, id: 8, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        // The clients take nothing while 100 writes are made, then one message per attempt.
+        node.clientCapacity = 0
+        let before = node.sent.count
+        for value in 1...100 { Self.set(&node, UInt64(100 + value), ["n": .int(Int64(value))]) }
+        node.clientCapacity = 1
+        for _ in 0..<200 where node.machine.watches.lagging > 0 { node.advance(50) }
+        #expect(node.machine.watches.lagging == 0)
+
+        func deltas(_ watch: UInt64) -> [UInt64] {
+            node.events(watch: watch, from: before).compactMap { event -> UInt64? in
+                if case .delta(let delta, _) = event { delta.sequence } else { nil }
+            }
+        }
+        #expect(deltas(7) == Array(1...100), "the batched watch: every delta once, in order")
+        #expect(deltas(8) == Array(1...100))
+        func bodies(_ watch: UInt64) -> [Int] {
+            node.sent[before...].compactMap { _, frames in
+                guard let header = try? ClientProtocol.decodeReplyHeader(frames[0]), header.kind == .event,
+                    header.requestID == watch
+                else { return nil }
+                return frames.count - 1
+            }
+        }
+        let batched = bodies(7)
+        #expect(batched.max() ?? 0 > 1, "runs of events share a message: \(batched)")
+        #expect(batched.max() ?? 0 <= NodeMachine.eventsPerMessage)
+        #expect(Set(bodies(8)) == [1], "without the flag, one event per message")
+        let (session, _) = try Self.replay(node.events(watch: 7))
+        #expect(session.replica.properties(of: "m")["n"]?.value == 100)
+    }
+
     /// 10.5.6: a client that takes nothing lags; past the history it is resynchronised with a
     /// snapshot (reason `lagged`) and ends with the exact current state.
     @Test func aClientFallingBehindTheHistoryIsResynced() throws {

@@ -109,6 +109,32 @@ struct SimulatedRepairTests {
     }
 }
 
+/// Batched watch events (PROTOCOL.md 10.5.1 flag bit 3) over the simulated network.
+@Suite("Batched watch events, simulated")
+struct SimulatedBatchedEventsTests {
+    /// A burst of writes reaches a watch that takes batched events in messages of many events, and
+    /// a watch without the flag one event per message; both tell the same chain of changes.
+    @Test func aBurstReachesABatchedWatchInFewMessagesAndTheSameChanges() async throws {
+        let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 2, seed: 11))
+        cluster.run(for: 500)
+        let batched = SimulatedWatcher(node: 1, channel: "c", name: "batched", capacity: 1000, batchedEvents: true)
+        let single = SimulatedWatcher(node: 1, channel: "c", name: "single", capacity: 1000)
+        batched.start(in: cluster)
+        single.start(in: cluster)
+        #expect(cluster.run(for: 1_000) { _ in batched.isWatching && single.isWatching })
+        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        for value in 1...200 { writer.count = value }
+        #expect(
+            cluster.run(for: 10_000) { _ in batched.changes.count == 200 && single.changes.count == 200 },
+            "\(batched.changes.count) and \(single.changes.count) of 200 changes")
+        #expect(batched.violations.isEmpty && single.violations.isEmpty, "\(batched.violations + single.violations)")
+        #expect(batched.changes.map(\.new) == single.changes.map(\.new))
+        #expect(batched.changes.map(\.new) == (1...200).map { Value.int(Int64($0)) })
+        #expect(batched.largestMessage > 1 && batched.largestMessage <= 32, "\(batched.largestMessage)")
+        #expect(single.largestMessage == 1)
+    }
+}
+
 /// A disk whose sync takes time (``SimulatedCluster/Configuration/diskSyncMilliseconds``): the
 /// node goes on while it syncs, so group commit shows as it does on a real disk.
 @Suite("A slow disk, simulated")

@@ -35,7 +35,8 @@ extension NodeMachine {
         case ending
         /// A whole snapshot of `events` events; the position it stands for.
         case snapshot(WatchPosition, events: Int)
-        /// Deltas: the position after each event, and where the batch left the watch.
+        /// Deltas: the position after each message (one event each, or a run of events for a
+        /// watch that takes batched events), and where the batch left the watch.
         case deltas(before: WatchPosition, after: [WatchPosition], end: WatchPosition)
         /// A caught-up marker.
         case marker
@@ -48,6 +49,8 @@ extension NodeMachine {
         /// With security, who opened it (the user id of its key): checked again at a reload.
         var identity: String?
         var onLag: ClientProtocol.LagPolicy = .resync
+        /// The client takes several DELTA events in one message (WATCH flag bit 3).
+        var batchedEvents = false
         /// The watch lagged with the "end" policy: its ERROR is still to be sent.
         var ending = false
         var position: WatchPosition
@@ -93,15 +96,19 @@ extension NodeMachine {
     static let markerInterval: UInt64 = 1000
     static let snapshotChunk = 256
     static let pumpLimit = 256
+    /// At most this many DELTA events share a message of a watch that takes batched events:
+    /// enough to send a round's events in a few messages, few enough that a client's queue of
+    /// `network.client_hwm` messages holds no more bytes than with snapshot RECORDS.
+    static let eventsPerMessage = 32
 
     // MARK: - Opening and closing
 
     mutating func addWatch(
         _ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy,
-        identity: String? = nil, filter: ClientProtocol.WatchFilter? = nil
+        identity: String? = nil, filter: ClientProtocol.WatchFilter? = nil, batchedEvents: Bool = false
     ) {
         var watch = Watch(
-            channel: channel, filter: filter, identity: identity, onLag: onLag,
+            channel: channel, filter: filter, identity: identity, onLag: onLag, batchedEvents: batchedEvents,
             position: WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
         if let cursor {
             if let position = resumePosition(after: cursor) {
@@ -188,17 +195,27 @@ extension NodeMachine {
             var events: [[[UInt8]]] = []
             var after: [WatchPosition] = []
             var firstSent: Version?
+            // A watch that takes batched events gets runs of them as one message: the header once,
+            // then one body each (section 10.5.7).
+            var inMessage = 0
+            func add(_ body: [UInt8], after position: WatchPosition) {
+                if watch.batchedEvents, inMessage > 0, inMessage < Self.eventsPerMessage {
+                    events[events.count - 1].append(body)
+                    after[after.count - 1] = position
+                    inMessage += 1
+                } else {
+                    events.append(ClientProtocol.encodeReply(.event, id: key.requestID, body: body))
+                    after.append(position)
+                    inMessage = 1
+                }
+            }
             for (whole, position) in deltas {
                 // A filtered watch is sent what passes; its position moves over the rest too.
                 guard let delta = watch.filter.map({ $0.apply(to: whole) }) ?? whole else { continue }
                 if firstSent == nil { firstSent = delta.version }
-                let frames = event(.delta(delta, cursor: position.cursor))
-                events.append(frames)
-                after.append(position)
-                if faults.duplicateWatchEvents {
-                    events.append(frames)
-                    after.append(position)
-                }
+                let body = ClientProtocol.encodeWatchEvent(.delta(delta, cursor: position.cursor))
+                add(body, after: position)
+                if faults.duplicateWatchEvents { add(body, after: position) }
             }
             guard let firstSent else {
                 // Nothing of this batch passed the filter.
