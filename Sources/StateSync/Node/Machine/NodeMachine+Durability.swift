@@ -66,7 +66,9 @@ extension NodeMachine {
     mutating func stage(_ applied: [Applied]) {
         let bodies = applied.map { PeerMessage.deltaBody($0.delta) }
         let tooLarge = appendToLog(applied, mustSucceed: true, bodies: bodies)
-        durability.staged.reserveCapacity(durability.staged.count + applied.count)
+        // No reserveCapacity(count + new) here: it reallocates to exactly that, so with
+        // `storage.fsync: interval` (thousands of one-write rounds between syncs) every round
+        // copied everything staged so far. Appending grows the arrays geometrically.
         for index in applied.indices {  // by index: see appendToLog
             if !tooLarge.isEmpty, tooLarge.contains(index) {
                 counters.encodingFailures += 1
