@@ -48,10 +48,20 @@ public enum Bench {
                 add("limit_durable_p50_us", floor("fsync_p50_us", "fsync_preallocated_p50_us").map { raw50 + $0 })
                 add("limit_durable_p99_us", floor("fsync_p99_us", "fsync_preallocated_p99_us").map { raw99 + $0 })
             }
+            if let raw50 = self["raw_latency_lone_p50_us"], let raw99 = self["raw_latency_lone_p99_us"] {
+                add(
+                    "limit_durable_lone_p50_us",
+                    floor("fsync_p50_us", "fsync_preallocated_p50_us").map { raw50 + $0 })
+                add(
+                    "limit_durable_lone_p99_us",
+                    floor("fsync_p99_us", "fsync_preallocated_p99_us").map { raw99 + $0 })
+            }
             add("deltas_per_s_ratio_raw", divide("deltas_per_s", by: "raw_msgs_per_s"))
             add("properties_per_s_tx_ratio_raw", divide("properties_per_s_tx", by: "raw_msgs_per_s"))
             add("latency_p50_ratio_limit", divide("latency_p50_us", by: "limit_durable_p50_us"))
             add("latency_p99_ratio_limit", divide("latency_p99_us", by: "limit_durable_p99_us"))
+            add("latency_lone_p50_ratio_limit", divide("latency_lone_p50_us", by: "limit_durable_lone_p50_us"))
+            add("latency_lone_p99_ratio_limit", divide("latency_lone_p99_us", by: "limit_durable_lone_p99_us"))
             add("latency_p50_interval_ratio_raw", divide("latency_p50_us_interval", by: "raw_latency_p50_us"))
             add("latency_p99_interval_ratio_raw", divide("latency_p99_us_interval", by: "raw_latency_p99_us"))
         }
@@ -84,6 +94,8 @@ public enum Bench {
             line("raw libzmq PUB→SUB, delta-sized messages", "raw_msgs_per_s", "msg/s")
             line("raw one-way latency p50 at 10k/s", "raw_latency_p50_us", "µs")
             line("raw one-way latency p99 at 10k/s", "raw_latency_p99_us", "µs")
+            line("raw one-way latency p50 at 1k/s", "raw_latency_lone_p50_us", "µs")
+            line("raw one-way latency p99 at 1k/s", "raw_latency_lone_p99_us", "µs")
             line("fdatasync of a small append, p50", "fsync_p50_us", "µs")
             line("fdatasync of a small append, p99", "fsync_p99_us", "µs")
             line("fdatasync of a small write into preallocated space, p50", "fsync_preallocated_p50_us", "µs")
@@ -109,6 +121,12 @@ public enum Bench {
                 "set → remote observer p99 at 10k/s, durable", "latency_p99_us", "µs",
                 ofLimit("latency_p99_us", "limit_durable_p99_us", "raw+fsync"))
             line("set → remote observer p99.9 at 10k/s", "latency_p999_us", "µs")
+            line(
+                "set → remote observer p50 at 1k/s, durable", "latency_lone_p50_us", "µs",
+                ofLimit("latency_lone_p50_us", "limit_durable_lone_p50_us", "raw at 1k/s+fsync"))
+            line(
+                "set → remote observer p99 at 1k/s, durable", "latency_lone_p99_us", "µs",
+                ofLimit("latency_lone_p99_us", "limit_durable_lone_p99_us", "raw at 1k/s+fsync"))
             line(
                 "set → remote observer p50, fsync: interval", "latency_p50_us_interval", "µs",
                 ofLimit("latency_p50_us_interval", "raw_latency_p50_us", "raw"))
@@ -155,6 +173,13 @@ public enum Bench {
         let rawLatency = try RawBench.latency(rate: 10_000, seconds: seconds)
         report.figures.append(("raw_latency_p50_us", rawLatency.p50))
         report.figures.append(("raw_latency_p99_us", rawLatency.p99))
+        // At 10k/s a durable write often arrives while the previous one's fdatasync runs and waits
+        // for it (the disk is busy most of the time): the same paths at 1k/s show what a write
+        // that finds the disk idle costs, against the same kind of limit.
+        progress("raw libzmq latency at 1k/s")
+        let rawLone = try RawBench.latency(rate: 1_000, seconds: seconds)
+        report.figures.append(("raw_latency_lone_p50_us", rawLone.p50))
+        report.figures.append(("raw_latency_lone_p99_us", rawLone.p99))
         // The disk's limit, where the nodes keep their data (the same temporary directory).
         progress("fdatasync latency of small appends")
         let diskDirectory = NSTemporaryDirectory() + "statesync-bench-disk-\(UUID().uuidString.prefix(8))"
@@ -198,6 +223,11 @@ public enum Bench {
                 )
             }
         }
+
+        progress("two node processes: latency at 1k/s")
+        let lone = try await twoProcesses(options, mode: .latency, seconds: seconds, rate: 1_000)
+        report.figures.append(("latency_lone_p50_us", lone.p50))
+        report.figures.append(("latency_lone_p99_us", lone.p99))
 
         // Latency with `storage.fsync: interval`: bounded by the network alone, not the disk.
         progress("two node processes: latency with fsync interval")
@@ -266,7 +296,7 @@ public enum Bench {
     /// measurements.
     static func twoProcesses(
         _ options: Options, mode: NodeBenchRole.Mode, seconds: Double, secure: Bool = false,
-        fsync: NodeConfiguration.FsyncPolicy = .always, models: Int? = nil
+        fsync: NodeConfiguration.FsyncPolicy = .always, models: Int? = nil, rate: Int = 10_000
     ) async throws -> TwoProcessResult {
         let work = NSTemporaryDirectory() + "statesync-bench-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: work) }
@@ -283,7 +313,7 @@ public enum Bench {
                     "bench-node", "--role", reader ? "reader" : "writer", "--mode", mode.rawValue, "--id",
                     reader ? "reader" : "writer",
                     "--publish", "tcp://127.0.0.1:\(ports[me])", "--peer", "tcp://127.0.0.1:\(ports[1 - me])",
-                    "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "10000",
+                    "--data", "\(work)/\(reader ? "reader" : "writer")", "--seconds", "\(seconds)", "--rate", "\(rate)",
                     "--fsync", fsync.rawValue,
                 ] + (secure ? ["--keys", work] : []) + (models.map { ["--models", "\($0)"] } ?? []))
         }

@@ -9,12 +9,13 @@ extension StateSyncCLI {
             abstract: "Measure the whole path against raw libzmq, in one run on this machine.",
             discussion: """
                 Measures raw libzmq PUB→SUB with delta-sized messages (best of 3 runs) and its \
-                one-way latency at 10,000 msg/s, and fdatasync after a small append and after a small \
+                one-way latency at 10,000 and 1,000 msg/s, and fdatasync after a small append and after a small \
                 write into preallocated space in the data directory; then two node processes on loopback: deltas/s at the reader (single sets \
                 and 8-property transactions, observers fired) with the CPU both processes spent per \
                 change, and set → remote observer latency at \
-                10,000 changes/s (storage.fsync always and interval), each next to its limit (raw \
-                one-way, plus fdatasync when durable); then a late joiner taking a snapshot \
+                10,000 changes/s (storage.fsync always and interval) and at 1,000 changes/s (always: \
+                a write that finds the disk idle), each next to its limit (raw \
+                one-way at the same rate, plus fdatasync when durable); then a late joiner taking a snapshot \
                 of 1,000,000 properties, and resident bytes per property held. Build with \
                 -c release for real numbers.
                 """)

@@ -44,6 +44,19 @@ struct BenchReportTests {
         preallocated.figures += [("fsync_preallocated_p50_us", 90), ("fsync_preallocated_p99_us", 400)]
         preallocated.addLimitsAndRatios()
         #expect(preallocated["limit_durable_p50_us"] == 120 && preallocated["limit_durable_p99_us"] == 400)
+        // Lone writes (1k/s) are held to the raw latency at the same rate plus the disk.
+        var lone = Bench.Report()
+        lone.figures = report.figures.filter { !$0.key.hasPrefix("limit_") && !$0.key.contains("_ratio_") }
+        lone.figures += [
+            ("raw_latency_lone_p50_us", 40), ("raw_latency_lone_p99_us", 90), ("latency_lone_p50_us", 315),
+            ("latency_lone_p99_us", 840),
+        ]
+        lone.addLimitsAndRatios()
+        #expect(lone["limit_durable_lone_p50_us"] == 210 && lone["limit_durable_lone_p99_us"] == 420)
+        #expect(lone["latency_lone_p50_ratio_limit"] == 1.5 && lone["latency_lone_p99_ratio_limit"] == 2)
+        #expect(lone["limit_durable_p50_us"] == 200, "the 10k/s limit stays on the 10k/s raw latency")
+        #expect(lone.humanText.contains("(limit 210 µs: 1.50×, +105 µs) raw at 1k/s+fsync"))
+        #expect(report["limit_durable_lone_p50_us"] == nil, "no lone limit without the 1k/s raw latency")
         // Without the disk figure, no durable limit is made up.
         var partial = Bench.Report()
         partial.figures = [("raw_latency_p50_us", 30), ("raw_latency_p99_us", 70), ("latency_p50_us", 250)]
