@@ -273,9 +273,8 @@ public final class StateSyncNode: Sendable {
         case .appendLog(let bytes, let mustSucceed):
             if metrics.isRecording { writeTimes.withLock { $0.appended(bytes.count, ownWrites: mustSucceed) } }
             if pendingLog.withLock({ $0.add(bytes, mustSucceed: mustSucceed) }) >= PendingLog.flushBytes { flushLog() }
-        case .syncLog(let position):
-            // A stopping node syncs at once: its last round ends with every write published.
-            if !state.withLock({ $0.machine.stopping }), transport.syncLater(through: position) { return nil }
+        case .syncLog(let position, let atOnce):
+            if !atOnce, transport.syncLater(through: position) { return nil }
             let started = metrics.isRecording ? ContinuousClock.now : nil
             defer {
                 if let started {

@@ -53,9 +53,26 @@ struct DurabilityMachineTests {
         let tick = machine.handle(.tick(observerBacklog: 0), now: 2)
         #expect(Self.kinds(tick).first == "sync")
         #expect(!Self.kinds(tick).contains("publish") && !Self.kinds(tick).contains("reply"))
-        guard case .syncLog(let position) = tick.first else { return }
+        guard case .syncLog(let position, let atOnce) = tick.first else { return }
+        #expect(!atOnce, "a running node lets a host sync in the background")
         #expect(Self.kinds(machine.handle(.logDurable(through: position), now: 3)) == ["publish", "reply"])
         #expect(machine.published == 1)
+    }
+
+    /// A stopping node asks for its last sync at once: a host that syncs in the background must
+    /// sync before the round ends, so that the node stops with every write durable and published.
+    @Test func aStoppingNodeAsksForItsLastSyncAtOnce() {
+        var machine = Self.machine(.interval)
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        _ = machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
+        let stop = machine.handle(.stop, now: 3)
+        guard let sync = stop.first(where: { if case .syncLog = $0 { true } else { false } }),
+            case .syncLog(_, let atOnce) = sync
+        else {
+            Issue.record("no sync at stop: \(Self.kinds(stop))")
+            return
+        }
+        #expect(atOnce)
     }
 
     /// With `interval`, a SET is acknowledged once logged (the OS has it), and published with
@@ -68,7 +85,7 @@ struct DurabilityMachineTests {
         #expect(!Self.kinds(machine.handle(.tick(observerBacklog: 0), now: 10)).contains("sync"))
         let later = machine.handle(.tick(observerBacklog: 0), now: 60)
         guard let sync = later.first(where: { if case .syncLog = $0 { true } else { false } }),
-            case .syncLog(let position) = sync
+            case .syncLog(let position, _) = sync
         else {
             Issue.record("no sync after the interval: \(Self.kinds(later))")
             return
@@ -95,13 +112,13 @@ struct DurabilityMachineTests {
         #expect(Self.kinds(always.handle(.localWrites(writes(3)), now: 2)) == ["append"])
         let tick = always.handle(.tick(observerBacklog: 0), now: 2)
         #expect(Self.kinds(tick).first == "sync")
-        guard case .syncLog(let first) = tick.first else { return }
+        guard case .syncLog(let first, _) = tick.first else { return }
         #expect(Self.kinds(always.handle(.logDurable(through: first), now: 2)) == ["publish"])
         #expect(always.published == 3)
 
         let round = always.handle(.localWrites(writes(full)), now: 3)
         #expect(Self.kinds(round) == ["append", "sync"])
-        guard case .syncLog(let position) = round.last else { return }
+        guard case .syncLog(let position, _) = round.last else { return }
         #expect(Self.kinds(always.handle(.logDurable(through: position), now: 3)).allSatisfy { $0 == "publish" })
         #expect(always.published == UInt64(3 + full))
 
@@ -121,7 +138,7 @@ struct DurabilityMachineTests {
                     ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
             _ = machine.handle(.clientRequest(client: [1], frames: request), now: id)
             for action in machine.handle(.tick(observerBacklog: 0), now: id) {
-                guard case .syncLog(let position) = action else { continue }
+                guard case .syncLog(let position, _) = action else { continue }
                 compacted =
                     compacted || Self.kinds(machine.handle(.logDurable(through: position), now: id)).contains("compact")
             }
@@ -166,7 +183,7 @@ struct DurabilityMachineTests {
                     ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
         }
         func syncs(_ actions: [NodeAction]) -> [UInt64] {
-            actions.compactMap { if case .syncLog(let position) = $0 { position } else { nil } }
+            actions.compactMap { if case .syncLog(let position, _) = $0 { position } else { nil } }
         }
         var machine = Self.machine()
         _ = machine.handle(.tick(observerBacklog: 0), now: 1)
@@ -223,7 +240,7 @@ struct DurabilityMachineTests {
                 var actions = asked + machine.handle(.tick(observerBacklog: 0), now: 60)
                 var replies: [[UInt8]] = []
                 while let index = actions.firstIndex(where: { if case .syncLog = $0 { true } else { false } }),
-                    case .syncLog(let position) = actions[index]
+                    case .syncLog(let position, _) = actions[index]
                 {
                     actions.remove(at: index)
                     for case .reply(let client, _) in machine.handle(.logDurable(through: position), now: 61) {
@@ -240,7 +257,7 @@ struct DurabilityMachineTests {
         _ = machine.handle(.tick(observerBacklog: 0), now: 1)
         _ = machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
         let running = machine.handle(.tick(observerBacklog: 0), now: 60).compactMap {
-            if case .syncLog(let position) = $0 { position } else { nil }
+            if case .syncLog(let position, _) = $0 { position } else { nil }
         }
         #expect(running.count == 1)
         let second = ClientProtocol.encodeRequest(

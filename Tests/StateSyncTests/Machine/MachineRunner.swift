@@ -80,7 +80,7 @@ struct MachineRunner {
                 switch action {
                 case .publish(let frames): published.append(frames)
                 case .appendLog(let bytes, _): logBytes += bytes
-                case .syncLog(let position): inputs.append(.logDurable(through: position))
+                case .syncLog(let position, _): inputs.append(.logDurable(through: position))
                 case .compact: compactions += 1
                 case .saveMembers(let bytes): savedMembers = bytes
                 case .deliver: break

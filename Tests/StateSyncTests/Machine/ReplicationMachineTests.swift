@@ -53,7 +53,7 @@ struct ReplicationMachineTests {
         #expect(before.first?.latestSequence == 0 && before.first?.progress["n1"] == nil)
         // Once durable and published, the next heartbeat announces it.
         let sync = actions.compactMap { action -> UInt64? in
-            if case .syncLog(let position) = action { position } else { nil }
+            if case .syncLog(let position, _) = action { position } else { nil }
         }
         let position = try #require(sync.first)
         _ = node.machine.handle(.logDurable(through: position), now: node.now)

@@ -10,8 +10,10 @@ package enum NodeAction: Sendable {
     case appendLog(bytes: [UInt8], mustSucceed: Bool)
     /// Make the log durable (fdatasync) through `position`, then report
     /// ``NodeInput/logDurable(through:)``. A failure stops the node (after a failed fsync the
-    /// kernel may have dropped the data; acknowledging would lie).
-    case syncLog(through: UInt64)
+    /// kernel may have dropped the data; acknowledging would lie). `atOnce`: the node is
+    /// stopping, and its last round must end with every write durable and published, so a host
+    /// that could sync in the background (the simulator's slow disk) syncs before going on.
+    case syncLog(through: UInt64, atOnce: Bool)
     /// Write `snapshot` durably as the state snapshot (after syncing the log), then empty the log.
     case compact(StateSnapshot)
     /// Write the member list (a members file, ``Membership/encodeFile(_:)``) durably, before

@@ -128,7 +128,7 @@ extension NodeMachine {
         // At stop, also with one running: the stop's round must end with everything durable.
         if durability.syncRequested != nil, !stopping { return }
         durability.syncRequested = position
-        actions.append(.syncLog(through: position))
+        actions.append(.syncLog(through: position, atOnce: stopping))
     }
 
     /// The log is durable through `position`: what was staged up to there is published, in
