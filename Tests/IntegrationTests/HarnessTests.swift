@@ -24,8 +24,13 @@ struct HarnessTests {
     /// A harness that dies, even by SIGKILL, leaves no node running: each node's standard input
     /// is a pipe the harness holds, and a node stops when it ends.
     @Test func theNodesOfAKilledHarnessStop() async throws {
+        // The killed harness cannot remove its directory (its nodes' data and logs): it makes it
+        // under a TMPDIR of this test's, which the test removes.
+        let temporary = temporaryDirectory("killed-harness")
+        defer { try? FileManager.default.removeItem(atPath: temporary) }
         let harness = try ChildProcess(
-            "statesync", ["harness", "--nodes", "3", "--ops", "1000000", "--seed", "2", "--json"])
+            "statesync", ["harness", "--nodes", "3", "--ops", "1000000", "--seed", "2", "--json"],
+            environment: ["TMPDIR": temporary + "/"])
         var nodes: [pid_t] = []
         defer { for node in nodes where isAlive(node) { kill(node, SIGKILL) } }
         try await waitUntil("the harness to start its three nodes", timeout: .seconds(60)) {
@@ -34,6 +39,9 @@ struct HarnessTests {
         }
         #expect(await harness.stop(SIGKILL) == SIGKILL)
         try await waitUntil("the orphaned nodes to stop", timeout: .seconds(30)) { !nodes.contains(where: isAlive) }
+        // What the harness left is under the test's directory, and goes with it.
+        let left = (try? FileManager.default.contentsOfDirectory(atPath: temporary)) ?? []
+        #expect(left.contains { $0.hasPrefix("statesync-harness-2-") }, "\(left)")
     }
 
     @Test func smallClusterWithKillAndPartitionPasses() async throws {
