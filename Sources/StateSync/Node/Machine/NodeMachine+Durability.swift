@@ -66,9 +66,16 @@ extension NodeMachine {
     mutating func stage(_ applied: [Applied]) {
         let bodies = applied.map { PeerMessage.deltaBody($0.delta) }
         let tooLarge = appendToLog(applied, mustSucceed: true, bodies: bodies)
-        // No reserveCapacity(count + new) here: it reallocates to exactly that, so with
-        // `storage.fsync: interval` (thousands of one-write rounds between syncs) every round
-        // copied everything staged so far. Appending grows the arrays geometrically.
+        // Room for the round at once, growing geometrically: reserveCapacity(count + new) alone
+        // reallocates to exactly that, so with `storage.fsync: interval` (thousands of one-write
+        // rounds between syncs) every round copied everything staged so far.
+        let needed = durability.staged.count + applied.count
+        if durability.staged.capacity < needed {
+            let capacity = max(needed, 2 * durability.staged.capacity)
+            durability.staged.reserveCapacity(capacity)
+            durability.stagedBodies.reserveCapacity(capacity)
+            durability.stagedPositions.reserveCapacity(capacity)
+        }
         for index in applied.indices {  // by index: see appendToLog
             if !tooLarge.isEmpty, tooLarge.contains(index) {
                 counters.encodingFailures += 1
