@@ -9,8 +9,8 @@ package protocol NodeTransport {
     func sendRepairRequest(peer: String, frames: [[UInt8]]) -> Bool
     /// Sends a reply to the client with routing id `client`.
     func reply(client: [UInt8], frames: [[UInt8]]) -> ReplyOutcome
-    /// Sends events in order until the client's queue is full; returns how many were sent, and
-    /// whether the client is gone.
+    /// Sends watch event messages in order until the client's queue is full; returns how many
+    /// messages were sent, and whether the client is gone.
     func sendWatchEvents(client: [UInt8], events: [[[UInt8]]]) -> (accepted: Int, clientGone: Bool)
     /// Stops (or resumes) reading peers' deltas.
     func pauseIntake(_ paused: Bool)

@@ -58,6 +58,47 @@ struct ClientAPIProtocolTests {
         await node.stop()
     }
 
+    /// WATCH flag bit 3 over real sockets: a burst of a model's writes reaches a watch that asked
+    /// for batched events in messages of several DELTA bodies (at most 32), in order; a watch that
+    /// did not ask gets the same deltas one per message.
+    @Test func aBurstReachesABatchedWatchInMessagesOfSeveralEvents() async throws {
+        try await Self.withNode { node, batched in
+            let single = try RawClient(try #require(node.apiEndpoint))
+            for (client, asks) in [(batched, true), (single, false)] {
+                let (header, _) = try client.call(
+                    .watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil, batchedEvents: asks))
+                #expect(header.kind == .ok)
+            }
+            let model = try await node.model(Counter.self, channel: "c", id: "m")
+            for value in 1...200 { model.count = value }
+            func read(_ client: RawClient) throws -> (counts: [Int], bodies: [Int]) {
+                var counts: [Int] = []
+                var bodies: [Int] = []
+                while counts.count < 200, let message = try client.next() {
+                    let header = try ClientProtocol.decodeReplyHeader(message[0])
+                    guard header.kind == .event, header.requestID == 7 else { continue }
+                    var deltas = 0
+                    for body in message.dropFirst() {
+                        guard case .delta(let delta, _) = try ClientProtocol.decodeWatchEvent(body) else { continue }
+                        deltas += 1
+                        for property in delta.properties where property.name == "count" {
+                            if case .int(let value) = property.value { counts.append(Int(value)) }
+                        }
+                    }
+                    if deltas > 0 { bodies.append(message.count - 1) }
+                }
+                return (counts, bodies)
+            }
+            let (batchedCounts, batchedBodies) = try read(batched)
+            #expect(batchedCounts == Array(1...200))
+            #expect(batchedBodies.max() ?? 0 > 1, "runs of deltas share a message: \(batchedBodies)")
+            #expect(batchedBodies.max() ?? 0 <= 32)
+            let (singleCounts, singleBodies) = try read(single)
+            #expect(singleCounts == Array(1...200))
+            #expect(Set(singleBodies) == [1])
+        }
+    }
+
     @Test func unknownCommandGetsErrorTwoAndTheNodeGoesOn() async throws {
         try await Self.withNode { node, client in
             var header = WireWriter()

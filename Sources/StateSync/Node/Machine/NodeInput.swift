@@ -23,7 +23,7 @@ package enum NodeInput: Sendable {
     case logDurable(through: UInt64)
     /// A compaction could not be written; the log still holds everything. It is retried.
     case compactionFailed(String)
-    /// The driver sent the first `accepted` events of the batch a ``NodeAction/sendWatchEvents``
+    /// The driver sent the first `accepted` messages of the batch a ``NodeAction/sendWatchEvents``
     /// asked for; `clientGone` when the client is unreachable.
     case watchEventsSent(WatchKey, accepted: Int, clientGone: Bool)
     /// A reply could not be queued to its client (the client's queue is full).

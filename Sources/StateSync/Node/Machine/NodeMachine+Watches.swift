@@ -60,8 +60,8 @@ extension NodeMachine {
         var lastMarker: UInt64 = 0
         var lagging = false
         var inFlight: InFlight?
-        /// How many deltas the next batch holds: halved to what the client's queue took when it
-        /// refused some, doubled back (to ``pumpLimit``) when it took all — so a slow client does
+        /// How many deltas the next batch holds: cut to what the client's queue took when it
+        /// refused some (the deltas of the messages it took), doubled back (to ``pumpLimit``) when it took all — so a slow client does
         /// not make the node encode events it throws away.
         var batchLimit = NodeMachine.pumpLimit
     }
@@ -98,7 +98,8 @@ extension NodeMachine {
     static let pumpLimit = 256
     /// At most this many DELTA events share a message of a watch that takes batched events:
     /// enough to send a round's events in a few messages, few enough that a client's queue of
-    /// `network.client_hwm` messages holds no more bytes than with snapshot RECORDS.
+    /// `network.client_hwm` messages holds about as many bytes as one full of snapshot RECORDS
+    /// (256 records each).
     static let eventsPerMessage = 32
 
     // MARK: - Opening and closing
@@ -293,7 +294,8 @@ extension NodeMachine {
         return (frames, position)
     }
 
-    /// The driver sent the first `accepted` events of `key`'s batch.
+    /// The driver sent the first `accepted` messages of `key`'s batch (one event each, or a run
+    /// of DELTA events for a watch that takes batched events).
     mutating func watchEventsSent(_ key: WatchKey, accepted: Int, clientGone: Bool) {
         if clientGone {
             for other in watches.order where other.client == key.client && watches[other]?.lagging == true {
@@ -325,9 +327,9 @@ extension NodeMachine {
                 watch.batchLimit = min(watch.batchLimit * 2, Self.pumpLimit)
                 complete = true
             } else {
-                // Advance delta by delta, so a refusal resumes exactly where it stopped.
+                // Advance message by message, so a refusal resumes exactly where it stopped.
                 watch.position = accepted > 0 ? after[accepted - 1] : before
-                watch.batchLimit = max(1, accepted)
+                watch.batchLimit = max(1, watch.batchedEvents ? accepted * Self.eventsPerMessage : accepted)
             }
         case .marker:
             if accepted > 0 {
