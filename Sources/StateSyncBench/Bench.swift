@@ -44,17 +44,14 @@ public enum Bench {
             func floor(_ a: String, _ b: String) -> Double? {
                 [self[a], self[b]].compactMap { $0 }.min()
             }
-            if let raw50 = self["raw_latency_p50_us"], let raw99 = self["raw_latency_p99_us"] {
-                add("limit_durable_p50_us", floor("fsync_p50_us", "fsync_preallocated_p50_us").map { raw50 + $0 })
-                add("limit_durable_p99_us", floor("fsync_p99_us", "fsync_preallocated_p99_us").map { raw99 + $0 })
-            }
-            if let raw50 = self["raw_latency_lone_p50_us"], let raw99 = self["raw_latency_lone_p99_us"] {
-                add(
-                    "limit_durable_lone_p50_us",
-                    floor("fsync_p50_us", "fsync_preallocated_p50_us").map { raw50 + $0 })
-                add(
-                    "limit_durable_lone_p99_us",
-                    floor("fsync_p99_us", "fsync_preallocated_p99_us").map { raw99 + $0 })
+            // At 10k/s and at 1k/s ("lone"): raw one-way at that rate + the disk.
+            for rate in ["", "_lone"] {
+                for percentile in ["p50", "p99"] {
+                    guard let raw = self["raw_latency\(rate)_\(percentile)_us"] else { continue }
+                    add(
+                        "limit_durable\(rate)_\(percentile)_us",
+                        floor("fsync_\(percentile)_us", "fsync_preallocated_\(percentile)_us").map { raw + $0 })
+                }
             }
             add("deltas_per_s_ratio_raw", divide("deltas_per_s", by: "raw_msgs_per_s"))
             add("properties_per_s_tx_ratio_raw", divide("properties_per_s_tx", by: "raw_msgs_per_s"))
@@ -109,30 +106,31 @@ public enum Bench {
                 ratio(self["properties_per_s_tx"], to: raw))
             line("CPU per single set (both processes)", "cpu_us_per_delta", "µs")
             line("CPU per 8-property tx (both processes)", "cpu_us_per_tx", "µs")
-            func ofLimit(_ key: String, _ limitKey: String, _ name: String) -> String {
-                guard let value = self[key], let limit = self[limitKey], limit > 0 else { return "" }
-                return String(format: "  (limit %.0f µs: %.2f×, %+.0f µs)", limit, value / limit, value - limit)
-                    + " \(name)"
+            /// A latency's line, with the limit it is bounded by.
+            func limited(_ label: String, _ key: String, _ limitKey: String, _ name: String) {
+                guard let value = self[key], let limit = self[limitKey], limit > 0 else {
+                    return line(label, key, "µs")
+                }
+                line(
+                    label, key, "µs",
+                    String(format: "  (limit %.0f µs: %.2f×, %+.0f µs)", limit, value / limit, value - limit)
+                        + " \(name)")
             }
-            line(
-                "set → remote observer p50 at 10k/s, durable", "latency_p50_us", "µs",
-                ofLimit("latency_p50_us", "limit_durable_p50_us", "raw+fsync"))
-            line(
-                "set → remote observer p99 at 10k/s, durable", "latency_p99_us", "µs",
-                ofLimit("latency_p99_us", "limit_durable_p99_us", "raw+fsync"))
+            limited(
+                "set → remote observer p50 at 10k/s, durable", "latency_p50_us", "limit_durable_p50_us", "raw+fsync")
+            limited(
+                "set → remote observer p99 at 10k/s, durable", "latency_p99_us", "limit_durable_p99_us", "raw+fsync")
             line("set → remote observer p99.9 at 10k/s", "latency_p999_us", "µs")
-            line(
-                "set → remote observer p50 at 1k/s, durable", "latency_lone_p50_us", "µs",
-                ofLimit("latency_lone_p50_us", "limit_durable_lone_p50_us", "raw at 1k/s+fsync"))
-            line(
-                "set → remote observer p99 at 1k/s, durable", "latency_lone_p99_us", "µs",
-                ofLimit("latency_lone_p99_us", "limit_durable_lone_p99_us", "raw at 1k/s+fsync"))
-            line(
-                "set → remote observer p50, fsync: interval", "latency_p50_us_interval", "µs",
-                ofLimit("latency_p50_us_interval", "raw_latency_p50_us", "raw"))
-            line(
-                "set → remote observer p99, fsync: interval", "latency_p99_us_interval", "µs",
-                ofLimit("latency_p99_us_interval", "raw_latency_p99_us", "raw"))
+            for percentile in ["p50", "p99"] {
+                limited(
+                    "set → remote observer \(percentile) at 1k/s, durable", "latency_lone_\(percentile)_us",
+                    "limit_durable_lone_\(percentile)_us", "raw at 1k/s+fsync")
+            }
+            for percentile in ["p50", "p99"] {
+                limited(
+                    "set → remote observer \(percentile), fsync: interval", "latency_\(percentile)_us_interval",
+                    "raw_latency_\(percentile)_us", "raw")
+            }
             func ofPlain(_ key: String, _ plainKey: String) -> String {
                 guard let value = self[key], let plain = self[plainKey], plain > 0 else { return "" }
                 return String(format: "  (%.0f%% of plain)", 100 * value / plain)
