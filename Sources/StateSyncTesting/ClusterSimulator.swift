@@ -607,7 +607,9 @@ public enum ClusterSimulator {
         var digests = Set<UInt64>()
         for node in cluster.nodes {
             guard let status = node.host?.status else { return false }
-            guard status.missingDeltas == 0, status.peers.allSatisfy(\.connected) else { return false }
+            guard status.missingDeltas == 0, !status.settling, status.peers.allSatisfy(\.connected) else {
+                return false
+            }
             digests.insert(status.stateDigest)
         }
         return digests.count == 1
@@ -814,7 +816,7 @@ final class FaultSchedule {
                 intervalPowerLosses.append((nodes[target].id, cluster.now))
             }
             let torn = powerLoss ? (unsynced > 0 && random.chance(0.5) ? random.below(unsynced + 1) : 0) : unsynced
-            cluster.crash(target, tornBytes: torn)
+            cluster.crash(target, tornBytes: torn, powerLoss: powerLoss)
             detail =
                 powerLoss
                 ? "power loss (\(unsynced) bytes unsynced, \(torn) of them torn onto disk), restarted after \(hold) ms"

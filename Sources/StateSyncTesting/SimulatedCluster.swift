@@ -387,14 +387,15 @@ package final class SimulatedCluster {
     }
 
     /// Crashes node `index`: its process is gone (what it had not synced is lost, but for a torn
-    /// part of it when `tornBytes` > 0), its clients are disconnected.
-    package func crash(_ index: Int, tornBytes: Int = 0) {
+    /// part of it when `tornBytes` > 0), its clients are disconnected. `powerLoss`: its OS went
+    /// down too (it restarts in a new boot).
+    package func crash(_ index: Int, tornBytes: Int = 0, powerLoss: Bool = false) {
         let node = nodes[index]
         guard node.host != nil else { return }
         node.host = nil
         node.generation += 1
         node.tickAt = nil
-        node.disk.crash(keepingTorn: tornBytes)
+        node.disk.crash(keepingTorn: tornBytes, powerLoss: powerLoss)
         record("crash", node.id, [])
         for routingID in clients.keys.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
             guard let client = clients[routingID], client.connection?.node == index else { continue }

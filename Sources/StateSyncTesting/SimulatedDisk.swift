@@ -19,6 +19,10 @@ public final class SimulatedDisk: NodeStorage {
         var bytesAppended = 0
         var appends = 0
         var freeBytes: UInt64?
+        /// The sequence reservation (written durably at once) and the boot it was made in.
+        var reservation: SequenceReservation?
+        /// The boot of the simulated OS: a power loss starts a new one.
+        var boot = 1
     }
 
     private let state = Mutex(State())
@@ -46,11 +50,22 @@ public final class SimulatedDisk: NodeStorage {
             snapshot: snapshot, deltas: parsed.deltas, cutBytes: parsed.cutBytes, cutReason: parsed.cutReason,
             logSize: intact)
         recovery.members = (membersBytes.flatMap { try? Membership.decodeFile($0) }) ?? []
+        let (reservation, boot) = state.withLock { ($0.reservation, $0.boot) }
+        if let reservation {
+            recovery.reservedSequence = reservation.through
+            recovery.reservedInThisBoot = reservation.isOfBoot("\(boot)")
+        }
         return recovery
     }
 
     package func saveMembers(_ bytes: [UInt8]) throws(StateSyncError) {
         state.withLock { $0.members = bytes }
+    }
+
+    package func reserveSequences(through: UInt64) throws(StateSyncError) {
+        state.withLock { state in
+            state.reservation = SequenceReservation(through: through, bootID: "\(state.boot)")
+        }
     }
 
     package func append(_ records: [UInt8]) throws(StateSyncError) {
@@ -98,10 +113,12 @@ public final class SimulatedDisk: NodeStorage {
 
     /// The node crashed: what was not synced is lost, except the first `tornBytes` of it (at most
     /// what was pending), which reached the platter — possibly half a record.
-    public func crash(keepingTorn tornBytes: Int = 0) {
+    /// `powerLoss`: the OS went down too, and comes back as a new boot.
+    public func crash(keepingTorn tornBytes: Int = 0, powerLoss: Bool = false) {
         state.withLock { state in
             state.durableLog += state.pendingLog.prefix(max(0, tornBytes))
             state.pendingLog = []
+            if powerLoss { state.boot += 1 }
         }
     }
 

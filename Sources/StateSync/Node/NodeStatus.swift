@@ -46,6 +46,11 @@ public struct NodeStatus: Sendable, Equatable {
     /// With security: refused connections by key fingerprint (its first 8 Z85 characters), for
     /// the most recent distinct keys (at most 32).
     public var refusedKeys: [String: Int] = [:]
+    /// Whether the node is settling its sequence numbers after a power loss (it publishes before
+    /// syncing, `storage.fsync: interval`): it takes no writes until its peers said which of its
+    /// deltas they hold (docs/PROTOCOL.md 11.2); `writesHeld` wait meanwhile.
+    public var settling = false
+    public var writesHeld = 0
     /// Whether the node refuses writes because its disk is nearly full, and the free bytes it last
     /// measured (`nil`: unknown).
     public var diskFull = false
@@ -137,6 +142,11 @@ public struct NodeStatus: Sendable, Equatable {
         if !down.isEmpty { reasons.append("peers not connected: \(down.sorted().joined(separator: ", "))") }
         if missingDeltas > 0 { reasons.append("catching up: \(missingDeltas) deltas known but not received") }
         if diskFull { reasons.append("disk nearly full: writes are refused") }
+        if settling {
+            reasons.append(
+                "settling after a power loss: \(writesHeld) writes held until every peer said which of this node's deltas it holds"
+            )
+        }
         return reasons
     }
 
@@ -167,6 +177,8 @@ public struct NodeStatus: Sendable, Equatable {
             "lagging_watches": .int(Int64(laggingWatches)),
             "refused_keys": .map(refusedKeys.mapValues { .int(Int64($0)) }),
             "disk_full": .bool(diskFull),
+            "settling": .bool(settling),
+            "writes_held": .int(Int64(writesHeld)),
         ]
         map["disk_free_bytes"] = diskFreeBytes.map { .int(Int64(clamping: $0)) } ?? .null
         map["api"] = apiEndpoint.map(Value.string) ?? .null
@@ -224,6 +236,8 @@ public struct NodeStatus: Sendable, Equatable {
         self.laggingWatches = int(map["lagging_watches"]) ?? 0
         if case .map(let refused)? = map["refused_keys"] { self.refusedKeys = refused.mapValues { int($0) ?? 0 } }
         if case .bool(let full)? = map["disk_full"] { self.diskFull = full }
+        if case .bool(let settling)? = map["settling"] { self.settling = settling }
+        self.writesHeld = int(map["writes_held"]) ?? 0
         self.diskFreeBytes = int(map["disk_free_bytes"]).map { UInt64(clamping: $0) }
         if case .array(let list)? = map["members"] { self.members = list.compactMap(Member.init) }
         self.tombstones = int(map["tombstones"]) ?? 0

@@ -220,14 +220,16 @@ public final class StateSyncNode: Sendable {
         }
     }
 
-    /// Records write → durable and write → published for the own writes the log is now durable
-    /// through (their DELTA messages were just handed to the transport).
+    /// Records write → durable, and with `storage.fsync: always` write → published, for the own
+    /// writes the log is now durable through (their DELTA messages were just handed to the
+    /// transport). With `interval` a write is published as it is appended, not at the sync.
     private func recordPublished(through position: UInt64) {
         let now = ContinuousClock.now
+        let publishedAtSync = configuration.fsync == .always
         let done = writeTimes.withLock { $0.takeDurable(through: position) }
         for (appendedAt, durableAt) in done {
             metrics.writeDurable.record(appendedAt.duration(to: durableAt))
-            metrics.writePublished.record(appendedAt.duration(to: now))
+            if publishedAtSync { metrics.writePublished.record(appendedAt.duration(to: now)) }
         }
     }
 
@@ -294,6 +296,16 @@ public final class StateSyncNode: Sendable {
                 )
             }
             return .logDurable(through: position)
+        case .reserveSequences(let through):
+            do {
+                try storage.reserveSequences(through: through)
+            } catch {
+                // Publishing beyond a reservation that is not durable could make a restart after
+                // a power loss reuse a published number: stop as a failed sync does.
+                fatalError(
+                    "statesyncd: cannot record the sequence reservation (\(error)); stopping before publishing writes")
+            }
+            return .sequencesReserved(through: through)
         case .saveMembers(let bytes):
             do {
                 try storage.saveMembers(bytes)

@@ -28,6 +28,15 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
     static let snapshotName = "state.snapshot"
     static let membersName = "members"
     static let logName = "deltas.log"
+    static let reservationName = "sequence.reserved"
+
+    /// The running boot of the OS (Linux: `/proc/sys/kernel/random/boot_id`), "" when unknown.
+    package static let currentBootID: String = {
+        guard let data = FileManager.default.contents(atPath: "/proc/sys/kernel/random/boot_id"),
+            let text = String(data: data, encoding: .utf8)
+        else { return "" }
+        return text.trimmingCharacters(in: .whitespacesAndNewlines)
+    }()
 
     /// Creates the directory when missing and takes its lock.
     package init(path: String) throws(StateSyncError) {
@@ -94,7 +103,26 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
                     "members file \(members) is damaged (\(error)); relearning the member list from peers")
             }
         }
+        let reservation = path + "/" + Self.reservationName
+        if let data = FileManager.default.contents(atPath: reservation) {
+            do {
+                let reserved = try SequenceReservation.decode(Array(data))
+                recovery.reservedSequence = reserved.through
+                recovery.reservedInThisBoot = reserved.isOfBoot(Self.currentBootID)
+            } catch {
+                // Written atomically, so only a damaged disk gets here: the log's own deltas and
+                // the peers' progress lists still move the next sequence number (section 7.3).
+                onCorruptSnapshot(
+                    "sequence reservation \(reservation) is damaged (\(error)); after a power loss this node cannot tell which of its published deltas its log lost"
+                )
+            }
+        }
         return recovery
+    }
+
+    package func reserveSequences(through: UInt64) throws(StateSyncError) {
+        try writeFileAtomically(
+            SequenceReservation(through: through, bootID: Self.currentBootID).encode(), named: Self.reservationName)
     }
 
     package func saveMembers(_ bytes: [UInt8]) throws(StateSyncError) {

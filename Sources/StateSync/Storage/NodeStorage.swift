@@ -15,6 +15,9 @@ package protocol NodeStorage: AnyObject, Sendable {
     func compact(_ snapshot: StateSnapshot) throws(StateSyncError)
     /// Writes the member list (``Membership/encodeFile(_:)``) durably and atomically.
     func saveMembers(_ bytes: [UInt8]) throws(StateSyncError)
+    /// Records durably and atomically, with the OS's boot id, that own sequence numbers through
+    /// `through` may be published before they are durable (``SequenceReservation``).
+    func reserveSequences(through: UInt64) throws(StateSyncError)
     /// Releases the storage for another node. Idempotent.
     func close()
     /// The bytes still free for the log and snapshot (`nil` when unknown).

@@ -22,12 +22,17 @@ struct DurabilityMachineTests {
         .set, id: 1,
         body: ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: 1)]))
 
+    static let set2 = ClientProtocol.encodeRequest(
+        .set, id: 2,
+        body: ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: 2)]))
+
     static func kinds(_ actions: [NodeAction]) -> [String] {
         actions.map { action in
             switch action {
             case .publish(let frames): frames[0] == PeerMessage.heartbeatTopic ? "heartbeat" : "publish"
             case .appendLog: "append"
             case .syncLog: "sync"
+            case .reserveSequences: "reserve"
             case .compact: "compact"
             case .saveMembers: "members"
             case .deliver: "deliver"
@@ -75,22 +80,60 @@ struct DurabilityMachineTests {
         #expect(atOnce)
     }
 
-    /// With `interval`, a SET is acknowledged once logged (the OS has it), and published with
-    /// the next sync, one interval later.
-    @Test func intervalAcknowledgesAtOnceAndPublishesAfterTheSync() {
+    /// With `interval`, a SET is acknowledged once logged (the OS has it) and published at once,
+    /// within sequence numbers reserved durably ahead (the first write waits for the first
+    /// reservation); the log is synced one interval later, and no reservation is asked for again
+    /// until the block runs low.
+    @Test func intervalAcknowledgesAndPublishesBeforeTheSync() {
+        var machine = Self.machine(.interval)
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        let first = machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
+        #expect(Self.kinds(first) == ["append", "reserve", "reply"])
+        guard
+            case .reserveSequences(let through)? = first.first(where: {
+                if case .reserveSequences = $0 { true } else { false }
+            })
+        else { return }
+        #expect(through == 1 + NodeMachine.reservationBlock)
+        #expect(Self.kinds(machine.handle(.sequencesReserved(through: through), now: 3)) == ["publish"])
+        #expect(
+            Self.kinds(machine.handle(.clientRequest(client: [1], frames: Self.set2), now: 4))
+                == ["append", "publish", "reply"])
+        #expect(machine.published == 2)
+        #expect(!Self.kinds(machine.handle(.tick(observerBacklog: 0), now: 10)).contains("sync"))
+        let later = machine.handle(.tick(observerBacklog: 0), now: 60)
+        #expect(Self.kinds(later).contains("sync"), "synced one interval after the last sync")
+        #expect(!Self.kinds(later).contains("publish"), "nothing waited for it")
+    }
+
+    /// With `interval`, a write beyond the reservation waits for the next one, and so does
+    /// every write after it (deltas go out in sequence order); a stopping node that published
+    /// everything releases its reservation (a later restart has nothing to settle).
+    @Test func aWriteBeyondTheReservationWaitsForIt() {
         var machine = Self.machine(.interval)
         _ = machine.handle(.tick(observerBacklog: 0), now: 1)
         #expect(
-            Self.kinds(machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)) == ["append", "reply"])
-        #expect(!Self.kinds(machine.handle(.tick(observerBacklog: 0), now: 10)).contains("sync"))
-        let later = machine.handle(.tick(observerBacklog: 0), now: 60)
-        guard let sync = later.first(where: { if case .syncLog = $0 { true } else { false } }),
-            case .syncLog(let position, _) = sync
+            Self.kinds(machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)) == [
+                "append", "reserve", "reply",
+            ])
+        #expect(
+            Self.kinds(machine.handle(.clientRequest(client: [1], frames: Self.set2), now: 3)) == ["append", "reply"])
+        #expect(machine.published == 0)
+        let reserved = machine.handle(.sequencesReserved(through: 1 + NodeMachine.reservationBlock), now: 4)
+        #expect(Self.kinds(reserved) == ["publish"], "both writes, in one DELTA batch")
+        #expect(machine.published == 2)
+
+        let stop = machine.handle(.stop, now: 5)
+        guard case .syncLog(let position, _)? = stop.first(where: { if case .syncLog = $0 { true } else { false } })
         else {
-            Issue.record("no sync after the interval: \(Self.kinds(later))")
+            Issue.record("no sync at stop: \(Self.kinds(stop))")
             return
         }
-        #expect(Self.kinds(machine.handle(.logDurable(through: position), now: 61)).contains("publish"))
+        let released = machine.handle(.logDurable(through: position), now: 6)
+        let releases = released.compactMap { action -> UInt64? in
+            if case .reserveSequences(let through) = action { through } else { nil }
+        }
+        #expect(releases == [2], "released down to the last number used")
     }
 
     /// A full round of a model's local writes (a long queue, fed in rounds) is logged and its
@@ -124,7 +167,7 @@ struct DurabilityMachineTests {
 
         var interval = Self.machine(.interval)
         _ = interval.handle(.tick(observerBacklog: 0), now: 1)
-        #expect(Self.kinds(interval.handle(.localWrites(writes(full)), now: 2)) == ["append"])
+        #expect(Self.kinds(interval.handle(.localWrites(writes(full)), now: 2)) == ["append", "reserve"])
     }
 
     /// `storage.compact_bytes`: once the log grows past it, the state is compacted.

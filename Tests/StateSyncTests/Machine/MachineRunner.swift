@@ -35,6 +35,10 @@ struct MachineRunner {
     var unsubscribed: [String] = []
     /// Why the machine refused to run, each time it said so.
     var refusals: [String] = []
+    /// The sequence reservations asked for (each reported made at once, unless not
+    /// `reportsReservations`: then never).
+    var reservations: [UInt64] = []
+    var reportsReservations = true
 
     /// A wall clock tests can move (the node's clock reads it).
     final class Wall: Sendable {
@@ -81,6 +85,9 @@ struct MachineRunner {
                 case .publish(let frames): published.append(frames)
                 case .appendLog(let bytes, _): logBytes += bytes
                 case .syncLog(let position, _): inputs.append(.logDurable(through: position))
+                case .reserveSequences(let through):
+                    reservations.append(through)
+                    if reportsReservations { inputs.append(.sequencesReserved(through: through)) }
                 case .compact: compactions += 1
                 case .saveMembers(let bytes): savedMembers = bytes
                 case .deliver: break

@@ -192,3 +192,85 @@ struct SimulatedSlowDiskTests {
         #expect(seen.value == [1, 2, 3, 4, 5], "the reader never saw the lost write")
     }
 }
+
+@Suite("Publishing before the sync (fsync: interval), simulated")
+struct SimulatedEarlyPublishTests {
+    static let address = ModelAddress(channel: "c", model: "m")
+
+    static func count(_ cluster: SimulatedCluster, _ index: Int) -> Value? {
+        cluster.nodes[index].host?.properties(of: address)["count"]?.value
+    }
+
+    /// With `storage.fsync: interval` a write reaches the peers long before the interval's sync:
+    /// the publish waits for no timer.
+    @Test func aWriteIsPublishedBeforeTheIntervalsSync() async throws {
+        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: 7)
+        configuration.fsync = .interval
+        configuration.fsyncIntervalMilliseconds = 1000
+        let cluster = try SimulatedCluster(configuration)
+        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        cluster.run(for: 2000)
+        // The first write after a long quiet is synced at once (the interval has passed).
+        writer.count = 1
+        #expect(cluster.run(for: 100) { Self.count($0, 1) == .int(1) })
+        let start = cluster.now
+        let syncs = cluster.nodes[0].disk.syncCount
+        writer.count = 2
+        #expect(cluster.run(for: 900) { Self.count($0, 1) == .int(2) })
+        #expect(cluster.now - start <= 10, "reached the peer within the link's delay, not at the sync")
+        #expect(cluster.nodes[0].disk.syncCount == syncs, "no sync yet")
+        #expect(cluster.nodes[0].disk.unsyncedBytes > 0)
+    }
+
+    /// A power loss takes deltas the node had published but not synced. After the restart it
+    /// numbers no new write until its peers said what they hold of it: the new write gets a
+    /// number after the lost ones, and every node takes it. (Numbered over a lost one, the peers
+    /// would drop it as a duplicate and keep the old value for good.)
+    @Test func afterAPowerLossANewWriteIsNotNumberedOverAPublishedOne() async throws {
+        var configuration = SimulatedCluster.Configuration(nodes: 3, seed: 11)
+        configuration.fsync = .interval
+        configuration.fsyncIntervalMilliseconds = 1000
+        let cluster = try SimulatedCluster(configuration)
+        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        cluster.run(for: 2000)
+        writer.count = 1
+        #expect(cluster.run(for: 1500) { $0.nodes[0].disk.unsyncedBytes == 0 && Self.count($0, 2) == .int(1) })
+        for value in 2...5 { writer.count = value }
+        #expect(cluster.run(for: 100) { Self.count($0, 1) == .int(5) && Self.count($0, 2) == .int(5) })
+        #expect(cluster.nodes[0].disk.unsyncedBytes > 0, "published, not yet synced")
+
+        cluster.crash(0, tornBytes: 0, powerLoss: true)
+        try cluster.restart(0)
+        let restarted = try #require(cluster.nodes[0].host)
+        #expect(Self.count(cluster, 0) == .int(1), "the log lost writes 2…5")
+        let again = try await restarted.model(Counter.self, channel: "c", id: "m")
+        again.count = 100
+        #expect(cluster.run(for: 10_000, stoppingWhen: SimulatedRepairTests.quiet))
+        for index in 0..<3 {
+            #expect(Self.count(cluster, index) == .int(100), "node \(index)")
+        }
+        #expect(restarted.status.counters["deltas_published"] == 1)
+        #expect(restarted.status.latestSequence == 6, "numbered after the five published before the power loss")
+    }
+
+    /// A process crash (the OS stays up) keeps everything the node wrote to its log, so the
+    /// restart has nothing to settle: a new write is numbered at once.
+    @Test func afterAProcessCrashNothingIsHeld() async throws {
+        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: 13)
+        configuration.fsync = .interval
+        configuration.fsyncIntervalMilliseconds = 1000
+        let cluster = try SimulatedCluster(configuration)
+        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        cluster.run(for: 2000)
+        for value in 1...3 { writer.count = value }
+        cluster.run(for: 50)
+        cluster.crash(0, tornBytes: cluster.nodes[0].disk.unsyncedBytes)
+        try cluster.restart(0)
+        let restarted = try #require(cluster.nodes[0].host)
+        #expect(Self.count(cluster, 0) == .int(3))
+        let again = try await restarted.model(Counter.self, channel: "c", id: "m")
+        again.count = 4
+        cluster.run(for: 1)
+        #expect(restarted.status.latestSequence == 4, "numbered at once")
+    }
+}

@@ -14,6 +14,10 @@ package enum NodeAction: Sendable {
     /// stopping, and its last round must end with every write durable and published, so a host
     /// that could sync in the background (the simulator's slow disk) syncs before going on.
     case syncLog(through: UInt64, atOnce: Bool)
+    /// Record durably, with the OS's boot id, that this node may publish its deltas through
+    /// sequence number `through` before they are durable (`storage.fsync: interval`), then report
+    /// ``NodeInput/sequencesReserved(through:)``. A failure stops the node, as a failed sync does.
+    case reserveSequences(through: UInt64)
     /// Write `snapshot` durably as the state snapshot (after syncing the log), then empty the log.
     case compact(StateSnapshot)
     /// Write the member list (a members file, ``Membership/encodeFile(_:)``) durably, before

@@ -21,6 +21,9 @@ package enum NodeInput: Sendable {
     case localWrites([LocalWrite])
     /// The log is durable through `position` (bytes appended since the node started).
     case logDurable(through: UInt64)
+    /// The reservation of sequence numbers through `through` is durable
+    /// (``NodeAction/reserveSequences(through:)``).
+    case sequencesReserved(through: UInt64)
     /// A compaction could not be written; the log still holds everything. It is retried.
     case compactionFailed(String)
     /// The driver sent the first `accepted` messages of the batch a ``NodeAction/sendWatchEvents``

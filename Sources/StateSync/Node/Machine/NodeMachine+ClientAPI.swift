@@ -139,6 +139,22 @@ extension NodeMachine {
             return
         }
         let id = header.requestID
+        // Settling after a power loss: writes wait until the node knows its next sequence number.
+        if settling != nil,
+            header.command == ClientProtocol.Command.set.rawValue
+                || header.command == ClientProtocol.Command.delete.rawValue
+        {
+            if hold(request: frames, from: client, identity: identity) { return }
+            counters.clientRequests += 1
+            counters.clientErrors += 1
+            reply(
+                client, .error, id,
+                ClientProtocol.encodeError(
+                    .internal,
+                    "node \(configuration.nodeID) is settling its sequence numbers after a power loss and holds too many writes already; try again"
+                ))
+            return
+        }
         counters.clientRequests += 1
         guard let command = ClientProtocol.Command(rawValue: header.command) else {
             counters.clientErrors += 1

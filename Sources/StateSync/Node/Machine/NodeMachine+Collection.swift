@@ -50,10 +50,12 @@ extension NodeMachine {
     static let floorsPerMember = 64
 
     /// This node's floor: the clock's last timestamp, below every own write not yet published —
-    /// staged here, or stamped by a live model and not yet taken (``hostWriteFloor``).
+    /// staged here, held while settling, or stamped by a live model and not yet taken
+    /// (``hostWriteFloor``).
     var ownFloor: UInt64 {
         var floor = min(clock.lastTimestamp, hostWriteFloor)
         if let oldest = durability.staged.lazy.map(\.version.timestamp).min() { floor = min(floor, oldest &- 1) }
+        if let held = settling?.heldFloor, held != .max { floor = min(floor, held &- 1) }
         return floor
     }
 

@@ -2,7 +2,9 @@
 /// write-ahead log; the node's own writes are published — and, with `storage.fsync: always`,
 /// acknowledged — only once the log is durable through them. Group commit: all writes staged
 /// before a sync share it, and a sync is asked for as soon as a round of local writes is taken
-/// (and at every tick), so a lone write never waits for a timer.
+/// (and at every tick), so a lone write never waits for a timer. With `storage.fsync: interval`
+/// a write is published as soon as it is written to the OS, within sequence numbers reserved
+/// durably ahead, and the log is synced every `storage.fsync_interval_ms`.
 extension NodeMachine {
     struct Durability: Sendable {
         /// Local writes logged but not yet durable, in order, their DELTA bodies (encoded once,
@@ -26,7 +28,27 @@ extension NodeMachine {
         var lastSync: UInt64 = 0
         /// A compaction failed: it is retried at a later repair round.
         var compactionPending = false
+        /// The log position after the last own write appended.
+        var lastOwnPosition: UInt64 = 0
+        /// With `storage.fsync: interval`: the own sequence numbers reserved durably, which may
+        /// be published before the log is durable through them (section 11.2).
+        var reserved: UInt64 = 0
+        /// The reservation asked for and not yet reported.
+        var reservationRequested: UInt64?
+        /// With `storage.fsync: interval`: per round of own writes not yet durable, its last
+        /// sequence number and the log position after it; and the highest own sequence number
+        /// durable.
+        var unsyncedRounds: [(sequence: UInt64, position: UInt64)] = []
+        var durableOwnSequence: UInt64 = 0
+
+        /// Some own write is not durable yet.
+        var ownWritesUnsynced: Bool { lastOwnPosition > durable }
     }
+
+    /// How many sequence numbers one reservation covers beyond the write that asks for it. A
+    /// reservation costs one durable file write; a larger block costs longer settling after a
+    /// power loss (its numbers are asked of every peer).
+    static let reservationBlock: UInt64 = 32_768
 
     /// Appends `applied` as log records: deltas that arrived in `received` as the bodies they
     /// came in, those with `bodies` (encoded by the caller, one per entry) as those, the others
@@ -91,6 +113,99 @@ extension NodeMachine {
             durability.stagedBodies.append(bodies[index])
             durability.stagedPositions.append(durability.appended)
         }
+        durability.lastOwnPosition = durability.appended
+        if configuration.fsync == .interval, let last = durability.staged.last?.sequence {
+            durability.unsyncedRounds.append((last, durability.appended))
+        }
+        publishReserved()
+    }
+
+    /// Own deltas through `sequence` are held by a peer (fetched back, covered by its snapshot,
+    /// or reported in its progress): published long ago, and a power loss of this node cannot
+    /// take them from the cluster.
+    mutating func ownHeldByPeers(through sequence: UInt64) {
+        published = max(published, sequence)
+        visibleToWatches = max(visibleToWatches, sequence)
+    }
+
+    /// Lets watches go on to own deltas that are published and durable.
+    private mutating func updateVisibleToWatches() {
+        let durable = configuration.fsync == .always ? published : min(published, durability.durableOwnSequence)
+        visibleToWatches = max(visibleToWatches, durable)
+    }
+
+    /// With `storage.fsync: interval`: publishes the staged writes whose sequence numbers are
+    /// reserved (they are written to the OS: a process crash keeps them), and asks for the next
+    /// reservation before the block runs out. A write beyond the reservation waits for it, and
+    /// every write after it too (deltas are published in sequence order).
+    mutating func publishReserved() {
+        guard configuration.fsync == .interval else { return }
+        // Ahead of need while running (half a block before it runs out); at stop only for what
+        // waits (its release must not be followed by a new reservation).
+        let last = durability.staged.last?.sequence ?? (nextSequence - 1)
+        if (stopping ? last : last &+ Self.reservationBlock / 2) > durability.reserved {
+            reserveSequences(beyond: last)
+        }
+        var ready = 0
+        while ready < durability.staged.count, durability.staged[ready].sequence <= durability.reserved { ready += 1 }
+        publishStaged(ready)
+    }
+
+    /// Asks for a reservation through a block beyond `sequence`, unless one that covers
+    /// `sequence` is asked for already.
+    mutating func reserveSequences(beyond sequence: UInt64) {
+        if let requested = durability.reservationRequested, requested > sequence { return }
+        let through = sequence &+ Self.reservationBlock
+        guard through > sequence else { return }
+        durability.reservationRequested = through
+        actions.append(.reserveSequences(through: through))
+    }
+
+    /// The host made the reservation durable: what it covers is published.
+    mutating func sequencesReserved(through: UInt64) {
+        durability.reserved = max(durability.reserved, through)
+        if let requested = durability.reservationRequested, requested <= through {
+            durability.reservationRequested = nil
+        }
+        guard configuration.fsync == .interval else { return }
+        publishReserved()
+        pumpWatches()
+        if stopping { leaveIfDrained() }
+    }
+
+    /// Stopping, with every own write published and durable: no number beyond the last is in
+    /// use, so the reservation comes down to it, and a restart after a later power loss has
+    /// nothing to settle (section 11.2).
+    mutating func releaseReservationIfDrained() {
+        guard stopping, refusal == nil, settling == nil, durability.reserved > nextSequence - 1,
+            durability.staged.isEmpty, !durability.ownWritesUnsynced
+        else { return }
+        durability.reserved = nextSequence - 1
+        actions.append(.reserveSequences(through: nextSequence - 1))
+    }
+
+    /// Publishes the first `count` staged writes and forgets them.
+    private mutating func publishStaged(_ count: Int) {
+        guard count > 0 else { return }
+        let deltas: [Delta]
+        let bodies: [[UInt8]]
+        if count == durability.staged.count {
+            // The usual case: everything staged goes; hand the arrays over, no copy.
+            deltas = durability.staged
+            bodies = durability.stagedBodies
+            durability.staged = []
+            durability.stagedBodies = []
+            durability.stagedPositions.removeAll(keepingCapacity: true)
+        } else {
+            deltas = Array(durability.staged[..<count])
+            bodies = Array(durability.stagedBodies[..<count])
+            durability.staged.removeFirst(count)
+            durability.stagedBodies.removeFirst(count)
+            durability.stagedPositions.removeFirst(count)
+        }
+        publish(deltas, bodies: bodies)
+        for delta in deltas { published = max(published, delta.sequence) }
+        updateVisibleToWatches()
     }
 
     /// Queues a SET's reply for when its write is durable (at once if it is, or with
@@ -109,7 +224,8 @@ extension NodeMachine {
     /// power loss then takes from this node, which would number its next write the same: the
     /// peer would drop that one as a duplicate (section 10.9).
     mutating func replyOnceOwnWritesAreDurable(client: [UInt8], frames: [[UInt8]]) {
-        guard let position = durability.stagedPositions.last, position > durability.durable else {
+        let position = durability.lastOwnPosition
+        guard position > durability.durable else {
             actions.append(.reply(client: client, frames: frames))
             return
         }
@@ -124,7 +240,7 @@ extension NodeMachine {
     /// that syncs in the background: the simulator's slow disk), the next waits for it to end,
     /// then covers everything written meanwhile — except at stop, which syncs at once.
     mutating func requestSync(force: Bool) {
-        guard durability.appended > durability.durable, !durability.staged.isEmpty || !durability.replies.isEmpty
+        guard durability.appended > durability.durable, durability.ownWritesUnsynced || !durability.replies.isEmpty
         else { return }
         if !force, configuration.fsync == .interval,
             now &- durability.lastSync < UInt64(configuration.fsyncIntervalMilliseconds)
@@ -144,27 +260,20 @@ extension NodeMachine {
         durability.durable = max(durability.durable, position)
         durability.lastSync = now
         if let requested = durability.syncRequested, requested <= position { durability.syncRequested = nil }
-        var ready = 0
-        while ready < durability.stagedPositions.count, durability.stagedPositions[ready] <= position { ready += 1 }
-        if ready > 0 {
-            let deltas: [Delta]
-            let bodies: [[UInt8]]
-            if ready == durability.staged.count {
-                // The usual case: everything staged is durable; hand the arrays over, no copy.
-                deltas = durability.staged
-                bodies = durability.stagedBodies
-                durability.staged = []
-                durability.stagedBodies = []
-                durability.stagedPositions.removeAll(keepingCapacity: true)
-            } else {
-                deltas = Array(durability.staged[..<ready])
-                bodies = Array(durability.stagedBodies[..<ready])
-                durability.staged.removeFirst(ready)
-                durability.stagedBodies.removeFirst(ready)
-                durability.stagedPositions.removeFirst(ready)
+        // With `interval`, what is staged waits for its reservation, not for the sync.
+        if configuration.fsync == .always {
+            var ready = 0
+            while ready < durability.stagedPositions.count, durability.stagedPositions[ready] <= position { ready += 1 }
+            publishStaged(ready)
+        } else {
+            var synced = 0
+            while synced < durability.unsyncedRounds.count, durability.unsyncedRounds[synced].position <= position {
+                durability.durableOwnSequence = max(
+                    durability.durableOwnSequence, durability.unsyncedRounds[synced].sequence)
+                synced += 1
             }
-            publish(deltas, bodies: bodies)
-            for delta in deltas { published = max(published, delta.sequence) }
+            durability.unsyncedRounds.removeFirst(synced)
+            updateVisibleToWatches()
         }
         var answered = 0
         while answered < durability.replies.count, durability.replies[answered].position <= position {

@@ -107,7 +107,7 @@ extension NodeMachine {
         history = [:]
         journal.dropAll()
         coverWithoutHistory(origin: own, through: latest)
-        published = max(published, latest)
+        ownHeldByPeers(through: latest)
         durability.staged = []
         durability.stagedBodies = []
         durability.stagedPositions = []
@@ -153,6 +153,7 @@ extension NodeMachine {
     /// to a member that left, have received all of them.
     mutating func leaveIfDrained() {
         // A node that refused to run says nothing more about itself (it would undo a forget).
+        releaseReservationIfDrained()
         guard stopping, !leftAnnounced, refusal == nil, durability.staged.isEmpty else { return }
         leftAnnounced = true
         writeOwnEntry(.left)

@@ -264,6 +264,7 @@ extension NodeMachine {
             resyncWatches(of: channels)
             return
         }
+        if settlingReply(header.requestID, kind: header.kind, body: frames[1], from: peer) { return }
         guard let (origin, outstanding) = repair.fetches.first(where: { $0.value.requestID == header.requestID }) else {
             return  // a late answer to a request already retried
         }
@@ -276,7 +277,7 @@ extension NodeMachine {
         counters.deltasFetched += deltas.count
         // Own deltas fetched back (this node had lost them) were published long ago.
         for entry in fresh where entry.delta.origin == configuration.nodeID {
-            published = max(published, entry.delta.sequence)
+            ownHeldByPeers(through: entry.delta.sequence)
         }
         if deltas.isEmpty {
             // This peer does not hold them (dropped, or never had them); another may, else a
@@ -503,7 +504,7 @@ extension NodeMachine {
         if let own = progress[configuration.nodeID], own < UInt64.max {
             nextSequence = max(nextSequence, own + 1)
             // Own deltas a peer held were published long ago (by an earlier run of this node).
-            published = max(published, own)
+            ownHeldByPeers(through: own)
         }
     }
 

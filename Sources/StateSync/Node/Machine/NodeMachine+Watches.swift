@@ -370,7 +370,7 @@ extension NodeMachine {
 
     /// The next deltas of `channel` a watch at `position` must get, in this node's apply order, up
     /// to `limit`, with the position after each. Stops before this node's own deltas that are not
-    /// yet published. `historyGone` says the watch needs deltas the node no longer holds.
+    /// yet published and durable (``visibleToWatches``). `historyGone` says the watch needs deltas the node no longer holds.
     func nextDeltas(channel: String, from position: WatchPosition, limit: Int) -> (
         deltas: [(Delta, WatchPosition)], end: WatchPosition, historyGone: Bool
     ) {
@@ -386,7 +386,7 @@ extension NodeMachine {
         }
         var deltas: [(Delta, WatchPosition)] = []
         while deltas.count < limit, let entry = journal.entry(at: position.journalIndex) {
-            if entry.origin == configuration.nodeID && entry.sequence > published { break }
+            if entry.origin == configuration.nodeID && entry.sequence > visibleToWatches { break }
             position.journalIndex += 1
             if position.covers(entry.origin, entry.sequence) { continue }
             position.deliver(entry.origin, entry.sequence)
@@ -402,17 +402,17 @@ extension NodeMachine {
         var position = WatchPosition(journalIndex: journal.end, cursor: WatchCursor())
         for (origin, progress) in origins {
             if origin == configuration.nodeID {
-                position.cursor[origin] = min(progress.contiguous, published)
+                position.cursor[origin] = min(progress.contiguous, visibleToWatches)
             } else {
                 position.cursor[origin] = progress.contiguous
                 if !progress.above.isEmpty { position.above[origin] = progress.above }
             }
         }
-        // Own deltas not yet published are in the state but not in the cursor: the watch goes
-        // through them again (harmless: a client ignores a delta it already holds).
+        // Own deltas not yet visible to watches are in the state but not in the cursor: the watch
+        // goes through them again (harmless: a client ignores a delta it already holds).
         var index = journal.base
         while let entry = journal.entry(at: index) {
-            if entry.origin == configuration.nodeID && entry.sequence > published {
+            if entry.origin == configuration.nodeID && entry.sequence > visibleToWatches {
                 position.journalIndex = index
                 break
             }

@@ -81,8 +81,13 @@ package struct NodeMachine: Sendable {
     package var latencySamples = LatencySamples()
     /// The sequence number the next local write gets.
     package internal(set) var nextSequence: UInt64 = 1
-    /// The highest own sequence number published (durable and sent).
+    /// The highest own sequence number published (sent; with `storage.fsync: always` durable).
     package internal(set) var published: UInt64 = 0
+    /// The highest own sequence number a watch on this node may be sent: published and durable
+    /// (with `storage.fsync: interval` a write is published before its sync, but this node's
+    /// watches see it only once a power loss of this node can no longer take it), or held by a
+    /// peer.
+    var visibleToWatches: UInt64 = 0
     /// Addresses that have a live model on this node, with that instance's id: only their
     /// changes are delivered, and not to the instance that wrote them (it holds them already).
     package var attachedModels: [ModelAddress: UInt64] = [:]
@@ -110,6 +115,9 @@ package struct NodeMachine: Sendable {
     package internal(set) var stopping = false
 
     var durability = Durability()
+    /// Set while the node settles its sequence numbers after a power loss (section 11.2): it
+    /// takes no local write until every peer has said which of its lost deltas it holds.
+    var settling: Settling?
     var repair = RepairState()
     var watches = WatchTable()
     var collection = CollectionState()
@@ -134,6 +142,13 @@ package struct NodeMachine: Sendable {
         package var logSize = 0
         /// The member list the node saved (section 7.5), if any.
         package var members: [Membership.Member] = []
+        /// The sequence numbers the node had reserved for publishing before they were durable
+        /// (`storage.fsync: interval`, section 11.2): 0 when it reserved none.
+        package var reservedSequence: UInt64 = 0
+        /// Whether the reservation was made in the running boot of the operating system: then
+        /// whatever the node wrote to its log survived it (a process crash loses nothing written),
+        /// and nothing it published can be missing from the log.
+        package var reservedInThisBoot = true
 
         package init(
             snapshot: StateSnapshot? = nil, deltas: [Delta] = [], cutBytes: Int = 0, cutReason: String? = nil,
@@ -198,8 +213,21 @@ package struct NodeMachine: Sendable {
         counters.logBytesCut = recovery.cutBytes
         // Never reuse a sequence number or issue a version below what this node already wrote.
         nextSequence = latestSequence + 1
-        startedWithoutOwnDeltas = latestSequence == 0
+        // A reservation says the node published deltas: its data directory is not a new one.
+        startedWithoutOwnDeltas = latestSequence == 0 && recovery.reservedSequence == 0
         published = latestSequence
+        visibleToWatches = latestSequence
+        durability.durableOwnSequence = latestSequence
+        durability.reserved = max(recovery.reservedSequence, latestSequence)
+        if recovery.reservedSequence > latestSequence, !recovery.reservedInThisBoot {
+            // The OS went down since (a power loss, a kernel crash): deltas published before
+            // their sync may be missing from the log. Their numbers are not reused until every
+            // peer said which of them it holds (section 11.2).
+            settling = Settling(range: (latestSequence + 1)...recovery.reservedSequence)
+            logger.warning(
+                "the node stopped without a clean shutdown in an earlier boot of the OS (a power loss or a kernel crash) while it published before syncing (storage.fsync: interval): its log may have lost deltas it had published; it takes no writes until its peers have said which of them they hold",
+                metadata: ["delta.range": "\(latestSequence + 1)...\(recovery.reservedSequence)"])
+        }
         if let ownLatest { clock.advance(past: ownLatest) }
         // Peers' versions it holds are followed as if just received (within the drift bound), so a
         // restart with a lagging wall clock does not stamp writes that lose at once.
@@ -251,9 +279,15 @@ package struct NodeMachine: Sendable {
         case .repairRequestUnsent(let peer, let requestID):
             repairRequestUnsent(peer: peer, requestID: requestID)
         case .localWrites(let writes):
-            takeLocalWrites(writes)
+            if settling != nil {
+                hold(writes)
+            } else {
+                takeLocalWrites(writes)
+            }
         case .logDurable(let position):
             logDurable(through: position)
+        case .sequencesReserved(let through):
+            sequencesReserved(through: through)
         case .compactionFailed(let reason):
             durability.compactionPending = true
             logger.error("log compaction failed; will retry", metadata: ["error": "\(reason)"])
@@ -283,6 +317,11 @@ package struct NodeMachine: Sendable {
         case .tick(let backlog):
             tick(observerBacklog: backlog)
         case .stop:
+            if let held = settling?.held.count, held > 0 {
+                logger.warning(
+                    "stopping before settling: the writes held meanwhile were never numbered, logged or acknowledged, and are dropped",
+                    metadata: ["writes.held": "\(held)"])
+            }
             stopping = true
             requestSync(force: true)
             leaveIfDrained()
@@ -321,6 +360,7 @@ package struct NodeMachine: Sendable {
         if lastRepairRound.map({ now &- $0 >= Self.repairInterval }) ?? true {
             lastRepairRound = now
             updateRepairLinks()
+            advanceSettling()
             if !intakePaused { requestRepairs() }
             // Received deltas alone also grow the log; a merged snapshot is only durable once it
             // is in the snapshot file.
@@ -420,7 +460,7 @@ package struct NodeMachine: Sendable {
         let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
         var deadline = (lastHeartbeat ?? now) &+ interval
         deadline = min(deadline, (lastRepairRound ?? now) &+ Self.repairInterval)
-        if !durability.staged.isEmpty || !durability.replies.isEmpty {
+        if durability.ownWritesUnsynced || !durability.replies.isEmpty {
             deadline = min(deadline, durability.lastSync &+ UInt64(configuration.fsyncIntervalMilliseconds))
         }
         if watches.lagging > 0 || intakePaused { deadline = min(deadline, now &+ 5) }
@@ -486,6 +526,11 @@ package struct NodeMachine: Sendable {
         status.refusedKeys = refusedKeys
         status.diskFull = diskFull
         status.diskFreeBytes = diskFree
+        status.settling = settling != nil
+        status.writesHeld =
+            settling?.held.reduce(0) { held, entry in
+                if case .localWrites(let writes) = entry { held + writes.count } else { held + 1 }
+            } ?? 0
         status.members = memberStatus()
         status.tombstones = store.tombstones
         status.collectedThrough = store.collectedThrough

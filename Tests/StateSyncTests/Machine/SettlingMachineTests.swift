@@ -1,0 +1,150 @@
+import Testing
+
+@testable import StateSync
+
+/// Settling after a power loss on the node machine alone (PROTOCOL.md section 11.2): a node that
+/// published before syncing (`storage.fsync: interval`) and whose OS went down since numbers no
+/// write until every peer said which of its possibly lost deltas it holds.
+@Suite("Settling after a power loss on the node machine")
+struct SettlingMachineTests {
+    static let set = ClientProtocol.encodeRequest(
+        .set, id: 7,
+        body: ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "n", value: 100)]))
+
+    /// Node n1, which had reserved 1…`reserved` in an earlier boot and recovered `recovered` own
+    /// deltas, with peers n2 and n3.
+    static func restarted(reserved: UInt64, inThisBoot: Bool = false, recovered: UInt64 = 2) -> MachineRunner {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
+        configuration.fsync = .interval
+        var recovery = NodeMachine.Recovery(deltas: (1...recovered).map { RepairMachineTests.delta("n1", $0) })
+        recovery.reservedSequence = reserved
+        recovery.reservedInThisBoot = inThisBoot
+        return MachineRunner(configuration, recovery: recovery)
+    }
+
+    static func status(_ node: inout MachineRunner) -> NodeStatus {
+        let now = node.now
+        return node.machine.status(now: now)
+    }
+
+    static func connect(_ node: inout MachineRunner, _ peers: [String]) {
+        for peer in peers {
+            node.handle(.peerMessage(peer: "inproc://\(peer)", frames: RepairMachineTests.heartbeat(peer, latest: 0)))
+        }
+    }
+
+    /// The FETCHes of the node's own origin sent since `from`: (peer, range, request id).
+    static func ownFetches(_ node: MachineRunner, from: Int = 0) -> [(
+        peer: String, range: ClosedRange<UInt64>, id: UInt64
+    )] {
+        node.repairRequests[from...].compactMap { peer, frames in
+            guard let header = try? ClientProtocol.decodeRequestHeader(frames[0]),
+                header.command == ClientProtocol.Command.fetch.rawValue,
+                let fetch = try? ClientProtocol.decodeFetch(frames[1]), fetch.origin == "n1"
+            else { return nil }
+            return (peer, fetch.range, header.requestID)
+        }
+    }
+
+    static func answer(
+        _ node: inout MachineRunner, _ fetch: (peer: String, range: ClosedRange<UInt64>, id: UInt64), holding: [UInt64],
+        droppedThrough: UInt64 = 0
+    ) {
+        let deltas = holding.filter(fetch.range.contains).map { RepairMachineTests.delta("n1", $0) }
+        node.handle(
+            .repairReply(
+                peer: fetch.peer,
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: fetch.id, body: ClientProtocol.encodeFetched(deltas, droppedThrough: droppedThrough))))
+    }
+
+    /// A SET waits while the node settles; every peer is asked for 3…reservation, page by page;
+    /// the deltas they hold come back (also one above a gap, which no contiguous mark shows); the
+    /// SET is then numbered after the highest any of them held.
+    @Test func aSetWaitsUntilEveryPeerSaidWhatItHolds() throws {
+        var node = Self.restarted(reserved: 2 + 2500)
+        #expect(Self.status(&node).settling)
+        node.handle(.clientRequest(client: [9], frames: Self.set))
+        #expect(node.sent.isEmpty && node.logBytes.isEmpty, "held: not logged, not answered")
+        #expect(Self.status(&node).writesHeld == 1)
+        Self.connect(&node, ["n2", "n3"])
+        node.advance(60)
+        var fetches = Self.ownFetches(node)
+        #expect(fetches.map(\.peer).sorted() == ["inproc://n2", "inproc://n3"])
+        #expect(fetches.allSatisfy { $0.range == 3...2002 }, "at most 2000 numbers a FETCH")
+        // n2 holds 3, 4 and 6 (5 was lost everywhere); n3 holds 3 and 4.
+        for fetch in fetches { Self.answer(&node, fetch, holding: fetch.peer.hasSuffix("n2") ? [3, 4, 6] : [3, 4]) }
+        let second = Self.ownFetches(node, from: fetches.count)
+        #expect(second.count == 2 && second.allSatisfy { $0.range == 2003...2502 }, "the next page at once")
+        #expect(node.sent.isEmpty, "still held: not every peer answered all of it")
+        fetches = second
+        Self.answer(&node, fetches[0], holding: [])
+        #expect(node.sent.isEmpty)
+        Self.answer(&node, fetches[1], holding: [])
+        #expect(!Self.status(&node).settling)
+        let reply = try #require(node.sent.first)
+        #expect(reply.client == [9])
+        let header = try ClientProtocol.decodeReplyHeader(reply.frames[0])
+        #expect(header.kind == .ok && header.requestID == 7)
+        #expect(node.machine.nextSequence == 8, "numbered 7, after the 6 a peer held")
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: "m"))["n"]?.value == 100)
+    }
+
+    /// Numbers a peer held and dropped from its history exist too: the next number goes past
+    /// them.
+    @Test func numbersAPeerDroppedAreNotReused() {
+        var node = Self.restarted(reserved: 40)
+        Self.connect(&node, ["n2", "n3"])
+        node.advance(60)
+        for fetch in Self.ownFetches(node) {
+            Self.answer(&node, fetch, holding: [], droppedThrough: fetch.peer.hasSuffix("n3") ? 9 : 0)
+        }
+        #expect(!Self.status(&node).settling)
+        #expect(node.machine.nextSequence == 10)
+    }
+
+    /// A peer that does not answer holds the writes back: a FETCH unanswered for 1000 ms is sent
+    /// again, and the writes wait until it is answered.
+    @Test func aPeerThatDoesNotAnswerHoldsWritesBack() throws {
+        var node = Self.restarted(reserved: 40)
+        node.handle(.clientRequest(client: [9], frames: Self.set))
+        Self.connect(&node, ["n2", "n3"])
+        node.advance(60)
+        for fetch in Self.ownFetches(node) where fetch.peer.hasSuffix("n2") { Self.answer(&node, fetch, holding: []) }
+        let asked = Self.ownFetches(node).count
+        for _ in 0..<11 {
+            Self.connect(&node, ["n2", "n3"])  // alive: heartbeats, but no answer
+            node.advance(100)
+        }
+        #expect(Self.status(&node).settling)
+        #expect(node.sent.isEmpty)
+        let again = Self.ownFetches(node, from: asked)
+        #expect(again.map(\.peer) == ["inproc://n3"] && again.first?.range == 3...40, "asked again after the timeout")
+        let retry = try #require(again.first)
+        Self.answer(&node, retry, holding: [])
+        #expect(!Self.status(&node).settling && node.sent.count == 1)
+    }
+
+    /// A reservation made in this boot (a process crash: what the node wrote survived it), or
+    /// none beyond the log (a clean stop released it), leaves nothing to settle.
+    @Test func aProcessCrashOrACleanStopLeavesNothingToSettle() {
+        var crashed = Self.restarted(reserved: 40, inThisBoot: true)
+        #expect(!Self.status(&crashed).settling)
+        var stopped = Self.restarted(reserved: 2, inThisBoot: false)
+        #expect(!Self.status(&stopped).settling)
+    }
+
+    /// A node with no peers has no one to ask: it settles at its first tick.
+    @Test func aLoneNodeSettlesAtOnce() {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.fsync = .interval
+        var recovery = NodeMachine.Recovery()
+        recovery.reservedSequence = 40
+        recovery.reservedInThisBoot = false
+        var node = MachineRunner(configuration, recovery: recovery)
+        node.handle(.clientRequest(client: [9], frames: Self.set))
+        #expect(node.sent.isEmpty)
+        node.advance(60)
+        #expect(node.sent.count == 1 && node.machine.nextSequence == 2)
+    }
+}

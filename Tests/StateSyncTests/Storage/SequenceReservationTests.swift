@@ -1,0 +1,60 @@
+import Foundation
+import Testing
+
+@testable import StateSync
+
+/// The sequence reservation file of a data directory (PROTOCOL.md section 11.2, Appendix A).
+@Suite("Sequence reservation file")
+struct SequenceReservationTests {
+    /// A reservation written durably is read back at the next start, made in this boot; one made
+    /// in another boot (a power loss since) says so.
+    @Test func aReservationIsReadBackWithItsBoot() throws {
+        let path = temporaryDirectory("reservation")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        do {
+            let directory = try DataDirectory(path: path)
+            _ = try directory.recover { _ in }
+            try directory.reserveSequences(through: 40_000)
+            directory.close()
+        }
+        var warnings: [String] = []
+        let directory = try DataDirectory(path: path)
+        let recovery = try directory.recover { warnings.append($0) }
+        directory.close()
+        #expect(recovery.reservedSequence == 40_000)
+        #expect(recovery.reservedInThisBoot == !DataDirectory.currentBootID.isEmpty)
+        #expect(warnings.isEmpty)
+
+        let earlier = SequenceReservation(through: 7, bootID: "an earlier boot").encode()
+        try Data(earlier).write(to: URL(fileURLWithPath: path + "/sequence.reserved"))
+        let again = try DataDirectory(path: path)
+        let afterPowerLoss = try again.recover { warnings.append($0) }
+        again.close()
+        #expect(afterPowerLoss.reservedSequence == 7 && !afterPowerLoss.reservedInThisBoot)
+    }
+
+    /// A damaged file is reported, with its path, and taken as no reservation.
+    @Test func aDamagedReservationIsReportedAndIgnored() throws {
+        let path = temporaryDirectory("reservation")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        var bytes = SequenceReservation(through: 9, bootID: "b").encode()
+        bytes[6] ^= 0xFF
+        try Data(bytes).write(to: URL(fileURLWithPath: path + "/sequence.reserved"))
+        var warnings: [String] = []
+        let directory = try DataDirectory(path: path)
+        let recovery = try directory.recover { warnings.append($0) }
+        directory.close()
+        #expect(recovery.reservedSequence == 0)
+        #expect(warnings.count == 1 && warnings[0].contains("sequence.reserved") && warnings[0].contains("checksum"))
+    }
+
+    /// The encoding round-trips, and an unknown boot id is never "this boot".
+    @Test func theEncodingRoundTrips() throws {
+        let reservation = SequenceReservation(through: .max, bootID: "1f2e-boot")
+        #expect(try SequenceReservation.decode(reservation.encode()) == reservation)
+        #expect(Array(reservation.encode().prefix(4)) == Array("SSRV".utf8))
+        #expect(!SequenceReservation(through: 1, bootID: "").isOfBoot(""))
+        #expect(reservation.isOfBoot("1f2e-boot") && !reservation.isOfBoot("other"))
+    }
+}
