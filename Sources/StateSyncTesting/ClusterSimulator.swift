@@ -54,6 +54,10 @@ public struct SimulationOptions: Sendable {
         case wrongTieBreak = "wrong-tie-break"
         /// The node never sends repair requests.
         case skipRepair = "skip-repair"
+        /// After a power loss the node numbers writes at once, without settling (PROTOCOL.md
+        /// 11.2): it reuses the numbers of deltas it published before the loss and its peers
+        /// hold. The run uses `storage.fsync: interval` (1 s) and gives the node power losses.
+        case skipSettling = "skip-settling"
         /// The node sends its watchers every live delta twice.
         case duplicateWatchEvents = "duplicate-watch-events"
         /// The node never lets a deletion win: what others delete it keeps.
@@ -345,7 +349,7 @@ public enum ClusterSimulator {
         let reorderRate = draw("reorder", [0.05, 0.3])
         let conflictRate = options.plantedBug == .wrongTieBreak ? 0.3 : draw("conflicts", [0.0, 0.02, 0.1])
         let slowWatcher = draw("slow_watcher_ms", [0, 0, 1])
-        if let period = options.intervalSyncMilliseconds {
+        if let period = options.intervalSyncMilliseconds ?? (options.plantedBug == .skipSettling ? 1000 : nil) {
             configuration.fsync = .interval
             configuration.fsyncIntervalMilliseconds = period
             parameters["fsync"] = "interval"
@@ -385,6 +389,7 @@ public enum ClusterSimulator {
             case .dropDeltas: configuration.faults[culprit] = NodeFaults(dropRemoteDeltasShare: 0.3)
             case .wrongTieBreak: configuration.faults[culprit] = NodeFaults(wrongTieBreak: true)
             case .skipRepair: configuration.faults[culprit] = NodeFaults(skipRepair: true)
+            case .skipSettling: configuration.faults[culprit] = NodeFaults(skipSettling: true)
             case .duplicateWatchEvents: configuration.faults[culprit] = NodeFaults(duplicateWatchEvents: true)
             case .ignoreDeletions: configuration.faults[culprit] = NodeFaults(ignoreDeletions: true)
             case .neverExpire: configuration.faults[culprit] = NodeFaults(neverExpire: true)
@@ -428,7 +433,10 @@ public enum ClusterSimulator {
             kinds: options.faults.filter { faults.contains($0) }, random: root.fork("faults"), base: baseLinks,
             lossRate: lossRate,
             duplicateRate: duplicateRate, reorderRate: reorderRate, culprit: culprit,
-            forceLoss: options.plantedBug == .skipRepair)
+            forceLoss: options.plantedBug == .skipRepair, forcePowerLoss: options.plantedBug == .skipSettling)
+        // A client writes to a node back from a power loss at once: before its peers' first
+        // HEARTBEATs, the moment a node that does not settle would reuse a published number.
+        schedule.onPowerLossRestart = { node, cluster in workload.writeAtRestart(of: node, in: cluster) }
         schedule.start(in: cluster, until: { workload.isDone })
         let recorder = options.recordTimeline ? TimelineRecorder(binMilliseconds: 100) : nil
         var nextSample: UInt64 = 0
@@ -652,10 +660,26 @@ final class Workload {
 
     var isDone: Bool {
         issued >= options.operations && !writers.contains(where: \.isBusy) && !conflictPair.contains(where: \.isBusy)
+            && !restartWriters.contains(where: \.isBusy)
     }
 
     var writes: [ConvergenceChecker.Write] {
-        (writers + conflictPair).flatMap(\.writes)
+        (writers + conflictPair + restartWriters).flatMap(\.writes)
+    }
+
+    /// Writers of one write each, to a node back from a power loss.
+    private var restartWriters: [SimulatedWriter] = []
+
+    /// Writes at once to `node`, just restarted after a power loss (on top of the workload's
+    /// operations), a property no other write touches: a write its peers dropped would stay
+    /// missing from them, not be overwritten by a later one.
+    func writeAtRestart(of node: Int, in cluster: SimulatedCluster) {
+        let writer = SimulatedWriter(name: "restart-\(restartWriters.count)")
+        restartWriters.append(writer)
+        let model = "m\(random.below(options.models))"
+        _ = writer.write(
+            channel: channel, model: model, properties: ["\(writer.name)": .string(writer.name)], to: node,
+            in: cluster)
     }
 
     func start(in cluster: SimulatedCluster) {
@@ -737,6 +761,10 @@ final class FaultSchedule {
     let reorderRate: Double
     let culprit: Int?
     let forceLoss: Bool
+    /// Every crash is a power loss of the culprit (a planted skip-settling bug).
+    let forcePowerLoss: Bool
+    /// Called when a node that lost power is back.
+    var onPowerLossRestart: ((Int, SimulatedCluster) -> Void)?
     private(set) var events: [SimulationReport.FaultEvent] = []
     private(set) var isDone = false
     private(set) var deltasAppliedBeforeCrashes = 0
@@ -748,7 +776,7 @@ final class FaultSchedule {
     init(
         kinds: [SimulationOptions.Fault], random: SeededRandom,
         base: SimulatedNetwork<SimulatedCluster.Packet>.LinkConditions, lossRate: Double, duplicateRate: Double,
-        reorderRate: Double, culprit: Int?, forceLoss: Bool
+        reorderRate: Double, culprit: Int?, forceLoss: Bool, forcePowerLoss: Bool = false
     ) {
         self.kinds = kinds
         self.random = random
@@ -758,11 +786,14 @@ final class FaultSchedule {
         self.reorderRate = reorderRate
         self.culprit = culprit
         self.forceLoss = forceLoss
+        self.forcePowerLoss = forcePowerLoss
     }
 
     private var schedule: [SimulationOptions.Fault] {
         var kinds = self.kinds
         if forceLoss && !kinds.contains(.loss) { kinds.append(.loss) }
+        // Twice per round: a power loss must meet published writes not yet synced.
+        if forcePowerLoss { kinds.append(.crash) }
         return kinds
     }
 
@@ -799,7 +830,8 @@ final class FaultSchedule {
         let nodes = cluster.nodes
         let start = cluster.now
         // A planted skip-repair bug is exposed by loss on the culprit's links.
-        let target = kind == .loss && forceLoss ? (culprit ?? 0) : random.below(nodes.count)
+        let forced = (kind == .loss && forceLoss) || (kind == .crash && forcePowerLoss)
+        let target = forced ? (culprit ?? 0) : random.below(nodes.count)
         var detail = ""
         var heal: (SimulatedCluster) -> Void = { _ in }
         switch kind {
@@ -811,7 +843,7 @@ final class FaultSchedule {
             // loses nothing the node had written to the OS. `storage.fsync: interval` promises
             // durability only against process crashes: its power losses are noted, and the
             // writes they may take (acknowledged, not yet synced) are not held against it.
-            let powerLoss = random.chance(0.5)
+            let powerLoss = random.chance(0.5) || forcePowerLoss
             if powerLoss, cluster.configuration.fsync == .interval {
                 intervalPowerLosses.append((nodes[target].id, cluster.now))
             }
@@ -821,7 +853,10 @@ final class FaultSchedule {
                 powerLoss
                 ? "power loss (\(unsynced) bytes unsynced, \(torn) of them torn onto disk), restarted after \(hold) ms"
                 : "process crash (\(unsynced) bytes written to the OS survive), restarted after \(hold) ms"
-            heal = { cluster in try? cluster.restart(target) }
+            heal = { [unowned self] cluster in
+                try? cluster.restart(target)
+                if powerLoss, cluster.nodes[target].isUp { self.onPowerLossRestart?(target, cluster) }
+            }
         case .join:
             let joiner = nodes.count - 1
             if !nodes[joiner].isUp && nodes[joiner].generation == 0 {

@@ -116,8 +116,8 @@ extension NodeMachine {
         durability.lastOwnPosition = durability.appended
         if configuration.fsync == .interval, let last = durability.staged.last?.sequence {
             durability.unsyncedRounds.append((last, durability.appended))
+            reserveAhead()
         }
-        publishReserved()
     }
 
     /// Own deltas through `sequence` are held by a peer (fetched back, covered by its snapshot,
@@ -137,18 +137,24 @@ extension NodeMachine {
     /// With `storage.fsync: interval`: publishes the staged writes whose sequence numbers are
     /// reserved (they are written to the OS: a process crash keeps them), and asks for the next
     /// reservation before the block runs out. A write beyond the reservation waits for it, and
-    /// every write after it too (deltas are published in sequence order).
+    /// every write after it too (deltas are published in sequence order). Called when the
+    /// driver's turn ends (``tick(observerBacklog:)``), not per write: the writes a busy turn
+    /// took go out as one batch, and a lone write waits for no timer.
     mutating func publishReserved() {
-        guard configuration.fsync == .interval else { return }
-        // Ahead of need while running (half a block before it runs out); at stop only for what
-        // waits (its release must not be followed by a new reservation).
+        guard configuration.fsync == .interval, !durability.staged.isEmpty else { return }
+        reserveAhead()
+        var ready = 0
+        while ready < durability.staged.count, durability.staged[ready].sequence <= durability.reserved { ready += 1 }
+        publishStaged(ready)
+    }
+
+    /// Asks for the next reservation ahead of need while writes come (half a block before it
+    /// runs out); at stop only for what waits (its release must not be followed by a new one).
+    private mutating func reserveAhead() {
         let last = durability.staged.last?.sequence ?? (nextSequence - 1)
         if (stopping ? last : last &+ Self.reservationBlock / 2) > durability.reserved {
             reserveSequences(beyond: last)
         }
-        var ready = 0
-        while ready < durability.staged.count, durability.staged[ready].sequence <= durability.reserved { ready += 1 }
-        publishStaged(ready)
     }
 
     /// Asks for a reservation through a block beyond `sequence`, unless one that covers

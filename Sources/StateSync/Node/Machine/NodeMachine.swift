@@ -219,7 +219,7 @@ package struct NodeMachine: Sendable {
         visibleToWatches = latestSequence
         durability.durableOwnSequence = latestSequence
         durability.reserved = max(recovery.reservedSequence, latestSequence)
-        if recovery.reservedSequence > latestSequence, !recovery.reservedInThisBoot {
+        if recovery.reservedSequence > latestSequence, !recovery.reservedInThisBoot, !faults.skipSettling {
             // The OS went down since (a power loss, a kernel crash): deltas published before
             // their sync may be missing from the log. Their numbers are not reused until every
             // peer said which of them it holds (section 11.2).
@@ -323,6 +323,7 @@ package struct NodeMachine: Sendable {
                     metadata: ["writes.held": "\(held)"])
             }
             stopping = true
+            publishReserved()
             requestSync(force: true)
             leaveIfDrained()
         }
@@ -343,6 +344,7 @@ package struct NodeMachine: Sendable {
     /// Runs what is due: durability of staged writes, heartbeat, the repair round (with
     /// compaction), backpressure, and the watches.
     mutating func tick(observerBacklog: Int) {
+        publishReserved()
         requestSync(force: false)
         prefetchSnapshotPages()
         let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
@@ -582,11 +584,13 @@ package struct NodeFaults: Sendable, Equatable {
     package var neverExpire = false
     /// This node collects deletions at its own floor, as if every member had everything.
     package var collectEarly = false
+    /// After a power loss this node numbers writes at once, without settling (section 11.2).
+    package var skipSettling = false
 
     package init(
         dropRemoteDeltasShare: Double = 0, wrongTieBreak: Bool = false, skipRepair: Bool = false,
         duplicateWatchEvents: Bool = false, ignoreDeletions: Bool = false, neverExpire: Bool = false,
-        collectEarly: Bool = false
+        collectEarly: Bool = false, skipSettling: Bool = false
     ) {
         self.dropRemoteDeltasShare = min(max(dropRemoteDeltasShare, 0), 1)
         self.wrongTieBreak = wrongTieBreak
@@ -595,6 +599,7 @@ package struct NodeFaults: Sendable, Equatable {
         self.ignoreDeletions = ignoreDeletions
         self.neverExpire = neverExpire
         self.collectEarly = collectEarly
+        self.skipSettling = skipSettling
     }
 
     package var isEmpty: Bool { self == NodeFaults() }
