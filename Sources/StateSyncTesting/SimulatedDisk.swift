@@ -62,6 +62,10 @@ public final class SimulatedDisk: NodeStorage {
         state.withLock { $0.members = bytes }
     }
 
+    package func markReservationUnsafe() {
+        state.withLock { state in state.reservation?.bootID = "" }
+    }
+
     package func reserveSequences(through: UInt64) throws(StateSyncError) {
         state.withLock { state in
             state.reservation = SequenceReservation(through: through, bootID: "\(state.boot)")

@@ -290,7 +290,9 @@ public final class StateSyncNode: Sendable {
             } catch {
                 // After a failed fsync the kernel may have dropped the dirty pages: retrying can
                 // "succeed" without the data on disk. Stop rather than acknowledge lost writes;
-                // a restart recovers from what the log really holds.
+                // a restart recovers from what the log really holds — and settles first, as
+                // after a power loss: deltas published before their sync may be among them.
+                storage.markReservationUnsafe()
                 fatalError(
                     "statesyncd: cannot make the write-ahead log durable (\(error)); stopping before acknowledging writes"
                 )

@@ -104,6 +104,11 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
             }
         }
         let reservation = path + "/" + Self.reservationName
+        if FileManager.default.fileExists(atPath: reservation) {
+            // A rename not yet made durable (a crash right after it) must be before it is
+            // trusted: a later power loss could otherwise bring back the older, lower value.
+            try syncDirectory()
+        }
         if let data = FileManager.default.contents(atPath: reservation) {
             do {
                 let reserved = try SequenceReservation.decode(Array(data))
@@ -118,6 +123,15 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
             }
         }
         return recovery
+    }
+
+    package func markReservationUnsafe() {
+        let file = path + "/" + Self.reservationName
+        guard let data = FileManager.default.contents(atPath: file),
+            let reserved = try? SequenceReservation.decode(Array(data))
+        else { return }
+        try? writeFileAtomically(
+            SequenceReservation(through: reserved.through, bootID: "").encode(), named: Self.reservationName)
     }
 
     package func reserveSequences(through: UInt64) throws(StateSyncError) {
@@ -197,11 +211,15 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         }
         Glibc.close(fd)
         guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
+        try syncDirectory()
+    }
+
+    /// Makes the directory's entries (a rename) durable.
+    func syncDirectory() throws(StateSyncError) {
         let dir = open(path, O_RDONLY | O_CLOEXEC)
-        if dir >= 0 {
-            fsync(dir)
-            Glibc.close(dir)
-        }
+        guard dir >= 0 else { throw Self.ioError("open", path) }
+        defer { Glibc.close(dir) }
+        guard fsync(dir) == 0 else { throw Self.ioError("fsync", path) }
     }
 
     private static func ioError(_ op: String, _ file: String) -> StateSyncError {

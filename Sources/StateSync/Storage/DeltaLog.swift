@@ -33,7 +33,7 @@ package final class DeltaLog: @unchecked Sendable {
     static let maximumRecord = 64 << 20
 
     let path: String
-    private var descriptor: Int32
+    private let descriptor: Int32
     /// The end of the last record: where the next one is written.
     private(set) var size: Int
     /// The file's length: `size`, or more when preallocated (zero-filled past `size`).
@@ -84,9 +84,11 @@ package final class DeltaLog: @unchecked Sendable {
             guard ftruncate(descriptor, off_t(recovery.end)) == 0 else { throw Self.error("truncate", path) }
             size = recovery.end
             allocated = recovery.end
-            unsyncedBytes = 1
-            try sync()
         }
+        // What a crashed process wrote is in the page cache only: durable before the node
+        // builds on it (its watches are sent its own deltas as durable).
+        unsyncedBytes = 1
+        try sync()
         return recovery
     }
 

@@ -18,6 +18,9 @@ package protocol NodeStorage: AnyObject, Sendable {
     /// Records durably and atomically, with the OS's boot id, that own sequence numbers through
     /// `through` may be published before they are durable (``SequenceReservation``).
     func reserveSequences(through: UInt64) throws(StateSyncError)
+    /// Best effort, before the node stops on a failed sync: marks the reservation as not made in
+    /// this boot (the OS may have dropped written pages), so the next start settles.
+    func markReservationUnsafe()
     /// Releases the storage for another node. Idempotent.
     func close()
     /// The bytes still free for the log and snapshot (`nil` when unknown).

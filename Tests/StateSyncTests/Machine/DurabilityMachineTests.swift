@@ -314,6 +314,32 @@ struct DurabilityMachineTests {
         let ended = machine.handle(.logDurable(through: running[0]), now: 62)
         #expect(Self.kinds(ended).contains("sync"), "not one interval later")
     }
+
+    /// With `interval`, a watch on the writing node is sent its own write only once the write is
+    /// durable (a power loss could take it before), though peers have it at once.
+    @Test func aWatchOnTheWritingNodeSeesItsOwnWriteOnceDurable() throws {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        configuration.fsync = .interval
+        configuration.fsyncIntervalMilliseconds = 1000
+        var node = MachineRunner(configuration)
+        node.advance(1)
+        _ = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        let watched = node.sent.count
+        func deltas() -> Int {
+            node.events(watch: 7, from: watched).count { if case .delta = $0 { true } else { false } }
+        }
+        // The first write after a quiet start is synced at once (the interval has passed).
+        _ = node.request(.set, id: 1, Array(Self.set[1]))
+        node.advance(1)
+        #expect(deltas() == 1)
+        let published = node.published.count
+        _ = node.request(.set, id: 2, Array(Self.set2[1]))
+        #expect(node.published.count > published, "published at once")
+        node.advance(10)
+        #expect(deltas() == 1, "the second is not durable yet")
+        node.advance(1000)
+        #expect(deltas() == 2, "sent once the interval's sync made it durable")
+    }
 }
 
 /// A nearly full disk (issue #13): writes are refused with ERROR 9, everything else goes on, and

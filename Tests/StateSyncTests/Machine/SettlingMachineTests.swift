@@ -147,4 +147,66 @@ struct SettlingMachineTests {
         node.advance(60)
         #expect(node.sent.count == 1 && node.machine.nextSequence == 2)
     }
+
+    /// A member that left (stopped cleanly) may hold the lost deltas and come back with them:
+    /// the node waits for it too, and asks it once it is back.
+    @Test func aMemberThatLeftIsWaitedFor() throws {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        configuration.fsync = .interval
+        var recovery = NodeMachine.Recovery(deltas: [RepairMachineTests.delta("n1", 1)])
+        recovery.reservedSequence = 30
+        recovery.reservedInThisBoot = false
+        recovery.members = [MembershipMachineTests.member("n3", .left, at: 1_700_000_000_000)]
+        var node = MachineRunner(configuration, recovery: recovery)
+        node.handle(.clientRequest(client: [9], frames: Self.set))
+        Self.connect(&node, ["n2"])
+        node.advance(60)
+        for fetch in Self.ownFetches(node) { Self.answer(&node, fetch, holding: []) }
+        node.advance(60)
+        #expect(Self.status(&node).settling, "n3 left and has not said what it holds")
+        #expect(node.sent.isEmpty)
+        // n3 comes back (a newer alive entry), is linked, asked, and answers: it holds 2 and 3.
+        let back = MembershipMachineTests.member("n3", at: 1_800_000_000_000)
+        node.handle(
+            .peerMessage(peer: "inproc://n2", frames: MembershipMachineTests.heartbeat("n2", members: [back])))
+        node.handle(.peerMessage(peer: "inproc://n3", frames: RepairMachineTests.heartbeat("n3", latest: 0)))
+        let asked = node.repairRequests.count
+        node.advance(60)
+        let fetches = Self.ownFetches(node, from: asked)
+        #expect(fetches.map(\.peer) == ["inproc://n3"])
+        for fetch in fetches { Self.answer(&node, fetch, holding: [2, 3]) }
+        #expect(!Self.status(&node).settling)
+        #expect(node.machine.nextSequence == 5, "the held SET took 4")
+    }
+
+    /// While settling, a SET is checked before it is held (a malformed one is refused at once),
+    /// and a node stopped before it settled tells the held SET's client, and keeps its
+    /// reservation (it must settle at its next start).
+    @Test func heldWritesAreCheckedFirstAndRefusedAtStop() throws {
+        var node = Self.restarted(reserved: 40)
+        node.handle(
+            .clientRequest(
+                client: [8], frames: ClientProtocol.encodeRequest(.set, id: 5, body: [0xFF, 0xFF, 0xFF])))
+        let refused = try #require(node.sent.first)
+        #expect(refused.client == [8])
+        #expect(try ClientProtocol.decodeReplyHeader(refused.frames[0]).kind == .error)
+        node.handle(.clientRequest(client: [9], frames: Self.set))
+        #expect(node.sent.count == 1, "the valid SET is held")
+        node.handle(.stop)
+        let answer = try #require(node.sent.last)
+        #expect(answer.client == [9])
+        #expect(try ClientProtocol.decodeReplyHeader(answer.frames[0]).kind == .error)
+        #expect(node.reservations.allSatisfy { $0 >= 40 }, "the reservation is not lowered: \(node.reservations)")
+    }
+
+    /// Settled, the node writes its reservation again, made in this boot: a process crash later
+    /// has nothing to settle.
+    @Test func settlingRenewsTheReservationInThisBoot() {
+        var node = Self.restarted(reserved: 40)
+        Self.connect(&node, ["n2", "n3"])
+        node.advance(60)
+        for fetch in Self.ownFetches(node) { Self.answer(&node, fetch, holding: []) }
+        #expect(!Self.status(&node).settling)
+        #expect(node.reservations == [40])
+    }
 }

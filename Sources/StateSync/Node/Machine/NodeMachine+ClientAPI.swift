@@ -139,22 +139,6 @@ extension NodeMachine {
             return
         }
         let id = header.requestID
-        // Settling after a power loss: writes wait until the node knows its next sequence number.
-        if settling != nil,
-            header.command == ClientProtocol.Command.set.rawValue
-                || header.command == ClientProtocol.Command.delete.rawValue
-        {
-            if hold(request: frames, from: client, identity: identity) { return }
-            counters.clientRequests += 1
-            counters.clientErrors += 1
-            reply(
-                client, .error, id,
-                ClientProtocol.encodeError(
-                    .internal,
-                    "node \(configuration.nodeID) is settling its sequence numbers after a power loss and holds too many writes already; try again"
-                ))
-            return
-        }
         counters.clientRequests += 1
         guard let command = ClientProtocol.Command(rawValue: header.command) else {
             counters.clientErrors += 1
@@ -188,6 +172,7 @@ extension NodeMachine {
                 let (address, writes) = try ClientProtocol.decodeSet(body)
                 try authorize(identity, write: true, channel: address.channel)
                 try refuseWhenDiskFull(client, id)
+                try holdWhileSettling(frames, client, identity, id)
                 try write(address, writes, client: client, id: id)
             case .delete:
                 let (address, names) = try ClientProtocol.decodeDelete(body)
@@ -197,6 +182,7 @@ extension NodeMachine {
                 }
                 try authorize(identity, write: true, channel: address.channel)
                 try refuseWhenDiskFull(client, id)
+                try holdWhileSettling(frames, client, identity, id)
                 let writes = names.isEmpty ? [PropertyWrite.modelDeletion] : names.map(PropertyWrite.deletion(of:))
                 try write(address, writes, client: client, id: id)
             case .get:
@@ -301,6 +287,8 @@ extension NodeMachine {
             }
         } catch is DiskFull {
             return
+        } catch is HeldUntilSettled {
+            return
         } catch let error as Forbidden {
             counters.clientErrors += 1
             reply(client, .error, id, ClientProtocol.encodeError(.forbidden, error.message))
@@ -323,6 +311,28 @@ extension NodeMachine {
 
     /// Thrown once a write was answered with ERROR 9.
     struct DiskFull: Error {}
+
+    /// Thrown once a write was held until the node settles (or refused: too many are held).
+    struct HeldUntilSettled: Error {}
+
+    /// While the node settles after a power loss (section 11.2), holds a SET or DELETE that
+    /// passed every check, to be taken once it knows its next sequence number; past
+    /// ``heldRequestLimit`` answers ERROR 5. Throws ``HeldUntilSettled`` either way.
+    private mutating func holdWhileSettling(
+        _ frames: [[UInt8]], _ client: [UInt8], _ identity: String?, _ id: UInt64
+    ) throws(HeldUntilSettled) {
+        guard settling != nil else { return }
+        if !hold(request: frames, from: client, identity: identity) {
+            counters.clientErrors += 1
+            reply(
+                client, .error, id,
+                ClientProtocol.encodeError(
+                    .internal,
+                    "node \(configuration.nodeID) is settling its sequence numbers after a power loss and holds too many writes already; try again"
+                ))
+        }
+        throw HeldUntilSettled()
+    }
 
     /// Answers ERROR 9 and throws ``DiskFull`` while the data directory's disk is under its
     /// reserve: the node takes no writes until space returns.

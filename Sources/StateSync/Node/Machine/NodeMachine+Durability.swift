@@ -152,7 +152,12 @@ extension NodeMachine {
     /// runs out); at stop only for what waits (its release must not be followed by a new one).
     private mutating func reserveAhead() {
         let last = durability.staged.last?.sequence ?? (nextSequence - 1)
-        if (stopping ? last : last &+ Self.reservationBlock / 2) > durability.reserved {
+        if stopping {
+            if last > durability.reserved, (durability.reservationRequested ?? 0) < last {
+                durability.reservationRequested = last
+                actions.append(.reserveSequences(through: last))
+            }
+        } else if last &+ Self.reservationBlock / 2 > durability.reserved {
             reserveSequences(beyond: last)
         }
     }
@@ -187,6 +192,7 @@ extension NodeMachine {
             durability.staged.isEmpty, !durability.ownWritesUnsynced
         else { return }
         durability.reserved = nextSequence - 1
+        durability.reservationRequested = nil
         actions.append(.reserveSequences(through: nextSequence - 1))
     }
 

@@ -3,8 +3,9 @@
 /// durably. When the OS went down while it ran (a power loss, a kernel crash), its log may lack
 /// deltas it had published: peers may hold them, and a new write under one of their numbers
 /// would be dropped by those peers as a duplicate. So the node numbers no local write until
-/// every peer it links to has answered a FETCH of its own origin over the numbers the log may
-/// have lost; it takes back what they hold, and numbers on after the highest any of them held.
+/// every peer it links to, and every member that left (it may come back holding them), has
+/// answered a FETCH of its own origin over the numbers the log may have lost; it takes back what
+/// they hold, and numbers on after the highest any of them held.
 extension NodeMachine {
     struct Settling: Sendable {
         /// The own sequence numbers the log may have lost: after the greatest recovered, through
@@ -14,6 +15,8 @@ extension NodeMachine {
         var askFrom: [String: UInt64] = [:]
         /// Per peer, the FETCH in flight.
         var fetches: [String: Outstanding] = [:]
+        /// The peers that answered for the whole range.
+        var done: Set<String> = []
         /// Local writes and write requests that arrived meanwhile, in order: taken once settled.
         var held: [Held] = []
         /// How many of them are client requests.
@@ -53,20 +56,42 @@ extension NodeMachine {
         return true
     }
 
+    /// The peers a settling node must hear from, by publish endpoint: those it links to, and the
+    /// members that left (not those forgotten): a member that stopped cleanly may hold the lost
+    /// deltas and come back with them.
+    var settlingPeers: [String] {
+        var endpoints = Set(peerEndpoints)
+        for member in membership.sorted where member.state == .left && member.id != configuration.nodeID {
+            if !peerEndpoints.contains(where: { linkedID(of: $0) == member.id }) { endpoints.insert(member.publish) }
+        }
+        return endpoints.sorted()
+    }
+
     /// At every repair round: asks each peer that has not answered for the next part of the
-    /// range; once every linked peer has answered all of it, numbers the held writes.
+    /// range; once every one of ``settlingPeers`` has answered all of it, numbers the held
+    /// writes. A FETCH unanswered for 1000 ms is sent again on a new link (libzmq drops a
+    /// connection for good after a frame over its maximum size).
     mutating func advanceSettling() {
         guard var settling else { return }
-        for (peer, fetch) in settling.fetches where fetch.deadline <= now { settling.fetches[peer] = nil }
+        for (peer, fetch) in settling.fetches.sorted(by: { $0.key < $1.key }) where fetch.deadline <= now {
+            settling.fetches[peer] = nil
+            if let endpoint = repair.links[peer] {
+                counters.repairLinkResets += 1
+                actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
+            }
+        }
         var waiting: [String] = []
-        for peer in peerEndpoints.sorted() {
+        var unreachable: [String] = []
+        for peer in settlingPeers {
+            guard !settling.done.contains(peer) else { continue }
             let from = settling.askFrom[peer] ?? settling.range.lowerBound
-            guard from <= settling.range.upperBound else { continue }
             waiting.append(peer)
-            guard settling.fetches[peer] == nil, repair.links[peer] != nil,
-                peers[peer].map({ isConnected($0) }) ?? false
-            else { continue }
-            let range = from...min(settling.range.upperBound, from &+ (Self.maximumFetch - 1))
+            guard repair.links[peer] != nil, peers[peer].map({ isConnected($0) }) ?? false else {
+                unreachable.append(peer)
+                continue
+            }
+            guard settling.fetches[peer] == nil else { continue }
+            let range = Self.limited(from...settling.range.upperBound)
             let id = nextRepairID()
             settling.fetches[peer] = Outstanding(
                 peer: peer, requestID: id, deadline: now + Self.repairTimeout, range: range)
@@ -85,10 +110,11 @@ extension NodeMachine {
         if settling.lastReport.map({ now &- $0 >= 10_000 }) ?? true {
             settling.lastReport = now
             logger.warning(
-                "holding writes until these peers say which of this node's possibly lost deltas they hold (a peer that is gone for good: statesync forget it)",
+                "holding writes until these peers say which of this node's possibly lost deltas they hold; those unreachable are down, left, or advertise no API this node may dial (a peer that is gone for good: statesync forget it)",
                 metadata: [
-                    "peers": "\(waiting.joined(separator: ", "))", "delta.range": "\(settling.range)",
-                    "writes.held": "\(settling.held.count)",
+                    "peers": "\(waiting.joined(separator: ", "))",
+                    "peers.unreachable": "\(unreachable.joined(separator: ", "))",
+                    "delta.range": "\(settling.range)", "writes.held": "\(settling.held.count)",
                 ])
         }
         self.settling = settling
@@ -104,13 +130,21 @@ extension NodeMachine {
         settling.fetches[peer] = nil
         self.settling = settling
         // An error or an undecodable answer is asked again at the next round.
-        guard kind == .ok, let (deltas, droppedThrough) = try? ClientProtocol.decodeFetched(body) else { return true }
+        guard kind == .ok, let (deltas, droppedThrough) = try? ClientProtocol.decodeFetched(body) else {
+            let reason =
+                kind == .error ? (try? ClientProtocol.decodeError(body))?.message ?? "?" : "an undecodable reply"
+            warnLimited(
+                "settling-refused", "a peer did not answer a settling FETCH; asking again",
+                metadata: ["peer.endpoint": "\(peer)", "error": "\(reason)"])
+            return true
+        }
         let own = configuration.nodeID
         let wanted = deltas.filter { $0.origin == own && fetch.range.contains($0.sequence) }
         let fresh = applyRemote(wanted, from: peer, repaired: true)
-        counters.deltasFetched += deltas.count
+        counters.deltasFetched += wanted.count
         var highest = wanted.lazy.map(\.sequence).max() ?? 0
-        // Numbers it held and dropped from its history exist too.
+        // Numbers it held and dropped from its history exist too (a mark above the range asked
+        // counts as its last number: the next part is asked next).
         if droppedThrough >= fetch.range.lowerBound {
             highest = max(highest, min(droppedThrough, fetch.range.upperBound))
         }
@@ -119,17 +153,23 @@ extension NodeMachine {
             ownHeldByPeers(through: highest)
         }
         self.settling?.recovered += fresh.count
-        self.settling?.askFrom[peer] = fetch.range.upperBound &+ 1
+        if fetch.range.upperBound >= (self.settling?.range.upperBound ?? .max) {
+            self.settling?.done.insert(peer)
+        } else {
+            self.settling?.askFrom[peer] = fetch.range.upperBound + 1
+        }
         // The next part at once, not at the next round.
         advanceSettling()
         return true
     }
 
-    /// Every linked peer answered: the held writes are numbered after everything any of them
-    /// holds, in the order they came.
+    /// Every peer answered: the held writes are numbered after everything any of them holds, in
+    /// the order they came.
     private mutating func finishSettling() {
         guard let settled = settling else { return }
         settling = nil
+        // The reservation again, made in this boot: a later process crash has nothing to settle.
+        actions.append(.reserveSequences(through: durability.reserved))
         logger.notice(
             "settled after a power loss: every peer said which of this node's deltas it holds",
             metadata: [
@@ -140,8 +180,35 @@ extension NodeMachine {
             switch held {
             case .localWrites(let writes): takeLocalWrites(writes)
             case .request(let client, let frames, let identity):
+                counters.clientRequests -= 1  // counted when it came
                 handleClientRequest(frames, from: client, identity: identity)
             }
         }
+    }
+}
+
+extension NodeMachine {
+    /// Stopping while settling: the held client writes were never numbered or logged; their
+    /// clients are told (ERROR 5), the live models' writes are dropped with a warning.
+    mutating func refuseHeldWritesAtStop() {
+        guard let held = settling?.held, !held.isEmpty else { return }
+        logger.warning(
+            "stopping before settling: the writes held meanwhile were never numbered, logged or acknowledged, and are dropped",
+            metadata: ["writes.held": "\(held.count)"])
+        for case .request(let client, let frames, _) in held {
+            guard let header = try? ClientProtocol.decodeRequestHeader(frames[0]) else { continue }
+            counters.clientErrors += 1
+            actions.append(
+                .reply(
+                    client: client,
+                    frames: ClientProtocol.encodeReply(
+                        .error, id: header.requestID,
+                        body: ClientProtocol.encodeError(
+                            .internal,
+                            "node \(configuration.nodeID) stopped before it settled after a power loss; the write was not made"
+                        ))))
+        }
+        settling?.held = []
+        settling?.heldRequests = 0
     }
 }

@@ -317,11 +317,7 @@ package struct NodeMachine: Sendable {
         case .tick(let backlog):
             tick(observerBacklog: backlog)
         case .stop:
-            if let held = settling?.held.count, held > 0 {
-                logger.warning(
-                    "stopping before settling: the writes held meanwhile were never numbered, logged or acknowledged, and are dropped",
-                    metadata: ["writes.held": "\(held)"])
-            }
+            refuseHeldWritesAtStop()
             stopping = true
             publishReserved()
             requestSync(force: true)
