@@ -668,6 +668,11 @@ extension StateSyncCLI {
                         "disk:      FULL (\(status.diskFreeBytes.map(String.init) ?? "?") bytes free, under storage.reserve_bytes): writes are refused"
                     )
                 }
+                if status.settling {
+                    emit(
+                        "settling:  after a power loss: \(status.writesHeld) writes held until every peer has said which of this node's deltas it holds (docs/PROTOCOL.md 11.2)"
+                    )
+                }
                 if !status.refusedKeys.isEmpty {
                     emit(
                         "refused:   "

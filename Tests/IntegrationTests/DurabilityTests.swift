@@ -197,6 +197,10 @@ struct DurabilityTests {
             try await waitUntil("node1 holds the write") { (try? await client.status().writesHeld) == 1 }
             let status = try await client.status()
             #expect(status.notReadyReasons.contains { $0.contains("settling") }, "\(status.notReadyReasons)")
+            let shown = try await cli(["status", "--daemon", nodes[0].api])
+            #expect(shown.stdout.contains("settling:  after a power loss: 1 writes held"), "\(shown.stdout)")
+            let probe = try await cli(["status", "--ready", "--daemon", nodes[0].api])
+            #expect(probe.status == 3, "not ready while settling: \(probe.stdout) \(probe.stderr)")
             _ = try daemons.start(config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2-back")
             _ = try await write.value
             try await Self.waitUntilConverged([client, reader2])
