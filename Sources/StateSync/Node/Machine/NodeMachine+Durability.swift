@@ -3,8 +3,9 @@
 /// acknowledged — only once the log is durable through them. Group commit: all writes staged
 /// before a sync share it, and a sync is asked for as soon as a round of local writes is taken
 /// (and at every tick), so a lone write never waits for a timer. With `storage.fsync: interval`
-/// a write is published as soon as it is written to the OS, within sequence numbers reserved
-/// durably ahead, and the log is synced every `storage.fsync_interval_ms`.
+/// a write is published once it is written to the OS, at the end of the driver's turn that took
+/// it, within sequence numbers reserved durably ahead (``NodeMachine+Settling`` covers a power
+/// loss), and the log is synced every `storage.fsync_interval_ms`.
 extension NodeMachine {
     struct Durability: Sendable {
         /// Local writes logged but not yet durable, in order, their DELTA bodies (encoded once,

@@ -122,7 +122,7 @@ extension NodeMachine {
 
     /// A FETCH reply to a settling request: takes back the own deltas it holds, moves the next
     /// sequence number past them (and past what the peer dropped from its history), and asks
-    /// the next part of the range at the next round. Returns `false` for another request.
+    /// the next part of the range at once. Returns `false` for another request.
     mutating func settlingReply(_ requestID: UInt64, kind: ClientProtocol.ReplyKind, body: [UInt8], from peer: String)
         -> Bool
     {
