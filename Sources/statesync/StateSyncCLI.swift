@@ -406,6 +406,10 @@ extension StateSyncCLI {
                 old values. The file is saved at most every 200 ms while changes print, at the next \
                 marker, and on SIGINT/SIGTERM; after a kill -9 the lines of up to the last second \
                 can print again, none is skipped.
+
+                SIGINT and SIGTERM end the watch after printing the lines it holds; if standard \
+                output is not being read (a paused pager), it waits at most a second for it, then \
+                says on stderr what was not written and exits (130 or 143).
                 """)
 
         @Argument(help: "The channel to watch.")
@@ -494,14 +498,15 @@ extension StateSyncCLI {
                 // once; with it, a line counts as printed once written (WatchState).
                 let output = LineOutput(batched: saved == nil)
                 // SIGINT and SIGTERM: with --state, save what was printed; without, print what is
-                // queued; then the process ends.
+                // queued (for at most a second: a reader that stopped reading must not keep the
+                // watch from ending); then the process ends.
                 var signals: [any DispatchSourceSignal] = []
                 for number in [SIGINT, SIGTERM] {
                     signal(number, SIG_IGN)
                     let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
                     source.setEventHandler {
                         saved?.saveAndExit()
-                        output.flush()
+                        _ = output.flushBeforeExit(within: .seconds(1))
                         _exit(128 + number)
                     }
                     source.resume()

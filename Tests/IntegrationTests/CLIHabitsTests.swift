@@ -162,6 +162,52 @@ struct CLIHabitsTests {
         #expect(await daemon.stop() == 0)
     }
 
+    /// A watch whose standard output is no longer read (a paused pager, a stalled pipe) still
+    /// ends on SIGINT: it gives the lines it cannot write a second, then exits and says so.
+    @Test func aWatchWhoseOutputIsNotReadStillEndsOnSIGINT() async throws {
+        let directory = temporaryDirectory("watch-stalled")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (daemon, api) = try Self.daemon(data: "\(directory)/data")
+        let errors = "\(directory)/watch.err"
+        _ = FileManager.default.createFile(atPath: errors, contents: nil)
+        let pipe = Pipe()  // never read
+        let watch = Process()
+        watch.executableURL = binaries.appendingPathComponent("statesync")
+        watch.arguments = ["watch", "demo", "--json", "--daemon", api]
+        watch.standardOutput = pipe
+        watch.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errors))
+        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
+        do {
+            try await waitUntil("the daemon answers") {
+                try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0
+            }
+            try watch.run()
+            let client = try StateSyncClient(endpoint: api)
+            defer { client.close() }
+            try await waitUntil("the watch is registered") { (try? await client.status().watchers) == 1 }
+            // Far more than a pipe holds (64 KiB): the watch ends up blocked in a write.
+            let value = Value.string(String(repeating: "x", count: 1000))
+            for i in 0..<300 { try await client.set(ModelAddress(channel: "demo", model: "m\(i)"), ["v": value]) }
+            // Blocked: one of its threads waits in a pipe write (its wait channel says so).
+            let tasks = "/proc/\(watch.processIdentifier)/task"
+            try await waitUntil("the watch is blocked writing to the full pipe") {
+                let threads = (try? FileManager.default.contentsOfDirectory(atPath: tasks)) ?? []
+                return threads.contains { thread in
+                    let channel = (try? String(contentsOfFile: "\(tasks)/\(thread)/wchan", encoding: .utf8)) ?? ""
+                    return channel.contains("pipe_write")
+                }
+            }
+            kill(watch.processIdentifier, SIGINT)
+            try await waitUntil("the watch ends", timeout: .seconds(10)) { !watch.isRunning }
+            #expect(watch.terminationStatus == 130)
+            let said = (try? String(contentsOfFile: errors, encoding: .utf8)) ?? ""
+            #expect(said.contains("not written: standard output is not being read"), "\(said)")
+        } catch {
+            Issue.record("\(error)\n\(daemon.stderr)")
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func shellCompletionAndKeygenJSON() async throws {
         let help = try await cli(["--daemon", "tcp://127.0.0.1:1", "--help"])
         #expect(help.status == 0 && help.stdout.contains("USAGE"), "\(help.stdout)\(help.stderr)")
