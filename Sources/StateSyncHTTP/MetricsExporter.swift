@@ -118,6 +118,13 @@ public final class MetricsExporter: Sendable {
             gauge(
                 "statesync_disk_full", "1 while writes are refused because the disk is nearly full.",
                 status.diskFull ? 1 : 0)
+            gauge(
+                "statesync_settling",
+                "1 while the node settles its sequence numbers after a power loss (it holds writes until its peers answer).",
+                status.settling ? 1 : 0)
+            gauge(
+                "statesync_writes_held", "Writes held while the node settles after a power loss.",
+                Double(status.writesHeld))
             if let free = status.diskFreeBytes {
                 gauge("statesync_disk_free_bytes", "Free bytes in the data directory's file system.", Double(free))
             }

@@ -153,11 +153,13 @@ struct DurabilityTests {
     @Test func afterAPowerLossTheNodeSettlesAndReusesNoPublishedNumber() async throws {
         // Two nodes: a settling node waits for every peer it is configured with.
         let three = Self.cluster("settle")
+        let http = freePort()
         let nodes = three.prefix(2).enumerated().map { index, node in
             var environment = node.environment
             environment["STATESYNC_NETWORK_PEERS"] = three[1 - index].environment["STATESYNC_NETWORK_PUBLISH"]
             environment["STATESYNC_STORAGE_FSYNC"] = "interval"
             environment["STATESYNC_STORAGE_FSYNC_INTERVAL_MS"] = "10000"
+            if index == 0 { environment["STATESYNC_HTTP_LISTEN"] = "127.0.0.1:\(http)" }
             return Node(name: node.name, environment: environment, api: node.api)
         }
         let daemons = ClusterTests.Daemons()
@@ -201,6 +203,9 @@ struct DurabilityTests {
             #expect(shown.stdout.contains("settling:  after a power loss: 1 writes held"), "\(shown.stdout)")
             let probe = try await cli(["status", "--ready", "--daemon", nodes[0].api])
             #expect(probe.status == 3, "not ready while settling: \(probe.stdout) \(probe.stderr)")
+            let scrape = try await HTTPListenerTests.get("http://127.0.0.1:\(http)/metrics").body
+            #expect(HTTPListenerTests.sample("statesync_settling", in: scrape) == 1, "\(scrape)")
+            #expect(HTTPListenerTests.sample("statesync_writes_held", in: scrape) == 1)
             _ = try daemons.start(config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2-back")
             _ = try await write.value
             try await Self.waitUntilConverged([client, reader2])
