@@ -201,15 +201,22 @@ struct SimulatedEarlyPublishTests {
         cluster.nodes[index].host?.properties(of: address)["count"]?.value
     }
 
-    /// With `storage.fsync: interval` a write reaches the peers long before the interval's sync:
-    /// the publish waits for no timer.
-    @Test func aWriteIsPublishedBeforeTheIntervalsSync() async throws {
-        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: 7)
+    /// A cluster whose nodes sync every second (`storage.fsync: interval`), linked up, and a
+    /// model on node 0 to write with.
+    static func intervalCluster(nodes: Int, seed: UInt64) async throws -> (SimulatedCluster, Counter) {
+        var configuration = SimulatedCluster.Configuration(nodes: nodes, seed: seed)
         configuration.fsync = .interval
         configuration.fsyncIntervalMilliseconds = 1000
         let cluster = try SimulatedCluster(configuration)
         let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
         cluster.run(for: 2000)
+        return (cluster, writer)
+    }
+
+    /// With `storage.fsync: interval` a write reaches the peers long before the interval's sync:
+    /// the publish waits for no timer.
+    @Test func aWriteIsPublishedBeforeTheIntervalsSync() async throws {
+        let (cluster, writer) = try await Self.intervalCluster(nodes: 2, seed: 7)
         // The first write after a long quiet is synced at once (the interval has passed).
         writer.count = 1
         #expect(cluster.run(for: 100) { Self.count($0, 1) == .int(1) })
@@ -227,12 +234,7 @@ struct SimulatedEarlyPublishTests {
     /// number after the lost ones, and every node takes it. (Numbered over a lost one, the peers
     /// would drop it as a duplicate and keep the old value for good.)
     @Test func afterAPowerLossANewWriteIsNotNumberedOverAPublishedOne() async throws {
-        var configuration = SimulatedCluster.Configuration(nodes: 3, seed: 11)
-        configuration.fsync = .interval
-        configuration.fsyncIntervalMilliseconds = 1000
-        let cluster = try SimulatedCluster(configuration)
-        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
-        cluster.run(for: 2000)
+        let (cluster, writer) = try await Self.intervalCluster(nodes: 3, seed: 11)
         writer.count = 1
         #expect(cluster.run(for: 1500) { $0.nodes[0].disk.unsyncedBytes == 0 && Self.count($0, 2) == .int(1) })
         for value in 2...5 { writer.count = value }
@@ -256,12 +258,7 @@ struct SimulatedEarlyPublishTests {
     /// A process crash (the OS stays up) keeps everything the node wrote to its log, so the
     /// restart has nothing to settle: a new write is numbered at once.
     @Test func afterAProcessCrashNothingIsHeld() async throws {
-        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: 13)
-        configuration.fsync = .interval
-        configuration.fsyncIntervalMilliseconds = 1000
-        let cluster = try SimulatedCluster(configuration)
-        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
-        cluster.run(for: 2000)
+        let (cluster, writer) = try await Self.intervalCluster(nodes: 2, seed: 13)
         for value in 1...3 { writer.count = value }
         cluster.run(for: 50)
         cluster.crash(0, tornBytes: cluster.nodes[0].disk.unsyncedBytes)
