@@ -41,24 +41,22 @@ final class LineOutput: Sendable {
     /// For a signal that ends the process: writes what is pending, unless standard output does
     /// not take it within `limit` (its reader stopped reading: a paused pager, a stalled pipe).
     /// Then the process must still end — the lock may be held by a write that never returns —
-    /// so this gives up and says how much was not written. Returns whether everything was.
-    func flushBeforeExit(within limit: Duration) -> Bool {
+    /// so this gives up and says how much was not written.
+    func flushBeforeExit(within limit: Duration) {
         let deadline = ContinuousClock.now + limit
         while ContinuousClock.now < deadline {
-            let done = pending.withLockIfAvailable { pending -> Bool in
-                guard !pending.isEmpty else { return true }
+            let flushed: Void? = pending.withLockIfAvailable { pending in
+                guard !pending.isEmpty else { return }
                 // Non-blocking from here: a full pipe must not hold the exit up.
                 let flags = fcntl(STDOUT_FILENO, F_GETFL)
                 if flags >= 0 { _ = fcntl(STDOUT_FILENO, F_SETFL, flags | O_NONBLOCK) }
                 let written = Self.writeAll(pending, until: deadline)
                 if written < pending.count { Self.reportUnwritten(pending.count - written) }
-                return written == pending.count
             }
-            if let done { return done }
+            if flushed != nil { return }
             usleep(5_000)  // a write in progress holds the lock: look again until the deadline
         }
         Self.reportUnwritten(nil)
-        return false
     }
 
     private static func reportUnwritten(_ octets: Int?) {
@@ -67,28 +65,15 @@ final class LineOutput: Sendable {
             Data("statesync: \(what) not written: standard output is not being read\n".utf8))
     }
 
-    /// Writes `bytes` to a non-blocking standard output until `deadline`; returns how many went.
-    private static func writeAll(_ bytes: [UInt8], until deadline: ContinuousClock.Instant) -> Int {
-        var written = 0
-        while written < bytes.count, ContinuousClock.now < deadline {
-            let result = bytes.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress! + written, $0.count - written) }
-            if result > 0 {
-                written += result
-            } else if result < 0, errno == EINTR {
-                continue
-            } else if result < 0, errno == EAGAIN {
-                var descriptor = pollfd(fd: STDOUT_FILENO, events: Int16(POLLOUT), revents: 0)
-                _ = poll(&descriptor, 1, 10)
-            } else {
-                break
-            }
-        }
-        return written
-    }
-
-    private static func writeAll(_ bytes: [UInt8]) {
+    /// Writes `bytes` to standard output; returns how many octets went. Without a `deadline`,
+    /// all of them: a line that cannot be printed must not be skipped silently while later ones
+    /// are, so a write error ends the watch (EPIPE: the reader went away). With one, what goes by
+    /// then (a write error ends the attempt).
+    @discardableResult
+    private static func writeAll(_ bytes: [UInt8], until deadline: ContinuousClock.Instant? = nil) -> Int {
         var written = 0
         while written < bytes.count {
+            if let deadline, ContinuousClock.now >= deadline { break }
             let result = bytes.withUnsafeBytes { write(STDOUT_FILENO, $0.baseAddress! + written, $0.count - written) }
             if result > 0 {
                 written += result
@@ -99,12 +84,12 @@ final class LineOutput: Sendable {
             case EINTR:
                 continue
             case EAGAIN:
-                // A non-blocking stdout that is full: wait until it takes more.
+                // A non-blocking stdout that is full: wait until it takes more (a while, with a
+                // deadline).
                 var descriptor = pollfd(fd: STDOUT_FILENO, events: Int16(POLLOUT), revents: 0)
-                _ = poll(&descriptor, 1, -1)
+                _ = poll(&descriptor, 1, deadline == nil ? -1 : 10)
             default:
-                // A line that cannot be printed must not be skipped silently while later ones are:
-                // the watch ends (EPIPE: the reader went away).
+                guard deadline == nil else { return written }
                 if error != EPIPE {
                     FileHandle.standardError.write(
                         Data(
@@ -114,5 +99,6 @@ final class LineOutput: Sendable {
                 _exit(1)
             }
         }
+        return written
     }
 }

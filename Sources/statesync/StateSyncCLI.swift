@@ -506,7 +506,7 @@ extension StateSyncCLI {
                     let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
                     source.setEventHandler {
                         saved?.saveAndExit()
-                        _ = output.flushBeforeExit(within: .seconds(1))
+                        output.flushBeforeExit(within: .seconds(1))
                         _exit(128 + number)
                     }
                     source.resume()
