@@ -104,12 +104,10 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
             }
         }
         let reservation = path + "/" + Self.reservationName
-        if FileManager.default.fileExists(atPath: reservation) {
+        if let data = FileManager.default.contents(atPath: reservation) {
             // A rename not yet made durable (a crash right after it) must be before it is
             // trusted: a later power loss could otherwise bring back the older, lower value.
             try syncDirectory()
-        }
-        if let data = FileManager.default.contents(atPath: reservation) {
             do {
                 let reserved = try SequenceReservation.decode(Array(data))
                 recovery.reservedSequence = reserved.through

@@ -61,8 +61,9 @@ extension NodeMachine {
         var lagging = false
         var inFlight: InFlight?
         /// How many deltas the next batch holds: cut to what the client's queue took when it
-        /// refused some (the deltas of the messages it took), doubled back (to ``pumpLimit``) when it took all — so a slow client does
-        /// not make the node encode events it throws away.
+        /// refused some (for a batched watch, up to ``eventsPerMessage`` per message it took),
+        /// doubled back (to ``pumpLimit``) when it took all — so a slow client does not make the
+        /// node encode events it throws away.
         var batchLimit = NodeMachine.pumpLimit
     }
 
@@ -370,7 +371,8 @@ extension NodeMachine {
 
     /// The next deltas of `channel` a watch at `position` must get, in this node's apply order, up
     /// to `limit`, with the position after each. Stops before this node's own deltas that are not
-    /// yet published and durable (``visibleToWatches``). `historyGone` says the watch needs deltas the node no longer holds.
+    /// yet published and durable (``visibleToWatches``). `historyGone` says the watch needs
+    /// deltas the node no longer holds.
     func nextDeltas(channel: String, from position: WatchPosition, limit: Int) -> (
         deltas: [(Delta, WatchPosition)], end: WatchPosition, historyGone: Bool
     ) {
