@@ -14,6 +14,8 @@ struct ClusterTests {
     final class Daemons: @unchecked Sendable {
         // Safe: used by one test task only.
         var processes: [ChildProcess] = []
+        /// The data directories of the daemons started (removed by ``stopAll()``).
+        private var dataDirectories: Set<String> = []
 
         func start(config: String, environment: [String: String], name: String) throws -> ChildProcess {
             // The example configs listen for HTTP on fixed ports: off unless a test asks for it, so
@@ -21,6 +23,7 @@ struct ClusterTests {
             let environment = ["STATESYNC_HTTP_LISTEN": ""].merging(environment) { $1 }
             let daemon = try ChildProcess("statesyncd", ["--config", config], environment: environment, name: name)
             processes.append(daemon)
+            if let data = environment["STATESYNC_NODE_DATA_DIR"] { dataDirectories.insert(data) }
             return daemon
         }
 
@@ -34,7 +37,7 @@ struct ClusterTests {
                 _ = try start(
                     config: "Config/node\(i + 1).yaml",
                     environment: [
-                        "STATESYNC_NODE_DATA_DIR": temporaryDirectory("\(label)-\(i)"),
+                        "STATESYNC_NODE_DATA_DIR": temporaryPath("\(label)-\(i)"),
                         "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(ports[i].publish)",
                         "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
                         "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
@@ -46,10 +49,14 @@ struct ClusterTests {
             return apis
         }
 
-        /// SIGTERM every daemon; returns their exit statuses.
-        func stopAll() async -> [Int32] {
+        /// SIGTERM every daemon; returns their exit statuses. `keepingData`: leave their data
+        /// directories for the test to inspect (it removes them); otherwise they are removed.
+        func stopAll(keepingData: Bool = false) async -> [Int32] {
             var statuses: [Int32] = []
             for daemon in processes { statuses.append(await daemon.stop()) }
+            if !keepingData {
+                for directory in dataDirectories { try? FileManager.default.removeItem(atPath: directory) }
+            }
             return statuses
         }
 
@@ -126,12 +133,13 @@ struct ClusterTests {
             Issue.record("\(error)\n\(daemons.logs())")
         }
         if let watcher { _ = await watcher.stop(SIGINT) }
-        let statuses = await daemons.stopAll()
+        let statuses = await daemons.stopAll(keepingData: true)
         #expect(statuses == [0, 0, 0], "SIGTERM must stop every daemon cleanly (exit 0)\n\(daemons.logs())")
         for i in 1...3 {
             #expect(
                 FileManager.default.fileExists(atPath: "\(dataRoot)/node\(i)/state.snapshot"), "state flushed at stop")
         }
+        try? FileManager.default.removeItem(atPath: dataRoot)
     }
 
     /// PROTOCOL.md 7.6 between real daemons: once the nodes have heard each other's HEARTBEATs,

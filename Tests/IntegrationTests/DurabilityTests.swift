@@ -25,7 +25,7 @@ struct DurabilityTests {
                 name: "node\(i + 1)",
                 environment: [
                     "STATESYNC_NODE_ID": "node\(i + 1)",
-                    "STATESYNC_NODE_DATA_DIR": temporaryDirectory("\(label)-\(i + 1)"),
+                    "STATESYNC_NODE_DATA_DIR": temporaryPath("\(label)-\(i + 1)"),
                     "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(ports[i].publish)",
                     "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
                     "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),

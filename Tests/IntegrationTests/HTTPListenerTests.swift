@@ -26,7 +26,7 @@ struct HTTPListenerTests {
         let publish = (0..<3).map { _ in "tcp://127.0.0.1:\(freePort())" }
         let api = (0..<3).map { _ in "tcp://127.0.0.1:\(freePort())" }
         let http = (0..<3).map { _ in "127.0.0.1:\(freePort())" }
-        let data = (0..<3).map { temporaryDirectory("http-node\($0 + 1)") }
+        let data = (0..<3).map { temporaryPath("http-node\($0 + 1)") }
 
         func start(_ i: Int) throws {
             let peers = (0..<3).filter { $0 != i }.map { "node\($0 + 1)=\(publish[$0])" }
@@ -108,6 +108,7 @@ struct HTTPListenerTests {
                 for (i, scrape) in scrapes.enumerated() {
                     let file = "\(cluster.data[i])-scrape.txt"
                     try scrape.write(toFile: file, atomically: true, encoding: .utf8)
+                    defer { try? FileManager.default.removeItem(atPath: file) }
                     let check = try ChildProcess("/bin/sh", ["-c", "\(promtool) check metrics < \(file)"])
                     #expect(await check.wait() == 0, "promtool check metrics: \(check.stdout)\(check.stderr)")
                 }
@@ -152,6 +153,7 @@ struct HTTPListenerTests {
         try cluster.start(0)
         #expect(await cluster.daemons.processes[0].wait() == 1)
         #expect(cluster.daemons.processes[0].stderr.contains("statesyncd: node node1"), "\(cluster.daemons.logs())")
+        _ = await cluster.daemons.stopAll()  // (exited already: this removes its data directory)
     }
 
     /// The live view in Debian's chromium: the page follows a channel of node1 while a change is

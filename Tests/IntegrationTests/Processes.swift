@@ -228,9 +228,15 @@ func keygen(_ names: [String], in directory: String, sourceLocation: SourceLocat
 }
 
 func temporaryDirectory(_ label: String) -> String {
-    let path = NSTemporaryDirectory() + "statesync-it-\(label)-\(UUID().uuidString)"
+    let path = temporaryPath(label)
     try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
     return path
+}
+
+/// A fresh path under the temporary directory, not created: a daemon's data directory (the
+/// daemon makes it), so that one a test never starts leaves nothing behind.
+func temporaryPath(_ label: String) -> String {
+    NSTemporaryDirectory() + "statesync-it-\(label)-\(UUID().uuidString)"
 }
 
 func freePort() -> Int {
