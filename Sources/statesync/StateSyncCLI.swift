@@ -603,14 +603,16 @@ extension StateSyncCLI {
             discussion: """
                 Exits 0 when the node answers. With --ready, exits 3 unless the node is ready: every \
                 configured peer and known member (but those that left or were forgotten) connected, \
-                no deltas known but missing, the disk not full. The HTTP listener's /readyz says the \
-                same.
+                no deltas known but missing, the disk not full, and not settling after a power loss \
+                (docs/PROTOCOL.md 11.2). The HTTP listener's /readyz says the same.
                 """)
 
         @Flag(name: .long, help: "Print one JSON object.")
         var json = false
 
-        @Flag(name: .long, help: "Exit 3 unless the node is ready (peers connected, caught up, disk not full).")
+        @Flag(
+            name: .long,
+            help: "Exit 3 unless the node is ready (peers connected, caught up, disk not full, not settling).")
         var ready = false
 
         @OptionGroup var connection: ConnectionOptions
