@@ -45,7 +45,8 @@ struct HarnessTests {
     }
 
     @Test func smallClusterWithKillAndPartitionPasses() async throws {
-        let page = temporaryDirectory("harness-report") + ".html"
+        let page = temporaryPath("harness-report") + ".html"
+        defer { try? FileManager.default.removeItem(atPath: page) }
         let (run, report) = try await Self.harness(
             [
                 "--nodes", "3", "--ops", "3000", "--seed", "1", "--faults",
