@@ -58,6 +58,11 @@ public struct SimulationOptions: Sendable {
         /// 11.2): it reuses the numbers of deltas it published before the loss and its peers
         /// hold. The run uses `storage.fsync: interval` (1 s) and gives the node power losses.
         case skipSettling = "skip-settling"
+        /// After settling the node declares no number void (PROTOCOL.md 10.8): deltas it
+        /// published that every peer missed, then lost in a power loss, stay gaps on the peers
+        /// that hold later ones. Like `skip-settling`, with `interval` (1 s), power losses of the
+        /// node, each after a moment when every peer missed what it published.
+        case skipVoid = "skip-void"
         /// The node sends its watchers every live delta twice.
         case duplicateWatchEvents = "duplicate-watch-events"
         /// The node never lets a deletion win: what others delete it keeps.
@@ -349,7 +354,9 @@ public enum ClusterSimulator {
         let reorderRate = draw("reorder", [0.05, 0.3])
         let conflictRate = options.plantedBug == .wrongTieBreak ? 0.3 : draw("conflicts", [0.0, 0.02, 0.1])
         let slowWatcher = draw("slow_watcher_ms", [0, 0, 1])
-        if let period = options.intervalSyncMilliseconds ?? (options.plantedBug == .skipSettling ? 1000 : nil) {
+        if let period = options.intervalSyncMilliseconds
+            ?? ([.skipSettling, .skipVoid].contains(options.plantedBug) ? 1000 : nil)
+        {
             configuration.fsync = .interval
             configuration.fsyncIntervalMilliseconds = period
             parameters["fsync"] = "interval"
@@ -390,6 +397,7 @@ public enum ClusterSimulator {
             case .wrongTieBreak: configuration.faults[culprit] = NodeFaults(wrongTieBreak: true)
             case .skipRepair: configuration.faults[culprit] = NodeFaults(skipRepair: true)
             case .skipSettling: configuration.faults[culprit] = NodeFaults(skipSettling: true)
+            case .skipVoid: configuration.faults[culprit] = NodeFaults(skipVoid: true)
             case .duplicateWatchEvents: configuration.faults[culprit] = NodeFaults(duplicateWatchEvents: true)
             case .ignoreDeletions: configuration.faults[culprit] = NodeFaults(ignoreDeletions: true)
             case .neverExpire: configuration.faults[culprit] = NodeFaults(neverExpire: true)
@@ -433,10 +441,13 @@ public enum ClusterSimulator {
             kinds: options.faults.filter { faults.contains($0) }, random: root.fork("faults"), base: baseLinks,
             lossRate: lossRate,
             duplicateRate: duplicateRate, reorderRate: reorderRate, culprit: culprit,
-            forceLoss: options.plantedBug == .skipRepair, forcePowerLoss: options.plantedBug == .skipSettling)
+            forceLoss: options.plantedBug == .skipRepair,
+            forcePowerLoss: [.skipSettling, .skipVoid].contains(options.plantedBug),
+            forceBlackout: options.plantedBug == .skipVoid)
         // A client writes to a node back from a power loss at once: before its peers' first
         // HEARTBEATs, the moment a node that does not settle would reuse a published number.
-        schedule.onPowerLossRestart = { node, cluster in workload.writeAtRestart(of: node, in: cluster) }
+        schedule.onPowerLossRestart = { node, cluster in workload.writeOnce(to: node, in: cluster) }
+        schedule.onBlackoutWrite = { node, cluster in workload.writeOnce(to: node, in: cluster) }
         schedule.start(in: cluster, until: { workload.isDone })
         let recorder = options.recordTimeline ? TimelineRecorder(binMilliseconds: 100) : nil
         var nextSample: UInt64 = 0
@@ -670,10 +681,10 @@ final class Workload {
     /// Writers of one write each, to a node back from a power loss.
     private var restartWriters: [SimulatedWriter] = []
 
-    /// Writes at once to `node`, just restarted after a power loss (on top of the workload's
-    /// operations), a property no other write touches: a write its peers dropped would stay
-    /// missing from them, not be overwritten by a later one.
-    func writeAtRestart(of node: Int, in cluster: SimulatedCluster) {
+    /// Writes at once to `node` (just restarted after a power loss, or about to lose power), on
+    /// top of the workload's operations, a property no other write touches: a write its peers
+    /// dropped would stay missing from them, not be overwritten by a later one.
+    func writeOnce(to node: Int, in cluster: SimulatedCluster) {
         let writer = SimulatedWriter(name: "restart-\(restartWriters.count)")
         restartWriters.append(writer)
         let model = "m\(random.below(options.models))"
@@ -763,8 +774,16 @@ final class FaultSchedule {
     let forceLoss: Bool
     /// Every crash is a power loss of the culprit (a planted skip-settling bug).
     let forcePowerLoss: Bool
+    /// Every power loss under `interval` follows a moment when every peer missed what the node
+    /// published (a planted skip-void bug).
+    let forceBlackout: Bool
+    /// Draws of the moments before a power loss when the peers miss what the node publishes.
+    var blackoutRandom: SeededRandom
     /// Called when a node that lost power is back.
     var onPowerLossRestart: ((Int, SimulatedCluster) -> Void)?
+    /// Called when every peer starts missing what a node publishes before its power loss, and
+    /// when they see it again: a write to that node each time, so the moment meets writes.
+    var onBlackoutWrite: ((Int, SimulatedCluster) -> Void)?
     private(set) var events: [SimulationReport.FaultEvent] = []
     private(set) var isDone = false
     private(set) var deltasAppliedBeforeCrashes = 0
@@ -776,7 +795,8 @@ final class FaultSchedule {
     init(
         kinds: [SimulationOptions.Fault], random: SeededRandom,
         base: SimulatedNetwork<SimulatedCluster.Packet>.LinkConditions, lossRate: Double, duplicateRate: Double,
-        reorderRate: Double, culprit: Int?, forceLoss: Bool, forcePowerLoss: Bool = false
+        reorderRate: Double, culprit: Int?, forceLoss: Bool, forcePowerLoss: Bool = false,
+        forceBlackout: Bool = false
     ) {
         self.kinds = kinds
         self.random = random
@@ -787,6 +807,8 @@ final class FaultSchedule {
         self.culprit = culprit
         self.forceLoss = forceLoss
         self.forcePowerLoss = forcePowerLoss
+        self.forceBlackout = forceBlackout
+        self.blackoutRandom = random.fork("blackout")
     }
 
     private var schedule: [SimulationOptions.Fault] {
@@ -836,23 +858,45 @@ final class FaultSchedule {
         var heal: (SimulatedCluster) -> Void = { _ in }
         switch kind {
         case .crash:
-            let counters = nodes[target].host?.status.counters ?? [:]
-            deltasAppliedBeforeCrashes += (counters["deltas_applied"] ?? 0) + (counters["deltas_published"] ?? 0)
-            let unsynced = nodes[target].disk.unsyncedBytes
             // A power loss loses what was not synced (a torn part may remain); a process crash
             // loses nothing the node had written to the OS. `storage.fsync: interval` promises
             // durability only against process crashes: its power losses are noted, and the
             // writes they may take (acknowledged, not yet synced) are not held against it.
             let powerLoss = random.chance(0.5) || forcePowerLoss
-            if powerLoss, cluster.configuration.fsync == .interval {
-                intervalPowerLosses.append((nodes[target].id, cluster.now))
+            if powerLoss, cluster.configuration.fsync == .interval, forceBlackout || blackoutRandom.chance(0.5) {
+                // Under `interval` the node publishes before it syncs: first every peer misses
+                // what it publishes for a moment, then it publishes more (the peers see a gap),
+                // then the power goes before they repaired it. The missed deltas are then lost
+                // everywhere below ones the peers hold: after settling, the node declares them
+                // void (PROTOCOL.md 10.8), or the peers wait for them for good. (Drawn from a
+                // stream of its own: the other faults' draws stay as they were.)
+                let dark = UInt64(blackoutRandom.inRange(2...20))
+                let after = UInt64(blackoutRandom.inRange(1...10))
+                var lost = base
+                lost.loss = 1
+                let peers = nodes.filter { $0.index != target }
+                for peer in peers { cluster.network.setConditions(lost, from: nodes[target].id, to: peer.id) }
+                onBlackoutWrite?(target, cluster)
+                cluster.schedule(at: cluster.now + dark) { [unowned self] cluster in
+                    for peer in peers { cluster.network.setConditions(nil, from: nodes[target].id, to: peer.id) }
+                    onBlackoutWrite?(target, cluster)
+                }
+                cluster.schedule(at: cluster.now + dark + after) { [unowned self] cluster in
+                    let unsynced = nodes[target].disk.unsyncedBytes
+                    let torn = unsynced > 0 && blackoutRandom.chance(0.5) ? blackoutRandom.below(unsynced + 1) : 0
+                    loseAt(target, tornBytes: torn, powerLoss: true, in: cluster)
+                }
+                detail =
+                    "every peer misses what it publishes for \(dark) ms, then a power loss \(after) ms later, restarted after \(hold) ms"
+            } else {
+                let unsynced = nodes[target].disk.unsyncedBytes
+                let torn = powerLoss ? (unsynced > 0 && random.chance(0.5) ? random.below(unsynced + 1) : 0) : unsynced
+                loseAt(target, tornBytes: torn, powerLoss: powerLoss, in: cluster)
+                detail =
+                    powerLoss
+                    ? "power loss (\(unsynced) bytes unsynced, \(torn) of them torn onto disk), restarted after \(hold) ms"
+                    : "process crash (\(unsynced) bytes written to the OS survive), restarted after \(hold) ms"
             }
-            let torn = powerLoss ? (unsynced > 0 && random.chance(0.5) ? random.below(unsynced + 1) : 0) : unsynced
-            cluster.crash(target, tornBytes: torn, powerLoss: powerLoss)
-            detail =
-                powerLoss
-                ? "power loss (\(unsynced) bytes unsynced, \(torn) of them torn onto disk), restarted after \(hold) ms"
-                : "process crash (\(unsynced) bytes written to the OS survive), restarted after \(hold) ms"
             heal = { [unowned self] cluster in
                 try? cluster.restart(target)
                 if powerLoss, cluster.nodes[target].isUp { self.onPowerLossRestart?(target, cluster) }
@@ -937,6 +981,17 @@ final class FaultSchedule {
             self.events[index].healMilliseconds = cluster.now
             next(cluster)
         }
+    }
+
+    /// Crashes node `target` now (a power loss or a process crash), noting what it had applied.
+    private func loseAt(_ target: Int, tornBytes: Int, powerLoss: Bool, in cluster: SimulatedCluster) {
+        let node = cluster.nodes[target]
+        let counters = node.host?.status.counters ?? [:]
+        deltasAppliedBeforeCrashes += (counters["deltas_applied"] ?? 0) + (counters["deltas_published"] ?? 0)
+        if powerLoss, cluster.configuration.fsync == .interval, node.isUp {
+            intervalPowerLosses.append((node.id, cluster.now))
+        }
+        cluster.crash(target, tornBytes: tornBytes, powerLoss: powerLoss)
     }
 
     /// Restarts every crashed node and restores every link.

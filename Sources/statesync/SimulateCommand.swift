@@ -36,7 +36,7 @@ extension StateSyncCLI {
                 only when every check passes; a failure prints the command that replays it.
 
                 --plant-bug plants a bug in the last node to prove the verdict catches it: \
-                drop-deltas, wrong-tie-break, skip-repair, skip-settling, duplicate-watch-events, \
+                drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, duplicate-watch-events, \
                 ignore-deletions, never-expire, collect-early.
                 """)
 
@@ -81,7 +81,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, skip-settling, duplicate-watch-events, ignore-deletions, never-expire, collect-early.",
+                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, duplicate-watch-events, ignore-deletions, never-expire, collect-early.",
                 valueName: "BUG"))
         var plantBug: String?
 

@@ -18,6 +18,9 @@ public struct NodeCounters: Sendable, Equatable {
     /// Sequence numbers peers announced that no peer, their origin included, ever held: no
     /// longer waited for (a peer announcing what it does not have).
     public var phantomSequences = 0
+    /// Sequence numbers taken as void: lost everywhere in a power loss of their origin, which
+    /// declared them so after settling (its own, counted when it settles, and peers').
+    public var voidSequences = 0
     /// With security: connections refused because their key is not admitted.
     public var authenticationRefusals = 0
     /// With security: deltas and heartbeats a peer sent in another node's name on its live
@@ -96,6 +99,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("deltas_published", deltasPublished), ("deltas_received", deltasReceived),
             ("delta_messages_received", deltaMessagesReceived), ("peer_link_resets", peerLinkResets),
             ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
+            ("void_sequences", voidSequences),
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
             ("disk_full_episodes", diskFullEpisodes), ("foreign_repair_endpoints", foreignRepairEndpoints),
             ("membership_updates", membershipUpdates), ("announces_sent", announcesSent),

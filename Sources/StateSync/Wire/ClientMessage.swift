@@ -475,23 +475,58 @@ public enum ClientProtocol {
     }
 
     /// The OK body of a FETCH: through which sequence number the server no longer holds deltas,
-    /// then the deltas it holds in the range, each as a log payload (channel, model, DELTA body).
-    static func encodeFetched(_ deltas: [Delta], droppedThrough: UInt64) -> [UInt8] {
-        var w = WireWriter(capacity: 64 * deltas.count + 16)
+    /// then the deltas it holds in the range, each as a log payload (channel, model, DELTA body),
+    /// then, only when the server is the origin and declares some, the ranges of the origin's
+    /// numbers in the range that will never exist (void, section 10.8).
+    static func encodeFetched(
+        _ deltas: [Delta], droppedThrough: UInt64, void: [ClosedRange<UInt64>] = []
+    ) -> [UInt8] {
+        var w = WireWriter(capacity: 64 * deltas.count + 16 + 20 * void.count)
         w.varint(droppedThrough)
         w.varint(UInt64(deltas.count))
         for delta in deltas { w.blob(DeltaLog.encodePayload(delta)) }
+        if !void.isEmpty {
+            w.varint(UInt64(void.count))
+            for range in void {
+                w.varint(range.lowerBound)
+                w.varint(range.upperBound)
+            }
+        }
         return w.bytes
     }
 
-    static func decodeFetched(_ body: [UInt8]) throws(WireError) -> (deltas: [Delta], droppedThrough: UInt64) {
+    /// The most void ranges a FETCH reply may carry.
+    static let maximumVoidRanges = 2000
+
+    static func decodeFetched(_ body: [UInt8]) throws(WireError) -> (
+        deltas: [Delta], droppedThrough: UInt64, void: [ClosedRange<UInt64>]
+    ) {
         var r = WireReader(body)
         let dropped = try r.varint("dropped through")
         let count = try r.count("delta count", minimumItemSize: 2)
         var deltas: [Delta] = []
         deltas.reserveCapacity(count)
         for _ in 0..<count { deltas.append(try DeltaLog.decodePayload(try r.blob("delta"))) }
-        return (deltas, dropped)
+        // Void ranges were appended to the body (section 13): a body that ends here has none.
+        var void: [ClosedRange<UInt64>] = []
+        if !r.isAtEnd {
+            let ranges = try r.count("void range count", minimumItemSize: 2)
+            guard ranges <= Self.maximumVoidRanges else {
+                throw .invalid(field: "void range count", reason: "\(ranges) is more than \(Self.maximumVoidRanges)")
+            }
+            void.reserveCapacity(ranges)
+            for _ in 0..<ranges {
+                let first = try r.varint("void first")
+                let last = try r.varint("void last")
+                guard first >= 1, first <= last, first > (void.last?.upperBound ?? 0) else {
+                    throw .invalid(
+                        field: "void range",
+                        reason: "\(first)...\(last) is empty, starts at 0 or is not after the one before")
+                }
+                void.append(first...last)
+            }
+        }
+        return (deltas, dropped, void)
     }
 
     /// STATUS and PING bodies are a ``Value`` map: extensible, unknown keys ignored.

@@ -161,7 +161,7 @@ struct RepairMachineTests {
                 .peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(Self.delta("n2", sequence)).encode()))
         }
         let reply = node.request(.fetch, id: 3, ClientProtocol.encodeFetch(origin: "n2", range: 10...5000))
-        let (deltas, dropped) = try ClientProtocol.decodeFetched(try #require(reply).1)
+        let (deltas, dropped, _) = try ClientProtocol.decodeFetched(try #require(reply).1)
         #expect(deltas.count == 2000 && deltas.first?.sequence == 10 && deltas.last?.sequence == 2009)
         #expect(dropped == 0)
         let unknown = node.request(.fetch, id: 4, ClientProtocol.encodeFetch(origin: "zz", range: 1...5))

@@ -255,6 +255,38 @@ struct SimulatedEarlyPublishTests {
         #expect(restarted.status.latestSequence == 6, "numbered after the five published before the power loss")
     }
 
+    /// Write 2 is published while every peer misses it, write 3 reaches them (a gap at 2), and
+    /// the power goes before they repaired it: 2 is lost everywhere. After settling the origin
+    /// declares 2 void, the peers take that from its FETCH reply, and every node ends with
+    /// nothing missing. (Without void numbers the peers ask for 2 for good.)
+    @Test func aDeltaLostEverywhereBelowOneThePeersHoldIsDeclaredVoid() async throws {
+        let (cluster, writer) = try await Self.intervalCluster(nodes: 3, seed: 17)
+        writer.count = 1
+        #expect(cluster.run(for: 1500) { $0.nodes[0].disk.unsyncedBytes == 0 && Self.count($0, 2) == .int(1) })
+        for peer in ["n2", "n3"] { cluster.network.setConditions(.init(delay: 1...1, loss: 1), from: "n1", to: peer) }
+        writer.count = 2
+        cluster.run(for: 5)
+        for peer in ["n2", "n3"] { cluster.network.setConditions(nil, from: "n1", to: peer) }
+        writer.count = 3
+        #expect(cluster.run(for: 100) { Self.count($0, 1) == .int(3) && Self.count($0, 2) == .int(3) })
+        for index in 1...2 {
+            #expect(cluster.nodes[index].host?.status.missingDeltas == 1, "node \(index) misses 2")
+        }
+        cluster.crash(0, tornBytes: 0, powerLoss: true)
+        try cluster.restart(0)
+        #expect(Self.count(cluster, 0) == .int(1), "the log lost writes 2 and 3")
+        #expect(cluster.run(for: 10_000, stoppingWhen: SimulatedRepairTests.quiet), "every node ends missing nothing")
+        for index in 0..<3 {
+            let status = try #require(cluster.nodes[index].host?.status)
+            #expect(status.counters["void_sequences"] == 1, "node \(index)")
+            #expect(Self.count(cluster, index) == .int(3), "node \(index)")
+        }
+        let again = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        again.count = 4
+        #expect(cluster.run(for: 1000) { Self.count($0, 1) == .int(4) && Self.count($0, 2) == .int(4) })
+        #expect(cluster.nodes[0].host?.status.latestSequence == 4, "numbered after 3")
+    }
+
     /// A process crash (the OS stays up) keeps everything the node wrote to its log, so the
     /// restart has nothing to settle: a new write is numbered at once.
     @Test func afterAProcessCrashNothingIsHeld() async throws {

@@ -131,3 +131,43 @@ struct DeltaBatchingTests {
         #expect(NodeMachine.batchRanges(of: [], limit: 3).isEmpty)
     }
 }
+
+/// The FETCH reply body (PROTOCOL.md 10.8), with its appended void ranges.
+@Suite("FETCH replies")
+struct FetchReplyTests {
+    static let deltas = [RepairMachineTests.delta("n1", 3), RepairMachineTests.delta("n1", 6)]
+
+    /// Void ranges round-trip; a body without them (an older node's) declares none, and one
+    /// with none is the older body, octet for octet.
+    @Test func voidRangesRoundTripAndAreOptional() throws {
+        let body = ClientProtocol.encodeFetched(Self.deltas, droppedThrough: 2, void: [4...5, 9...9])
+        let (deltas, dropped, void) = try ClientProtocol.decodeFetched(body)
+        #expect(deltas.map(\.sequence) == [3, 6] && dropped == 2 && void == [4...5, 9...9])
+        let plain = ClientProtocol.encodeFetched(Self.deltas, droppedThrough: 2)
+        #expect(try ClientProtocol.decodeFetched(plain).void.isEmpty)
+        #expect(plain == ClientProtocol.encodeFetched(Self.deltas, droppedThrough: 2, void: []))
+        #expect(body.starts(with: plain), "appended after the deltas")
+    }
+
+    /// Void ranges that start at 0, run backwards, overlap or come out of order make the body
+    /// malformed; so does a truncated one.
+    @Test func malformedVoidRangesAreRefused() {
+        func body(_ pairs: [(UInt64, UInt64)]) -> [UInt8] {
+            var w = WireWriter()
+            w.varint(0)
+            w.varint(0)
+            w.varint(UInt64(pairs.count))
+            for (first, last) in pairs {
+                w.varint(first)
+                w.varint(last)
+            }
+            return w.bytes
+        }
+        #expect(throws: WireError.self) { try ClientProtocol.decodeFetched(body([(0, 2)])) }
+        #expect(throws: WireError.self) { try ClientProtocol.decodeFetched(body([(5, 4)])) }
+        #expect(throws: WireError.self) { try ClientProtocol.decodeFetched(body([(3, 5), (5, 6)])) }
+        #expect(throws: WireError.self) { try ClientProtocol.decodeFetched(body([(7, 8), (3, 4)])) }
+        #expect(throws: WireError.self) { try ClientProtocol.decodeFetched(Array(body([(3, 300)]).dropLast())) }
+        #expect(throws: Never.self) { try ClientProtocol.decodeFetched(body([(3, 5), (6, 6)])) }
+    }
+}

@@ -231,8 +231,8 @@ extension NodeMachine {
             case .fetch:
                 let (origin, range) = try ClientProtocol.decodeFetch(body)
                 try authorizeRepair(identity)
-                let (deltas, dropped) = fetch(origin: origin, range: Self.limited(range))
-                reply(client, .ok, id, ClientProtocol.encodeFetched(deltas, droppedThrough: dropped))
+                let (deltas, dropped, void) = fetch(origin: origin, range: Self.limited(range))
+                reply(client, .ok, id, ClientProtocol.encodeFetched(deltas, droppedThrough: dropped, void: void))
             case .snapshot:
                 let paged = try SnapshotPage.decodeRequest(body)
                 try authorizeRepair(identity)

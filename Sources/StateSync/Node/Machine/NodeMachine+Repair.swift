@@ -269,7 +269,8 @@ extension NodeMachine {
             return  // a late answer to a request already retried
         }
         repair.fetches[origin] = nil
-        guard header.kind == .ok, let (deltas, droppedThrough) = try? ClientProtocol.decodeFetched(frames[1]) else {
+        guard header.kind == .ok, let (deltas, droppedThrough, void) = try? ClientProtocol.decodeFetched(frames[1])
+        else {
             return
         }
         let wanted = deltas.filter { $0.origin == origin && outstanding.range.contains($0.sequence) }
@@ -279,7 +280,12 @@ extension NodeMachine {
         for entry in fresh where entry.delta.origin == configuration.nodeID {
             ownHeldByPeers(through: entry.delta.sequence)
         }
-        if deltas.isEmpty {
+        // Only the origin may say which of its numbers will never exist (the node id of the
+        // peer's heartbeats: with security, bound to its key, section 14).
+        let voided =
+            void.isEmpty || peers[peer]?.node != origin || origin == configuration.nodeID
+            ? 0 : takeVoid(origin: origin, void, within: outstanding.range)
+        if deltas.isEmpty && voided == 0 {
             // This peer does not hold them (dropped, or never had them); another may, else a
             // snapshot will do.
             repair.exhausted[origin, default: []].insert(peer)
@@ -288,6 +294,31 @@ extension NodeMachine {
             repair.exhausted[origin] = nil
             repair.neverHeld[origin] = nil
         }
+    }
+
+    /// Takes the numbers of `origin` its origin declared void (section 10.8) within `range` as
+    /// received without a delta: the gap they made closes, and watches go past them. Returns
+    /// how many were new.
+    mutating func takeVoid(origin: String, _ void: [ClosedRange<UInt64>], within range: ClosedRange<UInt64>) -> Int {
+        guard var progress = origins[origin] else { return 0 }
+        var taken: [UInt64] = []
+        for declared in void where declared.overlaps(range) {
+            for sequence in max(declared.lowerBound, range.lowerBound)...min(declared.upperBound, range.upperBound)
+            where progress.receive(sequence) {
+                taken.append(sequence)
+            }
+        }
+        origins[origin] = progress
+        guard !taken.isEmpty else { return 0 }
+        counters.voidSequences += taken.count
+        passVoidInWatches(origin: origin, taken)
+        logger.info(
+            "the origin declared sequence numbers void (lost everywhere in a power loss): no longer missing",
+            metadata: [
+                "peer.id": "\(origin)", "delta.range": "\(taken.first!)...\(taken.last!)",
+                "void.count": "\(taken.count)",
+            ])
+        return taken.count
     }
 
     /// Every connected peer, the origin among them, answered that it never held the missing
@@ -510,11 +541,21 @@ extension NodeMachine {
 
     // MARK: - Serving peers
 
-    /// Serves a FETCH: the retained deltas of `origin` in `range`, and its dropped-through mark.
-    mutating func fetch(origin: String, range: ClosedRange<UInt64>) -> (deltas: [Delta], droppedThrough: UInt64) {
-        guard let history = history[origin] else { return ([], 0) }
+    /// Serves a FETCH: the retained deltas of `origin` in `range`, its dropped-through mark and,
+    /// for this node's own origin, the numbers in `range` it declared void.
+    mutating func fetch(origin: String, range: ClosedRange<UInt64>) -> (
+        deltas: [Delta], droppedThrough: UInt64, void: [ClosedRange<UInt64>]
+    ) {
+        var void: [ClosedRange<UInt64>] = []
+        if origin == configuration.nodeID {
+            for declared in voidOwn where declared.overlaps(range) {
+                void.append(max(declared.lowerBound, range.lowerBound)...min(declared.upperBound, range.upperBound))
+                if void.count == ClientProtocol.maximumVoidRanges { break }
+            }
+        }
+        guard let history = history[origin] else { return ([], 0, void) }
         let deltas = history.deltas(in: range)
         counters.deltasServed += deltas.count
-        return (deltas, history.droppedThrough)
+        return (deltas, history.droppedThrough, void)
     }
 }

@@ -25,6 +25,10 @@ extension NodeMachine {
         var heldFloor: UInt64 = .max
         /// Own deltas taken back from peers.
         var recovered = 0
+        /// The greatest own number a reply held as a delta, and the greatest a reply's
+        /// dropped-through mark covered within the range (a peer held those, inside its state).
+        var highestReturned: UInt64 = 0
+        var highestDropped: UInt64 = 0
         /// When the node last said what it waits for.
         var lastReport: UInt64?
 
@@ -130,7 +134,7 @@ extension NodeMachine {
         settling.fetches[peer] = nil
         self.settling = settling
         // An error or an undecodable answer is asked again at the next round.
-        guard kind == .ok, let (deltas, droppedThrough) = try? ClientProtocol.decodeFetched(body) else {
+        guard kind == .ok, let (deltas, droppedThrough, _) = try? ClientProtocol.decodeFetched(body) else {
             let reason =
                 kind == .error ? (try? ClientProtocol.decodeError(body))?.message ?? "?" : "an undecodable reply"
             warnLimited(
@@ -143,10 +147,15 @@ extension NodeMachine {
         let fresh = applyRemote(wanted, from: peer, repaired: true)
         counters.deltasFetched += wanted.count
         var highest = wanted.lazy.map(\.sequence).max() ?? 0
+        if let returned = self.settling?.highestReturned, highest > returned {
+            self.settling?.highestReturned = highest
+        }
         // Numbers it held and dropped from its history exist too (a mark above the range asked
         // counts as its last number: the next part is asked next).
         if droppedThrough >= fetch.range.lowerBound {
-            highest = max(highest, min(droppedThrough, fetch.range.upperBound))
+            let dropped = min(droppedThrough, fetch.range.upperBound)
+            highest = max(highest, dropped)
+            if let before = self.settling?.highestDropped, dropped > before { self.settling?.highestDropped = dropped }
         }
         if highest > 0 {
             nextSequence = max(nextSequence, highest + 1)
@@ -170,6 +179,7 @@ extension NodeMachine {
         settling = nil
         // The reservation again, made in this boot: a later process crash has nothing to settle.
         actions.append(.reserveSequences(through: durability.reserved))
+        declareVoid(settled)
         logger.notice(
             "settled after a power loss: every peer said which of this node's deltas it holds",
             metadata: [
@@ -188,6 +198,43 @@ extension NodeMachine {
 }
 
 extension NodeMachine {
+    /// Settled: an own number below one a peer returned that no peer held (none returned it,
+    /// no peer's dropped-through mark covers it) was published and then lost everywhere — every
+    /// peer missed it on the live stream and the power loss took it from the log. It will never
+    /// exist: the node takes it as received and declares it void in FETCH replies (section 10.8),
+    /// so the peers that hold the later numbers close their gap instead of asking for it for
+    /// good. A compaction follows at once: the snapshot's progress keeps the numbers covered
+    /// across a restart (where FETCH replies then report them dropped, and peers still missing
+    /// them take a snapshot).
+    private mutating func declareVoid(_ settled: Settling) {
+        guard !faults.skipVoid, settled.highestReturned > 0 else { return }
+        let own = configuration.nodeID
+        let first = max(settled.range.lowerBound, settled.highestDropped + 1)
+        guard first < settled.highestReturned, var progress = origins[own] else { return }
+        var void: [ClosedRange<UInt64>] = []
+        var sequences: [UInt64] = []
+        for sequence in first..<settled.highestReturned where progress.receive(sequence) {
+            sequences.append(sequence)
+            if let last = void.last, last.upperBound + 1 == sequence {
+                void[void.count - 1] = last.lowerBound...sequence
+            } else {
+                void.append(sequence...sequence)
+            }
+        }
+        origins[own] = progress
+        guard !sequences.isEmpty else { return }
+        voidOwn.append(contentsOf: void)
+        counters.voidSequences += sequences.count
+        passVoidInWatches(origin: own, sequences)
+        durability.compactionPending = true
+        logger.warning(
+            "own deltas that were published before the power loss are held by no peer below ones a peer holds: lost everywhere, declared void",
+            metadata: [
+                "delta.ranges": "\(void.map { "\($0.lowerBound)...\($0.upperBound)" }.joined(separator: ","))",
+                "void.count": "\(sequences.count)",
+            ])
+    }
+
     /// Stopping while settling: the held client writes were never numbered or logged; their
     /// clients are told (ERROR 5), the live models' writes are dropped with a warning.
     mutating func refuseHeldWritesAtStop() {

@@ -29,6 +29,32 @@ extension NodeMachine {
         }
     }
 
+    /// Numbers of `origin` taken as void (section 10.8) hold no delta: every watch goes past
+    /// them as if delivered, so its cursor does not stop below them (and the numbers it is
+    /// delivered above them do not pile up). In-flight positions too, which replace the watch's
+    /// once the driver reports.
+    mutating func passVoidInWatches(origin: String, _ sequences: [UInt64]) {
+        func pass(_ position: inout WatchPosition) {
+            for sequence in sequences where !position.covers(origin, sequence) { position.deliver(origin, sequence) }
+        }
+        for key in watches.order {
+            guard var watch = watches[key] else { continue }
+            pass(&watch.position)
+            switch watch.inFlight {
+            case .snapshot(var position, let events):
+                pass(&position)
+                watch.inFlight = .snapshot(position, events: events)
+            case .deltas(var before, var after, var end):
+                pass(&before)
+                for index in after.indices { pass(&after[index]) }
+                pass(&end)
+                watch.inFlight = .deltas(before: before, after: after, end: end)
+            case .ending, .marker, nil: break
+            }
+            watches[key] = watch
+        }
+    }
+
     /// A batch of events sent to a watch's client, waiting for the driver to say how many it took.
     enum InFlight: Sendable {
         /// The final ERROR of a watch that lagged with the "end" policy.

@@ -118,6 +118,9 @@ package struct NodeMachine: Sendable {
     /// Set while the node settles its sequence numbers after a power loss (section 11.2): it
     /// takes no local write until every peer has said which of its lost deltas it holds.
     var settling: Settling?
+    /// Own sequence numbers that settling found lost everywhere below ones peers held (section
+    /// 11.2): they will never exist, and FETCH replies say so (section 10.8). Ascending.
+    var voidOwn: [ClosedRange<UInt64>] = []
     var repair = RepairState()
     var watches = WatchTable()
     var collection = CollectionState()
@@ -582,11 +585,14 @@ package struct NodeFaults: Sendable, Equatable {
     package var collectEarly = false
     /// After a power loss this node numbers writes at once, without settling (section 11.2).
     package var skipSettling = false
+    /// After settling this node declares no own number void (section 10.8): numbers lost
+    /// everywhere below ones a peer held stay gaps on the peers for good.
+    package var skipVoid = false
 
     package init(
         dropRemoteDeltasShare: Double = 0, wrongTieBreak: Bool = false, skipRepair: Bool = false,
         duplicateWatchEvents: Bool = false, ignoreDeletions: Bool = false, neverExpire: Bool = false,
-        collectEarly: Bool = false, skipSettling: Bool = false
+        collectEarly: Bool = false, skipSettling: Bool = false, skipVoid: Bool = false
     ) {
         self.dropRemoteDeltasShare = min(max(dropRemoteDeltasShare, 0), 1)
         self.wrongTieBreak = wrongTieBreak
@@ -596,6 +602,7 @@ package struct NodeFaults: Sendable, Equatable {
         self.neverExpire = neverExpire
         self.collectEarly = collectEarly
         self.skipSettling = skipSettling
+        self.skipVoid = skipVoid
     }
 
     package var isEmpty: Bool { self == NodeFaults() }

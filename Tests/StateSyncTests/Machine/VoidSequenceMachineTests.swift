@@ -1,0 +1,136 @@
+import Testing
+
+@testable import StateSync
+
+/// Void sequence numbers on the node machine alone (PROTOCOL.md sections 10.8 and 11.2): an own
+/// number that settling after a power loss finds held by no peer, below one a peer holds, was
+/// lost everywhere; its origin declares it void, and peers close the gap it left.
+@Suite("Void sequence numbers on the node machine")
+struct VoidSequenceMachineTests {
+    typealias Settling = SettlingMachineTests
+
+    /// n1 settles after a power loss (it recovered 1…2, reserved through 40): n2 holds 3, 4 and
+    /// 6, n3 holds 3 and 4 and `n3Dropped` (its history's dropped-through mark).
+    static func settled(n3Dropped: UInt64 = 0, faults: NodeFaults = NodeFaults()) -> MachineRunner {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
+        configuration.fsync = .interval
+        var recovery = NodeMachine.Recovery(deltas: (1...2).map { RepairMachineTests.delta("n1", $0) })
+        recovery.reservedSequence = 40
+        recovery.reservedInThisBoot = false
+        var node = MachineRunner(configuration, recovery: recovery, faults: faults)
+        Settling.connect(&node, ["n2", "n3"])
+        node.advance(60)
+        for fetch in Settling.ownFetches(node) {
+            let n2 = fetch.peer.hasSuffix("n2")
+            Settling.answer(&node, fetch, holding: n2 ? [3, 4, 6] : [3, 4], droppedThrough: n2 ? 0 : n3Dropped)
+        }
+        return node
+    }
+
+    /// A FETCH of n1's deltas 1…10 served by `node`: (deltas' numbers, dropped-through, void).
+    static func served(_ node: inout MachineRunner, origin: String = "n1") throws -> (
+        [UInt64], UInt64, [ClosedRange<UInt64>]
+    ) {
+        let reply = node.request(.fetch, id: 99, ClientProtocol.encodeFetch(origin: origin, range: 1...10))
+        let (header, body) = try #require(reply)
+        #expect(header.kind == .ok)
+        let (deltas, dropped, void) = try ClientProtocol.decodeFetched(body)
+        return (deltas.map(\.sequence), dropped, void)
+    }
+
+    /// 5 was published, missed by both peers on the live stream, then lost from n1's log: no one
+    /// holds it, and 6 is held. n1 takes 5 as void (nothing missing of its own), numbers on
+    /// after 6, compacts (so a restart keeps it covered) and says so in FETCH replies.
+    @Test func aNumberHeldByNoPeerBelowOneAPeerHeldIsDeclaredVoid() throws {
+        var node = Self.settled()
+        #expect(Settling.ownFetches(node).count == 2, "it settled: both peers were asked")
+        #expect(!Settling.status(&node).settling)
+        #expect(node.machine.missingDeltas == 0)
+        #expect(node.machine.counters.voidSequences == 1)
+        #expect(node.machine.nextSequence == 7)
+        node.advance(60)
+        #expect(node.compactions >= 1, "compacted: the snapshot's progress keeps 5 covered")
+        let (deltas, _, void) = try Self.served(&node)
+        #expect(deltas == [1, 2, 3, 4, 6])
+        #expect(void == [5...5])
+        // Only the origin's own numbers are ever declared void.
+        node.handle(
+            .peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(RepairMachineTests.delta("n2", 1)).encode()))
+        #expect(try Self.served(&node, origin: "n2").2.isEmpty)
+    }
+
+    /// Numbers at or below a peer's dropped-through mark exist (inside its state): never void,
+    /// even when no reply held them as deltas. Without void (the planted fault) 5 stays missing.
+    @Test func numbersAPeerDroppedAreNeverVoidAndTheFaultLeavesTheGap() throws {
+        var dropped = Self.settled(n3Dropped: 5)
+        #expect(dropped.machine.counters.voidSequences == 0)
+        #expect(try Self.served(&dropped).2.isEmpty)
+        var faulty = Self.settled(faults: NodeFaults(skipVoid: true))
+        #expect(!Settling.status(&faulty).settling)
+        #expect(faulty.machine.counters.voidSequences == 0 && faulty.machine.missingDeltas == 1)
+    }
+
+    /// n4 got n1's 1, 2 and 4 live, then repair asks n1 for 3: n1 answers with no delta and 3
+    /// void. The gap closes, and a watch's cursor goes past 3 (it would otherwise stop at 2 and
+    /// pile up every later number above it).
+    @Test func aPeerClosesTheGapWithTheOriginsVoidAndWatchesGoPastIt() throws {
+        var node = RepairMachineTests.connectedNode()
+        _ = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        for sequence: UInt64 in [1, 2, 4] {
+            node.handle(
+                .peerMessage(
+                    peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", sequence)).encode()))
+        }
+        node.advance(60)
+        let fetch = try #require(RepairMachineTests.requests(node).first)
+        #expect(fetch.peer == "inproc://n1" && fetch.fetch?.range == 3...3)
+        node.handle(
+            .repairReply(
+                peer: "inproc://n1",
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: try RepairMachineTests.requestID(node, at: 0),
+                    body: ClientProtocol.encodeFetched([], droppedThrough: 0, void: [3...3]))))
+        #expect(node.machine.missingDeltas == 0)
+        #expect(node.machine.counters.voidSequences == 1)
+        let before = node.sent.count
+        node.handle(
+            .peerMessage(peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", 5)).encode()))
+        node.advance(1)
+        let cursors = node.events(watch: 7, from: before).compactMap { event -> WatchCursor? in
+            if case .delta(_, let cursor) = event { return cursor }
+            return nil
+        }
+        #expect(cursors.last?["n1"] == 5, "the watch's cursor went past the void 3: \(cursors)")
+    }
+
+    /// Only the origin may declare its numbers void: the same reply from another peer leaves the
+    /// gap open (that peer is exhausted for it instead).
+    @Test func voidFromAnotherPeerIsIgnored() throws {
+        var node = RepairMachineTests.connectedNode()
+        for sequence: UInt64 in [1, 2, 4] {
+            node.handle(
+                .peerMessage(
+                    peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", sequence)).encode()))
+        }
+        node.advance(60)
+        // The origin n1 answers that it holds nothing (and declares nothing): the next peer is
+        // asked.
+        node.handle(
+            .repairReply(
+                peer: "inproc://n1",
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: try RepairMachineTests.requestID(node, at: 0),
+                    body: ClientProtocol.encodeFetched([], droppedThrough: 0))))
+        node.advance(60)
+        let requests = RepairMachineTests.requests(node)
+        let index = try #require(requests.lastIndex { $0.peer != "inproc://n1" && $0.fetch?.origin == "n1" })
+        node.handle(
+            .repairReply(
+                peer: requests[index].peer,
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: try RepairMachineTests.requestID(node, at: index),
+                    body: ClientProtocol.encodeFetched([], droppedThrough: 0, void: [3...3]))))
+        #expect(node.machine.missingDeltas == 1)
+        #expect(node.machine.counters.voidSequences == 0)
+    }
+}
