@@ -868,8 +868,8 @@ final class FaultSchedule {
                 // what it publishes for a moment, then it publishes more (the peers see a gap),
                 // then the power goes before they repaired it. The missed deltas are then lost
                 // everywhere below ones the peers hold: after settling, the node declares them
-                // void (PROTOCOL.md 10.8), or the peers wait for them for good. (Drawn from a
-                // stream of its own: the other faults' draws stay as they were.)
+                // void (PROTOCOL.md 10.8), or the peers wait for them for good. (Its own draws
+                // come from a stream of their own.)
                 let dark = UInt64(blackoutRandom.inRange(2...20))
                 let after = UInt64(blackoutRandom.inRange(1...10))
                 var lost = base
@@ -887,7 +887,7 @@ final class FaultSchedule {
                     loseAt(target, tornBytes: torn, powerLoss: true, in: cluster)
                 }
                 detail =
-                    "every peer misses what it publishes for \(dark) ms, then a power loss \(after) ms later, restarted after \(hold) ms"
+                    "every peer misses what it publishes for \(dark) ms, then a power loss \(after) ms later, restarted \(hold) ms after the first"
             } else {
                 let unsynced = nodes[target].disk.unsyncedBytes
                 let torn = powerLoss ? (unsynced > 0 && random.chance(0.5) ? random.below(unsynced + 1) : 0) : unsynced

@@ -54,6 +54,7 @@ public final class SimulatedDisk: NodeStorage {
         if let reservation {
             recovery.reservedSequence = reservation.through
             recovery.reservedInThisBoot = reservation.isOfBoot("\(boot)")
+            recovery.voidSequences = reservation.void
         }
         return recovery
     }
@@ -66,9 +67,9 @@ public final class SimulatedDisk: NodeStorage {
         state.withLock { state in state.reservation?.bootID = "" }
     }
 
-    package func reserveSequences(through: UInt64) throws(StateSyncError) {
+    package func reserveSequences(through: UInt64, void: [ClosedRange<UInt64>]) throws(StateSyncError) {
         state.withLock { state in
-            state.reservation = SequenceReservation(through: through, bootID: "\(state.boot)")
+            state.reservation = SequenceReservation(through: through, bootID: "\(state.boot)", void: void)
         }
     }
 

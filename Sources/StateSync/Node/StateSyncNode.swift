@@ -298,9 +298,9 @@ public final class StateSyncNode: Sendable {
                 )
             }
             return .logDurable(through: position)
-        case .reserveSequences(let through):
+        case .reserveSequences(let through, let void):
             do {
-                try storage.reserveSequences(through: through)
+                try storage.reserveSequences(through: through, void: void)
             } catch {
                 // Publishing beyond a reservation that is not durable could make a restart after
                 // a power loss reuse a published number: stop as a failed sync does.

@@ -112,6 +112,7 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
                 let reserved = try SequenceReservation.decode(Array(data))
                 recovery.reservedSequence = reserved.through
                 recovery.reservedInThisBoot = reserved.isOfBoot(Self.currentBootID)
+                recovery.voidSequences = reserved.void
             } catch {
                 // Written atomically, so only a damaged disk gets here: the log's own deltas and
                 // the peers' progress lists still move the next sequence number (section 7.3).
@@ -129,12 +130,14 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
             let reserved = try? SequenceReservation.decode(Array(data))
         else { return }
         try? writeFileAtomically(
-            SequenceReservation(through: reserved.through, bootID: "").encode(), named: Self.reservationName)
+            SequenceReservation(through: reserved.through, bootID: "", void: reserved.void).encode(),
+            named: Self.reservationName)
     }
 
-    package func reserveSequences(through: UInt64) throws(StateSyncError) {
+    package func reserveSequences(through: UInt64, void: [ClosedRange<UInt64>]) throws(StateSyncError) {
         try writeFileAtomically(
-            SequenceReservation(through: through, bootID: Self.currentBootID).encode(), named: Self.reservationName)
+            SequenceReservation(through: through, bootID: Self.currentBootID, void: void).encode(),
+            named: Self.reservationName)
     }
 
     package func saveMembers(_ bytes: [UInt8]) throws(StateSyncError) {

@@ -16,8 +16,9 @@ package protocol NodeStorage: AnyObject, Sendable {
     /// Writes the member list (``Membership/encodeFile(_:)``) durably and atomically.
     func saveMembers(_ bytes: [UInt8]) throws(StateSyncError)
     /// Records durably and atomically, with the OS's boot id, that own sequence numbers through
-    /// `through` may be published before they are durable (``SequenceReservation``).
-    func reserveSequences(through: UInt64) throws(StateSyncError)
+    /// `through` may be published before they are durable (``SequenceReservation``), with the own
+    /// numbers declared void (kept across restarts).
+    func reserveSequences(through: UInt64, void: [ClosedRange<UInt64>]) throws(StateSyncError)
     /// Best effort, before the node stops on a failed sync: marks the reservation as not made in
     /// this boot (the OS may have dropped written pages), so the next start settles.
     func markReservationUnsafe()

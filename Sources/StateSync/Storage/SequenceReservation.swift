@@ -2,28 +2,45 @@
 /// and the boot of the OS in which it reserved them: the file `sequence.reserved` of the data
 /// directory (docs/PROTOCOL.md Appendix A).
 ///
-/// Encoding, in order: the magic `SSRV`, format version `01`, the reserved sequence number
-/// (uint64), the boot id (string: the OS's `/proc/sys/kernel/random/boot_id`, empty when
-/// unknown), then the CRC-32 of everything before it (4 octets, big-endian).
+/// Encoding, in order: the magic `SSRV`, format version (`01`, or `02` when it lists void
+/// numbers), the reserved sequence number (uint64), the boot id (string: the OS's
+/// `/proc/sys/kernel/random/boot_id`, empty when unknown), with version `02` the void ranges
+/// (count, then first and last of each as varints, ascending), then the CRC-32 of everything
+/// before it (4 octets, big-endian).
 package struct SequenceReservation: Sendable, Equatable {
     /// The greatest own sequence number that may have been published.
     package var through: UInt64
     /// The boot id of the OS when the reservation was made ("" when unknown).
     package var bootID: String
+    /// Own sequence numbers settling declared void (docs/PROTOCOL.md 11.2): they survive a
+    /// restart here, with the reservation that ended the settling.
+    package var void: [ClosedRange<UInt64>]
 
-    package init(through: UInt64, bootID: String) {
+    /// The most void ranges a reservation keeps.
+    static let maximumVoidRanges = 65_536
+
+    package init(through: UInt64, bootID: String, void: [ClosedRange<UInt64>] = []) {
         self.through = through
         self.bootID = bootID
+        self.void = void
     }
 
     static let magic: [UInt8] = Array("SSRV".utf8)
 
     package func encode() -> [UInt8] {
-        var writer = WireWriter(capacity: 64)
+        var writer = WireWriter(capacity: 64 + 20 * void.count)
         writer.bytes(Self.magic)
-        writer.byte(1)
+        // Version 1 when there is nothing void: the file an older node reads.
+        writer.byte(void.isEmpty ? 1 : 2)
         writer.uint64(through)
         writer.string(bootID)
+        if !void.isEmpty {
+            writer.varint(UInt64(void.count))
+            for range in void {
+                writer.varint(range.lowerBound)
+                writer.varint(range.upperBound)
+            }
+        }
         let checksum = CRC32.checksum(writer.bytes)
         for shift in stride(from: 24, through: 0, by: -8) {
             writer.byte(UInt8(truncatingIfNeeded: checksum >> UInt32(shift)))
@@ -42,10 +59,28 @@ package struct SequenceReservation: Sendable, Equatable {
         }
         var reader = WireReader(Array(body.dropFirst(magic.count)))
         let version = try reader.byte("version")
-        guard version == 1 else { throw WireError.unsupported("sequence reservation version \(version)") }
+        guard version == 1 || version == 2 else {
+            throw WireError.unsupported("sequence reservation version \(version)")
+        }
         let through = try reader.uint64("reserved sequence")
         let bootID = try reader.string("boot id")
-        return SequenceReservation(through: through, bootID: bootID)
+        var void: [ClosedRange<UInt64>] = []
+        if version == 2 {
+            let count = try reader.count("void range count", minimumItemSize: 2)
+            guard count <= maximumVoidRanges else {
+                throw WireError.invalid(field: "void range count", reason: "\(count) is more than \(maximumVoidRanges)")
+            }
+            for _ in 0..<count {
+                let first = try reader.varint("void first")
+                let last = try reader.varint("void last")
+                guard first >= 1, first <= last, first > (void.last?.upperBound ?? 0) else {
+                    throw WireError.invalid(
+                        field: "void range", reason: "\(first)...\(last) is empty, starts at 0 or is out of order")
+                }
+                void.append(first...last)
+            }
+        }
+        return SequenceReservation(through: through, bootID: bootID, void: void)
     }
 
     /// Whether a reservation read at start was made in the running boot: only then can the node

@@ -91,7 +91,7 @@ struct DurabilityMachineTests {
         let first = machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
         #expect(Self.kinds(first) == ["append", "reserve", "reply"])
         guard
-            case .reserveSequences(let through)? = first.first(where: {
+            case .reserveSequences(let through, _)? = first.first(where: {
                 if case .reserveSequences = $0 { true } else { false }
             })
         else { return }
@@ -133,7 +133,7 @@ struct DurabilityMachineTests {
         }
         let released = machine.handle(.logDurable(through: position), now: 6)
         let releases = released.compactMap { action -> UInt64? in
-            if case .reserveSequences(let through) = action { through } else { nil }
+            if case .reserveSequences(let through, _) = action { through } else { nil }
         }
         #expect(releases == [2], "released down to the last number used")
     }

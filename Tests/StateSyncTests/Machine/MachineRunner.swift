@@ -38,6 +38,8 @@ struct MachineRunner {
     /// The sequence reservations asked for (each reported made at once, unless not
     /// `reportsReservations`: then never).
     var reservations: [UInt64] = []
+    /// The void numbers each of them carried.
+    var reservationVoids: [[ClosedRange<UInt64>]] = []
     var reportsReservations = true
 
     /// A wall clock tests can move (the node's clock reads it).
@@ -85,8 +87,9 @@ struct MachineRunner {
                 case .publish(let frames): published.append(frames)
                 case .appendLog(let bytes, _): logBytes += bytes
                 case .syncLog(let position, _): inputs.append(.logDurable(through: position))
-                case .reserveSequences(let through):
+                case .reserveSequences(let through, let void):
                     reservations.append(through)
+                    reservationVoids.append(void)
                     if reportsReservations { inputs.append(.sequencesReserved(through: through)) }
                 case .compact: compactions += 1
                 case .saveMembers(let bytes): savedMembers = bytes

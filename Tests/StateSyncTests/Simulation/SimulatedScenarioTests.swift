@@ -285,6 +285,11 @@ struct SimulatedEarlyPublishTests {
         again.count = 4
         #expect(cluster.run(for: 1000) { Self.count($0, 1) == .int(4) && Self.count($0, 2) == .int(4) })
         #expect(cluster.nodes[0].host?.status.latestSequence == 4, "numbered after 3")
+        // A process crash later: the restart reads the void number back with the reservation.
+        cluster.crash(0, tornBytes: cluster.nodes[0].disk.unsyncedBytes)
+        try cluster.restart(0)
+        #expect(cluster.nodes[0].host?.status.missingDeltas == 0, "2 is still known void")
+        #expect(cluster.run(for: 10_000, stoppingWhen: SimulatedRepairTests.quiet))
     }
 
     /// A process crash (the OS stays up) keeps everything the node wrote to its log, so the

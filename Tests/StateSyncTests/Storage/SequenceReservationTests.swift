@@ -14,7 +14,7 @@ struct SequenceReservationTests {
         do {
             let directory = try DataDirectory(path: path)
             _ = try directory.recover { _ in }
-            try directory.reserveSequences(through: 40_000)
+            try directory.reserveSequences(through: 40_000, void: [])
             directory.close()
         }
         var warnings: [String] = []
@@ -56,5 +56,30 @@ struct SequenceReservationTests {
         #expect(Array(reservation.encode().prefix(4)) == Array("SSRV".utf8))
         #expect(!SequenceReservation(through: 1, bootID: "").isOfBoot(""))
         #expect(reservation.isOfBoot("1f2e-boot") && !reservation.isOfBoot("other"))
+    }
+
+    /// Void numbers (PROTOCOL.md 11.2) are kept with the reservation, version 2, and read back
+    /// at the next start; without them the file is version 1, as before, octet for octet; void
+    /// ranges out of order are a damaged file.
+    @Test func voidNumbersAreKeptAcrossARestart() throws {
+        let path = temporaryDirectory("reservation")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        do {
+            let directory = try DataDirectory(path: path)
+            _ = try directory.recover { _ in }
+            try directory.reserveSequences(through: 40_000, void: [5...5, 9...12])
+            directory.markReservationUnsafe()
+            directory.close()
+        }
+        let directory = try DataDirectory(path: path)
+        let recovery = try directory.recover { _ in }
+        directory.close()
+        #expect(recovery.voidSequences == [5...5, 9...12], "kept, also when the reservation was marked unsafe")
+        #expect(recovery.reservedSequence == 40_000 && !recovery.reservedInThisBoot)
+
+        let plain = SequenceReservation(through: 3, bootID: "b").encode()
+        #expect(plain[4] == 1 && SequenceReservation(through: 3, bootID: "b", void: [1...2]).encode()[4] == 2)
+        let disordered = SequenceReservation(through: 30, bootID: "b", void: [9...9, 5...5]).encode()
+        #expect(throws: WireError.self) { try SequenceReservation.decode(disordered) }
     }
 }

@@ -16,8 +16,10 @@ package enum NodeAction: Sendable {
     case syncLog(through: UInt64, atOnce: Bool)
     /// Record durably, with the OS's boot id, that this node may publish its deltas through
     /// sequence number `through` before they are durable (`storage.fsync: interval`), then report
-    /// ``NodeInput/sequencesReserved(through:)``. A failure stops the node, as a failed sync does.
-    case reserveSequences(through: UInt64)
+    /// ``NodeInput/sequencesReserved(through:)``. With it, every own number settling declared
+    /// void (section 11.2), which a restart must still know. A failure stops the node, as a
+    /// failed sync does.
+    case reserveSequences(through: UInt64, void: [ClosedRange<UInt64>])
     /// Write `snapshot` durably as the state snapshot (after syncing the log), then empty the log.
     case compact(StateSnapshot)
     /// Write the member list (a members file, ``Membership/encodeFile(_:)``) durably, before

@@ -22,7 +22,7 @@ package enum NodeInput: Sendable {
     /// The log is durable through `position` (bytes appended since the node started).
     case logDurable(through: UInt64)
     /// The reservation of sequence numbers through `through` is durable
-    /// (``NodeAction/reserveSequences(through:)``).
+    /// (``NodeAction/reserveSequences(through:void:)``).
     case sequencesReserved(through: UInt64)
     /// A compaction could not be written; the log still holds everything. It is retried.
     case compactionFailed(String)

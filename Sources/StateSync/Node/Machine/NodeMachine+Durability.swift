@@ -156,7 +156,7 @@ extension NodeMachine {
         if stopping {
             if last > durability.reserved, (durability.reservationRequested ?? 0) < last {
                 durability.reservationRequested = last
-                actions.append(.reserveSequences(through: last))
+                actions.append(.reserveSequences(through: last, void: voidOwn))
             }
         } else if last &+ Self.reservationBlock / 2 > durability.reserved {
             reserveSequences(beyond: last)
@@ -170,12 +170,14 @@ extension NodeMachine {
         let through = sequence &+ Self.reservationBlock
         guard through > sequence else { return }
         durability.reservationRequested = through
-        actions.append(.reserveSequences(through: through))
+        actions.append(.reserveSequences(through: through, void: voidOwn))
     }
 
     /// The host made the reservation durable: what it covers is published.
     mutating func sequencesReserved(through: UInt64) {
         durability.reserved = max(durability.reserved, through)
+        // Settled once the reservation of this boot, with the numbers found void, is durable.
+        if settling?.confirming == true { completeSettling() }
         if let requested = durability.reservationRequested, requested <= through {
             durability.reservationRequested = nil
         }
@@ -194,7 +196,7 @@ extension NodeMachine {
         else { return }
         durability.reserved = nextSequence - 1
         durability.reservationRequested = nil
-        actions.append(.reserveSequences(through: nextSequence - 1))
+        actions.append(.reserveSequences(through: nextSequence - 1, void: voidOwn))
     }
 
     /// Publishes the first `count` staged writes and forgets them.

@@ -311,6 +311,7 @@ extension NodeMachine {
         origins[origin] = progress
         guard !taken.isEmpty else { return 0 }
         counters.voidSequences += taken.count
+        rememberVoid(origin: origin, taken)
         passVoidInWatches(origin: origin, taken)
         logger.info(
             "the origin declared sequence numbers void (lost everywhere in a power loss): no longer missing",
@@ -319,6 +320,24 @@ extension NodeMachine {
                 "void.count": "\(taken.count)",
             ])
         return taken.count
+    }
+
+    /// Keeps `sequences` (ascending) among the numbers known void of `origin`, as ranges, at
+    /// most ``SequenceReservation/maximumVoidRanges`` per origin (the oldest go first).
+    mutating func rememberVoid(origin: String, _ sequences: [UInt64]) {
+        var ranges = voidKnown[origin] ?? []
+        for sequence in sequences {
+            if let last = ranges.last, last.upperBound + 1 == sequence {
+                ranges[ranges.count - 1] = last.lowerBound...sequence
+            } else {
+                ranges.append(sequence...sequence)
+            }
+        }
+        ranges.sort { $0.lowerBound < $1.lowerBound }
+        if ranges.count > SequenceReservation.maximumVoidRanges {
+            ranges.removeFirst(ranges.count - SequenceReservation.maximumVoidRanges)
+        }
+        voidKnown[origin] = ranges
     }
 
     /// Every connected peer, the origin among them, answered that it never held the missing

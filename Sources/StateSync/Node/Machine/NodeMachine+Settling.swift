@@ -31,6 +31,10 @@ extension NodeMachine {
         var highestDropped: UInt64 = 0
         /// When the node last said what it waits for.
         var lastReport: UInt64?
+        /// Every peer answered: the node waits for its reservation of this boot, with the
+        /// numbers it found void, to be durable before it numbers the held writes (a crash
+        /// before then settles again, and finds the same numbers void).
+        var confirming = false
 
         init(range: ClosedRange<UInt64>) { self.range = range }
     }
@@ -76,7 +80,7 @@ extension NodeMachine {
     /// writes. A FETCH unanswered for 1000 ms is sent again on a new link (libzmq drops a
     /// connection for good after a frame over its maximum size).
     mutating func advanceSettling() {
-        guard var settling else { return }
+        guard var settling, !settling.confirming else { return }
         for (peer, fetch) in settling.fetches.sorted(by: { $0.key < $1.key }) where fetch.deadline <= now {
             settling.fetches[peer] = nil
             if let endpoint = repair.links[peer] {
@@ -172,14 +176,21 @@ extension NodeMachine {
         return true
     }
 
-    /// Every peer answered: the held writes are numbered after everything any of them holds, in
-    /// the order they came.
+    /// Every peer answered: the numbers lost everywhere are declared void, and the reservation
+    /// is written again, made in this boot, with them (a later process crash has nothing to
+    /// settle, and still knows them); once it is durable, ``completeSettling()``.
     private mutating func finishSettling() {
-        guard let settled = settling else { return }
-        settling = nil
-        // The reservation again, made in this boot: a later process crash has nothing to settle.
-        actions.append(.reserveSequences(through: durability.reserved))
+        guard let settled = settling, !settled.confirming else { return }
+        settling?.confirming = true
         declareVoid(settled)
+        actions.append(.reserveSequences(through: durability.reserved, void: voidOwn))
+    }
+
+    /// The reservation of this boot is durable: the held writes are numbered after everything
+    /// any peer holds, in the order they came.
+    mutating func completeSettling() {
+        guard let settled = settling, settled.confirming else { return }
+        settling = nil
         logger.notice(
             "settled after a power loss: every peer said which of this node's deltas it holds",
             metadata: [
@@ -203,9 +214,7 @@ extension NodeMachine {
     /// peer missed it on the live stream and the power loss took it from the log. It will never
     /// exist: the node takes it as received and declares it void in FETCH replies (section 10.8),
     /// so the peers that hold the later numbers close their gap instead of asking for it for
-    /// good. A compaction follows at once: the snapshot's progress keeps the numbers covered
-    /// across a restart (where FETCH replies then report them dropped, and peers still missing
-    /// them take a snapshot).
+    /// good. The numbers are kept with the reservation, which a restart reads back.
     private mutating func declareVoid(_ settled: Settling) {
         guard !faults.skipVoid, settled.highestReturned > 0 else { return }
         let own = configuration.nodeID
@@ -224,15 +233,35 @@ extension NodeMachine {
         origins[own] = progress
         guard !sequences.isEmpty else { return }
         voidOwn.append(contentsOf: void)
+        voidOwn.sort { $0.lowerBound < $1.lowerBound }
+        // Bounded like the file that keeps them; the oldest go first (by then long covered by
+        // the peers' snapshots).
+        if voidOwn.count > SequenceReservation.maximumVoidRanges {
+            voidOwn.removeFirst(voidOwn.count - SequenceReservation.maximumVoidRanges)
+        }
         counters.voidSequences += sequences.count
+        voidKnown[own] = voidOwn
         passVoidInWatches(origin: own, sequences)
-        durability.compactionPending = true
         logger.warning(
             "own deltas that were published before the power loss are held by no peer below ones a peer holds: lost everywhere, declared void",
             metadata: [
                 "delta.ranges": "\(void.map { "\($0.lowerBound)...\($0.upperBound)" }.joined(separator: ","))",
                 "void.count": "\(sequences.count)",
             ])
+    }
+
+    /// At start: the own numbers an earlier settling declared void are received (they hold no
+    /// delta) and still declared in FETCH replies.
+    mutating func takeRecoveredVoid(_ void: [ClosedRange<UInt64>]) {
+        guard !void.isEmpty else { return }
+        let own = configuration.nodeID
+        var progress = origins[own] ?? OriginProgress()
+        for range in void {
+            for sequence in range { _ = progress.receive(sequence) }
+        }
+        origins[own] = progress
+        voidOwn = void
+        voidKnown[own] = void
     }
 
     /// Stopping while settling: the held client writes were never numbered or logged; their

@@ -459,6 +459,15 @@ extension NodeMachine {
         // Every delta the cursor lacks must still be in the journal (not dropped, and not known
         // only through a snapshot) — also above a gap of the origin.
         for (origin, through) in journal.droppedThrough where through > cursor[origin] { return nil }
-        return WatchPosition(journalIndex: journal.base, cursor: cursor)
+        var position = WatchPosition(journalIndex: journal.base, cursor: cursor)
+        // Void numbers are never in the journal: the watch goes past those above its cursor.
+        for (origin, ranges) in voidKnown {
+            for range in ranges where range.upperBound > cursor[origin] {
+                for sequence in max(range.lowerBound, cursor[origin] + 1)...range.upperBound {
+                    position.deliver(origin, sequence)
+                }
+            }
+        }
+        return position
     }
 }

@@ -121,6 +121,9 @@ package struct NodeMachine: Sendable {
     /// Own sequence numbers that settling found lost everywhere below ones peers held (section
     /// 11.2): they will never exist, and FETCH replies say so (section 10.8). Ascending.
     var voidOwn: [ClosedRange<UInt64>] = []
+    /// Every origin's numbers this node knows to be void (its own, and those the origins
+    /// declared to it): a watch resumed below them goes past them. Ascending per origin.
+    var voidKnown: [String: [ClosedRange<UInt64>]] = [:]
     var repair = RepairState()
     var watches = WatchTable()
     var collection = CollectionState()
@@ -148,6 +151,8 @@ package struct NodeMachine: Sendable {
         /// The sequence numbers the node had reserved for publishing before they were durable
         /// (`storage.fsync: interval`, section 11.2): 0 when it reserved none.
         package var reservedSequence: UInt64 = 0
+        /// Own numbers an earlier settling declared void (kept with the reservation).
+        package var voidSequences: [ClosedRange<UInt64>] = []
         /// Whether the reservation was made in the running boot of the operating system: then
         /// whatever the node wrote to its log survived it (a process crash loses nothing written),
         /// and nothing it published can be missing from the log.
@@ -222,6 +227,7 @@ package struct NodeMachine: Sendable {
         visibleToWatches = latestSequence
         durability.durableOwnSequence = latestSequence
         durability.reserved = max(recovery.reservedSequence, latestSequence)
+        takeRecoveredVoid(recovery.voidSequences)
         if recovery.reservedSequence > latestSequence, !recovery.reservedInThisBoot, !faults.skipSettling {
             // The OS went down since (a power loss, a kernel crash): deltas published before
             // their sync may be missing from the log. Their numbers are not reused until every

@@ -43,9 +43,6 @@ struct OriginProgress: Sendable, Equatable {
     /// number announced beyond `contiguous` always leaves one missing.)
     var hasGap: Bool { announced > contiguous }
 
-    /// Whether `sequence` was received.
-    func holds(_ sequence: UInt64) -> Bool { sequence <= contiguous || above.contains(sequence) }
-
     /// The highest sequence number received.
     var highestReceived: UInt64 { max(contiguous, above.max() ?? 0) }
 
