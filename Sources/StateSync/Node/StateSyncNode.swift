@@ -48,7 +48,7 @@ public final class StateSyncNode: Sendable {
     /// The local writes of live models waiting for the driver, and the timestamps stamped for
     /// writes not handed over yet (at most one per writing thread): the node's floor stays below
     /// them.
-    private let outbox = Mutex<(writes: [LocalWrite], stamped: [UInt64])>(([], []))
+    private let outbox = Mutex<Outbox>(Outbox())
     /// When the data directory's free space was last measured (monotonic milliseconds).
     private let lastSpaceCheck = Atomic<UInt64>(0)
     /// How often the free space is measured.
@@ -155,24 +155,16 @@ public final class StateSyncNode: Sendable {
     package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
         // Under the outbox lock, where models stamp: every write stamped so far is in this batch,
         // still in flight, or above the clock's last timestamp read here.
-        let (written, writeFloor) = outbox.withLock { pending -> ([LocalWrite], UInt64) in
-            defer { pending.writes = [] }
+        let (rounds, writeFloor) = outbox.withLock { pending -> ([[LocalWrite]], UInt64) in
             let inFlight = pending.stamped.min().map { $0 &- 1 } ?? .max
-            return (pending.writes, min(clock.lastTimestamp, inFlight))
+            return (pending.take(), min(clock.lastTimestamp, inFlight))
         }
         state.withLock { $0.machine.hostWriteFloor = writeFloor }
         // Writers can outrun the node by far: their writes go in as rounds of bounded size; a
         // full round is logged, synced and published (its outcomes handled) before the next.
         // Arrays stay small, and peers get the first writes of a long queue while the rest is
         // logged.
-        var start = 0
-        while start < written.count {
-            let end = min(start + NodeMachine.localWritesPerRound, written.count)
-            handle(
-                .localWrites(start == 0 && end == written.count ? written : Array(written[start..<end])), now: now,
-                via: transport)
-            start = end
-        }
+        for round in rounds { handle(.localWrites(round), now: now, via: transport) }
         if case .tick = input, now &- lastSpaceCheck.load(ordering: .relaxed) >= Self.spaceCheckInterval {
             lastSpaceCheck.store(now, ordering: .relaxed)
             if let available = storage.availableBytes() {
@@ -462,7 +454,7 @@ public final class StateSyncNode: Sendable {
     private func enqueueLocalWrite(_ write: LocalWrite) {
         outbox.withLock { pending in
             Self.release(write.version, from: &pending.stamped)
-            pending.writes.append(write)
+            pending.append(write)
         }
         driver.withLock { $0 }?.wake()
     }
@@ -674,5 +666,31 @@ private struct PendingLog {
             mustSucceed = false
         }
         return (bytes, mustSucceed)
+    }
+}
+
+/// Live models' local writes on their way to the node's driver, in rounds of at most
+/// ``NodeMachine/localWritesPerRound``, each array allocated at that capacity once: a long
+/// queue grows by a round at a time, never copying what it holds (one growing array moved
+/// everything at each doubling and faulted in fresh pages), and the driver hands each round to
+/// the machine as it is.
+struct Outbox: Sendable {
+    private(set) var rounds: [[LocalWrite]] = []
+    /// The timestamps stamped for writes not handed over yet (at most one per writing thread).
+    var stamped: [UInt64] = []
+
+    mutating func append(_ write: LocalWrite) {
+        if rounds.isEmpty || rounds[rounds.count - 1].count == NodeMachine.localWritesPerRound {
+            var round: [LocalWrite] = []
+            round.reserveCapacity(rounds.isEmpty ? 64 : NodeMachine.localWritesPerRound)
+            rounds.append(round)
+        }
+        rounds[rounds.count - 1].append(write)
+    }
+
+    /// Every round waiting, in order; the outbox is empty after.
+    mutating func take() -> [[LocalWrite]] {
+        defer { rounds = [] }
+        return rounds
     }
 }
