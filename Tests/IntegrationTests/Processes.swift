@@ -114,8 +114,12 @@ final class ChildProcess: @unchecked Sendable {
         return await wait(timeout: timeout)
     }
 
+    /// Its output files go with it (the tests read them, for their failure messages too,
+    /// while they hold it).
     deinit {
         if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        try? FileManager.default.removeItem(atPath: stdoutPath)
+        try? FileManager.default.removeItem(atPath: stderrPath)
     }
 }
 
@@ -166,6 +170,28 @@ func closeOnExecPipe() throws -> (read: FileHandle, write: FileHandle) {
         FileHandle(fileDescriptor: ends[0], closeOnDealloc: true),
         FileHandle(fileDescriptor: ends[1], closeOnDealloc: true)
     )
+}
+
+/// Writes `bytes` to a pipe whose reader may be gone: then it throws EPIPE instead of killing the
+/// test runner. SIGPIPE is blocked in the calling thread for the write only (a pending one is
+/// taken), not ignored process-wide: children started meanwhile would inherit that.
+func writeWithoutSIGPIPE(_ bytes: [UInt8], to handle: FileHandle) throws {
+    var pipeSignal = sigset_t()
+    sigemptyset(&pipeSignal)
+    sigaddset(&pipeSignal, SIGPIPE)
+    var previous = sigset_t()
+    pthread_sigmask(SIG_BLOCK, &pipeSignal, &previous)
+    defer {
+        var pending = sigset_t()
+        sigpending(&pending)
+        if sigismember(&pending, SIGPIPE) == 1 {
+            var now = timespec()
+            _ = sigtimedwait(&pipeSignal, nil, &now)
+        }
+        pthread_sigmask(SIG_SETMASK, &previous, nil)
+    }
+    let written = bytes.withUnsafeBytes { write(handle.fileDescriptor, $0.baseAddress, $0.count) }
+    guard written == bytes.count else { throw POSIXError(POSIXErrorCode(rawValue: errno) ?? .EIO) }
 }
 
 /// The processes whose parent is `parent` and whose name (`comm`) is `name`, from /proc.

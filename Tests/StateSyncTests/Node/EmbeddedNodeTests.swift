@@ -240,7 +240,7 @@ struct EmbeddedNodeTests {
     @Test func startFromAConfigFileAndStateSurvivesARestart() async throws {
         let port = freePort()
         let dataDirectory = temporaryDirectory("restart")
-        let file = NSTemporaryDirectory() + "statesync-\(UUID().uuidString).yaml"
+        let file = temporaryDirectory("restart-config") + "/node.yaml"
         try """
         node:
           id: solo

@@ -5,8 +5,9 @@ import Testing
 
 @Suite("Node configuration")
 struct NodeConfigurationTests {
+    /// Writes `yaml` to a file in a temporary directory (removed when the tests end).
     static func write(_ yaml: String) throws -> String {
-        let path = NSTemporaryDirectory() + "statesync-config-\(UUID().uuidString).yaml"
+        let path = temporaryDirectory("config") + "/node.yaml"
         try yaml.write(toFile: path, atomically: true, encoding: .utf8)
         return path
     }

@@ -1,5 +1,6 @@
 import Foundation
 import StateSyncZeroMQ
+import Synchronization
 import Testing
 
 @testable import StateSync
@@ -13,12 +14,22 @@ func freePort() -> Int {
     try! LoopbackPorts.free()
 }
 
-/// A fresh temporary directory.
+/// A fresh temporary directory, removed when the test process exits (tests that inspect it
+/// after a node stopped need it to outlive their node; the suite leaves nothing behind).
 func temporaryDirectory(_ label: String) -> String {
+    _ = removeTemporaryDirectoriesAtExit
     let path = NSTemporaryDirectory() + "statesync-\(label)-\(UUID().uuidString)"
     try? FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+    temporaryDirectories.withLock { $0.append(path) }
     return path
 }
+
+private let temporaryDirectories = Mutex<[String]>([])
+private let removeTemporaryDirectoriesAtExit: Void = {
+    atexit {
+        for path in temporaryDirectories.withLock({ $0 }) { try? FileManager.default.removeItem(atPath: path) }
+    }
+}()
 
 /// Waits for `condition` with a deadline, checking every 5 ms: never a fixed sleep.
 func waitUntil(
