@@ -258,6 +258,7 @@ struct ClusterTests {
 
     @Test func invalidConfigStopsTheDaemonWithOneLineAndExitTwo() async throws {
         let path = NSTemporaryDirectory() + "statesync-bad-\(UUID().uuidString).yaml"
+        defer { try? FileManager.default.removeItem(atPath: path) }
         try "node:\n  id: x\n  data_dir: /tmp/x\nnetwork:\n  publish: tcp://127.0.0.1:notaport\n".write(
             toFile: path, atomically: true, encoding: .utf8)
         let daemon = try ChildProcess("statesyncd", ["--config", path])
