@@ -113,6 +113,14 @@ struct DurabilityTests {
             let client = try StateSyncClient(endpoint: nodes[0].api)
             defer { client.close() }
             for i in 0..<50 { try await client.set(ModelAddress(channel: "torn", model: "m"), ["v": .int(Int64(i))]) }
+            let reader2 = try StateSyncClient(endpoint: nodes[1].api)
+            defer { reader2.close() }
+            // Published is not yet received: without this wait a kill can take the last write
+            // from node1's socket before node2 has it, and then no node holds it (seen once with
+            // parallel tests running).
+            try await waitUntil("node2 holds the last write") {
+                (try? await reader2.get(ModelAddress(channel: "torn", model: "m"))["v"]?.value) == .int(49)
+            }
             kill(node1.process.processIdentifier, SIGKILL)
             _ = await node1.wait()
             // Damage the end of node1's log, as a crash in the middle of a write would.
@@ -130,8 +138,6 @@ struct DurabilityTests {
             try await Self.waitUntilAnswering(nodes[0].api)
             let status = try await client.status()
             #expect(status.counters["log_bytes_cut"] ?? 0 > 0, "the torn tail must be detected and cut")
-            let reader2 = try StateSyncClient(endpoint: nodes[1].api)
-            defer { reader2.close() }
             try await Self.waitUntilConverged([client, reader2])
             #expect(try await client.get(ModelAddress(channel: "torn", model: "m"))["v"]?.value == .int(49))
             // node1 fetched its own lost write back from node2 and does not reuse its number.

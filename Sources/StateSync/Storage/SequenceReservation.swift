@@ -19,10 +19,20 @@ package struct SequenceReservation: Sendable, Equatable {
     /// The most void ranges a reservation keeps.
     static let maximumVoidRanges = 65_536
 
+    /// `void` is kept sorted, with overlapping and adjacent ranges merged (the form the file
+    /// must have).
     package init(through: UInt64, bootID: String, void: [ClosedRange<UInt64>] = []) {
         self.through = through
         self.bootID = bootID
-        self.void = void
+        var merged: [ClosedRange<UInt64>] = []
+        for range in void.sorted(by: { $0.lowerBound < $1.lowerBound }) where range.lowerBound >= 1 {
+            if let last = merged.last, range.lowerBound <= last.upperBound &+ 1, last.upperBound < .max {
+                merged[merged.count - 1] = last.lowerBound...max(last.upperBound, range.upperBound)
+            } else {
+                merged.append(range)
+            }
+        }
+        self.void = merged
     }
 
     static let magic: [UInt8] = Array("SSRV".utf8)

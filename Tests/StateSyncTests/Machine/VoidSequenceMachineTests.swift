@@ -156,6 +156,26 @@ struct VoidSequenceMachineTests {
         #expect(!Settling.status(&node).settling && node.sent.count == 1)
     }
 
+    /// A settling cut short (a crash) may have logged own deltas taken back above ones still
+    /// missing: the next settling starts at the first number the node lacks, not after the
+    /// greatest it holds, and still finds the one lost everywhere.
+    @Test func aSettlingCutShortStartsAgainAtTheFirstNumberLacking() throws {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
+        configuration.fsync = .interval
+        var recovery = NodeMachine.Recovery(deltas: [1, 2, 3, 6].map { RepairMachineTests.delta("n1", $0) })
+        recovery.reservedSequence = 40
+        recovery.reservedInThisBoot = false
+        var node = MachineRunner(configuration, recovery: recovery)
+        Settling.connect(&node, ["n2", "n3"])
+        node.advance(60)
+        // (Repair asks for the own gap 4…5 too; the settling requests run through the reservation.)
+        let fetches = Settling.ownFetches(node).filter { $0.range.upperBound == 40 }
+        #expect(fetches.count == 2 && fetches.allSatisfy { $0.range == 4...40 }, "\(fetches.map(\.range))")
+        for fetch in fetches { Settling.answer(&node, fetch, holding: fetch.peer.hasSuffix("n2") ? [4, 6] : []) }
+        #expect(!Settling.status(&node).settling)
+        #expect(node.reservationVoids.last == [5...5] && node.machine.missingDeltas == 0)
+    }
+
     /// A restart reads the void numbers back: nothing of its own is missing, and FETCH replies
     /// still declare them.
     @Test func aRestartKeepsDeclaringTheVoidNumbers() throws {

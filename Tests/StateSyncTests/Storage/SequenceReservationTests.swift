@@ -79,7 +79,21 @@ struct SequenceReservationTests {
 
         let plain = SequenceReservation(through: 3, bootID: "b").encode()
         #expect(plain[4] == 1 && SequenceReservation(through: 3, bootID: "b", void: [1...2]).encode()[4] == 2)
-        let disordered = SequenceReservation(through: 30, bootID: "b", void: [9...9, 5...5]).encode()
+        #expect(SequenceReservation(through: 30, bootID: "b", void: [9...9, 6...7, 5...5]).void == [5...7, 9...9])
+        // A file whose ranges are out of order is damaged.
+        var writer = WireWriter()
+        writer.bytes(Array("SSRV".utf8))
+        writer.byte(2)
+        writer.uint64(30)
+        writer.string("b")
+        writer.varint(2)
+        for (first, last): (UInt64, UInt64) in [(9, 9), (5, 5)] {
+            writer.varint(first)
+            writer.varint(last)
+        }
+        let checksum = CRC32.checksum(writer.bytes)
+        let disordered =
+            writer.bytes + (0..<4).reversed().map { UInt8(truncatingIfNeeded: checksum >> (8 * UInt32($0))) }
         #expect(throws: WireError.self) { try SequenceReservation.decode(disordered) }
     }
 }

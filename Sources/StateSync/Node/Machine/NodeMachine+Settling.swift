@@ -187,7 +187,9 @@ extension NodeMachine {
     }
 
     /// The reservation of this boot is durable: the held writes are numbered after everything
-    /// any peer holds, in the order they came.
+    /// any peer holds, in the order they came. (No other reservation is asked for while the node
+    /// settles — it numbers nothing, and releases nothing — and the host reports reservations
+    /// in order, so the first report while confirming is this one.)
     mutating func completeSettling() {
         guard let settled = settling, settled.confirming else { return }
         settling = nil
@@ -262,6 +264,8 @@ extension NodeMachine {
         origins[own] = progress
         voidOwn = void
         voidKnown[own] = void
+        // Below a number a peer held, so below what the log holds; never numbered again anyway.
+        if let last = void.last, last.upperBound < .max { nextSequence = max(nextSequence, last.upperBound + 1) }
     }
 
     /// Stopping while settling: the held client writes were never numbered or logged; their

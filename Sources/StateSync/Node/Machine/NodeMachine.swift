@@ -231,11 +231,14 @@ package struct NodeMachine: Sendable {
         if recovery.reservedSequence > latestSequence, !recovery.reservedInThisBoot, !faults.skipSettling {
             // The OS went down since (a power loss, a kernel crash): deltas published before
             // their sync may be missing from the log. Their numbers are not reused until every
-            // peer said which of them it holds (section 11.2).
-            settling = Settling(range: (latestSequence + 1)...recovery.reservedSequence)
+            // peer said which of them it holds (section 11.2). From the first own number it lacks:
+            // a settling cut short (a crash, a stop) may have logged numbers taken back from
+            // peers above ones still missing, which a new settling must look at again.
+            let first = min(latestSequence, origins[configuration.nodeID]?.contiguous ?? 0) + 1
+            settling = Settling(range: first...recovery.reservedSequence)
             logger.warning(
                 "the node stopped without a clean shutdown in an earlier boot of the OS (a power loss or a kernel crash) while it published before syncing (storage.fsync: interval): its log may have lost deltas it had published; it takes no writes until its peers have said which of them they hold",
-                metadata: ["delta.range": "\(latestSequence + 1)...\(recovery.reservedSequence)"])
+                metadata: ["delta.range": "\(first)...\(recovery.reservedSequence)"])
         }
         if let ownLatest { clock.advance(past: ownLatest) }
         // Peers' versions it holds are followed as if just received (within the drift bound), so a
