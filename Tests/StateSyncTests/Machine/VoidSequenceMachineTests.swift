@@ -9,15 +9,68 @@ import Testing
 struct VoidSequenceMachineTests {
     typealias Settling = SettlingMachineTests
 
+    /// n1 (`fsync: interval`, peers n2 and n3) restarted holding its own deltas `recovered`,
+    /// with a reservation through 40 made in another boot (unless `inThisBoot`) and `void`.
+    static func restarted(
+        recovered: [UInt64] = [1, 2], inThisBoot: Bool = false, void: [ClosedRange<UInt64>] = [],
+        faults: NodeFaults = NodeFaults()
+    ) -> MachineRunner {
+        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
+        configuration.fsync = .interval
+        var recovery = NodeMachine.Recovery(deltas: recovered.map { RepairMachineTests.delta("n1", $0) })
+        recovery.reservedSequence = 40
+        recovery.reservedInThisBoot = inThisBoot
+        recovery.voidSequences = void
+        return MachineRunner(configuration, recovery: recovery, faults: faults)
+    }
+
+    /// n4, linked to n1, n2 and n3, got n1's 1, 2 and 4 on n1's live stream; repair asked n1 for
+    /// 3 (the first repair request), and n1 answered with no delta and 3 void.
+    static func peerWithVoid3() throws -> MachineRunner {
+        var node = Self.peerMissing3()
+        try Self.answer(&node, request: 0, void: [3...3])
+        return node
+    }
+
+    /// Answers the repair request at `index` (as sent, from the peer it went to) with no delta
+    /// and `void`.
+    static func answer(_ node: inout MachineRunner, request index: Int, void: [ClosedRange<UInt64>]) throws {
+        node.handle(
+            .repairReply(
+                peer: node.repairRequests[index].peer,
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: try RepairMachineTests.requestID(node, at: index),
+                    body: ClientProtocol.encodeFetched([], droppedThrough: 0, void: void))))
+    }
+
+    /// n4, linked to n1, n2 and n3, with n1's 1, 2 and 4 from n1's live stream, a repair round
+    /// later.
+    static func peerMissing3() -> MachineRunner {
+        var node = RepairMachineTests.connectedNode()
+        for sequence: UInt64 in [1, 2, 4] { Self.live(&node, sequence) }
+        node.advance(60)
+        return node
+    }
+
+    /// n1's delta `sequence` on n1's live stream.
+    static func live(_ node: inout MachineRunner, _ sequence: UInt64) {
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", sequence)).encode()))
+    }
+
+    /// The cursors of the DELTA events of watch `id` sent since `from`.
+    static func cursors(_ node: MachineRunner, watch id: UInt64, from: Int) -> [WatchCursor] {
+        node.events(watch: id, from: from).compactMap { event -> WatchCursor? in
+            if case .delta(_, let cursor) = event { return cursor }
+            return nil
+        }
+    }
+
     /// n1 settles after a power loss (it recovered 1…2, reserved through 40): n2 holds 3, 4 and
     /// 6, n3 holds 3 and 4 and `n3Dropped` (its history's dropped-through mark).
     static func settled(n3Dropped: UInt64 = 0, faults: NodeFaults = NodeFaults()) -> MachineRunner {
-        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
-        configuration.fsync = .interval
-        var recovery = NodeMachine.Recovery(deltas: (1...2).map { RepairMachineTests.delta("n1", $0) })
-        recovery.reservedSequence = 40
-        recovery.reservedInThisBoot = false
-        var node = MachineRunner(configuration, recovery: recovery, faults: faults)
+        var node = Self.restarted(faults: faults)
         Settling.connect(&node, ["n2", "n3"])
         node.advance(60)
         for fetch in Settling.ownFetches(node) {
@@ -76,60 +129,31 @@ struct VoidSequenceMachineTests {
     @Test func aPeerClosesTheGapWithTheOriginsVoidAndWatchesGoPastIt() throws {
         var node = RepairMachineTests.connectedNode()
         _ = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
-        for sequence: UInt64 in [1, 2, 4] {
-            node.handle(
-                .peerMessage(
-                    peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", sequence)).encode()))
-        }
+        for sequence: UInt64 in [1, 2, 4] { Self.live(&node, sequence) }
         node.advance(60)
         let fetch = try #require(RepairMachineTests.requests(node).first)
         #expect(fetch.peer == "inproc://n1" && fetch.fetch?.range == 3...3)
-        node.handle(
-            .repairReply(
-                peer: "inproc://n1",
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: try RepairMachineTests.requestID(node, at: 0),
-                    body: ClientProtocol.encodeFetched([], droppedThrough: 0, void: [3...3]))))
+        try Self.answer(&node, request: 0, void: [3...3])
         #expect(node.machine.missingDeltas == 0)
         #expect(node.machine.counters.voidSequences == 1)
         let before = node.sent.count
-        node.handle(
-            .peerMessage(peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", 5)).encode()))
+        Self.live(&node, 5)
         node.advance(1)
-        let cursors = node.events(watch: 7, from: before).compactMap { event -> WatchCursor? in
-            if case .delta(_, let cursor) = event { return cursor }
-            return nil
-        }
+        let cursors = Self.cursors(node, watch: 7, from: before)
         #expect(cursors.last?["n1"] == 5, "the watch's cursor went past the void 3: \(cursors)")
     }
 
     /// Only the origin may declare its numbers void: the same reply from another peer leaves the
     /// gap open (that peer is exhausted for it instead).
     @Test func voidFromAnotherPeerIsIgnored() throws {
-        var node = RepairMachineTests.connectedNode()
-        for sequence: UInt64 in [1, 2, 4] {
-            node.handle(
-                .peerMessage(
-                    peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", sequence)).encode()))
-        }
-        node.advance(60)
+        var node = Self.peerMissing3()
         // The origin n1 answers that it holds nothing (and declares nothing): the next peer is
         // asked.
-        node.handle(
-            .repairReply(
-                peer: "inproc://n1",
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: try RepairMachineTests.requestID(node, at: 0),
-                    body: ClientProtocol.encodeFetched([], droppedThrough: 0))))
+        try Self.answer(&node, request: 0, void: [])
         node.advance(60)
         let requests = RepairMachineTests.requests(node)
         let index = try #require(requests.lastIndex { $0.peer != "inproc://n1" && $0.fetch?.origin == "n1" })
-        node.handle(
-            .repairReply(
-                peer: requests[index].peer,
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: try RepairMachineTests.requestID(node, at: index),
-                    body: ClientProtocol.encodeFetched([], droppedThrough: 0, void: [3...3]))))
+        try Self.answer(&node, request: index, void: [3...3])
         #expect(node.machine.missingDeltas == 1)
         #expect(node.machine.counters.voidSequences == 0)
     }
@@ -137,12 +161,7 @@ struct VoidSequenceMachineTests {
     /// The void numbers travel with the reservation written when settling ends, and the held
     /// writes are numbered only once it is durable: a crash before then settles again.
     @Test func settlingEndsWhenTheReservationWithTheVoidNumbersIsDurable() throws {
-        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
-        configuration.fsync = .interval
-        var recovery = NodeMachine.Recovery(deltas: (1...2).map { RepairMachineTests.delta("n1", $0) })
-        recovery.reservedSequence = 40
-        recovery.reservedInThisBoot = false
-        var node = MachineRunner(configuration, recovery: recovery)
+        var node = Self.restarted()
         node.reportsReservations = false
         node.handle(.clientRequest(client: [9], frames: Settling.set))
         Settling.connect(&node, ["n2", "n3"])
@@ -160,12 +179,7 @@ struct VoidSequenceMachineTests {
     /// missing: the next settling starts at the first number the node lacks, not after the
     /// greatest it holds, and still finds the one lost everywhere.
     @Test func aSettlingCutShortStartsAgainAtTheFirstNumberLacking() throws {
-        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
-        configuration.fsync = .interval
-        var recovery = NodeMachine.Recovery(deltas: [1, 2, 3, 6].map { RepairMachineTests.delta("n1", $0) })
-        recovery.reservedSequence = 40
-        recovery.reservedInThisBoot = false
-        var node = MachineRunner(configuration, recovery: recovery)
+        var node = Self.restarted(recovered: [1, 2, 3, 6])
         Settling.connect(&node, ["n2", "n3"])
         node.advance(60)
         // (Repair asks for the own gap 4…5 too; the settling requests run through the reservation.)
@@ -179,41 +193,21 @@ struct VoidSequenceMachineTests {
     /// A restart reads the void numbers back: nothing of its own is missing, and FETCH replies
     /// still declare them.
     @Test func aRestartKeepsDeclaringTheVoidNumbers() throws {
-        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
-        configuration.fsync = .interval
-        var recovery = NodeMachine.Recovery(deltas: [1, 2, 3, 4, 6].map { RepairMachineTests.delta("n1", $0) })
-        recovery.reservedSequence = 40
-        recovery.voidSequences = [5...5]
-        var node = MachineRunner(configuration, recovery: recovery)
+        var node = Self.restarted(recovered: [1, 2, 3, 4, 6], inThisBoot: true, void: [5...5])
         #expect(!Settling.status(&node).settling && node.machine.missingDeltas == 0)
+        #expect(node.machine.nextSequence == 7)
         #expect(try Self.served(&node).2 == [5...5])
     }
 
     /// A watch resumed from a cursor below a void number goes past it (the number is in no
     /// journal): its cursor reaches the next delta.
     @Test func aResumedWatchGoesPastAVoidNumber() throws {
-        var node = RepairMachineTests.connectedNode()
-        for sequence: UInt64 in [1, 2, 4] {
-            node.handle(
-                .peerMessage(
-                    peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", sequence)).encode()))
-        }
-        node.advance(60)
-        node.handle(
-            .repairReply(
-                peer: "inproc://n1",
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: try RepairMachineTests.requestID(node, at: 0),
-                    body: ClientProtocol.encodeFetched([], droppedThrough: 0, void: [3...3]))))
+        var node = try Self.peerWithVoid3()
         let before = node.sent.count
         _ = node.request(.watch, id: 8, ClientProtocol.encodeWatch(channel: "c", from: WatchCursor(["n1": 1])))
-        node.handle(
-            .peerMessage(peer: "inproc://n1", frames: PeerMessage.delta(RepairMachineTests.delta("n1", 5)).encode()))
+        Self.live(&node, 5)
         node.advance(1)
-        let cursors = node.events(watch: 8, from: before).compactMap { event -> WatchCursor? in
-            if case .delta(_, let cursor) = event { return cursor }
-            return nil
-        }
+        let cursors = Self.cursors(node, watch: 8, from: before)
         #expect(cursors.last?["n1"] == 5, "resumed at 1: 2 and 4 replayed, 3 void, 5 live: \(cursors)")
     }
 }
