@@ -834,8 +834,22 @@ public struct StreamingFNV: WireSink, Sendable {
         hash &*= 0x100_0000_01b3
     }
 
-    /// Adds bytes, in order.
+    /// Adds bytes, in order. Contiguous bytes (arrays, a native string's UTF-8) go through a
+    /// plain pointer loop: iterating a `String.UTF8View` element by element cost a reader of
+    /// single sets 3.7 % of its samples, hashing names and values into the state digest.
     public mutating func bytes<C: Collection>(_ values: C) where C.Element == UInt8 {
+        var running = hash
+        let hashedInPlace: Bool? = values.withContiguousStorageIfAvailable { buffer in
+            for b in buffer {
+                running ^= UInt64(b)
+                running &*= 0x100_0000_01b3
+            }
+            return true
+        }
+        guard hashedInPlace == nil else {
+            hash = running
+            return
+        }
         for b in values { byte(b) }
     }
 }
