@@ -648,9 +648,12 @@ extension StateSyncCLI {
                     status.collectedThrough == 0
                     ? "none collected yet"
                     : "collected through \(status.collectedThrough >> 16).\(status.collectedThrough & 0xFFFF)"
-                emit(
-                    "deletions: \(status.tombstones) held, \(horizon)\(status.collectionHeldBy.map { " (held back by \($0))" } ?? "")"
-                )
+                // A member's id, or the endpoint of a peer not heard from yet (just started).
+                let heldBy = status.collectionHeldBy.map { holder in
+                    holder.contains("://")
+                        ? " (held back until the peer at \(holder) is heard from)" : " (held back by \(holder))"
+                }
+                emit("deletions: \(status.tombstones) held, \(horizon)\(heldBy ?? "")")
                 let alive = status.members.filter { $0.state == "alive" }.count
                 emit("members:   \(status.members.count) known, \(alive) alive (statesync members)")
                 emit("peers:")
