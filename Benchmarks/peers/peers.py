@@ -347,15 +347,24 @@ def run_writer(args):
         writer = NatsWriter(int(args.endpoint))
     sent_at, latencies = {}, []
     seq, acked = 0, 0
+    # With --rate, write number seq is not sent before seq / rate seconds after the start (the
+    # window still bounds what is in flight): a load below what the machine can take.
+    rate = args.rate or 0
     print("ready", flush=True)
     start = time.monotonic_ns()
     deadline = time.monotonic() + args.limit_s
     while acked < args.writes:
         while seq < args.writes and len(sent_at) < WINDOW:
             now = time.monotonic_ns()
+            if rate and seq > (now - start) / 1e9 * rate:
+                break
             sent_at[writer.send(key_for(seq), value_for(seq, now))] = (now, seq)
             seq += 1
-        for request in writer.receive(1.0):
+        timeout = 1.0
+        if rate and seq < args.writes and len(sent_at) < WINDOW:
+            # Until the next write is due (at least 1 ms: a zero poll would spin).
+            timeout = min(1.0, max(0.001, seq / rate - (time.monotonic_ns() - start) / 1e9))
+        for request in writer.receive(timeout):
             latencies.append(time.monotonic_ns() - sent_at.pop(request)[0])
             acked += 1
         if time.monotonic() > deadline:
@@ -743,6 +752,7 @@ def run_one(name, args):
     try:
         writer_endpoint, watcher_endpoint = start(cluster, args)
         common = ["--system", protocol, "--writes", str(args.writes), "--limit-s", str(args.limit_s)]
+        common += ["--rate", str(args.rate)]
         watcher = subprocess.Popen(
             [sys.executable, me, "watch", "--endpoint", watcher_endpoint, "--statesync",
              os.path.join(args.bin, "statesync"), "--quiet-s", str(args.quiet_s)] + common,
@@ -848,6 +858,7 @@ def main():
     r.add_argument("--bin", required=True, help="directory holding statesyncd and statesync (release build)")
     r.add_argument("--systems", default=",".join(SYSTEMS))
     r.add_argument("--writes", type=int, default=100_000)
+    r.add_argument("--rate", type=int, default=0, help="writes a second at most (0: as fast as acks come)")
     r.add_argument("--limit-s", type=float, default=120)
     r.add_argument("--quiet-s", type=float, default=3)
     r.add_argument("--out", help="append one JSON line per system to this file")
@@ -857,6 +868,7 @@ def main():
         p.add_argument("--system", choices=("statesync", "redis", "nats"), required=True)
         p.add_argument("--endpoint", required=True)
         p.add_argument("--writes", type=int, required=True)
+        p.add_argument("--rate", type=int, default=0)
         p.add_argument("--limit-s", type=float, default=120)
         if name == "watch":
             p.add_argument("--statesync", default="statesync")
