@@ -24,15 +24,7 @@ package struct SequenceReservation: Sendable, Equatable {
     package init(through: UInt64, bootID: String, void: [ClosedRange<UInt64>] = []) {
         self.through = through
         self.bootID = bootID
-        var merged: [ClosedRange<UInt64>] = []
-        for range in void.sorted(by: { $0.lowerBound < $1.lowerBound }) where range.lowerBound >= 1 {
-            if let last = merged.last, range.lowerBound <= last.upperBound &+ 1, last.upperBound < .max {
-                merged[merged.count - 1] = last.lowerBound...max(last.upperBound, range.upperBound)
-            } else {
-                merged.append(range)
-            }
-        }
-        self.void = merged
+        self.void = void.merged()
     }
 
     static let magic: [UInt8] = Array("SSRV".utf8)
@@ -98,5 +90,24 @@ package struct SequenceReservation: Sendable, Equatable {
     /// An unknown boot id is never the same boot.
     package func isOfBoot(_ current: String) -> Bool {
         !current.isEmpty && bootID == current
+    }
+}
+
+extension [ClosedRange<UInt64>] {
+    /// These sequence-number ranges with `sequences` added: sorted, overlapping and adjacent
+    /// ranges merged, ranges starting at 0 left out, at most `limit` of them (the lowest go
+    /// first). The form void numbers are kept in (``SequenceReservation/void``, a node's known
+    /// void numbers).
+    func merged(adding sequences: [UInt64] = [], keepingAtMost limit: Int = .max) -> [ClosedRange<UInt64>] {
+        let all = (self + sequences.map { $0...$0 }).sorted { $0.lowerBound < $1.lowerBound }
+        var merged: [ClosedRange<UInt64>] = []
+        for range in all where range.lowerBound >= 1 {
+            if let last = merged.last, last.upperBound == .max || range.lowerBound <= last.upperBound + 1 {
+                merged[merged.count - 1] = last.lowerBound...Swift.max(last.upperBound, range.upperBound)
+            } else {
+                merged.append(range)
+            }
+        }
+        return merged.count > limit ? Array(merged.suffix(limit)) : merged
     }
 }

@@ -6,30 +6,35 @@ import Testing
 /// The sequence reservation file of a data directory (PROTOCOL.md section 11.2, Appendix A).
 @Suite("Sequence reservation file")
 struct SequenceReservationTests {
+    /// Opens the data directory at `path`, recovers it, lets `body` act on it, closes it, and
+    /// returns what was recovered.
+    @discardableResult
+    static func reopened(
+        _ path: String, warnings: inout [String], _ body: (DataDirectory) throws -> Void = { _ in }
+    ) throws -> NodeMachine.Recovery {
+        let directory = try DataDirectory(path: path)
+        defer { directory.close() }
+        let recovery = try directory.recover { warnings.append($0) }
+        try body(directory)
+        return recovery
+    }
+
     /// A reservation written durably is read back at the next start, made in this boot; one made
     /// in another boot (a power loss since) says so.
     @Test func aReservationIsReadBackWithItsBoot() throws {
         let path = temporaryDirectory("reservation")
         defer { try? FileManager.default.removeItem(atPath: path) }
-        do {
-            let directory = try DataDirectory(path: path)
-            _ = try directory.recover { _ in }
-            try directory.reserveSequences(through: 40_000, void: [])
-            directory.close()
-        }
+        var ignored: [String] = []
+        try Self.reopened(path, warnings: &ignored) { try $0.reserveSequences(through: 40_000, void: []) }
         var warnings: [String] = []
-        let directory = try DataDirectory(path: path)
-        let recovery = try directory.recover { warnings.append($0) }
-        directory.close()
+        let recovery = try Self.reopened(path, warnings: &warnings)
         #expect(recovery.reservedSequence == 40_000)
         #expect(recovery.reservedInThisBoot == !DataDirectory.currentBootID.isEmpty)
         #expect(warnings.isEmpty)
 
         let earlier = SequenceReservation(through: 7, bootID: "an earlier boot").encode()
         try Data(earlier).write(to: URL(fileURLWithPath: path + "/sequence.reserved"))
-        let again = try DataDirectory(path: path)
-        let afterPowerLoss = try again.recover { warnings.append($0) }
-        again.close()
+        let afterPowerLoss = try Self.reopened(path, warnings: &warnings)
         #expect(afterPowerLoss.reservedSequence == 7 && !afterPowerLoss.reservedInThisBoot)
     }
 
@@ -42,9 +47,7 @@ struct SequenceReservationTests {
         bytes[6] ^= 0xFF
         try Data(bytes).write(to: URL(fileURLWithPath: path + "/sequence.reserved"))
         var warnings: [String] = []
-        let directory = try DataDirectory(path: path)
-        let recovery = try directory.recover { warnings.append($0) }
-        directory.close()
+        let recovery = try Self.reopened(path, warnings: &warnings)
         #expect(recovery.reservedSequence == 0)
         #expect(warnings.count == 1 && warnings[0].contains("sequence.reserved") && warnings[0].contains("checksum"))
     }
@@ -64,16 +67,12 @@ struct SequenceReservationTests {
     @Test func voidNumbersAreKeptAcrossARestart() throws {
         let path = temporaryDirectory("reservation")
         defer { try? FileManager.default.removeItem(atPath: path) }
-        do {
-            let directory = try DataDirectory(path: path)
-            _ = try directory.recover { _ in }
+        var warnings: [String] = []
+        try Self.reopened(path, warnings: &warnings) { directory in
             try directory.reserveSequences(through: 40_000, void: [5...5, 9...12])
             directory.markReservationUnsafe()
-            directory.close()
         }
-        let directory = try DataDirectory(path: path)
-        let recovery = try directory.recover { _ in }
-        directory.close()
+        let recovery = try Self.reopened(path, warnings: &warnings)
         #expect(recovery.voidSequences == [5...5, 9...12], "kept, also when the reservation was marked unsafe")
         #expect(recovery.reservedSequence == 40_000 && !recovery.reservedInThisBoot)
 

@@ -322,22 +322,12 @@ extension NodeMachine {
         return taken.count
     }
 
-    /// Keeps `sequences` (ascending) among the numbers known void of `origin`, as ranges, at
-    /// most ``SequenceReservation/maximumVoidRanges`` per origin (the oldest go first).
+    /// Keeps `sequences` among the numbers known void of `origin` (its own included), as
+    /// merged ranges, at most ``SequenceReservation/maximumVoidRanges`` per origin, like the
+    /// file that keeps a node's own (the oldest go first: by then long covered by snapshots).
     mutating func rememberVoid(origin: String, _ sequences: [UInt64]) {
-        var ranges = voidKnown[origin] ?? []
-        for sequence in sequences {
-            if let last = ranges.last, last.upperBound + 1 == sequence {
-                ranges[ranges.count - 1] = last.lowerBound...sequence
-            } else {
-                ranges.append(sequence...sequence)
-            }
-        }
-        ranges.sort { $0.lowerBound < $1.lowerBound }
-        if ranges.count > SequenceReservation.maximumVoidRanges {
-            ranges.removeFirst(ranges.count - SequenceReservation.maximumVoidRanges)
-        }
-        voidKnown[origin] = ranges
+        voidKnown[origin] = (voidKnown[origin] ?? []).merged(
+            adding: sequences, keepingAtMost: SequenceReservation.maximumVoidRanges)
     }
 
     /// Every connected peer, the origin among them, answered that it never held the missing

@@ -222,32 +222,18 @@ extension NodeMachine {
         let own = configuration.nodeID
         let first = max(settled.range.lowerBound, settled.highestDropped + 1)
         guard first < settled.highestReturned, var progress = origins[own] else { return }
-        var void: [ClosedRange<UInt64>] = []
         var sequences: [UInt64] = []
-        for sequence in first..<settled.highestReturned where progress.receive(sequence) {
-            sequences.append(sequence)
-            if let last = void.last, last.upperBound + 1 == sequence {
-                void[void.count - 1] = last.lowerBound...sequence
-            } else {
-                void.append(sequence...sequence)
-            }
-        }
+        for sequence in first..<settled.highestReturned where progress.receive(sequence) { sequences.append(sequence) }
         origins[own] = progress
         guard !sequences.isEmpty else { return }
-        voidOwn.append(contentsOf: void)
-        voidOwn.sort { $0.lowerBound < $1.lowerBound }
-        // Bounded like the file that keeps them; the oldest go first (by then long covered by
-        // the peers' snapshots).
-        if voidOwn.count > SequenceReservation.maximumVoidRanges {
-            voidOwn.removeFirst(voidOwn.count - SequenceReservation.maximumVoidRanges)
-        }
         counters.voidSequences += sequences.count
-        voidKnown[own] = voidOwn
+        rememberVoid(origin: own, sequences)
         passVoidInWatches(origin: own, sequences)
         logger.warning(
             "own deltas that were published before the power loss are held by no peer below ones a peer holds: lost everywhere, declared void",
             metadata: [
-                "delta.ranges": "\(void.map { "\($0.lowerBound)...\($0.upperBound)" }.joined(separator: ","))",
+                "delta.ranges":
+                    "\([].merged(adding: sequences).map { "\($0.lowerBound)...\($0.upperBound)" }.joined(separator: ","))",
                 "void.count": "\(sequences.count)",
             ])
     }
@@ -262,7 +248,6 @@ extension NodeMachine {
             for sequence in range { _ = progress.receive(sequence) }
         }
         origins[own] = progress
-        voidOwn = void
         voidKnown[own] = void
         // Below a number a peer held, so below what the log holds; never numbered again anyway.
         if let last = void.last, last.upperBound < .max { nextSequence = max(nextSequence, last.upperBound + 1) }

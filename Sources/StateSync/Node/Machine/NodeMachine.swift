@@ -118,12 +118,12 @@ package struct NodeMachine: Sendable {
     /// Set while the node settles its sequence numbers after a power loss (section 11.2): it
     /// takes no local write until every peer has said which of its lost deltas it holds.
     var settling: Settling?
-    /// Own sequence numbers that settling found lost everywhere below ones peers held (section
-    /// 11.2): they will never exist, and FETCH replies say so (section 10.8). Ascending.
-    var voidOwn: [ClosedRange<UInt64>] = []
-    /// Every origin's numbers this node knows to be void (its own, and those the origins
-    /// declared to it): a watch resumed below them goes past them. Ascending per origin.
+    /// Every origin's numbers this node knows to be void (its own, which settling found lost
+    /// everywhere, section 11.2, and those the origins declared to it, section 10.8): a watch
+    /// resumed below them goes past them. Ascending and merged per origin.
     var voidKnown: [String: [ClosedRange<UInt64>]] = [:]
+    /// Own numbers that will never exist: FETCH replies declare them, the reservation keeps them.
+    var voidOwn: [ClosedRange<UInt64>] { voidKnown[configuration.nodeID] ?? [] }
     var repair = RepairState()
     var watches = WatchTable()
     var collection = CollectionState()
