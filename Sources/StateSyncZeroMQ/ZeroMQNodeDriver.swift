@@ -14,9 +14,9 @@ import ZeroMQ
 /// in ``SocketFactory`` with explicit linger and high-water marks.
 ///
 /// A round of the loop: poll (until the node's next deadline, or a wake-up), feed the node every
-/// message that arrived (at most ``batchLimit`` per socket), then a tick — which also makes the
-/// turn's local writes durable and published (group commit; a long queue of a model's writes is
-/// taken in full rounds, each synced at once).
+/// message that arrived (at most ``batchLimit`` per socket, and for at most ``sourceBudget``
+/// nanoseconds when something waits for the tick), then a tick — which also makes the turn's local writes durable and published
+/// (group commit; a long queue of a model's writes is taken in full rounds, each synced at once).
 package final class ZeroMQNodeDriver: NodeDriver {
     let configuration: NodeConfiguration
     let logger: Logger
@@ -26,6 +26,17 @@ package final class ZeroMQNodeDriver: NodeDriver {
 
     /// How many messages one socket may deliver before the loop looks at the others.
     static let batchLimit = 512
+
+    /// How long one socket may keep delivering, once something waits for the tick
+    /// (``StateSyncNode/awaitsTick``), before the loop looks at the others and ends the turn. A
+    /// count alone does not bound a turn: with `storage.fsync: interval` a SET is answered as it
+    /// is taken, so a client with writes in flight sends the next ones while the turn goes on,
+    /// and the socket never runs dry. The turn then took ``batchLimit`` SETs before its tick
+    /// published any of them: at 15 k writes a second, 34 ms and more (the peers bench saw 43 ms
+    /// silences on node 1's PUB socket while its acknowledgements went on). Not for a node that
+    /// only applies peers' deltas: a tick after every millisecond of heavy batches cost the
+    /// 8-property transactions of `statesync bench` about 4 %.
+    static let sourceBudget: UInt64 = 1_000_000
 
     package init(configuration: NodeConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -159,6 +170,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
                 // (Links changed while handling an earlier source: the next round re-polls.)
                 if transport.pollerChanged { break }
                 if case .subscriber(let peer, _) = source { transport.heard(from: peer) }
+                let sourceStarted = MonotonicClock.nanoseconds()
                 for _ in 0..<Self.batchLimit {
                     guard let (frames, userID) = transport.receive(from: source) else { break }
                     let input: NodeInput
@@ -182,6 +194,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
                     // A message can change the links (a member joined or left): its socket may
                     // be closed now, and the poll set is rebuilt before anything else is read.
                     if transport.pollerChanged { break }
+                    if MonotonicClock.nanoseconds() &- sourceStarted >= Self.sourceBudget, node.awaitsTick { break }
                 }
             }
         }
@@ -546,5 +559,11 @@ package enum MonotonicClock {
         var spec = timespec()
         clock_gettime(CLOCK_MONOTONIC, &spec)
         return UInt64(spec.tv_sec) * 1000 + UInt64(spec.tv_nsec) / 1_000_000
+    }
+
+    package static func nanoseconds() -> UInt64 {
+        var spec = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &spec)
+        return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
     }
 }

@@ -232,6 +232,12 @@ public final class StateSyncNode: Sendable {
         for milliseconds in samples.watchMilliseconds { metrics.watchLag.recordMilliseconds(milliseconds) }
     }
 
+    /// Whether something waits for the next tick (own writes to publish or sync, replies, watch
+    /// events): a driver in a long turn ends it early then.
+    package var awaitsTick: Bool {
+        state.withLock { $0.machine.awaitsTick }
+    }
+
     /// The latest time (monotonic milliseconds) the driver should call ``process(_:now:via:)``
     /// with a tick.
     package func nextDeadline() -> UInt64 {

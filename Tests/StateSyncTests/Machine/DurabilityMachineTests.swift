@@ -108,6 +108,41 @@ struct DurabilityMachineTests {
         #expect(!Self.kinds(later).contains("publish"), "nothing waited for it")
     }
 
+    /// A driver ends a long turn early only while something waits for its tick
+    /// (``NodeMachine/awaitsTick``): with `interval`, a SET taken and answered mid-turn waits for
+    /// the tick to be published (a client with writes in flight would otherwise keep the turn
+    /// going); with `always`, for its sync; a watch, for its events. A node with none of these
+    /// keeps its long turns.
+    @Test func aTurnIsAwaitedOnlyByWritesRepliesAndWatches() {
+        var interval = Self.machine(.interval)
+        _ = interval.handle(.tick(observerBacklog: 0), now: 1)
+        #expect(!interval.awaitsTick)
+        _ = interval.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
+        _ = interval.handle(.sequencesReserved(through: 1 + NodeMachine.reservationBlock), now: 2)
+        _ = interval.handle(.clientRequest(client: [1], frames: Self.set2), now: 3)
+        #expect(interval.awaitsTick, "an answered SET waits for the tick to be published")
+        _ = interval.handle(.tick(observerBacklog: 0), now: 3)
+        #expect(interval.published == 2)
+        #expect(!interval.awaitsTick)
+
+        var always = Self.machine()
+        _ = always.handle(.tick(observerBacklog: 0), now: 1)
+        _ = always.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
+        #expect(always.awaitsTick, "a SET waits for the tick's sync")
+        let tick = always.handle(.tick(observerBacklog: 0), now: 2)
+        guard case .syncLog(let position, _)? = tick.first(where: { if case .syncLog = $0 { true } else { false } })
+        else {
+            Issue.record("no sync asked for at the tick")
+            return
+        }
+        _ = always.handle(.logDurable(through: position), now: 2)
+        #expect(!always.awaitsTick)
+        let watch = ClientProtocol.encodeRequest(
+            .watch, id: 3, body: ClientProtocol.encodeWatch(channel: "c", from: nil))
+        _ = always.handle(.clientRequest(client: [2], frames: watch), now: 3)
+        #expect(always.awaitsTick, "a watch's events are sent at ticks")
+    }
+
     /// With `interval`, a write beyond the reservation waits for the next one, and so does
     /// every write after it (deltas go out in sequence order); a stopping node that published
     /// everything releases its reservation (a later restart has nothing to settle).

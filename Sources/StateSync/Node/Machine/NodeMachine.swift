@@ -349,6 +349,14 @@ package struct NodeMachine: Sendable {
         actions.append(.saveMembers(Membership.encodeFile(membership.sorted)))
     }
 
+    /// Something waits for the driver's next tick: own writes to sync or publish, replies
+    /// waiting for a sync, or watches to feed (their events are sent at ticks). A driver ends a
+    /// long turn early for these, and only for these: a tick costs a poll and a log write, which
+    /// a node busy with peers' deltas alone need not pay more often.
+    var awaitsTick: Bool {
+        !durability.staged.isEmpty || !durability.replies.isEmpty || watches.count > 0
+    }
+
     /// Runs what is due: durability of staged writes, heartbeat, the repair round (with
     /// compaction), backpressure, and the watches.
     mutating func tick(observerBacklog: Int) {
