@@ -3,24 +3,78 @@
 /// A delta is what a node publishes for every local write (a `set`, a property assignment or a
 /// whole ``ReplicatedModel/transaction(_:)``) and what replicas apply (docs/PROTOCOL.md, "DELTA").
 public struct Delta: Sendable, Equatable {
+    /// The fields, in one allocation shared by every copy. A received delta is held at once by
+    /// the store's merge, the repair history, the watch journal and model delivery: copying it
+    /// is one reference count, not one per string and array (the reader of single sets spent
+    /// nearly a fifth of its samples in retain and release, issue #17). Immutable: a setter
+    /// makes a new one.
+    private final class Fields: Sendable {
+        let channel: String
+        let model: String
+        let version: Version
+        let sequence: UInt64
+        let properties: [PropertyWrite]
+
+        init(channel: String, model: String, version: Version, sequence: UInt64, properties: [PropertyWrite]) {
+            self.channel = channel
+            self.model = model
+            self.version = version
+            self.sequence = sequence
+            self.properties = properties
+        }
+    }
+
+    private var fields: Fields
+
     /// The channel the model belongs to.
-    public var channel: String
+    public var channel: String {
+        get { fields.channel }
+        set {
+            fields = Fields(
+                channel: newValue, model: model, version: version, sequence: sequence, properties: properties)
+        }
+    }
     /// The model's id within its channel.
-    public var model: String
+    public var model: String {
+        get { fields.model }
+        set {
+            fields = Fields(
+                channel: channel, model: newValue, version: version, sequence: sequence, properties: properties)
+        }
+    }
     /// The version of every property in this delta; its `node` is the writer.
-    public var version: Version
+    public var version: Version {
+        get { fields.version }
+        set {
+            fields = Fields(
+                channel: channel, model: model, version: newValue, sequence: sequence, properties: properties)
+        }
+    }
     /// The writer's sequence number: 1, 2, 3, … per origin, without gaps, in publish order.
-    public var sequence: UInt64
+    public var sequence: UInt64 {
+        get { fields.sequence }
+        set {
+            fields = Fields(
+                channel: channel, model: model, version: version, sequence: newValue, properties: properties)
+        }
+    }
     /// The properties written, with their new values.
-    public var properties: [PropertyWrite]
+    public var properties: [PropertyWrite] {
+        get { fields.properties }
+        set {
+            fields = Fields(channel: channel, model: model, version: version, sequence: sequence, properties: newValue)
+        }
+    }
 
     /// A delta of `properties` of `channel`/`model`, at `version`, numbered `sequence` by its writer.
     public init(channel: String, model: String, version: Version, sequence: UInt64, properties: [PropertyWrite]) {
-        self.channel = channel
-        self.model = model
-        self.version = version
-        self.sequence = sequence
-        self.properties = properties
+        fields = Fields(channel: channel, model: model, version: version, sequence: sequence, properties: properties)
+    }
+
+    public static func == (lhs: Delta, rhs: Delta) -> Bool {
+        lhs.fields === rhs.fields
+            || (lhs.sequence == rhs.sequence && lhs.version == rhs.version && lhs.channel == rhs.channel
+                && lhs.model == rhs.model && lhs.properties == rhs.properties)
     }
 
     /// The node that wrote the delta.
