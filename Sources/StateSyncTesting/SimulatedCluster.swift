@@ -414,6 +414,12 @@ package final class SimulatedCluster {
         crash(index, tornBytes: node.disk.unsyncedBytes)
     }
 
+    /// Changes node `index`'s configuration from its next start (``restart(_:)``): one node
+    /// unlike the others, as an operator may run it.
+    package func reconfigure(_ index: Int, _ change: (inout NodeConfiguration) -> Void) {
+        change(&nodes[index].configuration)
+    }
+
     /// Restarts node `index` on its disk (recovering from its snapshot and log).
     package func restart(_ index: Int) throws(StateSyncError) {
         let node = nodes[index]

@@ -96,12 +96,12 @@ public final class SimulatedDisk: NodeStorage {
         }
     }
 
-    package func compact(_ snapshot: StateSnapshot) throws(StateSyncError) {
+    package func compact(_ snapshot: StateSnapshot, keeping records: [UInt8]) throws(StateSyncError) {
         let bytes = StateSnapshot.encode(snapshot)
         state.withLock { state in
-            // Written and renamed into place atomically, then the log emptied.
+            // Written and renamed into place atomically, then the log replaced.
             state.snapshot = bytes
-            state.durableLog = DeltaLog.magic
+            state.durableLog = DeltaLog.magic + records
             state.pendingLog = []
             state.syncs += 1
         }

@@ -314,9 +314,9 @@ public final class StateSyncNode: Sendable {
                     "cannot save the member list; after a restart it is relearned from peers, and deletions are not collected until it is",
                     metadata: ["error": "\(error)"])
             }
-        case .compact(let snapshot):
+        case .compact(let snapshot, let records):
             do {
-                try storage.compact(snapshot)
+                try storage.compact(snapshot, keeping: records)
             } catch {
                 return .compactionFailed("\(error)")
             }
@@ -553,8 +553,8 @@ public final class StateSyncNode: Sendable {
     package func finishStop() {
         flushLog()
         do {
-            let snapshot = state.withLock { $0.machine.snapshot }
-            try storage.compact(snapshot)
+            let (snapshot, records) = state.withLock { ($0.machine.snapshot, $0.machine.recordsAboveGaps) }
+            try storage.compact(snapshot, keeping: records)
             logger.info("node stopped; snapshot written")
         } catch {
             logger.error("node stopped but the snapshot could not be written; the log keeps every write: \(error)")

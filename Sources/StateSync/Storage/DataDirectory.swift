@@ -17,9 +17,9 @@ import Synchronization
 /// Thread safety: the log is opened by ``recover(onCorruptSnapshot:)`` and then used by one
 /// thread at a time (the node's I/O thread, then the task stopping it).
 package final class DataDirectory: NodeStorage, @unchecked Sendable {
-    // Unchecked: `log` is set once by `recover` before the node's I/O thread starts and from then
-    // on used only by the thread performing the node's actions (one at a time, handed over at
-    // stop); every other member is immutable or atomic.
+    // Unchecked: `log` is set by `recover` before the node's I/O thread starts and from then on
+    // used (and replaced by `compact`) only by the thread performing the node's actions (one at a
+    // time, handed over at stop); every other member is immutable or atomic.
     let path: String
     private let lockDescriptor: Int32
     private let locked = Atomic<Bool>(true)
@@ -152,11 +152,18 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         try openedLog().sync()
     }
 
-    package func compact(_ snapshot: StateSnapshot) throws(StateSyncError) {
+    package func compact(_ snapshot: StateSnapshot, keeping records: [UInt8]) throws(StateSyncError) {
         let log = try openedLog()
         try log.sync()
         try writeSnapshot(snapshot)
-        try log.reset()
+        guard !records.isEmpty else {
+            try log.reset()
+            return
+        }
+        // A new log with the records, renamed over the old one: a crash leaves the old log (whose
+        // records the snapshot holds: replayed, they change nothing) or the new one.
+        try writeFileAtomically(DeltaLog.magic + records, named: Self.logName)
+        self.log = try openLog()
     }
 
     private func openedLog() throws(StateSyncError) -> DeltaLog {

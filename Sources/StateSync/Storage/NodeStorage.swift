@@ -11,8 +11,9 @@ package protocol NodeStorage: AnyObject, Sendable {
     func append(_ records: [UInt8]) throws(StateSyncError)
     /// Makes everything appended durable.
     func sync() throws(StateSyncError)
-    /// Syncs the log, writes `snapshot` durably (atomically), then empties the log.
-    func compact(_ snapshot: StateSnapshot) throws(StateSyncError)
+    /// Syncs the log, writes `snapshot` durably (atomically), then replaces the log with one
+    /// holding only `records` (encoded log records, usually none), atomically.
+    func compact(_ snapshot: StateSnapshot, keeping records: [UInt8]) throws(StateSyncError)
     /// Writes the member list (``Membership/encodeFile(_:)``) durably and atomically.
     func saveMembers(_ bytes: [UInt8]) throws(StateSyncError)
     /// Records durably and atomically, with the OS's boot id, that own sequence numbers through

@@ -210,4 +210,26 @@ struct VoidSequenceMachineTests {
         let cursors = Self.cursors(node, watch: 8, from: before)
         #expect(cursors.last?["n1"] == 5, "resumed at 1: 2 and 4 replayed, 3 void, 5 live: \(cursors)")
     }
+
+    /// A compaction keeps a peer's deltas held above a gap in the log (11.5 item 6): the snapshot
+    /// says only "n1 through 2", so without them a restart would forget it holds n1's 4, and
+    /// could not return it to n1 settling after a power loss. Restarted from the snapshot and the
+    /// kept records, the node knows 4 again and serves it.
+    @Test func aCompactionKeepsTheDeltasHeldAboveAGap() throws {
+        var node = Self.peerMissing3()
+        node.machine.compact()
+        guard case .compact(let snapshot, let records)? = node.machine.actions.last else {
+            Issue.record("no compaction asked for")
+            return
+        }
+        let kept = try DeltaLog.parse(DeltaLog.magic + records, path: "kept").deltas
+        #expect(kept == [RepairMachineTests.delta("n1", 4)])
+        #expect(snapshot.progress["n1"] == 2)
+        var restarted = MachineRunner(
+            node.machine.configuration, recovery: NodeMachine.Recovery(snapshot: snapshot, deltas: kept))
+        #expect(restarted.machine.origins["n1"]?.contiguous == 2)
+        #expect(restarted.machine.origins["n1"]?.above == [4])
+        #expect(restarted.machine.history["n1"]?[4] == RepairMachineTests.delta("n1", 4), "served to a FETCH")
+        #expect(restarted.machine.status(now: restarted.now).missingDeltas == 1, "3 is still missing")
+    }
 }

@@ -292,6 +292,50 @@ struct SimulatedEarlyPublishTests {
         #expect(cluster.run(for: 10_000, stoppingWhen: SimulatedRepairTests.quiet))
     }
 
+    /// n2 holds n1's write 3 above a gap (it missed 2 and can ask no one for it), compacts its
+    /// log and restarts; then n1 loses power before its sync, which takes 2 and 3 from its log.
+    /// The compaction kept 3 in n2's log, so n2 returns it to n1's settling: n1 takes it back,
+    /// declares 2 void, and every node ends with write 3, then numbers its next write 4. (Before,
+    /// the compaction made n2 forget it held 3: n1 numbered its next write 2 again, and n2 kept
+    /// write 3's value where the others had write 1's.)
+    @Test func aDeltaAPeerHoldsAboveAGapOutlivesItsCompaction() async throws {
+        let (cluster, writer) = try await Self.intervalCluster(nodes: 3, seed: 19)
+        // n2 compacts at every repair round.
+        cluster.reconfigure(1) { $0.compactBytes = 50 }
+        cluster.crash(1)
+        try cluster.restart(1)
+        writer.count = 1
+        #expect(
+            cluster.run(for: 1500) {
+                $0.nodes[0].disk.unsyncedBytes == 0 && Self.count($0, 1) == .int(1) && Self.count($0, 2) == .int(1)
+            })
+        let cut = [("n1", "n3"), ("n2", "n1"), ("n2", "n3"), ("n1", "n2")]
+        for (from, to) in cut { cluster.network.setConditions(.init(delay: 1...1, loss: 1), from: from, to: to) }
+        writer.count = 2
+        cluster.run(for: 5)
+        cluster.network.setConditions(nil, from: "n1", to: "n2")
+        writer.count = 3
+        #expect(cluster.run(for: 100) { Self.count($0, 1) == .int(3) })
+        cluster.run(for: 200)  // repair rounds: n2 compacts while it misses 2
+        #expect(cluster.nodes[1].disk.syncCount > 0, "compacted")
+        cluster.crash(1, tornBytes: cluster.nodes[1].disk.unsyncedBytes)  // a process crash
+        try cluster.restart(1)
+        #expect(Self.count(cluster, 1) == .int(3))
+        #expect(cluster.nodes[1].host?.status.missingDeltas == 1, "n2 still knows it holds 3 and misses 2")
+        cluster.crash(0, powerLoss: true)
+        try cluster.restart(0)
+        #expect(Self.count(cluster, 0) == .int(1), "n1's log lost writes 2 and 3")
+        for (from, to) in cut { cluster.network.setConditions(nil, from: from, to: to) }
+        #expect(cluster.run(for: 10_000, stoppingWhen: SimulatedRepairTests.quiet), "every node ends missing nothing")
+        for index in 0..<3 {
+            #expect(Self.count(cluster, index) == .int(3), "node \(index)")
+        }
+        let again = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        again.count = 4
+        #expect(cluster.run(for: 1000) { Self.count($0, 1) == .int(4) && Self.count($0, 2) == .int(4) })
+        #expect(cluster.nodes[0].host?.status.latestSequence == 4, "numbered after 3")
+    }
+
     /// A process crash (the OS stays up) keeps everything the node wrote to its log, so the
     /// restart has nothing to settle: a new write is numbered at once.
     @Test func afterAProcessCrashNothingIsHeld() async throws {

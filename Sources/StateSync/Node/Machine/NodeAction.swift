@@ -20,8 +20,10 @@ package enum NodeAction: Sendable {
     /// void (section 11.2), which a restart must still know. A failure stops the node, as a
     /// failed sync does.
     case reserveSequences(through: UInt64, void: [ClosedRange<UInt64>])
-    /// Write `snapshot` durably as the state snapshot (after syncing the log), then empty the log.
-    case compact(StateSnapshot)
+    /// Write `snapshot` durably as the state snapshot (after syncing the log), then replace the
+    /// log with one holding only `keeping` (log records: the deltas received above a gap,
+    /// ``NodeMachine/recordsAboveGaps``).
+    case compact(StateSnapshot, keeping: [UInt8])
     /// Write the member list (a members file, ``Membership/encodeFile(_:)``) durably, before
     /// the actions that follow. A failure is logged: the list is relearned from peers.
     case saveMembers([UInt8])

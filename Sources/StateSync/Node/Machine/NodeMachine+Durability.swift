@@ -313,9 +313,31 @@ extension NodeMachine {
     /// merged peer snapshot, and at stop).
     mutating func compact() {
         // Everything appended so far is in the snapshot: once written, it is durable.
-        actions.append(.compact(snapshot))
-        durability.logSize = DeltaLog.magic.count
+        let kept = recordsAboveGaps
+        actions.append(.compact(snapshot, keeping: kept))
+        durability.logSize = DeltaLog.magic.count + kept.count
         durability.compactionPending = false
+    }
+
+    /// The log records a compaction keeps: the peers' deltas this node holds above a gap (from
+    /// their history), in origin and sequence order. A snapshot's progress is a contiguous mark
+    /// per origin, so without them a restart would forget it holds these; kept in the log, the
+    /// restart replays them (changing nothing in the state) and knows them again. A peer's
+    /// settling after a power loss asks for exactly such deltas (section 11.2): forgotten, the
+    /// settling node could reuse a number whose old values this node keeps, or declare it void.
+    /// At most a quarter of `storage.compact_bytes` (at least 64 KiB), so a compaction shrinks
+    /// the log (a gap that long is repaired, or filled by a snapshot, in time).
+    var recordsAboveGaps: [UInt8] {
+        var batch = DeltaLog.Batch()
+        let budget = max(configuration.compactBytes / 4, 64 << 10)
+        for origin in origins.keys.sorted() where origin != configuration.nodeID {
+            guard let progress = origins[origin], !progress.above.isEmpty, let held = history[origin] else { continue }
+            for sequence in progress.above.sorted() {
+                guard batch.bytes.count < budget else { return batch.bytes }
+                if let delta = held[sequence] { batch.add(delta) }
+            }
+        }
+        return batch.bytes
     }
 
     /// Publishes durable local writes, in order: consecutive deltas of one model as one DELTA
