@@ -14,7 +14,7 @@ import ZeroMQ
 /// in ``SocketFactory`` with explicit linger and high-water marks.
 ///
 /// A round of the loop: poll (until the node's next deadline, or a wake-up), feed the node every
-/// message that arrived (at most ``batchLimit`` per socket, and for at most ``sourceBudget``
+/// message that arrived (at most ``batchLimit`` per socket, and for at most ``turnBudget``
 /// nanoseconds when something waits for the tick), then a tick — which also makes the turn's local writes durable and published
 /// (group commit; a long queue of a model's writes is taken in full rounds, each synced at once).
 package final class ZeroMQNodeDriver: NodeDriver {
@@ -27,16 +27,17 @@ package final class ZeroMQNodeDriver: NodeDriver {
     /// How many messages one socket may deliver before the loop looks at the others.
     static let batchLimit = 512
 
-    /// How long one socket may keep delivering, once something waits for the tick
-    /// (``StateSyncNode/awaitsTick``), before the loop looks at the others and ends the turn. A
-    /// count alone does not bound a turn: with `storage.fsync: interval` a SET is answered as it
+    /// How long a turn may go on reading sockets once something waits for its tick
+    /// (``StateSyncNode/awaitsTick``): past it, the turn ends after the message in hand (the
+    /// sockets it did not get to are read first in the next turn). A count alone does not bound
+    /// a turn: with `storage.fsync: interval` a SET is answered as it
     /// is taken, so a client with writes in flight sends the next ones while the turn goes on,
     /// and the socket never runs dry. The turn then took ``batchLimit`` SETs before its tick
     /// published any of them: at 15 k writes a second, 34 ms and more (the peers bench saw 43 ms
     /// silences on node 1's PUB socket while its acknowledgements went on). Not for a node that
     /// only applies peers' deltas: a tick after every millisecond of heavy batches cost the
     /// 8-property transactions of `statesync bench` about 4 %.
-    static let sourceBudget: UInt64 = 1_000_000
+    static let turnBudget: UInt64 = 1_000_000
 
     package init(configuration: NodeConfiguration, logger: Logger) {
         self.configuration = configuration
@@ -131,6 +132,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
     private func run(_ node: StateSyncNode, _ transport: ZeroMQTransport) {
         var poller = transport.makePoller(wakeUp: wakeUp.fileDescriptor)
         var refusalHandled = false
+        var turns = 0
         while true {
             if stopRequested.load(ordering: .acquiring) {
                 node.process(.stop, now: MonotonicClock.milliseconds(), via: transport)
@@ -166,11 +168,20 @@ package final class ZeroMQNodeDriver: NodeDriver {
                 return
             }
             if ready[0].contains(.readable) { wakeUp.drain() }
-            for (index, source) in transport.polled.enumerated() where ready[index + 1].contains(.readable) {
+            let sources = transport.polled
+            // Each turn starts at the next source: a turn cut short by ``turnBudget`` leaves the
+            // sources after the one that used it up for the next turn, which reads them first.
+            let first = sources.isEmpty ? 0 : turns % sources.count
+            turns &+= 1
+            let turnStarted = MonotonicClock.nanoseconds()
+            var turnOver = false
+            for step in sources.indices {
+                let index = (first + step) % sources.count
+                guard ready[index + 1].contains(.readable) else { continue }
                 // (Links changed while handling an earlier source: the next round re-polls.)
-                if transport.pollerChanged { break }
+                if transport.pollerChanged || turnOver { break }
+                let source = sources[index]
                 if case .subscriber(let peer, _) = source { transport.heard(from: peer) }
-                let sourceStarted = MonotonicClock.nanoseconds()
                 for _ in 0..<Self.batchLimit {
                     guard let (frames, userID) = transport.receive(from: source) else { break }
                     let input: NodeInput
@@ -194,7 +205,10 @@ package final class ZeroMQNodeDriver: NodeDriver {
                     // A message can change the links (a member joined or left): its socket may
                     // be closed now, and the poll set is rebuilt before anything else is read.
                     if transport.pollerChanged { break }
-                    if MonotonicClock.nanoseconds() &- sourceStarted >= Self.sourceBudget, node.awaitsTick { break }
+                    if MonotonicClock.nanoseconds() &- turnStarted >= Self.turnBudget, node.awaitsTick {
+                        turnOver = true
+                        break
+                    }
                 }
             }
         }

@@ -91,6 +91,17 @@ public struct Delta: Sendable, Equatable {
     var needsVersion2: Bool { properties.contains { $0.isDeletion || $0.timeToLive > 0 } }
 }
 
+extension Delta: CustomReflectable {
+    /// The fields, as a struct's would be (`dump`, test failures, log lines that print a delta).
+    public var customMirror: Mirror {
+        Mirror(
+            self,
+            children: [
+                "channel": channel, "model": model, "version": version, "sequence": sequence, "properties": properties,
+            ])
+    }
+}
+
 /// One property of a ``Delta``: a new value (possibly expiring), or a deletion.
 ///
 /// A write with the empty name is the deletion of the whole model

@@ -161,9 +161,15 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
             return
         }
         // A new log with the records, renamed over the old one: a crash leaves the old log (whose
-        // records the snapshot holds: replayed, they change nothing) or the new one.
-        try writeFileAtomically(DeltaLog.magic + records, named: Self.logName)
-        self.log = try openLog()
+        // records the snapshot holds: replayed, they change nothing) or the new one. It is opened
+        // before the rename, so that from the rename on the node appends to the file that holds
+        // the name, whatever fails after (a failure before it leaves the old log in use).
+        let file = path + "/" + Self.logName
+        let temporary = try writeAside(DeltaLog.magic + records, named: Self.logName)
+        let replacement = try DeltaLog(path: file, openingAt: temporary)
+        guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
+        self.log = replacement
+        try syncDirectory()
     }
 
     private func openedLog() throws(StateSyncError) -> DeltaLog {
@@ -200,7 +206,14 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
     /// over the old one, the directory fsynced — a crash leaves the old file or the new one.
     func writeFileAtomically(_ bytes: [UInt8], named name: String) throws(StateSyncError) {
         let file = path + "/" + name
-        let temporary = file + ".tmp"
+        let temporary = try writeAside(bytes, named: name)
+        guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
+        try syncDirectory()
+    }
+
+    /// Writes `bytes` as the temporary file of `name` (`name.tmp`), fsynced; returns its path.
+    private func writeAside(_ bytes: [UInt8], named name: String) throws(StateSyncError) -> String {
+        let temporary = path + "/" + name + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw Self.ioError("open", temporary) }
         var written = 0
@@ -218,8 +231,7 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
             throw Self.ioError("fsync", temporary)
         }
         Glibc.close(fd)
-        guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
-        try syncDirectory()
+        return temporary
     }
 
     /// Makes the directory's entries (a rename) durable.

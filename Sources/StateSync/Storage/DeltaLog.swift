@@ -55,12 +55,13 @@ package final class DeltaLog: @unchecked Sendable {
         package var end = 0
     }
 
-    /// Opens (creating when missing) the log at `path` and recovers its records.
-    init(path: String) throws(StateSyncError) {
+    /// Opens (creating when missing) the log at `path`, or the file at `location` that is about
+    /// to be renamed to `path` (a compaction's new log).
+    init(path: String, openingAt location: String? = nil) throws(StateSyncError) {
         self.path = path
         // Written at `size` with pwrite (not O_APPEND): the file may be preallocated past it.
-        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
-        guard fd >= 0 else { throw Self.error("open", path) }
+        let fd = open(location ?? path, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
+        guard fd >= 0 else { throw Self.error("open", location ?? path) }
         descriptor = fd
         size = Int(lseek(fd, 0, SEEK_END))
         allocated = size

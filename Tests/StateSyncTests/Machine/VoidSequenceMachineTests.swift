@@ -232,4 +232,20 @@ struct VoidSequenceMachineTests {
         #expect(restarted.machine.history["n1"]?[4] == RepairMachineTests.delta("n1", 4), "served to a FETCH")
         #expect(restarted.machine.status(now: restarted.now).missingDeltas == 1, "3 is still missing")
     }
+
+    /// Kept records do not count towards the next compaction: with more of them than
+    /// `storage.compact_bytes`, a node compacts once, not at every repair round while the gap
+    /// lasts.
+    @Test func keptRecordsDoNotMakeTheNodeCompactAgain() {
+        var configuration = MachineRunner.configuration("n4", peers: ["n1"])
+        configuration.compactBytes = 4096
+        var node = MachineRunner(configuration)
+        node.handle(.peerMessage(peer: "inproc://n1", frames: RepairMachineTests.heartbeat("n1", latest: 0)))
+        for sequence: UInt64 in [1] + Array(3...200) { Self.live(&node, sequence) }
+        node.advance(60)
+        #expect(node.compactions == 1)
+        #expect(node.machine.durability.keptBytes > 4096, "every delta above the gap at 2 kept")
+        for _ in 0..<5 { node.advance(60) }
+        #expect(node.compactions == 1, "not again while 2 is missing")
+    }
 }

@@ -23,8 +23,14 @@ extension NodeMachine {
         /// The position of the sync asked for and not yet reported: one at a time, so writes
         /// that arrive while it runs share the next one (group commit).
         var syncRequested: UInt64?
-        /// The size of the log file (for compaction).
+        /// The size of the log file, and of the records the last compaction kept in it: the log is
+        /// compacted when what was appended since passes `storage.compact_bytes` (kept records
+        /// alone never make it compact again).
         var logSize = 0
+        var keptBytes = 0
+
+        /// The log bytes appended since the last compaction.
+        var grownBytes: Int { logSize - keptBytes }
         /// When the log was last synced (for `storage.fsync: interval`).
         var lastSync: UInt64 = 0
         /// A compaction failed: it is retried at a later repair round.
@@ -303,7 +309,9 @@ extension NodeMachine {
         pumpWatches()
         // Not while a sync runs (a host that syncs later): the compaction would empty the log
         // under it.
-        if durability.logSize > configuration.compactBytes, durability.staged.isEmpty, durability.syncRequested == nil {
+        if durability.grownBytes > configuration.compactBytes, durability.staged.isEmpty,
+            durability.syncRequested == nil
+        {
             compact()
         }
         if stopping { leaveIfDrained() }
@@ -316,6 +324,7 @@ extension NodeMachine {
         let kept = recordsAboveGaps
         actions.append(.compact(snapshot, keeping: kept))
         durability.logSize = DeltaLog.magic.count + kept.count
+        durability.keptBytes = kept.count
         durability.compactionPending = false
     }
 
@@ -325,12 +334,15 @@ extension NodeMachine {
     /// restart replays them (changing nothing in the state) and knows them again. A peer's
     /// settling after a power loss asks for exactly such deltas (section 11.2): forgotten, the
     /// settling node could reuse a number whose old values this node keeps, or declare it void.
-    /// At most a quarter of `storage.compact_bytes` (at least 64 KiB), so a compaction shrinks
-    /// the log (a gap that long is repaired, or filled by a snapshot, in time).
+    /// Records are taken until they pass a quarter of `storage.compact_bytes` (at least 64 KiB;
+    /// the last one may go past it): a gap that long is repaired, or filled by a snapshot, in
+    /// time. Kept records do not count towards the next compaction. A forgotten member's are
+    /// not kept: nothing will fill the gap below them.
     var recordsAboveGaps: [UInt8] {
         var batch = DeltaLog.Batch()
         let budget = max(configuration.compactBytes / 4, 64 << 10)
         for origin in origins.keys.sorted() where origin != configuration.nodeID {
+            if membership.members[origin]?.state == .forgotten { continue }
             guard let progress = origins[origin], !progress.above.isEmpty, let held = history[origin] else { continue }
             for sequence in progress.above.sorted() {
                 guard batch.bytes.count < budget else { return batch.bytes }

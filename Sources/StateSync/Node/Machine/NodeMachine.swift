@@ -383,7 +383,7 @@ package struct NodeMachine: Sendable {
             // Received deltas alone also grow the log; a merged snapshot is only durable once it
             // is in the snapshot file.
             if durability.staged.isEmpty, durability.replies.isEmpty, durability.syncRequested == nil,
-                durability.logSize > configuration.compactBytes || repair.mergedSnapshot
+                durability.grownBytes > configuration.compactBytes || repair.mergedSnapshot
                     || durability.compactionPending
             {
                 compact()
