@@ -544,6 +544,8 @@ public struct ReplicaStore: Sendable {
             modify(address) { model in
                 let liveBefore = model.live
                 defer { context.noteLiveness(before: liveBefore, after: model.live) }
+                // A model new here (a joiner's): room for all its registers at once.
+                if model.registers.isEmpty { model.registers.reserveCapacity(registers.count - index) }
                 while index < registers.count, !registers[index].name.isEmpty {
                     let (name, register) = registers[index]
                     if Self.mergeRegister(name, register, into: &model, context: &context) != nil {

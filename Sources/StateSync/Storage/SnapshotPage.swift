@@ -12,14 +12,15 @@ package struct SnapshotPage: Sendable {
     /// Per origin, through which sequence number the transfer includes its deltas (first page
     /// only; empty on later pages).
     package var progress: [String: UInt64]
-    /// The page's models, in (channel, model) order, with all their registers.
-    package var models: [(ModelAddress, [String: ReplicaStore.Register])]
+    /// The page's models, in (channel, model) order, with all their registers in ascending name
+    /// order, each name once.
+    package var models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])]
     /// The cursor of the next page (the last model of this one), or `nil` on the last page.
     package var next: ModelAddress?
 
     package init(
         latestSequence: UInt64, progress: [String: UInt64],
-        models: [(ModelAddress, [String: ReplicaStore.Register])], next: ModelAddress?
+        models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])], next: ModelAddress?
     ) {
         self.latestSequence = latestSequence
         self.progress = progress
@@ -111,10 +112,22 @@ package struct SnapshotPage: Sendable {
         var reader = try StateSnapshot.checkedBody(bytes, magic: magic, what: "snapshot page")
         let latest = try reader.varint("latest sequence")
         let progress = try StateSnapshot.readProgress(&reader)
-        var models: [(ModelAddress, [String: ReplicaStore.Register])] = []
+        var models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])] = []
         for _ in 0..<(try reader.count("model count", minimumItemSize: 3)) {
-            var registers: [String: ReplicaStore.Register] = [:]
-            let address = try StateSnapshot.readModel(&reader) { _, name, register in registers[name] = register }
+            // As they come: a server writes them in ascending name order (the merge relies on an
+            // order for its deliveries). Anything else is put in that order, the last of a name
+            // kept, as a dictionary of them would.
+            var registers: [(name: String, register: ReplicaStore.Register)] = []
+            var ordered = true
+            let address = try StateSnapshot.readModel(&reader) { _, name, register in
+                if ordered, let last = registers.last?.name, !(last < name) { ordered = false }
+                registers.append((name, register))
+            }
+            if !ordered {
+                var byName: [String: ReplicaStore.Register] = [:]
+                for (name, register) in registers { byName[name] = register }
+                registers = byName.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) }
+            }
             models.append((address, registers))
         }
         let next = try readCursor(&reader, field: "more")

@@ -469,14 +469,20 @@ extension NodeMachine {
     /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
     /// covers. Returns the channels it changed.
     mutating func merge(_ snapshot: StateSnapshot) -> Set<String> {
-        let changed = mergeRegisters(snapshot.store.allModels.sorted { SnapshotPage.precedes($0.0, $1.0) })
+        let changed = mergeRegisters(
+            snapshot.store.allModels.sorted { SnapshotPage.precedes($0.0, $1.0) }.map { address, registers in
+                (address, registers.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) })
+            })
         coverSnapshotProgress(snapshot.progress)
         return changed
     }
 
     /// Merges registers of a peer's snapshot (or page) through last-writer-wins, delivering
-    /// what won to live models. Returns the channels it changed.
-    mutating func mergeRegisters(_ models: [(ModelAddress, [String: ReplicaStore.Register])]) -> Set<String> {
+    /// what won to live models. Each model's registers come in ascending name order, each name
+    /// once (``SnapshotPage/models``). Returns the channels it changed.
+    mutating func mergeRegisters(
+        _ models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])]
+    ) -> Set<String> {
         var changed = Set<String>()
         var deliveries: [ModelDelivery] = []
         var refused = 0
@@ -491,15 +497,14 @@ extension NodeMachine {
             }
             var sets: [ModelRegistrar.RemoteWriteSet] = []
             var newest: Version?
-            var valid: [(name: String, register: ReplicaStore.Register)] = []
-            valid.reserveCapacity(registers.count)
-            for (name, register) in registers.sorted(by: { $0.key < $1.key }) {
-                // The empty name is the model's deletion, which only a deletion may carry.
-                if name.isEmpty ? !register.isDeleted : (try? Names.validateProperty(name)) == nil {
-                    refused += 1
-                    continue
-                }
-                valid.append((name, register))
+            // The empty name is the model's deletion, which only a deletion may carry.
+            func invalid(_ entry: (name: String, register: ReplicaStore.Register)) -> Bool {
+                entry.name.isEmpty ? !entry.register.isDeleted : (try? Names.validateProperty(entry.name)) == nil
+            }
+            var valid = registers  // the usual case: no copy
+            if let first = registers.firstIndex(where: invalid) {
+                valid = Array(registers[..<first]) + registers[first...].filter { !invalid($0) }
+                refused += registers.count - valid.count
             }
             // One look-up of the model for all its registers; what a live model is sent is built
             // only when one is attached.
