@@ -648,10 +648,12 @@ extension StateSyncCLI {
                     status.collectedThrough == 0
                     ? "none collected yet"
                     : "collected through \(status.collectedThrough >> 16).\(status.collectedThrough & 0xFFFF)"
-                // A member's id, or the endpoint of a peer not heard from yet (just started).
+                // A member's id, or the endpoint of a peer not heard from yet (just started). The
+                // node works this out once a heartbeat interval: the peer may be connected by now.
                 let heldBy = status.collectionHeldBy.map { holder in
                     holder.contains("://")
-                        ? " (held back until the peer at \(holder) is heard from)" : " (held back by \(holder))"
+                        ? " (held back: the peer at \(holder) was not heard from yet at the last check)"
+                        : " (held back by \(holder))"
                 }
                 emit("deletions: \(status.tombstones) held, \(horizon)\(heldBy ?? "")")
                 let alive = status.members.filter { $0.state == "alive" }.count

@@ -29,41 +29,40 @@ public struct Delta: Sendable, Equatable {
     /// The channel the model belongs to.
     public var channel: String {
         get { fields.channel }
-        set {
-            fields = Fields(
-                channel: newValue, model: model, version: version, sequence: sequence, properties: properties)
-        }
+        set { change { $0.channel = newValue } }
     }
     /// The model's id within its channel.
     public var model: String {
         get { fields.model }
-        set {
-            fields = Fields(
-                channel: channel, model: newValue, version: version, sequence: sequence, properties: properties)
-        }
+        set { change { $0.model = newValue } }
     }
     /// The version of every property in this delta; its `node` is the writer.
     public var version: Version {
         get { fields.version }
-        set {
-            fields = Fields(
-                channel: channel, model: model, version: newValue, sequence: sequence, properties: properties)
-        }
+        set { change { $0.version = newValue } }
     }
     /// The writer's sequence number: 1, 2, 3, … per origin, without gaps, in publish order.
     public var sequence: UInt64 {
         get { fields.sequence }
-        set {
-            fields = Fields(
-                channel: channel, model: model, version: version, sequence: newValue, properties: properties)
-        }
+        set { change { $0.sequence = newValue } }
     }
     /// The properties written, with their new values.
     public var properties: [PropertyWrite] {
         get { fields.properties }
-        set {
-            fields = Fields(channel: channel, model: model, version: version, sequence: sequence, properties: newValue)
-        }
+        set { change { $0.properties = newValue } }
+    }
+
+    private typealias AllFields = (
+        channel: String, model: String, version: Version, sequence: UInt64, properties: [PropertyWrite]
+    )
+
+    /// A setter's work: new fields, with what `body` changes.
+    private mutating func change(_ body: (inout AllFields) -> Void) {
+        var all = (channel: channel, model: model, version: version, sequence: sequence, properties: properties)
+        body(&all)
+        fields = Fields(
+            channel: all.channel, model: all.model, version: all.version, sequence: all.sequence,
+            properties: all.properties)
     }
 
     /// A delta of `properties` of `channel`/`model`, at `version`, numbered `sequence` by its writer.
