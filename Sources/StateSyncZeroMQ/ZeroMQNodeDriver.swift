@@ -15,8 +15,9 @@ import ZeroMQ
 ///
 /// A round of the loop: poll (until the node's next deadline, or a wake-up), feed the node every
 /// message that arrived (at most ``batchLimit`` per socket, and for at most ``turnBudget``
-/// nanoseconds when something waits for the tick), then a tick — which also makes the turn's local writes durable and published
-/// (group commit; a long queue of a model's writes is taken in full rounds, each synced at once).
+/// nanoseconds when something waits for the tick), then a tick — which also makes the turn's
+/// local writes durable and published (group commit; a long queue of a model's writes is taken
+/// in full rounds, each synced at once).
 package final class ZeroMQNodeDriver: NodeDriver {
     let configuration: NodeConfiguration
     let logger: Logger
@@ -28,11 +29,10 @@ package final class ZeroMQNodeDriver: NodeDriver {
     static let batchLimit = 512
 
     /// How long a turn may go on reading sockets once something waits for its tick
-    /// (``StateSyncNode/awaitsTick``): past it, the turn ends after the message in hand (the
-    /// sockets it did not get to are read first in the next turn). A count alone does not bound
-    /// a turn: with `storage.fsync: interval` a SET is answered as it
-    /// is taken, so a client with writes in flight sends the next ones while the turn goes on,
-    /// and the socket never runs dry. The turn then took ``batchLimit`` SETs before its tick
+    /// (``StateSyncNode/awaitsTick``): past it, the turn ends after the message in hand. A count
+    /// alone does not bound a turn: with `storage.fsync: interval` a SET is answered as it is
+    /// taken, so a client with writes in flight sends the next ones while the turn goes on, and
+    /// the socket never runs dry. The turn then took ``batchLimit`` SETs before its tick
     /// published any of them: at 15 k writes a second, 34 ms and more (the peers bench saw 43 ms
     /// silences on node 1's PUB socket while its acknowledgements went on). Not for a node that
     /// only applies peers' deltas: a tick after every millisecond of heavy batches cost the
@@ -169,8 +169,8 @@ package final class ZeroMQNodeDriver: NodeDriver {
             }
             if ready[0].contains(.readable) { wakeUp.drain() }
             let sources = transport.polled
-            // Each turn starts at the next source: a turn cut short by ``turnBudget`` leaves the
-            // sources after the one that used it up for the next turn, which reads them first.
+            // Each turn starts one source further than the last, so turns cut short by
+            // ``turnBudget`` do not always leave the same sources unread.
             let first = sources.isEmpty ? 0 : turns % sources.count
             turns &+= 1
             let turnStarted = MonotonicClock.nanoseconds()
@@ -575,6 +575,7 @@ package enum MonotonicClock {
         return UInt64(spec.tv_sec) * 1000 + UInt64(spec.tv_nsec) / 1_000_000
     }
 
+    /// The monotonic clock in nanoseconds (a turn's budget is under a millisecond).
     package static func nanoseconds() -> UInt64 {
         var spec = timespec()
         clock_gettime(CLOCK_MONOTONIC, &spec)
