@@ -53,7 +53,8 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var fsync: FsyncPolicy
     /// With ``FsyncPolicy/interval``: how often the log is synced.
     public var fsyncIntervalMilliseconds: Int
-    /// The log is compacted into the snapshot when it grows past this many bytes.
+    /// The log is compacted into the snapshot when it grew by more than this many bytes since
+    /// the last compaction (the records that compaction kept do not count).
     public var compactBytes: Int
     /// Local writes are refused (client SETs get ERROR 9) while the data directory's file system
     /// has less free space than this; reads, watches and repairs go on.
