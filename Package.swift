@@ -45,6 +45,14 @@ let package = Package(
             dependencies: ["CZeroMQ"],
             swiftSettings: strictSettings
         ),
+        // Child processes started with posix_spawn (the harness's daemons, the bench's nodes, the
+        // tests' children): Foundation's Process.run() crashes intermittently on Linux.
+        .target(name: "CProcessSpawn"),
+        .target(
+            name: "ChildProcesses",
+            dependencies: ["CProcessSpawn"],
+            swiftSettings: strictSettings
+        ),
         // The @Replicated macro: syntax in, calls into ModelRegistrar out.
         .macro(
             name: "StateSyncMacros",
@@ -105,14 +113,16 @@ let package = Package(
         // The multi-node convergence harness (`statesync harness`): real daemons, real faults.
         .target(
             name: "StateSyncHarness",
-            dependencies: ["StateSync", "StateSyncZeroMQ", "StateSyncClient", "StateSyncTesting", "ZeroMQ"],
+            dependencies: [
+                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "StateSyncTesting", "ZeroMQ", "ChildProcesses",
+            ],
             swiftSettings: strictSettings
         ),
         // `statesync bench`: the whole path measured against raw libzmq in the same run.
         .target(
             name: "StateSyncBench",
             dependencies: [
-                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness",
+                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "ZeroMQ", "StateSyncHarness", "ChildProcesses",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: strictSettings
@@ -146,6 +156,11 @@ let package = Package(
             swiftSettings: strictSettings
         ),
         .testTarget(
+            name: "ChildProcessesTests",
+            dependencies: ["ChildProcesses"],
+            swiftSettings: strictSettings
+        ),
+        .testTarget(
             name: "ZeroMQTests",
             dependencies: ["ZeroMQ"],
             swiftSettings: strictSettings
@@ -175,7 +190,8 @@ let package = Package(
         .testTarget(
             name: "IntegrationTests",
             dependencies: [
-                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "StateSyncHarness", "statesyncd", "statesync",
+                "StateSync", "StateSyncZeroMQ", "StateSyncClient", "StateSyncHarness", "ChildProcesses", "statesyncd",
+                "statesync",
             ],
             swiftSettings: strictSettings
         ),

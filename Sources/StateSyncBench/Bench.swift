@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import Logging
 public import StateSync
@@ -326,8 +327,8 @@ public enum Bench {
         var result = try reader.readerReport()
         (result.written, result.writerCPUSeconds) = writer.wrote()
         writer.say("STOP")
-        reader.process.waitUntilExit()
-        writer.process.waitUntilExit()
+        _ = reader.process.waitUntilExit()
+        _ = writer.process.waitUntilExit()
         return result
     }
 
@@ -359,19 +360,20 @@ public enum Bench {
 
     /// A `statesync bench-node` process: its output read line by line, its input written to.
     final class NodeProcess {
-        let process = Process()
+        let process: SpawnedProcess
         let lines: LineReader
         private let input: FileHandle
 
         init(executable: String, arguments: [String]) throws {
-            process.executableURL = URL(fileURLWithPath: executable)
-            process.arguments = arguments
             let output = Pipe()
             let input = Pipe()
-            process.standardOutput = output
-            process.standardInput = input
-            process.standardError = FileHandle.nullDevice
-            try process.run()
+            process = try SpawnedProcess(
+                executable: executable, arguments: arguments, environment: ProcessInfo.processInfo.environment,
+                standardInput: .descriptor(input.fileHandleForReading.fileDescriptor),
+                standardOutput: .descriptor(output.fileHandleForWriting.fileDescriptor), standardError: .null)
+            // The child has its own ends: close ours, so its exit ends our reads.
+            try? output.fileHandleForWriting.close()
+            try? input.fileHandleForReading.close()
             lines = LineReader(output.fileHandleForReading)
             self.input = input.fileHandleForWriting
         }
@@ -380,9 +382,8 @@ public enum Bench {
 
         /// Stops it if it still runs (a run that failed half-way).
         func kill() {
-            guard process.isRunning else { return }
-            Glibc.kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
+            process.signal(SIGKILL)
+            _ = process.waitUntilExit()
         }
 
         /// The writer's count of changes made and its CPU seconds over them (its `WROTE n CPU s`

@@ -67,7 +67,7 @@ extension Bench {
         let written = started[0].wrote().count
         let results = try started.dropFirst().map { try $0.readerReport() }
         started[0].say("STOP")
-        for node in started { node.process.waitUntilExit() }
+        for node in started { _ = node.process.waitUntilExit() }
         return (written, results)
     }
 }

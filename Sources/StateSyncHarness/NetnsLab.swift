@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 
 /// `statesync harness --netns`: every node a separate host in its own network namespace, with its
@@ -41,18 +42,10 @@ final class NetnsLab: Sendable {
     var harnessAddress: String { "10.231.\(subnet).254" }
 
     private func run(_ arguments: [String]) throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: ip)
-        process.arguments = arguments
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = FileHandle.nullDevice
-        try process.run()
-        let message = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
+        let ran = try SpawnedProcess.run(ip, arguments, environment: ProcessInfo.processInfo.environment)
+        guard ran.status == 0 else {
             throw HarnessError(
-                "ip \(arguments.joined(separator: " ")) failed: \(message.trimmingCharacters(in: .whitespacesAndNewlines))"
+                "ip \(arguments.joined(separator: " ")) failed: \(ran.output.trimmingCharacters(in: .whitespacesAndNewlines))"
             )
         }
     }

@@ -1,3 +1,4 @@
+import ChildProcesses
 package import Foundation
 import Synchronization
 
@@ -6,9 +7,7 @@ import Synchronization
 #endif
 
 /// One `statesyncd` process of the harness, restartable on the same data directory.
-package final class NodeProcess: @unchecked Sendable {
-    // Safe: `process` is replaced only by the fault controller task, and read by the same task
-    // or after it finished; Foundation's Process is itself thread-safe for signals and waits.
+package final class NodeProcess: Sendable {
     let name: String
     let api: String
     let publishPort: Int
@@ -17,7 +16,7 @@ package final class NodeProcess: @unchecked Sendable {
     let logPath: String
     /// A command that runs the daemon (e.g. `ip netns exec NS statesyncd`), if not run directly.
     let launcher: (executable: String, arguments: [String])?
-    private let state = Mutex<(process: Process?, paused: Bool, restarts: Int, stdin: FileHandle?)>(
+    private let state = Mutex<(process: SpawnedProcess?, paused: Bool, restarts: Int, stdin: FileHandle?)>(
         (nil, false, 0, nil))
 
     package init(
@@ -34,19 +33,8 @@ package final class NodeProcess: @unchecked Sendable {
     }
 
     package func start() throws {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: launcher?.executable ?? daemonPath)
         // The daemon stops when its standard input ends: the harness holds the pipe's other end,
         // so if the harness dies (even by SIGKILL) its nodes stop instead of running on orphaned.
-        process.arguments = (launcher?.arguments ?? []) + ["--stop-when-stdin-closes"]
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        if !FileManager.default.fileExists(atPath: logPath) {
-            _ = FileManager.default.createFile(atPath: logPath, contents: nil)
-        }
-        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
-        log.seekToEndOfFile()
-        process.standardError = log
-        process.standardOutput = log
         // Both ends close on exec: the node gets the read end as its standard input, and no
         // other child (a node started later) inherits the write end and keeps the pipe open.
         var ends: [Int32] = [0, 0]
@@ -59,9 +47,13 @@ package final class NodeProcess: @unchecked Sendable {
         }
         let readEnd = FileHandle(fileDescriptor: ends[0], closeOnDealloc: true)
         let writeEnd = FileHandle(fileDescriptor: ends[1], closeOnDealloc: true)
-        process.standardInput = readEnd
-        try process.run()
-        try? readEnd.close()  // the node has its own
+        defer { try? readEnd.close() }  // the node has its own
+        let process = try SpawnedProcess(
+            executable: launcher?.executable ?? daemonPath,
+            arguments: (launcher?.arguments ?? []) + ["--stop-when-stdin-closes"],
+            environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            standardInput: .descriptor(ends[0]),
+            standardOutput: .file(logPath, append: true), standardError: .file(logPath, append: true))
         state.withLock {
             $0.process = process
             $0.paused = false
@@ -69,18 +61,18 @@ package final class NodeProcess: @unchecked Sendable {
         }
     }
 
-    var isRunning: Bool { state.withLock { $0.process?.isRunning ?? false } }
+    var isRunning: Bool { state.withLock { $0.process }?.isRunning ?? false }
     /// Whether it was ever started (a late joiner is not, until it joins).
     var wasStarted: Bool { state.withLock { $0.process != nil } }
-    package var pid: Int32? { state.withLock { $0.process?.processIdentifier } }
+    package var pid: Int32? { state.withLock { $0.process?.pid } }
 
     func signal(_ signal: Int32) {
-        if let pid, isRunning { kill(pid, signal) }
+        state.withLock { $0.process }?.signal(signal)
     }
 
     func killHard() {
         signal(SIGKILL)
-        state.withLock { $0.process }?.waitUntilExit()
+        _ = state.withLock { $0.process }?.waitUntilExit()
     }
 
     func pause() {
@@ -99,15 +91,12 @@ package final class NodeProcess: @unchecked Sendable {
     package func stop(timeout: TimeInterval = 15) -> Int32? {
         guard let process = state.withLock({ $0.process }) else { return nil }
         if process.isRunning {
-            kill(process.processIdentifier, SIGCONT)
-            kill(process.processIdentifier, SIGTERM)
+            process.signal(SIGCONT)
+            process.signal(SIGTERM)
             let deadline = Date().addingTimeInterval(timeout)
             while process.isRunning && Date() < deadline { usleep(5000) }
-            if process.isRunning {
-                kill(process.processIdentifier, SIGKILL)
-                process.waitUntilExit()
-            }
+            process.signal(SIGKILL)
         }
-        return process.terminationStatus
+        return process.waitUntilExit()
     }
 }

@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import StateSync
 import StateSyncClient
@@ -81,7 +82,7 @@ struct CLIHabitsTests {
             let filtered = try ChildProcess(
                 "statesync",
                 ["watch", "demo", "--json", "--prefix", "a", "--property", "x", "--no-initial", "--daemon", api])
-            defer { if filtered.isRunning { kill(filtered.process.processIdentifier, SIGKILL) } }
+            defer { filtered.signal(SIGKILL) }
             let node = try StateSyncClient(endpoint: api)
             defer { node.close() }
             try await waitUntil("the filtered watch is registered") { (try? await node.status().watchers) == 1 }
@@ -123,7 +124,7 @@ struct CLIHabitsTests {
             }
             #expect(try await cli(["set", "demo/g", "n=1", "--daemon", api]).status == 0)
             let first = try watcher()
-            defer { if first.isRunning { kill(first.process.processIdentifier, SIGKILL) } }
+            defer { first.signal(SIGKILL) }
             try await waitUntil("the first watch prints the initial state") { lines(first).count == 1 }
             #expect(try await cli(["set", "demo/g", "n=2", "--daemon", api]).status == 0)
             try await waitUntil("the first watch prints n: 1 -> 2") { lines(first).count == 2 }
@@ -132,7 +133,7 @@ struct CLIHabitsTests {
 
             #expect(try await cli(["set", "demo/g", "n=3", "--daemon", api]).status == 0)
             let second = try watcher()
-            defer { if second.isRunning { kill(second.process.processIdentifier, SIGKILL) } }
+            defer { second.signal(SIGKILL) }
             try await waitUntil("the resumed watch prints n: 2 -> 3") { lines(second).count == 1 }
             #expect(try await cli(["set", "demo/g", "n=4", "--daemon", api]).status == 0)
             try await waitUntil("and then n: 3 -> 4") { lines(second).count == 2 }
@@ -171,17 +172,17 @@ struct CLIHabitsTests {
         let errors = "\(directory)/watch.err"
         _ = FileManager.default.createFile(atPath: errors, contents: nil)
         let pipe = Pipe()  // never read
-        let watch = Process()
-        watch.executableURL = binaries.appendingPathComponent("statesync")
-        watch.arguments = ["watch", "demo", "--json", "--daemon", api]
-        watch.standardOutput = pipe
-        watch.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: errors))
-        defer { if watch.isRunning { kill(watch.processIdentifier, SIGKILL) } }
         do {
             try await waitUntil("the daemon answers") {
                 try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0
             }
-            try watch.run()
+            let watch = try SpawnedProcess(
+                executable: binaries.appendingPathComponent("statesync").path,
+                arguments: ["watch", "demo", "--json", "--daemon", api],
+                environment: ProcessInfo.processInfo.environment,
+                standardOutput: .descriptor(pipe.fileHandleForWriting.fileDescriptor),
+                standardError: .file(errors, append: false))
+            defer { watch.signal(SIGKILL) }
             let client = try StateSyncClient(endpoint: api)
             defer { client.close() }
             try await waitUntil("the watch is registered") { (try? await client.status().watchers) == 1 }
@@ -189,7 +190,7 @@ struct CLIHabitsTests {
             let value = Value.string(String(repeating: "x", count: 1000))
             for i in 0..<300 { try await client.set(ModelAddress(channel: "demo", model: "m\(i)"), ["v": value]) }
             // Blocked: one of its threads waits in a pipe write (its wait channel says so).
-            let tasks = "/proc/\(watch.processIdentifier)/task"
+            let tasks = "/proc/\(watch.pid)/task"
             try await waitUntil("the watch is blocked writing to the full pipe") {
                 let threads = (try? FileManager.default.contentsOfDirectory(atPath: tasks)) ?? []
                 return threads.contains { thread in
@@ -197,9 +198,9 @@ struct CLIHabitsTests {
                     return channel.contains("pipe_write")
                 }
             }
-            kill(watch.processIdentifier, SIGINT)
+            watch.signal(SIGINT)
             try await waitUntil("the watch ends", timeout: .seconds(10)) { !watch.isRunning }
-            #expect(watch.terminationStatus == 130)
+            #expect(watch.exitStatus() == 130)
             let said = (try? String(contentsOfFile: errors, encoding: .utf8)) ?? ""
             #expect(said.contains("not written: standard output is not being read"), "\(said)")
         } catch {

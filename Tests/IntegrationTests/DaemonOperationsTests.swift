@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -38,16 +39,10 @@ struct DaemonOperationsTests {
             .replacingOccurrences(
                 of: "/usr/local/bin/statesyncd", with: binaries.appendingPathComponent("statesyncd").path)
         try unit.write(toFile: "\(directory)/statesyncd.service", atomically: true, encoding: .utf8)
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: Self.systemdAnalyze!)
-        process.arguments = ["verify", "\(directory)/statesyncd.service"]
-        let errors = Pipe()
-        process.standardError = errors
-        process.standardOutput = errors
-        try process.run()
-        process.waitUntilExit()
-        let output = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        #expect(process.terminationStatus == 0, "\(output)")
+        let (status, output) = try SpawnedProcess.run(
+            Self.systemdAnalyze!, ["verify", "\(directory)/statesyncd.service"],
+            environment: ProcessInfo.processInfo.environment)
+        #expect(status == 0, "\(output)")
         #expect(output.isEmpty, "systemd-analyze verify warned: \(output)")
     }
 

@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import StateSyncClient
 import StateSyncZeroMQ
@@ -10,14 +11,9 @@ struct DiskFullTests {
     static var canMount: Bool { getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/mount") }
 
     static func run(_ arguments: [String]) -> Int32 {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: arguments[0])
-        process.arguments = Array(arguments.dropFirst())
-        process.standardOutput = FileHandle.nullDevice
-        process.standardError = FileHandle.nullDevice
-        guard (try? process.run()) != nil else { return -1 }
-        process.waitUntilExit()
-        return process.terminationStatus
+        let ran = try? SpawnedProcess.run(
+            arguments[0], Array(arguments.dropFirst()), environment: ProcessInfo.processInfo.environment)
+        return ran?.status ?? -1
     }
 
     @Test(.enabled(if: canMount, "needs root to mount a tmpfs"))

@@ -66,7 +66,7 @@ struct DurabilityTests {
             var failed = 0
             for i in 0..<2000 {
                 if i == 600 {
-                    kill(node2.process.processIdentifier, SIGKILL)
+                    node2.signal(SIGKILL)
                     _ = await node2.wait()
                     node2 = try daemons.start(
                         config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2-restarted")
@@ -121,7 +121,7 @@ struct DurabilityTests {
             try await waitUntil("node2 holds the last write") {
                 (try? await reader2.get(ModelAddress(channel: "torn", model: "m"))["v"]?.value) == .int(49)
             }
-            kill(node1.process.processIdentifier, SIGKILL)
+            node1.signal(SIGKILL)
             _ = await node1.wait()
             // Damage the end of node1's log, as a crash in the middle of a write would.
             let log = nodes[0].environment["STATESYNC_NODE_DATA_DIR"]! + "/deltas.log"
@@ -185,7 +185,7 @@ struct DurabilityTests {
             try await waitUntil("node2 holds the 50th write, published before any sync") {
                 (try? await reader2.get(address)["v"]?.value) == .int(50)
             }
-            kill(node1.process.processIdentifier, SIGKILL)
+            node1.signal(SIGKILL)
             _ = await node1.wait()
             #expect(await node2.stop() == 0)
             let directory = nodes[0].environment["STATESYNC_NODE_DATA_DIR"]!

@@ -226,7 +226,7 @@ struct SecureLiveViewTests {
         -> String
     {
         let curl = try ChildProcess("/usr/bin/curl", ["-sN", url], name: "curl")
-        defer { if curl.isRunning { kill(curl.process.processIdentifier, SIGKILL) } }  // never a reused pid
+        defer { curl.signal(SIGKILL) }  // never a reused pid
         try await waitUntil(what) { condition(curl.stdout) }
         return curl.stdout
     }
@@ -322,7 +322,7 @@ struct SecureLiveViewTests {
             try String(contentsOfFile: path, encoding: .utf8)
                 .replacingOccurrences(of: "read=sensors* write=sensors*", with: "read=other* write=other*")
                 .write(toFile: path, atomically: true, encoding: .utf8)
-            kill(daemon.process.processIdentifier, SIGHUP)
+            daemon.signal(SIGHUP)
             #expect(await open.wait(timeout: .seconds(20)) == 0, "the stream ends (curl exits 0)")
             #expect(open.stdout.contains("what this view may read changed"), "\(open.stdout)")
 

@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import Testing
 
@@ -34,7 +35,7 @@ struct HarnessTests {
         var nodes: [pid_t] = []
         defer { for node in nodes where isAlive(node) { kill(node, SIGKILL) } }
         try await waitUntil("the harness to start its three nodes", timeout: .seconds(60)) {
-            nodes = childProcesses(of: harness.process.processIdentifier, named: "statesyncd")
+            nodes = childProcesses(of: harness.pid, named: "statesyncd")
             return nodes.count == 3
         }
         #expect(await harness.stop(SIGKILL) == SIGKILL)
@@ -103,14 +104,7 @@ struct HarnessTests {
             let ip = ["/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip"].first(where: FileManager.default.isExecutableFile)
         else { return false }
         func run(_ arguments: [String]) -> Bool {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: ip)
-            process.arguments = arguments
-            process.standardError = FileHandle.nullDevice
-            process.standardOutput = FileHandle.nullDevice
-            guard (try? process.run()) != nil else { return false }
-            process.waitUntilExit()
-            return process.terminationStatus == 0
+            (try? SpawnedProcess.run(ip, arguments, environment: ProcessInfo.processInfo.environment))?.status == 0
         }
         let probe = "ssprobe\(getpid())"
         defer { _ = run(["netns", "del", probe]) }

@@ -1,3 +1,4 @@
+import ChildProcesses
 import Foundation
 import StateSync
 import StateSyncZeroMQ
@@ -22,10 +23,8 @@ let packageRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().de
 
 /// A child process whose output goes to files (a full pipe can never block it), stopped by
 /// the test that started it.
-final class ChildProcess: @unchecked Sendable {
-    // Safe: `process` is only touched by the test task that owns this object; Foundation's
-    // Process is itself thread-safe for terminate/waitUntilExit.
-    let process = Process()
+final class ChildProcess: Sendable {
+    let process: SpawnedProcess
     let name: String
     let stdoutPath: String
     let stderrPath: String
@@ -39,85 +38,54 @@ final class ChildProcess: @unchecked Sendable {
         let base = NSTemporaryDirectory() + "statesync-proc-\(UUID().uuidString)"
         stdoutPath = base + ".out"
         stderrPath = base + ".err"
-        _ = FileManager.default.createFile(atPath: stdoutPath, contents: nil)
-        _ = FileManager.default.createFile(atPath: stderrPath, contents: nil)
         // A bare name is one of the package's built executables; an absolute path is a system tool.
-        process.executableURL =
-            executable.hasPrefix("/") ? URL(fileURLWithPath: executable) : binaries.appendingPathComponent(executable)
-        process.arguments = arguments
-        process.currentDirectoryURL = packageRoot
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        process.standardOutput = try FileHandle(forWritingTo: URL(fileURLWithPath: stdoutPath))
-        process.standardError = try FileHandle(forWritingTo: URL(fileURLWithPath: stderrPath))
-        process.standardInput = standardInput ?? FileHandle.nullDevice
-        try process.run()
+        process = try SpawnedProcess(
+            executable: executable.hasPrefix("/") ? executable : binaries.appendingPathComponent(executable).path,
+            arguments: arguments, environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            currentDirectory: packageRoot.path,
+            standardInput: standardInput.map { .descriptor($0.fileDescriptor) } ?? .null,
+            standardOutput: .file(stdoutPath, append: false), standardError: .file(stderrPath, append: false))
     }
 
     var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
     var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
     var isRunning: Bool { process.isRunning }
+    var pid: pid_t { process.pid }
+
+    /// Sends `signal` while it runs (never to a pid reused after it was reaped).
+    func signal(_ signal: Int32) { process.signal(signal) }
 
     /// Waits for the process to exit, with a deadline; kills it if the deadline passes.
     func wait(timeout: Duration = .seconds(20)) async -> Int32 {
         let deadline = ContinuousClock.now + timeout
-        var exitSeenAt: ContinuousClock.Instant?
-        while process.isRunning && ContinuousClock.now < deadline {
-            // Foundation learns of an exit from SIGCHLD. Should it miss one, the child is a
-            // zombie that waitid sees without reaping; after 5 s that status is the answer.
-            if let status = exitedStatus() {
-                let seenAt = exitSeenAt ?? .now
-                exitSeenAt = seenAt
-                if ContinuousClock.now - seenAt > .seconds(5) {
-                    FileHandle.standardError.write(
-                        Data("note: Foundation had not seen \(name) exit; status from waitid\n".utf8))
-                    return status
-                }
-            }
+        while ContinuousClock.now < deadline {
+            if let status = process.exitStatus() { return status }
             try? await Task.sleep(for: .milliseconds(5))
         }
-        if process.isRunning {
-            Issue.record(
-                "\(name) did not exit within \(timeout); killing it. stderr:\n\(stderr)\nstdout:\n\(String(stdout.suffix(2000)))\n\(whereItIs(process.processIdentifier))"
-            )
-            kill(process.processIdentifier, SIGKILL)
-            for _ in 0..<2000 where process.isRunning {  // 10 s, without trusting SIGCHLD alone
-                if let status = exitedStatus(), process.isRunning { return status }
-                try? await Task.sleep(for: .milliseconds(5))
-            }
-            // Still there (uninterruptible sleep?): terminationStatus would trap the test runner.
-            if process.isRunning {
-                Issue.record("\(name) still runs 10 s after SIGKILL")
-                return -1
-            }
+        if let status = process.exitStatus() { return status }
+        Issue.record(
+            "\(name) did not exit within \(timeout); killing it. stderr:\n\(stderr)\nstdout:\n\(String(stdout.suffix(2000)))\n\(whereItIs(pid))"
+        )
+        process.signal(SIGKILL)
+        for _ in 0..<2000 {  // 10 s
+            if let status = process.exitStatus() { return status }
+            try? await Task.sleep(for: .milliseconds(5))
         }
-        return process.terminationStatus
-    }
-
-    /// The exit status of a child that has ended, read without reaping it (Foundation reaps it):
-    /// the exit code, or the signal number for a child killed by one, as `terminationStatus`.
-    private func exitedStatus() -> Int32? {
-        #if canImport(Glibc)
-            var info = siginfo_t()
-            let pid = process.processIdentifier
-            guard waitid(P_PID, id_t(pid), &info, WEXITED | WNOHANG | WNOWAIT) == 0,
-                info._sifields._sigchld.si_pid == pid
-            else { return nil }
-            return info._sifields._sigchld.si_status
-        #else
-            return nil  // Foundation's own notice is all there is
-        #endif
+        // Still there (uninterruptible sleep?): waiting on would hang the test runner.
+        Issue.record("\(name) still runs 10 s after SIGKILL")
+        return -1
     }
 
     /// Sends `signal` and waits for the exit status.
     func stop(_ signal: Int32 = SIGTERM, timeout: Duration = .seconds(20)) async -> Int32 {
-        if process.isRunning { kill(process.processIdentifier, signal) }
+        process.signal(signal)
         return await wait(timeout: timeout)
     }
 
     /// Its output files go with it (the tests read them, for their failure messages too,
     /// while they hold it).
     deinit {
-        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+        process.signal(SIGKILL)
         try? FileManager.default.removeItem(atPath: stdoutPath)
         try? FileManager.default.removeItem(atPath: stderrPath)
     }
@@ -146,15 +114,12 @@ func whereItIs(_ pid: pid_t) -> String {
     guard FileManager.default.isExecutableFile(atPath: gdb) else {
         return report + "(no gdb for a user-space backtrace)"
     }
-    let debugger = Process()
-    debugger.executableURL = URL(fileURLWithPath: "/usr/bin/timeout")
-    debugger.arguments = ["30", gdb, "-batch", "-p", "\(pid)", "-ex", "thread apply all bt 30"]
-    let output = Pipe()
-    debugger.standardOutput = output
-    debugger.standardError = output
-    guard (try? debugger.run()) != nil else { return report + "(gdb did not start)" }
-    let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-    debugger.waitUntilExit()
+    guard
+        let text = try? SpawnedProcess.run(
+            "/usr/bin/timeout", ["30", gdb, "-batch", "-p", "\(pid)", "-ex", "thread apply all bt 30"],
+            environment: ProcessInfo.processInfo.environment
+        ).output
+    else { return report + "(gdb did not start)" }
     let frames = text.split(separator: "\n").filter { $0.hasPrefix("#") || $0.hasPrefix("Thread ") }
     return report + "gdb backtrace:\n" + frames.prefix(400).joined(separator: "\n")
 }
@@ -280,7 +245,7 @@ func jsonObject(_ line: Substring) -> [String: Any]? {
 struct HungChildReportTests {
     @Test func namesEachThreadItsStateAndItsBacktrace() async throws {
         let child = try ChildProcess("/bin/sleep", ["30"])
-        let pid = child.process.processIdentifier
+        let pid = child.pid
         do {
             try await waitUntil("sleep has started") {
                 (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8)) == "sleep\n"
@@ -298,8 +263,6 @@ struct HungChildReportTests {
         if FileManager.default.isExecutableFile(atPath: "/usr/bin/gdb"), geteuid() == 0 || scope.hasPrefix("0") {
             #expect(report.contains("#0 "), "\(report)")
         }
-        // Children of the test runner start with SIGTERM blocked (the spawning thread's mask);
-        // sleep does not unblock it, so it is killed.
         #expect(await child.stop(SIGKILL) == SIGKILL)
     }
 }

@@ -50,7 +50,7 @@ struct SecurityReloadTests {
             let changes = try await kept.changes(channel: "c")
 
             try config(clients: ["kept"]).write(toFile: path, atomically: true, encoding: .utf8)
-            kill(daemon.process.processIdentifier, SIGHUP)
+            daemon.signal(SIGHUP)
             try await waitUntil("the removed key is refused") {
                 do {
                     _ = try await removed.get(address)
@@ -141,7 +141,7 @@ struct PeerKeyRotationTests {
         }
         func reload(_ node: String, peers: [String: [String]]) throws {
             _ = try cluster.write(node, peers: peers)
-            kill(daemons[node]!.process.processIdentifier, SIGHUP)
+            daemons[node]!.signal(SIGHUP)
         }
         do {
             try await waitUntil("every daemon answers") {
