@@ -41,7 +41,8 @@ public struct SimulationOptions: Sendable {
         /// so it learns the members again.
         case join
         /// A node stops cleanly (it says it leaves: every peer drops its links to it and stops
-        /// awaiting its deltas) and comes back later with its data, alive again.
+        /// awaiting its deltas; it writes its snapshot) and comes back later with its data,
+        /// alive again.
         case leave
     }
 
@@ -63,6 +64,13 @@ public struct SimulationOptions: Sendable {
         /// that hold later ones. Like `skip-settling`, with `interval` (1 s), power losses of the
         /// node, each after a moment when every peer missed what it published.
         case skipVoid = "skip-void"
+        /// The node's compactions keep none of the peers' deltas it holds above a gap
+        /// (PROTOCOL.md 11.5 item 6): after a restart it no longer knows it holds them, and an
+        /// origin settling after a power loss does not get them back. The run uses
+        /// `storage.fsync: interval` (1 s) and gives the other nodes power losses, each after a
+        /// moment when only the node hears what they publish above a gap, and the node
+        /// compacts and restarts just before each.
+        case forgetHeldAboveGaps = "forget-held-above-gaps"
         /// The node sends its watchers every live delta twice.
         case duplicateWatchEvents = "duplicate-watch-events"
         /// The node never lets a deletion win: what others delete it keeps.
@@ -355,7 +363,7 @@ public enum ClusterSimulator {
         let conflictRate = options.plantedBug == .wrongTieBreak ? 0.3 : draw("conflicts", [0.0, 0.02, 0.1])
         let slowWatcher = draw("slow_watcher_ms", [0, 0, 1])
         if let period = options.intervalSyncMilliseconds
-            ?? ([.skipSettling, .skipVoid].contains(options.plantedBug) ? 1000 : nil)
+            ?? ([.skipSettling, .skipVoid, .forgetHeldAboveGaps].contains(options.plantedBug) ? 1000 : nil)
         {
             configuration.fsync = .interval
             configuration.fsyncIntervalMilliseconds = period
@@ -398,6 +406,7 @@ public enum ClusterSimulator {
             case .skipRepair: configuration.faults[culprit] = NodeFaults(skipRepair: true)
             case .skipSettling: configuration.faults[culprit] = NodeFaults(skipSettling: true)
             case .skipVoid: configuration.faults[culprit] = NodeFaults(skipVoid: true)
+            case .forgetHeldAboveGaps: configuration.faults[culprit] = NodeFaults(forgetHeldAboveGaps: true)
             case .duplicateWatchEvents: configuration.faults[culprit] = NodeFaults(duplicateWatchEvents: true)
             case .ignoreDeletions: configuration.faults[culprit] = NodeFaults(ignoreDeletions: true)
             case .neverExpire: configuration.faults[culprit] = NodeFaults(neverExpire: true)
@@ -443,7 +452,8 @@ public enum ClusterSimulator {
             duplicateRate: duplicateRate, reorderRate: reorderRate, culprit: culprit,
             forceLoss: options.plantedBug == .skipRepair,
             forcePowerLoss: [.skipSettling, .skipVoid].contains(options.plantedBug),
-            forceBlackout: options.plantedBug == .skipVoid)
+            forceBlackout: options.plantedBug == .skipVoid,
+            forceCompaction: options.plantedBug == .forgetHeldAboveGaps)
         // A client writes to a node back from a power loss at once: before its peers' first
         // HEARTBEATs, the moment a node that does not settle would reuse a published number.
         schedule.onPowerLossRestart = { node, cluster in workload.writeOnce(to: node, in: cluster) }
@@ -777,8 +787,14 @@ final class FaultSchedule {
     /// Every power loss under `interval` follows a moment when every peer missed what the node
     /// published (a planted skip-void bug).
     let forceBlackout: Bool
+    /// Every crash is a power loss of another node than the culprit, after such a moment, with
+    /// the culprit alone hearing what it publishes after it, and compacting and restarting
+    /// just before the power loss (a planted forget-held-above-gaps bug).
+    let forceCompaction: Bool
     /// Draws of the moments before a power loss when the peers miss what the node publishes.
     var blackoutRandom: SeededRandom
+    /// Draws of a peer's compaction and restart just before such a power loss.
+    var compactionRandom: SeededRandom
     /// Called when a node that lost power is back.
     var onPowerLossRestart: ((Int, SimulatedCluster) -> Void)?
     /// Called when every peer starts missing what a node publishes before its power loss, and
@@ -796,7 +812,7 @@ final class FaultSchedule {
         kinds: [SimulationOptions.Fault], random: SeededRandom,
         base: SimulatedNetwork<SimulatedCluster.Packet>.LinkConditions, lossRate: Double, duplicateRate: Double,
         reorderRate: Double, culprit: Int?, forceLoss: Bool, forcePowerLoss: Bool = false,
-        forceBlackout: Bool = false
+        forceBlackout: Bool = false, forceCompaction: Bool = false
     ) {
         self.kinds = kinds
         self.random = random
@@ -808,14 +824,16 @@ final class FaultSchedule {
         self.forceLoss = forceLoss
         self.forcePowerLoss = forcePowerLoss
         self.forceBlackout = forceBlackout
+        self.forceCompaction = forceCompaction
         self.blackoutRandom = random.fork("blackout")
+        self.compactionRandom = random.fork("compaction")
     }
 
     private var schedule: [SimulationOptions.Fault] {
         var kinds = self.kinds
         if forceLoss && !kinds.contains(.loss) { kinds.append(.loss) }
         // Twice per round: a power loss must meet published writes not yet synced.
-        if forcePowerLoss { kinds.append(.crash) }
+        if forcePowerLoss || forceCompaction { kinds.append(.crash) }
         return kinds
     }
 
@@ -853,7 +871,9 @@ final class FaultSchedule {
         let start = cluster.now
         // A planted skip-repair bug is exposed by loss on the culprit's links.
         let forced = (kind == .loss && forceLoss) || (kind == .crash && forcePowerLoss)
-        let target = forced ? (culprit ?? 0) : random.below(nodes.count)
+        var target = forced ? (culprit ?? 0) : random.below(nodes.count)
+        let forcedCompaction = kind == .crash && forceCompaction
+        if forcedCompaction, let culprit, target == culprit { target = (culprit + 1) % nodes.count }
         var detail = ""
         var heal: (SimulatedCluster) -> Void = { _ in }
         switch kind {
@@ -862,8 +882,10 @@ final class FaultSchedule {
             // loses nothing the node had written to the OS. `storage.fsync: interval` promises
             // durability only against process crashes: its power losses are noted, and the
             // writes they may take (acknowledged, not yet synced) are not held against it.
-            let powerLoss = random.chance(0.5) || forcePowerLoss
-            if powerLoss, cluster.configuration.fsync == .interval, forceBlackout || blackoutRandom.chance(0.5) {
+            let powerLoss = random.chance(0.5) || forcePowerLoss || forcedCompaction
+            if powerLoss, cluster.configuration.fsync == .interval,
+                forceBlackout || forcedCompaction || blackoutRandom.chance(0.5)
+            {
                 // Under `interval` the node publishes before it syncs: first every peer misses
                 // what it publishes for a moment, then it publishes more (the peers see a gap),
                 // then the power goes before they repaired it. The missed deltas are then lost
@@ -871,23 +893,63 @@ final class FaultSchedule {
                 // void (PROTOCOL.md 10.8), or the peers wait for them for good. (Its own draws
                 // come from a stream of their own.)
                 let dark = UInt64(blackoutRandom.inRange(2...20))
-                let after = UInt64(blackoutRandom.inRange(1...10))
+                var after = UInt64(blackoutRandom.inRange(1...10))
+                // Sometimes one peer alone sees what the node publishes after the dark moment
+                // (above the gap of what it missed), and the peers' requests to the node are
+                // lost, so nothing repairs the gap; that peer stops cleanly, compacting its log,
+                // and comes back 1 ms before the power loss. Its restart must still know it
+                // holds those deltas: the node's settling asks for them, and no one else has
+                // them (PROTOCOL.md 11.5 item 6). (Drawn from a stream of its own: the other
+                // draws stay as they were.)
+                let compacting =
+                    forcedCompaction
+                    ? culprit
+                    : compactionRandom.chance(0.5)
+                        ? (target + 1 + compactionRandom.below(nodes.count - 1)) % nodes.count : nil
+                // Long enough for the link's delay (at most 15 ms) and a write after the dark
+                // moment to arrive.
+                if compacting != nil { after = UInt64(compactionRandom.inRange(17...30)) }
                 var lost = base
                 lost.loss = 1
                 let peers = nodes.filter { $0.index != target }
                 for peer in peers { cluster.network.setConditions(lost, from: nodes[target].id, to: peer.id) }
                 onBlackoutWrite?(target, cluster)
                 cluster.schedule(at: cluster.now + dark) { [unowned self] cluster in
-                    for peer in peers { cluster.network.setConditions(nil, from: nodes[target].id, to: peer.id) }
+                    for peer in peers {
+                        if compacting == nil || compacting == peer.index {
+                            cluster.network.setConditions(nil, from: nodes[target].id, to: peer.id)
+                        }
+                        if compacting != nil {
+                            cluster.network.setConditions(lost, from: peer.id, to: nodes[target].id)
+                        }
+                    }
                     onBlackoutWrite?(target, cluster)
+                }
+                if let compacting {
+                    cluster.schedule(at: cluster.now + dark + after - 1) { cluster in
+                        // (A late joiner not yet started stays out.)
+                        guard cluster.nodes[compacting].isUp else { return }
+                        cluster.stopCleanly(compacting)
+                        try? cluster.restart(compacting)
+                    }
                 }
                 cluster.schedule(at: cluster.now + dark + after) { [unowned self] cluster in
                     let unsynced = nodes[target].disk.unsyncedBytes
                     let torn = unsynced > 0 && blackoutRandom.chance(0.5) ? blackoutRandom.below(unsynced + 1) : 0
                     loseAt(target, tornBytes: torn, powerLoss: true, in: cluster)
+                    if compacting != nil {
+                        for peer in peers {
+                            cluster.network.setConditions(nil, from: peer.id, to: nodes[target].id)
+                            cluster.network.setConditions(nil, from: nodes[target].id, to: peer.id)
+                        }
+                    }
                 }
                 detail =
                     "every peer misses what it publishes for \(dark) ms, then a power loss \(after) ms later, restarted \(hold) ms after the first"
+                if let compacting {
+                    detail +=
+                        "; after it, \(nodes[compacting].id) alone hears it and no peer's request reaches it; \(nodes[compacting].id) stopped cleanly (compacting) and restarted 1 ms before the power loss"
+                }
             } else {
                 let unsynced = nodes[target].disk.unsyncedBytes
                 let torn = powerLoss ? (unsynced > 0 && random.chance(0.5) ? random.below(unsynced + 1) : 0) : unsynced

@@ -405,12 +405,14 @@ package final class SimulatedCluster {
     }
 
     /// Stops node `index` cleanly, as SIGTERM stops `statesyncd`: it publishes what it has,
-    /// says it leaves (PROTOCOL.md 7.5), and goes down with everything on its disk.
+    /// says it leaves (PROTOCOL.md 7.5), writes its snapshot (compacting its log, as the daemon's
+    /// last step does) and goes down with everything on its disk.
     package func stopCleanly(_ index: Int) {
         let node = nodes[index]
-        guard node.host != nil else { return }
+        guard let host = node.host else { return }
         record("stop", node.id, [])
         process(.stop, at: node)
+        host.finishStop()
         crash(index, tornBytes: node.disk.unsyncedBytes)
     }
 

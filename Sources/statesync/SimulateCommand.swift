@@ -36,8 +36,8 @@ extension StateSyncCLI {
                 only when every check passes; a failure prints the command that replays it.
 
                 --plant-bug plants a bug in the last node to prove the verdict catches it: \
-                drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, duplicate-watch-events, \
-                ignore-deletions, never-expire, collect-early.
+                drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, forget-held-above-gaps, \
+                duplicate-watch-events, ignore-deletions, never-expire, collect-early.
                 """)
 
         @Option(help: "How many nodes (2–256).")
@@ -81,7 +81,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, duplicate-watch-events, ignore-deletions, never-expire, collect-early.",
+                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, forget-held-above-gaps, duplicate-watch-events, ignore-deletions, never-expire, collect-early.",
                 valueName: "BUG"))
         var plantBug: String?
 

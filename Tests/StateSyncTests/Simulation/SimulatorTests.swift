@@ -31,7 +31,8 @@ struct SimulatorTests {
     /// Every planted bug is caught, and the verdict names the node (or its watcher).
     /// (skip-settling needs a power loss of its node while writes it published are not yet
     /// synced: seed 3 has one, seed 7 does not; skip-void needs one that met writes every peer
-    /// missed below writes they hold: seed 1 has one.)
+    /// missed below writes they hold: seed 1 has one. forget-held-above-gaps is caught at
+    /// seed 7, and the same run passes without the bug: checked.)
     @Test(arguments: SimulationOptions.PlantedBug.allCases)
     func aPlantedBugFailsTheVerdictAndNamesTheNode(bug: SimulationOptions.PlantedBug) throws {
         let seed: UInt64 = bug == .skipSettling ? 3 : bug == .skipVoid ? 1 : 7

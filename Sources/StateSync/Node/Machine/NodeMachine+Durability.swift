@@ -339,6 +339,7 @@ extension NodeMachine {
     /// time. Kept records do not count towards the next compaction. A forgotten member's are
     /// not kept: nothing will fill the gap below them.
     var recordsAboveGaps: [UInt8] {
+        if faults.forgetHeldAboveGaps { return [] }
         var batch = DeltaLog.Batch()
         let budget = max(configuration.compactBytes / 4, 64 << 10)
         for origin in origins.keys.sorted() where origin != configuration.nodeID {

@@ -605,11 +605,15 @@ package struct NodeFaults: Sendable, Equatable {
     /// After settling this node declares no own number void (section 10.8): numbers lost
     /// everywhere below ones a peer held stay gaps on the peers for good.
     package var skipVoid = false
+    /// This node's compactions keep none of the peers' deltas it holds above a gap (section
+    /// 11.5 item 6): a restart forgets it holds them.
+    package var forgetHeldAboveGaps = false
 
     package init(
         dropRemoteDeltasShare: Double = 0, wrongTieBreak: Bool = false, skipRepair: Bool = false,
         duplicateWatchEvents: Bool = false, ignoreDeletions: Bool = false, neverExpire: Bool = false,
-        collectEarly: Bool = false, skipSettling: Bool = false, skipVoid: Bool = false
+        collectEarly: Bool = false, skipSettling: Bool = false, skipVoid: Bool = false,
+        forgetHeldAboveGaps: Bool = false
     ) {
         self.dropRemoteDeltasShare = min(max(dropRemoteDeltasShare, 0), 1)
         self.wrongTieBreak = wrongTieBreak
@@ -620,6 +624,7 @@ package struct NodeFaults: Sendable, Equatable {
         self.collectEarly = collectEarly
         self.skipSettling = skipSettling
         self.skipVoid = skipVoid
+        self.forgetHeldAboveGaps = forgetHeldAboveGaps
     }
 
     package var isEmpty: Bool { self == NodeFaults() }
