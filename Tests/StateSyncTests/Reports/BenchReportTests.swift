@@ -44,13 +44,18 @@ struct BenchReportTests {
         preallocated.figures += [("fsync_preallocated_p50_us", 90), ("fsync_preallocated_p99_us", 400)]
         preallocated.addLimitsAndRatios()
         #expect(preallocated["limit_durable_p50_us"] == 120 && preallocated["limit_durable_p99_us"] == 400)
-        // Lone writes (1k/s) are held to the raw latency at the same rate plus the disk.
+        // Lone writes (1k/s) are held to the raw latency at the same rate plus the disk at the
+        // same rate (a sync that finds the disk idle), not the back-to-back one.
         var lone = Bench.Report()
         lone.figures = report.figures.filter { !$0.key.hasPrefix("limit_") && !$0.key.contains("_ratio_") }
         lone.figures += [
             ("raw_latency_lone_p50_us", 40), ("raw_latency_lone_p99_us", 90), ("latency_lone_p50_us", 315),
             ("latency_lone_p99_us", 840),
         ]
+        var withoutPacedDisk = lone
+        withoutPacedDisk.addLimitsAndRatios()
+        #expect(withoutPacedDisk["limit_durable_lone_p50_us"] == nil, "no lone limit without the paced fdatasync")
+        lone.figures += [("fsync_lone_p50_us", 170), ("fsync_lone_p99_us", 330)]
         lone.addLimitsAndRatios()
         #expect(lone["limit_durable_lone_p50_us"] == 210 && lone["limit_durable_lone_p99_us"] == 420)
         #expect(lone["latency_lone_p50_ratio_limit"] == 1.5 && lone["latency_lone_p99_ratio_limit"] == 2)
