@@ -199,6 +199,7 @@ final class ClientIO: Sendable {
     }
 
     private func main(_ transfer: SocketTransfer) {
+        nameCurrentThread("statesync-cli")
         ioThread.store(Self.callingThread, ordering: .releasing)
         let dealer = transfer.socket
         var state = State()

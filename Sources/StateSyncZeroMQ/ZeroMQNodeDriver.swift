@@ -102,6 +102,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
     // MARK: - The thread
 
     private func main(_ node: StateSyncNode, ready: CheckedContinuation<Void, any Error>) {
+        nameCurrentThread("statesync-io")
         let transport: ZeroMQTransport
         do {
             let made = try SocketFactory.makeNodeSockets(configuration: configuration)

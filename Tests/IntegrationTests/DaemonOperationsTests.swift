@@ -64,6 +64,12 @@ struct DaemonOperationsTests {
         try supervisor.read.close()
         try await waitUntil("the daemon logs that it started") { daemon.stderr.contains("node started") }
         #expect(daemon.isRunning)
+        // Its I/O thread is named for `top -H`, `perf` and core dumps.
+        let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(daemon.pid)/task")) ?? []
+        let names = threads.map {
+            (try? String(contentsOfFile: "/proc/\(daemon.pid)/task/\($0)/comm", encoding: .utf8)) ?? ""
+        }
+        #expect(names.contains("statesync-io\n"), "\(names)")
         // (A daemon gone by now must fail this test, not kill the runner with SIGPIPE.)
         try writeWithoutSIGPIPE(Array("anything\n".utf8), to: supervisor.write)
         // A request round trip later it still answers: a line on standard input does not stop it.

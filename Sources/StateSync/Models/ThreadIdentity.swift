@@ -13,3 +13,19 @@ func currentThreadID() -> UInt {
         return UInt(pthread_self())
     #endif
 }
+
+/// Names the calling thread for the operating system (at most 15 bytes on Linux): what `top -H`,
+/// `perf` and core dumps show. Foundation's `Thread.name` does not reach the OS thread on Linux,
+/// which keeps the name of the thread that started it.
+package func nameCurrentThread(_ name: String) {
+    #if canImport(Glibc)
+        // pthread_setname_np and prctl are not imported into Swift; this file is their interface.
+        let fd = open("/proc/thread-self/comm", O_WRONLY)
+        guard fd >= 0 else { return }
+        defer { close(fd) }
+        let bytes = Array(name.utf8.prefix(15))
+        _ = bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+    #elseif canImport(Darwin)
+        _ = pthread_setname_np(name)
+    #endif
+}
