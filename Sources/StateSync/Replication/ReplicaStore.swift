@@ -109,7 +109,12 @@ public struct ReplicaStore: Sendable {
         var registers: [String: Register] = [:]
         /// Every property written at a lower version is deleted.
         var deletion: Version?
-        var live = 0
+        var live: Int32 = 0
+        /// How its share of ``ReplicaStore/digest`` is kept: ``ReplicaStore/staleDigest`` while
+        /// it waits for the next fold (listed in `staleDigests`), else the store's
+        /// `digestEpoch` when it last changed (its share up to date). (32 bits, with `live`, so
+        /// that a model takes no more room than without it.)
+        var digestState: UInt32 = 0
 
         /// The version a write must exceed to change `property`.
         @inline(__always)
@@ -127,7 +132,22 @@ public struct ReplicaStore: Sendable {
     public private(set) var latestVersion: Version = .zero
     /// The newest version that won in each channel (for LIST; kept as writes merge).
     private var channelLatest: [String: Version] = [:]
+    /// The digest, but that it holds the listed share of each model in `staleDigests`.
     private var digestSum: UInt64 = 0
+    /// Models whose share of the digest waits for the next fold (``foldDigests()``), with the
+    /// share `digestSum` still holds for each. A model's share is kept up to date at its first
+    /// change between two folds, hashing the registers that changed; at a second change it is
+    /// listed here instead, and its changes cost nothing until the fold hashes it once: a model
+    /// rewritten thousands of times between two folds is hashed about twice, and one written
+    /// once costs what it did. A model of more than ``lazyDigestRegisters`` registers is always
+    /// kept up to date, so that a fold never rehashes a big model for one write.
+    private var staleDigests: [ModelAddress: UInt64] = [:]
+    /// Counts folds (never 0 or ``staleDigest``): a model changed twice within one is listed.
+    private var digestEpoch: UInt32 = 1
+    /// A model's `digestState` while it is listed in `staleDigests`.
+    static let staleDigest = UInt32.max
+    /// The most registers a model may have for its share of the digest to wait for a fold.
+    static let lazyDigestRegisters = 64
     /// The values written with a time to live, by expiry.
     private var expiries = TimedQueue()
     /// The deletions held (tombstones, expired values, deletions of models), by version
@@ -187,7 +207,7 @@ public struct ReplicaStore: Sendable {
         var won: [[PropertyWrite]] = []
         won.reserveCapacity(deltas.count)
         var runLatest = Version.zero
-        modify(first.address) { model in
+        modify(first.address, &context) { model, context in
             for index in deltas.indices {
                 precondition(deltas[index].channel == first.channel && deltas[index].model == first.model)
                 var winners = WinnerCollector()
@@ -269,14 +289,18 @@ public struct ReplicaStore: Sendable {
         }
     }
 
-    /// What a merge into one model updates besides the model: the digest sum (the hash of every
-    /// register of the model starts with the same bytes), the channel's count of live models, the
-    /// expiries.
+    /// What a merge into one model updates besides the model: its share of the digest (when it
+    /// is kept up to date at every change: the hash of every register of the model starts with
+    /// the same bytes), the channel's count of live models, the expiries.
     private struct MergeContext {
         let channel: String
         let model: String
-        let prefix: StreamingFNV
-        var digestSum: UInt64
+        /// Whether the model's share of the digest is kept up to date at every change.
+        var eagerDigest = false
+        /// The hash of the model's address, once needed.
+        var prefix: StreamingFNV?
+        /// What the changes add to the model's share of the digest (when eager).
+        var digestDelta: UInt64 = 0
         var liveModelDelta = 0
         var tombstoneDelta = 0
         var expiries: [TimedQueue.Entry] = []
@@ -287,10 +311,6 @@ public struct ReplicaStore: Sendable {
         init(channel: String, model: String, store: ReplicaStore) {
             self.channel = channel
             self.model = model
-            var prefix = StreamingFNV()
-            prefix.registerAddress(channel: channel, model: model)
-            self.prefix = prefix
-            self.digestSum = store.digestSum
             self.wrongTieBreak = store.plantedWrongTieBreak
             self.ignoreDeletions = store.plantedIgnoreDeletions
         }
@@ -302,8 +322,8 @@ public struct ReplicaStore: Sendable {
             if let old {
                 if old.isDeleted {
                     tombstoneDelta -= 1
-                } else {
-                    digestSum &-= ReplicaStore.registerHash(prefix: prefix, property: property, register: old)
+                } else if eagerDigest {
+                    digestDelta &-= ReplicaStore.registerHash(prefix: addressHash, property: property, register: old)
                 }
             }
             guard let new else { return }
@@ -311,11 +331,24 @@ public struct ReplicaStore: Sendable {
                 noteDeletion(property, at: new.version)
                 return
             }
-            digestSum &+= ReplicaStore.registerHash(prefix: prefix, property: property, register: new)
+            if eagerDigest {
+                digestDelta &+= ReplicaStore.registerHash(prefix: addressHash, property: property, register: new)
+            }
             if let expiresAt = new.expiresAt {
                 expiries.append(
                     TimedQueue.Entry(
                         time: expiresAt, channel: channel, model: model, property: property, version: new.version))
+            }
+        }
+
+        /// The hash of the model's address, computed once.
+        var addressHash: StreamingFNV {
+            mutating get {
+                if let prefix { return prefix }
+                var hash = StreamingFNV()
+                hash.registerAddress(channel: channel, model: model)
+                prefix = hash
+                return hash
             }
         }
 
@@ -332,7 +365,7 @@ public struct ReplicaStore: Sendable {
         /// The model's count of live properties went from `before` to `after`: whether it has a
         /// value may have changed, and with it the channel's count of live models.
         @inline(__always)
-        mutating func noteLiveness(before: Int, after: Int) {
+        mutating func noteLiveness(before: Int32, after: Int32) {
             if before == 0, after > 0 {
                 liveModelDelta += 1
             } else if before > 0, after == 0 {
@@ -342,13 +375,43 @@ public struct ReplicaStore: Sendable {
     }
 
     /// Runs `body` on the model at `address` in place, creating it when absent, and drops it again
-    /// when it ends up holding nothing.
-    private mutating func modify(_ address: ModelAddress, _ body: (inout Model) -> Void) {
+    /// when it ends up holding nothing. Keeps the digest (see `staleDigests`).
+    private mutating func modify(
+        _ address: ModelAddress, _ context: inout MergeContext, _ body: (inout Model, inout MergeContext) -> Void
+    ) {
         // One look-up of the channel and of the model on the hot path; the empty check rides on it.
         var emptied = false
+        var wasStale = false
+        var becameStale = false
+        var sumDelta: UInt64 = 0
+        var shareHeld: UInt64 = 0  // of a model that goes on the list now: what the sum holds of it
+        let epoch = digestEpoch
         Self.withModel(&channels[address.channel, default: [:]][address.model, default: Model()]) { model in
-            body(&model)
+            // Listed already: nothing to do. Changed before in this epoch, and small: listed now,
+            // with its share as it stands. Else its share is kept up to date with the registers
+            // that change.
+            wasStale = model.digestState == Self.staleDigest
+            if !wasStale, model.digestState == epoch, model.registers.count <= Self.lazyDigestRegisters {
+                shareHeld = Self.digestPart(of: model, at: address)
+                model.digestState = Self.staleDigest
+                becameStale = true
+            }
+            context.eagerDigest = !wasStale && !becameStale
+            context.digestDelta = 0
+            body(&model, &context)
             emptied = model.registers.isEmpty && model.deletion == nil
+            if context.eagerDigest {
+                sumDelta = context.digestDelta
+                model.digestState = epoch
+            }
+        }
+        digestSum &+= sumDelta
+        if emptied {
+            // A model dropped takes its share with it: an up-to-date one's is 0 by now.
+            if wasStale { digestSum &-= staleDigests.removeValue(forKey: address) ?? 0 }
+            if becameStale { digestSum &-= shareHeld }
+        } else if becameStale {
+            staleDigests[address] = shareHeld
         }
         guard emptied else { return }
         channels[address.channel]?[address.model] = nil
@@ -362,7 +425,6 @@ public struct ReplicaStore: Sendable {
 
     /// Writes back what a merge into one model changed besides the model.
     private mutating func finish(_ context: MergeContext, newest: Version) {
-        digestSum = context.digestSum
         for entry in context.expiries { expiries.push(entry) }
         for entry in context.deletions { tombstoneQueue.push(entry) }
         tombstones += context.tombstoneDelta
@@ -381,7 +443,7 @@ public struct ReplicaStore: Sendable {
         guard !delta.properties.isEmpty else { return }  // never create an empty model entry
         var context = MergeContext(channel: delta.channel, model: delta.model, store: self)
         var anyWon = false
-        modify(delta.address) { model in
+        modify(delta.address, &context) { model, context in
             anyWon = Self.merge(delta, into: &model, context: &context, outcome: &outcome)
         }
         finish(context, newest: anyWon ? delta.version : .zero)
@@ -469,7 +531,7 @@ public struct ReplicaStore: Sendable {
                     properties: [.modelDeletion]))
             var context = MergeContext(channel: address.channel, model: address.model, store: self)
             var won = false
-            modify(address) { model in
+            modify(address, &context) { model, context in
                 let liveBefore = model.live
                 won = Self.deleteModel(at: register.version, in: &model, context: &context, outcome: &changes)
                 context.noteLiveness(before: liveBefore, after: model.live)
@@ -480,7 +542,7 @@ public struct ReplicaStore: Sendable {
         var changes: [PropertyChange] = []
         var context = MergeContext(channel: address.channel, model: address.model, store: self)
         var won = false
-        modify(address) { model in
+        modify(address, &context) { model, context in
             let liveBefore = model.live
             defer { context.noteLiveness(before: liveBefore, after: model.live) }
             guard let current = Self.mergeRegister(property, register, into: &model, context: &context) else { return }
@@ -541,7 +603,7 @@ public struct ReplicaStore: Sendable {
             // A run of properties up to the next deletion of the model (a snapshot has none after).
             var context = MergeContext(channel: address.channel, model: address.model, store: self)
             var newest = Version.zero
-            modify(address) { model in
+            modify(address, &context) { model, context in
                 let liveBefore = model.live
                 defer { context.noteLiveness(before: liveBefore, after: model.live) }
                 // A model new here (a joiner's): room for all its registers at once.
@@ -577,7 +639,7 @@ public struct ReplicaStore: Sendable {
             // (An entry names the register its write made: one replaced since is not expired.)
             let address = ModelAddress(channel: entry.channel, model: entry.model)
             var context = MergeContext(channel: entry.channel, model: entry.model, store: self)
-            modify(address) { model in
+            modify(address, &context) { model, context in
                 guard let register = model.registers[entry.property], register.version == entry.version,
                     !register.isDeleted
                 else { return }
@@ -611,7 +673,7 @@ public struct ReplicaStore: Sendable {
         var collected = 0
         while let entry = tombstoneQueue.popDue(through: stable) {
             var context = MergeContext(channel: entry.channel, model: entry.model, store: self)
-            modify(ModelAddress(channel: entry.channel, model: entry.model)) { model in
+            modify(ModelAddress(channel: entry.channel, model: entry.model), &context) { model, context in
                 if entry.property.isEmpty {
                     guard model.deletion == entry.version else { return }
                     model.deletion = nil
@@ -653,7 +715,7 @@ public struct ReplicaStore: Sendable {
         let collected = Version(timestamp: horizon, node: "")
         for model in models(in: channel).sorted() {
             var context = MergeContext(channel: channel, model: model, store: self)
-            modify(ModelAddress(channel: channel, model: model)) { entry in
+            modify(ModelAddress(channel: channel, model: model), &context) { entry, context in
                 let liveBefore = entry.live
                 if let deletion = entry.deletion, deletion.timestamp <= horizon,
                     !keeping(RecordKey(model: model, property: ""))
@@ -692,7 +754,7 @@ public struct ReplicaStore: Sendable {
     /// The properties of one model that have a value (empty when unknown or deleted).
     public func properties(of address: ModelAddress) -> [String: Register] {
         guard let model = channels[address.channel]?[address.model] else { return [:] }
-        if model.live == model.registers.count { return model.registers }
+        if Int(model.live) == model.registers.count { return model.registers }
         return model.registers.filter { !$0.value.isDeleted }
     }
 
@@ -766,7 +828,7 @@ public struct ReplicaStore: Sendable {
                 // What GET shows: the properties with a value, and the newest of their versions.
                 let model = models[name]!
                 let newest = model.registers.values.lazy.filter { !$0.isDeleted }.map(\.version).max() ?? .zero
-                return .init(name: name, count: model.live, latest: newest)
+                return .init(name: name, count: Int(model.live), latest: newest)
             }, more
         )
     }
@@ -780,10 +842,47 @@ public struct ReplicaStore: Sendable {
 
     /// A digest of the state that has a value, equal on replicas that hold equal state: the sum
     /// (mod 2^64) of the hash of every register with a value (FNV-1a 64 over channel, model,
-    /// property, value, version), kept up to date on every change, so reading it costs nothing
-    /// (docs/PROTOCOL.md, "Digest"). Deletions do not count: a replica that collected a tombstone
-    /// and one that still holds it have the same digest.
-    public var digest: UInt64 { digestSum }
+    /// property, value, version) (docs/PROTOCOL.md, "Digest"). Deletions do not count: a replica
+    /// that collected a tombstone and one that still holds it have the same digest.
+    ///
+    /// Reading it hashes the small models changed since ``foldDigests()`` last ran; a reader
+    /// that reads it often (a node, at every status) folds them in first.
+    public var digest: UInt64 {
+        var sum = digestSum
+        for (address, held) in staleDigests {
+            guard let model = channels[address.channel]?[address.model] else { continue }
+            sum = sum &- held &+ Self.digestPart(of: model, at: address)
+        }
+        return sum
+    }
+
+    /// Sums the shares of the models listed since the last fold into the digest: reading
+    /// ``digest`` then costs nothing until the next change.
+    public mutating func foldDigests() {
+        digestEpoch = digestEpoch &+ 1 == Self.staleDigest ? 1 : digestEpoch &+ 1
+        guard !staleDigests.isEmpty else { return }
+        var sum = digestSum
+        for (address, held) in staleDigests {
+            guard channels[address.channel]?[address.model] != nil else { continue }
+            Self.withModel(&channels[address.channel]![address.model]!) { model in
+                sum = sum &- held &+ Self.digestPart(of: model, at: address)
+                model.digestState = 0
+            }
+        }
+        digestSum = sum
+        staleDigests.removeAll(keepingCapacity: staleDigests.count <= 1024)
+    }
+
+    /// The sum of the hashes of `model`'s registers with a value.
+    private static func digestPart(of model: Model, at address: ModelAddress) -> UInt64 {
+        var prefix = StreamingFNV()
+        prefix.registerAddress(channel: address.channel, model: address.model)
+        var sum: UInt64 = 0
+        for (property, register) in model.registers where !register.isDeleted {
+            sum &+= registerHash(prefix: prefix, property: property, register: register)
+        }
+        return sum
+    }
 
     /// A register's canonical bytes: channel, model, property, value, version (wire encodings).
     public static func canonicalBytes(channel: String, model: String, property: String, register: Register) -> [UInt8] {

@@ -377,6 +377,9 @@ package struct NodeMachine: Sendable {
         }
         if lastRepairRound.map({ now &- $0 >= Self.repairInterval }) ?? true {
             lastRepairRound = now
+            // The models changed since: their shares of the digest are summed in now and then, so
+            // the list of them stays short however rarely the status is read.
+            store.foldDigests()
             updateRepairLinks()
             advanceSettling()
             if !intakePaused { requestRepairs() }
@@ -525,6 +528,7 @@ package struct NodeMachine: Sendable {
         // later time. Time never goes back (ages below are `now - then`, which must not wrap).
         self.now = max(self.now, now)
         let now = self.now
+        store.foldDigests()
         var status = NodeStatus(
             node: configuration.nodeID, incarnation: incarnation, publishEndpoint: boundPublish,
             apiEndpoint: configuration.apiEndpoint == nil ? nil : boundRepair,
