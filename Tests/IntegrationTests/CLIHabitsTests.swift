@@ -182,7 +182,10 @@ struct CLIHabitsTests {
                 environment: ProcessInfo.processInfo.environment,
                 standardOutput: .descriptor(pipe.fileHandleForWriting.fileDescriptor),
                 standardError: .file(errors, append: false))
-            defer { watch.signal(SIGKILL) }
+            defer {
+                watch.signal(SIGKILL)
+                _ = watch.waitUntilExit()
+            }
             let client = try StateSyncClient(endpoint: api)
             defer { client.close() }
             try await waitUntil("the watch is registered") { (try? await client.status().watchers) == 1 }

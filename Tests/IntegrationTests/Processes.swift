@@ -85,7 +85,10 @@ final class ChildProcess: Sendable {
     /// Its output files go with it (the tests read them, for their failure messages too,
     /// while they hold it).
     deinit {
+        // Stopped and reaped (no zombie left for the rest of the run), within a bound: a child
+        // stuck in the kernel is left to the runner's exit.
         process.signal(SIGKILL)
+        for _ in 0..<200 where process.exitStatus() == nil { usleep(5_000) }
         try? FileManager.default.removeItem(atPath: stdoutPath)
         try? FileManager.default.removeItem(atPath: stderrPath)
     }
