@@ -861,15 +861,8 @@ public struct ReplicaStore: Sendable {
     public mutating func foldDigests() {
         digestEpoch = digestEpoch &+ 1 == Self.staleDigest ? 1 : digestEpoch &+ 1
         guard !staleDigests.isEmpty else { return }
-        var sum = digestSum
-        for (address, held) in staleDigests {
-            guard channels[address.channel]?[address.model] != nil else { continue }
-            Self.withModel(&channels[address.channel]![address.model]!) { model in
-                sum = sum &- held &+ Self.digestPart(of: model, at: address)
-                model.digestState = 0
-            }
-        }
-        digestSum = sum
+        digestSum = digest
+        for address in staleDigests.keys { channels[address.channel]?[address.model]?.digestState = 0 }
         staleDigests.removeAll(keepingCapacity: staleDigests.count <= 1024)
     }
 
