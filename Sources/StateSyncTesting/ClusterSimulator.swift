@@ -906,9 +906,11 @@ final class FaultSchedule {
                     ? culprit
                     : compactionRandom.chance(0.5)
                         ? (target + 1 + compactionRandom.below(nodes.count - 1)) % nodes.count : nil
-                // Long enough for the link's delay (at most 15 ms) and a write after the dark
-                // moment to arrive.
-                if compacting != nil { after = UInt64(compactionRandom.inRange(17...30)) }
+                // Long enough for a write after the dark moment to cross the slowest link.
+                if compacting != nil {
+                    let slowest = Int(base.delay.upperBound)
+                    after = UInt64(compactionRandom.inRange((slowest + 2)...(slowest + 15)))
+                }
                 var lost = base
                 lost.loss = 1
                 let peers = nodes.filter { $0.index != target }
