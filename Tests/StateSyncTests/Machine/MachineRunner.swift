@@ -20,6 +20,8 @@ struct MachineRunner {
     var repairRequests: [(peer: String, frames: [[UInt8]])] = []
     var logBytes: [UInt8] = []
     var compactions = 0
+    /// The last compaction asked for (its snapshot and kept records).
+    var lastCompaction: NodeAction?
     /// The member list the machine last asked to save.
     var savedMembers: [UInt8]?
     /// How many watch events a client takes per batch (its queue space).
@@ -91,7 +93,9 @@ struct MachineRunner {
                     reservations.append(through)
                     reservationVoids.append(void)
                     if reportsReservations { inputs.append(.sequencesReserved(through: through)) }
-                case .compact: compactions += 1
+                case .compact:
+                    compactions += 1
+                    lastCompaction = action
                 case .saveMembers(let bytes): savedMembers = bytes
                 case .deliver: break
                 case .connectRepairLink(let peer, _): repairLinksConnected.append(peer)

@@ -235,8 +235,8 @@ struct VoidSequenceMachineTests {
 
     /// Kept records do not count towards the next compaction: with more of them than
     /// `storage.compact_bytes`, a node compacts once, not at every repair round while the gap
-    /// lasts.
-    @Test func keptRecordsDoNotMakeTheNodeCompactAgain() {
+    /// lasts, nor again after a restart.
+    @Test func keptRecordsDoNotMakeTheNodeCompactAgain() throws {
         var configuration = MachineRunner.configuration("n4", peers: ["n1"])
         configuration.compactBytes = 4096
         var node = MachineRunner(configuration)
@@ -247,5 +247,16 @@ struct VoidSequenceMachineTests {
         #expect(node.machine.durability.keptBytes > 4096, "every delta above the gap at 2 kept")
         for _ in 0..<5 { node.advance(60) }
         #expect(node.compactions == 1, "not again while 2 is missing")
+        // Nor after a restart from the snapshot and the kept records.
+        guard case .compact(let snapshot, let records)? = node.lastCompaction else {
+            Issue.record("no compaction seen")
+            return
+        }
+        var recovery = NodeMachine.Recovery(
+            snapshot: snapshot, deltas: try DeltaLog.parse(DeltaLog.magic + records, path: "kept").deltas)
+        recovery.logSize = DeltaLog.magic.count + records.count
+        var restarted = MachineRunner(configuration, recovery: recovery)
+        for _ in 0..<5 { restarted.advance(60) }
+        #expect(restarted.compactions == 0, "the kept records alone do not make it compact")
     }
 }

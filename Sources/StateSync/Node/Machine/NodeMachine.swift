@@ -245,6 +245,9 @@ package struct NodeMachine: Sendable {
         // restart with a lagging wall clock does not stamp writes that lose at once.
         clock.observe(store.latestVersion)
         durability.logSize = recovery.logSize
+        // The records a compaction would keep now (the last one's, replayed, among them) do not
+        // count towards the next: a restart must not make a node compact again for them.
+        durability.keptBytes = min(recordsAboveGaps.count, max(recovery.logSize - DeltaLog.magic.count, 0))
         if recovery.cutBytes > 0 {
             logger.warning(
                 "cut a torn or corrupt tail from the log (a crash interrupted a write); it was never acknowledged",
