@@ -61,7 +61,9 @@ struct StateSyncCLI: AsyncParsableCommand {
 
 /// Options every subcommand shares: which node, how long to wait for it.
 struct ConnectionOptions: ParsableArguments {
-    @Option(name: .long, help: ArgumentHelp("The node's client API endpoint.", valueName: "ENDPOINT"))
+    @Option(
+        name: .long,
+        help: ArgumentHelp("The node's client API endpoint ($STATESYNC_DAEMON when set).", valueName: "ENDPOINT"))
     var daemon: String = ProcessInfo.processInfo.environment["STATESYNC_DAEMON"] ?? "tcp://127.0.0.1:7101"
 
     @Option(name: .long, help: ArgumentHelp("Seconds to wait for the node to answer.", valueName: "SECONDS"))
