@@ -301,11 +301,11 @@ public final class ModelRegistrar: Sendable {
             // Nested: part of the outer transaction; if it throws, its own writes are undone
             // (the outer one may catch and go on).
             let mark = transactionLog.count
-            let before = schema.properties.map { $0.currentValue(model) }
+            let before = schema.access.map { $0.currentValue(of: model) }
             do throws(E) {
                 return try body(model)
             } catch {
-                for (index, property) in schema.properties.enumerated() { property.restore(model, before[index]) }
+                for (index, property) in schema.access.enumerated() { property.restore(model, to: before[index]) }
                 transactionLog.removeSubrange(mark...)
                 throw error
             }
@@ -327,21 +327,21 @@ public final class ModelRegistrar: Sendable {
             } catch {
                 transactionVersions = ([], [])
                 for touched in transactionLog.reversed() {
-                    schema.properties[touched.index].restore(model, touched.old)
+                    schema.access[touched.index].restore(model, to: touched.old)
                 }
                 throw error
             }
-            var touched: [(Int, any Sendable, any Sendable)] = []
+            // The schema's `access`, not its `properties`: see ErasedPropertyAccess.
+            let access = schema.access
+            var touched: [Touched] = []
             touched.reserveCapacity(transactionLog.count)
             for entry in transactionLog {
-                let property = schema.properties[entry.index]
-                let new = property.currentValue(model)
                 // With a time to live every assignment is a write (it renews the expiry), and a
                 // property without a value gets one even when assigned its initial value.
-                if timeToLive > 0 || !property.sameErased(entry.old, new)
+                if timeToLive > 0 || access[entry.index].differs(model, from: entry.old)
                     || (!state.hasValue(entry.index) && state.versions[entry.index] != nil)
                 {
-                    touched.append((entry.index, entry.old, new))
+                    touched.append(entry)
                 }
             }
             if touched.isEmpty { return false }  // no version for a transaction that changed nothing
@@ -349,11 +349,12 @@ public final class ModelRegistrar: Sendable {
             var writes: [PropertyWrite] = []
             if state.binding != nil { writes.reserveCapacity(touched.count) }
             var changed = false
-            for (index, old, new) in touched {
-                let property = schema.properties[index]
+            for entry in touched {
+                let index = entry.index
+                let property = access[index]
                 if let held = state.floor(of: index), held >= version {
                     // Superseded by a version from a clock ahead of ours: the held value stands.
-                    property.restore(model, old)
+                    property.restore(model, to: entry.old)
                     supersededWrites.add(1, ordering: .relaxed)
                     continue
                 }
@@ -361,16 +362,19 @@ public final class ModelRegistrar: Sendable {
                 state.versions[index] = version
                 state.setRemoved(index, false)
                 state.pending.append(.observation(index))
+                let name = state.names[index]
                 enqueue(
                     &state, index,
-                    ErasedChange(property: property.name, old: old, new: new, version: version, isRemote: false))
+                    ErasedChange(
+                        property: name, old: entry.old, new: property.currentValue(of: model), version: version,
+                        isRemote: false))
                 if let binding = state.binding {
                     do {
                         writes.append(
                             PropertyWrite(
-                                name: property.name, value: try property.encodeErased(new), timeToLive: timeToLive))
+                                name: name, value: try property.encodeCurrent(of: model), timeToLive: timeToLive))
                     } catch {
-                        binding.reportEncodingFailure(property.name, error)
+                        binding.reportEncodingFailure(name, error)
                     }
                 }
             }
@@ -814,11 +818,11 @@ public final class ModelRegistrar: Sendable {
     // MARK: - Delivery
 
     /// Queues `change` of the property at schema index `index` for the observers registered for
-    /// it now (caller holds the state lock).
-    private func enqueue(_ state: inout State, _ index: Int, _ change: ErasedChange) {
+    /// it now (caller holds the state lock); without observers, the change is not even made.
+    private func enqueue(_ state: inout State, _ index: Int, _ change: @autoclosure () -> ErasedChange) {
         let list = observers(of: index)
         if list.isEmpty { return }
-        state.pending.append(.change(change, list))
+        state.pending.append(.change(change(), list))
     }
 
     /// The observers registered for the property at schema index `index`, now.
@@ -846,7 +850,7 @@ public final class ModelRegistrar: Sendable {
         // empty, the emptied batch (with its capacity) stays as the queue for the next writes:
         // a write or transaction then queues its notices without growing a new array.
         var spare: [Notice] = []
-        let properties = Model._$schema.properties  // once, not once per notice
+        let properties = Model._$schema.access  // once, not once per notice; see ErasedPropertyAccess
         while true {
             var batch = state.withLock { state -> [Notice] in
                 if state.pending.isEmpty {
@@ -871,7 +875,7 @@ public final class ModelRegistrar: Sendable {
                         observer.callback(change)
                     }
                 case .observation(let index):
-                    properties[index].notifyObservation(model, registrar: observationRegistrar)
+                    properties[index].notifyObservation(of: model, registrar: observationRegistrar)
                 case .deletionObservation:
                     observationRegistrar.willSet(model, keyPath: \Model.isDeleted)
                     observationRegistrar.didSet(model, keyPath: \Model.isDeleted)

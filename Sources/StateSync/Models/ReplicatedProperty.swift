@@ -104,6 +104,89 @@ extension ReplicatedProperty: AnyReplicatedProperty {
     }
 }
 
+/// What a model's registrar does with a property whose value type it does not know, reached
+/// without a parameterized existential: the registrar's methods are generic over the model and
+/// not specialised for it (the model lives in the app's module), and there every access to an
+/// element of `[any AnyReplicatedProperty<Model>]` asked the runtime for that existential's
+/// metadata (`swift_getExtendedExistentialTypeMetadata`, a hashed look-up): 7 % of a writer of
+/// 8-property transactions, with the casts of the erased values another 8 %. The model is passed
+/// as `AnyObject`; each method is called with the model the property belongs to.
+package protocol ErasedPropertyAccess: AnyObject, Sendable {
+    /// Whether the current value differs from `old`, a value this property's
+    /// ``AnyReplicatedProperty/currentValue(_:)`` returned (true when the type has no `==`).
+    func differs(_ model: AnyObject, from old: any Sendable) -> Bool
+    /// The current value, erased.
+    func currentValue(of model: AnyObject) -> any Sendable
+    /// The current value, encoded.
+    func encodeCurrent(of model: AnyObject) throws -> Value
+    /// Restores a value captured by ``currentValue(of:)``.
+    func restore(_ model: AnyObject, to value: any Sendable)
+    /// Tells Observation that the property changed.
+    func notifyObservation(of model: AnyObject, registrar: ObservationRegistrar)
+}
+
+extension ReplicatedProperty: ErasedPropertyAccess {
+    /// `value`, which this property's getter returned: unboxed without a dynamic cast when its
+    /// type is `T` exactly (always, for what the registrar passes).
+    @inline(__always)
+    private func unbox(_ value: any Sendable) -> T {
+        func open<V>(_ value: V) -> T {
+            V.self == T.self ? unsafeBitCast(value, to: T.self) : value as! T
+        }
+        return open(value)
+    }
+
+    package func differs(_ model: AnyObject, from old: any Sendable) -> Bool {
+        guard let isEqual else { return true }
+        return !isEqual(unbox(old), get(unsafeDowncast(model, to: Model.self)))
+    }
+
+    package func currentValue(of model: AnyObject) -> any Sendable { get(unsafeDowncast(model, to: Model.self)) }
+
+    package func encodeCurrent(of model: AnyObject) throws -> Value {
+        try ValueEncoder().encode(get(unsafeDowncast(model, to: Model.self)))
+    }
+
+    package func restore(_ model: AnyObject, to value: any Sendable) {
+        set(unsafeDowncast(model, to: Model.self), unbox(value))
+    }
+
+    package func notifyObservation(of model: AnyObject, registrar: ObservationRegistrar) {
+        notifyObservation(unsafeDowncast(model, to: Model.self), registrar: registrar)
+    }
+}
+
+/// ``ErasedPropertyAccess`` for a property that is not a ``ReplicatedProperty`` (the protocol is
+/// public; the macro only makes those): through its existential.
+private final class ExistentialPropertyAccess<Model: AnyObject & Observable>: ErasedPropertyAccess {
+    let property: any AnyReplicatedProperty<Model>
+
+    init(_ property: any AnyReplicatedProperty<Model>) {
+        self.property = property
+    }
+
+    func differs(_ model: AnyObject, from old: any Sendable) -> Bool {
+        let model = unsafeDowncast(model, to: Model.self)
+        return !property.sameErased(old, property.currentValue(model))
+    }
+
+    func currentValue(of model: AnyObject) -> any Sendable {
+        property.currentValue(unsafeDowncast(model, to: Model.self))
+    }
+
+    func encodeCurrent(of model: AnyObject) throws -> Value {
+        try property.encodeCurrent(unsafeDowncast(model, to: Model.self))
+    }
+
+    func restore(_ model: AnyObject, to value: any Sendable) {
+        property.restore(unsafeDowncast(model, to: Model.self), value)
+    }
+
+    func notifyObservation(of model: AnyObject, registrar: ObservationRegistrar) {
+        property.notifyObservation(unsafeDowncast(model, to: Model.self), registrar: registrar)
+    }
+}
+
 /// All tracked properties of a model type, in declaration order.
 public struct ModelSchema<Model: AnyObject & Observable>: Sendable {
     /// The tracked properties, in declaration order.
@@ -111,6 +194,9 @@ public struct ModelSchema<Model: AnyObject & Observable>: Sendable {
     /// The properties' names, in declaration order (compared without reaching into the
     /// existentials of ``properties``).
     package let names: [String]
+    /// The same properties, in the same order, for the registrar's hot paths (see
+    /// ``ErasedPropertyAccess``).
+    package let access: [any ErasedPropertyAccess]
     private let indexByName: [String: Int]
     // Key paths are immutable values; the dictionary is written once in init and only read after.
     nonisolated(unsafe) private let indexByKeyPath: [AnyKeyPath: Int]
@@ -119,6 +205,9 @@ public struct ModelSchema<Model: AnyObject & Observable>: Sendable {
     public init(_ properties: [any AnyReplicatedProperty<Model>]) {
         self.properties = properties
         names = properties.map(\.name)
+        access = properties.map { property in
+            property as? any ErasedPropertyAccess ?? ExistentialPropertyAccess(property)
+        }
         var byName: [String: Int] = [:]
         var byKeyPath: [AnyKeyPath: Int] = [:]
         for (index, property) in properties.enumerated() {

@@ -301,6 +301,91 @@ struct ReplicatedModelEdgeTests {
         #expect(whileReading == after, "also while reading consistently")
     }
 
+    /// The registrar's transaction path unboxes erased values of the property's own type without a
+    /// cast (ErasedPropertyAccess): values with storage (strings, arrays, dictionaries, data,
+    /// optionals, enums with payloads) must come out exact, and a throw must restore each.
+    @Test func aTransactionOverValuesWithStorageReportsExactValuesAndRollsBackEach() {
+        struct Abort: Error {}
+        let model = Everything()
+        let seen = Shared<[String]>([])
+        model.observe(\.string) { c in seen.withLock { $0.append("string \(c.old)->\(c.new)") } }
+        model.observe(\.array) { c in seen.withLock { $0.append("array \(c.old)->\(c.new)") } }
+        model.observe(\.optional) { c in
+            seen.withLock { $0.append("optional \(String(describing: c.old))->\(String(describing: c.new))") }
+        }
+        model.observe(\.dictionary) { c in seen.withLock { $0.append("dictionary \(c.old.count)->\(c.new.count)") } }
+        model.observe(\.shape) { c in seen.withLock { $0.append("shape \(c.old)->\(c.new)") } }
+        let long = String(repeating: "long enough to be stored out of line ", count: 4)
+        for round in 0..<3 {
+            model.transaction { m in
+                m.string = long + "\(round)"
+                m.array = Array(0...round)
+                m.optional = round == 1 ? nil : "r\(round)"
+                m.dictionary = Dictionary(uniqueKeysWithValues: (0...round).map { ("k\($0)", $0) })
+                m.shape = .square(side: Double(round))
+                m.data = Data(repeating: UInt8(round), count: 64)
+            }
+        }
+        let before = (model.string, model.array, model.optional, model.dictionary, model.shape, model.data)
+        #expect(throws: Abort.self) {
+            try model.transaction { (m) throws(Abort) in
+                m.string = "gone"
+                m.array = []
+                m.optional = "gone"
+                m.dictionary = [:]
+                m.shape = .circle(radius: 9)
+                m.data = Data()
+                throw Abort()
+            }
+        }
+        #expect(model.string == before.0 && model.array == before.1 && model.optional == before.2)
+        #expect(model.dictionary == before.3 && model.shape == before.4 && model.data == before.5)
+        #expect(
+            seen.value == [
+                "string ->\(long)0", "array []->[0]", "optional nil->Optional(\"r0\")", "dictionary 0->1",
+                "shape circle(radius: 1.0)->square(side: 0.0)",
+                "string \(long)0->\(long)1", "array [0]->[0, 1]", "optional Optional(\"r0\")->nil",
+                "dictionary 1->2", "shape square(side: 0.0)->square(side: 1.0)",
+                "string \(long)1->\(long)2", "array [0, 1]->[0, 1, 2]", "optional nil->Optional(\"r2\")",
+                "dictionary 2->3", "shape square(side: 1.0)->square(side: 2.0)",
+            ])
+    }
+
+    /// A property that is not the macro's ``ReplicatedProperty`` reaches the registrar's hot
+    /// paths through its existential.
+    @Test func aSchemaOfAnotherConformerGivesTheSameAccess() throws {
+        struct Wrapped: AnyReplicatedProperty {
+            let inner: ReplicatedProperty<Counter, Int>
+            var name: String { inner.name }
+            var index: Int { inner.index }
+            var anyKeyPath: any AnyKeyPath & Sendable { inner.anyKeyPath }
+            func encodeCurrent(_ model: Counter) throws -> Value { try inner.encodeCurrent(model) }
+            func currentValue(_ model: Counter) -> any Sendable { inner.currentValue(model) }
+            func assign(_ model: Counter, from value: Value) throws -> (old: any Sendable, new: any Sendable)? {
+                try inner.assign(model, from: value)
+            }
+            func restore(_ model: Counter, _ value: any Sendable) { inner.restore(model, value) }
+            func sameErased(_ a: any Sendable, _ b: any Sendable) -> Bool { inner.sameErased(a, b) }
+            func encodeErased(_ value: any Sendable) throws -> Value { try inner.encodeErased(value) }
+            func notifyObservation(_ model: Counter, registrar: ObservationRegistrar) {
+                inner.notifyObservation(model, registrar: registrar)
+            }
+        }
+        let inner: ReplicatedProperty<Counter, Int> = Counter._$schema.property(at: 0)
+        let schema = ModelSchema<Counter>([Wrapped(inner: inner)])
+        let access = try #require(schema.access.first)
+        #expect(!(access is ReplicatedProperty<Counter, Int>))
+        let counter = Counter()
+        counter.count = 3
+        let old = access.currentValue(of: counter)
+        #expect(old as? Int == 3 && !access.differs(counter, from: old))
+        counter.count = 4
+        #expect(access.differs(counter, from: old))
+        #expect(try access.encodeCurrent(of: counter) == .int(4))
+        access.restore(counter, to: old)
+        #expect(counter.count == 3)
+    }
+
     @Test func namesMustBeNFC() {
         #expect(throws: StateSyncError.self) { try Names.validateProperty("e\u{301}") }
         #expect(throws: Never.self) { try Names.validateProperty("\u{e9}") }
