@@ -68,22 +68,32 @@ public enum Names {
     }
 
     private static func validate(_ name: String, what: String, forbidSlash: Bool) throws(StateSyncError) {
-        let count = name.utf8.count
+        // One pass over the bytes in place (every received delta's names come through here;
+        // three walks of the UTF-8 view cost a reader of transactions 2 % of its samples).
+        var name = name
+        let (count, hasNUL, hasSlash, isASCII) = name.withUTF8 { bytes in
+            var hasNUL = false
+            var hasSlash = false
+            var high: UInt8 = 0
+            for byte in bytes {
+                hasNUL = hasNUL || byte == 0
+                hasSlash = hasSlash || byte == UInt8(ascii: "/")
+                high |= byte
+            }
+            return (bytes.count, hasNUL, hasSlash, high < 0x80)
+        }
         guard count > 0 else { throw StateSyncError(.invalidName, "\(what) is empty") }
         guard count <= 255 else {
             throw StateSyncError(.invalidName, "\(what) '\(name.prefix(32))…' is longer than 255 bytes")
         }
-        guard !name.utf8.contains(0) else { throw StateSyncError(.invalidName, "\(what) contains a NUL byte") }
-        if forbidSlash && name.utf8.contains(UInt8(ascii: "/")) {
+        guard !hasNUL else { throw StateSyncError(.invalidName, "\(what) contains a NUL byte") }
+        if forbidSlash && hasSlash {
             throw StateSyncError(.invalidName, "\(what) '\(name)' contains '/'")
         }
         // Names compare as bytes on the wire and in digests: canonically equivalent spellings
         // must not both exist, so only the composed form (NFC) is accepted.
         // (ASCII is always NFC: the usual names skip the normalisation on the delta path.)
-        guard
-            name.utf8.allSatisfy({ $0 < 0x80 })
-                || name.utf8.elementsEqual(name.precomposedStringWithCanonicalMapping.utf8)
-        else {
+        guard isASCII || name.utf8.elementsEqual(name.precomposedStringWithCanonicalMapping.utf8) else {
             throw StateSyncError(.invalidName, "\(what) '\(name)' is not in Unicode NFC form; normalize it (NFC) first")
         }
     }

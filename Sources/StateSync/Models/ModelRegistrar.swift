@@ -461,11 +461,22 @@ public final class ModelRegistrar: Sendable {
             let wasDeleted = state.isDeleted
             var removedAny = false
             var setAny = false
-            func notify(_ index: Int, _ change: ErasedChange) {
+            /// The observers of the property at `index` (looked up once per call).
+            func observerList(_ index: Int) -> [ObserverEntry] {
+                if let list = observerLists[index] { return list }
+                let list = observers(of: index)
+                observerLists[index] = list
+                return list
+            }
+            /// The property at `index` changed: Observation is told (once, at the end).
+            func noteApplied(_ index: Int) {
                 result.applied += 1
                 changed[index] = true
-                if observerLists[index] == nil { observerLists[index] = observers(of: index) }
-                guard let list = observerLists[index], !list.isEmpty else { return }
+            }
+            func notify(_ index: Int, _ change: ErasedChange) {
+                noteApplied(index)
+                let list = observerList(index)
+                guard !list.isEmpty else { return }
                 state.pending.append(.change(change, list))
                 queued += 1
             }
@@ -541,10 +552,19 @@ public final class ModelRegistrar: Sendable {
                         }
                         continue
                     }
-                    let property = schema.properties[index]
                     do {
                         let hadValue = state.hasValue(index)
-                        let assigned = try property.assign(model, from: write.value)
+                        let property = schema.access[index]
+                        if observerList(index).isEmpty {
+                            // No one to tell the values to: stored without erasing them.
+                            let stored = try property.assign(model, from: write.value)
+                            state.versions[index] = set.version
+                            state.setRemoved(index, false)
+                            setAny = true
+                            if stored || !hadValue { noteApplied(index) }
+                            continue
+                        }
+                        let assigned = try property.assignReporting(model, from: write.value)
                         state.versions[index] = set.version
                         state.setRemoved(index, false)
                         setAny = true
@@ -556,7 +576,7 @@ public final class ModelRegistrar: Sendable {
                             (old, new) = assigned
                         } else {
                             // Equal: nothing was stored, so the current value is both.
-                            old = property.currentValue(model)
+                            old = property.currentValue(of: model)
                             new = old
                         }
                         notify(

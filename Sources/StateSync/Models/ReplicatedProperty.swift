@@ -123,6 +123,12 @@ package protocol ErasedPropertyAccess: AnyObject, Sendable {
     func restore(_ model: AnyObject, to value: any Sendable)
     /// Tells Observation that the property changed.
     func notifyObservation(of model: AnyObject, registrar: ObservationRegistrar)
+    /// Decodes `value` and stores it unless the property holds an equal one; returns whether it
+    /// stored. Throws when `value` does not decode to the property's type.
+    func assign(_ model: AnyObject, from value: Value) throws -> Bool
+    /// ``AnyReplicatedProperty/assign(_:from:)``: also returns the old and new values, erased
+    /// (`nil` when equal).
+    func assignReporting(_ model: AnyObject, from value: Value) throws -> (old: any Sendable, new: any Sendable)?
 }
 
 extension ReplicatedProperty: ErasedPropertyAccess {
@@ -154,6 +160,20 @@ extension ReplicatedProperty: ErasedPropertyAccess {
     package func notifyObservation(of model: AnyObject, registrar: ObservationRegistrar) {
         notifyObservation(unsafeDowncast(model, to: Model.self), registrar: registrar)
     }
+
+    package func assign(_ model: AnyObject, from value: Value) throws -> Bool {
+        let model = unsafeDowncast(model, to: Model.self)
+        let new = try ValueDecoder().decode(T.self, from: value)
+        if same(get(model), new) { return false }
+        set(model, new)
+        return true
+    }
+
+    package func assignReporting(_ model: AnyObject, from value: Value) throws -> (
+        old: any Sendable, new: any Sendable
+    )? {
+        try assign(unsafeDowncast(model, to: Model.self), from: value)
+    }
 }
 
 /// ``ErasedPropertyAccess`` for a property that is not a ``ReplicatedProperty`` (the protocol is
@@ -184,6 +204,14 @@ private final class ExistentialPropertyAccess<Model: AnyObject & Observable>: Er
 
     func notifyObservation(of model: AnyObject, registrar: ObservationRegistrar) {
         property.notifyObservation(unsafeDowncast(model, to: Model.self), registrar: registrar)
+    }
+
+    func assign(_ model: AnyObject, from value: Value) throws -> Bool {
+        try property.assign(unsafeDowncast(model, to: Model.self), from: value) != nil
+    }
+
+    func assignReporting(_ model: AnyObject, from value: Value) throws -> (old: any Sendable, new: any Sendable)? {
+        try property.assign(unsafeDowncast(model, to: Model.self), from: value)
     }
 }
 

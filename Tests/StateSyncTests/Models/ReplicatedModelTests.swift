@@ -384,10 +384,43 @@ struct ReplicatedModelEdgeTests {
         #expect(try access.encodeCurrent(of: counter) == .int(4))
         access.restore(counter, to: old)
         #expect(counter.count == 3)
+        #expect(try access.assign(counter, from: .int(5)) && counter.count == 5)
+        #expect(try !access.assign(counter, from: .int(5)), "an equal value is not stored again")
+        let reported = try access.assignReporting(counter, from: .int(6))
+        #expect(reported?.old as? Int == 5 && reported?.new as? Int == 6 && counter.count == 6)
+        #expect(throws: (any Error).self) { try access.assign(counter, from: .string("six")) }
+        #expect(counter.count == 6)
     }
 
     @Test func namesMustBeNFC() {
         #expect(throws: StateSyncError.self) { try Names.validateProperty("e\u{301}") }
         #expect(throws: Never.self) { try Names.validateProperty("\u{e9}") }
+    }
+
+    /// Each rule of a name, with the reason the error gives, in the order they are checked.
+    @Test func namesAreCheckedRuleByRule() {
+        func reason(_ check: () throws -> Void) -> String? {
+            do {
+                try check()
+                return nil
+            } catch let error as StateSyncError {
+                #expect(error.code == .invalidName)
+                return error.message
+            } catch {
+                Issue.record("not a StateSyncError: \(error)")
+                return "\(error)"
+            }
+        }
+        #expect(reason { try Names.validateChannel("") } == "channel is empty")
+        #expect(reason { try Names.validateModel(String(repeating: "m", count: 255)) } == nil)
+        #expect(
+            reason { try Names.validateModel(String(repeating: "m", count: 256)) }?.hasSuffix("longer than 255 bytes")
+                == true)
+        #expect(reason { try Names.validateProperty("a\u{0}b") } == "property name contains a NUL byte")
+        #expect(reason { try Names.validateChannel("a/b") } == "channel 'a/b' contains '/'")
+        #expect(reason { try Names.validateModel("a/b") } == nil, "a model id may hold '/'")
+        #expect(reason { try Names.validateChannel("a\u{0}/") } == "channel contains a NUL byte", "NUL is told first")
+        #expect(reason { try Names.validateModel("caf\u{e9} \u{1F600}") } == nil, "composed non-ASCII passes")
+        #expect(reason { try Names.validateModel("cafe\u{301}") }?.contains("NFC") == true)
     }
 }
