@@ -52,6 +52,14 @@ package final class ZeroMQNodeDriver: NodeDriver {
 
     package func wake() { wakeUp.signal() }
 
+    /// The I/O thread's ``currentThreadID()`` while it runs (0 before and after).
+    private let ioThread = Atomic<UInt>(0)
+
+    package func mayWaitForOutbox() -> Bool {
+        let io = ioThread.load(ordering: .relaxed)
+        return io != 0 && io != currentThreadID()
+    }
+
     /// Keys waiting to replace the transport's (``StateSyncNode/reloadSecurity(_:)``).
     private let pendingKeys = Mutex<NodeKeys?>(nil)
 
@@ -103,6 +111,8 @@ package final class ZeroMQNodeDriver: NodeDriver {
 
     private func main(_ node: StateSyncNode, ready: CheckedContinuation<Void, any Error>) {
         nameCurrentThread("statesync-io")
+        ioThread.store(currentThreadID(), ordering: .relaxed)
+        defer { ioThread.store(0, ordering: .relaxed) }
         let transport: ZeroMQTransport
         do {
             let made = try SocketFactory.makeNodeSockets(configuration: configuration)

@@ -17,18 +17,23 @@ package final class ModelBinding: Sendable {
     package let discard: @Sendable (_ version: Version) -> Void
     /// Reports a property that could not be encoded for the wire.
     package let reportEncodingFailure: @Sendable (_ property: String, _ error: any Error) -> Void
+    /// Called by a thread that emitted a write, once it holds no lock of the model: returns when
+    /// the node's queue of local writes has room (a writer must not outrun its node without bound).
+    package let pace: @Sendable () -> Void
 
     package init(
         address: ModelAddress, stamp: @escaping @Sendable () -> Version,
         emit: @escaping @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void,
         discard: @escaping @Sendable (_ version: Version) -> Void,
-        reportEncodingFailure: @escaping @Sendable (_ property: String, _ error: any Error) -> Void
+        reportEncodingFailure: @escaping @Sendable (_ property: String, _ error: any Error) -> Void,
+        pace: @escaping @Sendable () -> Void = {}
     ) {
         self.address = address
         self.stamp = stamp
         self.emit = emit
         self.discard = discard
         self.reportEncodingFailure = reportEncodingFailure
+        self.pace = pace
     }
 }
 
@@ -208,7 +213,9 @@ public final class ModelRegistrar: Sendable {
 
     /// Writes a tracked property: applies it, stamps a version, queues its notifications and
     /// (when attached to a node) its delta, then delivers notifications outside the lock. An equal
-    /// value, or a write that loses last-writer-wins, changes nothing and notifies nothing.
+    /// value, or a write that loses last-writer-wins, changes nothing and notifies nothing. When
+    /// the node's queue of local writes is full, returns once the node has taken them (the
+    /// thread holds no lock of the model meanwhile).
     public func write<Model: ReplicatedModel, T>(
         _ model: Model, _ property: ReplicatedProperty<Model, T>, _ newValue: T
     ) {
@@ -220,6 +227,7 @@ public final class ModelRegistrar: Sendable {
             property.set(model, newValue)
             return
         }
+        var emittedTo: ModelBinding?
         let deliver = state.withLock { state -> Bool in
             let index = property.index
             if state.versions.count <= index {
@@ -252,6 +260,7 @@ public final class ModelRegistrar: Sendable {
                 do {
                     let value = try ValueEncoder().encode(newValue)
                     binding.emit(binding.address, version, [PropertyWrite(name: property.name, value: value)])
+                    emittedTo = binding
                 } catch {
                     binding.discard(version)
                     binding.reportEncodingFailure(property.name, error)
@@ -260,6 +269,7 @@ public final class ModelRegistrar: Sendable {
             return claimDelivery(&state)
         }
         if deliver { drain(model) }
+        emittedTo?.pace()
     }
 
     /// Runs `body` with the model's lock held and every read inside it consistent with the others
@@ -311,6 +321,7 @@ public final class ModelRegistrar: Sendable {
             }
         }
         var result: R?
+        var emittedTo: ModelBinding?
         let deliver = try state.withLock { (state) throws(E) -> Bool in
             let me = currentThreadID()
             transactionOwner.store(me, ordering: .relaxed)
@@ -381,6 +392,7 @@ public final class ModelRegistrar: Sendable {
             if let binding = state.binding {
                 if changed && !writes.isEmpty {
                     binding.emit(binding.address, version, writes)
+                    emittedTo = binding
                 } else {
                     binding.discard(version)
                 }
@@ -390,6 +402,7 @@ public final class ModelRegistrar: Sendable {
             return claimDelivery(&state)
         }
         if deliver { drain(model) }
+        emittedTo?.pace()
         return result!
     }
 
@@ -649,6 +662,7 @@ public final class ModelRegistrar: Sendable {
     private func deleteLocally<Model: ReplicatedModel>(_ model: Model, property only: Int?) {
         precondition(!inTransactionOnThisThread, "delete inside a transaction is not supported")
         let schema = Model._$schema
+        var emittedTo: ModelBinding?
         let deliver = state.withLock { state -> Bool in
             state.prepare(schema)
             let indices = only.map { [$0] } ?? Array(schema.properties.indices)
@@ -684,10 +698,12 @@ public final class ModelRegistrar: Sendable {
             if let binding = state.binding {
                 let write = only.map { PropertyWrite.deletion(of: schema.properties[$0].name) } ?? .modelDeletion
                 binding.emit(binding.address, version, [write])
+                emittedTo = binding
             }
             return claimDelivery(&state)
         }
         if deliver { drain(model) }
+        emittedTo?.pace()
     }
 
     /// Attaches the model to a node: adopts the node's records for it silently (no

@@ -6,7 +6,7 @@
 
 /// A number identifying the calling thread, never 0.
 @inline(__always)
-func currentThreadID() -> UInt {
+package func currentThreadID() -> UInt {
     #if canImport(Darwin)
         return UInt(bitPattern: pthread_self())
     #else

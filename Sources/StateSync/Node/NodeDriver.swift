@@ -49,4 +49,12 @@ package protocol NodeDriver: Sendable {
     /// Feeds the node ``NodeInput/stop``, closes the driver's sockets within a bounded linger and
     /// returns once it has stopped driving the node.
     func stop() async
+    /// Whether the calling thread may wait for the driver to take the node's queued local
+    /// writes: only a driver that takes them on a thread of its own, and not on that thread.
+    func mayWaitForOutbox() -> Bool
+}
+
+extension NodeDriver {
+    /// No: the caller may be the thread that drives the node (the simulator's).
+    package func mayWaitForOutbox() -> Bool { false }
 }

@@ -2,6 +2,12 @@ package import Logging
 public import ServiceLifecycle
 import Synchronization
 
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
 /// A StateSync node: hosts replicated models, publishes every local write as a delta, applies
 /// its peers' deltas, and (with `network.api` set) serves clients.
 ///
@@ -49,6 +55,17 @@ public final class StateSyncNode: Sendable {
     /// writes not handed over yet (at most one per writing thread): the node's floor stays below
     /// them.
     private let outbox = Mutex<Outbox>(Outbox())
+    /// How many rounds the outbox holds (written under its lock; read without it by writers).
+    private let queuedRounds = Atomic<Int>(0)
+    /// The most rounds of local writes (``NodeMachine/localWritesPerRound`` each) the outbox
+    /// holds before a writing thread waits for the driver to take them (``paceWriter()``).
+    private let queuedRoundsLimit = Atomic<Int>(StateSyncNode.defaultQueuedRoundsLimit)
+    /// 64 rounds: 262,144 writes, about half a second of work for the I/O thread here, some
+    /// 40 MB of single-property writes queued (more for larger ones). Without a bound a thread writing in a tight loop queued millions
+    /// (a 3-second single-set benchmark writer peaked at 437 MB resident).
+    package static let defaultQueuedRoundsLimit = 64
+    /// How many times a writing thread waited for room in the outbox.
+    private let writerWaits = Atomic<Int>(0)
     /// When the data directory's free space was last measured (monotonic milliseconds).
     private let lastSpaceCheck = Atomic<UInt64>(0)
     /// How often the free space is measured.
@@ -157,6 +174,7 @@ public final class StateSyncNode: Sendable {
         // still in flight, or above the clock's last timestamp read here.
         let (rounds, writeFloor) = outbox.withLock { pending -> ([[LocalWrite]], UInt64) in
             let inFlight = pending.stamped.min().map { $0 &- 1 } ?? .max
+            queuedRounds.store(0, ordering: .relaxed)
             return (pending.take(), min(clock.lastTimestamp, inFlight))
         }
         state.withLock { $0.machine.hostWriteFloor = writeFloor }
@@ -439,7 +457,8 @@ public final class StateSyncNode: Sendable {
             },
             reportEncodingFailure: { [weak self] property, error in
                 self?.reportEncodingFailure(address, property, error)
-            })
+            },
+            pace: { [weak self] in self?.paceWriter() })
         return try state.withLock { state throws(StateSyncError) -> M in
             if let existing = state.instances[address]?.model {
                 guard let typed = existing as? M else {
@@ -461,9 +480,33 @@ public final class StateSyncNode: Sendable {
         outbox.withLock { pending in
             Self.release(write.version, from: &pending.stamped)
             pending.append(write)
+            queuedRounds.store(pending.rounds.count, ordering: .relaxed)
         }
         driver.withLock { $0 }?.wake()
     }
+
+    /// Called by a thread that made a local write, holding no model's lock: while the outbox
+    /// holds more than ``queuedRoundsLimit`` rounds, waits (sleeping 50 µs, doubling up to 1 ms)
+    /// for the driver to take them. Writes are never refused or dropped, only held back; not on
+    /// the driver's own thread (which takes them), nor once the node stops running.
+    private func paceWriter() {
+        let limit = queuedRoundsLimit.load(ordering: .relaxed)
+        guard queuedRounds.load(ordering: .relaxed) > limit else { return }
+        guard let driver = driver.withLock({ $0 }), driver.mayWaitForOutbox() else { return }
+        writerWaits.add(1, ordering: .relaxed)
+        var pause: UInt32 = 50
+        while queuedRounds.load(ordering: .relaxed) > limit, isRunning {
+            usleep(pause)
+            pause = min(pause * 2, 1_000)
+        }
+    }
+
+    /// Rounds of local writes waiting for the driver now.
+    package var queuedLocalWriteRounds: Int { queuedRounds.load(ordering: .relaxed) }
+    /// How many times a writing thread waited for room in the outbox.
+    package var writerWaitCount: Int { writerWaits.load(ordering: .relaxed) }
+    /// Sets how many rounds the outbox holds before writers wait (tests use a small one).
+    package func setQueuedRoundsLimit(_ rounds: Int) { queuedRoundsLimit.store(rounds, ordering: .relaxed) }
 
     /// A stamped version is no longer in flight. (At most one per writing thread is: a short
     /// array, searched from its end, where the write just stamped is; no hashing per write.)
