@@ -281,7 +281,9 @@ public final class ModelRegistrar: Sendable {
         return try state.withLock { (state) throws(E) -> R in
             transactionOwner.store(currentThreadID(), ordering: .relaxed)
             transactionVersions = (state.names, state.versions)
+            HeldModelLocks.enter()
             defer {
+                HeldModelLocks.leave()
                 transactionVersions = ([], [])
                 transactionOwner.store(0, ordering: .relaxed)
             }
@@ -328,7 +330,9 @@ public final class ModelRegistrar: Sendable {
             transactionLog.removeAll(keepingCapacity: true)
             state.prepare(schema)
             transactionVersions = (state.names, state.versions)
+            HeldModelLocks.enter()
             defer {
+                HeldModelLocks.leave()
                 transactionLog.removeAll(keepingCapacity: true)
                 transactionOwner.store(0, ordering: .relaxed)
             }

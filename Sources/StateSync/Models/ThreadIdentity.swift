@@ -29,3 +29,23 @@ package func nameCurrentThread(_ name: String) {
         _ = pthread_setname_np(name)
     #endif
 }
+
+/// How many model locks the calling thread holds through ``ModelRegistrar``'s transactions and
+/// consistent reads (the only places where a model's lock is held while the app's code runs).
+/// A thread that holds one must not wait for the node's I/O thread, which may be waiting for
+/// that very lock to apply a peer's write.
+enum HeldModelLocks {
+    private static let key: pthread_key_t = {
+        var key = pthread_key_t()
+        let created = pthread_key_create(&key, nil)
+        precondition(created == 0, "pthread_key_create failed: \(created)")
+        return key
+    }()
+
+    /// The number held by the calling thread.
+    static var count: Int { Int(bitPattern: pthread_getspecific(key)) }
+
+    static func enter() { pthread_setspecific(key, UnsafeRawPointer(bitPattern: count + 1)) }
+
+    static func leave() { pthread_setspecific(key, UnsafeRawPointer(bitPattern: count - 1)) }
+}

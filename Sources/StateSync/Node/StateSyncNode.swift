@@ -485,13 +485,15 @@ public final class StateSyncNode: Sendable {
         driver.withLock { $0 }?.wake()
     }
 
-    /// Called by a thread that made a local write, holding no model's lock: while the outbox
-    /// holds more than ``queuedRoundsLimit`` rounds, waits (sleeping 50 µs, doubling up to 1 ms)
-    /// for the driver to take them. Writes are never refused or dropped, only held back; not on
-    /// the driver's own thread (which takes them), nor once the node stops running.
+    /// Called by a thread that made a local write, holding no lock of that model: while the
+    /// outbox holds more than ``queuedRoundsLimit`` rounds, waits (sleeping 50 µs, doubling up to
+    /// 1 ms) for the driver to take them. Writes are never refused or dropped, only held back;
+    /// not on the driver's own thread (which takes them), not while the thread holds another
+    /// model's lock (a write inside a transaction on another model: the I/O thread may be
+    /// waiting for that lock to apply a peer's write), nor once the node stops running.
     private func paceWriter() {
         let limit = queuedRoundsLimit.load(ordering: .relaxed)
-        guard queuedRounds.load(ordering: .relaxed) > limit else { return }
+        guard queuedRounds.load(ordering: .relaxed) > limit, HeldModelLocks.count == 0 else { return }
         guard let driver = driver.withLock({ $0 }), driver.mayWaitForOutbox() else { return }
         writerWaits.add(1, ordering: .relaxed)
         var pause: UInt32 = 50

@@ -61,6 +61,61 @@ struct WriterPacingTests {
         await node2.stop()
     }
 
+    /// A transaction on model A that writes model B many times holds A's lock all along. If B's
+    /// writes waited for room in the outbox there, while the node's I/O thread waits for A's lock
+    /// to apply a peer's write to A, neither would ever go on. They must not wait: the outbox
+    /// grows past its bound for the length of the transaction instead.
+    @Test func aWriteInsideAnotherModelsTransactionDoesNotWaitForTheNode() async throws {
+        let configs = meshConfigurations(2, label: "pacing-nested")
+        let node1 = try await StateSyncNode.start(configuration: configs[0])
+        let node2 = try await StateSyncNode.start(configuration: configs[1])
+        do {
+            try await waitUntilMeshed([node1, node2])
+            node1.setQueuedRoundsLimit(1)
+            let a = try await node1.model(Counter.self, channel: "pacing", id: "a")
+            let b = try await node1.model(Counter.self, channel: "pacing", id: "b")
+            let remoteA = try await node2.model(Counter.self, channel: "pacing", id: "a")
+            let remoteB = try await node2.model(Counter.self, channel: "pacing", id: "b")
+            let writes = 40_000
+            let peerMayWrite = Atomic<Bool>(false)
+            let appliedWhileHeld = Atomic<Bool>(false)
+            let finished = Atomic<Bool>(false)
+            let writer = Thread {
+                a.transaction { _ in
+                    // Held: node2 writes A now, and node1's I/O thread, once it has taken that
+                    // write (waited for, bounded), cannot hand it to `a` until this transaction
+                    // ends.
+                    let applied = node1.status.counters["deltas_applied"] ?? 0
+                    peerMayWrite.store(true, ordering: .releasing)
+                    for _ in 0..<20_000 where (node1.status.counters["deltas_applied"] ?? 0) <= applied {
+                        usleep(1_000)
+                    }
+                    appliedWhileHeld.store(
+                        (node1.status.counters["deltas_applied"] ?? 0) > applied, ordering: .relaxed)
+                    for value in 1...writes { b.count = value }
+                }
+                finished.store(true, ordering: .releasing)
+            }
+            writer.start()
+            try await waitUntil("node1's transaction on A to start") { peerMayWrite.load(ordering: .acquiring) }
+            remoteA.title = "written by node2"
+            try await waitUntil("the transaction writing B to end", timeout: .seconds(60)) {
+                finished.load(ordering: .acquiring)
+            }
+            let tookPeerWrite = appliedWhileHeld.load(ordering: .relaxed)
+            #expect(tookPeerWrite, "node1 took no write of node2's to A while the transaction held A")
+            try await waitUntil("node2 to hold B's last write", timeout: .seconds(60)) { remoteB.count == writes }
+            try await waitUntil("node1's A to hold node2's write") { a.title == "written by node2" }
+        } catch {
+            // Stopping releases a writer that waits (a node that stops takes no more rounds).
+            await node1.stop()
+            await node2.stop()
+            throw error
+        }
+        await node1.stop()
+        await node2.stop()
+    }
+
     @Test func aWriterWaitingForRoomIsLetGoWhenItsNodeStops() async throws {
         let configs = meshConfigurations(1, label: "pacing-stop")
         let node = try await StateSyncNode.start(configuration: configs[0])
