@@ -37,7 +37,7 @@ extension Value {
         case (.bool(let a), .bool(let b)): a == b
         case (.int(let a), .int(let b)): a == b
         case (.double(let a), .double(let b)): a.bitPattern == b.bitPattern
-        case (.string(let a), .string(let b)): a.utf8.elementsEqual(b.utf8)
+        case (.string(let a), .string(let b)): a.hasSameUTF8(as: b)
         case (.bytes(let a), .bytes(let b)): a == b
         case (.array(let a), .array(let b)): a == b
         case (.map(let a), .map(let b)): a == b

@@ -39,7 +39,7 @@ public struct Version: Sendable, Hashable, Comparable, CustomStringConvertible {
 
     /// Equal when the clock parts and the node ids' UTF-8 bytes are equal (consistent with `<`).
     public static func == (lhs: Version, rhs: Version) -> Bool {
-        lhs.milliseconds == rhs.milliseconds && lhs.counter == rhs.counter && lhs.node.utf8.elementsEqual(rhs.node.utf8)
+        lhs.milliseconds == rhs.milliseconds && lhs.counter == rhs.counter && lhs.node.hasSameUTF8(as: rhs.node)
     }
 
     public func hash(into hasher: inout Hasher) {

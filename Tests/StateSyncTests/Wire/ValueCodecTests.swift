@@ -25,6 +25,28 @@ struct ValueCodecTests {
         #expect(reader.isAtEnd)
     }
 
+    /// Strings compare as bytes where the wire, digests and versions need it: canonically
+    /// equivalent spellings are different names and values.
+    @Test func stringsCompareAsTheirBytes() {
+        let long = String(repeating: "a name long enough to live on the heap ", count: 3)
+        #expect("model".hasSameUTF8(as: "model") && "".hasSameUTF8(as: ""))
+        #expect(long.hasSameUTF8(as: String(long.utf8.map { Character(UnicodeScalar($0)) })))
+        #expect(!"model".hasSameUTF8(as: "modeL") && !"model".hasSameUTF8(as: "model ") && !"".hasSameUTF8(as: "a"))
+        #expect(!long.hasSameUTF8(as: long + "!"))
+        let composed = "caf\u{e9}"
+        let decomposed = "cafe\u{301}"
+        #expect(composed == decomposed, "Swift's == is canonical equivalence")
+        #expect(!composed.hasSameUTF8(as: decomposed))
+        let reordered = ("a\u{301}\u{316}", "a\u{316}\u{301}")  // same length, same meaning
+        #expect(reordered.0 == reordered.1 && !reordered.0.hasSameUTF8(as: reordered.1))
+        #expect(Value.string(composed) != Value.string(decomposed))
+        #expect(
+            Version(milliseconds: 1, counter: 0, node: composed)
+                != Version(milliseconds: 1, counter: 0, node: decomposed))
+        #expect(
+            Version(milliseconds: 1, counter: 0, node: long) == Version(milliseconds: 1, counter: 0, node: long + ""))
+    }
+
     @Test func knownBytes() {
         #expect(Self.encode(.null) == [0x00])
         #expect(Self.encode(.int(1)) == [0x03, 0x02])

@@ -201,8 +201,7 @@ extension NodeMachine {
                 do {
                     let checkedAlready =
                         validated.map {
-                            $0.channel.utf8.elementsEqual(delta.channel.utf8)
-                                && $0.model.utf8.elementsEqual(delta.model.utf8)
+                            $0.channel.hasSameUTF8(as: delta.channel) && $0.model.hasSameUTF8(as: delta.model)
                         } ?? false
                     if !checkedAlready {
                         try Names.validateChannel(delta.channel)
