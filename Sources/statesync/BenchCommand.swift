@@ -56,7 +56,21 @@ extension StateSyncCLI {
                 valueName: "N"))
         var models: Int?
 
+        @Option(
+            help: ArgumentHelp(
+                "Only measure the CPU one change costs along the delta path (single sets, or 8-property tx), in one thread: a writer and a reader node in this process, no sockets between them. Steadier than a rate: compare builds by it.",
+                valueName: "single|tx"))
+        var path: String?
+
         func run() async throws {
+            if let path {
+                guard let mode = PathBench.Mode(rawValue: path) else {
+                    throw ValidationError("--path takes single or tx")
+                }
+                let figures = try await PathBench.run(mode: mode, changes: quick ? 200_000 : 1_000_000)
+                emit(figures.value.jsonText())
+                return
+            }
             if let models {
                 // A live model costs the writer several KB (about 640 MB for 100,000 here).
                 guard models >= 1, models <= 200_000 else { throw ValidationError("--models takes 1…200000") }

@@ -1,0 +1,195 @@
+import Foundation
+import Logging
+public import StateSync
+
+#if canImport(Glibc)
+    import Glibc
+#endif
+
+/// `statesync bench --path`: the CPU one change costs along the whole delta path, measured in one
+/// thread. Two real nodes (each a ``StateSyncNode`` with its machine, a real data directory and
+/// `storage.fsync: always`) in this process, and no sockets or threads between them: a live
+/// model's writes on the writer, the writer's turn (number, merge, log, sync, publish), then the
+/// reader's (decode, merge, log, apply to its live model, its observer). The messages the writer
+/// publishes are handed to the reader as they are.
+///
+/// Each step is timed with the thread's CPU clock, so the figures leave out what the two-process
+/// bench adds (sockets, wake-ups, the other process taking the core) and are far steadier than a
+/// rate: the measure to compare two builds by. Under `valgrind --tool=callgrind` (with
+/// `SWIFT_DETERMINISTIC_HASHING=1`) the same run counts the same instructions every time.
+public enum PathBench {
+    public enum Mode: String, Sendable, CaseIterable {
+        /// One property set per change.
+        case single
+        /// Eight-property transactions.
+        case tx
+    }
+
+    public struct Figures: Sendable {
+        public var mode: Mode
+        /// Changes (single sets or transactions) measured.
+        public var changes = 0
+        /// Nanoseconds of CPU per change: the setters (the app's thread), the writer node's turn,
+        /// the reader node's turn (with its observers, run inline).
+        public var setNanoseconds = 0.0
+        public var writerNanoseconds = 0.0
+        public var readerNanoseconds = 0.0
+        /// Messages the writer published (DELTA batches and heartbeats).
+        public var messages = 0
+
+        public var totalNanoseconds: Double { setNanoseconds + writerNanoseconds + readerNanoseconds }
+
+        public var value: Value {
+            let rounded = { (value: Double) in Value.double((value * 10).rounded() / 10) }
+            return [
+                "mode": .string(mode.rawValue), "changes": .int(Int64(changes)),
+                "messages": .int(Int64(messages)),
+                "set_ns_per_change": rounded(setNanoseconds), "writer_ns_per_change": rounded(writerNanoseconds),
+                "reader_ns_per_change": rounded(readerNanoseconds), "total_ns_per_change": rounded(totalNanoseconds),
+            ]
+        }
+    }
+
+    /// The messages a node published, kept until taken; everything else a transport does is
+    /// not needed on this path (no clients, no repairs).
+    final class CapturingTransport: NodeTransport {
+        var published: [[[UInt8]]] = []
+
+        func publish(_ frames: [[UInt8]]) { published.append(frames) }
+        func connectRepairLink(peer: String, endpoint: String) {}
+        func sendRepairRequest(peer: String, frames: [[UInt8]]) -> Bool { false }
+        func reply(client: [UInt8], frames: [[UInt8]]) -> ReplyOutcome { .gone }
+        func sendWatchEvents(client: [UInt8], events: [[[UInt8]]]) -> (accepted: Int, clientGone: Bool) {
+            (0, true)
+        }
+        func pauseIntake(_ paused: Bool) {}
+        func resetPeerLink(_ endpoint: String) {}
+        func connectPeer(endpoint: String, node: String) {}
+        func disconnectPeer(endpoint: String) {}
+        func refuseToRun(_ reason: String) {}
+
+        func take() -> [[[UInt8]]] {
+            defer { published = [] }
+            return published
+        }
+    }
+
+    /// Runs `changes` changes (a warm-up of about a tenth more first, not counted), `perTurn` of
+    /// them per writer turn (the warm-up is whole turns).
+    public static func run(mode: Mode, changes: Int, perTurn: Int = 1024) async throws -> Figures {
+        var logger = Logger(label: "bench")
+        logger.logLevel = .error
+        let work = NSTemporaryDirectory() + "statesync-path-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: work) }
+        let endpoints = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
+        func node(_ index: Int) throws -> StateSyncNode {
+            let id = index == 0 ? "writer" : "reader"
+            let configuration = NodeConfiguration(
+                nodeID: id, dataDirectory: "\(work)/\(id)", publishEndpoint: endpoints[index],
+                peers: [endpoints[1 - index]], heartbeatIntervalMilliseconds: 50)
+            return try StateSyncNode(
+                configuration: configuration, storage: try DataDirectory(path: configuration.dataDirectory),
+                clock: HybridLogicalClock(node: id), monotonicNow: { monotonicNanoseconds() / 1_000_000 },
+                incarnation: UInt64.random(in: 1...UInt64.max), observers: InlineObserverExecutor(), logger: logger)
+        }
+        let writer = try node(0)
+        let reader = try node(1)
+        let toReader = CapturingTransport()
+        let toWriter = CapturingTransport()
+        let now = { monotonicNanoseconds() / 1_000_000 }
+        writer.process(.endpointsBound(publish: endpoints[0], repair: "inproc://writer"), now: now(), via: toReader)
+        reader.process(.endpointsBound(publish: endpoints[1], repair: "inproc://reader"), now: now(), via: toWriter)
+        // Heartbeats both ways: each node knows the other (and what it takes) before the writes.
+        for _ in 0..<2 {
+            writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
+            reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
+            for frames in toReader.take() {
+                reader.process(.peerMessage(peer: endpoints[0], frames: frames), now: now(), via: toWriter)
+            }
+            for frames in toWriter.take() {
+                writer.process(.peerMessage(peer: endpoints[1], frames: frames), now: now(), via: toReader)
+            }
+        }
+        let written = try await writer.model(BenchModel.self, channel: "bench", id: "m")
+        let replica = try await reader.model(BenchModel.self, channel: "bench", id: "m")
+        let seen = Counter()
+        switch mode {
+        case .single: replica.observe(\.value) { _ in seen.count += 1 }
+        case .tx: replica.observe(\.f7) { _ in seen.count += 1 }
+        }
+
+        var figures = Figures(mode: mode)
+        var value = 0
+        let warmUp = max(changes / 10 / perTurn, 1) * perTurn
+        var done = 0
+        while done < warmUp + changes {
+            let measured = done >= warmUp
+            let turn = min(perTurn, warmUp + changes - done)
+            let started = threadCPUNanoseconds()
+            for _ in 0..<turn {
+                value += 1
+                switch mode {
+                case .single:
+                    written.value = value
+                case .tx:
+                    let v = value
+                    written.transaction { m in
+                        m.f0 = v
+                        m.f1 = v
+                        m.f2 = v
+                        m.f3 = v
+                        m.f4 = v
+                        m.f5 = v
+                        m.f6 = v
+                        m.f7 = v
+                    }
+                }
+            }
+            let set = threadCPUNanoseconds()
+            writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
+            let messages = toReader.take()
+            let wrote = threadCPUNanoseconds()
+            for frames in messages {
+                reader.process(.peerMessage(peer: endpoints[0], frames: frames), now: now(), via: toWriter)
+            }
+            reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
+            let read = threadCPUNanoseconds()
+            _ = toWriter.take()
+            done += turn
+            if measured {
+                figures.changes += turn
+                figures.messages += messages.count
+                figures.setNanoseconds += Double(set - started)
+                figures.writerNanoseconds += Double(wrote - set)
+                figures.readerNanoseconds += Double(read - wrote)
+            }
+        }
+        writer.detachModels()
+        reader.detachModels()
+        writer.finishStop()
+        reader.finishStop()
+        // Counted, not assumed: every change reached the reader's observer.
+        guard seen.count == warmUp + changes else {
+            throw StateSyncError(
+                .timeout, "bench --path: the reader's observer saw \(seen.count) of \(warmUp + changes) changes")
+        }
+        let count = Double(max(figures.changes, 1))
+        figures.setNanoseconds /= count
+        figures.writerNanoseconds /= count
+        figures.readerNanoseconds /= count
+        return figures
+    }
+
+    /// The observer's count. The observer runs inline, on this thread.
+    final class Counter: @unchecked Sendable {
+        // Safe: only the bench's one thread touches it (observers run inline on it).
+        var count = 0
+    }
+}
+
+/// CPU nanoseconds (user + system) the calling thread has used.
+func threadCPUNanoseconds() -> UInt64 {
+    var spec = timespec()
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &spec)
+    return UInt64(spec.tv_sec) * 1_000_000_000 + UInt64(spec.tv_nsec)
+}
