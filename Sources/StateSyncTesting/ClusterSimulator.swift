@@ -95,9 +95,10 @@ public struct SimulationOptions: Sendable {
     public var writers = 4
     /// Distinct models written (in channel `sim`).
     public var models = 16
-    /// Which nodes take channel batches (PROTOCOL.md 7.6): all, every other one (the others stand
-    /// for nodes older than them), every other one at the start and a restarted node comes back
-    /// as the other version (rolling), or none; `nil`: drawn by the seed.
+    /// Which nodes take channel batches (PROTOCOL.md 7.6) and packed batches (7.7): all; a mix of
+    /// three versions (odd nodes older than both, every fourth from the third older than packed
+    /// batches alone); that mix at the start, where a restarted node comes back as another
+    /// version (rolling); or none; `nil`: drawn by the seed.
     public var channelBatches: ChannelBatches?
     /// Every node with `storage.fsync: interval` at this period (milliseconds); `nil`: drawn.
     public var intervalSyncMilliseconds: Int?
@@ -193,6 +194,9 @@ public struct SimulationReport: Sendable {
     /// Channel batches published, over all nodes (PROTOCOL.md 7.6; none while a node linked to
     /// the sender does not take them).
     public var channelBatchesPublished = 0
+    /// Packed batches published, over all nodes (PROTOCOL.md 7.7; none while a node linked to the
+    /// sender does not take them).
+    public var packedBatchesPublished = 0
     /// Messages the nodes dropped as malformed, over all nodes (a forged or mangled message, or a
     /// channel batch reaching a node that does not take them, in a rolling upgrade).
     public var malformedMessages = 0
@@ -226,6 +230,7 @@ public struct SimulationReport: Sendable {
             "values_expired": .int(Int64(valuesExpired)), "tombstones_collected": .int(Int64(tombstonesCollected)),
             "tombstones_held": .int(Int64(tombstonesHeld)),
             "channel_batches_published": .int(Int64(channelBatchesPublished)),
+            "packed_batches_published": .int(Int64(packedBatchesPublished)),
             "malformed_messages": .int(Int64(malformedMessages)),
             "parameters": .map(parameters.mapValues(Value.string)),
             "faults": .array(
@@ -269,7 +274,7 @@ public struct SimulationReport: Sendable {
                     : "")
         )
         lines.append(
-            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied, \(peerMessages) peer messages (\(peerMessagesPerNodePerSecond) per node per simulated second); \(channelBatchesPublished) channel batches published"
+            "simulated \(simulatedMilliseconds) ms in \(String(format: "%.2f", cpuSeconds)) s of CPU: \(steps) node steps, \(deltasApplied) deltas applied, \(peerMessages) peer messages (\(peerMessagesPerNodePerSecond) per node per simulated second); \(channelBatchesPublished) channel batches and \(packedBatchesPublished) packed batches published"
         )
         lines.append("drawn: " + parameters.keys.sorted().map { "\($0)=\(parameters[$0]!)" }.joined(separator: " "))
         lines.append(
@@ -371,13 +376,17 @@ public enum ClusterSimulator {
             parameters["fsync_interval_ms"] = "\(period)"
         }
         // A cluster in the middle of an upgrade: some nodes older than channel batches (PROTOCOL.md
-        // 7.6), which neither take nor send them.
+        // 7.6), which neither take nor send them nor packed batches (7.7), and some older than
+        // packed batches alone.
         let drawnMix = draw("channel_batches", [SimulationOptions.ChannelBatches.all, .mixed, .rolling, .none])
         let mix = options.channelBatches ?? drawnMix
         parameters["channel_batches"] = mix.rawValue
         switch mix {
         case .mixed, .rolling:
+            // Three versions: odd nodes older than channel batches, every fourth from the third
+            // with channel batches but older than packed batches, the others the newest.
             configuration.withoutChannelBatches = Set((0..<options.nodes).filter { $0 % 2 == 1 })
+            configuration.withoutPackedBatches = Set((0..<options.nodes).filter { $0 % 4 == 2 })
             configuration.flipChannelBatchesOnRestart = mix == .rolling
         case .none: configuration.withoutChannelBatches = Set(0..<options.nodes)
         case .all: break
@@ -594,6 +603,7 @@ public enum ClusterSimulator {
             report.valuesExpired += status.counters["values_expired"] ?? 0
             report.tombstonesCollected += status.counters["tombstones_collected"] ?? 0
             report.channelBatchesPublished += status.counters["channel_batches_published"] ?? 0
+            report.packedBatchesPublished += status.counters["packed_batches_published"] ?? 0
             report.malformedMessages += status.counters["malformed_messages"] ?? 0
             report.tombstonesHeld += status.tombstones
         }

@@ -43,10 +43,15 @@ package final class SimulatedCluster {
         package var faults: [Int: NodeFaults] = [:]
         /// Per node (by index), how far its wall clock is off, in milliseconds.
         package var clockSkew: [Int: Int64] = [:]
-        /// Nodes (by index) that stand for nodes older than channel batches (PROTOCOL.md 7.6).
+        /// Nodes (by index) that stand for nodes older than channel batches (PROTOCOL.md 7.6),
+        /// and so than packed batches (7.7): they take and send neither.
         package var withoutChannelBatches: Set<Int> = []
-        /// A node that restarts comes back as the other version (with channel batches if it had
-        /// none, and the other way round): a rolling upgrade, and downgrade, at the same endpoint.
+        /// Nodes (by index) that stand for nodes with channel batches but older than packed
+        /// batches (PROTOCOL.md 7.7).
+        package var withoutPackedBatches: Set<Int> = []
+        /// A node that restarts comes back as the other version: an older node as the newest,
+        /// the newest as the oldest (a node older than packed batches as the newest, and back):
+        /// a rolling upgrade, and downgrade, at the same endpoint.
         package var flipChannelBatchesOnRestart = false
         /// The last node is not started with the others and knows only the first node (its
         /// seed), and the others do not know it: it joins through membership when
@@ -209,6 +214,7 @@ package final class SimulatedCluster {
             node.clientHighWaterMark = configuration.clientHighWaterMark
             node.batchMaximumDeltas = configuration.batchMaximumDeltas
             node.channelBatches = !configuration.withoutChannelBatches.contains(index)
+            node.packedBatches = node.channelBatches && !configuration.withoutPackedBatches.contains(index)
             node.snapshotPageOctets = configuration.snapshotPageOctets
             node.tombstoneGraceMilliseconds = configuration.tombstoneGraceMilliseconds
             // Links are authenticated as with CURVE keys: each peer's live stream is bound to its
@@ -427,7 +433,14 @@ package final class SimulatedCluster {
         let node = nodes[index]
         guard node.host == nil else { return }
         record("restart", node.id, [])
-        if configuration.flipChannelBatchesOnRestart { node.configuration.channelBatches.toggle() }
+        if configuration.flipChannelBatchesOnRestart {
+            if configuration.withoutPackedBatches.contains(index) {
+                node.configuration.packedBatches.toggle()
+            } else {
+                node.configuration.channelBatches.toggle()
+                node.configuration.packedBatches = node.configuration.channelBatches
+            }
+        }
         // A restarted node has new sockets: its inbound links work again.
         brokenLinks = brokenLinks.filter { !$0.hasSuffix(">" + node.id) }
         try start(node)

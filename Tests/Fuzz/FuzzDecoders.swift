@@ -26,6 +26,10 @@ public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         _ = try? PeerMessage.decodeDeltas([
             [UInt8(ascii: "M")] + bytes[..<split], Array(bytes[split...].dropFirst()), bytes,
         ])
+        // And as a packed batch (PROTOCOL.md 7.7): topic P<channel>\0, one frame of entries.
+        _ = try? PeerMessage.decodeDeltaMessage([
+            [UInt8(ascii: "P")] + bytes[..<split], Array(bytes[split...].dropFirst()),
+        ])
     case 2:
         _ = try? PeerMessage.decode([PeerMessage.heartbeatTopic, bytes])
     case 3:

@@ -142,19 +142,19 @@ struct ClusterTests {
         try? FileManager.default.removeItem(atPath: dataRoot)
     }
 
-    /// PROTOCOL.md 7.6 between real daemons: once the nodes have heard each other's HEARTBEATs,
-    /// bursts of sets to many models on node1 go out as channel batches, and the other two end
-    /// with every model's last value.
-    @Test func channelBatchesFlowBetweenDaemons() async throws {
+    /// PROTOCOL.md 7.7 between real daemons: once the nodes have heard each other's HEARTBEATs,
+    /// bursts of sets to many models on node1 go out as packed batches (one frame each, through
+    /// real ZeroMQ sockets), and the other two end with every model's last value.
+    @Test func packedBatchesFlowBetweenDaemons() async throws {
         let daemons = Daemons()
         do {
-            let apis = try await daemons.startThree("channel-batches")
+            let apis = try await daemons.startThree("packed-batches")
             let clients = try apis.map { try StateSyncClient(endpoint: $0) }
             defer { for client in clients { client.close() } }
 
             let models = 32
             var burst = 0
-            try await waitUntil("node1 publishes a channel batch") {
+            try await waitUntil("node1 publishes a packed batch") {
                 burst += 1
                 let value = Int64(burst)
                 try await withThrowingTaskGroup(of: Void.self) { group in
@@ -166,7 +166,7 @@ struct ClusterTests {
                     }
                     try await group.waitForAll()
                 }
-                return try await clients[0].status().counters["channel_batches_published", default: 0] > 0
+                return try await clients[0].status().counters["packed_batches_published", default: 0] > 0
             }
             let last = Int64(burst)
             for (index, client) in clients.enumerated().dropFirst() {

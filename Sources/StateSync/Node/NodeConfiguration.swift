@@ -38,14 +38,18 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// here before a slow client's watch waits (and, past the history, resyncs).
     public var clientHighWaterMark: Int = 10_000
     /// At most this many consecutive deltas travel in one message: of one model in a DELTA batch,
-    /// of one channel in a channel batch (when every linked peer takes them, docs/PROTOCOL.md
-    /// 7.6); 1 sends one message per delta. Batching adds no delay: a batch is what is ready to
+    /// of one channel in a channel batch or a packed batch (when every linked peer takes them,
+    /// docs/PROTOCOL.md 7.6 and 7.7); 1 sends one message per delta. Batching adds no delay: a batch is what is ready to
     /// publish.
     public var batchMaximumDeltas: Int = 256
     /// Whether the node takes and sends channel batches (deltas of several models of a channel in
     /// one message, docs/PROTOCOL.md 7.6). Always on in a real node; the simulator turns it off
     /// for some nodes to stand for nodes older than channel batches in a mixed cluster.
     package var channelBatches = true
+    /// Whether the node takes and sends packed batches (deltas of a channel in one frame,
+    /// docs/PROTOCOL.md 7.7). Always on in a real node; the simulator turns it off for some
+    /// nodes to stand for nodes older than packed batches.
+    package var packedBatches = true
     /// When the node's observer queue is this many changes behind, the node stops taking peer
     /// deltas until it is back under half of it: backpressure instead of unbounded memory.
     public var observerBacklogLimit: Int = 100_000

@@ -11,6 +11,9 @@ public struct NodeCounters: Sendable, Equatable {
     /// it does not grow while a linked peer has not said it takes them (an older node, or one not
     /// heard from).
     public var channelBatchesPublished = 0
+    /// Of those, packed batches (a channel's deltas in one frame, docs/PROTOCOL.md 7.7): sent,
+    /// instead of the other forms, once every linked peer said it takes them.
+    public var packedBatchesPublished = 0
     /// Peer links (SUB sockets) replaced after the peer was silent for long, and repair links
     /// replaced after a request got no answer in time.
     public var peerLinkResets = 0
@@ -106,6 +109,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("peer_messages_received", peerMessagesReceived), ("snapshot_pages_served", snapshotPagesServed),
             ("delta_messages_published", deltaMessagesPublished),
             ("channel_batches_published", channelBatchesPublished),
+            ("packed_batches_published", packedBatchesPublished),
             ("deltas_applied", deltasApplied), ("properties_stale", propertiesStale),
             ("malformed_messages", malformedMessages), ("sequence_gaps", sequenceGaps),
             ("duplicate_deltas", duplicateDeltas), ("clock_drift_rejections", clockDriftRejections),

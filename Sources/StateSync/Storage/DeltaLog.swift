@@ -183,7 +183,7 @@ package final class DeltaLog: @unchecked Sendable {
         /// Adds the record of a delta of `channel` that arrived in a channel batch as the frame
         /// `modelAndBody` (its model id, then its DELTA body): the payload is the channel followed
         /// by those bytes as they came.
-        mutating func add(channel: String, modelAndBody: [UInt8]) {
+        mutating func add<Bytes: Collection<UInt8>>(channel: String, modelAndBody: Bytes) {
             add { sink in
                 sink.string(channel)
                 sink.bytes(modelAndBody)

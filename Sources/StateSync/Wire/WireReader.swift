@@ -12,23 +12,41 @@ public struct WireReader {
     public static let maximumDepth = 32
 
     private let bytes: [UInt8]
-    /// How many bytes have been read.
+    /// Where reading stops: the end of `bytes`, or of the range the reader was made for.
+    private let end: Int
+    /// Where the next read starts (in `bytes`, from its start).
     public private(set) var offset: Int
 
     /// A reader at the start of `bytes`.
     public init(_ bytes: [UInt8]) {
         self.bytes = bytes
         self.offset = 0
+        self.end = bytes.count
+    }
+
+    /// A reader of `range` of `bytes` alone (an entry of a packed batch), without copying them:
+    /// ``offset`` counts from the start of `bytes`.
+    package init(_ bytes: [UInt8], range: Range<Int>) {
+        precondition(range.lowerBound >= 0 && range.upperBound <= bytes.count, "a range within the bytes")
+        self.bytes = bytes
+        self.offset = range.lowerBound
+        self.end = range.upperBound
     }
 
     /// Bytes not yet read.
-    public var remaining: Int { bytes.count - offset }
+    public var remaining: Int { end - offset }
     /// Whether everything was read.
-    public var isAtEnd: Bool { offset >= bytes.count }
+    public var isAtEnd: Bool { offset >= end }
+
+    /// Passes over `count` bytes, which must remain (a length read with ``count(_:minimumItemSize:)``).
+    package mutating func skip(_ count: Int) {
+        precondition(count >= 0 && count <= remaining, "skipping past the end")
+        offset += count
+    }
 
     /// Reads one byte; `field` names it in errors.
     public mutating func byte(_ field: String) throws(WireError) -> UInt8 {
-        guard offset < bytes.count else { throw .truncated(field: field) }
+        guard offset < end else { throw .truncated(field: field) }
         defer { offset += 1 }
         return bytes[offset]
     }
@@ -56,10 +74,9 @@ public struct WireReader {
     /// Reads a big-endian 64-bit number.
     public mutating func uint64(_ field: String) throws(WireError) -> UInt64 {
         guard remaining >= 8 else { throw .truncated(field: field) }
-        var result: UInt64 = 0
-        for index in offset..<offset + 8 { result = result << 8 | UInt64(bytes[index]) }
+        let start = offset
         offset += 8
-        return result
+        return bytes.withUnsafeBytes { UInt64(bigEndian: $0.loadUnaligned(fromByteOffset: start, as: UInt64.self)) }
     }
 
     /// A count of items each at least `minimumItemSize` bytes long: bounded by what remains.
@@ -87,8 +104,8 @@ public struct WireReader {
 
     /// The rest of the frame, unread.
     public mutating func rest() -> [UInt8] {
-        defer { offset = bytes.count }
-        return Array(bytes[offset...])
+        defer { offset = end }
+        return Array(bytes[offset..<end])
     }
 
     /// Throws unless everything was read.
@@ -102,14 +119,14 @@ public struct WireReader {
         value: Value, timeToLive: UInt64, deleted: Bool
     ) {
         var timeToLive: UInt64 = 0
-        if offset < bytes.count, bytes[offset] == ValueTag.expiring {
+        if offset < end, bytes[offset] == ValueTag.expiring {
             offset += 1
             timeToLive = try varint(field)
             guard timeToLive >= 1, timeToLive <= PropertyWrite.maximumTimeToLive else {
                 throw .invalid(field: field, reason: "time to live \(timeToLive) ms is outside 1…2^48−1")
             }
         }
-        if offset < bytes.count, bytes[offset] == ValueTag.deleted {
+        if offset < end, bytes[offset] == ValueTag.deleted {
             offset += 1
             return (.null, timeToLive, true)
         }

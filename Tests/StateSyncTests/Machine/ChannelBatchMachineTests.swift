@@ -126,7 +126,9 @@ struct ChannelBatchMachineTests {
 
     @Test func aNodeThatDoesNotTakeThemNeverSaysSoNorSendsThem() throws {
         var configuration = MachineRunner.configuration("n1", peers: ["n2"])
+        // A node older than channel batches is older than packed batches too (PROTOCOL.md 7.7).
         configuration.channelBatches = false
+        configuration.packedBatches = false
         var node = MachineRunner(configuration)
         node.handle(
             .peerMessage(peer: "inproc://n2", frames: Self.heartbeat(from: "n2", incarnation: 1, capabilities: 1)))

@@ -60,6 +60,82 @@ struct PeerMessageTests {
         #expect(throws: WireError.self) { try PeerMessage.decodeDeltas([good[0], Array(good[1].prefix(12))]) }
     }
 
+    /// 7.7: a packed batch carries deltas of one channel, of any models, in one frame: a count,
+    /// then per delta its length, model id and DELTA body (version 1 or 2). A node that does not
+    /// take them sees an unsupported topic.
+    @Test func packedBatchesRoundTripInOneFrameAndAreUnsupportedWhereNotTaken() throws {
+        var other = Self.delta
+        other.model = "farewell"
+        other.sequence = 2
+        var deletion = Self.delta
+        deletion.sequence = 3
+        deletion.properties = [.deletion(of: "n")]
+        let deltas = [Self.delta, other, deletion]
+        let frames = PeerMessage.encodePackedBatch(deltas)
+        #expect(frames.count == 2 && frames[0] == Array("Pdemo\u{0}".utf8))
+        // Each entry is its length, then exactly a channel batch's frame: model id, body.
+        var expected = WireWriter()
+        expected.varint(3)
+        for frame in PeerMessage.encodeChannelBatch(deltas).dropFirst() {
+            expected.varint(UInt64(frame.count))
+            expected.bytes(frame)
+        }
+        #expect(frames[1] == expected.bytes)
+        let decoded = try #require(try PeerMessage.decodeDeltaMessage(frames))
+        #expect(decoded.deltas == deltas)
+        let entries = try #require(decoded.packedEntries)
+        #expect(entries.map { Array(frames[1][$0]) } == Array(PeerMessage.encodeChannelBatch(deltas).dropFirst()))
+        #expect(try PeerMessage.decodeDeltas(frames, packedBatches: false) == nil)
+        // A node that does not take them reads the count as a protocol version.
+        #expect(throws: WireError.unsupported("protocol version 3")) { try PeerMessage.decode(frames) }
+        // Frames after the pack are ignored; octets after an entry's body, within its length,
+        // too (a later version's fields).
+        #expect(try PeerMessage.decodeDeltas(frames + [[1, 2, 3]]) == deltas)
+        var longer = WireWriter()
+        longer.varint(1)
+        let entry = PeerMessage.encodeChannelBatch([Self.delta])[1] + [0xEE, 0xEE]
+        longer.varint(UInt64(entry.count))
+        longer.bytes(entry)
+        #expect(try PeerMessage.decodeDeltas([frames[0], longer.bytes]) == [Self.delta])
+    }
+
+    @Test func malformedPackedBatchesAreRefusedWhole() throws {
+        let good = PeerMessage.encodePackedBatch([Self.delta])
+        for topic in [Array("Pdemo".utf8), Array("P\u{0}".utf8), Array("Pde\u{0}mo\u{0}".utf8)] {
+            #expect(throws: WireError.self) { try PeerMessage.decodeDeltas([topic, good[1]]) }
+        }
+        let frame = PeerMessage.encodeChannelBatch([Self.delta])[1]
+        /// A pack of `count` entries, each `entry` with the length `length` (its own by default).
+        func pack(count: UInt64, _ entries: [[UInt8]], length: Int? = nil) -> [[UInt8]] {
+            var pack = WireWriter()
+            pack.varint(count)
+            for entry in entries {
+                pack.varint(UInt64(length ?? entry.count))
+                pack.bytes(entry)
+            }
+            return [good[0], pack.bytes]
+        }
+        #expect(try PeerMessage.decodeDeltas(pack(count: 1, [frame])) == [Self.delta])
+        var emptyModel = WireWriter()
+        emptyModel.string("")
+        var nulModel = WireWriter()
+        nulModel.string("a\u{0}b")
+        let body = Array(frame.dropFirst(9))
+        let malformed: [(String, [[UInt8]])] = [
+            ("no entries", pack(count: 0, [])),
+            ("more entries than it holds", pack(count: 2, [frame])),
+            ("an entry longer than the frame", pack(count: 1, [frame], length: frame.count + 1)),
+            ("an entry cut short", pack(count: 1, [Array(frame.prefix(12))])),
+            ("an empty model id", pack(count: 1, [emptyModel.bytes + body])),
+            ("a model id with NUL", pack(count: 1, [nulModel.bytes + body])),
+            ("an unknown body version", pack(count: 1, [Array(frame.prefix(9)) + [7] + body.dropFirst()])),
+            ("a good entry, then a bad one", pack(count: 2, [frame, Array(frame.prefix(12))])),
+        ]
+        for (what, frames) in malformed {
+            #expect(throws: WireError.self, "\(what)") { try PeerMessage.decodeDeltas(frames) }
+        }
+    }
+
     /// 7.3: capabilities travel after the member list, and only with one.
     @Test func capabilitiesTravelWithTheMemberList() throws {
         let member = Membership.Member(

@@ -358,11 +358,26 @@ extension NodeMachine {
     /// one channel as one channel batch instead, unless they are all of one model. `bodies` are
     /// the deltas' encoded bodies (one each), sent as they are.
     mutating func publish(_ deltas: [Delta], bodies: [[UInt8]]) {
+        // Packed batches (section 7.7) when every linked peer takes them, else channel batches
+        // (section 7.6) when every one takes those, else DELTA batches, which every node takes.
+        let linked = !peerEndpoints.isEmpty
+        let packed =
+            configuration.packedBatches && linked && peerEndpoints.allSatisfy { peers[$0]?.takesPackedBatches == true }
         let acrossModels =
-            configuration.channelBatches && !peerEndpoints.isEmpty
-            && peerEndpoints.allSatisfy { peers[$0]?.takesChannelBatches == true }
-        for range in Self.batchRanges(of: deltas, limit: configuration.batchMaximumDeltas, acrossModels: acrossModels) {
+            packed
+            || (configuration.channelBatches && linked
+                && peerEndpoints.allSatisfy { peers[$0]?.takesChannelBatches == true })
+        let ranges = Self.batchRanges(
+            of: deltas, limit: configuration.batchMaximumDeltas, acrossModels: acrossModels,
+            octets: packed ? (bodies, PeerMessage.packedBatchTargetOctets) : nil)
+        for range in ranges {
             let run = deltas[range]
+            counters.deltaMessagesPublished += 1
+            if packed {
+                actions.append(.publish(PeerMessage.encodePackedBatch(run, bodies: bodies[range])))
+                counters.packedBatchesPublished += 1
+                continue
+            }
             let model = run[run.startIndex].model
             let oneModel = run.allSatisfy { $0.model == model }
             actions.append(
@@ -370,23 +385,29 @@ extension NodeMachine {
                     oneModel
                         ? PeerMessage.encodeBatch(run, bodies: bodies[range])
                         : PeerMessage.encodeChannelBatch(run, bodies: bodies[range])))
-            counters.deltaMessagesPublished += 1
             if !oneModel { counters.channelBatchesPublished += 1 }
         }
     }
 
     /// How `deltas` go out as batches: runs of consecutive deltas of one model (of one channel,
-    /// `acrossModels`), of at most `limit` each, in order.
-    static func batchRanges(of deltas: [Delta], limit: Int, acrossModels: Bool = false) -> [Range<Int>] {
+    /// `acrossModels`), of at most `limit` each, in order; with `octets`, a run also ends once its
+    /// bodies reach the given size (a packed batch's one frame).
+    static func batchRanges(
+        of deltas: [Delta], limit: Int, acrossModels: Bool = false, octets: (bodies: [[UInt8]], target: Int)? = nil
+    ) -> [Range<Int>] {
         var ranges: [Range<Int>] = []
         var start = 0
+        var size = octets.map { $0.bodies.first?.count ?? 0 } ?? 0
         for index in deltas.indices.dropFirst() {
             if deltas[index].channel != deltas[start].channel
                 || (!acrossModels && deltas[index].model != deltas[start].model) || index - start >= limit
+                || (octets.map { size >= $0.target } ?? false)
             {
                 ranges.append(start..<index)
                 start = index
+                size = 0
             }
+            if let octets { size += octets.bodies[index].count }
         }
         if !deltas.isEmpty { ranges.append(start..<deltas.count) }
         return ranges

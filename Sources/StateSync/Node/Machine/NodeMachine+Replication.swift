@@ -11,23 +11,28 @@ extension NodeMachine {
         var offset = 0
     }
 
-    /// The frames of a DELTA message as received (topic, then one body per delta), and which of
-    /// its deltas were accepted: a received delta is logged as its body, not re-encoded.
+    /// The frames of a DELTA message as received (topic, then one body per delta; or a packed
+    /// batch's one frame of entries), and which of its deltas were accepted: a received delta is
+    /// logged as its body, not re-encoded.
     struct ReceivedFrames {
         let frames: [[UInt8]]
+        /// For a packed batch (section 7.7), where each delta's entry lies in `frames[1]`.
+        let packedEntries: [Range<Int>]?
         /// The positions of the accepted deltas among the message's; `nil`: all of them.
         let accepted: [Int]?
         /// Whether each body starts with its model id (a channel batch, section 7.6).
         var modelFirst: Bool { frames[0].first == PeerMessage.channelBatchTopicPrefix }
 
         /// Adds the log record of the accepted delta at `offset` (``Applied/offset``) of
-        /// `channel`/`model`: its frame as it came.
+        /// `channel`/`model`: its frame (or packed entry) as it came.
         func addRecord(channel: String, model: String, offset: Int, to records: inout DeltaLog.Batch) {
-            let body = frames[1 + (accepted?[offset] ?? offset)]
-            if modelFirst {
-                records.add(channel: channel, modelAndBody: body)
+            let position = accepted?[offset] ?? offset
+            if let packedEntries {
+                records.add(channel: channel, modelAndBody: frames[1][packedEntries[position]])
+            } else if modelFirst {
+                records.add(channel: channel, modelAndBody: frames[1 + position])
             } else {
-                records.add(channel: channel, model: model, body: body)
+                records.add(channel: channel, model: model, body: frames[1 + position])
             }
         }
     }
@@ -37,10 +42,12 @@ extension NodeMachine {
     /// One message (or DELTA batch) from the peer at `endpoint`.
     mutating func receivePeerMessage(_ frames: [[UInt8]], from endpoint: String) {
         do {
-            if let deltas = try PeerMessage.decodeDeltas(frames, channelBatches: configuration.channelBatches) {
+            if let decoded = try PeerMessage.decodeDeltaMessage(
+                frames, channelBatches: configuration.channelBatches, packedBatches: configuration.packedBatches)
+            {
                 counters.deltaMessagesReceived += 1
                 counters.peerMessagesReceived += 1
-                applyRemote(deltas, from: endpoint, frames: frames)
+                applyRemote(decoded.deltas, from: endpoint, frames: frames, packedEntries: decoded.packedEntries)
                 return
             }
             switch try PeerMessage.decode(frames) {
@@ -87,10 +94,12 @@ extension NodeMachine {
         if peers[endpoint]?.incarnation != beat.incarnation {
             peers[endpoint]?.incarnation = beat.incarnation
             peers[endpoint]?.takesChannelBatches = false
+            peers[endpoint]?.takesPackedBatches = false
         }
         if beat.members != nil {
-            peers[endpoint]?.takesChannelBatches =
-                (beat.capabilities ?? 0) & PeerMessage.channelBatchesCapability != 0
+            let capabilities = beat.capabilities ?? 0
+            peers[endpoint]?.takesChannelBatches = capabilities & PeerMessage.channelBatchesCapability != 0
+            peers[endpoint]?.takesPackedBatches = capabilities & PeerMessage.packedBatchesCapability != 0
         }
         var repairEndpoint = beat.api.isEmpty ? nil : Self.reachable(beat.api, via: endpoint)
         // Only an API on the host this node reaches the peer at is dialled: a HEARTBEAT must not
@@ -176,10 +185,12 @@ extension NodeMachine {
     /// Applies deltas from one peer message (or one repair answer). Returns the new ones, in
     /// order; they are logged, followed by the clock and sent to live models.
     /// `frames`, when given, are the DELTA message the deltas were decoded from (one body per
-    /// delta): the new ones are logged as those bodies.
+    /// delta, or with `packedEntries` a packed batch's entries): the new ones are logged as
+    /// those bodies.
     @discardableResult
     mutating func applyRemote(
-        _ deltas: [Delta], from endpoint: String, repaired: Bool = false, frames: [[UInt8]]? = nil
+        _ deltas: [Delta], from endpoint: String, repaired: Bool = false, frames: [[UInt8]]? = nil,
+        packedEntries: [Range<Int>]? = nil
     ) -> [Applied] {
         // The deltas to apply: all of them (the same array, no copy) unless one is refused.
         var accepted = deltas
@@ -257,9 +268,12 @@ extension NodeMachine {
         // observers), then logged, without fsync: the log does not make them durable on a power
         // loss anyway, and a peer can always send them again.
         deliver(applied)
-        if let frames, frames.count == deltas.count + 1 {
+        if let frames,
+            packedEntries?.count == deltas.count || (packedEntries == nil && frames.count == deltas.count + 1)
+        {
             appendToLog(
-                applied, mustSucceed: false, received: ReceivedFrames(frames: frames, accepted: acceptedPositions))
+                applied, mustSucceed: false,
+                received: ReceivedFrames(frames: frames, packedEntries: packedEntries, accepted: acceptedPositions))
         } else {
             appendToLog(applied, mustSucceed: false)
         }
@@ -476,6 +490,14 @@ extension NodeMachine {
         origins.compactMapValues(\.firstGap)
     }
 
+    /// What this node takes beyond version 1 (HEARTBEAT `capabilities`, section 7.3); `nil`: none.
+    var ownCapabilities: UInt64? {
+        let bits =
+            (configuration.channelBatches ? PeerMessage.channelBatchesCapability : 0)
+            | (configuration.packedBatches ? PeerMessage.packedBatchesCapability : 0)
+        return bits == 0 ? nil : bits
+    }
+
     /// This node's heartbeat (section 7.3), with its member list or without. Its own deltas count
     /// as received once published: a
     /// peer told of one still waiting for its fsync would see a gap that is not there, and with
@@ -492,6 +514,6 @@ extension NodeMachine {
                 node: configuration.nodeID, latestSequence: published, clock: floor ?? ownFloor,
                 incarnation: incarnation, api: boundRepair, progress: progress,
                 members: withMembers ? membership.sorted : nil,
-                capabilities: configuration.channelBatches ? PeerMessage.channelBatchesCapability : nil))
+                capabilities: ownCapabilities))
     }
 }

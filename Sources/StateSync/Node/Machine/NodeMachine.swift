@@ -588,6 +588,8 @@ struct PeerProgress: Sendable {
     var incarnation: UInt64?
     /// Whether the peer said, in this incarnation, that it takes channel batches (section 7.6).
     var takesChannelBatches = false
+    /// Whether the peer said, in this incarnation, that it takes packed batches (section 7.7).
+    var takesPackedBatches = false
 }
 
 /// Faults a test can plant in a node on purpose, to prove its checkers catch them. Never set in
