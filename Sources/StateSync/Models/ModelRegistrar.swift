@@ -152,11 +152,16 @@ public final class ModelRegistrar: Sendable {
     /// The thread running a transaction on this model, or 0.
     private let transactionOwner = Atomic<UInt>(0)
     // Read and written only by the thread in `transactionOwner` while it holds `state`'s lock.
-    nonisolated(unsafe) private var transactionLog: [Touched] = []
+    // `@exclusivity(unchecked)`: no two accesses overlap either — each is one read, append or
+    // removal, never one held across the app's code (the body's writes append between them) —
+    // and the runtime check of a class's stored property (`swift_beginAccess`) ran on every
+    // assignment inside a transaction.
+    @exclusivity(unchecked) nonisolated(unsafe) private var transactionLog: [Touched] = []
     // The property names and versions (by schema index) while the running transaction's body
-    // runs, for ``propertyVersions``; same guard as above. Emptied before the transaction stores
+    // runs, for ``propertyVersions``; same guards as above. Emptied before the transaction stores
     // its versions, so the array is never copied.
-    nonisolated(unsafe) private var transactionVersions: (names: [String], versions: [Version?]) = ([], [])
+    @exclusivity(unchecked) nonisolated(unsafe) private var transactionVersions:
+        (names: [String], versions: [Version?]) = ([], [])
     private let supersededWrites = Atomic<Int>(0)
     /// ``State/isDeleted``, readable without the lock (also inside a transaction, which holds it).
     private let deletedFlag = Atomic<Bool>(false)

@@ -30,8 +30,9 @@ import Synchronization
 /// models it hosts and collects their local writes.
 ///
 /// Locks, written down once. A model's lock (its ``ModelRegistrar``) may be held while taking
-/// the outbox lock (a model hands over its write), then the driver's wake-up, and the node's
-/// state lock (a model's value that cannot be encoded is counted). The state lock is never held
+/// the outbox lock of the node's ``LocalWriteQueue`` (a model hands over its write), then, after
+/// it, the queue's driver lock (the wake-up), and the node's state lock (a model's value that
+/// cannot be encoded is counted). The state lock is never held
 /// while calling into a model — deliveries are resolved under it and applied after it is
 /// released — except that ``model(_:channel:id:)`` attaches a new model under it, whose lock no
 /// one else can hold yet (it is not shared). The outbox and state locks are never nested.
@@ -51,21 +52,13 @@ public final class StateSyncNode: Sendable {
     /// Milliseconds of a monotonic clock: the driver's time.
     let monotonicNow: @Sendable () -> UInt64
     private let state: Mutex<HostState>
-    /// The local writes of live models waiting for the driver, and the timestamps stamped for
-    /// writes not handed over yet (at most one per writing thread): the node's floor stays below
-    /// them.
-    private let outbox = Mutex<Outbox>(Outbox())
-    /// How many rounds the outbox holds (written under its lock; read without it by writers).
-    private let queuedRounds = Atomic<Int>(0)
-    /// The most rounds of local writes (``NodeMachine/localWritesPerRound`` each) the outbox
-    /// holds before a writing thread waits for the driver to take them (``paceWriter()``).
-    private let queuedRoundsLimit = Atomic<Int>(StateSyncNode.defaultQueuedRoundsLimit)
+    /// The local writes of live models waiting for the driver (``LocalWriteQueue``), held
+    /// strongly by the models attached to this node too.
+    let localWrites: LocalWriteQueue
     /// 64 rounds: 262,144 writes, about half a second of work for the I/O thread here, some
     /// 40 MB of single-property writes queued (more for larger ones). Without a bound a thread writing in a tight loop queued millions
     /// (a 3-second single-set benchmark writer peaked at 437 MB resident).
     package static let defaultQueuedRoundsLimit = 64
-    /// How many times a writing thread waited for room in the outbox.
-    private let writerWaits = Atomic<Int>(0)
     /// When the data directory's free space was last measured (monotonic milliseconds).
     private let lastSpaceCheck = Atomic<UInt64>(0)
     /// How often the free space is measured.
@@ -138,6 +131,7 @@ public final class StateSyncNode: Sendable {
         self.observers = observers
         self.monotonicNow = monotonicNow
         self.metrics = metrics
+        self.localWrites = LocalWriteQueue(clock: clock)
         var machine = NodeMachine(
             configuration: configuration, clock: clock, incarnation: incarnation, recovery: recovery,
             faults: faults, logger: logger)
@@ -151,6 +145,12 @@ public final class StateSyncNode: Sendable {
     /// Hands the node the driver that feeds it (and that ``stop()`` stops).
     package func attach(driver: any NodeDriver) {
         self.driver.withLock { $0 = driver }
+        localWrites.attach(driver: driver)
+    }
+
+    deinit {
+        // Models may outlive the node: their writes go nowhere from now on.
+        localWrites.close()
     }
 
     /// The endpoint the PUB socket is bound to (a `*` port resolved).
@@ -170,13 +170,8 @@ public final class StateSyncNode: Sendable {
     /// models — feeding the outcomes back until nothing follows. The driver calls this from its
     /// one thread.
     package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
-        // Under the outbox lock, where models stamp: every write stamped so far is in this batch,
-        // still in flight, or above the clock's last timestamp read here.
-        let (rounds, writeFloor) = outbox.withLock { pending -> ([[LocalWrite]], UInt64) in
-            let inFlight = pending.stamped.min().map { $0 &- 1 } ?? .max
-            queuedRounds.store(0, ordering: .relaxed)
-            return (pending.take(), min(clock.lastTimestamp, inFlight))
-        }
+        // Every write stamped so far is in these rounds, still in flight, or above the floor.
+        let (rounds, writeFloor) = localWrites.take()
         state.withLock { $0.machine.hostWriteFloor = writeFloor }
         // Writers can outrun the node by far: their writes go in as rounds of bounded size; a
         // full round is logged, synced and published (its outcomes handled) before the next.
@@ -437,28 +432,20 @@ public final class StateSyncNode: Sendable {
         let address = ModelAddress(channel: channel, model: id)
         let fresh = M()
         let emitter = fresh._$registrar.instanceID
-        let clock = self.clock
+        // The queue, not the node, in the closures a model calls on every write: held strongly,
+        // no weak reference loaded per write (see LocalWriteQueue).
+        let queue = localWrites
         let binding = ModelBinding(
             address: address,
-            stamp: { [weak self] in
-                guard let self else { return clock.next() }
-                return self.outbox.withLock { pending in
-                    let version = clock.next()
-                    pending.stamped.append(version.timestamp)
-                    return version
-                }
+            stamp: { queue.stamp() },
+            emit: { address, version, writes in
+                queue.enqueue(LocalWrite(address: address, version: version, writes: writes, emitter: emitter))
             },
-            emit: { [weak self] address, version, writes in
-                self?.enqueueLocalWrite(
-                    LocalWrite(address: address, version: version, writes: writes, emitter: emitter))
-            },
-            discard: { [weak self] version in
-                self?.outbox.withLock { Self.release(version, from: &$0.stamped) }
-            },
+            discard: { version in queue.release(version) },
             reportEncodingFailure: { [weak self] property, error in
                 self?.reportEncodingFailure(address, property, error)
             },
-            pace: { [weak self] in self?.paceWriter() })
+            pace: { queue.pace() })
         return try state.withLock { state throws(StateSyncError) -> M in
             if let existing = state.instances[address]?.model {
                 guard let typed = existing as? M else {
@@ -475,47 +462,12 @@ public final class StateSyncNode: Sendable {
         }
     }
 
-    /// Called by an attached model, under its lock, for every local write: queued for the driver.
-    private func enqueueLocalWrite(_ write: LocalWrite) {
-        outbox.withLock { pending in
-            Self.release(write.version, from: &pending.stamped)
-            pending.append(write)
-            queuedRounds.store(pending.rounds.count, ordering: .relaxed)
-        }
-        driver.withLock { $0 }?.wake()
-    }
-
-    /// Called by a thread that made a local write, holding no lock of that model: while the
-    /// outbox holds more than ``queuedRoundsLimit`` rounds, waits (sleeping 50 µs, doubling up to
-    /// 1 ms) for the driver to take them. Writes are never refused or dropped, only held back;
-    /// not on the driver's own thread (which takes them), not while the thread holds another
-    /// model's lock (a write inside a transaction on another model: the I/O thread may be
-    /// waiting for that lock to apply a peer's write), nor once the node stops running.
-    private func paceWriter() {
-        let limit = queuedRoundsLimit.load(ordering: .relaxed)
-        guard queuedRounds.load(ordering: .relaxed) > limit, HeldModelLocks.count == 0 else { return }
-        guard let driver = driver.withLock({ $0 }), driver.mayWaitForOutbox() else { return }
-        writerWaits.add(1, ordering: .relaxed)
-        var pause: UInt32 = 50
-        while queuedRounds.load(ordering: .relaxed) > limit, isRunning {
-            usleep(pause)
-            pause = min(pause * 2, 1_000)
-        }
-    }
-
     /// Rounds of local writes waiting for the driver now.
-    package var queuedLocalWriteRounds: Int { queuedRounds.load(ordering: .relaxed) }
+    package var queuedLocalWriteRounds: Int { localWrites.queuedLocalWriteRounds }
     /// How many times a writing thread waited for room in the outbox.
-    package var writerWaitCount: Int { writerWaits.load(ordering: .relaxed) }
+    package var writerWaitCount: Int { localWrites.writerWaitCount }
     /// Sets how many rounds the outbox holds before writers wait (tests use a small one).
-    package func setQueuedRoundsLimit(_ rounds: Int) { queuedRoundsLimit.store(rounds, ordering: .relaxed) }
-
-    /// A stamped version is no longer in flight. (At most one per writing thread is: a short
-    /// array, searched from its end, where the write just stamped is; no hashing per write.)
-    private static func release(_ version: Version, from stamped: inout [UInt64]) {
-        guard let index = stamped.lastIndex(of: version.timestamp) else { return }
-        stamped.remove(at: index)
-    }
+    package func setQueuedRoundsLimit(_ rounds: Int) { localWrites.setQueuedRoundsLimit(rounds) }
 
     private func reportEncodingFailure(_ address: ModelAddress, _ property: String, _ error: any Error) {
         state.withLock { $0.machine.counters.encodingFailures += 1 }
@@ -557,6 +509,8 @@ public final class StateSyncNode: Sendable {
             switch state {
             case .running(let waiters):
                 state = .stopping(waiters: waiters)
+                // A writer waiting for room goes on: the driver takes the queue once more.
+                localWrites.stopPacing()
                 return .doStop
             case .stopping: return .wait
             case .stopped: return .done
@@ -717,31 +671,5 @@ private struct PendingLog {
             mustSucceed = false
         }
         return (bytes, mustSucceed)
-    }
-}
-
-/// Live models' local writes on their way to the node's driver, in rounds of at most
-/// ``NodeMachine/localWritesPerRound``: a long queue grows by a round at a time, each allocated
-/// at that capacity once (the first of a take starts small, for the usual few writes), never
-/// copying what it holds (one growing array moved everything at each doubling and faulted in
-/// fresh pages), and the driver hands each round to the machine as it is.
-struct Outbox: Sendable {
-    private(set) var rounds: [[LocalWrite]] = []
-    /// The timestamps stamped for writes not handed over yet (at most one per writing thread).
-    var stamped: [UInt64] = []
-
-    mutating func append(_ write: LocalWrite) {
-        if rounds.isEmpty || rounds[rounds.count - 1].count == NodeMachine.localWritesPerRound {
-            var round: [LocalWrite] = []
-            round.reserveCapacity(rounds.isEmpty ? 64 : NodeMachine.localWritesPerRound)
-            rounds.append(round)
-        }
-        rounds[rounds.count - 1].append(write)
-    }
-
-    /// Every round waiting, in order; the outbox is empty after.
-    mutating func take() -> [[LocalWrite]] {
-        defer { rounds = [] }
-        return rounds
     }
 }

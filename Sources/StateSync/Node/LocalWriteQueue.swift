@@ -1,0 +1,158 @@
+import Synchronization
+
+#if canImport(Glibc)
+    import Glibc
+#elseif canImport(Darwin)
+    import Darwin
+#endif
+
+/// Where the live models of one node leave their writes for its driver: the outbox, the
+/// timestamps stamped for writes not handed over yet, and the bound on how far writers may run
+/// ahead of the driver.
+///
+/// Its own object, held strongly by the node and by every model attached to it: a model's write
+/// reaches it without loading a weak reference to the node (three per write, with their retains
+/// and releases, were a tenth of a writer thread's samples). Once the node stops, or is gone, the
+/// queue is closed: writes made after that stamp from the clock and go nowhere, as they did when
+/// the weak reference came back empty. Once the node begins to stop, no writer waits for room:
+/// the driver takes what is queued once more, and no more.
+///
+/// Thread safety: every method may be called from any thread. A model calls ``stamp()``,
+/// ``enqueue(_:)`` and ``release(_:)`` with its lock held (they only take the queue's lock and
+/// wake the driver); ``pace()`` with no lock of that model held.
+final class LocalWriteQueue: Sendable {
+    let clock: HybridLogicalClock
+    private let outbox = Mutex<Outbox>(Outbox())
+    /// How many rounds the outbox holds (written under its lock; read without it by writers).
+    private let queuedRounds = Atomic<Int>(0)
+    /// The most rounds of local writes (``NodeMachine/localWritesPerRound`` each) the outbox
+    /// holds before a writing thread waits for the driver to take them (``pace()``).
+    private let queuedRoundsLimit = Atomic<Int>(StateSyncNode.defaultQueuedRoundsLimit)
+    /// How many times a writing thread waited for room in the outbox.
+    private let writerWaits = Atomic<Int>(0)
+    /// The driver to wake when a write is queued, once attached.
+    private let driver = Mutex<(any NodeDriver)?>(nil)
+    /// Takes writes until the node is gone (a model may outlive it).
+    private let open = Atomic<Bool>(true)
+    /// Writers may wait for room until the node begins to stop.
+    private let writersMayWait = Atomic<Bool>(true)
+
+    init(clock: HybridLogicalClock) {
+        self.clock = clock
+    }
+
+    /// The driver that takes the writes (and is woken for them).
+    func attach(driver: any NodeDriver) {
+        self.driver.withLock { $0 = driver }
+    }
+
+    /// The node is gone: writes are no longer taken, and no writer waits.
+    func close() {
+        writersMayWait.store(false, ordering: .releasing)
+        open.store(false, ordering: .releasing)
+    }
+
+    /// The node begins to stop: no writer waits for room from now on (its driver takes what is
+    /// queued once more, then stops taking).
+    func stopPacing() {
+        writersMayWait.store(false, ordering: .releasing)
+    }
+
+    var isOpen: Bool { open.load(ordering: .acquiring) }
+
+    /// A version for a local write, held as in flight until ``enqueue(_:)`` or ``release(_:)``.
+    func stamp() -> Version {
+        guard isOpen else { return clock.next() }
+        return outbox.withLock { pending in
+            let version = clock.next()
+            pending.stamped.append(version.timestamp)
+            return version
+        }
+    }
+
+    /// Queues a local write for the driver and wakes it.
+    func enqueue(_ write: LocalWrite) {
+        guard isOpen else { return }
+        outbox.withLock { pending in
+            Self.release(write.version, from: &pending.stamped)
+            pending.append(write)
+            queuedRounds.store(pending.rounds.count, ordering: .relaxed)
+        }
+        driver.withLock { $0 }?.wake()
+    }
+
+    /// A stamped version makes no write after all.
+    func release(_ version: Version) {
+        outbox.withLock { Self.release(version, from: &$0.stamped) }
+    }
+
+    /// Every round waiting, in order, and the highest timestamp below every write not in them
+    /// (stamped and in flight, or not stamped yet): the outbox is empty after.
+    func take() -> (rounds: [[LocalWrite]], writeFloor: UInt64) {
+        // Under the outbox lock, where models stamp: every write stamped so far is in this batch,
+        // still in flight, or above the clock's last timestamp read here.
+        outbox.withLock { pending in
+            let inFlight = pending.stamped.min().map { $0 &- 1 } ?? .max
+            queuedRounds.store(0, ordering: .relaxed)
+            return (pending.take(), min(clock.lastTimestamp, inFlight))
+        }
+    }
+
+    /// Called by a thread that made a local write, holding no lock of that model: while the
+    /// outbox holds more than its limit of rounds, waits (sleeping 50 µs, doubling up to 1 ms)
+    /// for the driver to take them. Writes are never refused or dropped, only held back; not on
+    /// the driver's own thread (which takes them), not while the thread holds another model's
+    /// lock (a write inside a transaction on another model: the I/O thread may be waiting for
+    /// that lock to apply a peer's write), nor once the node begins to stop.
+    func pace() {
+        let limit = queuedRoundsLimit.load(ordering: .relaxed)
+        guard queuedRounds.load(ordering: .relaxed) > limit, HeldModelLocks.count == 0 else { return }
+        guard let driver = driver.withLock({ $0 }), driver.mayWaitForOutbox() else { return }
+        writerWaits.add(1, ordering: .relaxed)
+        var pause: UInt32 = 50
+        while queuedRounds.load(ordering: .relaxed) > limit, writersMayWait.load(ordering: .acquiring) {
+            usleep(pause)
+            pause = min(pause * 2, 1_000)
+        }
+    }
+
+    /// Rounds of local writes waiting for the driver now.
+    var queuedLocalWriteRounds: Int { queuedRounds.load(ordering: .relaxed) }
+    /// How many times a writing thread waited for room in the outbox.
+    var writerWaitCount: Int { writerWaits.load(ordering: .relaxed) }
+    /// Sets how many rounds the outbox holds before writers wait.
+    func setQueuedRoundsLimit(_ rounds: Int) { queuedRoundsLimit.store(rounds, ordering: .relaxed) }
+
+    /// A stamped version is no longer in flight. (At most one per writing thread is: a short
+    /// array, searched from its end, where the write just stamped is; no hashing per write.)
+    private static func release(_ version: Version, from stamped: inout [UInt64]) {
+        guard let index = stamped.lastIndex(of: version.timestamp) else { return }
+        stamped.remove(at: index)
+    }
+}
+
+/// Live models' local writes on their way to the node's driver, in rounds of at most
+/// ``NodeMachine/localWritesPerRound``: a long queue grows by a round at a time, each allocated
+/// at that capacity once (the first of a take starts small, for the usual few writes), never
+/// copying what it holds (one growing array moved everything at each doubling and faulted in
+/// fresh pages), and the driver hands each round to the machine as it is.
+struct Outbox: Sendable {
+    private(set) var rounds: [[LocalWrite]] = []
+    /// The timestamps stamped for writes not handed over yet (at most one per writing thread).
+    var stamped: [UInt64] = []
+
+    mutating func append(_ write: LocalWrite) {
+        if rounds.isEmpty || rounds[rounds.count - 1].count == NodeMachine.localWritesPerRound {
+            var round: [LocalWrite] = []
+            round.reserveCapacity(rounds.isEmpty ? 64 : NodeMachine.localWritesPerRound)
+            rounds.append(round)
+        }
+        rounds[rounds.count - 1].append(write)
+    }
+
+    /// Every round waiting, in order; the outbox is empty after.
+    mutating func take() -> [[LocalWrite]] {
+        defer { rounds = [] }
+        return rounds
+    }
+}
