@@ -169,6 +169,31 @@ package final class DeltaLog: @unchecked Sendable {
             add { DeltaLog.writePayload(delta, to: &$0) }
         }
 
+        /// Where a record's parts lie in ``bytes``.
+        struct Placement: Sendable {
+            /// The model id (with its length), the DELTA body, and the record's end.
+            let model: Int
+            let body: Int
+            let end: Int
+        }
+
+        /// Adds the record of `delta` and returns where its model id and DELTA body lie in
+        /// ``bytes``; `nil` when it is too large for a record (and is not in the batch).
+        mutating func addPlaced(_ delta: Delta) -> Placement? {
+            var model = 0
+            var body = 0
+            let start = buffer.bytes.count
+            add { sink in
+                sink.string(delta.channel)
+                model = sink.bytes.count
+                sink.string(delta.model)
+                body = sink.bytes.count
+                PeerMessage.writeDeltaBody(delta, to: &sink)
+            }
+            let end = buffer.bytes.count
+            return end > start ? Placement(model: model, body: body, end: end) : nil
+        }
+
         /// Adds the record of a delta that arrived as the DELTA body frame `body`: the payload
         /// holds those bytes as they came off the wire, not a re-encoding (recovery reads back
         /// what the peer sent, decoded by the same rules).

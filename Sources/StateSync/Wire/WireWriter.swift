@@ -147,11 +147,6 @@ public struct WireWriter: WireSink, Sendable {
         }
     }
 
-    /// How many bytes ``varint(_:)`` writes for `value`.
-    static func varintLength(_ value: UInt64) -> Int {
-        value == 0 ? 1 : (64 - value.leadingZeroBitCount + 6) / 7
-    }
-
     /// Appends a big-endian 64-bit number in one append.
     public mutating func uint64(_ value: UInt64) {
         withUnsafeBytes(of: value.bigEndian) { bytes.append(contentsOf: $0) }

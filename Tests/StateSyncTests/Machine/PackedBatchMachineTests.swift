@@ -160,6 +160,29 @@ struct PackedBatchMachineTests {
         #expect(try DeltaLog.parse(DeltaLog.magic + node.logBytes, path: "test").deltas.count == 1)
     }
 
+    /// A local write's body is encoded once, into its log record, and published from there; one
+    /// too large for a record stays local (neither logged nor published, counted), and the
+    /// writes around it go out, each with its own bytes.
+    @Test func aLocalWriteTooLargeToLogStaysLocalAndTheOthersGoOut() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        node.handle(
+            .peerMessage(peer: "inproc://n2", frames: Channel.heartbeat(from: "n2", incarnation: 1, capabilities: 3)))
+        let before = node.published.count
+        let huge = PropertyWrite(name: "x", value: .bytes([UInt8](repeating: 7, count: DeltaLog.maximumRecord)))
+        let writes = [PropertyWrite(name: "x", value: 1), huge, PropertyWrite(name: "x", value: 3)].map { write in
+            LocalWrite(
+                address: ModelAddress(channel: "c", model: "a"), version: node.machine.clock.next(), writes: [write])
+        }
+        node.handle(.localWrites(writes))
+        node.handle(.tick(observerBacklog: 0))
+        let sent = try node.published[before...].filter { $0.first?.first == PeerMessage.packedBatchTopicPrefix }
+            .flatMap { try #require(try PeerMessage.decodeDeltas($0)) }
+        #expect(sent.map(\.sequence) == [1, 3])
+        #expect(sent.map { $0.properties[0].value } == [1, 3])
+        #expect(node.machine.counters.encodingFailures == 1)
+        #expect(try DeltaLog.parse(DeltaLog.magic + node.logBytes, path: "test").deltas == sent)
+    }
+
     /// A pack's frame is bounded (a receiver's maximum message size bounds each frame): a round
     /// of large writes goes out in several packed batches, each past its target by at most one
     /// delta, with every delta in order.

@@ -7,12 +7,28 @@
 /// it, within sequence numbers reserved durably ahead (``NodeMachine+Settling`` covers a power
 /// loss), and the log is synced every `storage.fsync_interval_ms`.
 extension NodeMachine {
+    /// Where a staged own write's bytes lie: in the log records it was appended with, which
+    /// every write of its round shares — its DELTA body is encoded once, for the log record and
+    /// for publishing, and has no array of its own.
+    struct StagedBytes: Sendable {
+        /// The records of the write's round, as handed to the log.
+        let records: [UInt8]
+        /// Where its model id (with its length) starts, where its DELTA body starts and ends.
+        let model: Int
+        let body: Int
+        let end: Int
+
+        /// The DELTA body (section 7.1).
+        var bodyBytes: ArraySlice<UInt8> { records[body..<end] }
+        /// The model id and the DELTA body: a channel batch's frame, a packed batch's entry.
+        var entryBytes: ArraySlice<UInt8> { records[model..<end] }
+    }
+
     struct Durability: Sendable {
-        /// Local writes logged but not yet durable, in order, their DELTA bodies (encoded once,
-        /// for the log record and for publishing) and the log position after each (parallel
-        /// arrays: no tuple copies on the hot path).
+        /// Local writes logged but not yet durable, in order, where their bytes lie and the log
+        /// position after each (parallel arrays: no tuple copies on the hot path).
         var staged: [Delta] = []
-        var stagedBodies: [[UInt8]] = []
+        var stagedBodies: [StagedBytes] = []
         var stagedPositions: [UInt64] = []
         /// SET replies waiting for the log position of their write.
         var replies: [(client: [UInt8], frames: [[UInt8]], position: UInt64)] = []
@@ -58,14 +74,9 @@ extension NodeMachine {
     static let reservationBlock: UInt64 = 32_768
 
     /// Appends `applied` as log records: deltas that arrived in `received` as the bodies they
-    /// came in, those with `bodies` (encoded by the caller, one per entry) as those, the others
-    /// encoded. A local write too large for a record stays local: it is neither logged nor
-    /// published (SETs are refused before this; a model's write is reported).
-    @discardableResult
-    mutating func appendToLog(
-        _ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil, bodies: [[UInt8]]? = nil
-    ) -> Set<Int> {
-        guard !applied.isEmpty else { return [] }
+    /// came in, the others encoded.
+    mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil) {
+        guard !applied.isEmpty else { return }
         var records = DeltaLog.Batch()
         // By index, not `for entry in applied`: the loop would copy every entry (its delta and
         // winning writes: retains and releases per delta on the hot path).
@@ -74,27 +85,35 @@ extension NodeMachine {
                 received.addRecord(
                     channel: applied[index].delta.channel, model: applied[index].delta.model,
                     offset: applied[index].offset, to: &records)
-            } else if let bodies {
-                records.add(
-                    channel: applied[index].delta.channel, model: applied[index].delta.model, body: bodies[index])
             } else {
                 records.add(applied[index].delta)
             }
         }
-        if !records.isEmpty {
-            let bytes = records.bytes
-            durability.appended += UInt64(bytes.count)
-            durability.logSize += bytes.count
-            actions.append(.appendLog(bytes: bytes, mustSucceed: mustSucceed))
-        }
-        return Set(records.tooLarge)
+        handOver(records, mustSucceed: mustSucceed)
+    }
+
+    /// Hands log records to the host to append; returns their bytes.
+    @discardableResult
+    private mutating func handOver(_ records: DeltaLog.Batch, mustSucceed: Bool) -> [UInt8] {
+        let bytes = records.bytes
+        guard !bytes.isEmpty else { return bytes }
+        durability.appended += UInt64(bytes.count)
+        durability.logSize += bytes.count
+        actions.append(.appendLog(bytes: bytes, mustSucceed: mustSucceed))
+        return bytes
     }
 
     /// Logs this node's own writes and stages them to be published once durable. Each delta's
-    /// body is encoded once: the log record and the published frame are those same bytes.
+    /// body is encoded once, into its log record: the published frames are copied from those
+    /// bytes (no array per write). A local write too large for a record stays local: it is
+    /// neither logged nor published (SETs are refused before this; a model's write is
+    /// reported).
     mutating func stage(_ applied: [Applied]) {
-        let bodies = applied.map { PeerMessage.deltaBody($0.delta) }
-        let tooLarge = appendToLog(applied, mustSucceed: true, bodies: bodies)
+        var records = DeltaLog.Batch()
+        var placed: [DeltaLog.Batch.Placement?] = []
+        placed.reserveCapacity(applied.count)
+        for index in applied.indices { placed.append(records.addPlaced(applied[index].delta)) }
+        let bytes = handOver(records, mustSucceed: true)
         // Room for the round at once, growing geometrically: reserveCapacity(count + new) alone
         // reallocates to exactly that, so with `storage.fsync: interval` (thousands of one-write
         // rounds between syncs) every round copied everything staged so far.
@@ -106,7 +125,7 @@ extension NodeMachine {
             durability.stagedPositions.reserveCapacity(capacity)
         }
         for index in applied.indices {  // by index: see appendToLog
-            if !tooLarge.isEmpty, tooLarge.contains(index) {
+            guard let place = placed[index] else {
                 counters.encodingFailures += 1
                 logger.error(
                     "a local write is too large to log and replicate; it stays local",
@@ -117,7 +136,8 @@ extension NodeMachine {
                 continue
             }
             durability.staged.append(applied[index].delta)
-            durability.stagedBodies.append(bodies[index])
+            durability.stagedBodies.append(
+                StagedBytes(records: bytes, model: place.model, body: place.body, end: place.end))
             durability.stagedPositions.append(durability.appended)
         }
         durability.lastOwnPosition = durability.appended
@@ -209,7 +229,7 @@ extension NodeMachine {
     private mutating func publishStaged(_ count: Int) {
         guard count > 0 else { return }
         let deltas: [Delta]
-        let bodies: [[UInt8]]
+        let bodies: [StagedBytes]
         if count == durability.staged.count {
             // The usual case: everything staged goes; hand the arrays over, no copy.
             deltas = durability.staged
@@ -357,7 +377,7 @@ extension NodeMachine {
     /// batch; when every linked peer takes channel batches (section 7.6), consecutive deltas of
     /// one channel as one channel batch instead, unless they are all of one model. `bodies` are
     /// the deltas' encoded bodies (one each), sent as they are.
-    mutating func publish(_ deltas: [Delta], bodies: [[UInt8]]) {
+    mutating func publish(_ deltas: [Delta], bodies: [StagedBytes]) {
         // Packed batches (section 7.7) when every linked peer takes them, else channel batches
         // (section 7.6) when every one takes those, else DELTA batches, which every node takes.
         let linked = !peerEndpoints.isEmpty
@@ -369,22 +389,26 @@ extension NodeMachine {
                 && peerEndpoints.allSatisfy { peers[$0]?.takesChannelBatches == true })
         let ranges = Self.batchRanges(
             of: deltas, limit: configuration.batchMaximumDeltas, acrossModels: acrossModels,
-            octets: packed ? (bodies, PeerMessage.packedBatchTargetOctets) : nil)
+            octets: packed ? (bodies.map { $0.end - $0.model }, PeerMessage.packedBatchTargetOctets) : nil)
         for range in ranges {
             let run = deltas[range]
             counters.deltaMessagesPublished += 1
             if packed {
-                actions.append(.publish(PeerMessage.encodePackedBatch(run, bodies: bodies[range])))
+                actions.append(
+                    .publish(
+                        PeerMessage.encodePackedBatch(
+                            channel: run[run.startIndex].channel, entries: bodies[range].map(\.entryBytes))))
                 counters.packedBatchesPublished += 1
                 continue
             }
+            // The older forms: a frame per delta, copied out of the log records.
             let model = run[run.startIndex].model
             let oneModel = run.allSatisfy { $0.model == model }
             actions.append(
                 .publish(
                     oneModel
-                        ? PeerMessage.encodeBatch(run, bodies: bodies[range])
-                        : PeerMessage.encodeChannelBatch(run, bodies: bodies[range])))
+                        ? PeerMessage.encodeBatch(run, bodies: bodies[range].map { Array($0.bodyBytes) }[...])
+                        : PeerMessage.encodeChannelBatch(run, bodies: bodies[range].map { Array($0.bodyBytes) }[...])))
             if !oneModel { counters.channelBatchesPublished += 1 }
         }
     }
@@ -393,11 +417,11 @@ extension NodeMachine {
     /// `acrossModels`), of at most `limit` each, in order; with `octets`, a run also ends once its
     /// bodies reach the given size (a packed batch's one frame).
     static func batchRanges(
-        of deltas: [Delta], limit: Int, acrossModels: Bool = false, octets: (bodies: [[UInt8]], target: Int)? = nil
+        of deltas: [Delta], limit: Int, acrossModels: Bool = false, octets: (sizes: [Int], target: Int)? = nil
     ) -> [Range<Int>] {
         var ranges: [Range<Int>] = []
         var start = 0
-        var size = octets.map { $0.bodies.first?.count ?? 0 } ?? 0
+        var size = octets.map { $0.sizes.first ?? 0 } ?? 0
         for index in deltas.indices.dropFirst() {
             if deltas[index].channel != deltas[start].channel
                 || (!acrossModels && deltas[index].model != deltas[start].model) || index - start >= limit
@@ -407,7 +431,7 @@ extension NodeMachine {
                 start = index
                 size = 0
             }
-            if let octets { size += octets.bodies[index].count }
+            if let octets { size += octets.sizes[index] }
         }
         if !deltas.isEmpty { ranges.append(start..<deltas.count) }
         return ranges
