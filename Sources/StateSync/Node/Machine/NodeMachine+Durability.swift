@@ -373,10 +373,11 @@ extension NodeMachine {
         return batch.bytes
     }
 
-    /// Publishes durable local writes, in order: consecutive deltas of one model as one DELTA
-    /// batch; when every linked peer takes channel batches (section 7.6), consecutive deltas of
-    /// one channel as one channel batch instead, unless they are all of one model. `bodies` are
-    /// the deltas' encoded bodies (one each), sent as they are.
+    /// Publishes durable local writes, in order: when every linked peer takes packed batches
+    /// (section 7.7), consecutive deltas of one channel as one packed batch; else, when every one
+    /// takes channel batches (section 7.6), as one channel batch unless they are all of one
+    /// model; else consecutive deltas of one model as one DELTA batch. `bodies` say where each
+    /// delta's encoded bytes lie (one each), copied into the messages as they are.
     mutating func publish(_ deltas: [Delta], bodies: [StagedBytes]) {
         // Packed batches (section 7.7) when every linked peer takes them, else channel batches
         // (section 7.6) when every one takes those, else DELTA batches, which every node takes.
