@@ -99,6 +99,39 @@ struct PeerMessageTests {
         #expect(try PeerMessage.decodeDeltas([frames[0], longer.bytes]) == [Self.delta])
     }
 
+    /// Deltas whose origins and property names change from one to the next (by one byte, or to a
+    /// canonically equivalent spelling) decode to exactly what was sent, byte for byte, in every
+    /// batch form.
+    @Test func originsAndNamesThatChangeBetweenDeltasDecodeExactly() throws {
+        let composed = "caf\u{E9}"
+        let decomposed = "cafe\u{301}"
+        let specs: [(origin: String, names: [String])] = [
+            ("n2", ["x"]), ("n2", ["x"]), ("n3", ["x"]), ("n2", ["y", "x"]), ("n2", ["x", "y"]),
+            ("n2", [composed]), ("n2", [decomposed]), ("n2", ["x"]), ("n4", ["xy"]), ("n44", ["x"]),
+        ]
+        let deltas = specs.enumerated().map { index, spec in
+            Delta(
+                channel: "demo", model: "greeting",
+                version: Version(milliseconds: 5, counter: UInt16(index), node: spec.origin),
+                sequence: UInt64(index + 1),
+                properties: spec.names.map { PropertyWrite(name: $0, value: .int(Int64(index))) })
+        }
+        for frames in [
+            PeerMessage.encodeBatch(deltas), PeerMessage.encodeChannelBatch(deltas),
+            PeerMessage.encodePackedBatch(deltas),
+        ] {
+            let decoded = try #require(try PeerMessage.decodeDeltas(frames))
+            #expect(decoded == deltas)
+            #expect(decoded.map(\.origin).elementsEqual(deltas.map(\.origin)) { $0.utf8.elementsEqual($1.utf8) })
+            #expect(
+                decoded.flatMap { $0.properties.map(\.name) }.elementsEqual(
+                    deltas.flatMap { $0.properties.map(\.name) }
+                ) {
+                    $0.utf8.elementsEqual($1.utf8)
+                })
+        }
+    }
+
     @Test func malformedPackedBatchesAreRefusedWhole() throws {
         let good = PeerMessage.encodePackedBatch([Self.delta])
         for topic in [Array("Pdemo".utf8), Array("P\u{0}".utf8), Array("Pde\u{0}mo\u{0}".utf8)] {
