@@ -208,10 +208,11 @@ public struct ReplicaStore: Sendable {
         won.reserveCapacity(deltas.count)
         var runLatest = Version.zero
         modify(first.address, &context) { model, context in
+            var slots = SlotHints()
             for index in deltas.indices {
                 precondition(deltas[index].channel == first.channel && deltas[index].model == first.model)
                 var winners = WinnerCollector()
-                if Self.merge(deltas[index], into: &model, context: &context, outcome: &winners),
+                if Self.merge(deltas[index], into: &model, context: &context, outcome: &winners, slots: &slots),
                     deltas[index].version > runLatest
                 {
                     runLatest = deltas[index].version
@@ -444,19 +445,47 @@ public struct ReplicaStore: Sendable {
         var context = MergeContext(channel: delta.channel, model: delta.model, store: self)
         var anyWon = false
         modify(delta.address, &context) { model, context in
-            anyWon = Self.merge(delta, into: &model, context: &context, outcome: &outcome)
+            var slots = SlotHints()
+            anyWon = Self.merge(delta, into: &model, context: &context, outcome: &outcome, slots: &slots)
         }
         finish(context, newest: anyWon ? delta.version : .zero)
     }
 
     /// Merges `delta` into `model`; returns whether any part of it won.
+    /// Where the registers written by the last delta of a run were found in a model's
+    /// dictionary, by the position of the write in that delta: the deltas of a run mostly write
+    /// the same properties in the same order, and a register found where the last one was needs
+    /// no hashing of its name. Valid while no register is added or removed (which clears it); a
+    /// copy of the dictionary's storage (the run's first write, when a snapshot shares it) keeps
+    /// every slot where it was. A slot is used only after its key is checked.
+    struct SlotHints {
+        private var slots: [Dictionary<String, Register>.Index?] = []
+
+        func slot(at position: Int) -> Dictionary<String, Register>.Index? {
+            position < slots.count ? slots[position] : nil
+        }
+
+        mutating func note(_ slot: Dictionary<String, Register>.Index, at position: Int) {
+            if position < slots.count {
+                slots[position] = slot
+            } else if position == slots.count, position < 64 {
+                slots.append(slot)
+            }
+        }
+
+        /// A register was added or removed: every slot may have moved.
+        mutating func clear() { slots.removeAll(keepingCapacity: true) }
+    }
+
     private static func merge<Outcome: MergeOutcome>(
-        _ delta: Delta, into model: inout Model, context: inout MergeContext, outcome: inout Outcome
+        _ delta: Delta, into model: inout Model, context: inout MergeContext, outcome: inout Outcome,
+        slots: inout SlotHints
     ) -> Bool {
         let liveBefore = model.live
         defer { context.noteLiveness(before: liveBefore, after: model.live) }
         if context.ignoreDeletions, delta.properties.contains(where: \.isDeletion) { return false }
         if delta.deletesModel {
+            slots.clear()
             guard deleteModel(at: delta.version, in: &model, context: &context, outcome: &outcome) else {
                 return false
             }
@@ -473,13 +502,16 @@ public struct ReplicaStore: Sendable {
             }
             let register = Register(properties[index], version: version)
             let current: Register?
-            if let slot = model.registers.index(forKey: name) {
+            let hinted = slots.slot(at: index).flatMap { model.registers.keys[$0] == name ? $0 : nil }
+            if let slot = hinted ?? model.registers.index(forKey: name) {
+                if hinted == nil { slots.note(slot, at: index) }
                 current = model.registers.values[slot]
                 if !wins(version, over: current!.version, wrongTieBreak: context.wrongTieBreak) { continue }
                 model.registers.values[slot] = register
             } else {
                 current = nil
                 model.registers[name] = register
+                slots.clear()
             }
             context.account(name, old: current, new: register)
             model.live += (register.isDeleted ? 0 : 1) - (current.map { $0.isDeleted ? 0 : 1 } ?? 0)
