@@ -208,7 +208,7 @@ public struct ReplicaStore: Sendable {
         won.reserveCapacity(deltas.count)
         var runLatest = Version.zero
         modify(first.address, &context) { model, context in
-            var slots = SlotHints()
+            var slots = SlotHints(enabled: deltas.count > 1)
             for index in deltas.indices {
                 precondition(deltas[index].channel == first.channel && deltas[index].model == first.model)
                 var winners = WinnerCollector()
@@ -445,7 +445,7 @@ public struct ReplicaStore: Sendable {
         var context = MergeContext(channel: delta.channel, model: delta.model, store: self)
         var anyWon = false
         modify(delta.address, &context) { model, context in
-            var slots = SlotHints()
+            var slots = SlotHints(enabled: false)
             anyWon = Self.merge(delta, into: &model, context: &context, outcome: &outcome, slots: &slots)
         }
         finish(context, newest: anyWon ? delta.version : .zero)
@@ -460,12 +460,20 @@ public struct ReplicaStore: Sendable {
     /// every slot where it was. A slot is used only after its key is checked.
     struct SlotHints {
         private var slots: [Dictionary<String, Register>.Index?] = []
+        /// Off for a lone delta, which has no delta before it: noting its slots would only
+        /// allocate.
+        private let enabled: Bool
+
+        init(enabled: Bool = true) {
+            self.enabled = enabled
+        }
 
         func slot(at position: Int) -> Dictionary<String, Register>.Index? {
             position < slots.count ? slots[position] : nil
         }
 
         mutating func note(_ slot: Dictionary<String, Register>.Index, at position: Int) {
+            guard enabled else { return }
             if position < slots.count {
                 slots[position] = slot
             } else if position == slots.count, position < 64 {
