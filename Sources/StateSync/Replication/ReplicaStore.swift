@@ -462,7 +462,7 @@ public struct ReplicaStore: Sendable {
         private var slots: [Dictionary<String, Register>.Index?] = []
         /// Off for a lone delta, which has no delta before it: noting its slots would only
         /// allocate.
-        private let enabled: Bool
+        let enabled: Bool
 
         init(enabled: Bool = true) {
             self.enabled = enabled
@@ -473,7 +473,6 @@ public struct ReplicaStore: Sendable {
         }
 
         mutating func note(_ slot: Dictionary<String, Register>.Index, at position: Int) {
-            guard enabled else { return }
             if position < slots.count {
                 slots[position] = slot
             } else if position == slots.count, position < 64 {
@@ -510,16 +509,17 @@ public struct ReplicaStore: Sendable {
             }
             let register = Register(properties[index], version: version)
             let current: Register?
-            let hinted = slots.slot(at: index).flatMap { model.registers.keys[$0] == name ? $0 : nil }
+            let hinted =
+                slots.enabled ? slots.slot(at: index).flatMap { model.registers.keys[$0] == name ? $0 : nil } : nil
             if let slot = hinted ?? model.registers.index(forKey: name) {
-                if hinted == nil { slots.note(slot, at: index) }
+                if hinted == nil, slots.enabled { slots.note(slot, at: index) }
                 current = model.registers.values[slot]
                 if !wins(version, over: current!.version, wrongTieBreak: context.wrongTieBreak) { continue }
                 model.registers.values[slot] = register
             } else {
                 current = nil
                 model.registers[name] = register
-                slots.clear()
+                if slots.enabled { slots.clear() }
             }
             context.account(name, old: current, new: register)
             model.live += (register.isDeleted ? 0 : 1) - (current.map { $0.isDeleted ? 0 : 1 } ?? 0)
