@@ -24,8 +24,9 @@ public enum PeerMessage: Sendable, Equatable {
     public static let packedBatchTopicPrefix: UInt8 = UInt8(ascii: "P")
     /// The capability bit of a node that takes packed batches (HEARTBEAT `capabilities`).
     package static let packedBatchesCapability: UInt64 = 2
-    /// A sender starts a new packed batch once its frame holds this many octets (a single delta
-    /// may make one larger): a receiver's `ZMQ_MAXMSGSIZE` bounds each frame.
+    /// A sender starts a new packed batch before a delta that would take its frame past this
+    /// many octets (only a pack of one delta is larger): a receiver's `ZMQ_MAXMSGSIZE` bounds
+    /// each frame.
     package static let packedBatchTargetOctets = 1 << 20
 
     /// The SUB prefix that selects every DELTA of `channel` (its channel batches have the topic

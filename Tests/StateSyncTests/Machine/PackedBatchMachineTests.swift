@@ -184,25 +184,35 @@ struct PackedBatchMachineTests {
     }
 
     /// A pack's frame is bounded (a receiver's maximum message size bounds each frame): a round
-    /// of large writes goes out in several packed batches, each past its target by at most one
-    /// delta, with every delta in order.
+    /// of large writes goes out in several packed batches, none past its target unless it holds
+    /// one delta, with every delta in order.
     @Test func largeWritesGoOutInSeveralBoundedPacks() throws {
         var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
         node.handle(
             .peerMessage(peer: "inproc://n2", frames: Channel.heartbeat(from: "n2", incarnation: 1, capabilities: 3)))
         let before = node.published.count
         let large = String(repeating: "x", count: 300_000)
-        let writes = (0..<10).map { index in
+        var writes = (0..<10).map { index in
             LocalWrite(
                 address: ModelAddress(channel: "c", model: "m\(index % 3)"), version: node.machine.clock.next(),
                 writes: [PropertyWrite(name: "x", value: .string(large + "\(index)"))])
         }
+        // A delta larger than the target after small ones goes alone, not on top of them.
+        writes.insert(
+            LocalWrite(
+                address: ModelAddress(channel: "c", model: "m0"), version: node.machine.clock.next(),
+                writes: [PropertyWrite(name: "x", value: .string(String(repeating: "y", count: 1_200_000)))]),
+            at: 1)
         node.handle(.localWrites(writes))
         node.handle(.tick(observerBacklog: 0))
         let packs = node.published[before...].filter { $0.first?.first == PeerMessage.packedBatchTopicPrefix }
-        #expect(packs.count == 3, "\(packs.map { $0[1].count })")
-        for pack in packs { #expect(pack[1].count < PeerMessage.packedBatchTargetOctets + 310_000) }
-        let sent = try packs.flatMap { try #require(try PeerMessage.decodeDeltas($0)) }
-        #expect(sent.map(\.sequence) == Array(1...10))
+        let sent = try packs.map { try #require(try PeerMessage.decodeDeltas($0)) }
+        // The first write, the large one alone, then three 300 KB writes a pack (a fourth would
+        // take it past 1 MiB).
+        #expect(sent.map(\.count) == [1, 1, 3, 3, 3], "\(packs.map { $0[1].count })")
+        for (pack, deltas) in zip(packs, sent) where deltas.count > 1 {
+            #expect(pack[1].count <= PeerMessage.packedBatchTargetOctets + 16)
+        }
+        #expect(sent.flatMap { $0 }.map(\.sequence) == Array(1...11))
     }
 }

@@ -415,8 +415,10 @@ extension NodeMachine {
     }
 
     /// How `deltas` go out as batches: runs of consecutive deltas of one model (of one channel,
-    /// `acrossModels`), of at most `limit` each, in order; with `octets`, a run also ends once its
-    /// bodies reach the given size (a packed batch's one frame).
+    /// `acrossModels`), of at most `limit` each, in order; with `octets`, a run also ends before a
+    /// delta that would take its bodies past the given size (a packed batch's one frame), so a
+    /// run is larger than that only when it is one delta (which a frame of its own would carry
+    /// whole anyway).
     static func batchRanges(
         of deltas: [Delta], limit: Int, acrossModels: Bool = false, octets: (sizes: [Int], target: Int)? = nil
     ) -> [Range<Int>] {
@@ -426,7 +428,7 @@ extension NodeMachine {
         for index in deltas.indices.dropFirst() {
             if deltas[index].channel != deltas[start].channel
                 || (!acrossModels && deltas[index].model != deltas[start].model) || index - start >= limit
-                || (octets.map { size >= $0.target } ?? false)
+                || (octets.map { size + $0.sizes[index] > $0.target } ?? false)
             {
                 ranges.append(start..<index)
                 start = index
