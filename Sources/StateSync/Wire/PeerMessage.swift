@@ -24,13 +24,20 @@ public enum PeerMessage: Sendable, Equatable {
     public static let packedBatchTopicPrefix: UInt8 = UInt8(ascii: "P")
     /// The capability bit of a node that takes packed batches (HEARTBEAT `capabilities`).
     package static let packedBatchesCapability: UInt64 = 2
+    /// The fewest octets an entry of a packed batch takes, its length included (section 7.7).
+    package static let packedEntryMinimumOctets = 18
+    /// The largest entry a packed batch carries: with the count and the entry's length it stays
+    /// under the 64 MiB receivers accept as a frame (section 3). A delta whose entry is larger,
+    /// which a log record may hold, goes as a DELTA batch of its own.
+    package static let packedEntryMaximumOctets = (64 << 20) - 16
     /// A sender starts a new packed batch before a delta that would take its frame past this
     /// many octets (only a pack of one delta is larger): a receiver's `ZMQ_MAXMSGSIZE` bounds
     /// each frame.
     package static let packedBatchTargetOctets = 1 << 20
 
-    /// The SUB prefix that selects every DELTA of `channel` (its channel batches have the topic
-    /// `M`, the channel, NUL: a filter by channel subscribes to both).
+    /// The SUB prefix that selects every DELTA of `channel`. Its channel batches (topic `M`, the
+    /// channel, NUL) and packed batches (`P`, the channel, NUL) have prefixes of their own: a
+    /// filter by channel subscribes to all three.
     public static func subscriptionPrefix(channel: String) -> [UInt8] {
         [deltaTopicPrefix] + Array(channel.utf8) + [0]
     }
@@ -268,8 +275,10 @@ public enum PeerMessage: Sendable, Equatable {
         let channel = try channelOfBatchTopic(frames[0], prefix: "P")
         let pack = frames[1]
         var reader = WireReader(pack)
-        // An entry is at least a length, a model id and a body's version octet.
-        let count = try reader.count("packed batch count", minimumItemSize: 3)
+        // An entry is at least 18 octets: its length (1), a model id (2) and the shortest DELTA
+        // body (15: version, timestamp, a one-octet origin, sequence, count, an empty name and a
+        // one-octet value). A count the pack cannot hold is refused before anything is reserved.
+        let count = try reader.count("packed batch count", minimumItemSize: packedEntryMinimumOctets)
         guard count > 0 else { throw .invalid(field: "packed batch count", reason: "a packed batch holds a delta") }
         var deltas: [Delta] = []
         var entries: [Range<Int>] = []

@@ -183,6 +183,36 @@ struct PackedBatchMachineTests {
         #expect(try DeltaLog.parse(DeltaLog.magic + node.logBytes, path: "test").deltas == sent)
     }
 
+    /// A delta whose record fits the log but whose entry would take a pack's frame past what
+    /// receivers accept goes alone as a DELTA batch, whose frame is its body only.
+    @Test func aDeltaTooLargeForAPackGoesAsADeltaBatch() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        node.handle(
+            .peerMessage(peer: "inproc://n2", frames: Channel.heartbeat(from: "n2", incarnation: 1, capabilities: 3)))
+        let before = node.published.count
+        // Entry: model "a" (2) + body (21 + the value's octets): 7 octets under 64 MiB, past the
+        // largest entry; the record (channel "c" too) is 5 under 64 MiB.
+        let octets = (64 << 20) - 30
+        let writes = [
+            PropertyWrite(name: "x", value: 1),
+            PropertyWrite(name: "x", value: .bytes([UInt8](repeating: 1, count: octets))),
+        ]
+        .map { write in
+            LocalWrite(
+                address: ModelAddress(channel: "c", model: "a"), version: node.machine.clock.next(),
+                writes: [write])
+        }
+        node.handle(.localWrites(writes))
+        node.handle(.tick(observerBacklog: 0))
+        #expect(Channel.deltaTopics(node, from: before) == ["P", "D"])
+        let sent = try node.published[before...].filter { $0.first?.first != UInt8(ascii: "H") }
+            .flatMap { try #require(try PeerMessage.decodeDeltas($0)) }
+        #expect(sent.map(\.sequence) == [1, 2])
+        #expect(node.machine.counters.encodingFailures == 0)
+        let frame = try #require(node.published.last { $0.first?.first == PeerMessage.deltaTopicPrefix })
+        #expect(frame.count == 2 && frame[1].count < 64 << 20)
+    }
+
     /// A pack's frame is bounded (a receiver's maximum message size bounds each frame): a round
     /// of large writes goes out in several packed batches, none past its target unless it holds
     /// one delta, with every delta in order.

@@ -394,7 +394,12 @@ extension NodeMachine {
         for range in ranges {
             let run = deltas[range]
             counters.deltaMessagesPublished += 1
-            if packed {
+            // A delta too large for a pack's frame goes alone, as a DELTA batch (which every node
+            // takes), whose frame is its body only (a pack ends before a delta past its target, so
+            // a large delta is alone in its run).
+            let oversized =
+                run.count == 1 && bodies[range.lowerBound].entryBytes.count > PeerMessage.packedEntryMaximumOctets
+            if packed, !oversized {
                 actions.append(
                     .publish(
                         PeerMessage.encodePackedBatch(
