@@ -12,10 +12,11 @@ import Synchronization
 ///
 /// Its own object, held strongly by the node and by every model attached to it: a model's write
 /// reaches it without loading a weak reference to the node (three per write, with their retains
-/// and releases, were a tenth of a writer thread's samples). Once the node stops, or is gone, the
+/// and releases, were a tenth of a writer thread's samples). A node that stops detaches its
+/// models (their writes no longer reach it), and once the node begins to stop no writer waits
+/// for room: the driver takes what is queued once more, and no more. Once the node is gone the
 /// queue is closed: writes made after that stamp from the clock and go nowhere, as they did when
-/// the weak reference came back empty. Once the node begins to stop, no writer waits for room:
-/// the driver takes what is queued once more, and no more.
+/// the weak reference came back empty.
 ///
 /// Thread safety: every method may be called from any thread. A model calls ``stamp()``,
 /// ``enqueue(_:)`` and ``release(_:)`` with its lock held (they only take the queue's lock and

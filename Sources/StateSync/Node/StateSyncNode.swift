@@ -35,7 +35,8 @@ import Synchronization
 /// cannot be encoded is counted). The state lock is never held
 /// while calling into a model — deliveries are resolved under it and applied after it is
 /// released — except that ``model(_:channel:id:)`` attaches a new model under it, whose lock no
-/// one else can hold yet (it is not shared). The outbox and state locks are never nested.
+/// one else can hold yet (it is not shared), and reads the lifecycle under it (the lifecycle's
+/// lock is never held while taking another). The outbox and state locks are never nested.
 ///
 /// Thread safety: all methods may be called from any thread or task. Remote changes are applied
 /// by the driver's thread; their observers run on the observer executor, in apply order, so a
@@ -455,6 +456,10 @@ public final class StateSyncNode: Sendable {
                 }
                 return typed
             }
+            // Checked again under the lock that stop()'s detachment takes: a model attached
+            // after that detachment would keep its binding, and its writes would wait in the
+            // queue of a node that no longer takes them.
+            guard isRunning else { throw StateSyncError(.stopped, "node \(configuration.nodeID) is stopped") }
             fresh._$registrar.attach(fresh, adopting: state.machine.store.properties(of: address), binding: binding)
             state.instances[address] = InstanceReference(fresh)
             state.machine.attachedModels[address] = fresh._$registrar.instanceID
