@@ -505,7 +505,7 @@ public enum ClientProtocol {
         let dropped = try r.varint("dropped through")
         let count = try r.count("delta count", minimumItemSize: 2)
         var deltas: [Delta] = []
-        deltas.reserveCapacity(count)
+        deltas.reserveCapacity(min(count, WireReader.maximumReservation))
         for _ in 0..<count { deltas.append(try DeltaLog.decodePayload(try r.blob("delta"))) }
         // Void ranges were appended to the body (section 13): a body that ends here has none.
         var void: [ClosedRange<UInt64>] = []

@@ -282,8 +282,8 @@ public enum PeerMessage: Sendable, Equatable {
         guard count > 0 else { throw .invalid(field: "packed batch count", reason: "a packed batch holds a delta") }
         var deltas: [Delta] = []
         var entries: [Range<Int>] = []
-        deltas.reserveCapacity(count)
-        entries.reserveCapacity(count)
+        deltas.reserveCapacity(min(count, WireReader.maximumReservation))
+        entries.reserveCapacity(min(count, WireReader.maximumReservation))
         // Consecutive entries usually name the same model: its id is decoded once per run.
         var lastModel: (bytes: Range<Int>, name: String)?
         for _ in 0..<count {
@@ -429,7 +429,7 @@ public enum PeerMessage: Sendable, Equatable {
         let count = try body.count("property count", minimumItemSize: 2)
         guard count > 0 else { throw .invalid(field: "property count", reason: "a delta writes at least one property") }
         var properties: [PropertyWrite] = []
-        properties.reserveCapacity(count)
+        properties.reserveCapacity(min(count, WireReader.maximumReservation))
         // Duplicate names: a linear scan for the usual few properties, a set beyond.
         var names = count > 16 ? Set<String>() : nil
         for _ in 0..<count {

@@ -79,6 +79,12 @@ public struct WireReader {
         return bytes.withUnsafeBytes { UInt64(bigEndian: $0.loadUnaligned(fromByteOffset: start, as: UInt64.self)) }
     }
 
+    /// The most items a decoder reserves room for up front, whatever a count says: a count is
+    /// bounded by the bytes that remain, not by what the items take in memory (a 64 MiB map
+    /// could name 32 million entries and have about 2.7 GB reserved before its first entry fails
+    /// to decode). Past it, the collection grows as items are read.
+    static let maximumReservation = 1024
+
     /// A count of items each at least `minimumItemSize` bytes long: bounded by what remains.
     public mutating func count(_ field: String, minimumItemSize: Int = 1) throws(WireError) -> Int {
         let raw = try varint(field)
@@ -161,14 +167,14 @@ public struct WireReader {
         case ValueTag.array:
             let n = try count(field)
             var items: [Value] = []
-            items.reserveCapacity(n)
+            items.reserveCapacity(Swift.min(n, Self.maximumReservation))
             for _ in 0..<n { items.append(try value(field, depth: depth + 1)) }
             return .array(items)
         case ValueTag.map:
             // A map entry is at least a 1-byte key length and a 1-byte value.
             let n = try count(field, minimumItemSize: 2)
             var map: [String: Value] = [:]
-            map.reserveCapacity(n)
+            map.reserveCapacity(Swift.min(n, Self.maximumReservation))
             for _ in 0..<n {
                 let key = try string(field)
                 map[key] = try value(field, depth: depth + 1)
