@@ -132,6 +132,16 @@ struct PeerMessageTests {
         }
     }
 
+    /// PROTOCOL.md 15: the worked example's delta as a packed batch, octet for octet.
+    @Test func theWorkedExamplesPackedBatch() throws {
+        let frames = PeerMessage.encodePackedBatch([Self.delta])
+        #expect(frames[0] == [0x50, 0x64, 0x65, 0x6d, 0x6f, 0x00])
+        let body = PeerMessage.delta(Self.delta).encode()[1]
+        #expect(body.count == 33)
+        #expect(frames[1] == [0x01, 0x2a, 0x08] + Array("greeting".utf8) + body)
+        #expect(frames[1].count == 44)
+    }
+
     @Test func malformedPackedBatchesAreRefusedWhole() throws {
         let good = PeerMessage.encodePackedBatch([Self.delta])
         for topic in [Array("Pdemo".utf8), Array("P\u{0}".utf8), Array("Pde\u{0}mo\u{0}".utf8)] {
