@@ -161,7 +161,10 @@ package final class LinkProxy: Sendable {
     private func flush(_ queue: inout [Chunk], to fd: Int32, pair: Pair) {
         let now = Self.milliseconds()
         while let first = queue.first, first.due <= now, !pair.closed {
-            let n = first.bytes.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
+            // `send` with MSG_NOSIGNAL, not `write`: a node the run killed leaves its end reset,
+            // and a `write` to it raised SIGPIPE, which ended the whole harness (exit status 13,
+            // nothing printed; seen once in CI). EPIPE closes the pair like any other error.
+            let n = first.bytes.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
             if n < 0 {
                 if errno == EAGAIN || errno == EINTR { return }
                 pair.closed = true
