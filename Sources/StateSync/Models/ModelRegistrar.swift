@@ -954,17 +954,26 @@ public final class ModelRegistrar: Sendable {
             }
             spare = []
             if batch.isEmpty { return }
-            for notice in batch {
-                switch notice {
-                case .change(let change, let observers):
-                    for observer in observers where !observer.cancelled.load(ordering: .acquiring) {
-                        observer.callback(change)
+            // Each notice is moved out of the batch, a payload-free one left in its place: `for
+            // notice in batch` copied every change (its values' boxes and its observer list
+            // retained, then released with the batch), 2–3 % of a single-set reader and writer.
+            // The batch is this loop's own (writers queue into `state.pending`), and a callback
+            // that writes to the model queues there too.
+            batch.withUnsafeMutableBufferPointer { notices in
+                for index in notices.indices {
+                    let notice = notices.moveElement(from: index)
+                    notices.initializeElement(at: index, to: .deletionObservation)
+                    switch notice {
+                    case .change(let change, let observers):
+                        for observer in observers where !observer.cancelled.load(ordering: .acquiring) {
+                            observer.callback(change)
+                        }
+                    case .observation(let index):
+                        properties[index].notifyObservation(of: model, registrar: observationRegistrar)
+                    case .deletionObservation:
+                        observationRegistrar.willSet(model, keyPath: \Model.isDeleted)
+                        observationRegistrar.didSet(model, keyPath: \Model.isDeleted)
                     }
-                case .observation(let index):
-                    properties[index].notifyObservation(of: model, registrar: observationRegistrar)
-                case .deletionObservation:
-                    observationRegistrar.willSet(model, keyPath: \Model.isDeleted)
-                    observationRegistrar.didSet(model, keyPath: \Model.isDeleted)
                 }
             }
             batch.removeAll(keepingCapacity: true)
