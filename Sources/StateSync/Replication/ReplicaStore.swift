@@ -200,12 +200,23 @@ public struct ReplicaStore: Sendable {
     /// ``applyWinning(_:)`` for consecutive deltas of one model, with one look-up of the model
     /// for the whole run. Returns each delta's winning writes.
     mutating func applyWinning(run deltas: [Delta]) -> [[PropertyWrite]] {
-        guard let first = deltas.first else { return [] }
-        // Never create an empty model entry (a delta has at least one property on the wire).
-        guard deltas.contains(where: { !$0.properties.isEmpty }) else { return deltas.map { _ in [] } }
-        var context = MergeContext(channel: first.channel, model: first.model, store: self)
         var won: [[PropertyWrite]] = []
-        won.reserveCapacity(deltas.count)
+        applyWinning(run: deltas, into: &won)
+        return won
+    }
+
+    /// ``applyWinning(run:)`` appending each delta's winning writes to `won`: a caller that
+    /// merges a run per received batch keeps one buffer for them (a new array per run was a
+    /// kilobyte-sized allocation per batch, and glibc consolidates its free lists at each).
+    mutating func applyWinning(run deltas: [Delta], into won: inout [[PropertyWrite]]) {
+        guard let first = deltas.first else { return }
+        // Never create an empty model entry (a delta has at least one property on the wire).
+        guard deltas.contains(where: { !$0.properties.isEmpty }) else {
+            won.append(contentsOf: repeatElement([], count: deltas.count))
+            return
+        }
+        var context = MergeContext(channel: first.channel, model: first.model, store: self)
+        won.reserveCapacity(won.count + deltas.count)
         var runLatest = Version.zero
         modify(first.address, &context) { model, context in
             var slots = SlotHints(enabled: deltas.count > 1)
@@ -221,7 +232,6 @@ public struct ReplicaStore: Sendable {
             }
         }
         finish(context, newest: runLatest)
-        return won
     }
 
     /// Told about each write of a delta that won, in the delta's order, with the register it

@@ -308,12 +308,17 @@ extension NodeMachine {
                 offsets = (start..<end).filter { isNew[$0 - start] }
                 fresh = offsets!.map { deltas[$0] }
             }
-            for (index, won) in store.applyWinning(run: fresh).enumerated() {
-                account(&self, fresh[index], won)
+            var won = winnersScratch
+            winnersScratch = []
+            store.applyWinning(run: fresh, into: &won)
+            for index in won.indices {
+                account(&self, fresh[index], won[index])
                 let offset = offsets?[index] ?? start + index
                 applied.append(
-                    Applied(delta: fresh[index], won: won, emitter: emitters?[offset] ?? 0, offset: offset))
+                    Applied(delta: fresh[index], won: won[index], emitter: emitters?[offset] ?? 0, offset: offset))
             }
+            won.removeAll(keepingCapacity: true)
+            winnersScratch = won
             start = end
         }
         return applied

@@ -37,6 +37,9 @@ package struct NodeMachine: Sendable {
     var history: [String: OriginHistory] = [:]
     /// Every recorded delta in apply order: what watches follow.
     var journal = Journal()
+    /// Empty between inputs: the buffer ``apply(_:emitters:account:)`` collects a run's winning
+    /// writes in, kept with its capacity.
+    var winnersScratch: [[PropertyWrite]] = []
     /// Per configured peer endpoint, what this node has heard from it.
     var peers: [String: PeerProgress] = [:]
     /// When the link of each peer never heard from was made (or last replaced).
