@@ -33,8 +33,8 @@ package struct SnapshotPage: Sendable {
 
     /// The order of pages: channel, then model, as octets.
     package static func precedes(_ a: ModelAddress, _ b: ModelAddress) -> Bool {
-        if a.channel != b.channel { return a.channel.utf8.lexicographicallyPrecedes(b.channel.utf8) }
-        return a.model.utf8.lexicographicallyPrecedes(b.model.utf8)
+        if !a.channel.hasSameUTF8(as: b.channel) { return a.channel.utf8Precedes(b.channel) }
+        return a.model.utf8Precedes(b.model)
     }
 
     /// Whether `bytes` is a page (rather than a whole snapshot from a node that does not page).

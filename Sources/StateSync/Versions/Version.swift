@@ -34,7 +34,7 @@ public struct Version: Sendable, Hashable, Comparable, CustomStringConvertible {
     public static func < (lhs: Version, rhs: Version) -> Bool {
         if lhs.milliseconds != rhs.milliseconds { return lhs.milliseconds < rhs.milliseconds }
         if lhs.counter != rhs.counter { return lhs.counter < rhs.counter }
-        return lhs.node.utf8.lexicographicallyPrecedes(rhs.node.utf8)
+        return lhs.node.utf8Precedes(rhs.node)
     }
 
     /// Equal when the clock parts and the node ids' UTF-8 bytes are equal (consistent with `<`).

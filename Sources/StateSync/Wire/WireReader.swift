@@ -219,4 +219,21 @@ extension String {
             }
         }
     }
+
+    /// Whether this string's UTF-8 bytes sort before `other`'s (bytewise, a prefix first): the
+    /// order of versions' node ids and of snapshot pages. `utf8.lexicographicallyPrecedes`
+    /// says the same a byte at a time, through the views' iterators: 8 % of a late joiner's
+    /// I/O thread, comparing the versions of a model's registers (equal but for the node id).
+    @inline(__always)
+    package func utf8Precedes(_ other: String) -> Bool {
+        var lhs = self
+        var rhs = other
+        return lhs.withUTF8 { a in
+            rhs.withUTF8 { b in
+                let common = min(a.count, b.count)
+                let order = common == 0 ? 0 : memcmp(a.baseAddress!, b.baseAddress!, common)
+                return order != 0 ? order < 0 : a.count < b.count
+            }
+        }
+    }
 }
