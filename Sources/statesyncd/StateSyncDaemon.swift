@@ -52,6 +52,10 @@ struct StateSyncDaemon: AsyncParsableCommand {
         // A SIGHUP (e.g. a service manager's reload) during a long start must not end the daemon;
         // once the node runs, it reloads the keys (reloadOnHangUp).
         signal(SIGHUP, SIG_IGN)
+        // A log line to a pipe whose reader went away (a log shipper restarting, a supervisor
+        // that died) must not end the node: the write fails with EPIPE and the line is lost.
+        // (Every socket the node has is libzmq's or NIO's, which never raise it.)
+        signal(SIGPIPE, SIG_IGN)
         if printDefaultConfig {
             print(NodeConfiguration.defaultYAML)
             return

@@ -81,6 +81,44 @@ struct DaemonOperationsTests {
         #expect(daemon.stderr.contains("node stopped; snapshot written"), "\(daemon.stderr)")
     }
 
+    /// A daemon whose standard output and error are a pipe nobody reads any more (a log shipper
+    /// that restarted, a supervisor that died) keeps running: its log lines fail to write, it
+    /// is not killed by SIGPIPE at the first one. In both log formats.
+    @Test(arguments: ["text", "json"])
+    func aDaemonWhoseLogReaderIsGoneKeepsRunning(format: String) async throws {
+        let directory = temporaryDirectory("log-reader-gone")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let api = "tcp://127.0.0.1:\(freePort())"
+        let environment = [
+            "STATESYNC_NODE_DATA_DIR": "\(directory)/data", "STATESYNC_LOG_FORMAT": format,
+            "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
+            "STATESYNC_NETWORK_API": api, "STATESYNC_NETWORK_PEERS": "",
+        ]
+        let output = try closeOnExecPipe()
+        try output.read.close()  // gone before the daemon writes its first line
+        let daemon = try SpawnedProcess(
+            executable: binaries.appendingPathComponent("statesyncd").path, arguments: [],
+            environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
+            currentDirectory: packageRoot.path, standardInput: .null,
+            standardOutput: .descriptor(output.write.fileDescriptor),
+            standardError: .descriptor(output.write.fileDescriptor))
+        try output.write.close()
+        defer {
+            daemon.signal(SIGKILL)
+            _ = daemon.waitUntilExit()
+        }
+        // By the time it answers it has logged that it started (and more), each line an EPIPE.
+        try await waitUntil("the daemon answers") {
+            guard daemon.isRunning else { return true }  // dead: judged below
+            return try await cli(["status", "--ready", "--daemon", api, "--timeout", "1"]).status == 0
+        }
+        #expect(daemon.isRunning, "the daemon died (signal \(daemon.exitStatus() ?? -1))")
+        #expect(try await cli(["set", "demo/m", "x=1", "--daemon", api]).status == 0)
+        daemon.signal(SIGTERM)
+        try await waitUntil("the daemon stops on SIGTERM") { daemon.exitStatus() != nil }
+        #expect(daemon.exitStatus() == 0)
+    }
+
     /// `log.format: json`: every line the daemon writes is one JSON object with `ts`, `level`,
     /// `message` and the metadata; an unknown format is a configuration error.
     @Test func jsonLogsAreOneObjectPerLine() async throws {
