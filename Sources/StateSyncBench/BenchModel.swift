@@ -16,3 +16,19 @@ final class BenchModel {
     var f7 = 0
     var done = 0
 }
+
+extension BenchModel {
+    /// The benches' 8-property transaction: `f0` to `f7` set to `value`, one version, one delta.
+    func writeAllFields(_ value: Int) {
+        transaction { m in
+            m.f0 = value
+            m.f1 = value
+            m.f2 = value
+            m.f3 = value
+            m.f4 = value
+            m.f5 = value
+            m.f6 = value
+            m.f7 = value
+        }
+    }
+}

@@ -196,17 +196,7 @@ public enum NodeBenchRole {
             while monotonicNanoseconds() < end {
                 for _ in 0..<64 {
                     written += 1
-                    let v = written
-                    model.transaction { m in
-                        m.f0 = v
-                        m.f1 = v
-                        m.f2 = v
-                        m.f3 = v
-                        m.f4 = v
-                        m.f5 = v
-                        m.f6 = v
-                        m.f7 = v
-                    }
+                    model.writeAllFields(written)
                 }
             }
         case .models:

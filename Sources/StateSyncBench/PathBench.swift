@@ -132,17 +132,7 @@ public enum PathBench {
                 case .single:
                     written.value = value
                 case .tx:
-                    let v = value
-                    written.transaction { m in
-                        m.f0 = v
-                        m.f1 = v
-                        m.f2 = v
-                        m.f3 = v
-                        m.f4 = v
-                        m.f5 = v
-                        m.f6 = v
-                        m.f7 = v
-                    }
+                    written.writeAllFields(value)
                 }
             }
             let set = threadCPUNanoseconds()
