@@ -211,12 +211,8 @@ extension String {
     /// checked).
     @inline(__always)
     package func hasSameUTF8(as other: String) -> Bool {
-        var lhs = self
-        var rhs = other
-        return lhs.withUTF8 { a in
-            rhs.withUTF8 { b in
-                a.count == b.count && (a.isEmpty || memcmp(a.baseAddress!, b.baseAddress!, a.count) == 0)
-            }
+        withUTF8(alongside: other) { a, b in
+            a.count == b.count && (a.isEmpty || memcmp(a.baseAddress!, b.baseAddress!, a.count) == 0)
         }
     }
 
@@ -226,14 +222,21 @@ extension String {
     /// I/O thread, comparing the versions of a model's registers (equal but for the node id).
     @inline(__always)
     package func utf8Precedes(_ other: String) -> Bool {
+        withUTF8(alongside: other) { a, b in
+            let common = min(a.count, b.count)
+            let order = common == 0 ? 0 : memcmp(a.baseAddress!, b.baseAddress!, common)
+            return order != 0 ? order < 0 : a.count < b.count
+        }
+    }
+
+    /// `body` with both strings' UTF-8 bytes, contiguous (a native string's own; another's
+    /// made native first).
+    @inline(__always)
+    private func withUTF8(
+        alongside other: String, _ body: (UnsafeBufferPointer<UInt8>, UnsafeBufferPointer<UInt8>) -> Bool
+    ) -> Bool {
         var lhs = self
         var rhs = other
-        return lhs.withUTF8 { a in
-            rhs.withUTF8 { b in
-                let common = min(a.count, b.count)
-                let order = common == 0 ? 0 : memcmp(a.baseAddress!, b.baseAddress!, common)
-                return order != 0 ? order < 0 : a.count < b.count
-            }
-        }
+        return lhs.withUTF8 { a in rhs.withUTF8 { b in body(a, b) } }
     }
 }
