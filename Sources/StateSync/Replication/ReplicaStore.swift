@@ -461,7 +461,6 @@ public struct ReplicaStore: Sendable {
         finish(context, newest: anyWon ? delta.version : .zero)
     }
 
-    /// Merges `delta` into `model`; returns whether any part of it won.
     /// Where the registers written by the last delta of a run were found in a model's
     /// dictionary, by the position of the write in that delta: the deltas of a run mostly write
     /// the same properties in the same order, and a register found where the last one was needs
@@ -471,8 +470,8 @@ public struct ReplicaStore: Sendable {
     struct SlotHints {
         private var slots: [Dictionary<String, Register>.Index?] = []
         /// Off for a lone delta, which has no delta before it: noting its slots would only
-        /// allocate.
-        let enabled: Bool
+        /// allocate (off, nothing is noted, so no slot is ever given).
+        private let enabled: Bool
 
         init(enabled: Bool = true) {
             self.enabled = enabled
@@ -483,6 +482,7 @@ public struct ReplicaStore: Sendable {
         }
 
         mutating func note(_ slot: Dictionary<String, Register>.Index, at position: Int) {
+            guard enabled else { return }
             if position < slots.count {
                 slots[position] = slot
             } else if position == slots.count, position < 64 {
@@ -494,6 +494,7 @@ public struct ReplicaStore: Sendable {
         mutating func clear() { slots.removeAll(keepingCapacity: true) }
     }
 
+    /// Merges `delta` into `model`; returns whether any part of it won.
     private static func merge<Outcome: MergeOutcome>(
         _ delta: Delta, into model: inout Model, context: inout MergeContext, outcome: inout Outcome,
         slots: inout SlotHints
@@ -519,17 +520,16 @@ public struct ReplicaStore: Sendable {
             }
             let register = Register(properties[index], version: version)
             let current: Register?
-            let hinted =
-                slots.enabled ? slots.slot(at: index).flatMap { model.registers.keys[$0] == name ? $0 : nil } : nil
+            let hinted = slots.slot(at: index).flatMap { model.registers.keys[$0] == name ? $0 : nil }
             if let slot = hinted ?? model.registers.index(forKey: name) {
-                if hinted == nil, slots.enabled { slots.note(slot, at: index) }
+                if hinted == nil { slots.note(slot, at: index) }
                 current = model.registers.values[slot]
                 if !wins(version, over: current!.version, wrongTieBreak: context.wrongTieBreak) { continue }
                 model.registers.values[slot] = register
             } else {
                 current = nil
                 model.registers[name] = register
-                if slots.enabled { slots.clear() }
+                slots.clear()
             }
             context.account(name, old: current, new: register)
             model.live += (register.isDeleted ? 0 : 1) - (current.map { $0.isDeleted ? 0 : 1 } ?? 0)
