@@ -11,8 +11,9 @@ public struct NodeCounters: Sendable, Equatable {
     /// it does not grow while a linked peer has not said it takes them (an older node, or one not
     /// heard from).
     public var channelBatchesPublished = 0
-    /// Of those, packed batches (a channel's deltas in one frame, docs/PROTOCOL.md 7.7): sent,
-    /// instead of the other forms, once every linked peer said it takes them.
+    /// Of the DELTA messages published, packed batches (a channel's deltas in one frame,
+    /// docs/PROTOCOL.md 7.7; not counted as channel batches): sent, instead of the other forms,
+    /// once every linked peer said it takes them.
     public var packedBatchesPublished = 0
     /// Peer links (SUB sockets) replaced after the peer was silent for long, and repair links
     /// replaced after a request got no answer in time.

@@ -379,8 +379,6 @@ extension NodeMachine {
     /// model; else consecutive deltas of one model as one DELTA batch. `bodies` say where each
     /// delta's encoded bytes lie (one each), copied into the messages as they are.
     mutating func publish(_ deltas: [Delta], bodies: [StagedBytes]) {
-        // Packed batches (section 7.7) when every linked peer takes them, else channel batches
-        // (section 7.6) when every one takes those, else DELTA batches, which every node takes.
         let linked = !peerEndpoints.isEmpty
         let packed =
             configuration.packedBatches && linked && peerEndpoints.allSatisfy { peers[$0]?.takesPackedBatches == true }
