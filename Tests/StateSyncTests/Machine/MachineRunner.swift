@@ -19,6 +19,14 @@ struct MachineRunner {
     /// Repair requests sent, per peer.
     var repairRequests: [(peer: String, frames: [[UInt8]])] = []
     var logBytes: [UInt8] = []
+    /// The records the log would hold had each of `deltas` been encoded afresh
+    /// (`DeltaLog.Batch.add`), in order: what a node's own writes must be logged as, octet for
+    /// octet, however they were encoded on the way.
+    static func freshRecords(of deltas: [Delta]) -> [UInt8] {
+        var records = DeltaLog.Batch()
+        for delta in deltas { records.add(delta) }
+        return records.bytes
+    }
     var compactions = 0
     /// The last compaction asked for (its snapshot and kept records).
     var lastCompaction: NodeAction?

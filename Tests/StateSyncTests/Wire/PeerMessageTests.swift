@@ -28,16 +28,22 @@ struct PeerMessageTests {
         #expect(try PeerMessage.decodeAll(PeerMessage.delta(Self.delta).encode()) == [.delta(Self.delta)])
     }
 
+    /// Two more deltas of ``delta``'s channel: one of another model, one (version 2) deleting.
+    static var otherModelAndDeletion: (other: Delta, deletion: Delta) {
+        var other = delta
+        other.model = "farewell"
+        other.sequence = 2
+        var deletion = delta
+        deletion.sequence = 3
+        deletion.properties = [.deletion(of: "n")]
+        return (other, deletion)
+    }
+
     /// 7.6: a channel batch carries deltas of several models of one channel, each frame its
     /// model id then a DELTA body (version 1 or 2); a node that does not take them sees an
     /// unsupported topic.
     @Test func channelBatchesRoundTripAndAreUnsupportedWhereNotTaken() throws {
-        var other = Self.delta
-        other.model = "farewell"
-        other.sequence = 2
-        var deletion = Self.delta
-        deletion.sequence = 3
-        deletion.properties = [.deletion(of: "n")]
+        let (other, deletion) = Self.otherModelAndDeletion
         let frames = PeerMessage.encodeChannelBatch([Self.delta, other, deletion])
         #expect(frames.count == 4 && frames[0] == Array("Mdemo\u{0}".utf8))
         #expect(Array(frames[2].prefix(9)) == [8] + Array("farewell".utf8))
@@ -64,12 +70,7 @@ struct PeerMessageTests {
     /// then per delta its length, model id and DELTA body (version 1 or 2). A node that does not
     /// take them sees an unsupported topic.
     @Test func packedBatchesRoundTripInOneFrameAndAreUnsupportedWhereNotTaken() throws {
-        var other = Self.delta
-        other.model = "farewell"
-        other.sequence = 2
-        var deletion = Self.delta
-        deletion.sequence = 3
-        deletion.properties = [.deletion(of: "n")]
+        let (other, deletion) = Self.otherModelAndDeletion
         let deltas = [Self.delta, other, deletion]
         let frames = PeerMessage.encodePackedBatch(deltas)
         #expect(frames.count == 2 && frames[0] == Array("Pdemo\u{0}".utf8))
