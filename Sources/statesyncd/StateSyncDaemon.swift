@@ -19,7 +19,8 @@ struct StateSyncDaemon: AsyncParsableCommand {
             its sockets, writes its snapshot and exits 0. Every configuration key can be overridden \
             by an environment variable: STATESYNC_ + the key upper-cased with '.' as '_' \
             (node.id <- STATESYNC_NODE_ID; lists comma-separated). SIGHUP re-reads the file's \
-            security.* keys (admitted keys and client permissions) without a restart.
+            security.* keys (admitted keys and client permissions) without a restart. SIGPIPE is \
+            ignored: if what reads its output goes away, those log lines are lost, not the node.
 
             Exit codes: 0 clean stop, 1 runtime failure (e.g. a port in use), 2 invalid configuration \
             or a data directory the node must not run with (an empty one under an id the cluster \
