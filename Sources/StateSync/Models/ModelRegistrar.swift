@@ -146,7 +146,7 @@ public final class ModelRegistrar: Sendable {
 
     private let state = Mutex(State())
     /// The observers, by the schema index of the property they watch.
-    private let observers = Mutex<(nextID: UInt64, byProperty: [[ObserverEntry]])>((1, []))
+    private let observers = ObserverTable()
     /// Whether an observer was ever registered: until then a write looks up none (no lock).
     private let everObserved = Atomic<Bool>(false)
     /// The thread running a transaction on this model, or 0.
@@ -184,9 +184,9 @@ public final class ModelRegistrar: Sendable {
 
     deinit {
         // The model is gone: observers still registered end (an `AsyncStream` of changes
-        // finishes), and their closures are released with this table, tokens or not.
-        let entries = observers.withLock { table in table.byProperty.flatMap { $0 } }
-        for entry in entries where !entry.cancelled.load(ordering: .acquiring) { entry.onEnd?() }
+        // finishes), and their closures are released with them, even where a token (which holds
+        // the table) is kept.
+        for entry in observers.removeAll() where !entry.isCancelled { entry.onEnd?() }
     }
 
     private var inTransactionOnThisThread: Bool {
@@ -882,22 +882,14 @@ public final class ModelRegistrar: Sendable {
         propertyAt index: Int, onEnd: (@Sendable () -> Void)? = nil,
         _ callback: @escaping @Sendable (ErasedChange) -> Void
     ) -> ObservationToken {
-        let entry = observers.withLock { table in
-            let entry = ObserverEntry(id: table.nextID, callback: callback, onEnd: onEnd)
-            table.nextID += 1
-            if table.byProperty.count <= index {
-                table.byProperty += Array(repeating: [], count: index + 1 - table.byProperty.count)
-            }
-            table.byProperty[index].append(entry)
-            return entry
-        }
+        let entry = observers.add(propertyAt: index, onEnd: onEnd, callback)
         everObserved.store(true, ordering: .releasing)
-        return ObservationToken { [weak self, weak entry] in
-            guard let entry else { return }
-            entry.cancelled.store(true, ordering: .releasing)
-            self?.observers.withLock { table in
-                table.byProperty[index].removeAll { $0 === entry }
-            }
+        // Neither the registrar nor the entry is captured (see ObserverEntry): the table and the
+        // flag are, and the callback is released with the entry.
+        let (table, cancellation, id) = (observers, entry.cancellation, entry.id)
+        return ObservationToken {
+            cancellation.flag.store(true, ordering: .releasing)
+            table.remove(id: id, propertyAt: index)
         }
     }
 
@@ -914,7 +906,7 @@ public final class ModelRegistrar: Sendable {
     /// The observers registered for the property at schema index `index`, now.
     private func observers(of index: Int) -> [ObserverEntry] {
         guard everObserved.load(ordering: .acquiring) else { return [] }
-        return observers.withLock { table in index < table.byProperty.count ? table.byProperty[index] : [] }
+        return observers.observers(of: index)
     }
 
     /// The largest notification queue a model keeps when idle (a large remote batch's queue is
@@ -965,7 +957,7 @@ public final class ModelRegistrar: Sendable {
                     notices.initializeElement(at: index, to: .deletionObservation)
                     switch notice {
                     case .change(let change, let observers):
-                        for observer in observers where !observer.cancelled.load(ordering: .acquiring) {
+                        for observer in observers where !observer.isCancelled {
                             observer.callback(change)
                         }
                     case .observation(let index):

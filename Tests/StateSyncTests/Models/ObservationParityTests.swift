@@ -161,6 +161,28 @@ struct ObservationParityTests {
         #expect(token?.isCancelled == true)
     }
 
+    @Test func aCancelledObserverIsReleasedWhileItsModelAndTokenLive() {
+        final class Captured: Sendable {}
+        weak var captured: Captured?
+        let model = Counter()
+        let fired = Shared(0)
+        var token: ObservationToken?
+        do {
+            let object = Captured()
+            captured = object
+            token = model.observe(\.count) { _ in
+                _ = object
+                fired.withLock { $0 += 1 }
+            }
+        }
+        model.count = 1
+        token?.cancel()
+        #expect(captured == nil, "a cancelled observer's callback goes, though its token and model are kept")
+        model.count = 2
+        #expect(fired.value == 1)
+        #expect(token?.isCancelled == true)
+    }
+
     @Test func aChangeStreamFinishesWhenItsModelIsReleased() async {
         var model: Counter? = Counter()
         let stream = model!.changes(of: \.count)
