@@ -154,7 +154,23 @@ package final class DeltaLog: @unchecked Sendable {
 
     /// Records encoded and waiting to be appended together (one `write`).
     struct Batch {
-        fileprivate var buffer = WireWriter(capacity: 4096)
+        fileprivate var buffer: WireWriter
+
+        /// A batch with room for `capacity` bytes of records before it grows. Size it by what it
+        /// will hold: a request of a kilobyte or more is served from glibc's large bins, after
+        /// it consolidates every freed small chunk (`malloc_consolidate`), and a client's SET
+        /// logs one record of ~100 bytes.
+        init(capacity: Int = 4096) {
+            buffer = WireWriter(capacity: capacity)
+        }
+
+        /// Room for `count` records of a local write each (the usual one holds a few short
+        /// properties; a larger one grows the buffer).
+        static func capacity(localWrites count: Int) -> Int { min(max(count, 1) * 192, 4096) }
+
+        /// Room for the records of `count` deltas received as `payloadBytes` of frames: each
+        /// record adds its length, checksum and names to what came.
+        static func capacity(received count: Int, payloadBytes: Int) -> Int { payloadBytes + count * 64 }
         /// How many deltas were offered.
         private(set) var offered = 0
         /// The positions (in the order deltas were offered) of those too large for a record

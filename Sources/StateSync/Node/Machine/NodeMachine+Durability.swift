@@ -77,7 +77,9 @@ extension NodeMachine {
     /// came in, the others encoded.
     mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil) {
         guard !applied.isEmpty else { return }
-        var records = DeltaLog.Batch()
+        var records = DeltaLog.Batch(
+            capacity: received.map { DeltaLog.Batch.capacity(received: applied.count, payloadBytes: $0.payloadBytes) }
+                ?? DeltaLog.Batch.capacity(localWrites: applied.count))
         // By index, not `for entry in applied`: the loop would copy every entry (its delta and
         // winning writes: retains and releases per delta on the hot path).
         for index in applied.indices {
@@ -109,7 +111,7 @@ extension NodeMachine {
     /// neither logged nor published (SETs are refused before this; a model's write is
     /// reported).
     mutating func stage(_ applied: [Applied]) {
-        var records = DeltaLog.Batch()
+        var records = DeltaLog.Batch(capacity: DeltaLog.Batch.capacity(localWrites: applied.count))
         var placed: [DeltaLog.Batch.Placement?] = []
         placed.reserveCapacity(applied.count)
         for index in applied.indices { placed.append(records.addPlaced(applied[index].delta)) }

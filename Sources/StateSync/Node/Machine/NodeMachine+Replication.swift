@@ -22,6 +22,12 @@ extension NodeMachine {
         let accepted: [Int]?
         /// Whether each body starts with its model id (a channel batch, section 7.6).
         var modelFirst: Bool { frames[0].first == PeerMessage.channelBatchTopicPrefix }
+        /// The bytes of the frames after the topic: what the deltas' records copy, at most.
+        var payloadBytes: Int {
+            var total = 0
+            for index in frames.indices.dropFirst() { total += frames[index].count }
+            return total
+        }
 
         /// Adds the log record of the accepted delta at `offset` (``Applied/offset``) of
         /// `channel`/`model`: its frame (or packed entry) as it came.
@@ -297,7 +303,9 @@ extension NodeMachine {
             {
                 end += 1
             }
-            let isNew = record(run: deltas[start..<end])
+            var isNew = isNewScratch
+            isNewScratch = []
+            record(run: deltas[start..<end], into: &isNew)
             // Usually every delta of the run is new: merge the run as it is, without a copy.
             let fresh: [Delta]
             let offsets: [Int]?  // of the fresh deltas in `deltas`; nil: start, start + 1, ...
@@ -308,6 +316,7 @@ extension NodeMachine {
                 offsets = (start..<end).filter { isNew[$0 - start] }
                 fresh = offsets!.map { deltas[$0] }
             }
+            isNewScratch = isNew
             var won = winnersScratch
             winnersScratch = []
             store.applyWinning(run: fresh, into: &won)
@@ -412,18 +421,22 @@ extension NodeMachine {
     /// Records a delta's sequence number and keeps it for repairs. Returns `false` for a delta
     /// already received (applying it again would be harmless, but it is not logged twice).
     mutating func record(_ delta: Delta) -> Bool {
-        record(run: CollectionOfOne(delta))[0]
+        var isNew: [Bool] = []
+        record(run: CollectionOfOne(delta), into: &isNew)
+        return isNew[0]
     }
 
     /// Records a run of deltas of one origin like ``record(_:)``, with one look-up of the
-    /// origin's progress and history for the whole run. Returns whether each was new.
-    mutating func record<Run: Collection<Delta>>(run deltas: Run) -> [Bool] {
-        guard let origin = deltas.first?.origin else { return [] }
+    /// origin's progress and history for the whole run. Sets `isNew` to whether each was new
+    /// (the caller's buffer, reused: no array per run).
+    mutating func record<Run: Collection<Delta>>(run deltas: Run, into isNew: inout [Bool]) {
+        isNew.removeAll(keepingCapacity: true)
+        guard let origin = deltas.first?.origin else { return }
         assert(deltas.allSatisfy { $0.origin == origin }, "a run is of one origin")
         // In place (no copy of the origin's set of received-above sequence numbers).
         let gapsBefore = counters.sequenceGaps
-        let isNew = Self.record(
-            deltas, progress: &origins[origin, default: OriginProgress()],
+        Self.record(
+            deltas, into: &isNew, progress: &origins[origin, default: OriginProgress()],
             history: &history[origin, default: OriginHistory()], historyLimit: configuration.historyDeltas,
             counters: &counters)
         if counters.sequenceGaps != gapsBefore {
@@ -438,14 +451,12 @@ extension NodeMachine {
         for (delta, new) in zip(deltas, isNew) where new {
             journal.append(delta, limit: overflow ? Int.max / 2 : limit)
         }
-        return isNew
     }
 
     private static func record<Run: Collection<Delta>>(
-        _ deltas: Run, progress: inout OriginProgress, history: inout OriginHistory, historyLimit: Int,
-        counters: inout NodeCounters
-    ) -> [Bool] {
-        var isNew: [Bool] = []
+        _ deltas: Run, into isNew: inout [Bool], progress: inout OriginProgress, history: inout OriginHistory,
+        historyLimit: Int, counters: inout NodeCounters
+    ) {
         isNew.reserveCapacity(deltas.count)
         for delta in deltas {
             let (new, openedGap) = progress.receiveNotingGap(delta.sequence)
@@ -457,7 +468,6 @@ extension NodeMachine {
             if openedGap { counters.sequenceGaps += 1 }
             history.insert(delta, limit: historyLimit)
         }
-        return isNew
     }
 
     /// The state now covers `origin` through `sequence` without the deltas themselves (a

@@ -40,6 +40,9 @@ package struct NodeMachine: Sendable {
     /// Empty between inputs: the buffer ``apply(_:emitters:account:)`` collects a run's winning
     /// writes in, kept with its capacity.
     var winnersScratch: [[PropertyWrite]] = []
+    /// The buffer ``apply(_:emitters:account:)`` marks a run's new deltas in, kept with its
+    /// capacity between inputs (what it holds then means nothing).
+    var isNewScratch: [Bool] = []
     /// Per configured peer endpoint, what this node has heard from it.
     var peers: [String: PeerProgress] = [:]
     /// When the link of each peer never heard from was made (or last replaced).
