@@ -44,8 +44,12 @@ public final class WakeUp: Sendable {
     /// Consumes every pending signal; call after the poller reported `.readable`, then look for
     /// work.
     public func drain() {
-        var buffer = [UInt8](repeating: 0, count: 256)
-        while read(fileDescriptor, &buffer, buffer.count) > 0 {}
+        // One read: ``signal()`` writes only while no byte is pending, and the flag is cleared
+        // below only after this read, so the pipe holds at most one byte. (A loop until
+        // `EAGAIN` cost a second `read` per wake-up, on the path of every lone write; a stray
+        // byte would only cost a spurious wake-up.)
+        var byte: UInt8 = 0
+        _ = read(fileDescriptor, &byte, 1)
         // Cleared after reading: a signal that saw the flag set came before this point, so its
         // work is queued already and the caller looks for work next.
         pending.store(false, ordering: .sequentiallyConsistent)
