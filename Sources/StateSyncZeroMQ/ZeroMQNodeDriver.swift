@@ -141,7 +141,13 @@ package final class ZeroMQNodeDriver: NodeDriver {
     }
 
     private func run(_ node: StateSyncNode, _ transport: ZeroMQTransport) {
-        var poller = transport.makePoller(wakeUp: wakeUp.fileDescriptor)
+        var poller: ReadPoller
+        do {
+            poller = try transport.makePoller(wakeUp: wakeUp.fileDescriptor)
+        } catch {
+            logger.error("cannot poll the node's sockets; stopping the node's I/O", metadata: ["error": "\(error)"])
+            return
+        }
         var refusalHandled = false
         var turns = 0
         while true {
@@ -168,17 +174,17 @@ package final class ZeroMQNodeDriver: NodeDriver {
             }
             node.process(
                 .tick(observerBacklog: node.observers.backlog), now: MonotonicClock.milliseconds(), via: transport)
-            if transport.pollerChanged { poller = transport.makePoller(wakeUp: wakeUp.fileDescriptor) }
             let now = MonotonicClock.milliseconds()
             let deadline = node.nextDeadline()
-            let ready: [PollEvents]
             do {
-                ready = try poller.poll(timeoutMilliseconds: Int(min(deadline &- min(deadline, now), 1000)))
+                if transport.pollerChanged { poller = try transport.makePoller(wakeUp: wakeUp.fileDescriptor) }
+                try poller.poll(timeoutMilliseconds: Int(min(deadline &- min(deadline, now), 1000)))
             } catch {
-                logger.error("zmq_poll failed; stopping the node's I/O", metadata: ["error": "\(error)"])
+                logger.error("polling the node's sockets failed; stopping the node's I/O", metadata: ["error": "\(error)"])
                 return
             }
-            if ready[0].contains(.readable) { wakeUp.drain() }
+            let ready = poller.readable
+            if ready[0] { wakeUp.drain() }
             let sources = transport.polled
             // Each turn starts one source further than the last, so turns cut short by
             // ``turnBudget`` do not always leave the same sources unread.
@@ -188,7 +194,7 @@ package final class ZeroMQNodeDriver: NodeDriver {
             var turnOver = false
             for step in sources.indices {
                 let index = (first + step) % sources.count
-                guard ready[index + 1].contains(.readable) else { continue }
+                guard ready[index + 1] else { continue }
                 // (Links changed while handling an earlier source: the next round re-polls.)
                 if transport.pollerChanged || turnOver { break }
                 let source = sources[index]
@@ -297,7 +303,7 @@ final class ZeroMQTransport: NodeTransport {
 
     /// The poll set: the wake-up pipe, then (unless intake is paused) every SUB socket, then the
     /// ROUTER, then (unless paused) every repair link.
-    func makePoller(wakeUp: Int32) -> Poller {
+    func makePoller(wakeUp: Int32) throws(ZeroMQError) -> ReadPoller {
         polled = []
         // ZAP first: a connecting peer or client waits for its answer.
         if let zap { polled.append(.zap(zap)) }
@@ -308,7 +314,7 @@ final class ZeroMQTransport: NodeTransport {
             polled += links.keys.sorted().map { .repairLink(peer: $0, links[$0]!.socket) }
         }
         pollerChanged = false
-        return Poller([.fileDescriptor(wakeUp, .readable)] + polled.map { .socket($0.socket, .readable) })
+        return try ReadPoller([.fileDescriptor(wakeUp)] + polled.map { .socket($0.socket) })
     }
 
     /// The next message from `source`, and with security, for the client API, the user id its

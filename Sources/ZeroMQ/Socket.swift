@@ -15,6 +15,14 @@ public final class Socket {
     private let context: Context
     /// A reusable message for receives; `zmq_msg_t` must stay at a stable address while in use.
     private let message: UnsafeMutablePointer<zmq_msg_t>
+    /// Whether a message may be waiting that ``fileDescriptor()`` will not signal. libzmq's
+    /// descriptor signals commands to the socket (a pipe became readable, a peer connected),
+    /// not messages: once a call has processed those commands — any call may — messages can wait
+    /// with the descriptor quiet. Only a receive that found nothing, or ``events()`` without
+    /// `.readable`, leaves every later message to be signalled; any other call sets this again.
+    /// ``ReadPoller`` asks `ZMQ_EVENTS` only of sockets where this is set (`zmq_poll` asks every
+    /// socket, twice per wait, two system calls each).
+    public private(set) var mayHoldUnsignalledMessages = true
 
     init(context: Context, type: SocketType) throws(ZeroMQError) {
         guard let handle = zmq_socket(context.handle, type.rawValue) else {
@@ -45,29 +53,36 @@ public final class Socket {
         return handle
     }
 
+    /// The handle for a call that may process the socket's commands (see
+    /// ``mayHoldUnsignalledMessages``).
+    private var handleForCommands: UnsafeMutableRawPointer {
+        mayHoldUnsignalledMessages = true
+        return rawHandle
+    }
+
     // MARK: - Endpoints
 
     /// Binds to `endpoint` (`tcp://127.0.0.1:7001`, `tcp://127.0.0.1:*`, `inproc://name`, ...).
     public func bind(_ endpoint: String) throws(ZeroMQError) {
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_bind(\(endpoint))") { zmq_bind(handle, endpoint) }
     }
 
     /// Connects to `endpoint`; libzmq reconnects by itself when the peer goes away.
     public func connect(_ endpoint: String) throws(ZeroMQError) {
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_connect(\(endpoint))") { zmq_connect(handle, endpoint) }
     }
 
     /// Disconnects from an endpoint previously passed to ``connect(_:)``.
     public func disconnect(_ endpoint: String) throws(ZeroMQError) {
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_disconnect(\(endpoint))") { zmq_disconnect(handle, endpoint) }
     }
 
     /// Stops listening on an endpoint previously passed to ``bind(_:)``.
     public func unbind(_ endpoint: String) throws(ZeroMQError) {
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_unbind(\(endpoint))") { zmq_unbind(handle, endpoint) }
     }
 
@@ -75,7 +90,7 @@ public final class Socket {
     public func lastEndpoint() throws(ZeroMQError) -> String {
         var buffer = [CChar](repeating: 0, count: 256)
         var size = buffer.count
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_getsockopt(ZMQ_LAST_ENDPOINT)") {
             buffer.withUnsafeMutableBytes { raw in zmq_getsockopt(handle, ZMQ_LAST_ENDPOINT, raw.baseAddress, &size) }
         }
@@ -89,7 +104,7 @@ public final class Socket {
     @discardableResult
     public func send(_ frames: [[UInt8]], dontWait: Bool = false) throws(ZeroMQError) -> Bool {
         precondition(!frames.isEmpty, "a ZeroMQ message has at least one frame")
-        let handle = rawHandle
+        let handle = handleForCommands
         let last = frames.count - 1
         for (index, frame) in frames.enumerated() {
             var flags: Int32 = index < last ? ZMQ_SNDMORE : 0
@@ -127,7 +142,7 @@ public final class Socket {
     public func receive(dontWait: Bool = false, property: String?) throws(ZeroMQError) -> (
         frames: [[UInt8]], property: String?
     )? {
-        let handle = rawHandle
+        let handle = handleForCommands
         let message = self.message
         var frames: [[UInt8]] = []
         var value: String?
@@ -140,6 +155,8 @@ public final class Socket {
                 // A would-block can only happen before the first frame: libzmq delivers
                 // multipart messages atomically.
                 precondition(frames.isEmpty, "libzmq delivered part of a multipart message")
+                // Nothing waits: the next message into an emptied pipe is signalled.
+                mayHoldUnsignalledMessages = false
                 return nil
             }
             let data = zmq_msg_data(message)
@@ -159,14 +176,14 @@ public final class Socket {
 
     private func setOption(_ name: Int32, _ label: String, int value: Int32) throws(ZeroMQError) {
         var value = value
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_setsockopt(\(label))") {
             zmq_setsockopt(handle, name, &value, MemoryLayout<Int32>.size)
         }
     }
 
     private func setOption(_ name: Int32, _ label: String, bytes: [UInt8]) throws(ZeroMQError) {
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_setsockopt(\(label))") {
             bytes.withUnsafeBytes { raw in zmq_setsockopt(handle, name, raw.baseAddress, raw.count) }
         }
@@ -175,7 +192,7 @@ public final class Socket {
     private func intOption(_ name: Int32, _ label: String) throws(ZeroMQError) -> Int32 {
         var value: Int32 = 0
         var size = MemoryLayout<Int32>.size
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_getsockopt(\(label))") { zmq_getsockopt(handle, name, &value, &size) }
         return value
     }
@@ -241,7 +258,7 @@ public final class Socket {
     /// disconnected. -1 = no limit.
     public func setMaximumMessageSize(_ bytes: Int64) throws(ZeroMQError) {
         var value = bytes
-        let handle = rawHandle
+        let handle = handleForCommands
         try zmqCheck("zmq_setsockopt(ZMQ_MAXMSGSIZE)") {
             zmq_setsockopt(handle, ZMQ_MAXMSGSIZE, &value, MemoryLayout<Int64>.size)
         }
@@ -262,7 +279,7 @@ public final class Socket {
     /// (`inproc://…`), for a PAIR socket connected there (`zmq_socket_monitor`); decode them with
     /// ``MonitorEvent/init(frames:)``.
     public func monitorHandshakeFailures(on endpoint: String) throws(ZeroMQError) {
-        let handle = rawHandle
+        let handle = handleForCommands
         let events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
         try zmqCheck("zmq_socket_monitor") { zmq_socket_monitor(handle, endpoint, events) }
     }
@@ -288,6 +305,19 @@ public final class Socket {
 
     /// The socket's events right now (`ZMQ_EVENTS`).
     public func events() throws(ZeroMQError) -> PollEvents {
-        PollEvents(rawValue: Int16(truncatingIfNeeded: try intOption(ZMQ_EVENTS, "ZMQ_EVENTS")))
+        let events = PollEvents(rawValue: Int16(truncatingIfNeeded: try intOption(ZMQ_EVENTS, "ZMQ_EVENTS")))
+        // Its commands are processed: without a message waiting, the descriptor signals the next.
+        if !events.contains(.readable) { mayHoldUnsignalledMessages = false }
+        return events
+    }
+
+    /// The descriptor libzmq signals the socket's commands on (`ZMQ_FD`): poll it for
+    /// readability, then ask ``events()`` (see ``mayHoldUnsignalledMessages``).
+    public func fileDescriptor() throws(ZeroMQError) -> Int32 {
+        var value: Int32 = 0
+        var size = MemoryLayout<Int32>.size
+        let handle = rawHandle
+        try zmqCheck("zmq_getsockopt(ZMQ_FD)") { zmq_getsockopt(handle, ZMQ_FD, &value, &size) }
+        return value
     }
 }

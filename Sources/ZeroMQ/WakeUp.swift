@@ -6,7 +6,7 @@ import Synchronization
     import Darwin
 #endif
 
-/// A wake-up signal another thread can raise to interrupt a ``Poller`` wait.
+/// A wake-up signal another thread can raise to interrupt a ``Poller`` or ``ReadPoller`` wait.
 ///
 /// The owner of an I/O thread polls ``fileDescriptor`` for `.readable` next to its sockets; any
 /// thread may call ``signal()``. It is a pipe, so signals coalesce and never block.
