@@ -301,8 +301,9 @@ final class ZeroMQTransport: NodeTransport {
         self.logger = logger
     }
 
-    /// The poll set: the wake-up pipe, then (unless intake is paused) every SUB socket, then the
-    /// ROUTER, then (unless paused) every repair link.
+    /// The poll set: the wake-up pipe, then (with security) the ZAP handler and the handshake
+    /// monitors, then (unless intake is paused) every SUB socket, then the ROUTER, then (unless
+    /// paused) every repair link.
     func makePoller(wakeUp: Int32) throws(ZeroMQError) -> ReadPoller {
         polled = []
         // ZAP first: a connecting peer or client waits for its answer.

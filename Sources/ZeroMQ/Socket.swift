@@ -19,9 +19,11 @@ public final class Socket {
     /// descriptor signals commands to the socket (a pipe became readable, a peer connected),
     /// not messages: once a call has processed those commands — any call may — messages can wait
     /// with the descriptor quiet. Only a receive that found nothing, or ``events()`` without
-    /// `.readable`, leaves every later message to be signalled; any other call sets this again.
+    /// `.readable`, leaves every later message to be signalled; any other call of this type that
+    /// reaches libzmq with the socket (send, receive, options, endpoints) sets this again.
     /// ``ReadPoller`` asks `ZMQ_EVENTS` only of sockets where this is set (`zmq_poll` asks every
-    /// socket, twice per wait, two system calls each).
+    /// socket, twice per wait, two system calls each). The `zmq_poll` of ``Poller`` processes
+    /// commands without setting it: poll one socket with one kind of poller, not both.
     public private(set) var mayHoldUnsignalledMessages = true
 
     init(context: Context, type: SocketType) throws(ZeroMQError) {
