@@ -180,7 +180,8 @@ package final class ZeroMQNodeDriver: NodeDriver {
                 if transport.pollerChanged { poller = try transport.makePoller(wakeUp: wakeUp.fileDescriptor) }
                 try poller.poll(timeoutMilliseconds: Int(min(deadline &- min(deadline, now), 1000)))
             } catch {
-                logger.error("polling the node's sockets failed; stopping the node's I/O", metadata: ["error": "\(error)"])
+                logger.error(
+                    "polling the node's sockets failed; stopping the node's I/O", metadata: ["error": "\(error)"])
                 return
             }
             let ready = poller.readable
