@@ -43,16 +43,12 @@ final class ObserverEntry: Sendable {
     /// Called when the model is deallocated while this observer is registered.
     let onEnd: (@Sendable () -> Void)?
     /// Shared with the observer's token, which sets it.
-    let cancellation: ObserverCancellation
+    let cancellation = ObserverCancellation()
 
-    init(
-        id: UInt64, callback: @escaping @Sendable (ErasedChange) -> Void, onEnd: (@Sendable () -> Void)? = nil,
-        cancellation: ObserverCancellation = ObserverCancellation()
-    ) {
+    init(id: UInt64, callback: @escaping @Sendable (ErasedChange) -> Void, onEnd: (@Sendable () -> Void)? = nil) {
         self.id = id
         self.callback = callback
         self.onEnd = onEnd
-        self.cancellation = cancellation
     }
 
     var isCancelled: Bool { cancellation.flag.load(ordering: .acquiring) }

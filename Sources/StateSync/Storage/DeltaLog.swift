@@ -159,7 +159,7 @@ package final class DeltaLog: @unchecked Sendable {
         /// A batch with room for `capacity` bytes of records before it grows. Size it by what it
         /// will hold: a request of a kilobyte or more is served from glibc's large bins, after
         /// it consolidates every freed small chunk (`malloc_consolidate`), and a client's SET
-        /// logs one record of ~100 bytes.
+        /// logs one record, usually of a few dozen to a few hundred bytes.
         init(capacity: Int = 4096) {
             buffer = WireWriter(capacity: capacity)
         }
@@ -171,6 +171,7 @@ package final class DeltaLog: @unchecked Sendable {
         /// Room for the records of `count` deltas received as `payloadBytes` of frames: each
         /// record adds its length, checksum and names to what came.
         static func capacity(received count: Int, payloadBytes: Int) -> Int { payloadBytes + count * 64 }
+
         /// How many deltas were offered.
         private(set) var offered = 0
         /// The positions (in the order deltas were offered) of those too large for a record
