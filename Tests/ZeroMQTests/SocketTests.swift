@@ -236,11 +236,11 @@ struct SocketTests {
         var quietRounds = 0
         for round in 0..<200 {
             try router.send([Array("d".utf8), Array("reply \(round)".utf8)])
-            // The dealer sends while the reply arrives: its send processes the command that
-            // announced it — unless libzmq throttles that (a socket processes commands at most
-            // about once a millisecond on a send), so the send waits out the throttle first. Not
-            // a wait for anything to settle: the test passes without it; it makes a poller that
-            // forgets the send fail in most runs rather than one in a few.
+            // The dealer sends once the reply has arrived, so that its send processes the command
+            // that announced it — libzmq lets a send process commands at most about once a
+            // millisecond, hence the pause: it makes the rounds this test is about (counted in
+            // `quietRounds`) common. No condition is waited for here; each round's outcome is
+            // checked whatever the pause left.
             usleep(2_000)
             try dealer.send([Array("ping \(round)".utf8)])
             let quiet = try !descriptorSignals(dealer)
