@@ -198,15 +198,8 @@ public struct ReplicaStore: Sendable {
     }
 
     /// ``applyWinning(_:)`` for consecutive deltas of one model, with one look-up of the model
-    /// for the whole run. Returns each delta's winning writes.
-    mutating func applyWinning(run deltas: [Delta]) -> [[PropertyWrite]] {
-        var won: [[PropertyWrite]] = []
-        applyWinning(run: deltas, into: &won)
-        return won
-    }
-
-    /// ``applyWinning(run:)`` appending each delta's winning writes to `won`: a caller that
-    /// merges a run per received batch keeps one buffer for them (a new array per run was a
+    /// for the whole run: appends each delta's winning writes to `won`. A caller that merges a
+    /// run per received batch keeps one buffer for them (a new array per run was a
     /// kilobyte-sized allocation per batch, and glibc consolidates its free lists at each).
     mutating func applyWinning(run deltas: [Delta], into won: inout [[PropertyWrite]]) {
         guard let first = deltas.first else { return }

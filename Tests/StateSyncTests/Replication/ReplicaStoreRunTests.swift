@@ -59,3 +59,12 @@ struct ReplicaStoreRunTests {
         #expect(store.properties(of: Self.address)["x"]?.value == .int(12))
     }
 }
+
+extension ReplicaStore {
+    /// Each delta's winning writes of a run merged with ``applyWinning(run:into:)``.
+    fileprivate mutating func applyWinning(run deltas: [Delta]) -> [[PropertyWrite]] {
+        var won: [[PropertyWrite]] = []
+        applyWinning(run: deltas, into: &won)
+        return won
+    }
+}
