@@ -64,7 +64,7 @@ final class ObserverCancellation: Sendable {
 /// without a weak reference to the registrar. The registrar empties the table when it goes
 /// away, so a token kept after that holds no callback alive.
 final class ObserverTable: Sendable {
-    let entries = Mutex<(nextID: UInt64, byProperty: [[ObserverEntry]])>((1, []))
+    private let entries = Mutex<(nextID: UInt64, byProperty: [[ObserverEntry]])>((1, []))
 
     /// Registers `callback` for the property at schema index `index`.
     func add(
