@@ -316,10 +316,6 @@ public final class Socket {
     /// The descriptor libzmq signals the socket's commands on (`ZMQ_FD`): poll it for
     /// readability, then ask ``events()`` (see ``mayHoldUnsignalledMessages``).
     public func fileDescriptor() throws(ZeroMQError) -> Int32 {
-        var value: Int32 = 0
-        var size = MemoryLayout<Int32>.size
-        let handle = rawHandle
-        try zmqCheck("zmq_getsockopt(ZMQ_FD)") { zmq_getsockopt(handle, ZMQ_FD, &value, &size) }
-        return value
+        try intOption(ZMQ_FD, "ZMQ_FD")
     }
 }
