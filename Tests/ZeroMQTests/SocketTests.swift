@@ -6,16 +6,23 @@ import ZeroMQ
 /// The binding against real libzmq: inproc and tcp loopback.
 @Suite("ZeroMQ binding")
 struct SocketTests {
+    /// Whether `ready` (a poll of at most 50 ms) says yes within `milliseconds`: polls, never
+    /// sleeps.
+    func eventually(within milliseconds: Int = 5000, _ ready: () throws -> Bool) rethrows -> Bool {
+        let deadline = Date().addingTimeInterval(Double(milliseconds) / 1000)
+        while Date() < deadline {
+            if try ready() { return true }
+        }
+        return false
+    }
+
     /// Receives with a deadline: polls instead of sleeping.
     func receive(_ socket: Socket, within milliseconds: Int = 5000) throws -> [[UInt8]]? {
         var poller = Poller([.socket(socket, .readable)])
-        let deadline = Date().addingTimeInterval(Double(milliseconds) / 1000)
-        while Date() < deadline {
-            if try poller.poll(timeoutMilliseconds: 50)[0].contains(.readable) {
-                return try socket.receive(dontWait: true)
-            }
+        let arrived = try eventually(within: milliseconds) {
+            try poller.poll(timeoutMilliseconds: 50)[0].contains(.readable)
         }
-        return nil
+        return arrived ? try socket.receive(dontWait: true) : nil
     }
 
     @Test func pubSubOverInprocDeliversMultipartMessages() throws {
@@ -176,12 +183,10 @@ struct SocketTests {
 
     /// Polls `poller` until `index` is readable or 5 s pass (a lost signal ends the test there).
     func readable(_ poller: inout ReadPoller, _ index: Int) throws -> Bool {
-        let deadline = Date().addingTimeInterval(5)
-        while Date() < deadline {
+        try eventually {
             try poller.poll(timeoutMilliseconds: 50)
-            if poller.readable[index] { return true }
+            return poller.readable[index]
         }
-        return false
     }
 
     @Test func readPollerWaitsOnSocketsAndDescriptors() throws {
