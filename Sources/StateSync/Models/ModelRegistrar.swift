@@ -233,7 +233,7 @@ public final class ModelRegistrar: Sendable {
             return
         }
         var emittedTo: ModelBinding?
-        let deliver = state.withLock { state -> Bool in
+        let batch = state.withLock { state -> [Notice]? in
             let index = property.index
             if state.versions.count <= index {
                 state.prepare(Model._$schema)
@@ -243,7 +243,7 @@ public final class ModelRegistrar: Sendable {
             // An equal value changes nothing, unless the property has no value (deleted): then
             // writing its initial value gives it one.
             if property.same(old, newValue), state.hasValue(index) || state.versions[index] == nil {
-                return false
+                return nil
             }
             let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             // A peer whose clock runs ahead beyond the drift bound may have written a version this
@@ -251,7 +251,7 @@ public final class ModelRegistrar: Sendable {
             if let held = state.floor(of: index), held >= version {
                 state.binding?.discard(version)
                 supersededWrites.add(1, ordering: .relaxed)
-                return false
+                return nil
             }
             property.set(model, newValue)
             state.versions[index] = version
@@ -271,9 +271,9 @@ public final class ModelRegistrar: Sendable {
                     binding.reportEncodingFailure(property.name, error)
                 }
             }
-            return claimDelivery(&state)
+            return claimBatch(&state)
         }
-        if deliver { drain(model) }
+        if let batch { drain(model, startingWith: consume batch) }
         emittedTo?.pace()
     }
 
@@ -329,7 +329,7 @@ public final class ModelRegistrar: Sendable {
         }
         var result: R?
         var emittedTo: ModelBinding?
-        let deliver = try state.withLock { (state) throws(E) -> Bool in
+        let batch = try state.withLock { (state) throws(E) -> [Notice]? in
             let me = currentThreadID()
             transactionOwner.store(me, ordering: .relaxed)
             transactionLog.removeAll(keepingCapacity: true)
@@ -364,7 +364,7 @@ public final class ModelRegistrar: Sendable {
                     touched.append(entry)
                 }
             }
-            if touched.isEmpty { return false }  // no version for a transaction that changed nothing
+            if touched.isEmpty { return nil }  // no version for a transaction that changed nothing
             let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             var writes: [PropertyWrite] = []
             if state.binding != nil { writes.reserveCapacity(touched.count) }
@@ -406,11 +406,11 @@ public final class ModelRegistrar: Sendable {
                     binding.discard(version)
                 }
             }
-            if !changed { return false }
+            if !changed { return nil }
             noteValue(&state)
-            return claimDelivery(&state)
+            return claimBatch(&state)
         }
-        if deliver { drain(model) }
+        if let batch { drain(model, startingWith: consume batch) }
         emittedTo?.pace()
         return result!
     }
@@ -713,18 +713,18 @@ public final class ModelRegistrar: Sendable {
         precondition(!inTransactionOnThisThread, "delete inside a transaction is not supported")
         let schema = Model._$schema
         var emittedTo: ModelBinding?
-        let deliver = state.withLock { state -> Bool in
+        let batch = state.withLock { state -> [Notice]? in
             state.prepare(schema)
             let indices = only.map { [$0] } ?? Array(schema.properties.indices)
             // Nothing to delete: no version, no delta.
             guard indices.contains(where: { state.hasValue($0) }) || only == nil && !state.isDeleted else {
-                return false
+                return nil
             }
             let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             if let only, let held = state.floor(of: only), held >= version {
                 state.binding?.discard(version)
                 supersededWrites.add(1, ordering: .relaxed)
-                return false
+                return nil
             }
             var initial: Model?
             for index in indices {
@@ -750,9 +750,9 @@ public final class ModelRegistrar: Sendable {
                 binding.emit(binding.address, version, [write])
                 emittedTo = binding
             }
-            return claimDelivery(&state)
+            return claimBatch(&state)
         }
-        if deliver { drain(model) }
+        if let batch { drain(model, startingWith: consume batch) }
         emittedTo?.pace()
     }
 
@@ -920,32 +920,51 @@ public final class ModelRegistrar: Sendable {
         return true
     }
 
-    /// Delivers queued notifications in order until the queue is empty. Only the thread that
-    /// claimed the delivery calls this: one thread at a time sends a model's notifications.
-    private func drain<Model: ReplicatedModel>(_ model: Model) {
+    /// ``claimDelivery(_:)`` that also takes the queued notifications, for a caller that
+    /// delivers them itself right after: ``drain(_:startingWith:)`` starts with them instead of
+    /// taking the lock again for them (a local write took it three times; now twice).
+    private func claimBatch(_ state: inout State) -> [Notice]? {
+        guard claimDelivery(&state) else { return nil }
+        var batch: [Notice] = []
+        swap(&state.pending, &batch)
+        return batch
+    }
+
+    /// Delivers queued notifications in order until the queue is empty, starting with `first`
+    /// (taken by ``claimBatch(_:)``). Only the thread that claimed the delivery calls this: one
+    /// thread at a time sends a model's notifications.
+    private func drain<Model: ReplicatedModel>(_ model: Model, startingWith first: consuming [Notice] = []) {
         // Two buffers taking turns: the writers' queue and the batch being delivered, so a long
         // delivery (changes keep arriving) allocates no new queue per batch. When the queue is
         // empty, the emptied batch (with its capacity) stays as the queue for the next writes:
         // a write or transaction then queues its notices without growing a new array.
         var spare: [Notice] = []
         let properties = Model._$schema.access  // once, not once per notice; see ErasedPropertyAccess
+        // Moved, not copied: the batch must be this loop's only reference to its buffer, or
+        // moving its notices out below would copy it.
+        var taken = consume first
         while true {
-            var batch = state.withLock { state -> [Notice] in
-                if state.pending.isEmpty {
-                    state.delivering = false
-                    if state.pending.capacity > Self.keptQueueCapacity {
-                        state.pending = []  // a large batch's buffer, swapped in by a long delivery
+            var batch: [Notice] = []
+            if !taken.isEmpty {
+                swap(&batch, &taken)
+            } else {
+                batch = state.withLock { state -> [Notice] in
+                    if state.pending.isEmpty {
+                        state.delivering = false
+                        if state.pending.capacity > Self.keptQueueCapacity {
+                            state.pending = []  // a large batch's buffer, swapped in by a long delivery
+                        }
+                        if spare.capacity > state.pending.capacity, spare.capacity <= Self.keptQueueCapacity {
+                            swap(&state.pending, &spare)
+                        }
+                        return []
                     }
-                    if spare.capacity > state.pending.capacity, spare.capacity <= Self.keptQueueCapacity {
-                        swap(&state.pending, &spare)
-                    }
-                    return []
+                    swap(&state.pending, &spare)
+                    return spare
                 }
-                swap(&state.pending, &spare)
-                return spare
+                spare = []
+                if batch.isEmpty { return }
             }
-            spare = []
-            if batch.isEmpty { return }
             // Each notice is moved out of the batch, a payload-free one left in its place: `for
             // notice in batch` copied every change (its values' boxes and its observer list
             // retained, then released with the batch), 2–3 % of a single-set reader and writer.
