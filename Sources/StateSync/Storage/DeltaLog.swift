@@ -201,6 +201,10 @@ package final class DeltaLog: @unchecked Sendable {
             var body = 0
             let start = buffer.bytes.count
             add { sink in
+                if let placed = DeltaPayloadWriter.append(delta, to: &sink) {
+                    (model, body) = (placed.model, placed.body)
+                    return
+                }
                 sink.string(delta.channel)
                 model = sink.bytes.count
                 sink.string(delta.model)

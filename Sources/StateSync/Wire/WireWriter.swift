@@ -162,6 +162,15 @@ public struct WireWriter: WireSink, Sendable {
         }
     }
 
+    /// Appends `count` bytes, all of which `body` writes into the room it is given (not
+    /// initialised before), in one append.
+    mutating func appendBytes(count: Int, _ body: (UnsafeMutableRawBufferPointer) -> Void) {
+        withUnsafeTemporaryAllocation(byteCount: count, alignment: 1) { room in
+            body(room)
+            bytes.append(contentsOf: UnsafeRawBufferPointer(room))
+        }
+    }
+
     /// Removes everything written from `offset` on.
     mutating func cut(to offset: Int) {
         bytes.removeSubrange(offset...)
