@@ -20,6 +20,11 @@ package final class ModelBinding: Sendable {
     /// Called by a thread that emitted a write, once it holds no lock of the model: returns when
     /// the node's queue of local writes has room (a writer must not outrun its node without bound).
     package let pace: @Sendable () -> Void
+    /// The node's queue of local writes, for a model attached to a node in this process: a
+    /// write whose value encodes stamps its version and queues itself there under one lock
+    /// (``LocalWriteQueue/stampAndEnqueue(_:floor:writes:emitter:)``) instead of calling
+    /// ``stamp`` and then ``emit``.
+    let localWrites: LocalWriteQueue?
 
     package init(
         address: ModelAddress, stamp: @escaping @Sendable () -> Version,
@@ -34,6 +39,25 @@ package final class ModelBinding: Sendable {
         self.discard = discard
         self.reportEncodingFailure = reportEncodingFailure
         self.pace = pace
+        self.localWrites = nil
+    }
+
+    /// A binding to a node's queue of local writes: single-property writes go to it directly,
+    /// the others through `stamp` and `emit`.
+    init(
+        address: ModelAddress, localWrites: LocalWriteQueue, stamp: @escaping @Sendable () -> Version,
+        emit: @escaping @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void,
+        discard: @escaping @Sendable (_ version: Version) -> Void,
+        reportEncodingFailure: @escaping @Sendable (_ property: String, _ error: any Error) -> Void,
+        pace: @escaping @Sendable () -> Void
+    ) {
+        self.address = address
+        self.stamp = stamp
+        self.emit = emit
+        self.discard = discard
+        self.reportEncodingFailure = reportEncodingFailure
+        self.pace = pace
+        self.localWrites = localWrites
     }
 }
 
@@ -245,13 +269,34 @@ public final class ModelRegistrar: Sendable {
             if property.same(old, newValue), state.hasValue(index) || state.versions[index] == nil {
                 return nil
             }
-            let version = state.binding?.stamp() ?? Self.standaloneClock.next()
             // A peer whose clock runs ahead beyond the drift bound may have written a version this
             // clock cannot pass yet: last-writer-wins says that write stands (as for a SET).
-            if let held = state.floor(of: index), held >= version {
-                state.binding?.discard(version)
-                supersededWrites.add(1, ordering: .relaxed)
-                return nil
+            let floor = state.floor(of: index)
+            let version: Version
+            var queued = false
+            if let binding = state.binding, let queue = binding.localWrites,
+                let value = try? ValueEncoder().encode(newValue)
+            {
+                // Stamped and queued under the queue's one lock (a value that does not encode
+                // takes the path below, which reports it).
+                guard
+                    let stamped = queue.stampAndEnqueue(
+                        binding.address, floor: floor, writes: [PropertyWrite(name: property.name, value: value)],
+                        emitter: instanceID)
+                else {
+                    supersededWrites.add(1, ordering: .relaxed)
+                    return nil
+                }
+                version = stamped
+                queued = true
+                emittedTo = binding
+            } else {
+                version = state.binding?.stamp() ?? Self.standaloneClock.next()
+                if let floor, floor >= version {
+                    state.binding?.discard(version)
+                    supersededWrites.add(1, ordering: .relaxed)
+                    return nil
+                }
             }
             property.set(model, newValue)
             state.versions[index] = version
@@ -261,7 +306,7 @@ public final class ModelRegistrar: Sendable {
             enqueue(
                 &state, index,
                 ErasedChange(property: property.name, old: old, new: newValue, version: version, isRemote: false))
-            if let binding = state.binding {
+            if !queued, let binding = state.binding {
                 do {
                     let value = try ValueEncoder().encode(newValue)
                     binding.emit(binding.address, version, [PropertyWrite(name: property.name, value: value)])

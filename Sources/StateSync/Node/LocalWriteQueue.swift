@@ -82,6 +82,29 @@ final class LocalWriteQueue: Sendable {
         driver.withLock { $0 }?.wake()
     }
 
+    /// ``stamp()`` and ``enqueue(_:)`` under one lock, for a write whose values are encoded
+    /// already: a version above `floor` (`nil`, and nothing queued, when the clock cannot pass
+    /// it), with the write at that version queued. The version is never in flight: the outbox
+    /// holds the write from the moment it has one. Called with the model's lock held.
+    func stampAndEnqueue(_ address: ModelAddress, floor: Version?, writes: [PropertyWrite], emitter: UInt64)
+        -> Version?
+    {
+        guard isOpen else {
+            let version = clock.next()
+            if let floor, floor >= version { return nil }
+            return version
+        }
+        let version = outbox.withLock { pending -> Version? in
+            let version = clock.next()
+            if let floor, floor >= version { return nil }
+            pending.append(LocalWrite(address: address, version: version, writes: writes, emitter: emitter))
+            queuedRounds.store(pending.rounds.count, ordering: .relaxed)
+            return version
+        }
+        if version != nil { driver.withLock { $0 }?.wake() }
+        return version
+    }
+
     /// A stamped version makes no write after all.
     func release(_ version: Version) {
         outbox.withLock { Self.release(version, from: &$0.stamped) }
