@@ -284,8 +284,10 @@ public enum PeerMessage: Sendable, Equatable {
         var entries: [Range<Int>] = []
         deltas.reserveCapacity(min(count, WireReader.maximumReservation))
         entries.reserveCapacity(min(count, WireReader.maximumReservation))
-        // Consecutive entries usually name the same model: its id is decoded once per run.
+        // Consecutive entries usually name the same model: its id is decoded once per run (and
+        // their origin and property names once per batch).
         var lastModel: (bytes: Range<Int>, name: String)?
+        var recent = RecentNames()
         for _ in 0..<count {
             let length = try reader.count("packed entry length")
             let entry = reader.offset..<(reader.offset + length)
@@ -310,7 +312,8 @@ public enum PeerMessage: Sendable, Equatable {
                 throw .unsupported("protocol version \(version)")
             }
             deltas.append(
-                try decodeDeltaBody(&body, channel: channel, model: model, version2: version == deletionVersion))
+                try decodeDeltaBody(
+                    &body, channel: channel, model: model, version2: version == deletionVersion, recent: &recent))
             entries.append(entry)
         }
         return DecodedDeltas(deltas: deltas, packedEntries: entries)
@@ -330,6 +333,7 @@ public enum PeerMessage: Sendable, Equatable {
         }
         var deltas: [Delta] = []
         deltas.reserveCapacity(frames.count - 1)
+        var recent = RecentNames()
         for index in 1..<frames.count {
             var reader = WireReader(frames[index])
             let model: String
@@ -346,7 +350,8 @@ public enum PeerMessage: Sendable, Equatable {
                 throw .unsupported("protocol version \(version)")
             }
             deltas.append(
-                try decodeDeltaBody(&reader, channel: channel, model: model, version2: version == deletionVersion))
+                try decodeDeltaBody(
+                    &reader, channel: channel, model: model, version2: version == deletionVersion, recent: &recent))
         }
         return deltas
     }
@@ -413,17 +418,28 @@ public enum PeerMessage: Sendable, Equatable {
             throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))")
         }
         let (channel, model) = try splitDeltaTopic(topic)
-        return .delta(try decodeDeltaBody(&body, channel: channel, model: model, version2: version == deletionVersion))
+        var recent = RecentNames()
+        return .delta(
+            try decodeDeltaBody(
+                &body, channel: channel, model: model, version2: version == deletionVersion, recent: &recent))
     }
 
     /// The fields of a DELTA body after its protocol version byte. A version-2 body's values are
     /// property values (section 4.3), and its one property may be the model's deletion (the
     /// empty name, deleted).
+    /// The names the last delta of a batch decoded: the next one's equal names are compared
+    /// with them, not decoded again.
+    private struct RecentNames {
+        var origin: String?
+        /// By position in the delta.
+        var properties: [String?] = []
+    }
+
     private static func decodeDeltaBody(
-        _ body: inout WireReader, channel: String, model: String, version2: Bool
+        _ body: inout WireReader, channel: String, model: String, version2: Bool, recent: inout RecentNames
     ) throws(WireError) -> Delta {
         let timestamp = try body.uint64("version")
-        let origin = try body.string("origin")
+        let origin = try body.string("origin", repeating: &recent.origin)
         guard !origin.isEmpty else { throw .invalid(field: "origin", reason: "empty node id") }
         let sequence = try body.varint("sequence")
         let count = try body.count("property count", minimumItemSize: 2)
@@ -432,8 +448,16 @@ public enum PeerMessage: Sendable, Equatable {
         properties.reserveCapacity(min(count, WireReader.maximumReservation))
         // Duplicate names: a linear scan for the usual few properties, a set beyond.
         var names = count > 16 ? Set<String>() : nil
-        for _ in 0..<count {
-            let name = try body.string("property name")
+        for position in 0..<count {
+            // (Only the first few positions are remembered: a delta of many properties is
+            // decoded as it comes.)
+            let name: String
+            if position < 8 {
+                if recent.properties.count <= position { recent.properties.append(nil) }
+                name = try body.string("property name", repeating: &recent.properties[position])
+            } else {
+                name = try body.string("property name")
+            }
             let duplicate =
                 names != nil ? !names!.insert(name).inserted : properties.contains { $0.name == name }
             guard !duplicate else {

@@ -108,6 +108,35 @@ public struct WireReader {
         return text
     }
 
+    /// ``string(_:)``, except that when the bytes are those of `recent` it returns `recent`
+    /// itself, compared, not decoded again (a batch's deltas repeat their origin and property
+    /// names); `recent` becomes the string read.
+    package mutating func string(_ field: String, repeating recent: inout String?) throws(WireError) -> String {
+        let length = try count(field)
+        if var last = recent, last.utf8.count == length {
+            let start = offset
+            let same =
+                length == 0
+                || last.withUTF8 { utf8 in
+                    // Byte by byte: names are short, and a call to memcmp cost more than the loop.
+                    bytes.withUnsafeBufferPointer { all in
+                        var index = 0
+                        while index < length, utf8[index] == all[start + index] { index += 1 }
+                        return index == length
+                    }
+                }
+            if same {
+                offset += length
+                return last
+            }
+        }
+        let slice = bytes[offset..<offset + length]
+        offset += length
+        guard let text = String(utf8Bytes: slice) else { throw .invalidUTF8(field: field) }
+        recent = text
+        return text
+    }
+
     /// The rest of the frame, unread.
     public mutating func rest() -> [UInt8] {
         defer { offset = end }

@@ -66,6 +66,32 @@ struct PeerMessageTests {
         #expect(throws: WireError.self) { try PeerMessage.decodeDeltas([good[0], Array(good[1].prefix(12))]) }
     }
 
+    /// A batch's deltas repeat their origin and property names, and the decoder compares them
+    /// with the last delta's instead of decoding them again: names of the same length but other
+    /// bytes, in other positions, a changed origin, more properties than it remembers and the
+    /// empty name must all come back as sent, in every kind of batch.
+    @Test func namesRepeatedAcrossABatchDecodeAsSent() throws {
+        func delta(_ sequence: UInt64, origin: String, _ names: [String]) -> Delta {
+            Delta(
+                channel: "demo", model: "m", version: Version(milliseconds: 5, counter: 0, node: origin),
+                sequence: sequence, properties: names.map { PropertyWrite(name: $0, value: .string($0)) })
+        }
+        let many = (0..<12).map { "p\($0)" }
+        let deltas = [
+            delta(1, origin: "node-a", ["ab", "cd"]), delta(2, origin: "node-a", ["cd", "ab"]),
+            delta(3, origin: "node-b", ["ba", "cd", "é"]), delta(4, origin: "node-b", ["ab"]),
+            delta(5, origin: "node-a", many), delta(6, origin: "node-a", many.reversed()),
+            delta(7, origin: "node-a", ["abc"]), delta(8, origin: "node-aa", ["ab", "é"]),
+            Delta(
+                channel: "demo", model: "m", version: Version(milliseconds: 6, counter: 0, node: "node-a"),
+                sequence: 9, properties: [.modelDeletion]),
+            delta(10, origin: "node-a", ["ab"]),
+        ]
+        #expect(try PeerMessage.decodeDeltas(PeerMessage.encodePackedBatch(deltas)) == deltas)
+        #expect(try PeerMessage.decodeDeltas(PeerMessage.encodeChannelBatch(deltas)) == deltas)
+        #expect(try PeerMessage.decodeDeltas(PeerMessage.encodeBatch(deltas)) == deltas)
+    }
+
     /// 7.7: a packed batch carries deltas of one channel, of any models, in one frame: a count,
     /// then per delta its length, model id and DELTA body (version 1 or 2). A node that does not
     /// take them sees an unsupported topic.
