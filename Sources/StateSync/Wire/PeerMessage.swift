@@ -313,7 +313,7 @@ public enum PeerMessage: Sendable, Equatable {
             }
             deltas.append(
                 try decodeDeltaBody(
-                    &body, channel: channel, model: model, version2: version == deletionVersion, recent: &recent))
+                    &body, channel: channel, model: model, version2: version == deletionVersion, names: &recent))
             entries.append(entry)
         }
         return DecodedDeltas(deltas: deltas, packedEntries: entries)
@@ -351,7 +351,7 @@ public enum PeerMessage: Sendable, Equatable {
             }
             deltas.append(
                 try decodeDeltaBody(
-                    &reader, channel: channel, model: model, version2: version == deletionVersion, recent: &recent))
+                    &reader, channel: channel, model: model, version2: version == deletionVersion, names: &recent))
         }
         return deltas
     }
@@ -418,28 +418,54 @@ public enum PeerMessage: Sendable, Equatable {
             throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))")
         }
         let (channel, model) = try splitDeltaTopic(topic)
-        var recent = RecentNames()
+        var names = FreshNames()
         return .delta(
             try decodeDeltaBody(
-                &body, channel: channel, model: model, version2: version == deletionVersion, recent: &recent))
+                &body, channel: channel, model: model, version2: version == deletionVersion, names: &names))
     }
 
     /// The fields of a DELTA body after its protocol version byte. A version-2 body's values are
     /// property values (section 4.3), and its one property may be the model's deletion (the
     /// empty name, deleted).
+    /// How a delta's origin and property names are read: decoded each time (a lone DELTA), or
+    /// compared with the last delta's (a batch).
+    private protocol NameReading {
+        mutating func origin(from body: inout WireReader) throws(WireError) -> String
+        mutating func property(at position: Int, from body: inout WireReader) throws(WireError) -> String
+    }
+
+    /// Every name decoded.
+    private struct FreshNames: NameReading {
+        func origin(from body: inout WireReader) throws(WireError) -> String { try body.string("origin") }
+        func property(at position: Int, from body: inout WireReader) throws(WireError) -> String {
+            try body.string("property name")
+        }
+    }
+
     /// The names the last delta of a batch decoded: the next one's equal names are compared
     /// with them, not decoded again.
-    private struct RecentNames {
-        var origin: String?
-        /// By position in the delta.
-        var properties: [String?] = []
+    private struct RecentNames: NameReading {
+        var lastOrigin: String?
+        /// By position in the delta, the first ``remembered`` (a delta of more properties has
+        /// the rest decoded as they come).
+        var lastProperties = InlineArray<8, String?>(repeating: nil)
+        static let remembered = 8
+
+        mutating func origin(from body: inout WireReader) throws(WireError) -> String {
+            try body.string("origin", repeating: &lastOrigin)
+        }
+
+        mutating func property(at position: Int, from body: inout WireReader) throws(WireError) -> String {
+            guard position < Self.remembered else { return try body.string("property name") }
+            return try body.string("property name", repeating: &lastProperties[position])
+        }
     }
 
     private static func decodeDeltaBody(
-        _ body: inout WireReader, channel: String, model: String, version2: Bool, recent: inout RecentNames
+        _ body: inout WireReader, channel: String, model: String, version2: Bool, names reading: inout some NameReading
     ) throws(WireError) -> Delta {
         let timestamp = try body.uint64("version")
-        let origin = try body.string("origin", repeating: &recent.origin)
+        let origin = try reading.origin(from: &body)
         guard !origin.isEmpty else { throw .invalid(field: "origin", reason: "empty node id") }
         let sequence = try body.varint("sequence")
         let count = try body.count("property count", minimumItemSize: 2)
@@ -449,15 +475,7 @@ public enum PeerMessage: Sendable, Equatable {
         // Duplicate names: a linear scan for the usual few properties, a set beyond.
         var names = count > 16 ? Set<String>() : nil
         for position in 0..<count {
-            // (Only the first few positions are remembered: a delta of many properties is
-            // decoded as it comes.)
-            let name: String
-            if position < 8 {
-                if recent.properties.count <= position { recent.properties.append(nil) }
-                name = try body.string("property name", repeating: &recent.properties[position])
-            } else {
-                name = try body.string("property name")
-            }
+            let name = try reading.property(at: position, from: &body)
             let duplicate =
                 names != nil ? !names!.insert(name).inserted : properties.contains { $0.name == name }
             guard !duplicate else {
