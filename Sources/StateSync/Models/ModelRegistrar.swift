@@ -20,32 +20,30 @@ package final class ModelBinding: Sendable {
     /// Called by a thread that emitted a write, once it holds no lock of the model: returns when
     /// the node's queue of local writes has room (a writer must not outrun its node without bound).
     package let pace: @Sendable () -> Void
-    /// The node's queue of local writes, for a model attached to a node in this process: a
-    /// write whose value encodes stamps its version and queues itself there under one lock
+    /// The node's queue of local writes and the model's id for it (``LocalWrite/emitter``), for
+    /// a model attached to a node in this process: a write whose value encodes stamps its
+    /// version and queues itself there under one lock
     /// (``LocalWriteQueue/stampAndEnqueue(_:floor:writes:emitter:)``) instead of calling
     /// ``stamp`` and then ``emit``.
-    let localWrites: LocalWriteQueue?
+    let localWrites: (queue: LocalWriteQueue, emitter: UInt64)?
 
-    package init(
+    package convenience init(
         address: ModelAddress, stamp: @escaping @Sendable () -> Version,
         emit: @escaping @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void,
         discard: @escaping @Sendable (_ version: Version) -> Void,
         reportEncodingFailure: @escaping @Sendable (_ property: String, _ error: any Error) -> Void,
         pace: @escaping @Sendable () -> Void = {}
     ) {
-        self.address = address
-        self.stamp = stamp
-        self.emit = emit
-        self.discard = discard
-        self.reportEncodingFailure = reportEncodingFailure
-        self.pace = pace
-        self.localWrites = nil
+        self.init(
+            address: address, localWrites: nil, stamp: stamp, emit: emit, discard: discard,
+            reportEncodingFailure: reportEncodingFailure, pace: pace)
     }
 
-    /// A binding to a node's queue of local writes: single-property writes go to it directly,
-    /// the others through `stamp` and `emit`.
+    /// A binding to a node's queue of local writes (`localWrites`, with the model's `emitter`
+    /// id): single-property writes go to it directly, the others through `stamp` and `emit`.
     init(
-        address: ModelAddress, localWrites: LocalWriteQueue, stamp: @escaping @Sendable () -> Version,
+        address: ModelAddress, localWrites: (queue: LocalWriteQueue, emitter: UInt64)?,
+        stamp: @escaping @Sendable () -> Version,
         emit: @escaping @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void,
         discard: @escaping @Sendable (_ version: Version) -> Void,
         reportEncodingFailure: @escaping @Sendable (_ property: String, _ error: any Error) -> Void,
@@ -257,7 +255,7 @@ public final class ModelRegistrar: Sendable {
             return
         }
         var emittedTo: ModelBinding?
-        let batch = state.withLock { state -> [Notice]? in
+        let claimed = state.withLock { state -> [Notice]? in
             let index = property.index
             if state.versions.count <= index {
                 state.prepare(Model._$schema)
@@ -274,15 +272,15 @@ public final class ModelRegistrar: Sendable {
             let floor = state.floor(of: index)
             let version: Version
             var queued = false
-            if let binding = state.binding, let queue = binding.localWrites,
+            if let binding = state.binding, let direct = binding.localWrites,
                 let value = try? ValueEncoder().encode(newValue)
             {
                 // Stamped and queued under the queue's one lock (a value that does not encode
                 // takes the path below, which reports it).
                 guard
-                    let stamped = queue.stampAndEnqueue(
+                    let stamped = direct.queue.stampAndEnqueue(
                         binding.address, floor: floor, writes: [PropertyWrite(name: property.name, value: value)],
-                        emitter: instanceID)
+                        emitter: direct.emitter)
                 else {
                     supersededWrites.add(1, ordering: .relaxed)
                     return nil
@@ -318,7 +316,8 @@ public final class ModelRegistrar: Sendable {
             }
             return claimBatch(&state)
         }
-        if let batch { drain(model, startingWith: consume batch) }
+        // Consumed, the optional and its payload: drain must hold the only reference to the batch.
+        if let batch = consume claimed { drain(model, startingWith: consume batch) }
         emittedTo?.pace()
     }
 
@@ -374,7 +373,7 @@ public final class ModelRegistrar: Sendable {
         }
         var result: R?
         var emittedTo: ModelBinding?
-        let batch = try state.withLock { (state) throws(E) -> [Notice]? in
+        let claimed = try state.withLock { (state) throws(E) -> [Notice]? in
             let me = currentThreadID()
             transactionOwner.store(me, ordering: .relaxed)
             transactionLog.removeAll(keepingCapacity: true)
@@ -455,7 +454,8 @@ public final class ModelRegistrar: Sendable {
             noteValue(&state)
             return claimBatch(&state)
         }
-        if let batch { drain(model, startingWith: consume batch) }
+        // Consumed, the optional and its payload: drain must hold the only reference to the batch.
+        if let batch = consume claimed { drain(model, startingWith: consume batch) }
         emittedTo?.pace()
         return result!
     }
@@ -758,7 +758,7 @@ public final class ModelRegistrar: Sendable {
         precondition(!inTransactionOnThisThread, "delete inside a transaction is not supported")
         let schema = Model._$schema
         var emittedTo: ModelBinding?
-        let batch = state.withLock { state -> [Notice]? in
+        let claimed = state.withLock { state -> [Notice]? in
             state.prepare(schema)
             let indices = only.map { [$0] } ?? Array(schema.properties.indices)
             // Nothing to delete: no version, no delta.
@@ -797,7 +797,8 @@ public final class ModelRegistrar: Sendable {
             }
             return claimBatch(&state)
         }
-        if let batch { drain(model, startingWith: consume batch) }
+        // Consumed, the optional and its payload: drain must hold the only reference to the batch.
+        if let batch = consume claimed { drain(model, startingWith: consume batch) }
         emittedTo?.pace()
     }
 

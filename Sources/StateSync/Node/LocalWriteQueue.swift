@@ -19,8 +19,9 @@ import Synchronization
 /// the weak reference came back empty.
 ///
 /// Thread safety: every method may be called from any thread. A model calls ``stamp()``,
-/// ``enqueue(_:)`` and ``release(_:)`` with its lock held (they only take the queue's lock and
-/// wake the driver); ``pace()`` with no lock of that model held.
+/// ``enqueue(_:)``, ``stampAndEnqueue(_:floor:writes:emitter:)`` and ``release(_:)`` with its
+/// lock held (they only take the queue's lock and wake the driver); ``pace()`` with no lock of
+/// that model held.
 final class LocalWriteQueue: Sendable {
     let clock: HybridLogicalClock
     private let outbox = Mutex<Outbox>(Outbox())
@@ -85,7 +86,9 @@ final class LocalWriteQueue: Sendable {
     /// ``stamp()`` and ``enqueue(_:)`` under one lock, for a write whose values are encoded
     /// already: a version above `floor` (`nil`, and nothing queued, when the clock cannot pass
     /// it), with the write at that version queued. The version is never in flight: the outbox
-    /// holds the write from the moment it has one. Called with the model's lock held.
+    /// holds the write from the moment it has one. Once the queue is closed (the node is gone)
+    /// the version comes from the clock and nothing is queued, as ``stamp()`` and
+    /// ``enqueue(_:)`` do then. Called with the model's lock held.
     func stampAndEnqueue(_ address: ModelAddress, floor: Version?, writes: [PropertyWrite], emitter: UInt64)
         -> Version?
     {

@@ -437,7 +437,7 @@ public final class StateSyncNode: Sendable {
         // no weak reference loaded per write (see LocalWriteQueue).
         let queue = localWrites
         let binding = ModelBinding(
-            address: address, localWrites: queue,
+            address: address, localWrites: (queue, emitter),
             stamp: { queue.stamp() },
             emit: { address, version, writes in
                 queue.enqueue(LocalWrite(address: address, version: version, writes: writes, emitter: emitter))

@@ -35,33 +35,29 @@ enum DeltaPayloadWriter {
         let modelSize = stringSize(model)
         let start = writer.bytes.count
         writer.appendBytes(count: channelSize + modelSize + bodySize) { out in
-            var at = 0
-            put(channel, into: out, at: &at)
-            put(model, into: out, at: &at)
-            out[at] = version2 ? PeerMessage.deletionVersion : PeerMessage.protocolVersion
-            at += 1
-            out.storeBytes(of: delta.version.timestamp.bigEndian, toByteOffset: at, as: UInt64.self)
-            at += 8
-            put(node, into: out, at: &at)
-            put(varint: delta.sequence, into: out, at: &at)
-            put(varint: UInt64(properties.count), into: out, at: &at)
+            var room = Room(out: out)
+            room.string(channel)
+            room.string(model)
+            room.byte(version2 ? PeerMessage.deletionVersion : PeerMessage.protocolVersion)
+            room.uint64(delta.version.timestamp)
+            room.string(node)
+            room.varint(delta.sequence)
+            room.varint(UInt64(properties.count))
             for property in properties {
-                put(property.name, into: out, at: &at)
+                room.string(property.name)
                 if version2 {
                     if property.isDeletion {
-                        out[at] = ValueTag.deleted
-                        at += 1
+                        room.byte(ValueTag.deleted)
                         continue
                     }
                     if property.timeToLive > 0 {
-                        out[at] = ValueTag.expiring
-                        at += 1
-                        put(varint: property.timeToLive, into: out, at: &at)
+                        room.byte(ValueTag.expiring)
+                        room.varint(property.timeToLive)
                     }
                 }
-                put(property.value, into: out, at: &at)
+                room.value(property.value)
             }
-            precondition(at == out.count, "a delta's payload size was miscounted")
+            precondition(room.at == out.count, "a delta's payload size was miscounted")
         }
         return Placement(model: start + channelSize, body: start + channelSize + modelSize)
     }
@@ -106,59 +102,72 @@ enum DeltaPayloadWriter {
 
     // MARK: - Writing into counted room
 
-    private static func put(varint value: UInt64, into out: UnsafeMutableRawBufferPointer, at: inout Int) {
-        var rest = value
-        while rest >= 0x80 {
-            out[at] = UInt8(truncatingIfNeeded: rest) | 0x80
-            rest >>= 7
+    /// The counted room being filled. Every write checks that it stays inside: a raw buffer's
+    /// subscripts are not checked in release builds, and a miscount must stop the process, not
+    /// write past the room.
+    private struct Room {
+        let out: UnsafeMutableRawBufferPointer
+        private(set) var at = 0
+
+        init(out: UnsafeMutableRawBufferPointer) { self.out = out }
+
+        mutating func byte(_ value: UInt8) {
+            precondition(at < out.count, "a delta's payload size was miscounted")
+            out[at] = value
             at += 1
         }
-        out[at] = UInt8(truncatingIfNeeded: rest)
-        at += 1
-    }
 
-    private static func put(_ string: String, into out: UnsafeMutableRawBufferPointer, at: inout Int) {
-        var string = string
-        string.withUTF8 { utf8 in
-            put(varint: UInt64(utf8.count), into: out, at: &at)
-            put(UnsafeRawBufferPointer(utf8), into: out, at: &at)
+        mutating func uint64(_ value: UInt64) {
+            precondition(at + 8 <= out.count, "a delta's payload size was miscounted")
+            out.storeBytes(of: value.bigEndian, toByteOffset: at, as: UInt64.self)
+            at += 8
         }
-    }
 
-    private static func put(_ bytes: UnsafeRawBufferPointer, into out: UnsafeMutableRawBufferPointer, at: inout Int) {
-        guard !bytes.isEmpty else { return }
-        UnsafeMutableRawBufferPointer(rebasing: out[at..<at + bytes.count]).copyMemory(from: bytes)
-        at += bytes.count
-    }
+        mutating func varint(_ value: UInt64) {
+            var rest = value
+            while rest >= 0x80 {
+                byte(UInt8(truncatingIfNeeded: rest) | 0x80)
+                rest >>= 7
+            }
+            byte(UInt8(truncatingIfNeeded: rest))
+        }
 
-    /// Only the cases ``valueSize(_:)`` counted: the caller checked there is no array or map.
-    private static func put(_ value: Value, into out: UnsafeMutableRawBufferPointer, at: inout Int) {
-        switch value {
-        case .null:
-            out[at] = ValueTag.null
-            at += 1
-        case .bool(let bool):
-            out[at] = bool ? ValueTag.true : ValueTag.false
-            at += 1
-        case .int(let int):
-            out[at] = ValueTag.int
-            at += 1
-            put(varint: zigzag(int), into: out, at: &at)
-        case .double(let double):
-            out[at] = ValueTag.double
-            out.storeBytes(of: double.bitPattern.bigEndian, toByteOffset: at + 1, as: UInt64.self)
-            at += 9
-        case .string(let string):
-            out[at] = ValueTag.string
-            at += 1
-            put(string, into: out, at: &at)
-        case .bytes(let bytes):
-            out[at] = ValueTag.bytes
-            at += 1
-            put(varint: UInt64(bytes.count), into: out, at: &at)
-            bytes.withUnsafeBytes { put($0, into: out, at: &at) }
-        case .array, .map:
-            preconditionFailure("a nested value has no counted size")
+        mutating func bytes(_ bytes: UnsafeRawBufferPointer) {
+            guard !bytes.isEmpty else { return }
+            precondition(at + bytes.count <= out.count, "a delta's payload size was miscounted")
+            UnsafeMutableRawBufferPointer(rebasing: out[at..<at + bytes.count]).copyMemory(from: bytes)
+            at += bytes.count
+        }
+
+        mutating func string(_ string: String) {
+            var string = string
+            string.withUTF8 { utf8 in
+                varint(UInt64(utf8.count))
+                bytes(UnsafeRawBufferPointer(utf8))
+            }
+        }
+
+        /// Only the cases ``valueSize(_:)`` counted: the caller checked there is no array or map.
+        mutating func value(_ value: Value) {
+            switch value {
+            case .null: byte(ValueTag.null)
+            case .bool(let bool): byte(bool ? ValueTag.true : ValueTag.false)
+            case .int(let int):
+                byte(ValueTag.int)
+                varint(DeltaPayloadWriter.zigzag(int))
+            case .double(let double):
+                byte(ValueTag.double)
+                uint64(double.bitPattern)
+            case .string(let string):
+                byte(ValueTag.string)
+                self.string(string)
+            case .bytes(let data):
+                byte(ValueTag.bytes)
+                varint(UInt64(data.count))
+                data.withUnsafeBytes { bytes($0) }
+            case .array, .map:
+                preconditionFailure("a nested value has no counted size")
+            }
         }
     }
 }

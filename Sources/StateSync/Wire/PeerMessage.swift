@@ -331,9 +331,22 @@ public enum PeerMessage: Sendable, Equatable {
         } else {
             return nil
         }
+        // A lone DELTA decodes its names; a batch compares them with the last delta's.
+        if frames.count == 2 {
+            var names = FreshNames()
+            return try decodeFrames(frames, channel: channel, topicModel: topicModel, names: &names)
+        }
+        var names = RecentNames()
+        return try decodeFrames(frames, channel: channel, topicModel: topicModel, names: &names)
+    }
+
+    /// The deltas of `frames` after the topic, one per frame, each starting with its model id
+    /// unless the topic names it (`topicModel`).
+    private static func decodeFrames(
+        _ frames: [[UInt8]], channel: String, topicModel: String?, names: inout some NameReading
+    ) throws(WireError) -> [Delta] {
         var deltas: [Delta] = []
         deltas.reserveCapacity(frames.count - 1)
-        var recent = RecentNames()
         for index in 1..<frames.count {
             var reader = WireReader(frames[index])
             let model: String
@@ -351,7 +364,7 @@ public enum PeerMessage: Sendable, Equatable {
             }
             deltas.append(
                 try decodeDeltaBody(
-                    &reader, channel: channel, model: model, version2: version == deletionVersion, names: &recent))
+                    &reader, channel: channel, model: model, version2: version == deletionVersion, names: &names))
         }
         return deltas
     }
@@ -424,9 +437,6 @@ public enum PeerMessage: Sendable, Equatable {
                 &body, channel: channel, model: model, version2: version == deletionVersion, names: &names))
     }
 
-    /// The fields of a DELTA body after its protocol version byte. A version-2 body's values are
-    /// property values (section 4.3), and its one property may be the model's deletion (the
-    /// empty name, deleted).
     /// How a delta's origin and property names are read: decoded each time (a lone DELTA), or
     /// compared with the last delta's (a batch).
     private protocol NameReading {
@@ -447,8 +457,8 @@ public enum PeerMessage: Sendable, Equatable {
     private struct RecentNames: NameReading {
         var lastOrigin: String?
         /// By position in the delta, the first ``remembered`` (a delta of more properties has
-        /// the rest decoded as they come).
-        var lastProperties = InlineArray<8, String?>(repeating: nil)
+        /// the rest decoded as they come); grown as positions are first seen, once per batch.
+        var lastProperties: [String?] = []
         static let remembered = 8
 
         mutating func origin(from body: inout WireReader) throws(WireError) -> String {
@@ -457,10 +467,14 @@ public enum PeerMessage: Sendable, Equatable {
 
         mutating func property(at position: Int, from body: inout WireReader) throws(WireError) -> String {
             guard position < Self.remembered else { return try body.string("property name") }
+            if position == lastProperties.count { lastProperties.append(nil) }
             return try body.string("property name", repeating: &lastProperties[position])
         }
     }
 
+    /// The fields of a DELTA body after its protocol version byte. A version-2 body's values are
+    /// property values (section 4.3), and its one property may be the model's deletion (the
+    /// empty name, deleted).
     private static func decodeDeltaBody(
         _ body: inout WireReader, channel: String, model: String, version2: Bool, names reading: inout some NameReading
     ) throws(WireError) -> Delta {

@@ -90,6 +90,19 @@ struct PeerMessageTests {
         #expect(try PeerMessage.decodeDeltas(PeerMessage.encodePackedBatch(deltas)) == deltas)
         #expect(try PeerMessage.decodeDeltas(PeerMessage.encodeChannelBatch(deltas)) == deltas)
         #expect(try PeerMessage.decodeDeltas(PeerMessage.encodeBatch(deltas)) == deltas)
+        // A non-ASCII name repeated in place, and a lone DELTA (decoded without the batch's
+        // bookkeeping).
+        let accented = [delta(1, origin: "nœud", ["é", "ü"]), delta(2, origin: "nœud", ["é", "ü"])]
+        #expect(try PeerMessage.decodeDeltas(PeerMessage.encodePackedBatch(accented)) == accented)
+        #expect(try PeerMessage.decodeDeltas(PeerMessage.delta(accented[0]).encode()) == [accented[0]])
+        // A name of the remembered length whose bytes are not UTF-8 is refused, not taken for
+        // the remembered one.
+        var frames = PeerMessage.encodeChannelBatch([
+            delta(1, origin: "node-a", ["ab"]), delta(2, origin: "node-a", ["ab"]),
+        ])
+        let name = try #require(frames[2].firstRange(of: [2, 0x61, 0x62]))  // length 2, "ab"
+        frames[2].replaceSubrange(name, with: [2, 0xC3, 0x28])
+        #expect(throws: WireError.invalidUTF8(field: "property name")) { try PeerMessage.decodeDeltas(frames) }
     }
 
     /// 7.7: a packed batch carries deltas of one channel, of any models, in one frame: a count,

@@ -1,0 +1,86 @@
+import Testing
+
+@testable import StateSync
+
+/// A model bound to a node in this process stamps a single-property write's version and queues
+/// the write under one lock of the node's queue (`stampAndEnqueue`): what the driver takes, and
+/// the floor it publishes, must be what the two steps (`stamp`, then `enqueue`) gave.
+@Suite("Local writes queued with their version")
+struct LocalWriteQueueTests {
+    /// A counter bound to `queue` as a node binds its models; `stamps` counts the versions it
+    /// drew through the binding's `stamp` (the two-step path).
+    static func bound(to queue: LocalWriteQueue, stamps: Shared<Int> = Shared(0)) -> Counter {
+        let counter = Counter()
+        let emitter = counter._$registrar.instanceID
+        counter._$registrar.attach(
+            counter, adopting: [:],
+            binding: ModelBinding(
+                address: ModelAddress(channel: "c", model: "m"), localWrites: (queue, emitter),
+                stamp: {
+                    stamps.withLock { $0 += 1 }
+                    return queue.stamp()
+                },
+                emit: { address, version, writes in
+                    queue.enqueue(LocalWrite(address: address, version: version, writes: writes, emitter: emitter))
+                },
+                discard: { queue.release($0) }, reportEncodingFailure: { _, _ in }, pace: {}))
+        return counter
+    }
+
+    @Test func aSetIsQueuedAtTheVersionItWasGivenAndTheFloorCoversIt() throws {
+        let queue = LocalWriteQueue(clock: HybridLogicalClock(node: "n1", wallClock: { 1_000 }))
+        let stamps = Shared(0)
+        let counter = Self.bound(to: queue, stamps: stamps)
+        counter.count = 7
+        #expect(stamps.value == 0, "a single set takes its version and its place in one step")
+        let taken = queue.take()
+        let write = try #require(taken.rounds.first?.first)
+        #expect(taken.rounds.flatMap { $0 }.count == 1)
+        #expect(write.writes == [PropertyWrite(name: "count", value: .int(7))])
+        #expect(write.emitter == counter._$registrar.instanceID)
+        #expect(counter.propertyVersions["count"] == write.version)
+        // Nothing is in flight: the floor reaches the write.
+        #expect(taken.writeFloor >= write.version.timestamp)
+        // A transaction still stamps, then emits.
+        counter.transaction { $0.count = 8 }
+        #expect(stamps.value == 1)
+        #expect(queue.take().rounds.flatMap { $0 }.map(\.writes) == [[PropertyWrite(name: "count", value: .int(8))]])
+    }
+
+    @Test func aWriteThatIsInFlightKeepsTheFloorBelowItWhileLaterOnesAreQueued() throws {
+        let queue = LocalWriteQueue(clock: HybridLogicalClock(node: "n1", wallClock: { 1_000 }))
+        let counter = Self.bound(to: queue)
+        // Another model's write between its stamp and its enqueue.
+        let inFlight = queue.stamp()
+        counter.count = 1
+        let taken = queue.take()
+        let write = try #require(taken.rounds.first?.first)
+        #expect(write.version > inFlight)
+        #expect(taken.writeFloor < inFlight.timestamp, "a floor at or above a write not taken yet")
+        queue.enqueue(LocalWrite(address: ModelAddress(channel: "c", model: "other"), version: inFlight, writes: []))
+        #expect(queue.take().writeFloor >= write.version.timestamp)
+    }
+
+    @Test func aWriteUnderAFutureVersionQueuesNothingAndLeavesNothingInFlight() {
+        let queue = LocalWriteQueue(clock: HybridLogicalClock(node: "n1", wallClock: { 1_000 }))
+        let counter = Self.bound(to: queue)
+        let future = Version(milliseconds: 1_000 + 3_600_000, counter: 0, node: "zeta")
+        _ = counter._$registrar.applyRemote(counter, writes: [PropertyWrite(name: "count", value: 9)], version: future)
+        counter.count = 1
+        #expect(counter.count == 9, "last-writer-wins keeps the newer version")
+        #expect(counter._$registrar.supersededWriteCount == 1)
+        let taken = queue.take()
+        #expect(taken.rounds.flatMap { $0 }.isEmpty)
+        #expect(taken.writeFloor == queue.clock.lastTimestamp, "nothing left in flight")
+    }
+
+    @Test func onceTheQueueIsClosedAWriteStillGetsAVersionAndNothingIsQueued() {
+        let queue = LocalWriteQueue(clock: HybridLogicalClock(node: "n1", wallClock: { 1_000 }))
+        let counter = Self.bound(to: queue)
+        queue.close()
+        counter.count = 3
+        #expect(counter.count == 3)
+        #expect(counter.propertyVersions["count"] != nil)
+        #expect(queue.take().rounds.flatMap { $0 }.isEmpty)
+    }
+}
