@@ -64,7 +64,7 @@ enum DeltaPayloadWriter {
 
     // MARK: - Sizes
 
-    static func varintSize(_ value: UInt64) -> Int {
+    private static func varintSize(_ value: UInt64) -> Int {
         value < 0x80 ? 1 : (64 - value.leadingZeroBitCount + 6) / 7
     }
 
@@ -88,16 +88,12 @@ enum DeltaPayloadWriter {
     private static func valueSize(_ value: Value) -> Int? {
         switch value {
         case .null, .bool: 1
-        case .int(let int): 1 + varintSize(zigzag(int))
+        case .int(let int): 1 + varintSize(zigzagEncoded(int))
         case .double: 9
         case .string(let string): 1 + stringSize(string)
         case .bytes(let bytes): 1 + varintSize(UInt64(bytes.count)) + bytes.count
         case .array, .map: nil
         }
-    }
-
-    private static func zigzag(_ value: Int64) -> UInt64 {
-        UInt64(bitPattern: (value << 1) ^ (value >> 63))
     }
 
     // MARK: - Writing into counted room
@@ -154,7 +150,7 @@ enum DeltaPayloadWriter {
             case .bool(let bool): byte(bool ? ValueTag.true : ValueTag.false)
             case .int(let int):
                 byte(ValueTag.int)
-                varint(DeltaPayloadWriter.zigzag(int))
+                varint(zigzagEncoded(int))
             case .double(let double):
                 byte(ValueTag.double)
                 uint64(double.bitPattern)

@@ -26,7 +26,7 @@ extension WireSink {
 
     /// A signed integer as a zigzag varint.
     public mutating func zigzag(_ value: Int64) {
-        varint(UInt64(bitPattern: (value << 1) ^ (value >> 63)))
+        varint(zigzagEncoded(value))
     }
 
     /// A big-endian 64-bit unsigned integer.
@@ -104,6 +104,11 @@ extension WireSink {
         }
         if register.isDeleted { byte(ValueTag.deleted) } else { value(register.value) }
     }
+}
+
+/// `value` zigzag-encoded (0, -1, 1, -2, … as 0, 1, 2, 3, …): the varint of a signed integer.
+func zigzagEncoded(_ value: Int64) -> UInt64 {
+    UInt64(bitPattern: (value << 1) ^ (value >> 63))
 }
 
 /// Appends protocol primitives to a byte buffer.
