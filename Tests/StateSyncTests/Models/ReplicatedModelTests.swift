@@ -163,6 +163,58 @@ struct ReplicatedModelTests {
         #expect(target.mood == .busy && target.shape == .square(side: 3))
     }
 
+    /// Observers of every kind of property get their exact old and new values back from the
+    /// registrar's type-erased queue (taken by type, not cast), remote and local.
+    @Test func observersOfEveryKindGetTheirExactValues() throws {
+        let source = Everything()
+        source.int = 42
+        source.double = 2.5
+        source.string = "héllo, a string longer than fifteen bytes"
+        source.data = Data([0, 1, 255])
+        source.optional = "set"
+        source.array = [1, 2, 3]
+        source.dictionary = ["a": 1]
+        source.point = Point(x: 1, y: -2)
+        source.shape = .square(side: 3)
+        let target = Everything()
+        let seen = Mutex<[String]>([])
+        func record<T: Sendable>(_ keyPath: KeyPath<Everything, T>) -> ObservationToken {
+            target.observe(keyPath) { change in seen.withLock { $0.append("\(change.old) -> \(change.new)") } }
+        }
+        let tokens = [
+            record(\.int), record(\.double), record(\.string), record(\.data), record(\.optional), record(\.array),
+            record(\.dictionary), record(\.point), record(\.shape),
+        ]
+        var writes: [PropertyWrite] = []
+        for property in Everything._$schema.properties {
+            writes.append(PropertyWrite(name: property.name, value: try property.encodeCurrent(source)))
+        }
+        let result = target._$registrar.applyRemote(
+            target, writes: writes, version: HybridLogicalClock(node: "n1").next())
+        #expect(result.rejected.isEmpty)
+        target.optional = nil
+        #expect(
+            seen.withLock { $0 } == [
+                "0 -> 42", "0.5 -> 2.5", " -> héllo, a string longer than fifteen bytes", "0 bytes -> 3 bytes",
+                "nil -> Optional(\"set\")", "[] -> [1, 2, 3]", "[:] -> [\"a\": 1]",
+                "Point(x: 0.0, y: 0.0) -> Point(x: 1.0, y: -2.0)", "circle(radius: 1.0) -> square(side: 3.0)", "Optional(\"set\") -> nil",
+            ])
+        _ = tokens
+    }
+
+    /// A box that holds another type than the one asked for (a subclass, here) still gives the
+    /// value, by the runtime's cast.
+    @Test func anErasedChangeOfASubclassGivesItAsItsBaseClass() {
+        class Base: @unchecked Sendable {}  // Safe: no stored state.
+        final class Derived: Base, @unchecked Sendable {}  // Safe: no stored state.
+        let old = Derived()
+        let new = Derived()
+        let change = ErasedChange(property: "p", old: old, new: new, version: .zero, isRemote: false)
+        let typed = change.typed(as: Base.self)
+        #expect(typed.old === old && typed.new === new)
+        #expect(change.typed(as: Derived.self).new === new)
+    }
+
     /// A peer's delta usually lists properties in declaration order, and the registrar looks for
     /// each one first where the last one ended; any other order, and names this model does not
     /// have, still reach the right properties.
