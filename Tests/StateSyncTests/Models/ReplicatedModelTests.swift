@@ -197,7 +197,8 @@ struct ReplicatedModelTests {
             seen.withLock { $0 } == [
                 "0 -> 42", "0.5 -> 2.5", " -> héllo, a string longer than fifteen bytes", "0 bytes -> 3 bytes",
                 "nil -> Optional(\"set\")", "[] -> [1, 2, 3]", "[:] -> [\"a\": 1]",
-                "Point(x: 0.0, y: 0.0) -> Point(x: 1.0, y: -2.0)", "circle(radius: 1.0) -> square(side: 3.0)", "Optional(\"set\") -> nil",
+                "Point(x: 0.0, y: 0.0) -> Point(x: 1.0, y: -2.0)", "circle(radius: 1.0) -> square(side: 3.0)",
+                "Optional(\"set\") -> nil",
             ])
         _ = tokens
     }

@@ -367,7 +367,18 @@ extension NodeMachine {
             if deliveries.last?.address == address {
                 deliveries[deliveries.count - 1].sets.append(set)
             } else {
-                deliveries.append(ModelDelivery(address: address, sets: [set]))
+                // Room for the rest of this model's run at once: a batch of 256 single sets grew
+                // its list one doubling at a time, nine allocations and copies.
+                var end = index + 1
+                while end < applied.count, applied[end].delta.model == address.model,
+                    applied[end].delta.channel == address.channel
+                {
+                    end += 1
+                }
+                var sets: [ModelRegistrar.RemoteWriteSet] = []
+                sets.reserveCapacity(end - index)
+                sets.append(set)
+                deliveries.append(ModelDelivery(address: address, sets: sets))
             }
         }
         if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
