@@ -217,34 +217,52 @@ private final class ExistentialPropertyAccess<Model: AnyObject & Observable>: Er
 
 /// All tracked properties of a model type, in declaration order.
 public struct ModelSchema<Model: AnyObject & Observable>: Sendable {
+    /// The fields, in one object: the registrar reaches the schema through the model type's
+    /// `_$schema` (a protocol requirement, not specialised for the app's type), which hands out
+    /// a copy, and a copy of five arrays and dictionaries was five retains and five releases
+    /// per notification delivered (1 % of a writer of single sets).
+    private final class Storage: Sendable {
+        let properties: [any AnyReplicatedProperty<Model>]
+        let names: [String]
+        let access: [any ErasedPropertyAccess]
+        let indexByName: [String: Int]
+        // Key paths are immutable values; the dictionary is written once in init and only read after.
+        nonisolated(unsafe) let indexByKeyPath: [AnyKeyPath: Int]
+
+        init(_ properties: [any AnyReplicatedProperty<Model>]) {
+            self.properties = properties
+            names = properties.map(\.name)
+            access = properties.map { property in
+                property as? any ErasedPropertyAccess ?? ExistentialPropertyAccess(property)
+            }
+            var byName: [String: Int] = [:]
+            var byKeyPath: [AnyKeyPath: Int] = [:]
+            for (index, property) in properties.enumerated() {
+                precondition(property.index == index, "the macro numbers tracked properties in declaration order")
+                byName[property.name] = index
+                byKeyPath[property.anyKeyPath] = index
+            }
+            indexByName = byName
+            indexByKeyPath = byKeyPath
+        }
+    }
+
+    private let storage: Storage
+
     /// The tracked properties, in declaration order.
-    public let properties: [any AnyReplicatedProperty<Model>]
+    public var properties: [any AnyReplicatedProperty<Model>] { storage.properties }
     /// The properties' names, in declaration order (compared without reaching into the
     /// existentials of ``properties``).
-    package let names: [String]
+    package var names: [String] { storage.names }
     /// The same properties, in the same order, for the registrar's hot paths (see
     /// ``ErasedPropertyAccess``).
-    package let access: [any ErasedPropertyAccess]
-    private let indexByName: [String: Int]
-    // Key paths are immutable values; the dictionary is written once in init and only read after.
-    nonisolated(unsafe) private let indexByKeyPath: [AnyKeyPath: Int]
+    package var access: [any ErasedPropertyAccess] { storage.access }
+    private var indexByName: [String: Int] { storage.indexByName }
+    private var indexByKeyPath: [AnyKeyPath: Int] { storage.indexByKeyPath }
 
     /// The schema of `properties`, numbered in declaration order.
     public init(_ properties: [any AnyReplicatedProperty<Model>]) {
-        self.properties = properties
-        names = properties.map(\.name)
-        access = properties.map { property in
-            property as? any ErasedPropertyAccess ?? ExistentialPropertyAccess(property)
-        }
-        var byName: [String: Int] = [:]
-        var byKeyPath: [AnyKeyPath: Int] = [:]
-        for (index, property) in properties.enumerated() {
-            precondition(property.index == index, "the macro numbers tracked properties in declaration order")
-            byName[property.name] = index
-            byKeyPath[property.anyKeyPath] = index
-        }
-        indexByName = byName
-        indexByKeyPath = byKeyPath
+        storage = Storage(properties)
     }
 
     /// The property called `name`, if the model has one.
