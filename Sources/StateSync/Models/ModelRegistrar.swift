@@ -1033,7 +1033,9 @@ public final class ModelRegistrar: Sendable {
                 for index in notices.indices {
                     let notice = notices.moveElement(from: index)
                     notices.initializeElement(at: index, to: .deletionObservation)
-                    switch notice {
+                    // Consumed: the payload is bound by move (switching over the binding copied
+                    // the change and its observer list, then released the notice).
+                    switch consume notice {
                     case .change(let change, let observers):
                         for observer in observers where !observer.isCancelled {
                             observer.callback(change)
