@@ -348,36 +348,34 @@ extension NodeMachine {
     mutating func deliver(_ applied: [Applied]) {
         guard !attachedModels.isEmpty else { return }
         var deliveries: [ModelDelivery] = []
-        // The live model of the last address looked up: a run of deltas of one model (a batch)
-        // looks it up once.
-        var last: (address: ModelAddress, instance: UInt64?)?
-        for index in applied.indices where !applied[index].won.isEmpty {  // by index: no copies
-            let address = applied[index].delta.address
-            let instance: UInt64?
-            if let last, last.address == address {
-                instance = last.instance
-            } else {
-                instance = attachedModels[address]
-                last = (address, instance)
+        var start = 0
+        while start < applied.count {
+            // A run of deltas of one model (a batch, usually): its live model is looked up once,
+            // and its list of writes takes its room at once (grown one doubling at a time, a
+            // batch of 256 single sets took nine allocations and copies).
+            let address = applied[start].delta.address
+            var end = start + 1
+            while end < applied.count, applied[end].delta.model == address.model,
+                applied[end].delta.channel == address.channel
+            {
+                end += 1
             }
-            guard let instance, instance != applied[index].emitter else { continue }
-            let set = ModelRegistrar.RemoteWriteSet(
-                writes: applied[index].won, version: applied[index].delta.version,
-                isRemote: applied[index].delta.origin != configuration.nodeID, emitter: applied[index].emitter)
+            defer { start = end }
+            guard let instance = attachedModels[address] else { continue }
+            var sets: [ModelRegistrar.RemoteWriteSet] = []
+            for index in start..<end where !applied[index].won.isEmpty && instance != applied[index].emitter {
+                if sets.isEmpty { sets.reserveCapacity(end - index) }
+                sets.append(
+                    ModelRegistrar.RemoteWriteSet(
+                        writes: applied[index].won, version: applied[index].delta.version,
+                        isRemote: applied[index].delta.origin != configuration.nodeID,
+                        emitter: applied[index].emitter))
+            }
+            guard !sets.isEmpty else { continue }
+            // The same model again after a run of a model not attached here: one delivery.
             if deliveries.last?.address == address {
-                deliveries[deliveries.count - 1].sets.append(set)
+                deliveries[deliveries.count - 1].sets.append(contentsOf: sets)
             } else {
-                // Room for the rest of this model's run at once: a batch of 256 single sets grew
-                // its list one doubling at a time, nine allocations and copies.
-                var end = index + 1
-                while end < applied.count, applied[end].delta.model == address.model,
-                    applied[end].delta.channel == address.channel
-                {
-                    end += 1
-                }
-                var sets: [ModelRegistrar.RemoteWriteSet] = []
-                sets.reserveCapacity(end - index)
-                sets.append(set)
                 deliveries.append(ModelDelivery(address: address, sets: sets))
             }
         }
