@@ -611,20 +611,22 @@ public final class ModelRegistrar: Sendable {
                         apply.setAny = true
                         // An equal value still gives a property without one its value back.
                         guard assigned != nil || !hadValue else { continue }
-                        let old: any Sendable
-                        let new: any Sendable
-                        if let assigned {
-                            (old, new) = assigned
-                        } else {
+                        // The values moved into the change and the change into the queue: copies
+                        // of their boxes, and of the change, were 1.5 % of a reader's samples.
+                        let change: ErasedChange
+                        switch consume assigned {
+                        case .some(let values):
+                            change = ErasedChange(
+                                property: writes[w].name, old: values.old, new: values.new, version: version,
+                                isRemote: isRemote)
+                        case .none:
                             // Equal: nothing was stored, so the current value is both.
-                            old = property.currentValue(of: model)
-                            new = old
+                            let current = property.currentValue(of: model)
+                            change = ErasedChange(
+                                property: writes[w].name, old: current, new: current, version: version,
+                                isRemote: isRemote)
                         }
-                        apply.notify(
-                            index,
-                            ErasedChange(
-                                property: writes[w].name, old: old, new: new, version: version, isRemote: isRemote),
-                            registrar: self, state: &state)
+                        apply.notify(index, change, registrar: self, state: &state)
                     } catch {
                         apply.result.rejected.append((writes[w].name, "\(error)"))
                     }
@@ -695,7 +697,9 @@ public final class ModelRegistrar: Sendable {
             changed[index] = true
         }
 
-        mutating func notify(_ index: Int, _ change: ErasedChange, registrar: ModelRegistrar, state: inout State) {
+        mutating func notify(
+            _ index: Int, _ change: consuming ErasedChange, registrar: ModelRegistrar, state: inout State
+        ) {
             noteApplied(index)
             let list = observerList(index, of: registrar)
             guard !list.isEmpty else { return }
@@ -703,7 +707,7 @@ public final class ModelRegistrar: Sendable {
                 state.pending.reserveCapacity(state.pending.count + expectedNotices)
                 expectedNotices = 0
             }
-            state.pending.append(.change(change, list))
+            state.pending.append(.change(consume change, list))
             queued += 1
         }
     }
