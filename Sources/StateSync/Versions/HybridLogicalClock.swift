@@ -11,7 +11,10 @@ public final class HybridLogicalClock: Sendable {
     /// How far ahead of the local wall clock a peer's timestamp may pull this clock.
     public let maximumDrift: UInt64
     private let wallClock: @Sendable () -> UInt64
-    private let state = Mutex<UInt64>(0)  // the last timestamp issued or observed
+    /// The last timestamp issued or observed. An atomic, moved by compare-and-exchange: every
+    /// local write takes a version, inside the outbox's lock, and a mutex here was a second lock
+    /// (two atomic operations) on that path, where one exchange does.
+    private let last = Atomic<UInt64>(0)
     private let driftRejections = Atomic<Int>(0)
 
     /// - Parameters:
@@ -41,11 +44,14 @@ public final class HybridLogicalClock: Sendable {
     /// A new version for a local write, greater than every version issued or observed before.
     public func next() -> Version {
         let physical = wallClock() << 16
-        let stamp = state.withLock { last in
-            last = max(last + 1, physical)
-            return last
+        var seen = last.load(ordering: .acquiring)
+        while true {
+            let stamp = max(seen + 1, physical)
+            let (exchanged, current) = last.compareExchange(
+                expected: seen, desired: stamp, ordering: .acquiringAndReleasing)
+            if exchanged { return Version(timestamp: stamp, node: node) }
+            seen = current
         }
-        return Version(timestamp: stamp, node: node)
     }
 
     /// Takes a peer's version into account. Returns `false` (and does not follow it) when it is
@@ -57,21 +63,30 @@ public final class HybridLogicalClock: Sendable {
             driftRejections.add(1, ordering: .relaxed)
             return false
         }
-        let stamp = remote.timestamp
-        state.withLock { last in last = max(last, stamp) }
+        raise(to: remote.timestamp)
         return true
     }
 
     /// Moves the clock past `version` unconditionally: for this node's own earlier writes (from
     /// its snapshot), which it must never issue a version below, whatever the wall clock says.
     public func advance(past version: Version) {
-        let stamp = version.timestamp
-        state.withLock { last in last = max(last, stamp) }
+        raise(to: version.timestamp)
+    }
+
+    /// Moves the last timestamp up to `stamp` if it is below.
+    private func raise(to stamp: UInt64) {
+        var seen = last.load(ordering: .acquiring)
+        while seen < stamp {
+            let (exchanged, current) = last.compareExchange(
+                expected: seen, desired: stamp, ordering: .acquiringAndReleasing)
+            if exchanged { return }
+            seen = current
+        }
     }
 
     /// The last timestamp issued or followed: every version this clock issues from now on is
     /// above it.
-    public var lastTimestamp: UInt64 { state.withLock { $0 } }
+    public var lastTimestamp: UInt64 { last.load(ordering: .acquiring) }
 
     /// How many peer timestamps were too far ahead to follow.
     public var driftRejectionCount: Int { driftRejections.load(ordering: .relaxed) }
