@@ -520,9 +520,11 @@ public final class ModelRegistrar: Sendable {
         let schema = Model._$schema
         var apply = RemoteApply(count: schema.properties.count)
         // Room for a notification per write and the Observation notices after them (one per
-        // property, and one for isDeleted), taken at the first (see RemoteApply.notify).
-        apply.expectedNotices = schema.properties.count + 1
-        for set in sets.indices { apply.expectedNotices += sets[set].writes.count }
+        // property changed, and one for isDeleted), taken at the first (see RemoteApply.notify);
+        // a model's deletion, which may reset every property, grows the queue as it goes.
+        var writes = 0
+        for set in sets.indices { writes += sets[set].writes.count }
+        apply.expectedNotices = writes + min(writes, schema.properties.count) + 1
         let deliver = state.withLock { state -> Bool in
             state.prepare(schema)
             let wasDeleted = state.isDeleted
@@ -704,7 +706,13 @@ public final class ModelRegistrar: Sendable {
             let list = observerList(index, of: registrar)
             guard !list.isEmpty else { return }
             if expectedNotices > 0 {
-                state.pending.reserveCapacity(state.pending.count + expectedNotices)
+                // Geometric all the same: while a delivery runs elsewhere (or the executor's job
+                // waits), the queue keeps what earlier calls queued, and reserving exactly what
+                // each call needs would copy all of it at every call.
+                let needed = state.pending.count + expectedNotices
+                if needed > state.pending.capacity {
+                    state.pending.reserveCapacity(max(needed, 2 * state.pending.capacity))
+                }
                 expectedNotices = 0
             }
             state.pending.append(.change(consume change, list))

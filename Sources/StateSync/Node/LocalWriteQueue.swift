@@ -160,17 +160,18 @@ final class LocalWriteQueue: Sendable {
 
 /// Live models' local writes on their way to the node's driver, in rounds of at most
 /// ``NodeMachine/localWritesPerRound``: a long queue grows by a round at a time, each allocated
-/// at that capacity once (the first of a take starts small, for the usual few writes), never
-/// copying what it holds (one growing array moved everything at each doubling and faulted in
+/// at that capacity once (the first of a take sized by the last take that held writes: small
+/// for the usual few, a busy writer's whole turn at once), never copying what it holds (one growing array moved everything at each doubling and faulted in
 /// fresh pages), and the driver hands each round to the machine as it is.
 struct Outbox: Sendable {
     private(set) var rounds: [[LocalWrite]] = []
     /// The timestamps stamped for writes not handed over yet (at most one per writing thread).
     var stamped: [UInt64] = []
 
-    /// How many writes the last ``take()`` held: the next first round starts with room for as
-    /// many (a busy writer's round started at 64 and grew one doubling at a time, five
-    /// allocations and copies per turn, the last of 80 KB; a lone write's still takes 64).
+    /// How many writes the last ``take()`` that held any held: the next first round starts with
+    /// room for as many, and at least 64 (a busy writer's round started at 64 and grew one
+    /// doubling at a time, five allocations and copies per turn, the last of 80 KB). The driver
+    /// takes at every input, so empty takes leave it as it is.
     private var lastTaken = 0
 
     mutating func append(_ write: LocalWrite) {
@@ -186,8 +187,8 @@ struct Outbox: Sendable {
 
     /// Every round waiting, in order; the outbox is empty after.
     mutating func take() -> [[LocalWrite]] {
-        lastTaken =
-            rounds.isEmpty ? 0 : (rounds.count - 1) * NodeMachine.localWritesPerRound + rounds[rounds.count - 1].count
+        guard !rounds.isEmpty else { return [] }
+        lastTaken = (rounds.count - 1) * NodeMachine.localWritesPerRound + rounds[rounds.count - 1].count
         defer { rounds = [] }
         return rounds
     }

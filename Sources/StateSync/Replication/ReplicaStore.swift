@@ -519,8 +519,8 @@ public struct ReplicaStore: Sendable {
                 if !wins(version, over: model.registers.values[slot].version, wrongTieBreak: context.wrongTieBreak) {
                     continue
                 }
-                // Swapped in: the register replaced comes out without a copy (a copy of it, and
-                // the release of the one the assignment overwrote, were 1 % of a reader's samples).
+                // Swapped in: the register replaced comes out by move, not as a copy released
+                // again when the assignment overwrote it (1 % of a reader's samples).
                 var replaced = register
                 swap(&model.registers.values[slot], &replaced)
                 current = replaced

@@ -89,6 +89,29 @@ struct ReplicationMachineTests {
         #expect(fromClient.first?.sets.first?.writes.first?.value == .int(3))
     }
 
+    /// A batch's deltas reach the live models in runs of one model: one delivery per run, in
+    /// order, each write once; a model that comes back after a run of one not attached here is
+    /// still one delivery, and one that comes back after another attached model is a new one.
+    @Test func aBatchIsDeliveredInRunsOfOneModel() {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        node.machine.attachedModels[ModelAddress(channel: "c", model: "a")] = 7
+        node.machine.attachedModels[ModelAddress(channel: "c", model: "c")] = 8
+        let models = ["a", "a", "b", "a", "c", "a"]
+        let deltas = models.enumerated().map { index, model in
+            PackedBatchMachineTests.delta(model, sequence: UInt64(index + 1))
+        }
+        node.machine.actions = []
+        node.machine.applyRemote(deltas, from: "inproc://n2")
+        let deliveries = node.machine.actions.flatMap { action -> [ModelDelivery] in
+            if case .deliver(let deliveries) = action { deliveries } else { [] }
+        }
+        #expect(deliveries.map(\.address.model) == ["a", "c", "a"])
+        #expect(
+            deliveries.map { $0.sets.map { $0.writes.first?.value } } == [
+                [.int(1), .int(2), .int(4)], [.int(5)], [.int(6)],
+            ])
+    }
+
     /// 8: a delta of this node's own origin coming back through a peer is ignored; a duplicate
     /// is counted and applied once; a stale write changes nothing.
     @Test func echoesDuplicatesAndStaleWritesChangeNothing() {

@@ -203,9 +203,10 @@ struct ReplicatedModelTests {
         _ = tokens
     }
 
-    /// A box that holds another type than the one asked for (a subclass, here) still gives the
-    /// value, by the runtime's cast.
-    @Test func anErasedChangeOfASubclassGivesItAsItsBaseClass() {
+    /// A box that holds another type than the one asked for (a subclass; a value asked for as an
+    /// optional, which must be converted, not reinterpreted) still gives the value, by the
+    /// runtime's cast.
+    @Test func anErasedChangeOfAnotherTypeGivesItByTheRuntimesCast() {
         class Base: @unchecked Sendable {}  // Safe: no stored state.
         final class Derived: Base, @unchecked Sendable {}  // Safe: no stored state.
         let old = Derived()
@@ -214,6 +215,9 @@ struct ReplicatedModelTests {
         let typed = change.typed(as: Base.self)
         #expect(typed.old === old && typed.new === new)
         #expect(change.typed(as: Derived.self).new === new)
+        let number = ErasedChange(property: "p", old: 1, new: 2, version: .zero, isRemote: false)
+        let optional = number.typed(as: Int?.self)
+        #expect(optional.old == 1 && optional.new == 2)
     }
 
     /// A peer's delta usually lists properties in declaration order, and the registrar looks for
