@@ -161,8 +161,9 @@ final class LocalWriteQueue: Sendable {
 /// Live models' local writes on their way to the node's driver, in rounds of at most
 /// ``NodeMachine/localWritesPerRound``: a long queue grows by a round at a time, each allocated
 /// at that capacity once (the first of a take sized by the last take that held writes: small
-/// for the usual few, a busy writer's whole turn at once), never copying what it holds (one growing array moved everything at each doubling and faulted in
-/// fresh pages), and the driver hands each round to the machine as it is.
+/// for the usual few, a busy writer's whole turn at once), never copying what it holds (one
+/// growing array moved everything at each doubling and faulted in fresh pages), and the driver
+/// hands each round to the machine as it is.
 struct Outbox: Sendable {
     private(set) var rounds: [[LocalWrite]] = []
     /// The timestamps stamped for writes not handed over yet (at most one per writing thread).
