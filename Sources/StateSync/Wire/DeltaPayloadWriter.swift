@@ -5,8 +5,9 @@
 /// Every local write is encoded once, into its log record, whose body is then the DELTA frame on
 /// the wire. Through the primitives, each field was an append of its own, each paying the array's
 /// uniqueness and capacity checks: a dozen per single set, most of the 7–8 % of a writer's
-/// samples spent staging its records (issue #17). Here the size is added up first and the bytes
-/// are written through a pointer into room taken at once. Values that nest (arrays and maps) are
+/// samples spent staging its records (issue #17). Here the size is added up first, the bytes are
+/// written through a pointer into room of that size and appended in one go
+/// (``WireWriter/appendBytes(count:_:)``). Values that nest (arrays and maps) are
 /// left to the primitives: ``append(_:to:)`` returns `nil` and writes nothing.
 enum DeltaPayloadWriter {
     /// Where the parts of an appended payload lie in the writer's bytes.
