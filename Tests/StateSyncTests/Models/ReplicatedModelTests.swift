@@ -169,12 +169,15 @@ struct ReplicatedModelTests {
         let source = Everything()
         source.int = 42
         source.double = 2.5
+        source.bool = true
         source.string = "héllo, a string longer than fifteen bytes"
         source.data = Data([0, 1, 255])
+        source.date = Date(timeIntervalSinceReferenceDate: 1234)
         source.optional = "set"
         source.array = [1, 2, 3]
         source.dictionary = ["a": 1]
         source.point = Point(x: 1, y: -2)
+        source.mood = .busy
         source.shape = .square(side: 3)
         let target = Everything()
         let seen = Mutex<[String]>([])
@@ -182,8 +185,9 @@ struct ReplicatedModelTests {
             target.observe(keyPath) { change in seen.withLock { $0.append("\(change.old) -> \(change.new)") } }
         }
         let tokens = [
-            record(\.int), record(\.double), record(\.string), record(\.data), record(\.optional), record(\.array),
-            record(\.dictionary), record(\.point), record(\.shape),
+            record(\.int), record(\.double), record(\.bool), record(\.string), record(\.data), record(\.date),
+            record(\.optional), record(\.array), record(\.dictionary), record(\.point), record(\.mood),
+            record(\.shape),
         ]
         var writes: [PropertyWrite] = []
         for property in Everything._$schema.properties {
@@ -195,10 +199,11 @@ struct ReplicatedModelTests {
         target.optional = nil
         #expect(
             seen.withLock { $0 } == [
-                "0 -> 42", "0.5 -> 2.5", " -> héllo, a string longer than fifteen bytes", "0 bytes -> 3 bytes",
+                "0 -> 42", "0.5 -> 2.5", "false -> true", " -> héllo, a string longer than fifteen bytes",
+                "0 bytes -> 3 bytes", "2001-01-01 00:00:00 +0000 -> 2001-01-01 00:20:34 +0000",
                 "nil -> Optional(\"set\")", "[] -> [1, 2, 3]", "[:] -> [\"a\": 1]",
-                "Point(x: 0.0, y: 0.0) -> Point(x: 1.0, y: -2.0)", "circle(radius: 1.0) -> square(side: 3.0)",
-                "Optional(\"set\") -> nil",
+                "Point(x: 0.0, y: 0.0) -> Point(x: 1.0, y: -2.0)", "calm -> busy",
+                "circle(radius: 1.0) -> square(side: 3.0)", "Optional(\"set\") -> nil",
             ])
         _ = tokens
     }
