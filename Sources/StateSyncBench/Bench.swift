@@ -97,6 +97,8 @@ public enum Bench {
             line("raw one-way latency p99 at 10k/s", "raw_latency_p99_us", "µs")
             line("raw one-way latency p50 at 1k/s", "raw_latency_lone_p50_us", "µs")
             line("raw one-way latency p99 at 1k/s", "raw_latency_lone_p99_us", "µs")
+            line("the same at 10k/s, one context, p50", "raw_latency_shared_context_p50_us", "µs")
+            line("the same at 1k/s, one context, p50", "raw_latency_lone_shared_context_p50_us", "µs")
             line("fdatasync of a small append, p50", "fsync_p50_us", "µs")
             line("fdatasync of a small append, p99", "fsync_p99_us", "µs")
             line("fdatasync of a small write into preallocated space, p50", "fsync_preallocated_p50_us", "µs")
@@ -184,6 +186,17 @@ public enum Bench {
         let rawLone = try RawBench.latency(rate: 1_000, seconds: seconds)
         report.figures.append(("raw_latency_lone_p50_us", rawLone.p50))
         report.figures.append(("raw_latency_lone_p99_us", rawLone.p99))
+        // The reference: both sides on one libzmq context (one I/O thread between them), as the
+        // limits were measured until 2026-11-27 (RawBench says why they are not the limit).
+        for (rate, infix) in [(10_000, ""), (1_000, "_lone")] {
+            progress("raw libzmq latency at \(rate / 1000)k/s, one context")
+            let shared = try RawBench.latency(rate: rate, seconds: seconds, sharedContext: true)
+            report.figures.append(("raw_latency\(infix)_shared_context_p50_us", shared.p50))
+            report.figures.append(("raw_latency\(infix)_shared_context_p99_us", shared.p99))
+        }
+        report.notes.append(
+            "raw_*: PUB and SUB each on a libzmq context of its own (an I/O thread each), as two nodes are; raw_latency*_shared_context_*: both on one context, one I/O thread between them (the limits' raw figure until 2026-11-27), for reference"
+        )
         // The disk's limit, where the nodes keep their data (the same temporary directory).
         progress("fdatasync latency of small appends")
         let diskDirectory = NSTemporaryDirectory() + "statesync-bench-disk-\(UUID().uuidString.prefix(8))"

@@ -5,6 +5,13 @@ import ZeroMQ
 
 /// Plain libzmq PUB → SUB over tcp loopback with messages shaped like our deltas: the ceiling
 /// StateSync is measured against, in the same run on the same machine.
+///
+/// Each side has a context of its own, as two nodes (two processes) do: a message then passes
+/// two libzmq I/O threads, the sender's and the receiver's, as every delta between two nodes
+/// does. (With one context shared by both sides, one I/O thread carries the message from the
+/// PUB's pipe to the SUB's: on this VM some 15–40 µs less one-way at p50, and 6–9 % fewer
+/// messages a second — a path no two nodes have. `statesync bench` measured it that way until
+/// 2026-11-27; it still reports that latency as a reference, `raw_latency_shared_context_*`.)
 enum RawBench {
     /// A DELTA-shaped message: the frames of a one-property delta of an Int.
     static func sampleFrames() -> [[UInt8]] {
@@ -17,6 +24,7 @@ enum RawBench {
     /// Messages per second received by the SUB socket, lossless (unbounded queues).
     static func throughput(messages: Int) throws -> Double {
         let context = try Context()
+        let receiving = try Context()
         let pub = try context.socket(.pub)
         try pub.setSendHighWaterMark(0)
         try pub.bind("tcp://127.0.0.1:*")
@@ -27,7 +35,7 @@ enum RawBench {
         let done = DispatchSemaphore(value: 0)
         let receiver = Thread {
             do {
-                let sub = try context.socket(.sub)
+                let sub = try receiving.socket(.sub)
                 try sub.setReceiveHighWaterMark(0)
                 try sub.subscribe()
                 try sub.connect(endpoint)
@@ -57,12 +65,15 @@ enum RawBench {
         done.wait()
         pub.close()
         context.terminate()
+        receiving.terminate()
         return result.withLock { $0 }
     }
 
-    /// One-way latency at a fixed rate: each message carries its send time.
-    static func latency(rate: Int, seconds: Double) throws -> LatencySummary {
+    /// One-way latency at a fixed rate: each message carries its send time. `sharedContext`: both
+    /// sides on one context (one I/O thread), the reference figure (see above).
+    static func latency(rate: Int, seconds: Double, sharedContext: Bool = false) throws -> LatencySummary {
         let context = try Context()
+        let receiving = sharedContext ? context : try Context()
         let pub = try context.socket(.pub)
         try pub.bind("tcp://127.0.0.1:*")
         let endpoint = try pub.lastEndpoint()
@@ -73,7 +84,7 @@ enum RawBench {
         let template = sampleFrames()
         let receiver = Thread {
             do {
-                let sub = try context.socket(.sub)
+                let sub = try receiving.socket(.sub)
                 try sub.subscribe()
                 try sub.connect(endpoint)
                 try sub.setReceiveTimeout(milliseconds: 2000)
@@ -109,6 +120,7 @@ enum RawBench {
         done.wait()
         pub.close()
         context.terminate()
+        if !sharedContext { receiving.terminate() }
         return LatencySummary(nanoseconds: samples.withLock { $0 })
     }
 

@@ -38,6 +38,15 @@ struct BenchReportTests {
         guard case .map(let json) = report.value else { throw CancellationError() }
         #expect(json["latency_p50_ratio_limit"] == .double(1.25))
         #expect(report.humanText.contains("(limit 200 µs: 1.25×, +50 µs) raw+fsync"))
+        // The one-context raw latency is a reference beside the limit, not part of it.
+        var reference = Bench.Report()
+        reference.figures =
+            report.figures.filter { !$0.key.hasPrefix("limit_") && !$0.key.contains("_ratio_") } + [
+                ("raw_latency_shared_context_p50_us", 20)
+            ]
+        reference.addLimitsAndRatios()
+        #expect(reference["limit_durable_p50_us"] == 200)
+        #expect(reference.humanText.contains("the same at 10k/s, one context, p50"))
         // A write into preallocated space syncs faster than an append: the limit is the floor.
         var preallocated = Bench.Report()
         preallocated.figures = report.figures.filter { !$0.key.hasPrefix("limit_") && !$0.key.contains("_ratio_") }
