@@ -9,8 +9,8 @@ import ZeroMQ
 /// Each side has a context of its own, as two nodes (two processes) do: a message then passes
 /// two libzmq I/O threads, the sender's and the receiver's, as every delta between two nodes
 /// does. (With one context shared by both sides, one I/O thread carries the message from the
-/// PUB's pipe to the SUB's: on this VM some 15–40 µs less one-way at p50, and 6–9 % fewer
-/// messages a second — a path no two nodes have. `statesync bench` measured it that way until
+/// PUB's pipe to the SUB's: on this VM 5–20 µs less one-way at p50 at 10,000 messages a second
+/// and 20–57 µs at 1,000, and 6–9 % fewer messages a second — a path no two nodes have. `statesync bench` measured it that way until
 /// 2026-11-27; it still reports that latency as a reference, `raw_latency_shared_context_*`.)
 enum RawBench {
     /// A DELTA-shaped message: the frames of a one-property delta of an Int.
