@@ -29,8 +29,9 @@ steps = [
 ] + ([] if interval else [
     ("w", 4, "writer: fdatasync begins"),
     ("w", 5, "writer: fdatasync returns"),
+    ("w", 17, "writer: the machine's step for the durable write"),
 ]) + [
-    ("w", 6, "writer: DELTA handed to libzmq (zmq_send returns)"),
+    ("w", 6, "writer: DELTA handed to libzmq (zmq_send returns)" if interval else "writer: zmq_send returns"),
     ("r", 3, "wire: reader's I/O thread woken (poll returns)"),
     ("r", 10, "reader: message received (zmq_msg_recv)"),
     ("r", 18, "reader: machine step (decode, merge, history, journal, log record)"),

@@ -8,10 +8,12 @@ import ZeroMQ
 ///
 /// Each side has a context of its own, as two nodes (two processes) do: a message then passes
 /// two libzmq I/O threads, the sender's and the receiver's, as every delta between two nodes
-/// does. (With one context shared by both sides, one I/O thread carries the message from the
-/// PUB's pipe to the SUB's: on this VM 5–20 µs less one-way at p50 at 10,000 messages a second
-/// and 20–57 µs at 1,000, and 6–9 % fewer messages a second — a path no two nodes have. `statesync bench` measured it that way until
-/// 2026-11-27; it still reports that latency as a reference, `raw_latency_shared_context_*`.)
+/// does. With one context shared by both sides, one I/O thread carries the message from the
+/// PUB's pipe to the SUB's, a path no two nodes have: on this VM (2026-11-27) 21–58 µs less
+/// one-way at p50 at 1,000 messages a second, at 10,000 from 19 µs less to 8 µs more (within
+/// the runs' swing), and 6–9 % fewer messages a second in three rounds. `statesync bench`
+/// measured it that way until then; it still reports that latency as a reference
+/// (`raw_latency_shared_context_*`).
 enum RawBench {
     /// A DELTA-shaped message: the frames of a one-property delta of an Int.
     static func sampleFrames() -> [[UInt8]] {
@@ -23,9 +25,9 @@ enum RawBench {
 
     /// Messages per second received by the SUB socket, lossless (unbounded queues).
     static func throughput(messages: Int) throws -> Double {
-        let context = try Context()
+        let sending = try Context()
         let receiving = try Context()
-        let pub = try context.socket(.pub)
+        let pub = try sending.socket(.pub)
         try pub.setSendHighWaterMark(0)
         try pub.bind("tcp://127.0.0.1:*")
         let endpoint = try pub.lastEndpoint()
@@ -64,7 +66,7 @@ enum RawBench {
         for _ in 0..<messages { try pub.send(frames) }
         done.wait()
         pub.close()
-        context.terminate()
+        sending.terminate()
         receiving.terminate()
         return result.withLock { $0 }
     }
@@ -72,9 +74,9 @@ enum RawBench {
     /// One-way latency at a fixed rate: each message carries its send time. `sharedContext`: both
     /// sides on one context (one I/O thread), the reference figure (see above).
     static func latency(rate: Int, seconds: Double, sharedContext: Bool = false) throws -> LatencySummary {
-        let context = try Context()
-        let receiving = sharedContext ? context : try Context()
-        let pub = try context.socket(.pub)
+        let sending = try Context()
+        let receiving = sharedContext ? sending : try Context()
+        let pub = try sending.socket(.pub)
         try pub.bind("tcp://127.0.0.1:*")
         let endpoint = try pub.lastEndpoint()
         let total = Int(Double(rate) * seconds)
@@ -119,8 +121,8 @@ enum RawBench {
         }
         done.wait()
         pub.close()
-        context.terminate()
-        if !sharedContext { receiving.terminate() }
+        sending.terminate()
+        receiving.terminate()  // (the same context when shared: terminating twice is a no-op)
         return LatencySummary(nanoseconds: samples.withLock { $0 })
     }
 
