@@ -89,7 +89,8 @@ public enum Bench {
             var lines = ["StateSync bench (\(ProcessInfo.processInfo.processorCount) cores)"]
             func line(_ label: String, _ key: String, _ unit: String, _ suffix: String = "") {
                 guard let value = self[key] else { return }
-                let padded = label.padding(toLength: 46, withPad: " ", startingAt: 0)
+                // A longer label is kept whole (padding would cut it), its figure out of line.
+                let padded = label.count < 46 ? label.padding(toLength: 46, withPad: " ", startingAt: 0) : label + " "
                 lines.append("  \(padded)\(String(format: "%14.1f", value)) \(unit)\(suffix)")
             }
             line("raw libzmq PUB→SUB, delta-sized messages", "raw_msgs_per_s", "msg/s")
@@ -101,8 +102,8 @@ public enum Bench {
             line("the same at 1k/s, one context, p50", "raw_latency_lone_shared_context_p50_us", "µs")
             line("fdatasync of a small append, p50", "fsync_p50_us", "µs")
             line("fdatasync of a small append, p99", "fsync_p99_us", "µs")
-            line("fdatasync of a small write into preallocated space, p50", "fsync_preallocated_p50_us", "µs")
-            line("fdatasync of a small write into preallocated space, p99", "fsync_preallocated_p99_us", "µs")
+            line("fdatasync into preallocated space, p50", "fsync_preallocated_p50_us", "µs")
+            line("fdatasync into preallocated space, p99", "fsync_preallocated_p99_us", "µs")
             line("the same, one write every millisecond, p50", "fsync_lone_p50_us", "µs")
             line("the same, one write every millisecond, p99", "fsync_lone_p99_us", "µs")
             line("deltas/s at the reader, single sets", "deltas_per_s", "/s", ratio(self["deltas_per_s"], to: raw))

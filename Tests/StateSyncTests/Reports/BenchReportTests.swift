@@ -53,6 +53,7 @@ struct BenchReportTests {
         preallocated.figures += [("fsync_preallocated_p50_us", 90), ("fsync_preallocated_p99_us", 400)]
         preallocated.addLimitsAndRatios()
         #expect(preallocated["limit_durable_p50_us"] == 120 && preallocated["limit_durable_p99_us"] == 400)
+        #expect(preallocated.humanText.contains("fdatasync into preallocated space, p50"), "a label printed whole")
         // Lone writes (1k/s) are held to the raw latency at the same rate plus the disk at the
         // same rate (a sync that finds the disk idle), not the back-to-back one.
         var lone = Bench.Report()
