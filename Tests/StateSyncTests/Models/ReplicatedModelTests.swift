@@ -134,26 +134,35 @@ struct ReplicatedModelTests {
         #expect(fired.load(ordering: .relaxed) == 1)
     }
 
-    @Test func everyCodableKindRoundTripsThroughValues() throws {
+    /// An `Everything` with every property set away from its default (`string` and `date` as given).
+    static func everythingSet(string: String, date: Date) -> Everything {
         let source = Everything()
         source.int = 42
         source.double = 2.5
         source.bool = true
-        source.string = "héllo"
+        source.string = string
         source.data = Data([0, 1, 255])
-        source.date = Date(timeIntervalSinceReferenceDate: 1234.5)
+        source.date = date
         source.optional = "set"
         source.array = [1, 2, 3]
         source.dictionary = ["a": 1]
         source.point = Point(x: 1, y: -2)
         source.mood = .busy
         source.shape = .square(side: 3)
-        let target = Everything()
-        let schema = Everything._$schema
-        var writes: [PropertyWrite] = []
-        for property in schema.properties {
-            writes.append(PropertyWrite(name: property.name, value: try property.encodeCurrent(source)))
+        return source
+    }
+
+    /// A write of every tracked property of `source`, with its current value.
+    static func writesOfEveryProperty(of source: Everything) throws -> [PropertyWrite] {
+        try Everything._$schema.properties.map { property in
+            PropertyWrite(name: property.name, value: try property.encodeCurrent(source))
         }
+    }
+
+    @Test func everyCodableKindRoundTripsThroughValues() throws {
+        let source = Self.everythingSet(string: "héllo", date: Date(timeIntervalSinceReferenceDate: 1234.5))
+        let target = Everything()
+        let writes = try Self.writesOfEveryProperty(of: source)
         let version = HybridLogicalClock(node: "n1").next()
         let result = target._$registrar.applyRemote(target, writes: writes, version: version)
         #expect(result.rejected.isEmpty)
@@ -166,19 +175,8 @@ struct ReplicatedModelTests {
     /// Observers of every kind of property get their exact old and new values back from the
     /// registrar's type-erased queue (taken by type, not cast), remote and local.
     @Test func observersOfEveryKindGetTheirExactValues() throws {
-        let source = Everything()
-        source.int = 42
-        source.double = 2.5
-        source.bool = true
-        source.string = "héllo, a string longer than fifteen bytes"
-        source.data = Data([0, 1, 255])
-        source.date = Date(timeIntervalSinceReferenceDate: 1234)
-        source.optional = "set"
-        source.array = [1, 2, 3]
-        source.dictionary = ["a": 1]
-        source.point = Point(x: 1, y: -2)
-        source.mood = .busy
-        source.shape = .square(side: 3)
+        let source = Self.everythingSet(
+            string: "héllo, a string longer than fifteen bytes", date: Date(timeIntervalSinceReferenceDate: 1234))
         let target = Everything()
         let seen = Mutex<[String]>([])
         func record<T: Sendable>(_ keyPath: KeyPath<Everything, T>) -> ObservationToken {
@@ -189,12 +187,8 @@ struct ReplicatedModelTests {
             record(\.optional), record(\.array), record(\.dictionary), record(\.point), record(\.mood),
             record(\.shape),
         ]
-        var writes: [PropertyWrite] = []
-        for property in Everything._$schema.properties {
-            writes.append(PropertyWrite(name: property.name, value: try property.encodeCurrent(source)))
-        }
         let result = target._$registrar.applyRemote(
-            target, writes: writes, version: HybridLogicalClock(node: "n1").next())
+            target, writes: try Self.writesOfEveryProperty(of: source), version: HybridLogicalClock(node: "n1").next())
         #expect(result.rejected.isEmpty)
         target.optional = nil
         #expect(
