@@ -3,7 +3,7 @@
 writes after the first tenth of the run, each with its steps that took over 200 µs, then every
 mark of both processes around the slowest one whose message waited over 1 ms on the wire
 (relative to its `zmq_send`). Steps as in timeline.py; a chain may take up to 100 ms here."""
-import bisect
+from marks import READER_MARKS, WRITER_MARKS, chains, load
 
 STEPS = [
     ("w", 2, "queued"), ("w", 3, "the I/O thread wakes"), ("w", 13, "taken"), ("w", 16, "log written"),
@@ -13,36 +13,14 @@ STEPS = [
 ]
 WIRE = 8  # index of the wire step
 
-
-def load(path):
-    marks = {}
-    for line in open(path):
-        kind, at = line.split()
-        marks.setdefault(int(kind), []).append(int(at))
-    for times in marks.values():
-        times.sort()
-    return marks
-
-
-writer, reader = load("/tmp/lat-writer.txt"), load("/tmp/lat-reader.txt")
-chains = []
-for t0 in writer[1][len(writer[1]) // 10:]:
-    t, row = t0, []
-    for side, kind, _ in STEPS:
-        times = (writer if side == "w" else reader).get(kind, [])
-        i = bisect.bisect_left(times, t)
-        if i == len(times) or times[i] - t0 > 100_000_000:
-            break
-        row.append(times[i] - t)
-        t = times[i]
-    else:
-        chains.append((t - t0, t0, row))
-chains.sort(reverse=True)
+writer, reader = load(WRITER_MARKS), load(READER_MARKS)
+slowest = [(sum(row), t0, row) for t0, row in chains(writer, reader, STEPS, within_ns=100_000_000)]
+slowest.sort(reverse=True)
 start = writer[1][0]
-for total, t0, row in chains[:4]:
+for total, t0, row in slowest[:4]:
     slow = [(STEPS[i][2], round(step / 1000)) for i, step in enumerate(row) if step > 200_000]
     print(f"{total / 1000:.0f} µs, set at +{(t0 - start) / 1e6:.0f} ms; steps over 200 µs: {slow}")
-held = next(((t0, row) for _, t0, row in chains if row[WIRE] > 1_000_000), None)
+held = next(((t0, row) for _, t0, row in slowest if row[WIRE] > 1_000_000), None)
 if held:
     t0, row = held
     sent = t0 + sum(row[:WIRE])

@@ -4,21 +4,11 @@
 Reads the marks run.py's processes left and prints, for the writes after the first tenth, the
 p50 and p90 of each step of a set's way to the remote observer (each step: from the previous mark
 to the first mark of its kind after it; a write whose chain is not complete within 5 ms is left out)."""
-import bisect
 import sys
 
+from marks import READER_MARKS, WRITER_MARKS, chains, load
 
-def load(path):
-    marks = {}
-    for line in open(path):
-        kind, at = line.split()
-        marks.setdefault(int(kind), []).append(int(at))
-    for times in marks.values():
-        times.sort()
-    return marks
-
-
-writer, reader = load("/tmp/lat-writer.txt"), load("/tmp/lat-reader.txt")
+writer, reader = load(WRITER_MARKS), load(READER_MARKS)
 # With `interval` the node's own timer syncs now and then: not a step of any write.
 interval = len(sys.argv) > 1 and sys.argv[1] == "interval"
 steps = [
@@ -39,20 +29,7 @@ steps = [
     ("r", 9, "reader: observer queue's thread woken"),
     ("r", 12, "reader: observer runs"),
 ]
-rows = []
-starts = writer[1]
-for t0 in starts[len(starts) // 10:]:
-    t, row = t0, []
-    for side, kind, _ in steps:
-        times = (writer if side == "w" else reader).get(kind, [])
-        i = bisect.bisect_left(times, t)
-        if i == len(times) or times[i] - t0 > 5_000_000:
-            break
-        row.append(times[i] - t)
-        t = times[i]
-    else:
-        rows.append(row)
-
+rows = [row for _, row in chains(writer, reader, steps, within_ns=5_000_000)]
 
 def pct(values, q):
     values = sorted(values)
