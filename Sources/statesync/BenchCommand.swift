@@ -9,7 +9,8 @@ extension StateSyncCLI {
             abstract: "Measure the whole path against raw libzmq, in one run on this machine.",
             discussion: """
                 Measures raw libzmq PUB→SUB with delta-sized messages (best of 3 runs) and its \
-                one-way latency at 10,000 and 1,000 msg/s, and fdatasync after a small append and after a small \
+                one-way latency at 10,000 and 1,000 msg/s, each side on a libzmq context of its own as two \
+                nodes are (the one-context latency is printed beside it, for reference), and fdatasync after a small append and after a small \
                 write into preallocated space in the data directory; then two node processes on loopback: deltas/s at the reader (single sets \
                 and 8-property transactions, observers fired) with the CPU both processes spent per \
                 change, and set → remote observer latency at \
