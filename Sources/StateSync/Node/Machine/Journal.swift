@@ -14,8 +14,23 @@ struct Journal: Sendable {
     private(set) var entries = Deque<Entry>()
     /// The absolute position of `entries[0]`.
     private(set) var base = 0
-    /// Per origin, the highest sequence number whose entry was dropped.
-    private(set) var droppedThrough: [String: UInt64] = [:]
+    /// Per origin, the highest sequence number whose entry was dropped, but for the run of
+    /// ``pendingOrigin`` being dropped now.
+    private var folded: [String: UInt64] = [:]
+    /// The origin of the last entries dropped, and the highest of their sequence numbers: folded
+    /// into the dictionary when another origin's entry goes (one look-up per run of an origin,
+    /// not per entry).
+    private var pendingOrigin: String?
+    private var pendingThrough: UInt64 = 0
+
+    /// Per origin, the highest sequence number whose entry was dropped (read when a watch falls
+    /// behind the journal or resumes from a cursor: rarely).
+    var droppedThrough: [String: UInt64] {
+        guard let pendingOrigin else { return folded }
+        var all = folded
+        all[pendingOrigin] = max(all[pendingOrigin] ?? 0, pendingThrough)
+        return all
+    }
 
     var end: Int { base + entries.count }
 
@@ -23,36 +38,44 @@ struct Journal: Sendable {
     /// follow it (a watch further behind gets a resync snapshot).
     static let minimumEntries = 16
 
+    /// Appends `delta`; past `limit` entries the oldest goes, one per append. The journal keeps
+    /// the history's limit per origin, so it usually holds a delta's last reference: dropped in
+    /// bursts of an eighth of the limit (until 2026-11-27), tens of thousands of deltas were
+    /// freed at once; dropped steadily, one is freed as another comes. (`statesync bench --path
+    /// single`, interleaved: 2.7 % less CPU per change, the writer's turn 5 % less.)
     mutating func append(_ delta: Delta, limit: Int) {
         let limit = max(limit, Self.minimumEntries)
         entries.append(Entry(delta: delta))
-        if entries.count > limit &+ limit / 8 {
-            let drop = entries.count - limit
-            // Runs of one origin are common: one dictionary update per run, not per entry.
-            var origin = entries[0].origin
-            var through: UInt64 = 0
-            for entry in entries.prefix(drop) {
-                if entry.origin != origin {
-                    droppedThrough[origin] = max(droppedThrough[origin] ?? 0, through)
-                    origin = entry.origin
-                    through = 0
-                }
-                through = max(through, entry.sequence)
-            }
-            droppedThrough[origin] = max(droppedThrough[origin] ?? 0, through)
-            entries.removeFirst(drop)
-            base += drop
+        while entries.count > limit { dropOldest() }
+    }
+
+    private mutating func dropOldest() {
+        let dropped = entries.removeFirst()
+        base += 1
+        if let origin = pendingOrigin, origin == dropped.origin {
+            pendingThrough = max(pendingThrough, dropped.sequence)
+            return
         }
+        foldPending()
+        pendingOrigin = dropped.origin
+        pendingThrough = dropped.sequence
+    }
+
+    private mutating func foldPending() {
+        guard let origin = pendingOrigin else { return }
+        folded[origin] = max(folded[origin] ?? 0, pendingThrough)
+        pendingOrigin = nil
     }
 
     /// Marks the deltas of `origin` through `sequence` as not held (they came from a snapshot).
     mutating func markAbsent(origin: String, through sequence: UInt64) {
-        droppedThrough[origin] = max(droppedThrough[origin] ?? 0, sequence)
+        folded[origin] = max(folded[origin] ?? 0, sequence)
     }
 
     /// Drops every entry (the state they led to is gone): a watch that needs one gets a snapshot.
     mutating func dropAll() {
-        for entry in entries { droppedThrough[entry.origin] = max(droppedThrough[entry.origin] ?? 0, entry.sequence) }
+        foldPending()
+        for entry in entries { folded[entry.origin] = max(folded[entry.origin] ?? 0, entry.sequence) }
         base += entries.count
         entries = []
     }

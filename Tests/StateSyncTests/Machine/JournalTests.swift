@@ -1,0 +1,66 @@
+import Testing
+
+@testable import StateSync
+
+/// The journal drops its oldest entry at each append past its limit (steadily, not in bursts:
+/// issue #17), and keeps, per origin, the highest sequence number it dropped.
+@Suite("The watch journal")
+struct JournalTests {
+    static func delta(_ origin: String, _ sequence: UInt64) -> Delta {
+        Delta(
+            channel: "c", model: "m", version: Version(milliseconds: sequence, counter: 0, node: origin),
+            sequence: sequence, properties: [PropertyWrite(name: "p", value: .int(Int64(sequence)))])
+    }
+
+    @Test func pastItsLimitEachAppendDropsTheOldestEntry() {
+        var journal = Journal()
+        for sequence in UInt64(1)...100 {
+            journal.append(Self.delta("n1", sequence), limit: 40)
+            #expect(journal.entries.count == min(Int(sequence), 40))
+        }
+        #expect(journal.base == 60)
+        #expect(journal.end == 100)
+        #expect(journal.entry(at: 59) == nil)
+        #expect(journal.entry(at: 60)?.sequence == 61)
+        #expect(journal.droppedThrough == ["n1": 60])
+    }
+
+    /// Runs of origins of random lengths, against a reference that keeps every entry: the same
+    /// entries held, the same highest sequence number dropped per origin, at every step (the
+    /// origin being dropped now is folded in when read).
+    @Test(arguments: [1, 2, 3, 4, 5, 6])
+    func droppedThroughMatchesAReference(seed: UInt64) {
+        var random = SplitMix64(seed: seed)
+        let limit = Int(random.next() % 50) + Journal.minimumEntries
+        let origins = ["n1", "n2", "a-node-id-longer-than-fifteen-bytes"]
+        var next: [String: UInt64] = [:]
+        var journal = Journal()
+        var all: [Delta] = []
+        var absent: [String: UInt64] = [:]
+        for step in 0..<2_000 {
+            let origin = origins[Int(random.next() % UInt64(origins.count))]
+            for _ in 0..<(Int(random.next() % 7) + 1) {
+                next[origin, default: 0] += 1
+                let delta = Self.delta(origin, next[origin]!)
+                all.append(delta)
+                journal.append(delta, limit: limit)
+            }
+            if step % 97 == 0 {
+                // A snapshot covered some of an origin's numbers.
+                journal.markAbsent(origin: origin, through: next[origin]! / 2)
+                absent[origin] = max(absent[origin] ?? 0, next[origin]! / 2)
+            }
+            let kept = max(all.count - limit, 0)
+            var expected = absent
+            for delta in all[..<kept] { expected[delta.origin] = max(expected[delta.origin] ?? 0, delta.sequence) }
+            #expect(journal.droppedThrough == expected, "seed \(seed), step \(step)")
+            #expect(journal.base == kept, "seed \(seed), step \(step)")
+            #expect(journal.entries.map(\.delta) == Array(all[kept...]), "seed \(seed), step \(step)")
+        }
+        journal.dropAll()
+        var everything = absent
+        for delta in all { everything[delta.origin] = max(everything[delta.origin] ?? 0, delta.sequence) }
+        #expect(journal.droppedThrough == everything, "seed \(seed)")
+        #expect(journal.entries.isEmpty && journal.base == all.count)
+    }
+}
