@@ -473,7 +473,7 @@ public final class ModelRegistrar: Sendable {
     /// One write set from a replica: a delta's properties with its version; or, with
     /// `expiredAt`, the expiry of the values its properties were written at `version`.
     package struct RemoteWriteSet: Sendable {
-        let writes: [PropertyWrite]
+        let writes: PropertyWrites
         let version: Version
         /// `false` for this node's own writes coming back (e.g. fetched after losing its log).
         var isRemote = true
@@ -486,6 +486,16 @@ public final class ModelRegistrar: Sendable {
 
         package init(
             writes: [PropertyWrite], version: Version, isRemote: Bool = true, emitter: UInt64 = 0,
+            expiredAt: Version? = nil
+        ) {
+            self.init(
+                writes: PropertyWrites(writes), version: version, isRemote: isRemote, emitter: emitter,
+                expiredAt: expiredAt)
+        }
+
+        /// A set of a delta's writes as they are (no copy).
+        package init(
+            writes: PropertyWrites, version: Version, isRemote: Bool = true, emitter: UInt64 = 0,
             expiredAt: Version? = nil
         ) {
             self.writes = writes

@@ -3,77 +3,132 @@
 /// A delta is what a node publishes for every local write (a `set`, a property assignment or a
 /// whole ``ReplicatedModel/transaction(_:)``) and what replicas apply (docs/PROTOCOL.md, "DELTA").
 public struct Delta: Sendable, Equatable {
-    /// The fields, in one allocation shared by every copy. A received delta is held at once by
-    /// the store's merge, the repair history, the watch journal and model delivery: copying it
-    /// is one reference count, not one per string and array (the reader of single sets spent
-    /// nearly a fifth of its samples in retain and release, issue #17). Immutable: a setter
-    /// makes a new one.
-    private final class Fields: Sendable {
-        let channel: String
-        let model: String
-        let version: Version
-        let sequence: UInt64
-        let properties: [PropertyWrite]
+    /// One delta's fields.
+    package struct Fields: Sendable {
+        var channel: String
+        var model: String
+        var version: Version
+        var sequence: UInt64
+        var writes: PropertyWrites
 
-        init(channel: String, model: String, version: Version, sequence: UInt64, properties: [PropertyWrite]) {
+        package init(channel: String, model: String, version: Version, sequence: UInt64, writes: PropertyWrites) {
             self.channel = channel
             self.model = model
             self.version = version
             self.sequence = sequence
-            self.properties = properties
+            self.writes = writes
         }
     }
 
-    private var fields: Fields
+    /// The fields of one delta, or of every delta of a decoded batch, in one allocation shared
+    /// by every copy. A received delta is held at once by the store's merge, the repair
+    /// history, the watch journal and model delivery: copying it is one reference count, not
+    /// one per string and array (the reader of single sets spent nearly a fifth of its samples
+    /// in retain and release, issue #17); and a batch's deltas are one allocation, not one each
+    /// (a received single set cost two allocations until 2026-11-27, its fields and its array
+    /// of properties). Immutable: a setter makes a new one.
+    private final class Storage: ManagedBuffer<Int, Fields> {
+        static func make(count: Int, _ fields: (Int) -> Fields) -> Storage {
+            let storage = unsafeDowncast(Storage.create(minimumCapacity: count) { _ in 0 }, to: Storage.self)
+            storage.withUnsafeMutablePointers { initialised, elements in
+                for index in 0..<count {
+                    (elements + index).initialize(to: fields(index))
+                    initialised.pointee = index + 1
+                }
+            }
+            return storage
+        }
+
+        deinit {
+            _ = withUnsafeMutablePointers { count, elements in elements.deinitialize(count: count.pointee) }
+        }
+    }
+
+    /// `nonisolated(unsafe)` (a `ManagedBuffer` cannot be `Sendable`): the elements are
+    /// initialised in ``Storage/make(count:_:)``, before the storage is shared, and never written
+    /// again (nor the header, their count); the storage is only read after, which is safe from
+    /// any number of threads, and its reference count is atomic.
+    nonisolated(unsafe) private let storage: Storage
+    private let index: Int
+
+    private init(storage: Storage, index: Int) {
+        self.storage = storage
+        self.index = index
+    }
+
+    /// One field, read in place (not a copy of all of them).
+    @inline(__always)
+    private func field<T>(_ read: (borrowing Fields) -> T) -> T {
+        storage.withUnsafeMutablePointerToElements { read($0[index]) }
+    }
 
     /// The channel the model belongs to.
     public var channel: String {
-        get { fields.channel }
+        get { field { $0.channel } }
         set { change { $0.channel = newValue } }
     }
     /// The model's id within its channel.
     public var model: String {
-        get { fields.model }
+        get { field { $0.model } }
         set { change { $0.model = newValue } }
     }
     /// The version of every property in this delta; its `node` is the writer.
     public var version: Version {
-        get { fields.version }
+        get { field { $0.version } }
         set { change { $0.version = newValue } }
     }
     /// The writer's sequence number: 1, 2, 3, … per origin, without gaps, in publish order.
     public var sequence: UInt64 {
-        get { fields.sequence }
+        get { field { $0.sequence } }
         set { change { $0.sequence = newValue } }
     }
-    /// The properties written, with their new values.
+    /// The properties written, with their new values. (A delta decoded from a batch shares one
+    /// array with the batch's other deltas: this copies its part out; the node reads ``writes``.)
     public var properties: [PropertyWrite] {
-        get { fields.properties }
-        set { change { $0.properties = newValue } }
+        get { writes.array }
+        set { change { $0.writes = PropertyWrites(newValue) } }
     }
 
-    private typealias AllFields = (
-        channel: String, model: String, version: Version, sequence: UInt64, properties: [PropertyWrite]
-    )
+    /// The properties written, without a copy.
+    package var writes: PropertyWrites { field { $0.writes } }
 
     /// A setter's work: new fields, with what `body` changes.
-    private mutating func change(_ body: (inout AllFields) -> Void) {
-        var all = (channel: channel, model: model, version: version, sequence: sequence, properties: properties)
-        body(&all)
-        fields = Fields(
-            channel: all.channel, model: all.model, version: all.version, sequence: all.sequence,
-            properties: all.properties)
+    private mutating func change(_ body: (inout Fields) -> Void) {
+        var fields = field { copy $0 }
+        body(&fields)
+        self = Delta(fields)
     }
 
     /// A delta of `properties` of `channel`/`model`, at `version`, numbered `sequence` by its writer.
     public init(channel: String, model: String, version: Version, sequence: UInt64, properties: [PropertyWrite]) {
-        fields = Fields(channel: channel, model: model, version: version, sequence: sequence, properties: properties)
+        self.init(
+            Fields(
+                channel: channel, model: model, version: version, sequence: sequence,
+                writes: PropertyWrites(properties)))
+    }
+
+    /// A delta whose properties are `writes` (a part of a batch's array, shared).
+    package init(channel: String, model: String, version: Version, sequence: UInt64, writes: PropertyWrites) {
+        self.init(Fields(channel: channel, model: model, version: version, sequence: sequence, writes: writes))
+    }
+
+    private init(_ fields: Fields) {
+        self.init(storage: Storage.make(count: 1) { _ in fields }, index: 0)
+    }
+
+    /// `count` deltas sharing one allocation: the `index`th has the fields `fields(index)`.
+    package static func batch(count: Int, _ fields: (Int) -> Fields) -> [Delta] {
+        let storage = Storage.make(count: count, fields)
+        var deltas: [Delta] = []
+        deltas.reserveCapacity(count)
+        for index in 0..<count { deltas.append(Delta(storage: storage, index: index)) }
+        return deltas
     }
 
     public static func == (lhs: Delta, rhs: Delta) -> Bool {
-        lhs.fields === rhs.fields
+        (lhs.storage === rhs.storage && lhs.index == rhs.index)
             || (lhs.sequence == rhs.sequence && lhs.version == rhs.version && lhs.channel == rhs.channel
-                && lhs.model == rhs.model && lhs.properties == rhs.properties)
+                && lhs.model == rhs.model && lhs.writes == rhs.writes)
     }
 
     /// The node that wrote the delta.
@@ -83,11 +138,52 @@ public struct Delta: Sendable, Equatable {
     public var address: ModelAddress { ModelAddress(channel: channel, model: model) }
 
     /// Whether the delta deletes the whole model (its one property is ``PropertyWrite/modelDeletion``).
-    public var deletesModel: Bool { properties.count == 1 && properties[0].isModelDeletion }
+    public var deletesModel: Bool { writes.count == 1 && writes[0].isModelDeletion }
 
     /// Whether the delta needs the version-2 body (docs/PROTOCOL.md 7.1): it deletes, or a value
     /// expires.
-    var needsVersion2: Bool { properties.contains { $0.isDeletion || $0.timeToLive > 0 } }
+    var needsVersion2: Bool { writes.contains { $0.isDeletion || $0.timeToLive > 0 } }
+}
+
+/// The properties a delta writes, in order: a run of an array that may hold the properties of
+/// every delta of a received batch. Decoding a batch makes one array for all its deltas, not one
+/// per delta (two allocations per received single set were one, the delta's fields: issue #17).
+/// Indexed from 0, like an array.
+package struct PropertyWrites: RandomAccessCollection, Sendable, Equatable {
+    /// The array the writes are a run of.
+    private let storage: [PropertyWrite]
+    private let offset: Int
+    package let count: Int
+
+    /// All of `writes` (no copy).
+    package init(_ writes: [PropertyWrite]) {
+        storage = writes
+        offset = 0
+        count = writes.count
+    }
+
+    /// `range` of `storage` (no copy; the array is kept while any run of it is).
+    package init(_ storage: [PropertyWrite], range: Range<Int>) {
+        precondition(range.lowerBound >= 0 && range.upperBound <= storage.count, "a run within the array")
+        self.storage = storage
+        offset = range.lowerBound
+        count = range.count
+    }
+
+    package var startIndex: Int { 0 }
+    package var endIndex: Int { count }
+
+    package subscript(position: Int) -> PropertyWrite {
+        precondition(position >= 0 && position < count, "a write's position within the delta")
+        return storage[offset &+ position]
+    }
+
+    /// The writes as an array of their own: the array itself when they are all of it.
+    package var array: [PropertyWrite] {
+        offset == 0 && count == storage.count ? storage : Array(storage[offset..<(offset + count)])
+    }
+
+    package static func == (lhs: PropertyWrites, rhs: PropertyWrites) -> Bool { lhs.elementsEqual(rhs) }
 }
 
 extension Delta: CustomReflectable {

@@ -191,21 +191,21 @@ public struct ReplicaStore: Sendable {
 
     /// Applies `delta` like ``apply(_:)``; returns only the writes that won, in order — the
     /// delta's own array when all of them did (the usual case: no allocation).
-    mutating func applyWinning(_ delta: Delta) -> [PropertyWrite] {
+    mutating func applyWinning(_ delta: Delta) -> PropertyWrites {
         var winners = WinnerCollector()
         mergeWrites(of: delta, into: &winners)
-        return winners.writes(of: delta.properties)
+        return winners.writes(of: delta.writes)
     }
 
     /// ``applyWinning(_:)`` for consecutive deltas of one model, with one look-up of the model
     /// for the whole run: appends each delta's winning writes to `won`. A caller that merges a
     /// run per received batch keeps one buffer for them (a new array per run was a
     /// kilobyte-sized allocation per batch, and glibc consolidates its free lists at each).
-    mutating func applyWinning(run deltas: [Delta], into won: inout [[PropertyWrite]]) {
+    mutating func applyWinning(run deltas: [Delta], into won: inout [PropertyWrites]) {
         guard let first = deltas.first else { return }
         // Never create an empty model entry (a delta has at least one property on the wire).
-        guard deltas.contains(where: { !$0.properties.isEmpty }) else {
-            won.append(contentsOf: repeatElement([], count: deltas.count))
+        guard deltas.contains(where: { !$0.writes.isEmpty }) else {
+            won.append(contentsOf: repeatElement(PropertyWrites([]), count: deltas.count))
             return
         }
         var context = MergeContext(channel: first.channel, model: first.model, store: self)
@@ -221,7 +221,7 @@ public struct ReplicaStore: Sendable {
                 {
                     runLatest = deltas[index].version
                 }
-                won.append(winners.writes(of: deltas[index].properties))
+                won.append(winners.writes(of: deltas[index].writes))
             }
         }
         finish(context, newest: runLatest)
@@ -230,7 +230,7 @@ public struct ReplicaStore: Sendable {
     /// Told about each write of a delta that won, in the delta's order, with the register it
     /// replaced; and about each property a model's deletion deleted.
     private protocol MergeOutcome {
-        mutating func won(_ index: Int, of properties: [PropertyWrite], replacing old: Register?)
+        mutating func won(_ index: Int, of properties: PropertyWrites, replacing old: Register?)
         mutating func deleted(_ property: String, old: Value, by version: Version)
     }
 
@@ -240,10 +240,10 @@ public struct ReplicaStore: Sendable {
 
         init(delta: Delta) {
             (channel, model, version) = (delta.channel, delta.model, delta.version)
-            changes.reserveCapacity(delta.properties.count)
+            changes.reserveCapacity(delta.writes.count)
         }
 
-        mutating func won(_ index: Int, of properties: [PropertyWrite], replacing old: Register?) {
+        mutating func won(_ index: Int, of properties: PropertyWrites, replacing old: Register?) {
             let write = properties[index]
             let old = old?.liveValue
             if write.isDeletion {
@@ -276,7 +276,7 @@ public struct ReplicaStore: Sendable {
         var leading = 0
         var subset: [PropertyWrite]?
 
-        mutating func won(_ index: Int, of properties: [PropertyWrite], replacing old: Register?) {
+        mutating func won(_ index: Int, of properties: PropertyWrites, replacing old: Register?) {
             if subset == nil, index == leading {
                 leading += 1
             } else {
@@ -287,9 +287,9 @@ public struct ReplicaStore: Sendable {
 
         mutating func deleted(_ property: String, old: Value, by version: Version) {}
 
-        func writes(of properties: [PropertyWrite]) -> [PropertyWrite] {
-            if let subset { return subset }
-            return leading == properties.count ? properties : Array(properties[..<leading])
+        func writes(of properties: PropertyWrites) -> PropertyWrites {
+            if let subset { return PropertyWrites(subset) }
+            return leading == properties.count ? properties : PropertyWrites(Array(properties[..<leading]))
         }
     }
 
@@ -444,7 +444,7 @@ public struct ReplicaStore: Sendable {
 
     /// The merge of one delta: a model's deletion, or its writes one by one.
     private mutating func mergeWrites<Outcome: MergeOutcome>(of delta: Delta, into outcome: inout Outcome) {
-        guard !delta.properties.isEmpty else { return }  // never create an empty model entry
+        guard !delta.writes.isEmpty else { return }  // never create an empty model entry
         var context = MergeContext(channel: delta.channel, model: delta.model, store: self)
         var anyWon = false
         modify(delta.address, &context) { model, context in
@@ -494,18 +494,18 @@ public struct ReplicaStore: Sendable {
     ) -> Bool {
         let liveBefore = model.live
         defer { context.noteLiveness(before: liveBefore, after: model.live) }
-        if context.ignoreDeletions, delta.properties.contains(where: \.isDeletion) { return false }
+        if context.ignoreDeletions, delta.writes.contains(where: \.isDeletion) { return false }
         if delta.deletesModel {
             slots.clear()
             guard deleteModel(at: delta.version, in: &model, context: &context, outcome: &outcome) else {
                 return false
             }
-            outcome.won(0, of: delta.properties, replacing: nil)
+            outcome.won(0, of: delta.writes, replacing: nil)
             return true
         }
         var anyWon = false
         let version = delta.version
-        let properties = delta.properties
+        let properties = delta.writes
         for index in properties.indices {
             let name = properties[index].name
             if let deletion = model.deletion, !wins(version, over: deletion, wrongTieBreak: context.wrongTieBreak) {

@@ -365,7 +365,7 @@ package final class DeltaLog: @unchecked Sendable {
     }
 
     static func encodePayload(_ delta: Delta) -> [UInt8] {
-        var writer = WireWriter(capacity: 48 + delta.properties.count * 16)
+        var writer = WireWriter(capacity: 48 + delta.writes.count * 16)
         writePayload(delta, to: &writer)
         return writer.bytes
     }

@@ -21,7 +21,7 @@ enum DeltaPayloadWriter {
     /// Appends the payload of `delta` to `writer`; `nil` (nothing appended) when one of its values
     /// is an array or a map.
     static func append(_ delta: Delta, to writer: inout WireWriter) -> Placement? {
-        let properties = delta.properties
+        let properties = delta.writes
         let version2 = delta.needsVersion2
         let channel = delta.channel
         let model = delta.model

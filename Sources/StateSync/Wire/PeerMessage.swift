@@ -126,8 +126,8 @@ public enum PeerMessage: Sendable, Equatable {
         sink.uint64(delta.version.timestamp)
         sink.string(delta.version.node)
         sink.varint(delta.sequence)
-        sink.varint(UInt64(delta.properties.count))
-        for property in delta.properties {
+        sink.varint(UInt64(delta.writes.count))
+        for property in delta.writes {
             sink.string(property.name)
             if version2 { sink.propertyValue(property) } else { sink.value(property.value) }
         }
@@ -136,7 +136,7 @@ public enum PeerMessage: Sendable, Equatable {
     /// A delta's DELTA body (section 7.1), encoded alone: what a DELTA message carries after its
     /// topic, and what a log record holds after the channel and model.
     static func deltaBody(_ delta: Delta) -> [UInt8] {
-        var body = WireWriter(capacity: 32 + delta.properties.count * 16)
+        var body = WireWriter(capacity: 32 + delta.writes.count * 16)
         writeDeltaBody(delta, to: &body)
         return body.bytes
     }
@@ -280,10 +280,13 @@ public enum PeerMessage: Sendable, Equatable {
         // one-octet value). A count the pack cannot hold is refused before anything is reserved.
         let count = try reader.count("packed batch count", minimumItemSize: packedEntryMinimumOctets)
         guard count > 0 else { throw .invalid(field: "packed batch count", reason: "a packed batch holds a delta") }
-        var deltas: [Delta] = []
+        var headers: [DeltaHeader] = []
         var entries: [Range<Int>] = []
-        deltas.reserveCapacity(min(count, WireReader.maximumReservation))
+        // One array for the properties of every delta of the batch (usually one each).
+        var writes: [PropertyWrite] = []
+        headers.reserveCapacity(min(count, WireReader.maximumReservation))
         entries.reserveCapacity(min(count, WireReader.maximumReservation))
+        writes.reserveCapacity(min(count, WireReader.maximumReservation))
         // Consecutive entries usually name the same model: its id is decoded once per run (and
         // their origin and property names once per batch).
         var lastModel: (bytes: Range<Int>, name: String)?
@@ -311,12 +314,12 @@ public enum PeerMessage: Sendable, Equatable {
             guard version == protocolVersion || version == deletionVersion else {
                 throw .unsupported("protocol version \(version)")
             }
-            deltas.append(
+            headers.append(
                 try decodeDeltaBody(
-                    &body, channel: channel, model: model, version2: version == deletionVersion, names: &recent))
+                    &body, model: model, version2: version == deletionVersion, names: &recent, into: &writes))
             entries.append(entry)
         }
-        return DecodedDeltas(deltas: deltas, packedEntries: entries)
+        return DecodedDeltas(deltas: deltas(of: headers, channel: channel, writes: writes), packedEntries: entries)
     }
 
     /// A DELTA batch or a channel batch: one frame per delta.
@@ -345,8 +348,10 @@ public enum PeerMessage: Sendable, Equatable {
     private static func decodeFrames(
         _ frames: [[UInt8]], channel: String, topicModel: String?, names: inout some NameReading
     ) throws(WireError) -> [Delta] {
-        var deltas: [Delta] = []
-        deltas.reserveCapacity(frames.count - 1)
+        var headers: [DeltaHeader] = []
+        var writes: [PropertyWrite] = []
+        headers.reserveCapacity(frames.count - 1)
+        writes.reserveCapacity(frames.count - 1)
         for index in 1..<frames.count {
             var reader = WireReader(frames[index])
             let model: String
@@ -362,11 +367,30 @@ public enum PeerMessage: Sendable, Equatable {
             guard version == protocolVersion || version == deletionVersion else {
                 throw .unsupported("protocol version \(version)")
             }
-            deltas.append(
+            headers.append(
                 try decodeDeltaBody(
-                    &reader, channel: channel, model: model, version2: version == deletionVersion, names: &names))
+                    &reader, model: model, version2: version == deletionVersion, names: &names, into: &writes))
         }
-        return deltas
+        return deltas(of: headers, channel: channel, writes: writes)
+    }
+
+    /// A decoded delta but for its properties, which are `writes` of its batch's array.
+    private struct DeltaHeader {
+        let model: String
+        let version: Version
+        let sequence: UInt64
+        let writes: Range<Int>
+    }
+
+    /// The deltas of a batch, made once its properties are all decoded: they share one
+    /// allocation, and `writes` (an array appended to while decoding would be copied at the first
+    /// append after a delta took it).
+    private static func deltas(of headers: [DeltaHeader], channel: String, writes: [PropertyWrite]) -> [Delta] {
+        Delta.batch(count: headers.count) { index in
+            Delta.Fields(
+                channel: channel, model: headers[index].model, version: headers[index].version,
+                sequence: headers[index].sequence, writes: PropertyWrites(writes, range: headers[index].writes))
+        }
     }
 
     /// The channel of a channel batch's topic, `M` channel NUL (section 7.6), or a packed
@@ -432,9 +456,10 @@ public enum PeerMessage: Sendable, Equatable {
         }
         let (channel, model) = try splitDeltaTopic(topic)
         var names = FreshNames()
-        return .delta(
-            try decodeDeltaBody(
-                &body, channel: channel, model: model, version2: version == deletionVersion, names: &names))
+        var writes: [PropertyWrite] = []
+        let header = try decodeDeltaBody(
+            &body, model: model, version2: version == deletionVersion, names: &names, into: &writes)
+        return .delta(deltas(of: [header], channel: channel, writes: writes)[0])
     }
 
     /// How a delta's origin and property names are read: decoded each time (a lone DELTA), or
@@ -475,23 +500,26 @@ public enum PeerMessage: Sendable, Equatable {
     /// The fields of a DELTA body after its protocol version byte. A version-2 body's values are
     /// property values (section 4.3), and its one property may be the model's deletion (the
     /// empty name, deleted).
+    /// The properties are appended to `writes` (the batch's array); the header says where.
     private static func decodeDeltaBody(
-        _ body: inout WireReader, channel: String, model: String, version2: Bool, names reading: inout some NameReading
-    ) throws(WireError) -> Delta {
+        _ body: inout WireReader, model: String, version2: Bool, names reading: inout some NameReading,
+        into properties: inout [PropertyWrite]
+    ) throws(WireError) -> DeltaHeader {
         let timestamp = try body.uint64("version")
         let origin = try reading.origin(from: &body)
         guard !origin.isEmpty else { throw .invalid(field: "origin", reason: "empty node id") }
         let sequence = try body.varint("sequence")
         let count = try body.count("property count", minimumItemSize: 2)
         guard count > 0 else { throw .invalid(field: "property count", reason: "a delta writes at least one property") }
-        var properties: [PropertyWrite] = []
-        properties.reserveCapacity(min(count, WireReader.maximumReservation))
+        // No `reserveCapacity` per delta: it would grow the batch's array exactly, not geometrically.
+        let first = properties.count
         // Duplicate names: a linear scan for the usual few properties, a set beyond.
         var names = count > 16 ? Set<String>() : nil
         for position in 0..<count {
             let name = try reading.property(at: position, from: &body)
             let duplicate =
-                names != nil ? !names!.insert(name).inserted : properties.contains { $0.name == name }
+                names != nil
+                ? !names!.insert(name).inserted : properties[first...].contains { $0.name == name }
             guard !duplicate else {
                 throw .invalid(field: "property name", reason: "'\(name)' appears twice")
             }
@@ -507,9 +535,9 @@ public enum PeerMessage: Sendable, Equatable {
                 properties.append(PropertyWrite(name: name, value: try body.value("property value")))
             }
         }
-        return Delta(
-            channel: channel, model: model, version: Version(timestamp: timestamp, node: origin),
-            sequence: sequence, properties: properties)
+        return DeltaHeader(
+            model: model, version: Version(timestamp: timestamp, node: origin), sequence: sequence,
+            writes: first..<properties.count)
     }
 
     private static func splitDeltaTopic(_ topic: [UInt8]) throws(WireError) -> (String, String) {

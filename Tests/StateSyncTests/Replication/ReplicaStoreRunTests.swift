@@ -63,8 +63,8 @@ struct ReplicaStoreRunTests {
 extension ReplicaStore {
     /// Each delta's winning writes of a run merged with ``applyWinning(run:into:)``.
     fileprivate mutating func applyWinning(run deltas: [Delta]) -> [[PropertyWrite]] {
-        var won: [[PropertyWrite]] = []
+        var won: [PropertyWrites] = []
         applyWinning(run: deltas, into: &won)
-        return won
+        return won.map(\.array)
     }
 }

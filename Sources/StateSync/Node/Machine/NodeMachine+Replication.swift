@@ -4,7 +4,7 @@ extension NodeMachine {
     /// A delta new to this node, applied to the store, with its writes that won (possibly none).
     struct Applied: Sendable {
         let delta: Delta
-        let won: [PropertyWrite]
+        let won: PropertyWrites
         /// The instance id of the model that made it (local writes), else 0.
         var emitter: UInt64 = 0
         /// Its position in the deltas given to ``NodeMachine/apply(_:emitters:account:)``.
@@ -225,7 +225,7 @@ extension NodeMachine {
                         try Names.validateModel(delta.model)
                         validated = delta.address
                     }
-                    for property in delta.properties { try Names.validateWrite(property) }
+                    for property in delta.writes { try Names.validateWrite(property) }
                     refused = plantedDrop(delta)
                 } catch {
                     countMalformed(
@@ -257,7 +257,7 @@ extension NodeMachine {
         }
         counters.clockDriftRejections += drifted.count
         let applied = apply(accepted) { machine, delta, won in
-            machine.counters.propertiesStale += delta.properties.count - won.count
+            machine.counters.propertiesStale += delta.writes.count - won.count
             if !won.isEmpty { machine.counters.deltasApplied += 1 }
         }
         if latencySamples.enabled, !repaired, !applied.isEmpty {
@@ -291,7 +291,7 @@ extension NodeMachine {
     /// writes that won.
     mutating func apply(
         _ deltas: [Delta], emitters: [UInt64]? = nil,
-        account: (inout NodeMachine, Delta, [PropertyWrite]) -> Void
+        account: (inout NodeMachine, Delta, PropertyWrites) -> Void
     ) -> [Applied] {
         var applied: [Applied] = []
         applied.reserveCapacity(deltas.count)
@@ -405,15 +405,15 @@ extension NodeMachine {
 
     /// Numbers `writes` in order and applies them as this node's deltas. Returns them as applied.
     mutating func applyLocal(_ writes: [LocalWrite]) -> [Applied] {
-        var deltas: [Delta] = []
-        deltas.reserveCapacity(writes.count)
-        for write in writes {
-            deltas.append(
-                Delta(
-                    channel: write.address.channel, model: write.address.model, version: write.version,
-                    sequence: nextSequence, properties: write.writes))
-            nextSequence += 1
+        // The round's deltas in one allocation (a `ManagedBuffer` per delta cost the turn 8 % more).
+        let first = nextSequence
+        let deltas = Delta.batch(count: writes.count) { index in
+            Delta.Fields(
+                channel: writes[index].address.channel, model: writes[index].address.model,
+                version: writes[index].version, sequence: first + UInt64(index),
+                writes: PropertyWrites(writes[index].writes))
         }
+        nextSequence += UInt64(writes.count)
         let applied = apply(deltas, emitters: writes.map(\.emitter)) { machine, _, _ in
             machine.counters.deltasPublished += 1
         }
