@@ -240,8 +240,22 @@ extension String {
     /// checked).
     @inline(__always)
     package func hasSameUTF8(as other: String) -> Bool {
-        withUTF8(alongside: other) { a, b in
-            a.count == b.count && (a.isEmpty || memcmp(a.baseAddress!, b.baseAddress!, a.count) == 0)
+        // The same representation (a small string's bytes, held in place, or one storage with
+        // one count) is the same bytes, without reading them: the usual case, a batch's deltas
+        // naming one origin, channel and model. (A string is two words; `unsafeBitCast` traps
+        // if that ever changes.)
+        if unsafeBitCast(self, to: (UInt64, UInt64).self) == unsafeBitCast(other, to: (UInt64, UInt64).self) {
+            return true
+        }
+        return withUTF8(alongside: other) { a, b in
+            guard a.count == b.count else { return false }
+            // Names are short: a loop costs less than a call to memcmp.
+            guard a.count > 16 else {
+                var index = 0
+                while index < a.count, a[index] == b[index] { index += 1 }
+                return index == a.count
+            }
+            return memcmp(a.baseAddress!, b.baseAddress!, a.count) == 0
         }
     }
 

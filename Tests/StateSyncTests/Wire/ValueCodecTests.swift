@@ -33,6 +33,14 @@ struct ValueCodecTests {
         #expect(long.hasSameUTF8(as: String(long.utf8.map { Character(UnicodeScalar($0)) })))
         #expect(!"model".hasSameUTF8(as: "modeL") && !"model".hasSameUTF8(as: "model ") && !"".hasSameUTF8(as: "a"))
         #expect(!long.hasSameUTF8(as: long + "!"))
+        // Either side of the lengths held in place (15), compared by a loop (16) or by memcmp:
+        // equal bytes in another representation, and a difference in the last byte.
+        for length in [15, 16, 17, 40] {
+            let name = String(repeating: "x", count: length)
+            #expect(name.hasSameUTF8(as: String(name.utf8.map { Character(UnicodeScalar($0)) })), "\(length)")
+            let last = String(repeating: "x", count: length - 1) + "y"
+            #expect(!name.hasSameUTF8(as: last) && !last.hasSameUTF8(as: name), "\(length)")
+        }
         let composed = "caf\u{e9}"
         let decomposed = "cafe\u{301}"
         #expect(composed == decomposed, "Swift's == is canonical equivalence")
