@@ -147,8 +147,9 @@ public struct Delta: Sendable, Equatable {
 
 /// The properties a delta writes, in order: a run of an array that may hold the properties of
 /// every delta of a received batch. Decoding a batch makes one array for all its deltas, not one
-/// per delta (two allocations per received single set were one, the delta's fields: issue #17).
-/// Indexed from 0, like an array.
+/// per delta (with the deltas' fields, also one allocation per batch, a received single set costs
+/// no allocation of its own, where it cost two until 2026-11-27: issue #17). Indexed from 0, like
+/// an array.
 package struct PropertyWrites: RandomAccessCollection, Sendable, Equatable {
     /// The array the writes are a run of.
     private let storage: [PropertyWrite]

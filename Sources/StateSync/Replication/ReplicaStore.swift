@@ -190,7 +190,7 @@ public struct ReplicaStore: Sendable {
     }
 
     /// Applies `delta` like ``apply(_:)``; returns only the writes that won, in order — the
-    /// delta's own array when all of them did (the usual case: no allocation).
+    /// delta's own writes when all of them did (the usual case: no allocation).
     mutating func applyWinning(_ delta: Delta) -> PropertyWrites {
         var winners = WinnerCollector()
         mergeWrites(of: delta, into: &winners)

@@ -500,7 +500,8 @@ public enum PeerMessage: Sendable, Equatable {
     /// The fields of a DELTA body after its protocol version byte. A version-2 body's values are
     /// property values (section 4.3), and its one property may be the model's deletion (the
     /// empty name, deleted).
-    /// The properties are appended to `writes` (the batch's array); the header says where.
+    ///
+    /// The properties are appended to `properties` (the batch's array); the header says where.
     private static func decodeDeltaBody(
         _ body: inout WireReader, model: String, version2: Bool, names reading: inout some NameReading,
         into properties: inout [PropertyWrite]
