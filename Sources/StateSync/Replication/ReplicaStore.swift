@@ -155,6 +155,8 @@ public struct ReplicaStore: Sendable {
     private var tombstoneQueue = TimedQueue()
     /// How many deletions are held: tombstones, expired values and deletions of models.
     public private(set) var tombstones = 0
+    /// Runs merged with each register written once (``mergeRepeated(_:into:context:won:)``).
+    package private(set) var repeatedRunsMerged = 0
     /// The timestamp through which deletions may have been collected (``collect(through:)``):
     /// a register at or below it that a replica lacks was deleted, not missed.
     public private(set) var collectedThrough: UInt64 = 0
@@ -211,7 +213,13 @@ public struct ReplicaStore: Sendable {
         var context = MergeContext(channel: first.channel, model: first.model, store: self)
         won.reserveCapacity(won.count + deltas.count)
         var runLatest = Version.zero
+        var mergedOnce = false
         modify(first.address, &context) { model, context in
+            if let latest = Self.mergeRepeated(deltas, into: &model, context: &context, won: &won) {
+                runLatest = latest
+                mergedOnce = true
+                return
+            }
             var slots = SlotHints(enabled: deltas.count > 1)
             for index in deltas.indices {
                 precondition(deltas[index].channel == first.channel && deltas[index].model == first.model)
@@ -224,7 +232,80 @@ public struct ReplicaStore: Sendable {
                 won.append(winners.writes(of: deltas[index].writes))
             }
         }
+        if mergedOnce { repeatedRunsMerged += 1 }
         finish(context, newest: runLatest)
+    }
+
+    /// The most properties ``mergeRepeated(_:into:context:won:)`` takes in each delta.
+    private static let repeatedShapeLimit = 16
+
+    /// Merges a run whose deltas all write the same properties in the same order, with plain
+    /// values (no deletion, no time to live), and whose properties the model holds already: a
+    /// batch of single sets to one property, or of one transaction's shape. Each write is
+    /// compared with its register as the one-by-one merge compares it (with what the writes
+    /// before it in the run left there), but each register is written once, with the last write
+    /// that won, and accounted once (its digest, liveness and tombstone count telescope from the
+    /// first register to the last). Appends each delta's winning writes to `won` and returns the
+    /// newest version that won anything (`.zero`: none); `nil`, having changed nothing, when the
+    /// run is not of that shape. (The one-by-one merge wrote and accounted every register of
+    /// every delta: issue #17.)
+    private static func mergeRepeated(
+        _ deltas: [Delta], into model: inout Model, context: inout MergeContext, won: inout [PropertyWrites]
+    ) -> Version? {
+        guard deltas.count > 1 else { return nil }
+        let shape = deltas[0].writes
+        let width = shape.count
+        guard width > 0, width <= repeatedShapeLimit else { return nil }
+        for position in 0..<width {
+            for earlier in 0..<position where shape[earlier].name.hasSameUTF8(as: shape[position].name) {
+                return nil  // a property written twice in one delta
+            }
+        }
+        for delta in deltas {
+            precondition(delta.channel == deltas[0].channel && delta.model == deltas[0].model)
+            let writes = delta.writes
+            guard writes.count == width else { return nil }
+            for position in 0..<width {
+                let write = writes[position]
+                guard !write.isDeletion, write.timeToLive == 0, write.name.hasSameUTF8(as: shape[position].name)
+                else { return nil }
+            }
+        }
+        var slots: [Dictionary<String, Register>.Index] = []
+        slots.reserveCapacity(width)
+        for position in 0..<width {
+            guard let slot = model.registers.index(forKey: shape[position].name) else { return nil }
+            slots.append(slot)
+        }
+        // From here on the run is merged: nothing returns `nil`.
+        var current = slots.map { model.registers.values[$0].version }
+        var lastWinner = [Int](repeating: -1, count: width)
+        var newest = Version.zero
+        for index in deltas.indices {
+            let version = deltas[index].version
+            var winners = WinnerCollector()
+            if model.deletion.map({ wins(version, over: $0, wrongTieBreak: context.wrongTieBreak) }) ?? true {
+                for position in 0..<width
+                where wins(version, over: current[position], wrongTieBreak: context.wrongTieBreak) {
+                    current[position] = version
+                    lastWinner[position] = index
+                    winners.won(position, of: deltas[index].writes, replacing: nil)
+                }
+            }
+            if winners.leading > 0 || winners.subset != nil, version > newest { newest = version }
+            won.append(winners.writes(of: deltas[index].writes))
+        }
+        let liveBefore = model.live
+        for position in 0..<width where lastWinner[position] >= 0 {
+            let winner = deltas[lastWinner[position]]
+            let register = Register(winner.writes[position], version: winner.version)
+            var replaced = register
+            swap(&model.registers.values[slots[position]], &replaced)
+            context.account(shape[position].name, old: replaced, new: register)
+            model.live += 1 - (replaced.isDeleted ? 0 : 1)
+        }
+        context.noteLiveness(before: liveBefore, after: model.live)
+        return newest
     }
 
     /// Told about each write of a delta that won, in the delta's order, with the register it

@@ -58,6 +58,64 @@ struct ReplicaStoreRunTests {
         #expect(more.map(\.count) == [0, 1])
         #expect(store.properties(of: Self.address)["x"]?.value == .int(12))
     }
+
+    /// Runs of deltas that all write the same properties (the run merged with each register
+    /// written once, ``ReplicaStore/mergeRepeated``): versions from two origins in any order,
+    /// some older than what is held, over registers that hold values, tombstones or an expired
+    /// value, a model deleted at some version, and a digest kept eagerly or lazily. The store,
+    /// its digest, counts and latest version, and each delta's winning writes are those of the
+    /// one-by-one merge, for every seed (printed on failure).
+    @Test(arguments: 1...40)
+    func runsOfOneShapeMergeAsTheirDeltasOneByOne(seed: UInt64) {
+        var random = SplitMix64(seed: seed)
+        let names = ["a", "b", "c", "a-property-name-longer-than-sixteen-bytes"]
+        func version(_ milliseconds: UInt64) -> Version {
+            Version(milliseconds: milliseconds, counter: 0, node: random.next() % 2 == 0 ? "n1" : "n2")
+        }
+        var store = ReplicaStore()
+        // What is held: each property a value, a tombstone, or an expired value; maybe the
+        // model deleted in between.
+        for name in names {
+            let held = version(100 + random.next() % 100)
+            switch random.next() % 3 {
+            case 0: _ = store.apply(Self.delta(held, [PropertyWrite(name: name, value: .int(-1))]))
+            case 1:
+                _ = store.apply(Self.delta(held, [PropertyWrite(name: name, value: .int(-2))]))
+                _ = store.apply(Self.delta(version(held.milliseconds + 1), [.deletion(of: name)]))
+            default:
+                _ = store.apply(Self.delta(held, [PropertyWrite(name: name, value: .int(-3), timeToLive: 5)]))
+                _ = store.expire(through: held.milliseconds + 5)
+            }
+        }
+        if random.next() % 3 == 0 { _ = store.apply(Self.delta(version(150), [.modelDeletion])) }
+        if random.next() % 2 == 0 { store.foldDigests() }  // the next change keeps it lazily or not
+        let width = Int(random.next() % 3) + 1
+        let shape = Array(names.shuffled(using: &random).prefix(width))
+        let run = (0..<(Int(random.next() % 12) + 2)).map { index in
+            Self.delta(
+                version(80 + random.next() % 200),
+                shape.map { PropertyWrite(name: $0, value: .int(Int64(index))) })
+        }
+        let allHeld = shape.allSatisfy { store.records(of: Self.address)[$0] != nil }
+        var oneByOne = store
+        let won = store.applyWinning(run: run)
+        let wonOneByOne = run.map { oneByOne.applyWinning(run: [$0])[0] }
+        #expect(won == wonOneByOne, "seed \(seed)")
+        #expect(store.properties(of: Self.address) == oneByOne.properties(of: Self.address), "seed \(seed)")
+        #expect(store.records(of: Self.address) == oneByOne.records(of: Self.address), "seed \(seed)")
+        #expect(store.digest == oneByOne.digest, "seed \(seed)")
+        #expect(store.tombstones == oneByOne.tombstones, "seed \(seed)")
+        #expect(store.channelModelCounts == oneByOne.channelModelCounts, "seed \(seed)")
+        #expect(store.latestVersion == oneByOne.latestVersion, "seed \(seed)")
+        #expect(store.isLive(Self.address) == oneByOne.isLive(Self.address), "seed \(seed)")
+        // Merged with each register written once when every property written was held (the
+        // model's deletion takes the registers below it).
+        #expect(store.repeatedRunsMerged == (allHeld ? 1 : 0), "seed \(seed)")
+    }
+
+    static func delta(_ version: Version, _ writes: [PropertyWrite]) -> Delta {
+        Delta(channel: "c", model: "m", version: version, sequence: version.milliseconds, properties: writes)
+    }
 }
 
 extension ReplicaStore {
