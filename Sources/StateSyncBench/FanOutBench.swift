@@ -16,7 +16,8 @@ extension Bench {
         /// after a later one of its property was applied notifies nothing).
         public var written: Int
         public var fewestSeen: Int
-        /// Every reader's node applied every change (in both runs).
+        /// Every reader's node held every change at the end (in both runs): applied it, or took
+        /// a snapshot that covers it (a reader further behind than the writer's history).
         public var everyReaderComplete: Bool
         /// Set → remote observer at 1,000 changes/s (storage.fsync always): the median of the
         /// readers' p50s and the worst reader's p99, in microseconds.

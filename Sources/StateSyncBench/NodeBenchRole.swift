@@ -126,6 +126,9 @@ public enum NodeBenchRole {
         model.observe(\.done) { change in tally.lock.withLock { tally.written = change.new } }
         say("READY")
         let cpuAtStart = processCPUSeconds()
+        // The snapshots the node had taken when the first change was seen (one taken as it
+        // joined brought nothing the run wrote).
+        var snapshotsAtFirstChange: Int?
         func finished() -> Bool {
             let (seen, written) = tally.lock.withLock { (tally.complete(mode: options.mode), tally.written) }
             if options.mode == .models {
@@ -134,14 +137,28 @@ public enum NodeBenchRole {
                 // the writer's history no longer reaches back), the node holds every change.
                 return written > 0 && node.status.missingDeltas == 0
             }
+            guard !seen, written > 0 else { return seen }
+            let status = node.status
             // Applied: every change, and the `done` write.
-            return seen || (written > 0 && node.status.counters["deltas_applied"] ?? 0 > written)
+            if status.counters["deltas_applied"] ?? 0 > written { return true }
+            // Or held: a reader that fell further behind than the writer's history (its
+            // subscription dropped messages at the high-water mark, and the writer no longer held
+            // them) took a snapshot, which brought the latest values without the changes between,
+            // which its observers never see; it holds every change once nothing is missing below
+            // the `done` write. (Waiting for the count instead waited out the minute below and
+            // called the run incomplete: the fan-out's readers, two processes sharing two cores
+            // with the writer, fell that far behind once the writer got faster.)
+            guard let snapshotsAtFirstChange else { return false }
+            return status.counters["snapshots_applied"] ?? 0 > snapshotsAtFirstChange && status.missingDeltas == 0
         }
         // Without live models (Mode.models), the node's counter dates the first change (read
         // every millisecond), and the end is when the node holds every change.
         let baseline = node.status.counters["deltas_applied"] ?? 0
         let limit = Date().addingTimeInterval(options.seconds + 60)
         while !finished() && Date() < limit {
+            if snapshotsAtFirstChange == nil, tally.first.load(ordering: .relaxed) != 0 {
+                snapshotsAtFirstChange = node.status.counters["snapshots_applied"] ?? 0
+            }
             if options.mode == .models, tally.first.load(ordering: .relaxed) == 0,
                 node.status.counters["deltas_applied"] ?? 0 > baseline
             {
