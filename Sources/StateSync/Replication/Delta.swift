@@ -107,7 +107,7 @@ public struct Delta: Sendable, Equatable {
                 writes: PropertyWrites(properties)))
     }
 
-    /// A delta whose properties are `writes` (a part of a batch's array, shared).
+    /// A delta whose properties are `writes` (no copy).
     package init(channel: String, model: String, version: Version, sequence: UInt64, writes: PropertyWrites) {
         self.init(Fields(channel: channel, model: model, version: version, sequence: sequence, writes: writes))
     }

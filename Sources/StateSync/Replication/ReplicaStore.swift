@@ -292,7 +292,7 @@ public struct ReplicaStore: Sendable {
                     winners.won(position, of: deltas[index].writes, replacing: nil)
                 }
             }
-            if winners.leading > 0 || winners.subset != nil, version > newest { newest = version }
+            if winners.wonAny, version > newest { newest = version }
             won.append(winners.writes(of: deltas[index].writes))
         }
         let liveBefore = model.live
@@ -367,6 +367,8 @@ public struct ReplicaStore: Sendable {
         }
 
         mutating func deleted(_ property: String, old: Value, by version: Version) {}
+
+        var wonAny: Bool { leading > 0 || subset != nil }
 
         func writes(of properties: PropertyWrites) -> PropertyWrites {
             if let subset { return PropertyWrites(subset) }

@@ -459,7 +459,10 @@ public enum PeerMessage: Sendable, Equatable {
         var writes: [PropertyWrite] = []
         let header = try decodeDeltaBody(
             &body, model: model, version2: version == deletionVersion, names: &names, into: &writes)
-        return .delta(deltas(of: [header], channel: channel, writes: writes)[0])
+        return .delta(
+            Delta(
+                channel: channel, model: header.model, version: header.version, sequence: header.sequence,
+                writes: PropertyWrites(writes)))
     }
 
     /// How a delta's origin and property names are read: decoded each time (a lone DELTA), or
