@@ -23,7 +23,7 @@ package final class ModelBinding: Sendable {
     /// The node's queue of local writes and the model's id for it (``LocalWrite/emitter``), for
     /// a model attached to a node in this process: a write whose value encodes stamps its
     /// version and queues itself there under one lock
-    /// (``LocalWriteQueue/stampAndEnqueue(_:floor:writes:emitter:)``) instead of calling
+    /// (``LocalWriteQueue/stampAndEnqueue(_:floor:write:emitter:)``) instead of calling
     /// ``stamp`` and then ``emit``.
     let localWrites: (queue: LocalWriteQueue, emitter: UInt64)?
 
@@ -279,7 +279,7 @@ public final class ModelRegistrar: Sendable {
                 // takes the path below, which reports it).
                 guard
                     let stamped = direct.queue.stampAndEnqueue(
-                        binding.address, floor: floor, writes: [PropertyWrite(name: property.name, value: value)],
+                        binding.address, floor: floor, write: PropertyWrite(name: property.name, value: value),
                         emitter: direct.emitter)
                 else {
                     supersededWrites.add(1, ordering: .relaxed)

@@ -19,7 +19,7 @@ import Synchronization
 /// the weak reference came back empty.
 ///
 /// Thread safety: every method may be called from any thread. A model calls ``stamp()``,
-/// ``enqueue(_:)``, ``stampAndEnqueue(_:floor:writes:emitter:)`` and ``release(_:)`` with its
+/// ``enqueue(_:)``, ``stampAndEnqueue(_:floor:write:emitter:)`` and ``release(_:)`` with its
 /// lock held (they only take the queue's lock and wake the driver); ``pace()`` with no lock of
 /// that model held.
 final class LocalWriteQueue: Sendable {
@@ -89,7 +89,7 @@ final class LocalWriteQueue: Sendable {
     /// holds the write from the moment it has one. Once the queue is closed (the node is gone)
     /// the version comes from the clock and nothing is queued, as ``stamp()`` and
     /// ``enqueue(_:)`` do then. Called with the model's lock held.
-    func stampAndEnqueue(_ address: ModelAddress, floor: Version?, writes: [PropertyWrite], emitter: UInt64)
+    func stampAndEnqueue(_ address: ModelAddress, floor: Version?, write: PropertyWrite, emitter: UInt64)
         -> Version?
     {
         guard isOpen else {
@@ -100,7 +100,7 @@ final class LocalWriteQueue: Sendable {
         let version = outbox.withLock { pending -> Version? in
             let version = clock.next()
             if let floor, floor >= version { return nil }
-            pending.append(LocalWrite(address: address, version: version, writes: writes, emitter: emitter))
+            pending.append(address: address, version: version, property: write, emitter: emitter)
             queuedRounds.store(pending.rounds.count, ordering: .relaxed)
             return version
         }
@@ -115,7 +115,7 @@ final class LocalWriteQueue: Sendable {
 
     /// Every round waiting, in order, and the highest timestamp below every write not in them
     /// (stamped and in flight, or not stamped yet): the outbox is empty after.
-    func take() -> (rounds: [[LocalWrite]], writeFloor: UInt64) {
+    func take() -> (rounds: [LocalWriteRound], writeFloor: UInt64) {
         // Under the outbox lock, where models stamp: every write stamped so far is in this batch,
         // still in flight, or above the clock's last timestamp read here.
         outbox.withLock { pending in
@@ -165,7 +165,7 @@ final class LocalWriteQueue: Sendable {
 /// growing array moved everything at each doubling and faulted in fresh pages), and the driver
 /// hands each round to the machine as it is.
 struct Outbox: Sendable {
-    private(set) var rounds: [[LocalWrite]] = []
+    private(set) var rounds: [LocalWriteRound] = []
     /// The timestamps stamped for writes not handed over yet (at most one per writing thread).
     var stamped: [UInt64] = []
 
@@ -176,18 +176,27 @@ struct Outbox: Sendable {
     private var lastTaken = 0
 
     mutating func append(_ write: LocalWrite) {
-        if rounds.isEmpty || rounds[rounds.count - 1].count == NodeMachine.localWritesPerRound {
-            var round: [LocalWrite] = []
-            round.reserveCapacity(
-                rounds.isEmpty
-                    ? min(max(64, lastTaken), NodeMachine.localWritesPerRound) : NodeMachine.localWritesPerRound)
-            rounds.append(round)
-        }
+        makeRoom()
         rounds[rounds.count - 1].append(write)
     }
 
+    /// Appends a write of one property (a model's set): into the round's array of properties.
+    mutating func append(address: ModelAddress, version: Version, property: PropertyWrite, emitter: UInt64) {
+        makeRoom()
+        rounds[rounds.count - 1].append(address: address, version: version, property: property, emitter: emitter)
+    }
+
+    /// Starts a round when there is none or the last is full.
+    private mutating func makeRoom() {
+        guard rounds.isEmpty || rounds[rounds.count - 1].count == NodeMachine.localWritesPerRound else { return }
+        rounds.append(
+            LocalWriteRound(
+                capacity: rounds.isEmpty
+                    ? min(max(64, lastTaken), NodeMachine.localWritesPerRound) : NodeMachine.localWritesPerRound))
+    }
+
     /// Every round waiting, in order; the outbox is empty after.
-    mutating func take() -> [[LocalWrite]] {
+    mutating func take() -> [LocalWriteRound] {
         guard !rounds.isEmpty else { return [] }
         lastTaken = (rounds.count - 1) * NodeMachine.localWritesPerRound + rounds[rounds.count - 1].count
         defer { rounds = [] }

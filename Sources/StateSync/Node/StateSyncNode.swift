@@ -178,7 +178,7 @@ public final class StateSyncNode: Sendable {
         // full round is logged, synced and published (its outcomes handled) before the next.
         // Arrays stay small, and peers get the first writes of a long queue while the rest is
         // logged.
-        for round in rounds { handle(.localWrites(round), now: now, via: transport) }
+        for round in rounds { handle(.localRound(round), now: now, via: transport) }
         if case .tick = input, now &- lastSpaceCheck.load(ordering: .relaxed) >= Self.spaceCheckInterval {
             lastSpaceCheck.store(now, ordering: .relaxed)
             if let available = storage.availableBytes() {

@@ -89,6 +89,38 @@ struct ReplicationMachineTests {
         #expect(fromClient.first?.sets.first?.writes.first?.value == .int(3))
     }
 
+    /// A round of local writes: single sets put their one property in the round's array, a
+    /// transaction keeps its own; each write is numbered in order and its delta carries exactly
+    /// its properties (issue #17: no array per single set).
+    @Test func aRoundOfSingleSetsAndATransactionGivesEachDeltaExactlyItsProperties() {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        let a = ModelAddress(channel: "c", model: "a")
+        let b = ModelAddress(channel: "c", model: "b")
+        var round = LocalWriteRound(capacity: 3)
+        round.append(
+            address: a, version: node.machine.clock.next(), property: PropertyWrite(name: "x", value: 1), emitter: 0)
+        round.append(
+            LocalWrite(
+                address: b, version: node.machine.clock.next(),
+                writes: [PropertyWrite(name: "x", value: 2), PropertyWrite(name: "y", value: 3)], emitter: 9))
+        round.append(
+            address: a, version: node.machine.clock.next(), property: PropertyWrite(name: "y", value: 4), emitter: 0)
+        #expect(round.properties.count == 2, "the single sets' properties are in the round's array")
+        let expected: [[PropertyWrite]] = [
+            [PropertyWrite(name: "x", value: 1)],
+            [PropertyWrite(name: "x", value: 2), PropertyWrite(name: "y", value: 3)],
+            [PropertyWrite(name: "y", value: 4)],
+        ]
+        #expect(round.map(\.writes) == expected)
+        #expect(round.map(\.emitter) == [0, 9, 0])
+        let applied = node.machine.applyLocal(round)
+        let first = applied.first?.delta.sequence ?? 0
+        #expect(applied.map(\.delta.sequence) == [first, first + 1, first + 2])
+        #expect(applied.map(\.delta.model) == ["a", "b", "a"])
+        #expect(applied.map(\.delta.properties) == expected)
+        #expect(applied.map(\.delta.version) == round.map(\.version))
+    }
+
     /// A batch's deltas reach the live models in runs of one model: one delivery per run, in
     /// order, each write once; a model that comes back after a run of one not attached here is
     /// still one delivery, and one that comes back after another attached model is a new one.

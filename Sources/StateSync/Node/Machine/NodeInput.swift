@@ -18,7 +18,7 @@ package enum NodeInput: Sendable {
     /// yet, or full): it is not in flight.
     case repairRequestUnsent(peer: String, requestID: UInt64)
     /// Writes made by live models, in the order they were made.
-    case localWrites([LocalWrite])
+    case localRound(LocalWriteRound)
     /// The log is durable through `position` (bytes appended since the node started).
     case logDurable(through: UInt64)
     /// The reservation of sequence numbers through `through` is durable
@@ -45,6 +45,9 @@ package enum NodeInput: Sendable {
     case tick(observerBacklog: Int)
     /// The node is stopping: make every local write durable and published.
     case stop
+
+    /// ``localRound(_:)`` of `writes`.
+    package static func localWrites(_ writes: [LocalWrite]) -> NodeInput { .localRound(LocalWriteRound(writes)) }
 }
 
 /// A write made by a live model (or the node on a client's behalf): not yet numbered.
@@ -61,6 +64,79 @@ package struct LocalWrite: Sendable {
         self.version = version
         self.writes = writes
         self.emitter = emitter
+    }
+}
+
+/// Local writes as the machine takes them (``NodeInput/localRound(_:)``): each write's model,
+/// version and emitter, with its properties.
+///
+/// A model's single set appends its one property to the round's array of properties (its write
+/// is a run of it): it has no array of its own. One per set was an allocation by the writing
+/// thread and a free by the I/O thread (on another thread's heap): a tenth of a single-set
+/// writer's I/O thread went to freeing them (issue #17). The round's deltas share that array
+/// (``PropertyWrites``), as a received batch's deltas share theirs. A write of several properties
+/// (a transaction, a client's SET) keeps the array it came with: copying it into the round's
+/// would cost more than the allocation it saves.
+///
+/// As a collection it gives each write back as a ``LocalWrite`` (for tests and diagnostics; the
+/// machine reads ``entries`` and ``writes(at:)``, without copies).
+package struct LocalWriteRound: Sendable, RandomAccessCollection {
+    /// One write of the round.
+    package struct Entry: Sendable {
+        package let address: ModelAddress
+        package let version: Version
+        /// The ``ModelRegistrar/instanceID`` of the model that made it (0: none).
+        package let emitter: UInt64
+        /// Its properties when they are an array of their own; `nil`: the one at `shared` in the
+        /// round's ``LocalWriteRound/properties``.
+        fileprivate let own: [PropertyWrite]?
+        fileprivate let shared: Int
+    }
+
+    package private(set) var entries: [Entry] = []
+    /// The properties of the writes of one property, in order.
+    package private(set) var properties: [PropertyWrite] = []
+
+    package init() {}
+
+    /// Room for `capacity` writes before the arrays grow (the array of properties takes its room
+    /// at the first single set: a round of transactions never allocates it).
+    package init(capacity: Int) {
+        entries.reserveCapacity(capacity)
+    }
+
+    package init(_ writes: [LocalWrite]) {
+        entries.reserveCapacity(writes.count)
+        for write in writes { append(write) }
+    }
+
+    /// Appends `write`, keeping its array of properties.
+    package mutating func append(_ write: LocalWrite) {
+        entries.append(
+            Entry(address: write.address, version: write.version, emitter: write.emitter, own: write.writes, shared: 0))
+    }
+
+    /// Appends a write of one property, into the round's array.
+    package mutating func append(address: ModelAddress, version: Version, property: PropertyWrite, emitter: UInt64) {
+        if properties.capacity == 0 { properties.reserveCapacity(entries.capacity) }
+        entries.append(Entry(address: address, version: version, emitter: emitter, own: nil, shared: properties.count))
+        properties.append(property)
+    }
+
+    /// The properties of the `index`th write, without a copy.
+    package func writes(at index: Int) -> PropertyWrites {
+        if let own = entries[index].own { return PropertyWrites(own) }
+        let at = entries[index].shared
+        return PropertyWrites(properties, range: at..<(at + 1))
+    }
+
+    package var startIndex: Int { 0 }
+    package var endIndex: Int { entries.count }
+
+    package subscript(position: Int) -> LocalWrite {
+        let entry = entries[position]
+        return LocalWrite(
+            address: entry.address, version: entry.version, writes: writes(at: position).array, emitter: entry.emitter)
     }
 }
 

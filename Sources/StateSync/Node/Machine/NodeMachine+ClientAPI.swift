@@ -383,7 +383,7 @@ extension NodeMachine {
             return (writes.compactMap { current[$0.name]?.version }.max() ?? .zero, .unchanged)
         }
         let version = clock.next()
-        let applied = applyLocal([LocalWrite(address: address, version: version, writes: effective)])
+        let applied = applyLocal(LocalWriteRound([LocalWrite(address: address, version: version, writes: effective)]))
         if applied.first?.won.isEmpty ?? true {
             let held = store.records(of: address)
             return (writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)

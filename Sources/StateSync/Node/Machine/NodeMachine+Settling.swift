@@ -40,7 +40,7 @@ extension NodeMachine {
     }
 
     enum Held: Sendable {
-        case localWrites([LocalWrite])
+        case localWrites(LocalWriteRound)
         case request(client: [UInt8], frames: [[UInt8]], identity: String?)
     }
 
@@ -49,11 +49,11 @@ extension NodeMachine {
     static let heldRequestLimit = 65_536
 
     /// Holds live models' writes until the node has settled.
-    mutating func hold(_ writes: [LocalWrite]) {
-        guard !writes.isEmpty, let floor = settling?.heldFloor else { return }
+    mutating func hold(_ round: LocalWriteRound) {
+        guard !round.isEmpty, let floor = settling?.heldFloor else { return }
         // In place (optional chaining): the held list is not copied.
-        settling?.heldFloor = min(floor, writes.lazy.map(\.version.timestamp).min() ?? .max)
-        settling?.held.append(.localWrites(writes))
+        settling?.heldFloor = min(floor, round.entries.lazy.map(\.version.timestamp).min() ?? .max)
+        settling?.held.append(.localWrites(round))
     }
 
     /// Holds a client's SET or DELETE until the node has settled; `false` when too many wait.
@@ -201,7 +201,7 @@ extension NodeMachine {
             ])
         for held in settled.held {
             switch held {
-            case .localWrites(let writes): takeLocalWrites(writes)
+            case .localWrites(let round): takeLocalWrites(round)
             case .request(let client, let frames, let identity):
                 counters.clientRequests -= 1  // counted when it came
                 handleClientRequest(frames, from: client, identity: identity)

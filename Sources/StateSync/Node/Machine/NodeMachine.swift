@@ -299,11 +299,11 @@ package struct NodeMachine: Sendable {
             handleRepairReply(frames, from: peer)
         case .repairRequestUnsent(let peer, let requestID):
             repairRequestUnsent(peer: peer, requestID: requestID)
-        case .localWrites(let writes):
+        case .localRound(let round):
             if settling != nil {
-                hold(writes)
+                hold(round)
             } else {
-                takeLocalWrites(writes)
+                takeLocalWrites(round)
             }
         case .logDurable(let position):
             logDurable(through: position)
@@ -560,7 +560,7 @@ package struct NodeMachine: Sendable {
         status.settling = settling != nil
         status.writesHeld =
             settling?.held.reduce(0) { held, entry in
-                if case .localWrites(let writes) = entry { held + writes.count } else { held + 1 }
+                if case .localWrites(let round) = entry { held + round.count } else { held + 1 }
             } ?? 0
         status.members = memberStatus()
         status.tombstones = store.tombstones
