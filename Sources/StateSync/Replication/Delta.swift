@@ -179,6 +179,9 @@ package struct PropertyWrites: RandomAccessCollection, Sendable, Equatable {
         return storage[offset &+ position]
     }
 
+    /// The room of the array the writes are a run of (what a delta keeps alive; tests).
+    package var sharedCapacity: Int { storage.capacity }
+
     /// The writes as an array of their own: the array itself when they are all of it.
     package var array: [PropertyWrite] {
         offset == 0 && count == storage.count ? storage : Array(storage[offset..<(offset + count)])

@@ -316,9 +316,11 @@ public enum ClientProtocol {
         public func apply(to delta: Delta) -> Delta? {
             guard delta.model.utf8.starts(with: prefix.utf8) else { return nil }
             guard let properties, !delta.deletesModel else { return delta }
-            let kept = delta.properties.filter { properties.contains($0.name) }
+            // Over `writes`, not `properties`: a delta's writes may be a run of a shared array,
+            // which `properties` copies out.
+            let kept = delta.writes.filter { properties.contains($0.name) }
             if kept.isEmpty { return nil }
-            if kept.count == delta.properties.count { return delta }
+            if kept.count == delta.writes.count { return delta }
             var reduced = delta
             reduced.properties = kept
             return reduced

@@ -83,4 +83,49 @@ struct LocalWriteQueueTests {
         #expect(counter.propertyVersions["count"] != nil)
         #expect(queue.take().rounds.flatMap { $0 }.isEmpty)
     }
+
+    /// Single sets (into a round's shared array) and transactions (their own arrays), mixed,
+    /// past one round's limit: two rounds, every write in the order it was queued, with its own
+    /// properties and a version above the one before.
+    @Test func singleSetsAndTransactionsMixedPastARoundKeepTheirOrderAndProperties() throws {
+        let queue = LocalWriteQueue(clock: HybridLogicalClock(node: "n1", wallClock: { 1_000 }))
+        let address = ModelAddress(channel: "c", model: "m")
+        var expected: [[PropertyWrite]] = []
+        let total = NodeMachine.localWritesPerRound + 100
+        for index in 0..<total {
+            let value = Value.int(Int64(index))
+            if index % 7 == 3 {
+                let writes = [PropertyWrite(name: "a", value: value), PropertyWrite(name: "b", value: value)]
+                queue.enqueue(LocalWrite(address: address, version: queue.stamp(), writes: writes))
+                expected.append(writes)
+            } else {
+                let write = PropertyWrite(name: "a", value: value)
+                _ = try #require(queue.stampAndEnqueue(address, floor: nil, write: write, emitter: 5))
+                expected.append([write])
+            }
+        }
+        let rounds = queue.take().rounds
+        #expect(rounds.map(\.count) == [NodeMachine.localWritesPerRound, 100])
+        let writes = rounds.flatMap { $0 }
+        #expect(writes.map(\.writes) == expected)
+        #expect(zip(writes, writes.dropFirst()).allSatisfy { $0.version < $1.version })
+    }
+
+    /// A round keeps room for the writes a take may bring; its deltas must not keep that room:
+    /// a node written now and then makes rounds of one set, and each delta in the repair
+    /// history would hold the whole round's array.
+    @Test func theDeltasOfASmallRoundKeepNoMoreThanTheirProperties() throws {
+        let queue = LocalWriteQueue(clock: HybridLogicalClock(node: "n1", wallClock: { 1_000 }))
+        _ = try #require(
+            queue.stampAndEnqueue(
+                ModelAddress(channel: "c", model: "m"), floor: nil, write: PropertyWrite(name: "a", value: 1),
+                emitter: 5))
+        let round = try #require(queue.take().rounds.first)
+        #expect(round.properties.capacity >= 64, "a round is made with room for 64 writes at least")
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        let applied = node.machine.applyLocal(round)
+        #expect(applied.map(\.delta.properties) == [[PropertyWrite(name: "a", value: 1)]])
+        let kept = try #require(applied.first).delta.writes.sharedCapacity
+        #expect(kept < 8, "the delta keeps an array with room for \(kept) properties")
+    }
 }

@@ -118,9 +118,22 @@ package struct LocalWriteRound: Sendable, RandomAccessCollection {
 
     /// Appends a write of one property, into the round's array.
     package mutating func append(address: ModelAddress, version: Version, property: PropertyWrite, emitter: UInt64) {
-        if properties.capacity == 0 { properties.reserveCapacity(entries.capacity) }
+        if properties.capacity == 0 { properties.reserveCapacity(Swift.max(entries.capacity - entries.count, 1)) }
         entries.append(Entry(address: address, version: version, emitter: emitter, own: nil, shared: properties.count))
         properties.append(property)
+    }
+
+    /// Gives the array of properties no more room than it needs: the round's deltas keep it as
+    /// long as any of them is in the repair history or the watch journal (a round is made with
+    /// room for the last take's writes, and a node written now and then makes rounds of one
+    /// write: 64 slots of room held by each of its deltas, a hundred thousand of them by
+    /// default, would be 300 MB). A full round is left as it is.
+    package mutating func fitProperties() {
+        guard properties.capacity > 2 * properties.count + 8 else { return }
+        var fitted: [PropertyWrite] = []
+        fitted.reserveCapacity(properties.count)
+        fitted.append(contentsOf: properties)
+        properties = fitted
     }
 
     /// The properties of the `index`th write, without a copy.

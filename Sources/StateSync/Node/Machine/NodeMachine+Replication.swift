@@ -400,13 +400,15 @@ extension NodeMachine {
         }
     }
 
-    /// The most local writes the host feeds the machine in one input (``NodeInput/localWrites(_:)``).
+    /// The most local writes the host feeds the machine in one input (``NodeInput/localRound(_:)``).
     package static let localWritesPerRound = 4096
 
     /// Numbers `writes` in order and applies them as this node's deltas. Returns them as applied.
-    mutating func applyLocal(_ writes: LocalWriteRound) -> [Applied] {
+    mutating func applyLocal(_ round: LocalWriteRound) -> [Applied] {
         // The round's deltas in one allocation (a `ManagedBuffer` per delta cost the turn 8 % more),
-        // sharing the round's array of properties.
+        // sharing the round's array of properties, cut to its size first: the deltas keep it.
+        var writes = round
+        writes.fitProperties()
         let first = nextSequence
         let deltas = Delta.batch(count: writes.count) { index in
             let entry = writes.entries[index]
