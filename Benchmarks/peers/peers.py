@@ -779,6 +779,8 @@ def run_one(name, args):
         return {
             "system": name, "setting": setting, "writes": args.writes, **wrote, **watched,
             "servers_cpu_us_per_write": round(sum(by_server) * per_write),
+            # The writer and the watcher (with its children: `statesync watch`), per write.
+            "clients_cpu_us_per_write": round((wrote["writer_cpu_s"] + watched["watcher_cpu_s"]) * per_write),
             # Node 1 takes the writes, node 3 serves the watcher.
             "servers_cpu_us_per_write_by_node": [round(cpu * per_write, 1) for cpu in by_server],
         }
@@ -803,8 +805,9 @@ def table(results, title):
     rows = [
         title,
         "",
-        "| system | setting | acks/s | ack p50 / p99 | changes/s seen | set → watch p50 | p99 | missed | old value | server CPU per write |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| system | setting | acks/s | ack p50 / p99 | changes/s seen | set → watch p50 | p99 | missed | old value "
+        "| server CPU per write | client CPU per write |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|",
     ]
     for r in results:
         if "error" in r:
@@ -818,7 +821,8 @@ def table(results, title):
         rows.append(
             f"| {r['system']} | {r['setting']} | {r['acks_per_s']:,} | {ms(r['ack_p50_us'])} / "
             f"{ms(r['ack_p99_us'])} | {r['changes_per_s'] or 0:,} | {ms(r['watch_p50_us'])} | "
-            f"{ms(r['watch_p99_us'])} | {r['missed']:,} | {old} | {r['servers_cpu_us_per_write']} µs |"
+            f"{ms(r['watch_p99_us'])} | {r['missed']:,} | {old} | {r['servers_cpu_us_per_write']} µs | "
+            f"{r['clients_cpu_us_per_write']} µs |"
         )
     return "\n".join(rows)
 
