@@ -90,6 +90,36 @@ struct SettlingMachineTests {
         #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: "m"))["n"]?.value == 100)
     }
 
+    /// Live models' writes wait too, as the round they came in (a single set's property in the
+    /// round's array, a transaction's in its own): counted while held, then numbered in order
+    /// after the highest number a peer held, each with exactly its properties.
+    @Test func aRoundOfLocalWritesWaitsAndIsNumberedInOrderOnceSettled() throws {
+        var node = Self.restarted(reserved: 40)
+        let address = ModelAddress(channel: "c", model: "m")
+        var round = LocalWriteRound(capacity: 64)
+        round.append(
+            address: address, version: node.machine.clock.next(), property: PropertyWrite(name: "a", value: 1),
+            emitter: 0)
+        round.append(
+            LocalWrite(
+                address: address, version: node.machine.clock.next(),
+                writes: [PropertyWrite(name: "b", value: 2), PropertyWrite(name: "c", value: 3)]))
+        node.handle(.localRound(round))
+        #expect(Self.status(&node).settling)
+        #expect(Self.status(&node).writesHeld == 2)
+        #expect(node.logBytes.isEmpty, "held: not logged")
+        Self.connect(&node, ["n2", "n3"])
+        node.advance(60)
+        for fetch in Self.ownFetches(node) {
+            Self.answer(&node, fetch, holding: fetch.peer.hasSuffix("n2") ? [3, 5] : [])
+        }
+        #expect(!Self.status(&node).settling)
+        #expect(node.machine.nextSequence == 8, "numbered 6 and 7, after the 5 a peer held")
+        let held = node.machine.store.properties(of: address)
+        #expect(held["a"]?.value == 1 && held["b"]?.value == 2 && held["c"]?.value == 3)
+        #expect(held["a"]?.version == round.entries[0].version && held["c"]?.version == round.entries[1].version)
+    }
+
     /// Numbers a peer held and dropped from its history exist too: the next number goes past
     /// them.
     @Test func numbersAPeerDroppedAreNotReused() {
