@@ -164,3 +164,8 @@ struct MachineRunner {
         return events
     }
 }
+
+extension NodeInput {
+    /// ``localRound(_:)`` of `writes`, each with its own array of properties.
+    static func localWrites(_ writes: [LocalWrite]) -> NodeInput { .localRound(LocalWriteRound(writes)) }
+}

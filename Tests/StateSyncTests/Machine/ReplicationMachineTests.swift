@@ -111,14 +111,14 @@ struct ReplicationMachineTests {
             [PropertyWrite(name: "x", value: 2), PropertyWrite(name: "y", value: 3)],
             [PropertyWrite(name: "y", value: 4)],
         ]
-        #expect(round.map(\.writes) == expected)
-        #expect(round.map(\.emitter) == [0, 9, 0])
+        #expect(round.localWrites.map(\.writes) == expected)
+        #expect(round.localWrites.map(\.emitter) == [0, 9, 0])
         let applied = node.machine.applyLocal(round)
         let first = applied.first?.delta.sequence ?? 0
         #expect(applied.map(\.delta.sequence) == [first, first + 1, first + 2])
         #expect(applied.map(\.delta.model) == ["a", "b", "a"])
         #expect(applied.map(\.delta.properties) == expected)
-        #expect(applied.map(\.delta.version) == round.map(\.version))
+        #expect(applied.map(\.delta.version) == round.localWrites.map(\.version))
     }
 
     /// A batch's deltas reach the live models in runs of one model: one delivery per run, in

@@ -34,8 +34,8 @@ struct LocalWriteQueueTests {
         counter.count = 7
         #expect(stamps.value == 0, "a single set takes its version and its place in one step")
         let taken = queue.take()
-        let write = try #require(taken.rounds.first?.first)
-        #expect(taken.rounds.flatMap { $0 }.count == 1)
+        let write = try #require(taken.rounds.first?.localWrites.first)
+        #expect(taken.rounds.flatMap(\.localWrites).count == 1)
         #expect(write.writes == [PropertyWrite(name: "count", value: .int(7))])
         #expect(write.emitter == counter._$registrar.instanceID)
         #expect(counter.propertyVersions["count"] == write.version)
@@ -44,7 +44,9 @@ struct LocalWriteQueueTests {
         // A transaction still stamps, then emits.
         counter.transaction { $0.count = 8 }
         #expect(stamps.value == 1)
-        #expect(queue.take().rounds.flatMap { $0 }.map(\.writes) == [[PropertyWrite(name: "count", value: .int(8))]])
+        #expect(
+            queue.take().rounds.flatMap(\.localWrites).map(\.writes) == [[PropertyWrite(name: "count", value: .int(8))]]
+        )
     }
 
     @Test func aWriteThatIsInFlightKeepsTheFloorBelowItWhileLaterOnesAreQueued() throws {
@@ -54,7 +56,7 @@ struct LocalWriteQueueTests {
         let inFlight = queue.stamp()
         counter.count = 1
         let taken = queue.take()
-        let write = try #require(taken.rounds.first?.first)
+        let write = try #require(taken.rounds.first?.localWrites.first)
         #expect(write.version > inFlight)
         #expect(taken.writeFloor < inFlight.timestamp, "a floor at or above a write not taken yet")
         queue.enqueue(LocalWrite(address: ModelAddress(channel: "c", model: "other"), version: inFlight, writes: []))
@@ -70,7 +72,7 @@ struct LocalWriteQueueTests {
         #expect(counter.count == 9, "last-writer-wins keeps the newer version")
         #expect(counter._$registrar.supersededWriteCount == 1)
         let taken = queue.take()
-        #expect(taken.rounds.flatMap { $0 }.isEmpty)
+        #expect(taken.rounds.flatMap(\.localWrites).isEmpty)
         #expect(taken.writeFloor == queue.clock.lastTimestamp, "nothing left in flight")
     }
 
@@ -81,7 +83,7 @@ struct LocalWriteQueueTests {
         counter.count = 3
         #expect(counter.count == 3)
         #expect(counter.propertyVersions["count"] != nil)
-        #expect(queue.take().rounds.flatMap { $0 }.isEmpty)
+        #expect(queue.take().rounds.flatMap(\.localWrites).isEmpty)
     }
 
     /// Single sets (into a round's shared array) and transactions (their own arrays), mixed,
@@ -106,7 +108,7 @@ struct LocalWriteQueueTests {
         }
         let rounds = queue.take().rounds
         #expect(rounds.map(\.count) == [NodeMachine.localWritesPerRound, 100])
-        let writes = rounds.flatMap { $0 }
+        let writes = rounds.flatMap(\.localWrites)
         #expect(writes.map(\.writes) == expected)
         #expect(zip(writes, writes.dropFirst()).allSatisfy { $0.version < $1.version })
     }

@@ -45,9 +45,6 @@ package enum NodeInput: Sendable {
     case tick(observerBacklog: Int)
     /// The node is stopping: make every local write durable and published.
     case stop
-
-    /// ``localRound(_:)`` of `writes`.
-    package static func localWrites(_ writes: [LocalWrite]) -> NodeInput { .localRound(LocalWriteRound(writes)) }
 }
 
 /// A write made by a live model (or the node on a client's behalf): not yet numbered.
@@ -77,27 +74,27 @@ package struct LocalWrite: Sendable {
 /// (``PropertyWrites``), as a received batch's deltas share theirs. A write of several properties
 /// (a transaction, a client's SET) keeps the array it came with: copying it into the round's
 /// would cost more than the allocation it saves.
-///
-/// As a collection it gives each write back as a ``LocalWrite`` (for tests and diagnostics; the
-/// machine reads ``entries`` and ``writes(at:)``, without copies).
-package struct LocalWriteRound: Sendable, RandomAccessCollection {
+package struct LocalWriteRound: Sendable {
     /// One write of the round.
     package struct Entry: Sendable {
         package let address: ModelAddress
         package let version: Version
         /// The ``ModelRegistrar/instanceID`` of the model that made it (0: none).
         package let emitter: UInt64
-        /// Its properties when they are an array of their own; `nil`: the one at `shared` in the
-        /// round's ``LocalWriteRound/properties``.
-        fileprivate let own: [PropertyWrite]?
-        fileprivate let shared: Int
+        fileprivate let properties: Properties
+    }
+
+    /// Where a write's properties are.
+    fileprivate enum Properties: Sendable {
+        /// An array of their own.
+        case own([PropertyWrite])
+        /// The one property at this position of the round's ``LocalWriteRound/properties``.
+        case shared(Int)
     }
 
     package private(set) var entries: [Entry] = []
     /// The properties of the writes of one property, in order.
     package private(set) var properties: [PropertyWrite] = []
-
-    package init() {}
 
     /// Room for `capacity` writes before the arrays grow (the array of properties takes its room
     /// at the first single set: a round of transactions never allocates it).
@@ -106,20 +103,26 @@ package struct LocalWriteRound: Sendable, RandomAccessCollection {
     }
 
     package init(_ writes: [LocalWrite]) {
-        entries.reserveCapacity(writes.count)
+        self.init(capacity: writes.count)
         for write in writes { append(write) }
     }
+
+    package var count: Int { entries.count }
+    package var isEmpty: Bool { entries.isEmpty }
 
     /// Appends `write`, keeping its array of properties.
     package mutating func append(_ write: LocalWrite) {
         entries.append(
-            Entry(address: write.address, version: write.version, emitter: write.emitter, own: write.writes, shared: 0))
+            Entry(
+                address: write.address, version: write.version, emitter: write.emitter,
+                properties: .own(write.writes)))
     }
 
     /// Appends a write of one property, into the round's array.
     package mutating func append(address: ModelAddress, version: Version, property: PropertyWrite, emitter: UInt64) {
         if properties.capacity == 0 { properties.reserveCapacity(Swift.max(entries.capacity - entries.count, 1)) }
-        entries.append(Entry(address: address, version: version, emitter: emitter, own: nil, shared: properties.count))
+        entries.append(
+            Entry(address: address, version: version, emitter: emitter, properties: .shared(properties.count)))
         properties.append(property)
     }
 
@@ -138,18 +141,20 @@ package struct LocalWriteRound: Sendable, RandomAccessCollection {
 
     /// The properties of the `index`th write, without a copy.
     package func writes(at index: Int) -> PropertyWrites {
-        if let own = entries[index].own { return PropertyWrites(own) }
-        let at = entries[index].shared
-        return PropertyWrites(properties, range: at..<(at + 1))
+        switch entries[index].properties {
+        case .own(let own): PropertyWrites(own)
+        case .shared(let at): PropertyWrites(properties, range: at..<(at + 1))
+        }
     }
 
-    package var startIndex: Int { 0 }
-    package var endIndex: Int { entries.count }
-
-    package subscript(position: Int) -> LocalWrite {
-        let entry = entries[position]
-        return LocalWrite(
-            address: entry.address, version: entry.version, writes: writes(at: position).array, emitter: entry.emitter)
+    /// Each write as a ``LocalWrite`` of its own, with a copy of its properties (tests and
+    /// diagnostics; the machine reads ``entries`` and ``writes(at:)``).
+    package var localWrites: [LocalWrite] {
+        entries.indices.map { index in
+            LocalWrite(
+                address: entries[index].address, version: entries[index].version, writes: writes(at: index).array,
+                emitter: entries[index].emitter)
+        }
     }
 }
 
