@@ -608,7 +608,7 @@ public final class ModelRegistrar: Sendable {
                     do {
                         let hadValue = state.hasValue(index)
                         let property = schema.access[index]
-                        if apply.observerList(index, of: self).isEmpty {
+                        if !apply.hasObservers(index, of: self) {
                             // No one to tell the values to: stored without erasing them.
                             let stored = try property.assign(model, from: writes[w].value)
                             state.versions[index] = version
@@ -701,6 +701,13 @@ public final class ModelRegistrar: Sendable {
             let list = registrar.observers(of: index)
             observerLists[index] = list
             return list
+        }
+
+        /// Whether the property at `index` has observers, without a copy of their list (an
+        /// atomic reference count and its release, for every write applied).
+        mutating func hasObservers(_ index: Int, of registrar: ModelRegistrar) -> Bool {
+            if observerLists[index] == nil { observerLists[index] = registrar.observers(of: index) }
+            return observerLists[index]?.isEmpty == false
         }
 
         /// The property at `index` changed.

@@ -92,6 +92,10 @@ public struct Delta: Sendable, Equatable {
     /// The properties written, without a copy.
     package var writes: PropertyWrites { field { $0.writes } }
 
+    /// How many properties are written (read in place: ``writes`` is a copy, an atomic
+    /// reference count on their array and its release).
+    package var writeCount: Int { field { $0.writes.count } }
+
     /// A setter's work: new fields, with what `body` changes.
     private mutating func change(_ body: (inout Fields) -> Void) {
         var fields = field { copy $0 }

@@ -200,14 +200,17 @@ public struct ReplicaStore: Sendable {
     }
 
     /// ``applyWinning(_:)`` for consecutive deltas of one model, with one look-up of the model
-    /// for the whole run: appends each delta's winning writes to `won`. A caller that merges a
-    /// run per received batch keeps one buffer for them (a new array per run was a
-    /// kilobyte-sized allocation per batch, and glibc consolidates its free lists at each).
-    mutating func applyWinning(run deltas: [Delta], into won: inout [PropertyWrites]) {
+    /// for the whole run: appends each delta's winning writes to `won`, `nil` when all of them
+    /// won (the usual case: no copy of its writes, which is an atomic reference count on their
+    /// array here and its release wherever the copy goes, for every delta merged; issue #17). A
+    /// caller that merges a run per received batch keeps one buffer for them (a new array per
+    /// run was a kilobyte-sized allocation per batch, and glibc consolidates its free lists at
+    /// each).
+    mutating func applyWinning(run deltas: [Delta], into won: inout [PropertyWrites?]) {
         guard let first = deltas.first else { return }
         // Never create an empty model entry (a delta has at least one property on the wire).
-        guard deltas.contains(where: { !$0.writes.isEmpty }) else {
-            won.append(contentsOf: repeatElement(PropertyWrites([]), count: deltas.count))
+        guard deltas.contains(where: { $0.writeCount > 0 }) else {
+            won.append(contentsOf: repeatElement(PropertyWrites?.some(PropertyWrites([])), count: deltas.count))
             return
         }
         var context = MergeContext(channel: first.channel, model: first.model, store: self)
@@ -229,7 +232,7 @@ public struct ReplicaStore: Sendable {
                 {
                     runLatest = deltas[index].version
                 }
-                won.append(winners.writes(of: deltas[index].writes))
+                won.append(winners.unlessAll(of: deltas[index].writes))
             }
         }
         if mergedOnce { repeatedRunsMerged += 1 }
@@ -245,12 +248,12 @@ public struct ReplicaStore: Sendable {
     /// compared with its register as the one-by-one merge compares it (with what the writes
     /// before it in the run left there), but each register is written once, with the last write
     /// that won, and accounted once (its digest, liveness and tombstone count telescope from the
-    /// first register to the last). Appends each delta's winning writes to `won` and returns the
-    /// newest version that won anything (`.zero`: none); `nil`, having changed nothing, when the
-    /// run is not of that shape. (The one-by-one merge wrote and accounted every register of
-    /// every delta: issue #17.)
+    /// first register to the last). Appends each delta's winning writes to `won` (`nil`: all of
+    /// them) and returns the newest version that won anything (`.zero`: none); `nil`, having
+    /// changed nothing, when the run is not of that shape. (The one-by-one merge wrote and
+    /// accounted every register of every delta: issue #17.)
     private static func mergeRepeated(
-        _ deltas: [Delta], into model: inout Model, context: inout MergeContext, won: inout [PropertyWrites]
+        _ deltas: [Delta], into model: inout Model, context: inout MergeContext, won: inout [PropertyWrites?]
     ) -> Version? {
         guard deltas.count > 1 else { return nil }
         let shape = deltas[0].writes
@@ -261,9 +264,12 @@ public struct ReplicaStore: Sendable {
                 return nil  // a property written twice in one delta
             }
         }
-        for delta in deltas {
-            precondition(delta.channel == deltas[0].channel && delta.model == deltas[0].model)
-            let writes = delta.writes
+        // By index, each delta's properties taken once: every copy of a delta or of its
+        // properties is an atomic reference count and its release (issue #17), and this runs
+        // twice for every change (on its writer and on each replica).
+        for index in deltas.indices {
+            precondition(deltas[index].channel == context.channel && deltas[index].model == context.model)
+            let writes = deltas[index].writes
             guard writes.count == width else { return nil }
             for position in 0..<width {
                 let write = writes[position]
@@ -283,17 +289,18 @@ public struct ReplicaStore: Sendable {
         var newest = Version.zero
         for index in deltas.indices {
             let version = deltas[index].version
+            let writes = deltas[index].writes
             var winners = WinnerCollector()
             if model.deletion.map({ wins(version, over: $0, wrongTieBreak: context.wrongTieBreak) }) ?? true {
                 for position in 0..<width
                 where wins(version, over: current[position], wrongTieBreak: context.wrongTieBreak) {
                     current[position] = version
                     lastWinner[position] = index
-                    winners.won(position, of: deltas[index].writes, replacing: nil)
+                    winners.won(position, of: writes, replacing: nil)
                 }
             }
             if winners.wonAny, version > newest { newest = version }
-            won.append(winners.writes(of: deltas[index].writes))
+            won.append(winners.unlessAll(of: writes))
         }
         let liveBefore = model.live
         for position in 0..<width where lastWinner[position] >= 0 {
@@ -373,6 +380,11 @@ public struct ReplicaStore: Sendable {
         func writes(of properties: PropertyWrites) -> PropertyWrites {
             if let subset { return PropertyWrites(subset) }
             return leading == properties.count ? properties : PropertyWrites(Array(properties[..<leading]))
+        }
+
+        /// ``writes(of:)`` when not all of `properties` won; `nil` when they all did.
+        func unlessAll(of properties: PropertyWrites) -> PropertyWrites? {
+            subset == nil && leading == properties.count ? nil : writes(of: properties)
         }
     }
 

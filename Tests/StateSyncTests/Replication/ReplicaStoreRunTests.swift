@@ -121,8 +121,8 @@ struct ReplicaStoreRunTests {
 extension ReplicaStore {
     /// Each delta's winning writes of a run merged with ``applyWinning(run:into:)``.
     fileprivate mutating func applyWinning(run deltas: [Delta]) -> [[PropertyWrite]] {
-        var won: [PropertyWrites] = []
+        var won: [PropertyWrites?] = []
         applyWinning(run: deltas, into: &won)
-        return won.map(\.array)
+        return zip(deltas, won).map { ($1 ?? $0.writes).array }
     }
 }

@@ -4,11 +4,21 @@ extension NodeMachine {
     /// A delta new to this node, applied to the store, with its writes that won (possibly none).
     struct Applied: Sendable {
         let delta: Delta
-        let won: PropertyWrites
+        /// The writes that won when not all of the delta's did; `nil`: all of them. (Not a copy
+        /// of the delta's writes when they all won: each copy is an atomic reference count on
+        /// their array and a release, and a delta's writes are copied where they are used.)
+        let wonSubset: PropertyWrites?
         /// The instance id of the model that made it (local writes), else 0.
         var emitter: UInt64 = 0
         /// Its position in the deltas given to ``NodeMachine/apply(_:emitters:account:)``.
         var offset = 0
+
+        /// The writes that won (possibly none).
+        var won: PropertyWrites { wonSubset ?? delta.writes }
+        /// Whether any write won.
+        var wonAny: Bool { wonSubset.map { !$0.isEmpty } ?? (delta.writeCount > 0) }
+        /// How many writes won.
+        var wonCount: Int { wonSubset?.count ?? delta.writeCount }
     }
 
     /// The frames of a DELTA message as received (topic, then one body per delta; or a packed
@@ -256,9 +266,9 @@ extension NodeMachine {
             counters.deltasReceived += accepted.count
         }
         counters.clockDriftRejections += drifted.count
-        let applied = apply(accepted) { machine, delta, won in
-            machine.counters.propertiesStale += delta.writes.count - won.count
-            if !won.isEmpty { machine.counters.deltasApplied += 1 }
+        let applied = apply(accepted) { machine, applied in
+            machine.counters.propertiesStale += applied.delta.writeCount - applied.wonCount
+            if applied.wonAny { machine.counters.deltasApplied += 1 }
         }
         if latencySamples.enabled, !repaired, !applied.isEmpty {
             latencySamples.remoteApplied(version: accepted[newest].version, wallNow: clock.wallMilliseconds())
@@ -287,11 +297,11 @@ extension NodeMachine {
     }
 
     /// Records and merges deltas in runs of one origin and one model (a DELTA batch, usually):
-    /// their bookkeeping looks each up once per run. `account` sees each new delta with the
-    /// writes that won.
+    /// their bookkeeping looks each up once per run. `account` sees each new delta, with the
+    /// writes that won, as it is applied.
     mutating func apply(
         _ deltas: [Delta], emitters: [UInt64]? = nil,
-        account: (inout NodeMachine, Delta, PropertyWrites) -> Void
+        account: (inout NodeMachine, borrowing Applied) -> Void
     ) -> [Applied] {
         var applied: [Applied] = []
         applied.reserveCapacity(deltas.count)
@@ -321,10 +331,11 @@ extension NodeMachine {
             winnersScratch = []
             store.applyWinning(run: fresh, into: &won)
             for index in won.indices {
-                account(&self, fresh[index], won[index])
                 let offset = offsets?[index] ?? start + index
-                applied.append(
-                    Applied(delta: fresh[index], won: won[index], emitter: emitters?[offset] ?? 0, offset: offset))
+                let new = Applied(
+                    delta: fresh[index], wonSubset: won[index], emitter: emitters?[offset] ?? 0, offset: offset)
+                account(&self, new)
+                applied.append(new)
             }
             won.removeAll(keepingCapacity: true)
             winnersScratch = won
@@ -363,7 +374,7 @@ extension NodeMachine {
             defer { start = end }
             guard let instance = attachedModels[address] else { continue }
             var sets: [ModelRegistrar.RemoteWriteSet] = []
-            for index in start..<end where !applied[index].won.isEmpty && instance != applied[index].emitter {
+            for index in start..<end where applied[index].wonAny && instance != applied[index].emitter {
                 if sets.isEmpty { sets.reserveCapacity(end - index) }
                 sets.append(
                     ModelRegistrar.RemoteWriteSet(
@@ -417,7 +428,7 @@ extension NodeMachine {
                 sequence: first + UInt64(index), writes: writes.writes(at: index))
         }
         nextSequence += UInt64(writes.count)
-        let applied = apply(deltas, emitters: writes.entries.map(\.emitter)) { machine, _, _ in
+        let applied = apply(deltas, emitters: writes.entries.map(\.emitter)) { machine, _ in
             machine.counters.deltasPublished += 1
         }
         stage(applied)
@@ -460,8 +471,8 @@ extension NodeMachine {
                 ])
         }
         let (limit, overflow) = configuration.historyDeltas.multipliedReportingOverflow(by: max(origins.count, 1))
-        for (delta, new) in zip(deltas, isNew) where new {
-            journal.append(delta, limit: overflow ? Int.max / 2 : limit)
+        for (index, new) in zip(deltas.indices, isNew) where new {
+            journal.append(deltas[index], limit: overflow ? Int.max / 2 : limit)
         }
     }
 
@@ -470,15 +481,17 @@ extension NodeMachine {
         historyLimit: Int, counters: inout NodeCounters
     ) {
         isNew.reserveCapacity(deltas.count)
-        for delta in deltas {
-            let (new, openedGap) = progress.receiveNotingGap(delta.sequence)
+        // By index, not `for delta in deltas`: each element's copy is an atomic reference count
+        // and its release, for every delta recorded (issue #17).
+        for index in deltas.indices {
+            let (new, openedGap) = progress.receiveNotingGap(deltas[index].sequence)
             isNew.append(new)
             guard new else {
                 counters.duplicateDeltas += 1
                 continue
             }
             if openedGap { counters.sequenceGaps += 1 }
-            history.insert(delta, limit: historyLimit)
+            history.insert(deltas[index], limit: historyLimit)
         }
     }
 

@@ -39,7 +39,7 @@ package struct NodeMachine: Sendable {
     var journal = Journal()
     /// Empty between inputs: the buffer ``apply(_:emitters:account:)`` collects a run's winning
     /// writes in, kept with its capacity.
-    var winnersScratch: [PropertyWrites] = []
+    var winnersScratch: [PropertyWrites?] = []
     /// The buffer ``apply(_:emitters:account:)`` marks a run's new deltas in, kept with its
     /// capacity between inputs (what it holds then means nothing).
     var isNewScratch: [Bool] = []
