@@ -144,6 +144,51 @@ struct ReplicationMachineTests {
             ])
     }
 
+    /// A received batch delivers, of each delta, exactly the writes that won: all of them (the
+    /// node keeps no copy of them then), some, or none (nothing delivered, each counted stale);
+    /// through the merge of a run of one shape and through the merge one delta at a time.
+    @Test func aBatchDeliversExactlyTheWritesThatWon() {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2", "n3"]))
+        let address = ModelAddress(channel: "c", model: "m")
+        node.machine.attachedModels[address] = 7
+        func delta(_ origin: String, _ sequence: UInt64, at milliseconds: UInt64, _ writes: [(String, Int64)])
+            -> Delta
+        {
+            Delta(
+                channel: "c", model: "m", version: Version(milliseconds: milliseconds, counter: 0, node: origin),
+                sequence: sequence, properties: writes.map { PropertyWrite(name: $0.0, value: .int($0.1)) })
+        }
+        // Held: x written at 500, y at 700.
+        node.machine.applyRemote([delta("n3", 1, at: 500, [("x", 100)])], from: "inproc://n3")
+        node.machine.applyRemote([delta("n3", 2, at: 700, [("y", 100)])], from: "inproc://n3")
+        node.machine.actions = []
+        let (staleBefore, appliedBefore) = (node.machine.counters.propertiesStale, node.machine.counters.deltasApplied)
+        let runsBefore = node.machine.store.repeatedRunsMerged
+        // One shape (x, y), held already: the run's merge. Older than both; newer than x only;
+        // newer than both.
+        node.machine.applyRemote(
+            [
+                delta("n2", 1, at: 400, [("x", 1), ("y", 1)]), delta("n2", 2, at: 600, [("x", 2), ("y", 2)]),
+                delta("n2", 3, at: 800, [("x", 3), ("y", 3)]),
+            ], from: "inproc://n2")
+        #expect(node.machine.store.repeatedRunsMerged == runsBefore + 1, "merged as a run of one shape")
+        // z is not held yet: one delta at a time. Newer than all; then older than that one.
+        node.machine.applyRemote(
+            [delta("n2", 4, at: 900, [("z", 4), ("x", 4)]), delta("n2", 5, at: 850, [("z", 5), ("x", 5)])],
+            from: "inproc://n2")
+        #expect(node.machine.store.repeatedRunsMerged == runsBefore + 1, "merged one delta at a time")
+        let delivered = node.machine.actions.flatMap { action -> [[PropertyWrite]] in
+            guard case .deliver(let deliveries) = action else { return [] }
+            return deliveries.flatMap { $0.sets.map { Array($0.writes) } }
+        }
+        let write = { (name: String, value: Int64) in PropertyWrite(name: name, value: .int(value)) }
+        #expect(delivered == [[write("x", 2)], [write("x", 3), write("y", 3)], [write("z", 4), write("x", 4)]])
+        #expect(node.machine.counters.propertiesStale - staleBefore == 2 + 1 + 2)
+        #expect(node.machine.counters.deltasApplied - appliedBefore == 3)
+        let held = node.machine.store.properties(of: address)
+        #expect(held["x"]?.value == 4 && held["y"]?.value == 3 && held["z"]?.value == 4)
+    }
+
     /// 8: a delta of this node's own origin coming back through a peer is ignored; a duplicate
     /// is counted and applied once; a stale write changes nothing.
     @Test func echoesDuplicatesAndStaleWritesChangeNothing() {
