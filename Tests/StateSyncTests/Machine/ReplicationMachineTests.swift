@@ -166,27 +166,35 @@ struct ReplicationMachineTests {
         let runsBefore = node.machine.store.repeatedRunsMerged
         // One shape (x, y), held already: the run's merge. Older than both; newer than x only;
         // newer than both.
-        node.machine.applyRemote(
+        let run = node.machine.applyRemote(
             [
                 delta("n2", 1, at: 400, [("x", 1), ("y", 1)]), delta("n2", 2, at: 600, [("x", 2), ("y", 2)]),
                 delta("n2", 3, at: 800, [("x", 3), ("y", 3)]),
             ], from: "inproc://n2")
         #expect(node.machine.store.repeatedRunsMerged == runsBefore + 1, "merged as a run of one shape")
-        // z is not held yet: one delta at a time. Newer than all; then older than that one.
-        node.machine.applyRemote(
-            [delta("n2", 4, at: 900, [("z", 4), ("x", 4)]), delta("n2", 5, at: 850, [("z", 5), ("x", 5)])],
-            from: "inproc://n2")
+        #expect(run.map { $0.wonSubset == nil } == [false, false, true], "no copy of the writes when all won")
+        // z and q are not held yet: one delta at a time. Newer than all; older than that one;
+        // a new property with one older than what is held.
+        let oneByOne = node.machine.applyRemote(
+            [
+                delta("n2", 4, at: 900, [("z", 4), ("x", 4)]), delta("n2", 5, at: 850, [("z", 5), ("x", 5)]),
+                delta("n2", 6, at: 880, [("q", 6), ("x", 6)]),
+            ], from: "inproc://n2")
         #expect(node.machine.store.repeatedRunsMerged == runsBefore + 1, "merged one delta at a time")
+        #expect(oneByOne.map { $0.wonSubset == nil } == [true, false, false])
         let delivered = node.machine.actions.flatMap { action -> [[PropertyWrite]] in
             guard case .deliver(let deliveries) = action else { return [] }
             return deliveries.flatMap { $0.sets.map { Array($0.writes) } }
         }
         let write = { (name: String, value: Int64) in PropertyWrite(name: name, value: .int(value)) }
-        #expect(delivered == [[write("x", 2)], [write("x", 3), write("y", 3)], [write("z", 4), write("x", 4)]])
-        #expect(node.machine.counters.propertiesStale - staleBefore == 2 + 1 + 2)
-        #expect(node.machine.counters.deltasApplied - appliedBefore == 3)
+        #expect(
+            delivered == [
+                [write("x", 2)], [write("x", 3), write("y", 3)], [write("z", 4), write("x", 4)], [write("q", 6)],
+            ])
+        #expect(node.machine.counters.propertiesStale - staleBefore == 2 + 1 + 2 + 1)
+        #expect(node.machine.counters.deltasApplied - appliedBefore == 4)
         let held = node.machine.store.properties(of: address)
-        #expect(held["x"]?.value == 4 && held["y"]?.value == 3 && held["z"]?.value == 4)
+        #expect(held["x"]?.value == 4 && held["y"]?.value == 3 && held["z"]?.value == 4 && held["q"]?.value == 6)
     }
 
     /// 8: a delta of this node's own origin coming back through a peer is ignored; a duplicate

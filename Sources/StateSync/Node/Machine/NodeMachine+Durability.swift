@@ -80,8 +80,8 @@ extension NodeMachine {
         var records = DeltaLog.Batch(
             capacity: received.map { DeltaLog.Batch.capacity(received: applied.count, payloadBytes: $0.payloadBytes) }
                 ?? DeltaLog.Batch.capacity(localWrites: applied.count))
-        // By index, not `for entry in applied`: the loop would copy every entry (its delta and
-        // winning writes: retains and releases per delta on the hot path).
+        // By index, not `for entry in applied`: the loop would copy every entry (its delta, and
+        // its winning writes when not all won: retains and releases per delta on the hot path).
         for index in applied.indices {
             if let received {
                 received.addRecord(

@@ -4,9 +4,10 @@ extension NodeMachine {
     /// A delta new to this node, applied to the store, with its writes that won (possibly none).
     struct Applied: Sendable {
         let delta: Delta
-        /// The writes that won when not all of the delta's did; `nil`: all of them. (Not a copy
-        /// of the delta's writes when they all won: each copy is an atomic reference count on
-        /// their array and a release, and a delta's writes are copied where they are used.)
+        /// The writes that won when not all of the delta's did; `nil`: all of them (none, for a
+        /// delta without writes): read it through ``won``, ``wonAny`` and ``wonCount``. (Not a
+        /// copy of the delta's writes when they all won: each copy is an atomic reference count
+        /// on their array and a release, and a delta's writes are copied where they are used.)
         let wonSubset: PropertyWrites?
         /// The instance id of the model that made it (local writes), else 0.
         var emitter: UInt64 = 0

@@ -38,7 +38,7 @@ package struct NodeMachine: Sendable {
     /// Every recorded delta in apply order: what watches follow.
     var journal = Journal()
     /// Empty between inputs: the buffer ``apply(_:emitters:account:)`` collects a run's winning
-    /// writes in, kept with its capacity.
+    /// writes in (`nil`: all of a delta's writes won), kept with its capacity.
     var winnersScratch: [PropertyWrites?] = []
     /// The buffer ``apply(_:emitters:account:)`` marks a run's new deltas in, kept with its
     /// capacity between inputs (what it holds then means nothing).
