@@ -697,17 +697,19 @@ public final class ModelRegistrar: Sendable {
 
         /// The observers of the property at `index` (looked up once per call).
         mutating func observerList(_ index: Int, of registrar: ModelRegistrar) -> [ObserverEntry] {
-            if let list = observerLists[index] { return list }
-            let list = registrar.observers(of: index)
-            observerLists[index] = list
-            return list
+            lookUpObservers(index, of: registrar)
+            return observerLists[index] ?? []
         }
 
         /// Whether the property at `index` has observers, without a copy of their list (an
         /// atomic reference count and its release, for every write applied).
         mutating func hasObservers(_ index: Int, of registrar: ModelRegistrar) -> Bool {
-            if observerLists[index] == nil { observerLists[index] = registrar.observers(of: index) }
+            lookUpObservers(index, of: registrar)
             return observerLists[index]?.isEmpty == false
+        }
+
+        private mutating func lookUpObservers(_ index: Int, of registrar: ModelRegistrar) {
+            if observerLists[index] == nil { observerLists[index] = registrar.observers(of: index) }
         }
 
         /// The property at `index` changed.

@@ -210,7 +210,7 @@ public struct ReplicaStore: Sendable {
         guard let first = deltas.first else { return }
         // Never create an empty model entry (a delta has at least one property on the wire).
         guard deltas.contains(where: { $0.writeCount > 0 }) else {
-            won.append(contentsOf: repeatElement(PropertyWrites?.some(PropertyWrites([])), count: deltas.count))
+            won.append(contentsOf: repeatElement(nil, count: deltas.count))  // all of none
             return
         }
         var context = MergeContext(channel: first.channel, model: first.model, store: self)

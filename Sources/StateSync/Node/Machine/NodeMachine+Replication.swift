@@ -16,10 +16,10 @@ extension NodeMachine {
 
         /// The writes that won (possibly none).
         var won: PropertyWrites { wonSubset ?? delta.writes }
-        /// Whether any write won.
-        var wonAny: Bool { wonSubset.map { !$0.isEmpty } ?? (delta.writeCount > 0) }
         /// How many writes won.
         var wonCount: Int { wonSubset?.count ?? delta.writeCount }
+        /// Whether any write won.
+        var wonAny: Bool { wonCount > 0 }
     }
 
     /// The frames of a DELTA message as received (topic, then one body per delta; or a packed
