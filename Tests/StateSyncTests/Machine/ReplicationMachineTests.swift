@@ -113,12 +113,12 @@ struct ReplicationMachineTests {
         ]
         #expect(round.localWrites.map(\.writes) == expected)
         #expect(round.localWrites.map(\.emitter) == [0, 9, 0])
-        let applied = node.machine.applyLocal(round)
-        let first = applied.first?.delta.sequence ?? 0
-        #expect(applied.map(\.delta.sequence) == [first, first + 1, first + 2])
-        #expect(applied.map(\.delta.model) == ["a", "b", "a"])
-        #expect(applied.map(\.delta.properties) == expected)
-        #expect(applied.map(\.delta.version) == round.localWrites.map(\.version))
+        let applied = node.machine.applyLocal(round).deltas
+        let first = applied.first?.sequence ?? 0
+        #expect(applied.map(\.sequence) == [first, first + 1, first + 2])
+        #expect(applied.map(\.model) == ["a", "b", "a"])
+        #expect(applied.map(\.properties) == expected)
+        #expect(applied.map(\.version) == round.localWrites.map(\.version))
     }
 
     /// A batch's deltas reach the live models in runs of one model: one delivery per run, in
@@ -172,7 +172,8 @@ struct ReplicationMachineTests {
                 delta("n2", 3, at: 800, [("x", 3), ("y", 3)]),
             ], from: "inproc://n2")
         #expect(node.machine.store.repeatedRunsMerged == runsBefore + 1, "merged as a run of one shape")
-        #expect(run.map { $0.wonSubset == nil } == [false, false, true], "no copy of the writes when all won")
+        #expect(run.entries.map { $0.wonSubset == nil } == [false, false, true], "no copy of the writes when all won")
+        #expect(run.entries.map(\.offset) == [0, 1, 2] && run.deltas.map(\.sequence) == [1, 2, 3])
         // z and q are not held yet: one delta at a time. Newer than all; older than that one;
         // a new property with one older than what is held.
         let oneByOne = node.machine.applyRemote(
@@ -181,12 +182,14 @@ struct ReplicationMachineTests {
                 delta("n2", 6, at: 880, [("q", 6), ("x", 6)]),
             ], from: "inproc://n2")
         #expect(node.machine.store.repeatedRunsMerged == runsBefore + 1, "merged one delta at a time")
-        #expect(oneByOne.map { $0.wonSubset == nil } == [true, false, false])
+        #expect(oneByOne.entries.map { $0.wonSubset == nil } == [true, false, false])
         let delivered = node.machine.actions.flatMap { action -> [[PropertyWrite]] in
             guard case .deliver(let deliveries) = action else { return [] }
             return deliveries.flatMap { $0.sets.map { Array($0.writes) } }
         }
         let write = { (name: String, value: Int64) in PropertyWrite(name: name, value: .int(value)) }
+        #expect(
+            oneByOne.indices.map { Array(oneByOne.won($0)) } == [[write("z", 4), write("x", 4)], [], [write("q", 6)]])
         #expect(
             delivered == [
                 [write("x", 2)], [write("x", 3), write("y", 3)], [write("z", 4), write("x", 4)], [write("q", 6)],

@@ -384,7 +384,7 @@ extension NodeMachine {
         }
         let version = clock.next()
         let applied = applyLocal(LocalWriteRound([LocalWrite(address: address, version: version, writes: effective)]))
-        if !(applied.first?.wonAny ?? false) {
+        if !(applied.entries.first?.wonAny ?? false) {
             let held = store.records(of: address)
             return (writes.compactMap { held[$0.name]?.version }.max() ?? version, .superseded)
         }

@@ -75,7 +75,7 @@ extension NodeMachine {
 
     /// Appends `applied` as log records: deltas that arrived in `received` as the bodies they
     /// came in, the others encoded.
-    mutating func appendToLog(_ applied: [Applied], mustSucceed: Bool, received: ReceivedFrames? = nil) {
+    mutating func appendToLog(_ applied: AppliedDeltas, mustSucceed: Bool, received: ReceivedFrames? = nil) {
         guard !applied.isEmpty else { return }
         var records = DeltaLog.Batch(
             capacity: received.map { DeltaLog.Batch.capacity(received: applied.count, payloadBytes: $0.payloadBytes) }
@@ -85,10 +85,10 @@ extension NodeMachine {
         for index in applied.indices {
             if let received {
                 received.addRecord(
-                    channel: applied[index].delta.channel, model: applied[index].delta.model,
-                    offset: applied[index].offset, to: &records)
+                    channel: applied.delta(index).channel, model: applied.delta(index).model,
+                    offset: applied.entries[index].offset, to: &records)
             } else {
-                records.add(applied[index].delta)
+                records.add(applied.delta(index))
             }
         }
         handOver(records, mustSucceed: mustSucceed)
@@ -110,11 +110,11 @@ extension NodeMachine {
     /// bytes (no array per write). A local write too large for a record stays local: it is
     /// neither logged nor published (SETs are refused before this; a model's write is
     /// reported).
-    mutating func stage(_ applied: [Applied]) {
+    mutating func stage(_ applied: AppliedDeltas) {
         var records = DeltaLog.Batch(capacity: DeltaLog.Batch.capacity(localWrites: applied.count))
         var placed: [DeltaLog.Batch.Placement?] = []
         placed.reserveCapacity(applied.count)
-        for index in applied.indices { placed.append(records.addPlaced(applied[index].delta)) }
+        for index in applied.indices { placed.append(records.addPlaced(applied.delta(index))) }
         let bytes = handOver(records, mustSucceed: true)
         // Room for the round at once, growing geometrically: reserveCapacity(count + new) alone
         // reallocates to exactly that, so with `storage.fsync: interval` (thousands of one-write
@@ -132,12 +132,12 @@ extension NodeMachine {
                 logger.error(
                     "a local write is too large to log and replicate; it stays local",
                     metadata: [
-                        "model": "\(applied[index].delta.channel)/\(applied[index].delta.model)",
-                        "delta.version": "\(applied[index].delta.version)",
+                        "model": "\(applied.delta(index).channel)/\(applied.delta(index).model)",
+                        "delta.version": "\(applied.delta(index).version)",
                     ])
                 continue
             }
-            durability.staged.append(applied[index].delta)
+            durability.staged.append(applied.delta(index))
             durability.stagedBodies.append(
                 StagedBytes(records: bytes, model: place.model, body: place.body, end: place.end))
             durability.stagedPositions.append(durability.appended)

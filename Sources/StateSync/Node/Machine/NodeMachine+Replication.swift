@@ -1,25 +1,52 @@
 /// Replication (docs/PROTOCOL.md sections 7 and 8): peer messages in, local writes out, the
 /// bookkeeping of every origin's sequence numbers, and what live models are sent.
 extension NodeMachine {
-    /// A delta new to this node, applied to the store, with its writes that won (possibly none).
+    /// A delta new to this node, applied to the store: where it is among those given to ``NodeMachine/apply(_:emitters:account:)``
+    /// and which of its writes won. It names its delta by position, not by holding a copy: a
+    /// copy is an atomic reference count when the entry is made and a release when the array
+    /// of entries goes, for every delta on both the writer and the reader (issue #17).
     struct Applied: Sendable {
-        let delta: Delta
+        /// Its position in the deltas given to ``NodeMachine/apply(_:emitters:account:)``
+        /// (``AppliedDeltas/given``).
+        var offset = 0
         /// The writes that won when not all of the delta's did; `nil`: all of them (none, for a
-        /// delta without writes): read it through ``won``, ``wonAny`` and ``wonCount``. (Not a
-        /// copy of the delta's writes when they all won: each copy is an atomic reference count
-        /// on their array and a release, and a delta's writes are copied where they are used.)
+        /// delta without writes): read it through ``AppliedDeltas/won(_:)``, ``wonAny`` and
+        /// ``wonCount``. (Not a copy of the delta's writes when they all won: each copy is an
+        /// atomic reference count on their array and a release, and a delta's writes are
+        /// copied where they are used.)
         let wonSubset: PropertyWrites?
+        /// How many writes the delta has.
+        let writeCount: Int
         /// The instance id of the model that made it (local writes), else 0.
         var emitter: UInt64 = 0
-        /// Its position in the deltas given to ``NodeMachine/apply(_:emitters:account:)``.
-        var offset = 0
 
-        /// The writes that won (possibly none).
-        var won: PropertyWrites { wonSubset ?? delta.writes }
         /// How many writes won.
-        var wonCount: Int { wonSubset?.count ?? delta.writeCount }
+        var wonCount: Int { wonSubset?.count ?? writeCount }
         /// Whether any write won.
         var wonAny: Bool { wonCount > 0 }
+    }
+
+    /// What one call of ``NodeMachine/apply(_:emitters:account:)`` applied: the new deltas among
+    /// those it was given, in order, each with the writes that won.
+    struct AppliedDeltas: Sendable {
+        /// The deltas given (new or not): ``Applied/offset`` is a position in it.
+        let given: [Delta]
+        /// One per new delta, in order.
+        var entries: [Applied] = []
+
+        var count: Int { entries.count }
+        var isEmpty: Bool { entries.isEmpty }
+        var indices: Range<Int> { entries.indices }
+
+        /// The `index`th new delta.
+        @inline(__always)
+        func delta(_ index: Int) -> Delta { given[entries[index].offset] }
+
+        /// The writes of the `index`th new delta that won (possibly none).
+        func won(_ index: Int) -> PropertyWrites { entries[index].wonSubset ?? given[entries[index].offset].writes }
+
+        /// The new deltas, copied out (tests and rare paths; the hot ones read them in place).
+        var deltas: [Delta] { entries.map { given[$0.offset] } }
     }
 
     /// The frames of a DELTA message as received (topic, then one body per delta; or a packed
@@ -208,7 +235,7 @@ extension NodeMachine {
     mutating func applyRemote(
         _ deltas: [Delta], from endpoint: String, repaired: Bool = false, frames: [[UInt8]]? = nil,
         packedEntries: [Range<Int>]? = nil
-    ) -> [Applied] {
+    ) -> AppliedDeltas {
         // The deltas to apply: all of them (the same array, no copy) unless one is refused.
         var accepted = deltas
         var acceptedPositions: [Int]?  // set once one is refused
@@ -254,7 +281,7 @@ extension NodeMachine {
             }
         }
         guard let newest = accepted.indices.max(by: { accepted[$0].version < accepted[$1].version }) else {
-            return []
+            return AppliedDeltas(given: [])
         }
         // Every version at or below one the clock follows is within the drift bound too.
         let drifted =
@@ -268,7 +295,7 @@ extension NodeMachine {
         }
         counters.clockDriftRejections += drifted.count
         let applied = apply(accepted) { machine, applied in
-            machine.counters.propertiesStale += applied.delta.writeCount - applied.wonCount
+            machine.counters.propertiesStale += applied.writeCount - applied.wonCount
             if applied.wonAny { machine.counters.deltasApplied += 1 }
         }
         if latencySamples.enabled, !repaired, !applied.isEmpty {
@@ -303,9 +330,9 @@ extension NodeMachine {
     mutating func apply(
         _ deltas: [Delta], emitters: [UInt64]? = nil,
         account: (inout NodeMachine, borrowing Applied) -> Void
-    ) -> [Applied] {
-        var applied: [Applied] = []
-        applied.reserveCapacity(deltas.count)
+    ) -> AppliedDeltas {
+        var applied = AppliedDeltas(given: deltas)
+        applied.entries.reserveCapacity(deltas.count)
         var start = 0
         while start < deltas.count {
             var end = start + 1
@@ -334,9 +361,10 @@ extension NodeMachine {
             for index in won.indices {
                 let offset = offsets?[index] ?? start + index
                 let new = Applied(
-                    delta: fresh[index], wonSubset: won[index], emitter: emitters?[offset] ?? 0, offset: offset)
+                    offset: offset, wonSubset: won[index], writeCount: fresh[index].writeCount,
+                    emitter: emitters?[offset] ?? 0)
                 account(&self, new)
-                applied.append(new)
+                applied.entries.append(new)
             }
             won.removeAll(keepingCapacity: true)
             winnersScratch = won
@@ -357,7 +385,7 @@ extension NodeMachine {
     }
 
     /// Sends the writes that won to the live models at their addresses, in runs of one address.
-    mutating func deliver(_ applied: [Applied]) {
+    mutating func deliver(_ applied: AppliedDeltas) {
         guard !attachedModels.isEmpty else { return }
         var deliveries: [ModelDelivery] = []
         var start = 0
@@ -365,23 +393,23 @@ extension NodeMachine {
             // A run of deltas of one model (a batch, usually): its live model is looked up once,
             // and its list of writes takes its room at once (grown one doubling at a time, a
             // batch of 256 single sets took nine allocations and copies).
-            let address = applied[start].delta.address
+            let address = applied.delta(start).address
             var end = start + 1
-            while end < applied.count, applied[end].delta.model == address.model,
-                applied[end].delta.channel == address.channel
+            while end < applied.count, applied.delta(end).model == address.model,
+                applied.delta(end).channel == address.channel
             {
                 end += 1
             }
             defer { start = end }
             guard let instance = attachedModels[address] else { continue }
             var sets: [ModelRegistrar.RemoteWriteSet] = []
-            for index in start..<end where applied[index].wonAny && instance != applied[index].emitter {
+            for index in start..<end where applied.entries[index].wonAny && instance != applied.entries[index].emitter {
                 if sets.isEmpty { sets.reserveCapacity(end - index) }
                 sets.append(
                     ModelRegistrar.RemoteWriteSet(
-                        writes: applied[index].won, version: applied[index].delta.version,
-                        isRemote: applied[index].delta.origin != configuration.nodeID,
-                        emitter: applied[index].emitter))
+                        writes: applied.won(index), version: applied.delta(index).version,
+                        isRemote: applied.delta(index).origin != configuration.nodeID,
+                        emitter: applied.entries[index].emitter))
             }
             guard !sets.isEmpty else { continue }
             // The same model again after a run of a model not attached here: one delivery.
@@ -416,7 +444,7 @@ extension NodeMachine {
     package static let localWritesPerRound = 4096
 
     /// Numbers `writes` in order and applies them as this node's deltas. Returns them as applied.
-    mutating func applyLocal(_ round: LocalWriteRound) -> [Applied] {
+    mutating func applyLocal(_ round: LocalWriteRound) -> AppliedDeltas {
         // The round's deltas in one allocation (a `ManagedBuffer` per delta cost the turn 8 % more),
         // sharing the round's array of properties, cut to its size first: the deltas keep it.
         var writes = round
