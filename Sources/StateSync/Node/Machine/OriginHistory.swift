@@ -35,7 +35,9 @@ struct OriginHistory: Sendable {
 
     /// Keeps `delta`, first sliding the window so it spans at most `limit` sequence numbers
     /// ending at `delta`'s. A delta at or below the window is not kept (it was dropped already).
-    mutating func insert(_ delta: Delta, limit: Int) {
+    /// (`consuming`: the caller's copy is stored, not copied again: a copy is an atomic
+    /// reference count, and a borrowed delta cost one more and its release per delta.)
+    mutating func insert(_ delta: consuming Delta, limit: Int) {
         let sequence = delta.sequence
         guard limit > 0 else {
             drop(through: sequence)
@@ -46,7 +48,10 @@ struct OriginHistory: Sendable {
         if sparse != nil {
             sparse![sequence] = delta
             checkDensity()
-        } else if !insertDense(delta) {
+        } else if let slot = denseSlot(for: sequence) {
+            if case .none = slots[slot] { held += 1 }  // (`== nil` would compare deltas)
+            slots[slot] = delta
+        } else {
             var deltas = dictionaryOfHeld()
             deltas[sequence] = delta
             sparse = deltas
@@ -57,38 +62,32 @@ struct OriginHistory: Sendable {
         }
     }
 
-    /// Inserts into the array; `false` (changing nothing) when that would make it too sparse.
-    private mutating func insertDense(_ delta: Delta) -> Bool {
-        let sequence = delta.sequence
+    /// The slot of the array that holds `sequence`, the window grown to cover it; `nil`
+    /// (changing nothing) when that would make it too sparse.
+    private mutating func denseSlot(for sequence: UInt64) -> Int? {
         if windowCount == 0 {
             slots.removeAll(keepingCapacity: true)
             head = 0
             base = sequence
-            slots.append(delta)
-            held = 1
-            return true
+            held = 0
+            slots.append(nil)
+            return 0
         }
         if sequence >= base {
             let offset = sequence - base
-            if offset < UInt64(windowCount) {
-                if case .none = slots[head + Int(offset)] { held += 1 }  // (`== nil` would compare deltas)
-                slots[head + Int(offset)] = delta
-                return true
-            }
+            if offset < UInt64(windowCount) { return head + Int(offset) }
             let newCount = offset + 1
             guard newCount <= UInt64(Int.max / 2), denseEnough(slots: Int(newCount), deltas: held + 1) else {
-                return false
+                return nil
             }
-            while slots.count - head < Int(offset) { slots.append(nil) }
-            slots.append(delta)
-            held += 1
-            return true
+            while slots.count - head <= Int(offset) { slots.append(nil) }
+            return head + Int(offset)
         }
         // Below the window (a repair filling a gap): extend it downwards, into the free front
         // slots when there are enough, else reallocating with as much room again in front.
         let extra = base - sequence
         guard extra <= UInt64(Int.max / 4), denseEnough(slots: windowCount + Int(extra), deltas: held + 1) else {
-            return false
+            return nil
         }
         if Int(extra) > head {
             let room = Int(extra) + windowCount
@@ -97,9 +96,7 @@ struct OriginHistory: Sendable {
         }
         head -= Int(extra)
         base = sequence
-        slots[head] = delta
-        held += 1
-        return true
+        return head
     }
 
     /// Drops every delta at or below `sequence`.
