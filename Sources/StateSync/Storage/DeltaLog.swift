@@ -218,7 +218,7 @@ package final class DeltaLog: @unchecked Sendable {
         /// Adds the record of a delta that arrived as the DELTA body frame `body`: the payload
         /// holds those bytes as they came off the wire, not a re-encoding (recovery reads back
         /// what the peer sent, decoded by the same rules).
-        mutating func add(channel: String, model: String, body: [UInt8]) {
+        mutating func add(channel: String, model: String, body: UnsafeBufferPointer<UInt8>) {
             add { sink in
                 sink.string(channel)
                 sink.string(model)
@@ -352,7 +352,8 @@ package final class DeltaLog: @unchecked Sendable {
             writer.cut(to: start)
             return false
         }
-        let crc = CRC32.checksum(writer.bytes[(start + 8)...])
+        // In place: a slice of the buffer was a retain and a release per record.
+        let crc = writer.bytes.withUnsafeBytes { CRC32.checksum(UnsafeRawBufferPointer(rebasing: $0[(start + 8)...])) }
         writer.overwrite(UInt64(length) << 32 | UInt64(crc), at: start)
         return true
     }

@@ -80,16 +80,12 @@ extension NodeMachine {
         var records = DeltaLog.Batch(
             capacity: received.map { DeltaLog.Batch.capacity(received: applied.count, payloadBytes: $0.payloadBytes) }
                 ?? DeltaLog.Batch.capacity(localWrites: applied.count))
-        // By index, not `for entry in applied`: the loop would copy every entry (its delta, and
-        // its winning writes when not all won: retains and releases per delta on the hot path).
-        for index in applied.indices {
-            if let received {
-                received.addRecord(
-                    channel: applied.delta(index).channel, model: applied.delta(index).model,
-                    offset: applied.entries[index].offset, to: &records)
-            } else {
-                records.add(applied.delta(index))
-            }
+        if let received {
+            received.addRecords(of: applied, to: &records)
+        } else {
+            // By index, not `for entry in applied`: the loop would copy every entry (retains and
+            // releases per delta on the hot path).
+            for index in applied.indices { records.add(applied.delta(index)) }
         }
         handOver(records, mustSucceed: mustSucceed)
     }

@@ -67,16 +67,35 @@ extension NodeMachine {
             return total
         }
 
-        /// Adds the log record of the accepted delta at `offset` (``Applied/offset``) of
-        /// `channel`/`model`: its frame (or packed entry) as it came.
-        func addRecord(channel: String, model: String, offset: Int, to records: inout DeltaLog.Batch) {
-            let position = accepted?[offset] ?? offset
+        /// Adds the log records of the deltas `applied` took from this message: each one's frame
+        /// (or packed entry) as it came, after its channel (and model). The frames are read in
+        /// place: a slice of one, or a copy of the optional list of entries, per delta was an
+        /// atomic reference count and its release per delta received (issue #17).
+        func addRecords(of applied: AppliedDeltas, to records: inout DeltaLog.Batch) {
             if let packedEntries {
-                records.add(channel: channel, modelAndBody: frames[1][packedEntries[position]])
-            } else if modelFirst {
-                records.add(channel: channel, modelAndBody: frames[1 + position])
-            } else {
-                records.add(channel: channel, model: model, body: frames[1 + position])
+                frames[1].withUnsafeBufferPointer { entries in
+                    for index in applied.indices {
+                        let offset = applied.entries[index].offset
+                        let entry = packedEntries[accepted?[offset] ?? offset]
+                        records.add(
+                            channel: applied.given[offset].channel,
+                            modelAndBody: UnsafeBufferPointer(rebasing: entries[entry]))
+                    }
+                }
+                return
+            }
+            let modelFirst = modelFirst
+            for index in applied.indices {
+                let offset = applied.entries[index].offset
+                let position = accepted?[offset] ?? offset
+                frames[1 + position].withUnsafeBufferPointer { frame in
+                    if modelFirst {
+                        records.add(channel: applied.given[offset].channel, modelAndBody: frame)
+                    } else {
+                        records.add(
+                            channel: applied.given[offset].channel, model: applied.given[offset].model, body: frame)
+                    }
+                }
             }
         }
     }
