@@ -62,24 +62,33 @@ public struct Delta: Sendable, Equatable {
         storage.withUnsafeMutablePointerToElements { read($0[index]) }
     }
 
+    /// This delta's fields, where they lie in the storage. Valid while the storage is held (a
+    /// `ManagedBuffer`'s elements never move), so only to be read while `self` is: the fields
+    /// below are yielded from it (`_read`), borrowed for the caller's access, not copied out:
+    /// a copy of the writes is an atomic reference count on their array and its release, and a
+    /// receiver that took one to count or index them paid that per delta (issue #17).
+    private var fields: UnsafePointer<Fields> {
+        storage.withUnsafeMutablePointerToElements { UnsafePointer($0 + index) }
+    }
+
     /// The channel the model belongs to.
     public var channel: String {
-        get { field { $0.channel } }
+        _read { yield fields.pointee.channel }
         set { change { $0.channel = newValue } }
     }
     /// The model's id within its channel.
     public var model: String {
-        get { field { $0.model } }
+        _read { yield fields.pointee.model }
         set { change { $0.model = newValue } }
     }
     /// The version of every property in this delta; its `node` is the writer.
     public var version: Version {
-        get { field { $0.version } }
+        _read { yield fields.pointee.version }
         set { change { $0.version = newValue } }
     }
     /// The writer's sequence number: 1, 2, 3, … per origin, without gaps, in publish order.
     public var sequence: UInt64 {
-        get { field { $0.sequence } }
+        get { fields.pointee.sequence }
         set { change { $0.sequence = newValue } }
     }
     /// The properties written, with their new values. (A delta decoded from a batch shares one
@@ -89,12 +98,13 @@ public struct Delta: Sendable, Equatable {
         set { change { $0.writes = PropertyWrites(newValue) } }
     }
 
-    /// The properties written, without a copy.
-    package var writes: PropertyWrites { field { $0.writes } }
+    /// The properties written, borrowed in place (a copy only when the caller keeps them).
+    package var writes: PropertyWrites {
+        _read { yield fields.pointee.writes }
+    }
 
-    /// How many properties are written (read in place: ``writes`` is a copy, an atomic
-    /// reference count on their array and its release).
-    package var writeCount: Int { field { $0.writes.count } }
+    /// How many properties are written.
+    package var writeCount: Int { writes.count }
 
     /// A setter's work: new fields, with what `body` changes.
     private mutating func change(_ body: (inout Fields) -> Void) {
@@ -146,7 +156,12 @@ public struct Delta: Sendable, Equatable {
 
     /// Whether the delta needs the version-2 body (docs/PROTOCOL.md 7.1): it deletes, or a value
     /// expires.
-    var needsVersion2: Bool { writes.contains { $0.isDeletion || $0.timeToLive > 0 } }
+    var needsVersion2: Bool {
+        for position in 0..<writes.count where writes[position].isDeletion || writes[position].timeToLive > 0 {
+            return true
+        }
+        return false
+    }
 }
 
 /// The properties a delta writes, in order: a run of an array that may hold the properties of
@@ -178,9 +193,13 @@ package struct PropertyWrites: RandomAccessCollection, Sendable, Equatable {
     package var startIndex: Int { 0 }
     package var endIndex: Int { count }
 
+    /// The write at `position`, borrowed in place (its name and value are copied only by a
+    /// caller that keeps them).
     package subscript(position: Int) -> PropertyWrite {
-        precondition(position >= 0 && position < count, "a write's position within the delta")
-        return storage[offset &+ position]
+        _read {
+            precondition(position >= 0 && position < count, "a write's position within the delta")
+            yield storage[offset &+ position]
+        }
     }
 
     /// The room of the array the writes are a run of (what a delta keeps alive; tests).

@@ -267,13 +267,13 @@ public struct ReplicaStore: Sendable {
         // By index, each delta's properties taken once: every copy of a delta or of its
         // properties is an atomic reference count and its release (issue #17), and this runs
         // twice for every change (on its writer and on each replica).
+        // (Each delta's writes borrowed where they lie, not bound to a `let`: that is a copy.)
         for index in deltas.indices {
             precondition(deltas[index].channel == context.channel && deltas[index].model == context.model)
-            let writes = deltas[index].writes
-            guard writes.count == width else { return nil }
+            guard deltas[index].writes.count == width else { return nil }
             for position in 0..<width {
-                let write = writes[position]
-                guard !write.isDeletion, write.timeToLive == 0, write.name.hasSameUTF8(as: shape[position].name)
+                guard !deltas[index].writes[position].isDeletion, deltas[index].writes[position].timeToLive == 0,
+                    deltas[index].writes[position].name.hasSameUTF8(as: shape[position].name)
                 else { return nil }
             }
         }
@@ -289,18 +289,17 @@ public struct ReplicaStore: Sendable {
         var newest = Version.zero
         for index in deltas.indices {
             let version = deltas[index].version
-            let writes = deltas[index].writes
             var winners = WinnerCollector()
             if model.deletion.map({ wins(version, over: $0, wrongTieBreak: context.wrongTieBreak) }) ?? true {
                 for position in 0..<width
                 where wins(version, over: current[position], wrongTieBreak: context.wrongTieBreak) {
                     current[position] = version
                     lastWinner[position] = index
-                    winners.won(position, of: writes, replacing: nil)
+                    winners.won(position, of: deltas[index].writes, replacing: nil)
                 }
             }
             if winners.wonAny, version > newest { newest = version }
-            won.append(winners.unlessAll(of: writes))
+            won.append(winners.unlessAll(of: deltas[index].writes))
         }
         let liveBefore = model.live
         for position in 0..<width where lastWinner[position] >= 0 {

@@ -21,16 +21,18 @@ enum DeltaPayloadWriter {
     /// Appends the payload of `delta` to `writer`; `nil` (nothing appended) when one of its values
     /// is an array or a map.
     static func append(_ delta: Delta, to writer: inout WireWriter) -> Placement? {
-        let properties = delta.writes
+        // The writes are read where they lie, by position (a `let` of them, or a `for … in`
+        // over them, is a copy: an atomic reference count and its release per delta written).
+        let count = delta.writes.count
         let version2 = delta.needsVersion2
         let channel = delta.channel
         let model = delta.model
         let node = delta.version.node
         // The body: version byte, timestamp, node, sequence, property count, then each property.
-        var bodySize = 1 + 8 + stringSize(node) + varintSize(delta.sequence) + varintSize(UInt64(properties.count))
-        for property in properties {
-            guard let size = propertySize(property, version2: version2) else { return nil }
-            bodySize += stringSize(property.name) + size
+        var bodySize = 1 + 8 + stringSize(node) + varintSize(delta.sequence) + varintSize(UInt64(count))
+        for position in 0..<count {
+            guard let size = propertySize(delta.writes[position], version2: version2) else { return nil }
+            bodySize += stringSize(delta.writes[position].name) + size
         }
         let channelSize = stringSize(channel)
         let modelSize = stringSize(model)
@@ -43,20 +45,20 @@ enum DeltaPayloadWriter {
             room.uint64(delta.version.timestamp)
             room.string(node)
             room.varint(delta.sequence)
-            room.varint(UInt64(properties.count))
-            for property in properties {
-                room.string(property.name)
+            room.varint(UInt64(count))
+            for position in 0..<count {
+                room.string(delta.writes[position].name)
                 if version2 {
-                    if property.isDeletion {
+                    if delta.writes[position].isDeletion {
                         room.byte(ValueTag.deleted)
                         continue
                     }
-                    if property.timeToLive > 0 {
+                    if delta.writes[position].timeToLive > 0 {
                         room.byte(ValueTag.expiring)
-                        room.varint(property.timeToLive)
+                        room.varint(delta.writes[position].timeToLive)
                     }
                 }
-                room.value(property.value)
+                room.value(delta.writes[position].value)
             }
             precondition(room.at == out.count, "a delta's payload size was miscounted")
         }

@@ -127,9 +127,9 @@ public enum PeerMessage: Sendable, Equatable {
         sink.string(delta.version.node)
         sink.varint(delta.sequence)
         sink.varint(UInt64(delta.writes.count))
-        for property in delta.writes {
-            sink.string(property.name)
-            if version2 { sink.propertyValue(property) } else { sink.value(property.value) }
+        for position in 0..<delta.writes.count {  // by position: see DeltaPayloadWriter.append
+            sink.string(delta.writes[position].name)
+            if version2 { sink.propertyValue(delta.writes[position]) } else { sink.value(delta.writes[position].value) }
         }
     }
 

@@ -259,43 +259,20 @@ extension NodeMachine {
         var accepted = deltas
         var acceptedPositions: [Int]?  // set once one is refused
         var refusedAny = false
-        // A DELTA batch is of one model: its names are checked once. Compared as bytes, not as
-        // Strings: a channel batch names each delta's model, and `==` would take the NFD twin of
-        // a checked name for it (and let it past the NFC and length checks).
+        // A DELTA batch is of one model: its names are checked once (see refuses).
         var validated: ModelAddress?
         let bound = repaired ? nil : boundNode(of: endpoint)
         for index in deltas.indices {
-            let delta = deltas[index]
-            var refused = delta.origin == configuration.nodeID && !repaired  // our own write, echoed back
-            if !refused, let bound, delta.origin != bound {
-                refuseForged(origin: delta.origin, count: 1, from: endpoint, bound: bound, what: "a DELTA")
-                refused = true
-            }
-            if !refused {
-                do {
-                    let checkedAlready =
-                        validated.map {
-                            $0.channel.hasSameUTF8(as: delta.channel) && $0.model.hasSameUTF8(as: delta.model)
-                        } ?? false
-                    if !checkedAlready {
-                        try Names.validateChannel(delta.channel)
-                        try Names.validateModel(delta.model)
-                        validated = delta.address
-                    }
-                    for property in delta.writes { try Names.validateWrite(property) }
-                    refused = plantedDrop(delta)
-                } catch {
-                    countMalformed(
-                        kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
-                    refused = true
-                }
-            }
+            // Read in place (a copy of the delta, and of its writes to check them, were an atomic
+            // reference count and a release each per delta received: issue #17).
+            let refused = refuses(
+                deltas[index], from: endpoint, repaired: repaired, bound: bound, validated: &validated)
             if refused, !refusedAny {
                 refusedAny = true
                 accepted = Array(deltas[..<index])
                 acceptedPositions = Array(0..<index)
             } else if !refused, refusedAny {
-                accepted.append(delta)
+                accepted.append(deltas[index])
                 acceptedPositions!.append(index)
             }
         }
@@ -341,6 +318,40 @@ extension NodeMachine {
             appendToLog(applied, mustSucceed: false)
         }
         return applied
+    }
+
+    /// Whether a received delta is refused: this node's own write echoed back, an origin other
+    /// than the one the sending peer's key is bound to (`bound`), an invalid name (counted as
+    /// malformed), or a planted drop. `validated` is the address whose names were checked last:
+    /// a DELTA batch is of one model, its names are checked once.
+    private mutating func refuses(
+        _ delta: borrowing Delta, from endpoint: String, repaired: Bool, bound: String?,
+        validated: inout ModelAddress?
+    ) -> Bool {
+        if delta.origin == configuration.nodeID && !repaired { return true }  // our own write, echoed back
+        if let bound, delta.origin != bound {
+            refuseForged(origin: delta.origin, count: 1, from: endpoint, bound: bound, what: "a DELTA")
+            return true
+        }
+        do {
+            // Compared as bytes, not as Strings: a channel batch names each delta's model, and
+            // `==` would take the NFD twin of a checked name for it (and let it past the NFC and
+            // length checks).
+            let checkedAlready =
+                validated.map { $0.channel.hasSameUTF8(as: delta.channel) && $0.model.hasSameUTF8(as: delta.model) }
+                ?? false
+            if !checkedAlready {
+                try Names.validateChannel(delta.channel)
+                try Names.validateModel(delta.model)
+                validated = delta.address
+            }
+            for position in 0..<delta.writes.count { try Names.validateWrite(delta.writes[position]) }
+            return plantedDrop(delta)
+        } catch {
+            countMalformed(
+                kind: "invalid-delta", "dropped a delta with an invalid name", endpoint: endpoint, error: error)
+            return true
+        }
     }
 
     /// Records and merges deltas in runs of one origin and one model (a DELTA batch, usually):
