@@ -1,5 +1,3 @@
-import DequeModule
-
 /// The order in which this node applied deltas, as (origin, sequence) references into the
 /// history, bounded like it.
 struct Journal: Sendable {
@@ -10,8 +8,18 @@ struct Journal: Sendable {
     }
     /// A ring buffer: dropping the oldest entries does not move the others (it was an array
     /// whose front drops moved every entry left: a memmove of the whole journal every few
-    /// appends, ~4 % of a busy reader's I/O thread).
-    private(set) var entries = Deque<Entry>()
+    /// appends, ~4 % of a busy reader's I/O thread). Its own, not a `Deque`: `Deque.append`
+    /// copies the entry it is given into its storage, and the caller's copy is released, where
+    /// this one moves it in (an atomic reference count and a release per delta; issue #17).
+    /// `ring.count` is zero or a power of two; the entries are `ring[(head + i) & mask]`.
+    private var ring: [Entry?] = []
+    private var head = 0
+    /// How many entries are held.
+    private(set) var count = 0
+    private var mask: Int { ring.count - 1 }
+
+    /// The entries held, oldest first (a copy: tests).
+    var entries: [Entry] { (0..<count).map { ring[(head + $0) & mask]! } }
     /// The absolute position of `entries[0]`.
     private(set) var base = 0
     /// Per origin, the highest sequence number whose entry was dropped, but for the run of
@@ -32,7 +40,7 @@ struct Journal: Sendable {
         return all
     }
 
-    var end: Int { base + entries.count }
+    var end: Int { base + count }
 
     /// The journal keeps at least this many entries, whatever the history keeps: live watches
     /// follow it (a watch further behind gets a resync snapshot).
@@ -46,12 +54,24 @@ struct Journal: Sendable {
     /// the caller's copy is stored, not copied again (see ``OriginHistory/insert(_:limit:)``).
     mutating func append(_ delta: consuming Delta, limit: Int) {
         let limit = max(limit, Self.minimumEntries)
-        entries.append(Entry(delta: delta))
-        while entries.count > limit { dropOldest() }
+        if count == ring.count { grow() }
+        ring[(head + count) & mask] = Entry(delta: delta)
+        count += 1
+        while count > limit { dropOldest() }
+    }
+
+    /// Doubles the ring (at least 16 slots), the entries moved to its front in order.
+    private mutating func grow() {
+        var larger = [Entry?](repeating: nil, count: max(16, 2 * ring.count))
+        for index in 0..<count { larger[index] = ring[(head + index) & mask].take() }
+        ring = larger
+        head = 0
     }
 
     private mutating func dropOldest() {
-        let dropped = entries.removeFirst()
+        let dropped = ring[head].take()!
+        head = (head + 1) & mask
+        count -= 1
         base += 1
         if let origin = pendingOrigin, origin == dropped.origin {
             pendingThrough = max(pendingThrough, dropped.sequence)
@@ -76,13 +96,18 @@ struct Journal: Sendable {
     /// Drops every entry (the state they led to is gone): a watch that needs one gets a snapshot.
     mutating func dropAll() {
         foldPending()
-        for entry in entries { folded[entry.origin] = max(folded[entry.origin] ?? 0, entry.sequence) }
-        base += entries.count
-        entries = []
+        for index in 0..<count {
+            let entry = ring[(head + index) & mask]!
+            folded[entry.origin] = max(folded[entry.origin] ?? 0, entry.sequence)
+        }
+        base += count
+        ring = []
+        head = 0
+        count = 0
     }
 
     /// The entry at absolute position `index`, if still held.
     func entry(at index: Int) -> Entry? {
-        index >= base && index < end ? entries[index - base] : nil
+        index >= base && index < end ? ring[(head + index - base) & mask] : nil
     }
 }
