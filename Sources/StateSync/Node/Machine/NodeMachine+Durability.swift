@@ -85,7 +85,7 @@ extension NodeMachine {
         } else {
             // By index, not `for entry in applied`: the loop would copy every entry (retains and
             // releases per delta on the hot path).
-            for index in applied.indices { records.add(applied.delta(index)) }
+            for index in applied.indices { records.add(applied[delta: index]) }
         }
         handOver(records, mustSucceed: mustSucceed)
     }
@@ -110,7 +110,7 @@ extension NodeMachine {
         var records = DeltaLog.Batch(capacity: DeltaLog.Batch.capacity(localWrites: applied.count))
         var placed: [DeltaLog.Batch.Placement?] = []
         placed.reserveCapacity(applied.count)
-        for index in applied.indices { placed.append(records.addPlaced(applied.delta(index))) }
+        for index in applied.indices { placed.append(records.addPlaced(applied[delta: index])) }
         let bytes = handOver(records, mustSucceed: true)
         // Room for the round at once, growing geometrically: reserveCapacity(count + new) alone
         // reallocates to exactly that, so with `storage.fsync: interval` (thousands of one-write
@@ -128,12 +128,12 @@ extension NodeMachine {
                 logger.error(
                     "a local write is too large to log and replicate; it stays local",
                     metadata: [
-                        "model": "\(applied.delta(index).channel)/\(applied.delta(index).model)",
-                        "delta.version": "\(applied.delta(index).version)",
+                        "model": "\(applied[delta: index].channel)/\(applied[delta: index].model)",
+                        "delta.version": "\(applied[delta: index].version)",
                     ])
                 continue
             }
-            durability.staged.append(applied.delta(index))
+            durability.staged.append(applied[delta: index])
             durability.stagedBodies.append(
                 StagedBytes(records: bytes, model: place.model, body: place.body, end: place.end))
             durability.stagedPositions.append(durability.appended)
@@ -396,10 +396,18 @@ extension NodeMachine {
             let oversized =
                 run.count == 1 && bodies[range.lowerBound].entryBytes.count > PeerMessage.packedEntryMaximumOctets
             if packed, !oversized {
+                var octets = 0
+                for body in range { octets += bodies[body].end - bodies[body].model }
                 actions.append(
                     .publish(
                         PeerMessage.encodePackedBatch(
-                            channel: run[run.startIndex].channel, entries: bodies[range].map(\.entryBytes))))
+                            channel: run[run.startIndex].channel, count: range.count, octets: octets
+                        ) { index, write in
+                            let body = range.lowerBound + index
+                            bodies[body].records.withUnsafeBufferPointer {
+                                write(UnsafeBufferPointer(rebasing: $0[bodies[body].model..<bodies[body].end]))
+                            }
+                        }))
                 counters.packedBatchesPublished += 1
                 continue
             }

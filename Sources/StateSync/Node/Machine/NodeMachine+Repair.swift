@@ -277,8 +277,8 @@ extension NodeMachine {
         let fresh = applyRemote(wanted, from: peer, repaired: true)
         counters.deltasFetched += deltas.count
         // Own deltas fetched back (this node had lost them) were published long ago.
-        for index in fresh.indices where fresh.delta(index).origin == configuration.nodeID {
-            ownHeldByPeers(through: fresh.delta(index).sequence)
+        for index in fresh.indices where fresh[delta: index].origin == configuration.nodeID {
+            ownHeldByPeers(through: fresh[delta: index].sequence)
         }
         // Only the origin may say which of its numbers will never exist (the node id of the
         // peer's heartbeats: with security, bound to its key, section 14).

@@ -38,9 +38,11 @@ extension NodeMachine {
         var isEmpty: Bool { entries.isEmpty }
         var indices: Range<Int> { entries.indices }
 
-        /// The `index`th new delta.
-        @inline(__always)
-        func delta(_ index: Int) -> Delta { given[entries[index].offset] }
+        /// The `index`th new delta, borrowed where it lies (a copy only for a caller that keeps
+        /// it: one returned by a function was a retain and a release per use).
+        subscript(delta index: Int) -> Delta {
+            _read { yield given[entries[index].offset] }
+        }
 
         /// The writes of the `index`th new delta that won (possibly none).
         func won(_ index: Int) -> PropertyWrites { entries[index].wonSubset ?? given[entries[index].offset].writes }
@@ -423,10 +425,10 @@ extension NodeMachine {
             // A run of deltas of one model (a batch, usually): its live model is looked up once,
             // and its list of writes takes its room at once (grown one doubling at a time, a
             // batch of 256 single sets took nine allocations and copies).
-            let address = applied.delta(start).address
+            let address = applied[delta: start].address
             var end = start + 1
-            while end < applied.count, applied.delta(end).model == address.model,
-                applied.delta(end).channel == address.channel
+            while end < applied.count, applied[delta: end].model == address.model,
+                applied[delta: end].channel == address.channel
             {
                 end += 1
             }
@@ -437,8 +439,8 @@ extension NodeMachine {
                 if sets.isEmpty { sets.reserveCapacity(end - index) }
                 sets.append(
                     ModelRegistrar.RemoteWriteSet(
-                        writes: applied.won(index), version: applied.delta(index).version,
-                        isRemote: applied.delta(index).origin != configuration.nodeID,
+                        writes: applied.won(index), version: applied[delta: index].version,
+                        isRemote: applied[delta: index].origin != configuration.nodeID,
                         emitter: applied.entries[index].emitter))
             }
             guard !sets.isEmpty else { continue }
