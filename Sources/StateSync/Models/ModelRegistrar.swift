@@ -564,9 +564,10 @@ public final class ModelRegistrar: Sendable {
                     }
                     continue
                 }
-                let writes = sets[s].writes
-                for w in writes.indices {
-                    if writes[w].isModelDeletion {
+                // Each write borrowed where it lies, by position (a `let` of the set's writes is a
+                // copy: an atomic reference count and its release per delta applied).
+                for w in 0..<sets[s].writes.count {
+                    if sets[s].writes[w].isModelDeletion {
                         if let deletion = state.deletion, deletion >= version {
                             apply.result.stale += 1
                             continue
@@ -582,8 +583,8 @@ public final class ModelRegistrar: Sendable {
                         apply.removedAny = true
                         continue
                     }
-                    guard let index = schema.index(of: writes[w].name, hint: hint) else {
-                        apply.result.unknownProperties.append(writes[w].name)
+                    guard let index = schema.index(of: sets[s].writes[w].name, hint: hint) else {
+                        apply.result.unknownProperties.append(sets[s].writes[w].name)
                         continue
                     }
                     if isFirst {
@@ -595,7 +596,7 @@ public final class ModelRegistrar: Sendable {
                         apply.result.stale += 1
                         continue
                     }
-                    if writes[w].isDeletion {
+                    if sets[s].writes[w].isDeletion {
                         let hadVersion = state.versions[index] != nil
                         state.versions[index] = version
                         if hadVersion || !state.isRemoved(index) {
@@ -610,14 +611,14 @@ public final class ModelRegistrar: Sendable {
                         let property = schema.access[index]
                         if !apply.hasObservers(index, of: self) {
                             // No one to tell the values to: stored without erasing them.
-                            let stored = try property.assign(model, from: writes[w].value)
+                            let stored = try property.assign(model, from: sets[s].writes[w].value)
                             state.versions[index] = version
                             state.setRemoved(index, false)
                             apply.setAny = true
                             if stored || !hadValue { apply.noteApplied(index) }
                             continue
                         }
-                        let assigned = try property.assignReporting(model, from: writes[w].value)
+                        let assigned = try property.assignReporting(model, from: sets[s].writes[w].value)
                         state.versions[index] = version
                         state.setRemoved(index, false)
                         apply.setAny = true
@@ -629,18 +630,18 @@ public final class ModelRegistrar: Sendable {
                         switch consume assigned {
                         case .some(let values):
                             change = ErasedChange(
-                                property: writes[w].name, old: values.old, new: values.new, version: version,
+                                property: sets[s].writes[w].name, old: values.old, new: values.new, version: version,
                                 isRemote: isRemote)
                         case .none:
                             // Equal: nothing was stored, so the current value is both.
                             let current = property.currentValue(of: model)
                             change = ErasedChange(
-                                property: writes[w].name, old: current, new: current, version: version,
+                                property: sets[s].writes[w].name, old: current, new: current, version: version,
                                 isRemote: isRemote)
                         }
                         apply.notify(index, change, registrar: self, state: &state)
                     } catch {
-                        apply.result.rejected.append((writes[w].name, "\(error)"))
+                        apply.result.rejected.append((sets[s].writes[w].name, "\(error)"))
                     }
                 }
             }
