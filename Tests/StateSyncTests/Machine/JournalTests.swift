@@ -25,6 +25,34 @@ struct JournalTests {
         #expect(journal.droppedThrough == ["n1": 60])
     }
 
+    /// The journal is a ring: entries keep their order and positions when it grows while its
+    /// oldest entry is not at the front of its storage (the limit rose after drops moved it),
+    /// and after everything was dropped.
+    @Test func theRingKeepsOrderWhenItGrowsAfterDrops() {
+        var journal = Journal()
+        var all: [Delta] = []
+        func append(_ count: Int, limit: Int) {
+            for _ in 0..<count {
+                let delta = Self.delta("n1", UInt64(all.count + 1))
+                all.append(delta)
+                journal.append(delta, limit: limit)
+            }
+        }
+        append(70, limit: 20)  // 20 held, the oldest some way into the ring
+        #expect(journal.entries.map(\.delta) == Array(all[50...]))
+        append(150, limit: 200)  // grows three times, the first while wrapped
+        #expect(journal.base == 50 && journal.end == 220)
+        #expect(journal.entries.map(\.delta) == Array(all[50...]))
+        for position in [49, 50, 51, 131, 219, 220] {
+            #expect(
+                journal.entry(at: position)?.sequence == ((50..<220).contains(position) ? UInt64(position + 1) : nil))
+        }
+        journal.dropAll()
+        #expect(journal.entries.isEmpty && journal.base == 220 && journal.droppedThrough == ["n1": 220])
+        append(3, limit: 20)
+        #expect(journal.entries.map(\.delta) == Array(all[220...]) && journal.entry(at: 221)?.sequence == 222)
+    }
+
     /// Runs of origins of random lengths, against a reference that keeps every entry: the same
     /// entries held, the same highest sequence number dropped per origin, at every step (the
     /// origin being dropped now is folded in when read).

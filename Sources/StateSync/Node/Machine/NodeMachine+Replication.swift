@@ -1,10 +1,11 @@
 /// Replication (docs/PROTOCOL.md sections 7 and 8): peer messages in, local writes out, the
 /// bookkeeping of every origin's sequence numbers, and what live models are sent.
 extension NodeMachine {
-    /// A delta new to this node, applied to the store: where it is among those given to ``NodeMachine/apply(_:emitters:account:)``
-    /// and which of its writes won. It names its delta by position, not by holding a copy: a
-    /// copy is an atomic reference count when the entry is made and a release when the array
-    /// of entries goes, for every delta on both the writer and the reader (issue #17).
+    /// A delta new to this node, applied to the store: where it is among the deltas given to
+    /// ``NodeMachine/apply(_:emitters:account:)``, and which of its writes won. It names its
+    /// delta by position, not by holding a copy: a copy is an atomic reference count when the
+    /// entry is made and a release when the array of entries goes, for every delta on both the
+    /// writer and the reader (issue #17).
     struct Applied: Sendable {
         /// Its position in the deltas given to ``NodeMachine/apply(_:emitters:account:)``
         /// (``AppliedDeltas/given``).
