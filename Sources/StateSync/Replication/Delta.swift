@@ -56,14 +56,10 @@ public struct Delta: Sendable, Equatable {
         self.index = index
     }
 
-    /// One field, read in place (not a copy of all of them).
-    @inline(__always)
-    private func field<T>(_ read: (borrowing Fields) -> T) -> T {
-        storage.withUnsafeMutablePointerToElements { read($0[index]) }
-    }
-
     /// This delta's fields, where they lie in the storage. Valid while the storage is held (a
-    /// `ManagedBuffer`'s elements never move), so only to be read while `self` is: the fields
+    /// `ManagedBuffer`'s elements never move), so only to be read within an access to `self`,
+    /// never stored or used after it: the pointer leaves `withUnsafeMutablePointerToElements`,
+    /// which is safe only because `self` holds the storage for the whole access. The fields
     /// below are yielded from it (`_read`), borrowed for the caller's access, not copied out:
     /// a copy of the writes is an atomic reference count on their array and its release, and a
     /// receiver that took one to count or index them paid that per delta (issue #17).
@@ -108,9 +104,9 @@ public struct Delta: Sendable, Equatable {
 
     /// A setter's work: new fields, with what `body` changes.
     private mutating func change(_ body: (inout Fields) -> Void) {
-        var fields = field { copy $0 }
-        body(&fields)
-        self = Delta(fields)
+        var changed = fields.pointee
+        body(&changed)
+        self = Delta(changed)
     }
 
     /// A delta of `properties` of `channel`/`model`, at `version`, numbered `sequence` by its writer.

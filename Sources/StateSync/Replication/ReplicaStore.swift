@@ -264,10 +264,10 @@ public struct ReplicaStore: Sendable {
                 return nil  // a property written twice in one delta
             }
         }
-        // By index, each delta's properties taken once: every copy of a delta or of its
-        // properties is an atomic reference count and its release (issue #17), and this runs
-        // twice for every change (on its writer and on each replica).
-        // (Each delta's writes borrowed where they lie, not bound to a `let`: that is a copy.)
+        // By index, each delta's properties borrowed where they lie, never bound to a `let` or
+        // iterated (that is a copy): every copy of a delta or of its properties is an atomic
+        // reference count and its release (issue #17), and this runs twice for every change (on
+        // its writer and on each replica).
         for index in deltas.indices {
             precondition(deltas[index].channel == context.channel && deltas[index].model == context.model)
             guard deltas[index].writes.count == width else { return nil }

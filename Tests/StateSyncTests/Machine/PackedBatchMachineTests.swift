@@ -123,6 +123,37 @@ struct PackedBatchMachineTests {
         #expect(node.machine.counters.malformedMessages == 0)
     }
 
+    /// The older forms, a frame per delta, logged the same way: a channel batch's frame (model
+    /// id and body) after the channel, a DELTA batch's body after the channel and model; a
+    /// refused delta in the middle is not logged, and each delta after it is logged with its own
+    /// frame, not its neighbour's.
+    @Test func aReceivedFramedBatchIsLoggedFrameByFrameAroundARefusedDelta() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
+        let channelBatch = [
+            Self.delta("a", sequence: 1), Self.delta("own", sequence: 1, origin: "n1"), Self.delta("b", sequence: 2),
+            Self.delta("a", sequence: 3),
+        ]
+        let channelFrames = PeerMessage.encodeChannelBatch(channelBatch)
+        #expect(channelFrames[0].first == PeerMessage.channelBatchTopicPrefix && channelFrames.count == 5)
+        node.handle(.peerMessage(peer: "inproc://n2", frames: channelFrames))
+        #expect(node.logBytes == [1, 3, 4].flatMap { Self.record(channelFrames[$0]) })
+        let modelBatch = [
+            Self.delta("m", sequence: 4), Self.delta("m", sequence: 2, origin: "n1"), Self.delta("m", sequence: 5),
+        ]
+        let modelFrames = PeerMessage.encodeBatch(modelBatch)
+        #expect(modelFrames.count == 4)
+        let logged = node.logBytes
+        node.handle(.peerMessage(peer: "inproc://n2", frames: modelFrames))
+        var model = WireWriter()
+        model.string("m")
+        #expect(
+            node.logBytes[logged.count...].elementsEqual([1, 3].flatMap { Self.record(model.bytes + modelFrames[$0]) }))
+        #expect(
+            try DeltaLog.parse(DeltaLog.magic + node.logBytes, path: "test").deltas
+                == [0, 2, 3].map { channelBatch[$0] } + [0, 2].map { modelBatch[$0] })
+        #expect(node.machine.counters.malformedMessages == 0)
+    }
+
     @Test func aNodeThatDoesNotTakeThemNeverSaysSoNorSendsThem() throws {
         var configuration = MachineRunner.configuration("n1", peers: ["n2"])
         configuration.packedBatches = false

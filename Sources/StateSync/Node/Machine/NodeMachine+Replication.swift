@@ -13,8 +13,8 @@ extension NodeMachine {
         /// The writes that won when not all of the delta's did; `nil`: all of them (none, for a
         /// delta without writes): read it through ``AppliedDeltas/won(_:)``, ``wonAny`` and
         /// ``wonCount``. (Not a copy of the delta's writes when they all won: each copy is an
-        /// atomic reference count on their array and a release, and a delta's writes are
-        /// copied where they are used.)
+        /// atomic reference count on their array and a release; ``AppliedDeltas/won(_:)`` makes
+        /// the one a live model's write set keeps.)
         let wonSubset: PropertyWrites?
         /// How many writes the delta has.
         let writeCount: Int
@@ -30,7 +30,8 @@ extension NodeMachine {
     /// What one call of ``NodeMachine/apply(_:emitters:account:)`` applied: the new deltas among
     /// those it was given, in order, each with the writes that won.
     struct AppliedDeltas: Sendable {
-        /// The deltas given (new or not): ``Applied/offset`` is a position in it.
+        /// The deltas given (new or not): ``Applied/offset`` is a position in it. (All of them
+        /// stay alive while this is held: it is meant to live for one input's handling.)
         let given: [Delta]
         /// One per new delta, in order.
         var entries: [Applied] = []
