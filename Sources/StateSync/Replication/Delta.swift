@@ -99,9 +99,6 @@ public struct Delta: Sendable, Equatable {
         _read { yield fields.pointee.writes }
     }
 
-    /// How many properties are written.
-    package var writeCount: Int { writes.count }
-
     /// A setter's work: new fields, with what `body` changes.
     private mutating func change(_ body: (inout Fields) -> Void) {
         var changed = fields.pointee

@@ -209,7 +209,7 @@ public struct ReplicaStore: Sendable {
     mutating func applyWinning(run deltas: [Delta], into won: inout [PropertyWrites?]) {
         guard let first = deltas.first else { return }
         // Never create an empty model entry (a delta has at least one property on the wire).
-        guard deltas.contains(where: { $0.writeCount > 0 }) else {
+        guard deltas.contains(where: { !$0.writes.isEmpty }) else {
             won.append(contentsOf: repeatElement(nil, count: deltas.count))  // all of none
             return
         }

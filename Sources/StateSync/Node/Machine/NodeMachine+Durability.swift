@@ -20,8 +20,14 @@ extension NodeMachine {
 
         /// The DELTA body (section 7.1).
         var bodyBytes: ArraySlice<UInt8> { records[body..<end] }
-        /// The model id and the DELTA body: a channel batch's frame, a packed batch's entry.
-        var entryBytes: ArraySlice<UInt8> { records[model..<end] }
+        /// The size of the model id and the DELTA body: a channel batch's frame, a packed batch's
+        /// entry.
+        var entryOctets: Int { end - model }
+        /// Calls `body` with the model id and the DELTA body, in place (a slice of the records
+        /// is a retain and a release of them).
+        func withEntryBytes(_ body: (UnsafeBufferPointer<UInt8>) -> Void) {
+            records.withUnsafeBufferPointer { body(UnsafeBufferPointer(rebasing: $0[model..<end])) }
+        }
     }
 
     struct Durability: Sendable {
@@ -386,7 +392,7 @@ extension NodeMachine {
                 && peerEndpoints.allSatisfy { peers[$0]?.takesChannelBatches == true })
         let ranges = Self.batchRanges(
             of: deltas, limit: configuration.batchMaximumDeltas, acrossModels: acrossModels,
-            octets: packed ? (bodies.map { $0.end - $0.model }, PeerMessage.packedBatchTargetOctets) : nil)
+            octets: packed ? (bodies.map(\.entryOctets), PeerMessage.packedBatchTargetOctets) : nil)
         for range in ranges {
             let run = deltas[range]
             counters.deltaMessagesPublished += 1
@@ -394,20 +400,15 @@ extension NodeMachine {
             // takes), whose frame is its body only (a pack ends before a delta past its target, so
             // a large delta is alone in its run).
             let oversized =
-                run.count == 1 && bodies[range.lowerBound].entryBytes.count > PeerMessage.packedEntryMaximumOctets
+                run.count == 1 && bodies[range.lowerBound].entryOctets > PeerMessage.packedEntryMaximumOctets
             if packed, !oversized {
                 var octets = 0
-                for body in range { octets += bodies[body].end - bodies[body].model }
+                for body in range { octets += bodies[body].entryOctets }
                 actions.append(
                     .publish(
                         PeerMessage.encodePackedBatch(
                             channel: run[run.startIndex].channel, count: range.count, octets: octets
-                        ) { index, write in
-                            let body = range.lowerBound + index
-                            bodies[body].records.withUnsafeBufferPointer {
-                                write(UnsafeBufferPointer(rebasing: $0[bodies[body].model..<bodies[body].end]))
-                            }
-                        }))
+                        ) { index, write in bodies[range.lowerBound + index].withEntryBytes(write) }))
                 counters.packedBatchesPublished += 1
                 continue
             }

@@ -395,7 +395,7 @@ extension NodeMachine {
             for index in won.indices {
                 let offset = offsets?[index] ?? start + index
                 let new = Applied(
-                    offset: offset, wonSubset: won[index], writeCount: fresh[index].writeCount,
+                    offset: offset, wonSubset: won[index], writeCount: fresh[index].writes.count,
                     emitter: emitters?[offset] ?? 0)
                 account(&self, new)
                 applied.entries.append(new)
