@@ -68,6 +68,38 @@ struct OriginHistoryTests {
         #expect(history[5_000_100] == Self.delta(5_000_100) && history[4_990_000] == Self.delta(4_990_000))
     }
 
+    /// The window slides around its ring many times; slots are found by sequence number across
+    /// the wrap, also when a repair extends the window downwards past the ring's first slot.
+    @Test func theWindowWrapsAroundItsRing() {
+        var history = OriginHistory()
+        for sequence in UInt64(1)...1_000 where !sequence.isMultiple(of: 3) {
+            history.insert(Self.delta(sequence), limit: 20)
+        }
+        #expect(history.droppedThrough == 980)
+        #expect(history.deltas(in: 1...1_000).map(\.sequence) == (981...1_000).filter { !$0.isMultiple(of: 3) })
+        for sequence in (981...1_000).reversed() where sequence.isMultiple(of: 3) {
+            history.insert(Self.delta(UInt64(sequence)), limit: 20)
+        }
+        #expect(history.count == 20)
+        for sequence in UInt64(981)...1_000 { #expect(history[sequence]?.sequence == sequence) }
+        // Dropped to a window starting mid-ring, then repaired from below it.
+        history.drop(through: 990)
+        var fresh = OriginHistory()
+        for sequence in UInt64(1)...37 { fresh.insert(Self.delta(sequence), limit: 1_000) }
+        fresh.drop(through: 30)
+        for sequence in UInt64(41)...44 { fresh.insert(Self.delta(sequence), limit: 1_000) }
+        #expect(fresh.deltas(in: 1...100).map(\.sequence) == Array(31...37) + Array(41...44))
+        for sequence in (UInt64(38)...40).reversed() { fresh.insert(Self.delta(sequence), limit: 1_000) }
+        for sequence in UInt64(31)...44 { #expect(fresh[sequence] == Self.delta(sequence)) }
+        #expect(history.deltas(in: 1...1_000).map(\.sequence) == Array(991...1_000))
+        // The first delta in the ring's first slot; repairs below it take the ring's last slots.
+        var repaired = OriginHistory()
+        for sequence in (UInt64(80)...100).reversed() { repaired.insert(Self.delta(sequence), limit: 1_000) }
+        for sequence in UInt64(101)...110 { repaired.insert(Self.delta(sequence), limit: 1_000) }
+        for sequence in UInt64(80)...110 { #expect(repaired[sequence] == Self.delta(sequence)) }
+        #expect(repaired.deltas(in: 1...200).map(\.sequence) == Array(80...110))
+    }
+
     @Test func dropThroughCoversASnapshot() {
         var history = OriginHistory()
         for sequence in UInt64(1)...20 { history.insert(Self.delta(sequence), limit: 100) }
