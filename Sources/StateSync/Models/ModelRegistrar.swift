@@ -473,16 +473,19 @@ public final class ModelRegistrar: Sendable {
     /// One write set from a replica: a delta's properties with its version; or, with
     /// `expiredAt`, the expiry of the values its properties were written at `version`.
     package struct RemoteWriteSet: Sendable {
+        // Every field a constant: with `var` fields, making a set (in `NodeMachine.deliver`) built
+        // it twice and copied one into place, two more atomic reference counts and their releases
+        // per set (issue #17).
         let writes: PropertyWrites
         let version: Version
         /// `false` for this node's own writes coming back (e.g. fetched after losing its log).
-        var isRemote = true
+        let isRemote: Bool
         /// The ``instanceID`` of the model that made the write (0: none): that model holds it
         /// already and skips it.
-        var emitter: UInt64 = 0
+        let emitter: UInt64
         /// For an expiry: the version it happened at (the writes name the properties whose values
         /// written at `version` expired).
-        var expiredAt: Version?
+        let expiredAt: Version?
 
         package init(
             writes: [PropertyWrite], version: Version, isRemote: Bool = true, emitter: UInt64 = 0,

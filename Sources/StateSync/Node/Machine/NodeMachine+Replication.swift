@@ -442,7 +442,7 @@ extension NodeMachine {
                 sets.append(
                     ModelRegistrar.RemoteWriteSet(
                         writes: applied.won(index), version: applied[delta: index].version,
-                        isRemote: applied[delta: index].origin != configuration.nodeID,
+                        isRemote: applied[delta: index].version.node != configuration.nodeID,
                         emitter: applied.entries[index].emitter))
             }
             guard !sets.isEmpty else { continue }
