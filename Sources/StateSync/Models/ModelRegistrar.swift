@@ -287,7 +287,10 @@ public final class ModelRegistrar: Sendable {
                 }
                 version = stamped
                 queued = true
-                emittedTo = binding
+                // Paced only when the queue is over its limit: holding the binding and calling its
+                // closure cost every set two atomic reference counts and their releases (issue
+                // #17). `pace` checks again, outside the lock.
+                if direct.queue.isOverLimit { emittedTo = binding }
             } else {
                 version = state.binding?.stamp() ?? Self.standaloneClock.next()
                 if let floor, floor >= version {

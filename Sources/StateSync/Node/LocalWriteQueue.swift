@@ -143,6 +143,11 @@ final class LocalWriteQueue: Sendable {
         }
     }
 
+    /// Whether the outbox holds more rounds than its limit now (a writer then calls ``pace()``).
+    var isOverLimit: Bool {
+        queuedRounds.load(ordering: .relaxed) > queuedRoundsLimit.load(ordering: .relaxed)
+    }
+
     /// Rounds of local writes waiting for the driver now.
     var queuedLocalWriteRounds: Int { queuedRounds.load(ordering: .relaxed) }
     /// How many times a writing thread waited for room in the outbox.
