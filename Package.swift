@@ -47,6 +47,8 @@ let package = Package(
         // Child processes started with posix_spawn (the harness's daemons, the bench's nodes, the
         // tests' children): Foundation's Process.run() crashes intermittently on Linux.
         .target(name: "CProcessSpawn"),
+        // CRC-32C with the processor's instruction (SSE 4.2), for the log's records.
+        .target(name: "CChecksum"),
         .target(
             name: "ChildProcesses",
             dependencies: ["CProcessSpawn"],
@@ -68,6 +70,7 @@ let package = Package(
             name: "StateSync",
             dependencies: [
                 "StateSyncMacros",
+                "CChecksum",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "Configuration", package: "swift-configuration"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

@@ -190,7 +190,7 @@ struct DurabilityTests {
             #expect(await node2.stop() == 0)
             let directory = nodes[0].environment["STATESYNC_NODE_DATA_DIR"]!
             let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: directory + "/deltas.log"))
-            try handle.truncate(atOffset: UInt64("SSLOG1\n".utf8.count))
+            try handle.truncate(atOffset: UInt64("SSLOG2\n".utf8.count))
             try handle.close()
             let reservation = directory + "/sequence.reserved"
             let reserved = try SequenceReservationFile.read(reservation)

@@ -87,9 +87,10 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
 
     package func recover(onCorruptSnapshot: (String) -> Void) throws(StateSyncError) -> NodeMachine.Recovery {
         let snapshot = loadSnapshot(onCorrupt: onCorruptSnapshot)
-        let log = try openLog()
+        var log = try openLog()
         self.log = log
         let recovered = try log.recover()
+        if recovered.isFirstFormat { log = try convertLog(through: recovered.end) }
         var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: recovered.deltas, cutBytes: recovered.cutBytes,
             cutReason: recovered.cutReason, logSize: log.size)
@@ -170,6 +171,22 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
         self.log = replacement
         try syncDirectory()
+    }
+
+    /// Rewrites the log, of the first format (CRC-32) through `end` (its intact records), in the
+    /// current one (CRC-32C): written aside, fsynced, renamed over it, the directory fsynced. A
+    /// crash leaves the old file or the new one, and the node reads either. Returns the new log,
+    /// in use from now on.
+    private func convertLog(through end: Int) throws(StateSyncError) -> DeltaLog {
+        let file = path + "/" + Self.logName
+        guard let data = FileManager.default.contents(atPath: file) else { throw Self.ioError("read", file) }
+        let converted = DeltaLog.converted(fromFirstFormat: [UInt8](data), through: end)
+        let temporary = try writeAside(converted, named: Self.logName)
+        let replacement = try DeltaLog(path: file, openingAt: temporary)
+        guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
+        self.log = replacement
+        try syncDirectory()
+        return replacement
     }
 
     private func openedLog() throws(StateSyncError) -> DeltaLog {

@@ -12,11 +12,13 @@ import Foundation
 /// replay + occasional compaction into a snapshot; a log makes "acknowledged only once durable"
 /// one `write` + one `fdatasync` per batch (group commit), adds no dependency, and its recovery
 /// rule is simple enough to state and test: records are read in order and the first one that is
-/// short, oversized or fails its CRC-32 ends the log — that tail (a write torn by a crash) is cut,
-/// never loaded as data (docs/PROTOCOL.md, Appendix B).
+/// short, oversized or fails its checksum ends the log — that tail (a write torn by a crash) is
+/// cut, never loaded as data (docs/PROTOCOL.md, Appendix B).
 ///
-/// Record: `u32 length` · `u32 CRC-32 of payload` · payload (big-endian; payload = channel,
-/// model, and a DELTA body). The file starts with the magic `SSLOG1\n`.
+/// Record: `u32 length` · `u32 CRC-32C of payload` · payload (big-endian; payload = channel,
+/// model, and a DELTA body). The file starts with the magic `SSLOG2\n`. A log of the first format
+/// (`SSLOG1\n`, whose records are checksummed with CRC-32) is read, and converted when the node
+/// opens it (``DataDirectory``); nothing writes that format any more.
 ///
 /// Preallocation: the file is grown ahead of its records in steps of ``preallocationStep``
 /// (`posix_fallocate`, zero-filled), and records are written in place at the end of the last one. A
@@ -29,7 +31,10 @@ import Foundation
 /// thread alone (the hand-over happens before the thread starts).
 package final class DeltaLog: @unchecked Sendable {
     // Unchecked: no lock; one thread at a time uses it (see above), handed over between them.
-    package static let magic: [UInt8] = Array("SSLOG1\n".utf8)
+    package static let magic: [UInt8] = Array("SSLOG2\n".utf8)
+    /// The magic of the first format, whose records are checksummed with CRC-32 (until
+    /// 2026-11-28: CRC-32C has an instruction of its own; issue #17).
+    package static let firstFormatMagic: [UInt8] = Array("SSLOG1\n".utf8)
     static let maximumRecord = 64 << 20
 
     let path: String
@@ -53,6 +58,8 @@ package final class DeltaLog: @unchecked Sendable {
         package var cutReason: String?
         /// Where the intact records end.
         package var end = 0
+        /// Whether the log is of the first format (`SSLOG1`, CRC-32): to be converted.
+        package var isFirstFormat = false
     }
 
     /// Opens (creating when missing) the log at `path`, or the file at `location` that is about
@@ -97,14 +104,22 @@ package final class DeltaLog: @unchecked Sendable {
     /// (to cut). The one definition of recovery, for a file and for a simulated disk.
     package static func parse(_ bytes: [UInt8], path: String) throws(StateSyncError) -> Recovery {
         var recovery = Recovery()
-        guard bytes.count >= Self.magic.count, Array(bytes.prefix(Self.magic.count)) == Self.magic else {
+        recovery.isFirstFormat = bytes.starts(with: Self.firstFormatMagic)
+        guard bytes.starts(with: Self.magic) || recovery.isFirstFormat else {
             throw StateSyncError(
-                .dataDirectory, "\(path) is not a StateSync log (bad magic); move it aside to start empty")
+                .dataDirectory,
+                "\(path) is not a StateSync log of a format this version reads (its first bytes are not SSLOG2 or SSLOG1); move it aside to start empty, or run the version that wrote it"
+            )
         }
+        let checksum: (ArraySlice<UInt8>) -> UInt32 =
+            recovery.isFirstFormat ? { CRC32.checksum($0) } : { CRC32C.checksum($0) }
         var offset = Self.magic.count
         while offset < bytes.count {
             if Self.isZeroLength(bytes, at: offset) { break }  // the end of the records
-            guard let (delta, next) = Self.record(in: bytes, at: offset, reason: &recovery.cutReason) else { break }
+            guard
+                let (delta, next) = Self.record(
+                    in: bytes, at: offset, checksum: checksum, reason: &recovery.cutReason)
+            else { break }
             recovery.deltas.append(delta)
             offset = next
         }
@@ -118,13 +133,33 @@ package final class DeltaLog: @unchecked Sendable {
         return recovery
     }
 
+    /// The intact records of a log of the first format (`bytes`, through `end`: what
+    /// ``parse(_:path:)`` found intact) in the current one: the same payloads, each with its
+    /// CRC-32C, after the current magic.
+    package static func converted(fromFirstFormat bytes: [UInt8], through end: Int) -> [UInt8] {
+        var writer = WireWriter(capacity: end)
+        writer.bytes(magic)
+        var offset = firstFormatMagic.count
+        while offset + 8 <= end {
+            let length = Int(
+                UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8
+                    | UInt32(bytes[offset + 3]))
+            guard length > 0, offset + 8 + length <= end else { break }
+            _ = appendRecord(to: &writer) { $0.bytes(bytes[(offset + 8)..<(offset + 8 + length)]) }
+            offset += 8 + length
+        }
+        return writer.bytes
+    }
+
     /// Whether the record at `offset` has a zero length field (or the file ends inside it with
     /// zeros): no record's payload is empty, so this is where the records end.
     private static func isZeroLength(_ bytes: [UInt8], at offset: Int) -> Bool {
         bytes[offset..<min(offset + 4, bytes.count)].allSatisfy { $0 == 0 }
     }
 
-    private static func record(in bytes: [UInt8], at offset: Int, reason: inout String?) -> (Delta, Int)? {
+    private static func record(
+        in bytes: [UInt8], at offset: Int, checksum: (ArraySlice<UInt8>) -> UInt32, reason: inout String?
+    ) -> (Delta, Int)? {
         guard bytes.count - offset >= 8 else {
             reason = "a record header is cut short"
             return nil
@@ -140,7 +175,7 @@ package final class DeltaLog: @unchecked Sendable {
             return nil
         }
         let payload = bytes[(offset + 8)..<(offset + 8 + length)]
-        guard CRC32.checksum(payload) == crc else {
+        guard checksum(payload) == crc else {
             reason = "a record fails its checksum"
             return nil
         }
@@ -353,7 +388,7 @@ package final class DeltaLog: @unchecked Sendable {
             return false
         }
         // In place: a slice of the buffer was a retain and a release per record.
-        let crc = writer.bytes.withUnsafeBytes { CRC32.checksum(UnsafeRawBufferPointer(rebasing: $0[(start + 8)...])) }
+        let crc = writer.bytes.withUnsafeBytes { CRC32C.checksum(UnsafeRawBufferPointer(rebasing: $0[(start + 8)...])) }
         writer.overwrite(UInt64(length) << 32 | UInt64(crc), at: start)
         return true
     }

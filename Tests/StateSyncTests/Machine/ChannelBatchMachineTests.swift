@@ -169,7 +169,7 @@ struct ChannelBatchMachineTests {
             payload.string("c")
             payload.bytes(frame)
             var record = WireWriter()
-            record.uint64(UInt64(payload.bytes.count) << 32 | UInt64(CRC32.checksum(payload.bytes)))
+            record.uint64(UInt64(payload.bytes.count) << 32 | UInt64(CRC32C.checksum(payload.bytes)))
             return record.bytes + payload.bytes
         }
         #expect(node.logBytes == frames.dropFirst().flatMap(record))

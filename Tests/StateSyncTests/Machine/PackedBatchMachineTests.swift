@@ -22,7 +22,7 @@ struct PackedBatchMachineTests {
         payload.string("c")
         payload.bytes(entry)
         var record = WireWriter()
-        record.uint64(UInt64(payload.bytes.count) << 32 | UInt64(CRC32.checksum(payload.bytes)))
+        record.uint64(UInt64(payload.bytes.count) << 32 | UInt64(CRC32C.checksum(payload.bytes)))
         return record.bytes + payload.bytes
     }
 

@@ -276,7 +276,7 @@ struct ReplicationMachineTests {
             payload.string("m")
             payload.bytes(body)
             var record = WireWriter()
-            record.uint64(UInt64(payload.bytes.count) << 32 | UInt64(CRC32.checksum(payload.bytes)))
+            record.uint64(UInt64(payload.bytes.count) << 32 | UInt64(CRC32C.checksum(payload.bytes)))
             return record.bytes + payload.bytes
         }
         #expect(Array(node.logBytes[logBefore...]) == record(frames[1]) + record(frames[4]))

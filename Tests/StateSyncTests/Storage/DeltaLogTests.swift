@@ -42,6 +42,101 @@ struct DeltaLogTests {
         }
     }
 
+    /// CRC-32C, the records' checksum: the standard check value, agreement with the bitwise
+    /// definition at every length around the 8-byte steps, and the processor's instruction (where
+    /// there is one) agreeing with the tables at every length and alignment.
+    @Test func crc32cMatchesItsDefinitionWithAndWithoutTheInstruction() {
+        #expect(CRC32C.checksum(Array("123456789".utf8)) == 0xE306_9283)
+        #expect(CRC32C.checksum([UInt8]()) == 0)
+        func bitwise(_ bytes: [UInt8]) -> UInt32 {
+            var crc: UInt32 = 0xFFFF_FFFF
+            for byte in bytes {
+                crc ^= UInt32(byte)
+                for _ in 0..<8 { crc = crc & 1 != 0 ? 0x82F6_3B78 ^ (crc >> 1) : crc >> 1 }
+            }
+            return crc ^ 0xFFFF_FFFF
+        }
+        let bytes = (0..<100).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+        for start in 0..<8 {
+            for end in start...bytes.count {
+                let part = Array(bytes[start..<end])
+                let expected = bitwise(part)
+                #expect(CRC32C.checksum(bytes[start..<end]) == expected, "bytes \(start)..<\(end)")
+                #expect(part.withUnsafeBytes { CRC32C.table.checksum($0) } == expected, "tables, \(start)..<\(end)")
+            }
+        }
+        #if arch(x86_64)
+            #expect(CRC32C.hardware, "every x86-64 processor this runs on in CI has SSE 4.2")
+        #endif
+    }
+
+    /// PROTOCOL.md Appendix B: the worked example's delta as a log record, octet for octet.
+    @Test func theWorkedExampleIsTheRecordOfAppendixB() {
+        var writer = WireWriter()
+        DeltaLog.appendRecord(PeerMessageTests.delta, to: &writer)
+        let expected: [UInt8] = [
+            0x00, 0x00, 0x00, 0x2f, 0x45, 0x09, 0xce, 0x46, 0x04, 0x64, 0x65, 0x6d, 0x6f, 0x08, 0x67, 0x72, 0x65,
+            0x65, 0x74, 0x69, 0x6e, 0x67, 0x01, 0x01, 0x9a, 0xa8, 0xdc, 0x48, 0x7b, 0x00, 0x00, 0x05, 0x6e, 0x6f,
+            0x64, 0x65, 0x31, 0x01, 0x02, 0x04, 0x74, 0x65, 0x78, 0x74, 0x05, 0x05, 0x68, 0x65, 0x6c, 0x6c, 0x6f,
+            0x01, 0x6e, 0x03, 0x02,
+        ]
+        #expect(writer.bytes == expected)
+        #expect(CRC32.checksum(expected[8...]) == 0x3b13_7fc9, "the first format's checksum of the same payload")
+    }
+
+    /// A log written before 2026-11-28 (magic `SSLOG1`, records checksummed with CRC-32) is read
+    /// when its node starts, torn tail cut, and rewritten in the current format: the same
+    /// deltas, read again after, and appended to.
+    @Test func aLogOfTheFirstFormatIsReadAndConvertedWhenItsNodeStarts() throws {
+        let directoryPath = temporaryDirectory("first-format")
+        var file = DeltaLog.firstFormatMagic
+        for sequence in UInt64(1)...3 {
+            let payload = DeltaLog.encodePayload(Self.delta(sequence))
+            var header = WireWriter()
+            header.uint64(UInt64(payload.count) << 32 | UInt64(CRC32.checksum(payload)))
+            file += header.bytes + payload
+        }
+        let intact = file.count
+        file += [0, 0, 0, 40, 1, 2]  // a torn fourth record
+        try Data(file).write(to: URL(fileURLWithPath: directoryPath + "/deltas.log"))
+
+        do {
+            let directory = try DataDirectory(path: directoryPath)
+            defer { directory.close() }
+            let recovery = try directory.recover(onCorruptSnapshot: { Issue.record("no snapshot to be damaged: \($0)") }
+            )
+            #expect(recovery.deltas == (1...3).map { Self.delta($0) })
+            #expect(recovery.cutBytes == 6)
+            #expect(recovery.logSize == intact)
+            let converted = [UInt8](try Data(contentsOf: URL(fileURLWithPath: directoryPath + "/deltas.log")))
+            #expect(converted.starts(with: DeltaLog.magic))
+            #expect(converted.count == intact)
+            #expect(!FileManager.default.fileExists(atPath: directoryPath + "/deltas.log.tmp"))
+            var records = WireWriter()
+            DeltaLog.appendRecord(Self.delta(4), to: &records)
+            try directory.append(records.bytes)
+            try directory.sync()
+        }
+        let reopened = try DataDirectory(path: directoryPath)
+        defer { reopened.close() }
+        let again = try reopened.recover(onCorruptSnapshot: { Issue.record("no snapshot to be damaged: \($0)") })
+        #expect(again.deltas == (1...4).map { Self.delta($0) })
+        #expect(again.cutBytes == 0)
+    }
+
+    /// A file that is neither format is refused with what to do, and left as it is.
+    @Test func aFileOfNeitherFormatIsRefusedAndKept() throws {
+        let path = Self.path()
+        let bytes = Array("SSLOG9\n".utf8) + [0, 0, 0, 1]
+        try Data(bytes).write(to: URL(fileURLWithPath: path))
+        #expect {
+            _ = try DeltaLog(path: path).recover()
+        } throws: { error in
+            "\(error)".contains("not a StateSync log of a format this version reads")
+        }
+        #expect([UInt8](try Data(contentsOf: URL(fileURLWithPath: path))) == bytes)
+    }
+
     @Test func appendedDeltasAreRecoveredInOrder() throws {
         let path = try Self.logged((1...50).map { Self.delta($0) })
         let recovery = try DeltaLog(path: path).recover()
