@@ -91,6 +91,10 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         self.log = log
         let recovered = try log.recover()
         if recovered.isFirstFormat { log = try convertLog(through: recovered.end) }
+        // A rename of the log (a conversion, or a compaction) not yet durable when the last
+        // process stopped must be before the node appends to the file it found: a power loss
+        // could otherwise bring back the older file, without what is appended now.
+        try syncDirectory()
         var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: recovered.deltas, cutBytes: recovered.cutBytes,
             cutReason: recovered.cutReason, logSize: log.size)
@@ -106,9 +110,9 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         }
         let reservation = path + "/" + Self.reservationName
         if let data = FileManager.default.contents(atPath: reservation) {
-            // A rename not yet made durable (a crash right after it) must be before it is
-            // trusted: a later power loss could otherwise bring back the older, lower value.
-            try syncDirectory()
+            // A rename not yet made durable (a crash right after it) is, by the directory's sync
+            // above, before it is trusted: a power loss could otherwise bring back the older,
+            // lower value.
             do {
                 let reserved = try SequenceReservation.decode(Array(data))
                 recovery.reservedSequence = reserved.through

@@ -44,6 +44,9 @@ package final class DeltaLog: @unchecked Sendable {
     /// The file's length: `size`, or more when preallocated (zero-filled past `size`).
     private(set) var allocated: Int
     private(set) var unsyncedBytes = 0
+    /// Whether recovery found a log of the first format: nothing is appended to it (CRC-32C
+    /// records would be cut as corrupt by the next recovery); it is converted instead.
+    private var isFirstFormat = false
     /// Whether the file system refused `fallocate`: then the log only appends.
     private var preallocationUnsupported = false
     /// How far the file is grown ahead of its records at a time.
@@ -88,6 +91,7 @@ package final class DeltaLog: @unchecked Sendable {
         guard let data = FileManager.default.contents(atPath: path) else { throw Self.error("read", path) }
         let bytes = [UInt8](data)
         let recovery = try Self.parse(bytes, path: path)
+        isFirstFormat = recovery.isFirstFormat
         if recovery.end < bytes.count {
             guard ftruncate(descriptor, off_t(recovery.end)) == 0 else { throw Self.error("truncate", path) }
             size = recovery.end
@@ -108,7 +112,7 @@ package final class DeltaLog: @unchecked Sendable {
         guard bytes.starts(with: Self.magic) || recovery.isFirstFormat else {
             throw StateSyncError(
                 .dataDirectory,
-                "\(path) is not a StateSync log of a format this version reads (its first bytes are not SSLOG2 or SSLOG1); move it aside to start empty, or run the version that wrote it"
+                "\(path) is not a StateSync log of a format this version reads (its first bytes are not SSLOG2 or SSLOG1); run the version that wrote it, or move the data directory aside and start the node under a new id (docs/PROTOCOL.md 7.5)"
             )
         }
         let checksum: (ArraySlice<UInt8>) -> UInt32 =
@@ -295,6 +299,10 @@ package final class DeltaLog: @unchecked Sendable {
     /// Appends records already encoded (a ``Batch``'s bytes) in one `write`.
     func append(encoded bytes: [UInt8]) throws(StateSyncError) {
         if bytes.isEmpty { return }
+        guard !isFirstFormat else {
+            throw StateSyncError(
+                .dataDirectory, "\(path) is a log of the first format: it is converted before it is appended to")
+        }
         let start = size
         do {
             if start + bytes.count > allocated { preallocate(through: start + bytes.count) }

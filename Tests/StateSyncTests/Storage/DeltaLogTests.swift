@@ -117,6 +117,14 @@ struct DeltaLogTests {
             try directory.append(records.bytes)
             try directory.sync()
         }
+        // The log alone (no data directory to convert it) is read, and refuses to be appended to.
+        let alone = Self.path()
+        try Data(file).write(to: URL(fileURLWithPath: alone))
+        let firstFormat = try DeltaLog(path: alone)
+        #expect(try firstFormat.recover().deltas == (1...3).map { Self.delta($0) })
+        #expect(throws: StateSyncError.self) { try firstFormat.append([Self.delta(4)]) }
+        #expect(try DeltaLog(path: alone).recover().deltas == (1...3).map { Self.delta($0) })
+
         let reopened = try DataDirectory(path: directoryPath)
         defer { reopened.close() }
         let again = try reopened.recover(onCorruptSnapshot: { Issue.record("no snapshot to be damaged: \($0)") })
