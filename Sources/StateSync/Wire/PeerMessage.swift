@@ -308,29 +308,31 @@ public enum PeerMessage: Sendable, Equatable {
         for _ in 0..<count {
             let length = try reader.count("packed entry length")
             let entry = reader.offset..<(reader.offset + length)
-            reader.skip(length)
-            var body = WireReader(pack, range: entry)
-            let modelLength = try body.count("model")
-            let modelBytes = body.offset..<(body.offset + modelLength)
+            // The entry is read by the batch's reader, limited to it (the octets after the fields
+            // this version knows are passed over), and its model id compared in place: a reader
+            // and two slices of the frame per entry were three retains of it, and their releases.
+            let batchEnd = reader.limit(to: entry.upperBound)
+            let modelLength = try reader.count("model")
+            let modelBytes = reader.offset..<(reader.offset + modelLength)
             let model: String
-            if let lastModel, pack[lastModel.bytes].elementsEqual(pack[modelBytes]) {
+            if let lastModel, reader.octets(lastModel.bytes, equal: modelBytes) {
                 model = lastModel.name
-                body.skip(modelLength)
+                reader.skip(modelLength)
             } else {
-                body = WireReader(pack, range: entry)
-                model = try body.string("model")
+                model = try reader.utf8("model", count: modelLength)
                 guard !model.isEmpty, !model.utf8.contains(0) else {
                     throw .invalid(field: "model", reason: "empty or contains NUL")
                 }
                 lastModel = (modelBytes, model)
             }
-            let version = try body.byte("protocol version")
+            let version = try reader.byte("protocol version")
             guard version == protocolVersion || version == deletionVersion else {
                 throw .unsupported("protocol version \(version)")
             }
             headers.append(
                 try decodeDeltaBody(
-                    &body, model: model, version2: version == deletionVersion, names: &recent, into: &writes))
+                    &reader, model: model, version2: version == deletionVersion, names: &recent, into: &writes))
+            reader.endLimit(restoring: batchEnd)
             entries.append(entry)
         }
         return DecodedDeltas(deltas: deltas(of: headers, channel: channel, writes: writes), packedEntries: entries)

@@ -12,8 +12,9 @@ public struct WireReader {
     public static let maximumDepth = 32
 
     private let bytes: [UInt8]
-    /// Where reading stops: the end of `bytes`, or of the range the reader was made for.
-    private let end: Int
+    /// Where reading stops: the end of `bytes`, or of the range the reader was made for (or is
+    /// limited to: ``limit(to:)``).
+    private var end: Int
     /// Where the next read starts (in `bytes`, from its start).
     public private(set) var offset: Int
 
@@ -31,6 +32,37 @@ public struct WireReader {
         self.bytes = bytes
         self.offset = range.lowerBound
         self.end = range.upperBound
+    }
+
+    /// Reads no further than `newEnd` (at or after ``offset``, within what remains) until
+    /// ``endLimit(restoring:)``; returns the end to restore. For an entry of a packed batch read
+    /// by the batch's own reader: a reader of its own per entry held the batch's bytes, an atomic
+    /// reference count and its release per delta (issue #17).
+    package mutating func limit(to newEnd: Int) -> Int {
+        precondition(newEnd >= offset && newEnd <= end, "a limit within what remains")
+        let previous = end
+        end = newEnd
+        return previous
+    }
+
+    /// Ends a ``limit(to:)``: reading goes on after the limited part (what of it was not read is
+    /// passed over), up to `previous`, the end ``limit(to:)`` returned.
+    package mutating func endLimit(restoring previous: Int) {
+        precondition(previous >= end, "the end before the limit")
+        offset = end
+        end = previous
+    }
+
+    /// Whether the octets of `one` and `other` (ranges of the frame, in ``offset``'s terms) are
+    /// the same, compared in place.
+    package func octets(_ one: Range<Int>, equal other: Range<Int>) -> Bool {
+        guard one.count == other.count else { return false }
+        precondition(
+            one.lowerBound >= 0 && one.upperBound <= bytes.count && other.lowerBound >= 0
+                && other.upperBound <= bytes.count, "ranges within the bytes")
+        return bytes.withUnsafeBufferPointer { all in
+            memcmp(all.baseAddress! + one.lowerBound, all.baseAddress! + other.lowerBound, one.count) == 0
+        }
     }
 
     /// Bytes not yet read.
@@ -101,7 +133,13 @@ public struct WireReader {
 
     /// Reads a length-prefixed UTF-8 string (invalid UTF-8 is an error).
     public mutating func string(_ field: String) throws(WireError) -> String {
-        let length = try count(field)
+        try utf8(field, count: try count(field))
+    }
+
+    /// The next `length` octets (which remain: a length read with ``count(_:minimumItemSize:)``)
+    /// as UTF-8 text: the rest of a string whose length was read.
+    package mutating func utf8(_ field: String, count length: Int) throws(WireError) -> String {
+        precondition(length >= 0 && length <= remaining, "a length within what remains")
         let slice = bytes[offset..<offset + length]
         offset += length
         guard let text = String(utf8Bytes: slice) else { throw .invalidUTF8(field: field) }

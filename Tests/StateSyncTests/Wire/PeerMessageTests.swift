@@ -211,6 +211,9 @@ struct PeerMessageTests {
             ("an entry cut short", pack(count: 1, [Array(frame.prefix(12))])),
             ("an empty model id", pack(count: 1, [emptyModel.bytes + body])),
             ("a model id with NUL", pack(count: 1, [nulModel.bytes + body])),
+            ("a model id that is not UTF-8", pack(count: 1, [[2, 0x61, 0xFF] + body])),
+            ("a good entry, then one whose model id is not UTF-8", pack(count: 2, [frame, [2, 0x61, 0xFF] + body])),
+            ("a model id longer than its entry", pack(count: 1, [[40, 0x61] + body], length: 2 + body.count)),
             ("an unknown body version", pack(count: 1, [Array(frame.prefix(9)) + [7] + body.dropFirst()])),
             ("a good entry, then a bad one", pack(count: 2, [frame, Array(frame.prefix(12))])),
         ]
