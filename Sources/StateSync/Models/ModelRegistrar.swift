@@ -27,6 +27,12 @@ package final class ModelBinding: Sendable {
     /// ``stamp`` and then ``emit``.
     let localWrites: (queue: LocalWriteQueue, emitter: UInt64)?
 
+    /// Stamps and queues `write` on ``localWrites`` (which the binding has) under the queue's one
+    /// lock: ``LocalWriteQueue/stampAndEnqueue(_:floor:write:emitter:)`` for this model.
+    func stampAndEnqueue(floor: Version?, write: PropertyWrite) -> Version? {
+        localWrites!.queue.stampAndEnqueue(address, floor: floor, write: write, emitter: localWrites!.emitter)
+    }
+
     package convenience init(
         address: ModelAddress, stamp: @escaping @Sendable () -> Version,
         emit: @escaping @Sendable (_ address: ModelAddress, _ version: Version, _ writes: [PropertyWrite]) -> Void,
@@ -272,15 +278,14 @@ public final class ModelRegistrar: Sendable {
             let floor = state.floor(of: index)
             let version: Version
             var queued = false
-            if let binding = state.binding, let direct = binding.localWrites,
-                let value = try? ValueEncoder().encode(newValue)
-            {
+            // The binding and its queue used where they lie, in the state (bound to names of their
+            // own, each was a retain and a release per set; issue #17).
+            if state.binding?.localWrites != nil, let value = try? ValueEncoder().encode(newValue) {
                 // Stamped and queued under the queue's one lock (a value that does not encode
                 // takes the path below, which reports it).
                 guard
-                    let stamped = direct.queue.stampAndEnqueue(
-                        binding.address, floor: floor, write: PropertyWrite(name: property.name, value: value),
-                        emitter: direct.emitter)
+                    let stamped = state.binding!.stampAndEnqueue(
+                        floor: floor, write: PropertyWrite(name: property.name, value: value))
                 else {
                     supersededWrites.add(1, ordering: .relaxed)
                     return nil
@@ -290,7 +295,7 @@ public final class ModelRegistrar: Sendable {
                 // Paced only when the queue is over its limit: holding the binding and calling its
                 // closure cost every set two atomic reference counts and their releases (issue
                 // #17). `pace` checks again, outside the lock.
-                if direct.queue.isOverLimit { emittedTo = binding }
+                if state.binding!.localWrites!.queue.isOverLimit { emittedTo = state.binding }
             } else {
                 version = state.binding?.stamp() ?? Self.standaloneClock.next()
                 if let floor, floor >= version {
