@@ -138,6 +138,7 @@ public struct WireReader {
 
     /// The next `length` octets (which remain: a length read with ``count(_:minimumItemSize:)``)
     /// as UTF-8 text: the rest of a string whose length was read.
+    @inline(__always)
     package mutating func utf8(_ field: String, count length: Int) throws(WireError) -> String {
         precondition(length >= 0 && length <= remaining, "a length within what remains")
         let slice = bytes[offset..<offset + length]
