@@ -270,6 +270,11 @@ struct SecureLiveViewTests {
                     != nil
             }
             _ = try await writer.set(ModelAddress(channel: "sensors", model: "t1"), ["temp": .int(20)])
+            // The API can answer before the HTTP listener is bound (seen once in a loaded suite: a
+            // curl that found nothing listening exited, and the wait for its stream timed out).
+            try await waitUntil("the HTTP listener answers") {
+                (try? await HTTPListenerTests.get("http://\(http)/healthz"))?.status == 200
+            }
 
             // No token: members and counts, no channel names, no data.
             let anonymous = try await Self.events(
