@@ -287,8 +287,7 @@ public enum PeerMessage: Sendable, Equatable {
     /// delta. Frames after the second are ignored; anything malformed in the pack drops it whole.
     private static func decodePackedBatch(_ frames: [[UInt8]]) throws(WireError) -> DecodedDeltas {
         let channel = try channelOfBatchTopic(frames[0], prefix: "P")
-        let pack = frames[1]
-        var reader = WireReader(pack)
+        var reader = WireReader(frames[1])
         // An entry is at least 18 octets: its length (1), a model id (2) and the shortest DELTA
         // body (15: version, timestamp, a one-octet origin, sequence, count, an empty name and a
         // one-octet value). A count the pack cannot hold is refused before anything is reserved.

@@ -25,15 +25,6 @@ public struct WireReader {
         self.end = bytes.count
     }
 
-    /// A reader of `range` of `bytes` alone (an entry of a packed batch), without copying them:
-    /// ``offset`` counts from the start of `bytes`.
-    package init(_ bytes: [UInt8], range: Range<Int>) {
-        precondition(range.lowerBound >= 0 && range.upperBound <= bytes.count, "a range within the bytes")
-        self.bytes = bytes
-        self.offset = range.lowerBound
-        self.end = range.upperBound
-    }
-
     /// Reads no further than `newEnd` (at or after ``offset``, within what remains) until
     /// ``endLimit(restoring:)``; returns the end to restore. For an entry of a packed batch read
     /// by the batch's own reader: a reader of its own per entry held the batch's bytes, an atomic
