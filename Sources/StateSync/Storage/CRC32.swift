@@ -48,15 +48,23 @@ struct SlicedCRC32: Sendable {
     }
 }
 
-/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320): the checksum of a sequence
-/// reservation, and of every record of a log of the first format (`SSLOG1`).
-enum CRC32 {
-    private static let table = SlicedCRC32(polynomial: 0xEDB8_8320)
+/// A 32-bit checksum of bytes in memory, and of any collection of bytes through it.
+protocol Checksum32 {
+    static func checksum(_ bytes: UnsafeRawBufferPointer) -> UInt32
+}
 
+extension Checksum32 {
+    /// The checksum of `bytes`, read in place when they are contiguous.
     static func checksum<C: Collection>(_ bytes: C) -> UInt32 where C.Element == UInt8 {
         if let crc = bytes.withContiguousStorageIfAvailable({ checksum(UnsafeRawBufferPointer($0)) }) { return crc }
         return Array(bytes).withUnsafeBytes { checksum($0) }
     }
+}
+
+/// CRC-32 (IEEE 802.3, reflected, polynomial 0xEDB88320): the checksum of a sequence
+/// reservation, and of every record of a log of the first format (`SSLOG1`).
+enum CRC32: Checksum32 {
+    private static let table = SlicedCRC32(polynomial: 0xEDB8_8320)
 
     static func checksum(_ bytes: UnsafeRawBufferPointer) -> UInt32 { table.checksum(bytes) }
 }
@@ -66,15 +74,10 @@ enum CRC32 {
 /// eight bytes per instruction: the tables took 5–6 % of each I/O thread of a busy node, some
 /// 20 ns per record of 40–60 bytes (issue #17). Tables elsewhere, and in tests to check one
 /// against the other.
-enum CRC32C {
+enum CRC32C: Checksum32 {
     static let table = SlicedCRC32(polynomial: 0x82F6_3B78)
     /// Whether this processor has the instruction (asked once).
     static let hardware = statesync_crc32c_hardware_available() != 0
-
-    static func checksum<C: Collection>(_ bytes: C) -> UInt32 where C.Element == UInt8 {
-        if let crc = bytes.withContiguousStorageIfAvailable({ checksum(UnsafeRawBufferPointer($0)) }) { return crc }
-        return Array(bytes).withUnsafeBytes { checksum($0) }
-    }
 
     static func checksum(_ bytes: UnsafeRawBufferPointer) -> UInt32 {
         guard hardware, let base = bytes.baseAddress else { return table.checksum(bytes) }
