@@ -25,20 +25,27 @@ struct DeltaLogTests {
 
     /// The standard check value of CRC-32/ISO-HDLC, and agreement with the bitwise definition at
     /// every length around the 8-byte steps.
+    /// A reflected CRC-32 of `polynomial`, bit by bit: the definition the tables are checked against.
+    static func bitwiseCRC(_ bytes: [UInt8], polynomial: UInt32) -> UInt32 {
+        var crc: UInt32 = 0xFFFF_FFFF
+        for byte in bytes {
+            crc ^= UInt32(byte)
+            for _ in 0..<8 { crc = crc & 1 != 0 ? polynomial ^ (crc >> 1) : crc >> 1 }
+        }
+        return crc ^ 0xFFFF_FFFF
+    }
+
+    /// Bytes to check a CRC with, at every length around its 8-byte steps.
+    static let checkedBytes = (0..<100).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+
     @Test func crc32MatchesItsDefinition() {
         #expect(CRC32.checksum(Array("123456789".utf8)) == 0xCBF4_3926)
         #expect(CRC32.checksum([UInt8]()) == 0)
-        func bitwise(_ bytes: [UInt8]) -> UInt32 {
-            var crc: UInt32 = 0xFFFF_FFFF
-            for byte in bytes {
-                crc ^= UInt32(byte)
-                for _ in 0..<8 { crc = crc & 1 != 0 ? 0xEDB8_8320 ^ (crc >> 1) : crc >> 1 }
-            }
-            return crc ^ 0xFFFF_FFFF
-        }
-        let bytes = (0..<100).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+        let bytes = Self.checkedBytes
         for length in 0...bytes.count {
-            #expect(CRC32.checksum(bytes.prefix(length)) == bitwise(Array(bytes.prefix(length))), "length \(length)")
+            #expect(
+                CRC32.checksum(bytes.prefix(length))
+                    == Self.bitwiseCRC(Array(bytes.prefix(length)), polynomial: 0xEDB8_8320), "length \(length)")
         }
     }
 
@@ -48,19 +55,11 @@ struct DeltaLogTests {
     @Test func crc32cMatchesItsDefinitionWithAndWithoutTheInstruction() {
         #expect(CRC32C.checksum(Array("123456789".utf8)) == 0xE306_9283)
         #expect(CRC32C.checksum([UInt8]()) == 0)
-        func bitwise(_ bytes: [UInt8]) -> UInt32 {
-            var crc: UInt32 = 0xFFFF_FFFF
-            for byte in bytes {
-                crc ^= UInt32(byte)
-                for _ in 0..<8 { crc = crc & 1 != 0 ? 0x82F6_3B78 ^ (crc >> 1) : crc >> 1 }
-            }
-            return crc ^ 0xFFFF_FFFF
-        }
-        let bytes = (0..<100).map { UInt8(truncatingIfNeeded: $0 &* 37 &+ 11) }
+        let bytes = Self.checkedBytes
         for start in 0..<8 {
             for end in start...bytes.count {
                 let part = Array(bytes[start..<end])
-                let expected = bitwise(part)
+                let expected = Self.bitwiseCRC(part, polynomial: 0x82F6_3B78)
                 #expect(CRC32C.checksum(bytes[start..<end]) == expected, "bytes \(start)..<\(end)")
                 #expect(part.withUnsafeBytes { CRC32C.table.checksum($0) } == expected, "tables, \(start)..<\(end)")
             }
