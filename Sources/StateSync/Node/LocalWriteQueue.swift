@@ -43,9 +43,14 @@ final class LocalWriteQueue: Sendable {
         self.clock = clock
     }
 
-    /// The driver that takes the writes (and is woken for them).
+    /// The driver that takes the writes (and is woken for them). It is woken now: writes queued
+    /// before it was attached woke no one, and the writes after them wake it only once it has
+    /// taken those (see ``wakeDriver()``).
     func attach(driver: any NodeDriver) {
-        self.driver.withLock { $0 = driver }
+        self.driver.withLock {
+            $0 = driver
+            $0?.wake()
+        }
     }
 
     /// The node is gone: writes are no longer taken, and no writer waits.
@@ -72,21 +77,30 @@ final class LocalWriteQueue: Sendable {
         }
     }
 
-    /// Queues a local write for the driver and wakes it.
+    /// Queues a local write for the driver and wakes it (if the outbox was empty).
     func enqueue(_ write: LocalWrite) {
         guard isOpen else { return }
-        outbox.withLock { pending in
+        let wasEmpty = outbox.withLock { pending in
+            let wasEmpty = pending.isEmpty
             Self.release(write.version, from: &pending.stamped)
             pending.append(write)
             queuedRounds.store(pending.rounds.count, ordering: .relaxed)
+            return wasEmpty
         }
-        wakeDriver()
+        if wasEmpty { wakeDriver() }
     }
 
     /// Wakes the driver, if attached: in place, under its lock. Copied out, the driver (an
     /// existential) was an outlined copy of its box and its release per local write, some 6 % of
     /// a writing thread's samples in the two-process bench (issue #17). A wake-up is an atomic
     /// exchange, and a one-byte write only when the driver has taken the last one.
+    ///
+    /// Called only by the write that found the outbox empty: the writes queued after it, until
+    /// the driver takes the outbox, are taken with it. That write wakes the driver after queueing
+    /// (so the driver, woken, takes it), and the driver takes the whole outbox at once, so a
+    /// write that found another before it is taken no later than that one. Every write woke the
+    /// driver before: its lock, the copy of the existential and an atomic exchange per set, an
+    /// eighth of a writing thread's samples in the two-process bench (issue #17).
     private func wakeDriver() {
         driver.withLock { $0?.wake() }
     }
@@ -105,14 +119,15 @@ final class LocalWriteQueue: Sendable {
             if let floor, floor >= version { return nil }
             return version
         }
-        let version = outbox.withLock { pending -> Version? in
+        let (version, wasEmpty) = outbox.withLock { pending -> (Version?, Bool) in
             let version = clock.next()
-            if let floor, floor >= version { return nil }
+            if let floor, floor >= version { return (nil, false) }
+            let wasEmpty = pending.isEmpty
             pending.append(address: address, version: version, property: write, emitter: emitter)
             queuedRounds.store(pending.rounds.count, ordering: .relaxed)
-            return version
+            return (version, wasEmpty)
         }
-        if version != nil { wakeDriver() }
+        if wasEmpty { wakeDriver() }
         return version
     }
 
@@ -187,6 +202,9 @@ struct Outbox: Sendable {
     /// doubling at a time, five allocations and copies per turn, the last of 80 KB). The driver
     /// takes at every input, so empty takes leave it as it is.
     private var lastTaken = 0
+
+    /// Whether no write waits (the driver took the last).
+    var isEmpty: Bool { rounds.isEmpty }
 
     mutating func append(_ write: LocalWrite) {
         makeRoom()

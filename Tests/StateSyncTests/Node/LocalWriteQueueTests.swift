@@ -1,3 +1,4 @@
+import Synchronization
 import Testing
 
 @testable import StateSync
@@ -129,5 +130,39 @@ struct LocalWriteQueueTests {
         #expect(applied.map(\.properties) == [[PropertyWrite(name: "a", value: 1)]])
         let kept = try #require(applied.first).writes.sharedCapacity
         #expect(kept < 8, "the delta keeps an array with room for \(kept) properties")
+    }
+
+    /// A driver that counts its wake-ups.
+    final class CountingDriver: NodeDriver {
+        let wakes = Atomic<Int>(0)
+        func wake() { wakes.add(1, ordering: .relaxed) }
+        func stop() async {}
+    }
+
+    /// The write that finds the outbox empty wakes the driver; the writes after it, until the
+    /// driver takes the outbox, go with it and wake no one. Attaching wakes the driver for what
+    /// was queued before it came.
+    @Test func onlyTheWriteThatFindsTheOutboxEmptyWakesTheDriver() throws {
+        let queue = LocalWriteQueue(clock: HybridLogicalClock(node: "n1", wallClock: { 1_000 }))
+        let counter = Self.bound(to: queue)
+        counter.count = 1
+        let driver = CountingDriver()
+        queue.attach(driver: driver)
+        #expect(driver.wakes.load(ordering: .relaxed) == 1, "attached to a queue holding a write: woken")
+        counter.count = 2
+        counter.count = 3
+        #expect(driver.wakes.load(ordering: .relaxed) == 1, "the outbox held a write: no wake-up")
+        #expect(queue.take().rounds.flatMap(\.localWrites).count == 3)
+        counter.count = 4
+        #expect(driver.wakes.load(ordering: .relaxed) == 2, "the first write after a take wakes the driver")
+        // A transaction's write (stamped, then queued) likewise.
+        _ = queue.take()
+        counter.transaction { $0.count = 5 }
+        counter.count = 6
+        #expect(driver.wakes.load(ordering: .relaxed) == 3)
+        #expect(queue.take().rounds.flatMap(\.localWrites).count == 2)
+        // Nothing queued: nothing to wake for.
+        counter.count = 6
+        #expect(driver.wakes.load(ordering: .relaxed) == 3)
     }
 }
