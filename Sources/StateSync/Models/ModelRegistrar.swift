@@ -192,13 +192,24 @@ public final class ModelRegistrar: Sendable {
         (names: [String], versions: [Version?]) = ([], [])
     private let supersededWrites = Atomic<Int>(0)
     /// ``State/isDeleted``, readable without the lock (also inside a transaction, which holds it).
+    /// Sequentially consistent, as ``observationReached`` is: see ``noteObservationReached()``.
     private let deletedFlag = Atomic<Bool>(false)
+    /// Whether Observation may be watching this model: something read a tracked property or
+    /// ``isDeleted(_:)`` (each tells the registrar of the access, which is how
+    /// `withObservationTracking` and SwiftUI start watching), or took ``observationRegistrar``.
+    /// Until then no one can be, and writes tell the registrar nothing: its `willSet` and
+    /// `didSet` for every set were a fifth of a writing thread's samples (issue #17).
+    private let observationReached = Atomic<Bool>(false)
 
     /// Local writes that did not apply because the property holds a version from a clock ahead
     /// of this one (beyond the drift bound): last-writer-wins kept the held value.
     public var supersededWriteCount: Int { supersededWrites.load(ordering: .relaxed) }
     /// Observation interop: `withObservationTracking` and SwiftUI see reads and writes.
-    public let observationRegistrar = ObservationRegistrar()
+    public var observationRegistrar: ObservationRegistrar {
+        noteObservationReached()
+        return observationInterop
+    }
+    private let observationInterop = ObservationRegistrar()
     /// Unique in this process, never reused (unlike an `ObjectIdentifier`): tells a node which
     /// instance made a local write.
     let instanceID = ModelRegistrar.nextInstanceID.add(1, ordering: .relaxed).newValue
@@ -217,6 +228,18 @@ public final class ModelRegistrar: Sendable {
         for entry in observers.removeAll() where !entry.isCancelled { entry.onEnd?() }
     }
 
+    /// Notes that Observation may watch the model from now on (``observationReached``); called
+    /// before the registrar is told of an access. Sequentially consistent (a plain load on x86
+    /// once set), with the write side's load and ``deletedFlag``: a reader that notes the access,
+    /// then reads a value a writer has not stored yet, is seen by that writer's later check, so
+    /// it is told of the change. (A tracked property's read and write are also ordered by the
+    /// model's lock; ``isDeleted(_:)`` reads without it.)
+    @inline(__always) private func noteObservationReached() {
+        if !observationReached.load(ordering: .sequentiallyConsistent) {
+            observationReached.store(true, ordering: .sequentiallyConsistent)
+        }
+    }
+
     private var inTransactionOnThisThread: Bool {
         transactionOwner.load(ordering: .relaxed) == currentThreadID()
     }
@@ -225,7 +248,8 @@ public final class ModelRegistrar: Sendable {
 
     /// Reads a tracked property.
     public func read<Model: ReplicatedModel, T>(_ model: Model, _ property: ReplicatedProperty<Model, T>) -> T {
-        observationRegistrar.access(model, keyPath: property.keyPath)
+        noteObservationReached()
+        observationInterop.access(model, keyPath: property.keyPath)
         if inTransactionOnThisThread { return property.get(model) }
         return state.withLock { _ in property.get(model) }
     }
@@ -778,8 +802,9 @@ public final class ModelRegistrar: Sendable {
     /// Whether the model is deleted: its deletion (or the removal of its last value) was applied
     /// and no write gave it a value since. Tracked by Observation.
     public func isDeleted<Model: ReplicatedModel>(_ model: Model) -> Bool {
-        observationRegistrar.access(model, keyPath: \Model.isDeleted)
-        return deletedFlag.load(ordering: .acquiring)
+        noteObservationReached()
+        observationInterop.access(model, keyPath: \Model.isDeleted)
+        return deletedFlag.load(ordering: .sequentiallyConsistent)
     }
 
     /// Sets whether the model is deleted; a change is told to Observation in the model's order of
@@ -787,7 +812,7 @@ public final class ModelRegistrar: Sendable {
     private func setDeleted(_ deleted: Bool, _ state: inout State) {
         guard state.isDeleted != deleted else { return }
         state.isDeleted = deleted
-        deletedFlag.store(deleted, ordering: .releasing)
+        deletedFlag.store(deleted, ordering: .sequentiallyConsistent)
         state.pending.append(.deletionObservation)
     }
 
@@ -885,7 +910,7 @@ public final class ModelRegistrar: Sendable {
             }
             let deleted = (state.deletion != nil || state.removedCount > 0) && !state.anyValue
             state.isDeleted = deleted
-            deletedFlag.store(deleted, ordering: .releasing)
+            deletedFlag.store(deleted, ordering: .sequentiallyConsistent)
             state.binding = binding
         }
     }
@@ -1072,6 +1097,8 @@ public final class ModelRegistrar: Sendable {
             // retained, then released with the batch), 2–3 % of a single-set reader and writer.
             // The batch is this loop's own (writers queue into `state.pending`), and a callback
             // that writes to the model queues there too.
+            // Read once a batch, after its values were stored (see noteObservationReached()).
+            let observed = observationReached.load(ordering: .sequentiallyConsistent)
             batch.withUnsafeMutableBufferPointer { notices in
                 for index in notices.indices {
                     let notice = notices.moveElement(from: index)
@@ -1084,10 +1111,11 @@ public final class ModelRegistrar: Sendable {
                             observer.callback(change)
                         }
                     case .observation(let index):
-                        properties[index].notifyObservation(of: model, registrar: observationRegistrar)
+                        if observed { properties[index].notifyObservation(of: model, registrar: observationInterop) }
                     case .deletionObservation:
-                        observationRegistrar.willSet(model, keyPath: \Model.isDeleted)
-                        observationRegistrar.didSet(model, keyPath: \Model.isDeleted)
+                        guard observed else { break }
+                        observationInterop.willSet(model, keyPath: \Model.isDeleted)
+                        observationInterop.didSet(model, keyPath: \Model.isDeleted)
                     }
                 }
             }

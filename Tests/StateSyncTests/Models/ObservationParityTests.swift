@@ -41,6 +41,38 @@ struct ObservationParityTests {
         #expect(fired.load(ordering: .relaxed) == 1)
     }
 
+    /// Writes tell Observation nothing until something reads the model (no tracking can watch it
+    /// before); a tracking that starts later, by a read or through the registrar itself, still
+    /// sees the next change, local or remote.
+    @Test func aTrackingThatStartsAfterUnreadWritesSeesTheNextChange() {
+        let counter = Counter()
+        for value in 1...50 { counter.count = value }
+        _ = counter._$registrar.applyRemote(
+            counter, writes: [PropertyWrite(name: "count", value: 51)],
+            version: Version(milliseconds: 4_000_000_000_000, counter: 0, node: "peer"))
+        let fired = Atomic<Int>(0)
+        withObservationTracking {
+            _ = counter.count
+        } onChange: {
+            fired.add(1, ordering: .relaxed)
+        }
+        _ = counter._$registrar.applyRemote(
+            counter, writes: [PropertyWrite(name: "count", value: 52)],
+            version: Version(milliseconds: 4_000_000_000_000, counter: 1, node: "peer"))
+        #expect(fired.load(ordering: .relaxed) == 1)
+
+        let other = Counter()
+        other.count = 1
+        let direct = Atomic<Int>(0)
+        withObservationTracking {
+            other._$registrar.observationRegistrar.access(other, keyPath: \.count)
+        } onChange: {
+            direct.add(1, ordering: .relaxed)
+        }
+        other.count = 2
+        #expect(direct.load(ordering: .relaxed) == 1, "an access told to the registrar directly")
+    }
+
     /// The SwiftUI/UIKit pattern: `onChange` re-arms the tracking and writes back what the model
     /// holds. An equal write notifies nothing, so this ends after the one real change (it used to
     /// recurse until the stack overflowed).
