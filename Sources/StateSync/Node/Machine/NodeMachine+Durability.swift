@@ -9,24 +9,49 @@
 extension NodeMachine {
     /// Where a staged own write's bytes lie: in the log records it was appended with, which
     /// every write of its round shares — its DELTA body is encoded once, for the log record and
-    /// for publishing, and has no array of its own.
+    /// for publishing, and has no array of its own. Offsets only: the records are held once per
+    /// round (``StagedRecords``), not by every write of it (a reference each was an atomic
+    /// reference count when staged and a release when published, per own write: issue #17).
     struct StagedBytes: Sendable {
-        /// The records of the write's round, as handed to the log.
-        let records: [UInt8]
+        /// The round whose records hold it (see ``StagedRecords``).
+        let round: Int
         /// Where its model id (with its length) starts, where its DELTA body starts and ends.
         let model: Int
         let body: Int
         let end: Int
 
-        /// The DELTA body (section 7.1).
-        var bodyBytes: ArraySlice<UInt8> { records[body..<end] }
         /// The size of the model id and the DELTA body: a channel batch's frame, a packed batch's
         /// entry.
         var entryOctets: Int { end - model }
-        /// Calls `body` with the model id and the DELTA body, in place (a slice of the records
-        /// is a retain and a release of them).
-        func withEntryBytes(_ body: (UnsafeBufferPointer<UInt8>) -> Void) {
-            records.withUnsafeBufferPointer { body(UnsafeBufferPointer(rebasing: $0[model..<end])) }
+    }
+
+    /// The log records of the rounds of own writes staged, one array per round, in order: the
+    /// first is round ``base``.
+    struct StagedRecords: Sendable {
+        var rounds: [[UInt8]] = []
+        var base = 0
+
+        /// The number the next round staged gets.
+        var nextRound: Int { base + rounds.count }
+
+        /// The DELTA body (section 7.1) of `staged`.
+        func bodyBytes(of staged: StagedBytes) -> [UInt8] {
+            Array(rounds[staged.round - base][staged.body..<staged.end])
+        }
+
+        /// Calls `body` with the model id and the DELTA body of `staged`, in place (a slice of the
+        /// records is a retain and a release of them).
+        func withEntryBytes(of staged: StagedBytes, _ body: (UnsafeBufferPointer<UInt8>) -> Void) {
+            rounds[staged.round - base].withUnsafeBufferPointer {
+                body(UnsafeBufferPointer(rebasing: $0[staged.model..<staged.end]))
+            }
+        }
+
+        /// Forgets the rounds before `round` (their writes are published).
+        mutating func drop(before round: Int) {
+            let dropped = min(max(round - base, 0), rounds.count)
+            rounds.removeFirst(dropped)
+            base += dropped
         }
     }
 
@@ -36,6 +61,8 @@ extension NodeMachine {
         var staged: [Delta] = []
         var stagedBodies: [StagedBytes] = []
         var stagedPositions: [UInt64] = []
+        /// The records ``stagedBodies`` lie in.
+        var stagedRecords = StagedRecords()
         /// SET replies waiting for the log position of their write.
         var replies: [(client: [UInt8], frames: [[UInt8]], position: UInt64)] = []
         /// Bytes appended since the node started (a position, never reset).
@@ -118,6 +145,8 @@ extension NodeMachine {
         placed.reserveCapacity(applied.count)
         for index in applied.indices { placed.append(records.addPlaced(applied[delta: index])) }
         let bytes = handOver(records, mustSucceed: true)
+        let round = durability.stagedRecords.nextRound
+        var stagedAny = false
         // Room for the round at once, growing geometrically: reserveCapacity(count + new) alone
         // reallocates to exactly that, so with `storage.fsync: interval` (thousands of one-write
         // rounds between syncs) every round copied everything staged so far.
@@ -141,9 +170,11 @@ extension NodeMachine {
             }
             durability.staged.append(applied[delta: index])
             durability.stagedBodies.append(
-                StagedBytes(records: bytes, model: place.model, body: place.body, end: place.end))
+                StagedBytes(round: round, model: place.model, body: place.body, end: place.end))
             durability.stagedPositions.append(durability.appended)
+            stagedAny = true
         }
+        if stagedAny { durability.stagedRecords.rounds.append(bytes) }
         durability.lastOwnPosition = durability.appended
         if configuration.fsync == .interval, let last = durability.staged.last?.sequence {
             durability.unsyncedRounds.append((last, durability.appended))
@@ -234,6 +265,7 @@ extension NodeMachine {
         guard count > 0 else { return }
         let deltas: [Delta]
         let bodies: [StagedBytes]
+        let records = durability.stagedRecords
         if count == durability.staged.count {
             // The usual case: everything staged goes; hand the arrays over, no copy.
             deltas = durability.staged
@@ -241,14 +273,16 @@ extension NodeMachine {
             durability.staged = []
             durability.stagedBodies = []
             durability.stagedPositions.removeAll(keepingCapacity: true)
+            durability.stagedRecords = StagedRecords(rounds: [], base: records.nextRound)
         } else {
             deltas = Array(durability.staged[..<count])
             bodies = Array(durability.stagedBodies[..<count])
             durability.staged.removeFirst(count)
             durability.stagedBodies.removeFirst(count)
             durability.stagedPositions.removeFirst(count)
+            durability.stagedRecords.drop(before: durability.stagedBodies[0].round)
         }
-        publish(deltas, bodies: bodies)
+        publish(deltas, bodies: bodies, records: records)
         for delta in deltas { published = max(published, delta.sequence) }
         updateVisibleToWatches()
     }
@@ -381,8 +415,8 @@ extension NodeMachine {
     /// (section 7.7), consecutive deltas of one channel as one packed batch; else, when every one
     /// takes channel batches (section 7.6), as one channel batch unless they are all of one
     /// model; else consecutive deltas of one model as one DELTA batch. `bodies` say where each
-    /// delta's encoded bytes lie (one each), copied into the messages as they are.
-    mutating func publish(_ deltas: [Delta], bodies: [StagedBytes]) {
+    /// delta's encoded bytes lie (one each) in `records`, copied into the messages as they are.
+    mutating func publish(_ deltas: [Delta], bodies: [StagedBytes], records: StagedRecords) {
         let linked = !peerEndpoints.isEmpty
         let packed =
             configuration.packedBatches && linked && peerEndpoints.allSatisfy { peers[$0]?.takesPackedBatches == true }
@@ -408,7 +442,7 @@ extension NodeMachine {
                     .publish(
                         PeerMessage.encodePackedBatch(
                             channel: run[run.startIndex].channel, count: range.count, octets: octets
-                        ) { index, write in bodies[range.lowerBound + index].withEntryBytes(write) }))
+                        ) { index, write in records.withEntryBytes(of: bodies[range.lowerBound + index], write) }))
                 counters.packedBatchesPublished += 1
                 continue
             }
@@ -418,8 +452,9 @@ extension NodeMachine {
             actions.append(
                 .publish(
                     oneModel
-                        ? PeerMessage.encodeBatch(run, bodies: bodies[range].map { Array($0.bodyBytes) }[...])
-                        : PeerMessage.encodeChannelBatch(run, bodies: bodies[range].map { Array($0.bodyBytes) }[...])))
+                        ? PeerMessage.encodeBatch(run, bodies: bodies[range].map { records.bodyBytes(of: $0) }[...])
+                        : PeerMessage.encodeChannelBatch(
+                            run, bodies: bodies[range].map { records.bodyBytes(of: $0) }[...])))
             if !oneModel { counters.channelBatchesPublished += 1 }
         }
     }

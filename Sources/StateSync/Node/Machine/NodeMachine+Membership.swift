@@ -111,6 +111,7 @@ extension NodeMachine {
         durability.staged = []
         durability.stagedBodies = []
         durability.stagedPositions = []
+        durability.stagedRecords = NodeMachine.StagedRecords()
         // Writes waiting to be acknowledged are given up with the rest: their clients are told.
         for waiting in durability.replies {
             var header = WireReader(waiting.frames[0])
