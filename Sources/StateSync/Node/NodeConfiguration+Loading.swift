@@ -206,7 +206,7 @@ extension NodeConfiguration {
         guard (0...2_592_000_000).contains(grace) else {
             throw reader.invalid(.tombstoneGrace, "\(grace) is outside 0…2592000000 milliseconds (30 days)")
         }
-        let batch = try reader.int(.batchMaximumDeltas) ?? 256
+        let batch = try reader.int(.batchMaximumDeltas) ?? 4096
         guard (1...65_536).contains(batch) else {
             throw reader.invalid(.batchMaximumDeltas, "\(batch) is outside 1…65536 deltas per message")
         }

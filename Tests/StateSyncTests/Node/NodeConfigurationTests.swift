@@ -34,7 +34,7 @@ struct NodeConfigurationTests {
             #expect(!config.peers.contains(config.publishEndpoint))
             #expect(config.fsync == .always && config.highWaterMark == 100_000 && config.clientHighWaterMark == 10_000)
             #expect(config.historyDeltas == 100_000 && config.compactBytes == 64 << 20)
-            #expect(config.batchMaximumDeltas == 256)
+            #expect(config.batchMaximumDeltas == 4096)
         }
     }
 
