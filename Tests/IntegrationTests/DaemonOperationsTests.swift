@@ -81,6 +81,26 @@ struct DaemonOperationsTests {
         #expect(daemon.stderr.contains("node stopped; snapshot written"), "\(daemon.stderr)")
     }
 
+    /// A daemon a test starts stops when the test runner is gone (the runner's end of the pipe
+    /// on its standard input closes, as the kernel closes it when the runner dies), so a crashed
+    /// run leaves no daemon behind.
+    @Test func aTestsDaemonStopsWhenTheRunnerIsGone() async throws {
+        let directory = temporaryDirectory("runner-gone")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try ChildProcess(
+            "statesyncd", [],
+            environment: [
+                "STATESYNC_NODE_DATA_DIR": "\(directory)/data",
+                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
+                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_PEERS": "",
+            ])
+        try await waitUntil("the daemon logs that it started") { daemon.stderr.contains("node started") }
+        #expect(daemon.isRunning)
+        try daemon.dropLifeline()
+        #expect(await daemon.wait() == 0, "\(daemon.stderr)")
+        #expect(daemon.stderr.contains("standard input reached its end"), "\(daemon.stderr)")
+    }
+
     /// A daemon whose standard output and error are a pipe nobody reads any more (a log shipper
     /// that restarted, a supervisor that died) keeps running: its log lines fail to write, it
     /// is not killed by SIGPIPE at the first one. In both log formats.

@@ -28,8 +28,15 @@ final class ChildProcess: Sendable {
     let name: String
     let stdoutPath: String
     let stderrPath: String
+    /// For a `statesyncd` the test gave no standard input: the write end of a pipe on it, with
+    /// `--stop-when-stdin-closes`. Held as long as the test holds the process; if the test runner
+    /// dies instead (a crash, a kill, a failed `precondition`), the kernel closes it and the
+    /// daemon stops, rather than running on orphaned beside the next runs (as eight did after a
+    /// runner crashed on 2026-11-28, under that evening's benchmarks).
+    private let lifeline: FileHandle?
 
-    /// Starts `executable`; its standard input is `standardInput` (default: `/dev/null`).
+    /// Starts `executable`; its standard input is `standardInput` (default: `/dev/null`, or for
+    /// a daemon a pipe whose end the test runner holds: see ``lifeline``).
     init(
         _ executable: String, _ arguments: [String], environment: [String: String] = [:], name: String? = nil,
         standardInput: FileHandle? = nil
@@ -38,14 +45,32 @@ final class ChildProcess: Sendable {
         let base = NSTemporaryDirectory() + "statesync-proc-\(UUID().uuidString)"
         stdoutPath = base + ".out"
         stderrPath = base + ".err"
+        var arguments = arguments
+        var input = standardInput
+        var lifeline: FileHandle?
+        let oneShot = ["--check-config", "--help", "-h", "--version"]
+        if executable == "statesyncd", standardInput == nil,
+            !arguments.contains(where: { argument in oneShot.contains { argument.hasPrefix($0) } })
+        {
+            let pipe = try closeOnExecPipe()
+            arguments.append("--stop-when-stdin-closes")
+            input = pipe.read
+            lifeline = pipe.write
+        }
+        self.lifeline = lifeline
         // A bare name is one of the package's built executables; an absolute path is a system tool.
         process = try SpawnedProcess(
             executable: executable.hasPrefix("/") ? executable : binaries.appendingPathComponent(executable).path,
             arguments: arguments, environment: ProcessInfo.processInfo.environment.merging(environment) { $1 },
             currentDirectory: packageRoot.path,
-            standardInput: standardInput.map { .descriptor($0.fileDescriptor) } ?? .null,
+            standardInput: input.map { .descriptor($0.fileDescriptor) } ?? .null,
             standardOutput: .file(stdoutPath, append: false), standardError: .file(stderrPath, append: false))
+        // The child has its copy of the read end (posix_spawn dup2'd it); ours goes with `input`.
     }
+
+    /// What the daemon sees when the test runner dies: the end of its standard input (tests of
+    /// that path).
+    func dropLifeline() throws { try lifeline?.close() }
 
     var stdout: String { (try? String(contentsOfFile: stdoutPath, encoding: .utf8)) ?? "" }
     var stderr: String { (try? String(contentsOfFile: stderrPath, encoding: .utf8)) ?? "" }
