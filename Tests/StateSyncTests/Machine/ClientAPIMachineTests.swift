@@ -81,6 +81,26 @@ struct BadRequestMachineTests {
         #expect(fetch?.0.kind == .ok)
     }
 
+    /// The journal serves watches, which only a client API takes: a node without one keeps
+    /// none, of its own writes or its peers'; with one, it journals both.
+    @Test(arguments: [false, true])
+    func onlyANodeWithAClientAPIJournalsDeltas(api: Bool) throws {
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"], api: api))
+        let address = ModelAddress(channel: "c", model: "m")
+        node.handle(
+            .localWrites([
+                LocalWrite(
+                    address: address, version: node.machine.clock.next(), writes: [PropertyWrite(name: "a", value: 1)])
+            ]))
+        let remote = Delta(
+            channel: "c", model: "m", version: Version(milliseconds: 1_800_000_000_000, counter: 1, node: "n2"),
+            sequence: 1,
+            properties: [PropertyWrite(name: "b", value: 2)])
+        node.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.encodeBatch([remote])))
+        #expect(node.machine.store.properties(of: address).count == 2, "both writes applied")
+        #expect(node.machine.journal.end == (api ? 2 : 0))
+    }
+
     /// 10.6: PING names the watches the node does not hold (dropped while the client was away).
     @Test func pingNamesWatchesTheNodeNoLongerHolds() throws {
         var node = MachineRunner(MachineRunner.configuration("n1"))

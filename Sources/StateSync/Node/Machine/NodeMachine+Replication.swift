@@ -533,6 +533,11 @@ extension NodeMachine {
                     "contiguous": "\(origins[origin]?.contiguous ?? 0)",
                 ])
         }
+        // The journal serves watches, which only a client API takes (a node without one answers
+        // its peers' repairs and nothing else): an embedded node without an API keeps none (a
+        // copy of every delta, its release and the journal's bookkeeping when it is dropped;
+        // issue #17). The API endpoint is fixed for the node's life.
+        guard configuration.apiEndpoint != nil else { return }
         let (limit, overflow) = configuration.historyDeltas.multipliedReportingOverflow(by: max(origins.count, 1))
         for (index, new) in zip(deltas.indices, isNew) where new {
             journal.append(deltas[index], limit: overflow ? Int.max / 2 : limit)
