@@ -15,7 +15,7 @@ import ZeroMQ
 ///
 /// A round of the loop: poll (until the node's next deadline, or a wake-up), feed the node every
 /// message that arrived (at most ``batchLimit`` per socket, and for at most ``turnBudget``
-/// nanoseconds when something waits for the tick), then a tick — which also makes the turn's
+/// nanoseconds when something waits for the tick or it is due), then a tick — which also makes the turn's
 /// local writes durable and published (group commit; a long queue of a model's writes is taken
 /// in full rounds, each synced at once).
 package final class ZeroMQNodeDriver: NodeDriver {
@@ -36,7 +36,10 @@ package final class ZeroMQNodeDriver: NodeDriver {
     /// published any of them: at 15 k writes a second, 34 ms and more (the peers bench saw 43 ms
     /// silences on node 1's PUB socket while its acknowledgements went on). Not for a node that
     /// only applies peers' deltas: a tick after every millisecond of heavy batches cost the
-    /// 8-property transactions of `statesync bench` about 4 %.
+    /// 8-property transactions of `statesync bench` about 4 %. Such a node's turn still ends
+    /// once its tick is due (a heartbeat, the repair round): a catch-up of full batches (512 of
+    /// up to `network.batch_max_deltas` deltas each per socket) can take longer than the peers'
+    /// liveness window.
     static let turnBudget: UInt64 = 1_000_000
 
     package init(configuration: NodeConfiguration, logger: Logger) {
@@ -223,7 +226,9 @@ package final class ZeroMQNodeDriver: NodeDriver {
                     // A message can change the links (a member joined or left): its socket may
                     // be closed now, and the poll set is rebuilt before anything else is read.
                     if transport.pollerChanged { break }
-                    if MonotonicClock.nanoseconds() &- turnStarted >= Self.turnBudget, node.awaitsTick {
+                    if MonotonicClock.nanoseconds() &- turnStarted >= Self.turnBudget,
+                        node.awaitsTick || MonotonicClock.milliseconds() >= node.nextDeadline()
+                    {
                         turnOver = true
                         break
                     }
