@@ -32,7 +32,7 @@ final class ChildProcess: Sendable {
     /// `--stop-when-stdin-closes`. Held as long as the test holds the process; if the test runner
     /// dies instead (a crash, a kill, a failed `precondition`), the kernel closes it and the
     /// daemon stops, rather than running on orphaned beside the next runs (as eight did after a
-    /// runner crashed on 2026-11-28, under that evening's benchmarks).
+    /// runner crashed on 2026-11-28, under that afternoon's benchmarks).
     private let lifeline: FileHandle?
 
     /// Starts `executable`; its standard input is `standardInput` (default: `/dev/null`, or for
