@@ -145,9 +145,7 @@ package final class DeltaLog: @unchecked Sendable {
         writer.bytes(magic)
         var offset = firstFormatMagic.count
         while offset + 8 <= end {
-            let length = Int(
-                UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8
-                    | UInt32(bytes[offset + 3]))
+            let length = Int(uint32(bytes, at: offset))
             guard length > 0, offset + 8 + length <= end else { break }
             _ = appendRecord(to: &writer) { $0.bytes(bytes[(offset + 8)..<(offset + 8 + length)]) }
             offset += 8 + length
@@ -161,6 +159,12 @@ package final class DeltaLog: @unchecked Sendable {
         bytes[offset..<min(offset + 4, bytes.count)].allSatisfy { $0 == 0 }
     }
 
+    /// The big-endian `u32` at `offset` (a record header's length or checksum).
+    private static func uint32(_ bytes: [UInt8], at offset: Int) -> UInt32 {
+        UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8
+            | UInt32(bytes[offset + 3])
+    }
+
     private static func record(
         in bytes: [UInt8], at offset: Int, checksum: (ArraySlice<UInt8>) -> UInt32, reason: inout String?
     ) -> (Delta, Int)? {
@@ -168,12 +172,8 @@ package final class DeltaLog: @unchecked Sendable {
             reason = "a record header is cut short"
             return nil
         }
-        let length = Int(
-            UInt32(bytes[offset]) << 24 | UInt32(bytes[offset + 1]) << 16 | UInt32(bytes[offset + 2]) << 8
-                | UInt32(bytes[offset + 3]))
-        let crc =
-            UInt32(bytes[offset + 4]) << 24 | UInt32(bytes[offset + 5]) << 16 | UInt32(bytes[offset + 6]) << 8
-            | UInt32(bytes[offset + 7])
+        let length = Int(uint32(bytes, at: offset))
+        let crc = uint32(bytes, at: offset + 4)
         guard length <= maximumRecord, bytes.count - offset - 8 >= length else {
             reason = "a record of \(length) bytes is cut short"
             return nil
