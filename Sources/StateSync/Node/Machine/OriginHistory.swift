@@ -109,11 +109,16 @@ struct OriginHistory: Sendable {
     /// The largest ring kept when everything is dropped.
     private static let largestKeptEmptyRing = 1024
 
+    /// The smallest power of two, `from` or above, that is at least `slots`.
+    private static func ringSize(toHold slots: Int, from size: Int = smallestRing) -> Int {
+        var size = max(size, smallestRing)
+        while size < slots { size *= 2 }
+        return size
+    }
+
     /// A ring of at least `slots` slots (a power of two), the window moved to its front.
     private mutating func grow(toHold slots: Int) {
-        var size = max(ring.count, Self.smallestRing)
-        while size < slots { size *= 2 }
-        var larger = [Delta?](repeating: nil, count: size)
+        var larger = [Delta?](repeating: nil, count: Self.ringSize(toHold: slots, from: ring.count))
         for index in 0..<window { larger[index] = ring[(start &+ index) & mask].take() }
         ring = larger
         start = 0
@@ -175,9 +180,7 @@ struct OriginHistory: Sendable {
         }
         let span = high - low + 1
         guard span <= UInt64(Int.max / 2), denseEnough(slots: Int(span), deltas: deltas.count) else { return }
-        var size = Self.smallestRing
-        while size < Int(span) { size *= 2 }
-        var dense = [Delta?](repeating: nil, count: size)
+        var dense = [Delta?](repeating: nil, count: Self.ringSize(toHold: Int(span)))
         for (sequence, delta) in deltas { dense[Int(sequence - low)] = delta }
         ring = dense
         start = 0
