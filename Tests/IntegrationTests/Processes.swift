@@ -48,10 +48,9 @@ final class ChildProcess: Sendable {
         var arguments = arguments
         var input = standardInput
         var lifeline: FileHandle?
-        let oneShot = ["--check-config", "--help", "-h", "--version"]
-        if executable == "statesyncd", standardInput == nil,
-            !arguments.contains(where: { argument in oneShot.contains { argument.hasPrefix($0) } })
-        {
+        // (A one-shot command, `--check-config` or `--print-default-config`, exits before it would
+        // watch its input: the flag changes nothing there.)
+        if executable == "statesyncd", standardInput == nil {
             let pipe = try closeOnExecPipe()
             arguments.append("--stop-when-stdin-closes")
             input = pipe.read
