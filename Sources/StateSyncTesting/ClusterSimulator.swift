@@ -350,7 +350,7 @@ public enum ClusterSimulator {
         }
         configuration.compactBytes = draw("compact_bytes", [4096, 65536, 64 << 20])
         configuration.clientHighWaterMark = draw("client_hwm", [64, 1000, 10_000])
-        configuration.batchMaximumDeltas = draw("batch", [1, 8, 256])
+        configuration.batchMaximumDeltas = draw("batch", [1, 8, 256, 4096])
         configuration.snapshotPageOctets = draw("snapshot_page", [1024, 4096, 4 << 20])
         // Above what the faults can keep a writer unknown to the cluster (a node that joins cut
         // off from its seed): the grace covers such writers (PROTOCOL.md 8.4).
