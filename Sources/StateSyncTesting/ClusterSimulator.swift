@@ -383,8 +383,9 @@ public enum ClusterSimulator {
         parameters["channel_batches"] = mix.rawValue
         switch mix {
         case .mixed, .rolling:
-            // Three versions: odd nodes older than channel batches, every fourth from the third
-            // with channel batches but older than packed batches, the others the newest.
+            // Three versions: odd nodes by index (n2, n4, …) older than channel batches, every
+            // fourth from index 2 (n3, n7, …) with channel batches but older than packed batches,
+            // the others the newest.
             configuration.withoutChannelBatches = Set((0..<options.nodes).filter { $0 % 2 == 1 })
             configuration.withoutPackedBatches = Set((0..<options.nodes).filter { $0 % 4 == 2 })
             configuration.flipChannelBatchesOnRestart = mix == .rolling

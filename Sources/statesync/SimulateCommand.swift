@@ -63,7 +63,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Which nodes take channel and packed batches (PROTOCOL.md 7.6, 7.7): all, mixed (nodes of three versions: odd ones older than both, every fourth from the third older than packed batches alone), rolling (mixed, and a restarted node comes back as another version) or none; drawn by the seed by default.",
+                "Which nodes take channel and packed batches (PROTOCOL.md 7.6, 7.7): all, mixed (nodes of three versions: n2, n4, n6, … older than both, n3, n7, n11, … older than packed batches alone, the others the newest), rolling (mixed, and a restarted node comes back as another version) or none; drawn by the seed by default.",
                 valueName: "MIX"))
         var channelBatches: String?
 
