@@ -24,7 +24,7 @@ steps = [
     ("w", 6, "writer: DELTA handed to libzmq (zmq_send returns)" if interval else "writer: zmq_send returns"),
     ("r", 3, "wire: reader's I/O thread woken (poll returns)"),
     ("r", 10, "reader: message received (zmq_msg_recv)"),
-    ("r", 18, "reader: machine step (decode, merge, history, journal, log record)"),
+    ("r", 18, "reader: machine step (decode, merge, history, log record)"),
     ("r", 8, "reader: applied to the live model, notification queued"),
     ("r", 9, "reader: observer queue's thread woken"),
     ("r", 12, "reader: observer runs"),
