@@ -23,6 +23,12 @@ public enum PathBench {
         case single
         /// Eight-property transactions.
         case tx
+        /// A client's single-property SETs on a node with a client API, as node 1 of the peers
+        /// workload takes them (`Benchmarks/peers`: 1,000 keys round-robin, 64-octet values, 16
+        /// requests a turn), and a peer with a client API applying them and serving a batched
+        /// watch of the channel (node 3 there). No setters: the requests are encoded before each
+        /// turn, outside the measure.
+        case client
     }
 
     public struct Figures: Sendable {
@@ -50,17 +56,24 @@ public enum PathBench {
         }
     }
 
-    /// The messages a node published, kept until taken; everything else a transport does is
-    /// not needed on this path (no clients, no repairs).
+    /// The messages a node published, the replies it sent and the watch events it sent, kept
+    /// until taken (every one is taken at once); everything else a transport does is not needed
+    /// on this path (no repairs).
     final class CapturingTransport: NodeTransport {
         var published: [[[UInt8]]] = []
+        var replies: [[[UInt8]]] = []
+        var watchEvents: [[[UInt8]]] = []
 
         func publish(_ frames: [[UInt8]]) { published.append(frames) }
         func connectRepairLink(peer: String, endpoint: String) {}
         func sendRepairRequest(peer: String, frames: [[UInt8]]) -> Bool { false }
-        func reply(client: [UInt8], frames: [[UInt8]]) -> ReplyOutcome { .gone }
+        func reply(client: [UInt8], frames: [[UInt8]]) -> ReplyOutcome {
+            replies.append(frames)
+            return .sent
+        }
         func sendWatchEvents(client: [UInt8], events: [[[UInt8]]]) -> (accepted: Int, clientGone: Bool) {
-            (0, true)
+            watchEvents.append(contentsOf: events)
+            return (events.count, false)
         }
         func pauseIntake(_ paused: Bool) {}
         func resetPeerLink(_ endpoint: String) {}
@@ -77,6 +90,7 @@ public enum PathBench {
     /// Runs `changes` changes (a warm-up of about a tenth more first, not counted), `perTurn` of
     /// them per writer turn (the warm-up is whole turns).
     public static func run(mode: Mode, changes: Int, perTurn: Int = 1024) async throws -> Figures {
+        if mode == .client { return try runClient(changes: changes) }
         var logger = Logger(label: "bench")
         logger.logLevel = .error
         let work = NSTemporaryDirectory() + "statesync-path-\(UUID().uuidString.prefix(8))"
@@ -113,9 +127,11 @@ public enum PathBench {
         let written = try await writer.model(BenchModel.self, channel: "bench", id: "m")
         let replica = try await reader.model(BenchModel.self, channel: "bench", id: "m")
         let seen = Counter()
-        switch mode {
-        case .single: replica.observe(\.value) { _ in seen.count += 1 }
-        case .tx: replica.observe(\.f7) { _ in seen.count += 1 }
+        // (.client returned above.)
+        if mode == .tx {
+            replica.observe(\.f7) { _ in seen.count += 1 }
+        } else {
+            replica.observe(\.value) { _ in seen.count += 1 }
         }
 
         var figures = Figures(mode: mode)
@@ -128,11 +144,10 @@ public enum PathBench {
             let started = threadCPUNanoseconds()
             for _ in 0..<turn {
                 value += 1
-                switch mode {
-                case .single:
-                    written.value = value
-                case .tx:
+                if mode == .tx {
                     written.writeAllFields(value)
+                } else {
+                    written.value = value
                 }
             }
             let set = threadCPUNanoseconds()
@@ -165,6 +180,122 @@ public enum PathBench {
         }
         let count = Double(max(figures.changes, 1))
         figures.setNanoseconds /= count
+        figures.writerNanoseconds /= count
+        figures.readerNanoseconds /= count
+        return figures
+    }
+
+    /// ``Mode/client``: `changes` SETs (after a warm-up of a tenth more, not counted), `perTurn`
+    /// of them in each of the writer's turns, each turn then synced, answered and published, and
+    /// its messages handed to the reader, which applies them and sends its watcher their events.
+    /// Counted, not assumed: every SET is answered OK and every change reaches the watcher.
+    static func runClient(changes: Int, perTurn: Int = 16, keys: Int = 1000) throws -> Figures {
+        var logger = Logger(label: "bench")
+        logger.logLevel = .error
+        let work = NSTemporaryDirectory() + "statesync-path-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: work) }
+        let endpoints = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
+        // Never bound (no driver): a client API configured makes each node keep its watch journal
+        // and answer clients, as a daemon does.
+        let apis = ["tcp://127.0.0.1:3", "tcp://127.0.0.1:4"]
+        func node(_ index: Int) throws -> StateSyncNode {
+            let id = index == 0 ? "writer" : "reader"
+            let configuration = NodeConfiguration(
+                nodeID: id, dataDirectory: "\(work)/\(id)", publishEndpoint: endpoints[index],
+                peers: [endpoints[1 - index]], apiEndpoint: apis[index], heartbeatIntervalMilliseconds: 50)
+            return try StateSyncNode(
+                configuration: configuration, storage: try DataDirectory(path: configuration.dataDirectory),
+                clock: HybridLogicalClock(node: id), monotonicNow: { monotonicNanoseconds() / 1_000_000 },
+                incarnation: UInt64.random(in: 1...UInt64.max), observers: InlineObserverExecutor(), logger: logger)
+        }
+        let writer = try node(0)
+        let reader = try node(1)
+        let toReader = CapturingTransport()
+        let toWriter = CapturingTransport()
+        let now = { monotonicNanoseconds() / 1_000_000 }
+        writer.process(.endpointsBound(publish: endpoints[0], repair: apis[0]), now: now(), via: toReader)
+        reader.process(.endpointsBound(publish: endpoints[1], repair: apis[1]), now: now(), via: toWriter)
+        for _ in 0..<2 {
+            writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
+            reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
+            for frames in toReader.take() {
+                reader.process(.peerMessage(peer: endpoints[0], frames: frames), now: now(), via: toWriter)
+            }
+            for frames in toWriter.take() {
+                writer.process(.peerMessage(peer: endpoints[1], frames: frames), now: now(), via: toReader)
+            }
+        }
+        let client: [UInt8] = [0, 0x6B, 0x8B, 0x45, 0x67]  // a routing id, as ZeroMQ's ROUTER makes them
+        let watcher: [UInt8] = [0, 0x6B, 0x8B, 0x45, 0x68]
+        reader.process(
+            .clientRequest(
+                client: watcher,
+                frames: ClientProtocol.encodeRequest(
+                    .watch, id: 1, body: ClientProtocol.encodeWatch(channel: "bench", from: nil, batchedEvents: true)),
+                identity: nil),
+            now: now(), via: toWriter)
+        reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
+
+        var figures = Figures(mode: .client)
+        let warmUp = max(changes / 10 / perTurn, 1) * perTurn
+        let padding = String(repeating: "x", count: 48)
+        var done = 0
+        var answered = 0
+        var watched = 0
+        var requests: [[[UInt8]]] = []
+        requests.reserveCapacity(perTurn)
+        while done < warmUp + changes {
+            let measured = done >= warmUp
+            let turn = min(perTurn, warmUp + changes - done)
+            requests.removeAll(keepingCapacity: true)
+            for index in done..<(done + turn) {
+                let value = String(String(format: "%015d", index).suffix(15)) + "-" + padding  // 64 octets
+                let body = ClientProtocol.encodeSet(
+                    ModelAddress(channel: "bench", model: "key-\(index % keys)"),
+                    [PropertyWrite(name: "value", value: .string(value))])
+                requests.append(ClientProtocol.encodeRequest(.set, id: UInt64(index + 1), body: body))
+            }
+            let started = threadCPUNanoseconds()
+            for frames in requests {
+                writer.process(.clientRequest(client: client, frames: frames, identity: nil), now: now(), via: toReader)
+            }
+            writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
+            let messages = toReader.take()
+            let wrote = threadCPUNanoseconds()
+            for frames in messages {
+                reader.process(.peerMessage(peer: endpoints[0], frames: frames), now: now(), via: toWriter)
+            }
+            reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
+            let read = threadCPUNanoseconds()
+            _ = toWriter.take()
+            answered += toReader.replies.count { frames in
+                frames.count == 2 && (try? ClientProtocol.decodeReplyHeader(frames[0]))?.kind == .ok
+            }
+            toReader.replies.removeAll(keepingCapacity: true)
+            for message in toWriter.watchEvents where message.count >= 2 {
+                guard (try? ClientProtocol.decodeReplyHeader(message[0]))?.kind == .event else { continue }
+                for body in message.dropFirst() {
+                    if case .delta? = try? ClientProtocol.decodeWatchEvent(body) { watched += 1 }
+                }
+            }
+            toWriter.watchEvents.removeAll(keepingCapacity: true)
+            done += turn
+            if measured {
+                figures.changes += turn
+                figures.messages += messages.count
+                figures.writerNanoseconds += Double(wrote - started)
+                figures.readerNanoseconds += Double(read - wrote)
+            }
+        }
+        writer.finishStop()
+        reader.finishStop()
+        guard answered == warmUp + changes, watched == warmUp + changes else {
+            throw StateSyncError(
+                .timeout,
+                "bench --path client: \(answered) of \(warmUp + changes) SETs answered OK, \(watched) changes reached the watcher"
+            )
+        }
+        let count = Double(max(figures.changes, 1))
         figures.writerNanoseconds /= count
         figures.readerNanoseconds /= count
         return figures

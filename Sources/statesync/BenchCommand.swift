@@ -59,16 +59,25 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Only measure the CPU one change costs along the delta path (single sets, or 8-property tx), in one thread: a writer and a reader node in this process, no sockets between them. Steadier than a rate: compare builds by it.",
-                valueName: "single|tx"))
+                "Only measure the CPU one change costs along the delta path (single sets, 8-property tx, or a client's SETs on a node with a client API and a watch on its peer), in one thread: a writer and a reader node in this process, no sockets between them. Steadier than a rate: compare builds by it.",
+                valueName: "single|tx|client"))
         var path: String?
+
+        @Option(
+            help: ArgumentHelp(
+                "With --path: how many changes to measure, after a warm-up of a tenth more (default 1,000,000; 200,000 with --quick).",
+                valueName: "N"))
+        var changes: Int?
 
         func run() async throws {
             if let path {
                 guard let mode = PathBench.Mode(rawValue: path) else {
-                    throw ValidationError("--path takes single or tx")
+                    throw ValidationError("--path takes single, tx or client")
                 }
-                let figures = try await PathBench.run(mode: mode, changes: quick ? 200_000 : 1_000_000)
+                if let changes, changes < 1 || changes > 100_000_000 {
+                    throw ValidationError("--changes takes 1…100000000")
+                }
+                let figures = try await PathBench.run(mode: mode, changes: changes ?? (quick ? 200_000 : 1_000_000))
                 emit(figures.value.jsonText())
                 return
             }

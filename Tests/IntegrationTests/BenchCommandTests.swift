@@ -3,8 +3,8 @@ import StateSync
 import Testing
 
 /// `statesync bench --fanout` and `--models`: one writer node process and reader node
-/// processes, for real.
-@Suite("statesync bench --fanout and --models")
+/// processes, for real; and `--path`, two nodes in one process.
+@Suite("statesync bench --fanout, --models and --path")
 struct BenchCommandTests {
     /// The last line the command printed, a JSON object (the command must have succeeded).
     static func lastObject(of run: (status: Int32, stdout: String, stderr: String)) throws -> (
@@ -61,6 +61,27 @@ struct BenchCommandTests {
         #expect(Self.integer(figures["snapshots_applied"]) != nil, "snapshots_applied missing: \(line)")
         let rate = try #require(Self.number(figures["deltas_per_s"]), "deltas_per_s missing: \(line)")
         #expect(rate > 0)
+    }
+
+    /// `--path`: two nodes in one process, every change counted at the far end (the command
+    /// fails otherwise): single sets reach the reader's observer; a client's SETs are each
+    /// answered OK and reach the watcher on the peer.
+    @Test(arguments: ["single", "client"])
+    func thePathBenchCountsEveryChange(mode: String) async throws {
+        let run = try await cli(["bench", "--path", mode, "--changes", "5000"], timeout: .seconds(120))
+        let (figures, line) = try Self.lastObject(of: run)
+        #expect(figures["mode"] == .string(mode))
+        #expect(Self.integer(figures["changes"]) == 5000, "\(line)")
+        for key in ["writer_ns_per_change", "reader_ns_per_change", "total_ns_per_change"] {
+            let value = try #require(Self.number(figures[key]), "\(key) missing: \(line)")
+            #expect(value > 0, "\(key)")
+        }
+    }
+
+    @Test func aBadPathModeIsRefusedClearly() async throws {
+        let run = try await cli(["bench", "--path", "nope"])
+        #expect(run.status != 0)
+        #expect(run.stderr.contains("--path takes single, tx or client"), "\(run.stderr)")
     }
 
     @Test func aBadReaderCountIsRefusedClearly() async throws {
