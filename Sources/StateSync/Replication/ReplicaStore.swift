@@ -998,6 +998,9 @@ public struct ReplicaStore: Sendable {
         return sum
     }
 
+    /// How many models wait for the next ``foldDigests()``.
+    package var staleDigestCount: Int { staleDigests.count }
+
     /// Sums the shares of the models listed since the last fold into the digest: reading
     /// ``digest`` then costs nothing until the next change.
     public mutating func foldDigests() {

@@ -116,6 +116,8 @@ package struct NodeMachine: Sendable {
     package internal(set) var boundRepair: String
     var lastHeartbeat: UInt64?
     var lastRepairRound: UInt64?
+    /// When the store's digest last took in the models changed since (``foldDigestsWhenDue()``).
+    var lastDigestFold: UInt64?
     var intakePaused = false
     var pausedSince: UInt64 = 0
     package internal(set) var stopping = false
@@ -386,9 +388,7 @@ package struct NodeMachine: Sendable {
         }
         if lastRepairRound.map({ now &- $0 >= Self.repairInterval }) ?? true {
             lastRepairRound = now
-            // The models changed since: their shares of the digest are summed in now and then, so
-            // the list of them stays short however rarely the status is read.
-            store.foldDigests()
+            foldDigestsWhenDue()
             updateRepairLinks()
             advanceSettling()
             if !intakePaused { requestRepairs() }
@@ -483,6 +483,30 @@ package struct NodeMachine: Sendable {
 
     /// How often gaps are looked for and repairs (re)requested, in milliseconds.
     static let repairInterval: UInt64 = 50
+
+    /// How often the store's digest takes in the models changed since it last did
+    /// (``ReplicaStore/foldDigests()``), in milliseconds, unless more than
+    /// ``digestFoldModels`` wait. A fold ends an epoch of the store's lazy digest: a model that
+    /// changes in an epoch is hashed about three times in it at most (its first change's
+    /// registers, its whole share when it changes again, and at the fold), however often it
+    /// changes. Folded at every repair round (50 ms, until 2026-11-28), a daemon whose clients
+    /// rewrote 1,000 keys a few times an epoch hashed a register or two per write; `statesync
+    /// bench --path client` put the difference at a fifth of the peer's CPU per change (issue #17).
+    static let digestFoldInterval: UInt64 = 1_000
+
+    /// The most models waiting for a fold before the next repair round folds them, whatever the
+    /// time: a fold hashes each once, on the I/O thread, and a long list would hold the thread
+    /// up (a microsecond or so a model). A status folds them first in any case.
+    static let digestFoldModels = 4096
+
+    /// Sums the shares of the models changed since into the store's digest once a second, or
+    /// sooner when many wait: the list of them stays short however rarely the status is read.
+    mutating func foldDigestsWhenDue() {
+        let due = lastDigestFold.map { now &- $0 >= Self.digestFoldInterval } ?? true
+        guard due || store.staleDigestCount >= Self.digestFoldModels else { return }
+        lastDigestFold = now
+        store.foldDigests()
+    }
 
     /// The latest time the driver should call ``NodeInput/tick(observerBacklog:)`` again (it may
     /// call it earlier, and does after every round of inputs).
