@@ -45,6 +45,17 @@ public enum PathBench {
 
         public var totalNanoseconds: Double { setNanoseconds + writerNanoseconds + readerNanoseconds }
 
+        /// Counts one measured turn of `changes` changes and `messages` messages, from the
+        /// thread's CPU clock at its start, after the setters, after the writer's turn and after
+        /// the reader's (sums: divided by the changes at the end).
+        mutating func add(_ changes: Int, messages: Int, started: UInt64, set: UInt64, wrote: UInt64, read: UInt64) {
+            self.changes += changes
+            self.messages += messages
+            setNanoseconds += Double(set - started)
+            writerNanoseconds += Double(wrote - set)
+            readerNanoseconds += Double(read - wrote)
+        }
+
         public var value: Value {
             let rounded = { (value: Double) in Value.double((value * 10).rounded() / 10) }
             return [
@@ -91,39 +102,10 @@ public enum PathBench {
     /// them per writer turn (the warm-up is whole turns).
     public static func run(mode: Mode, changes: Int, perTurn: Int = 1024) async throws -> Figures {
         if mode == .client { return try runClient(changes: changes) }
-        var logger = Logger(label: "bench")
-        logger.logLevel = .error
         let work = NSTemporaryDirectory() + "statesync-path-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: work) }
-        let endpoints = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
-        func node(_ index: Int) throws -> StateSyncNode {
-            let id = index == 0 ? "writer" : "reader"
-            let configuration = NodeConfiguration(
-                nodeID: id, dataDirectory: "\(work)/\(id)", publishEndpoint: endpoints[index],
-                peers: [endpoints[1 - index]], heartbeatIntervalMilliseconds: 50)
-            return try StateSyncNode(
-                configuration: configuration, storage: try DataDirectory(path: configuration.dataDirectory),
-                clock: HybridLogicalClock(node: id), monotonicNow: { monotonicNanoseconds() / 1_000_000 },
-                incarnation: UInt64.random(in: 1...UInt64.max), observers: InlineObserverExecutor(), logger: logger)
-        }
-        let writer = try node(0)
-        let reader = try node(1)
-        let toReader = CapturingTransport()
-        let toWriter = CapturingTransport()
-        let now = { monotonicNanoseconds() / 1_000_000 }
-        writer.process(.endpointsBound(publish: endpoints[0], repair: "inproc://writer"), now: now(), via: toReader)
-        reader.process(.endpointsBound(publish: endpoints[1], repair: "inproc://reader"), now: now(), via: toWriter)
-        // Heartbeats both ways: each node knows the other (and what it takes) before the writes.
-        for _ in 0..<2 {
-            writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
-            reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
-            for frames in toReader.take() {
-                reader.process(.peerMessage(peer: endpoints[0], frames: frames), now: now(), via: toWriter)
-            }
-            for frames in toWriter.take() {
-                writer.process(.peerMessage(peer: endpoints[1], frames: frames), now: now(), via: toReader)
-            }
-        }
+        let pair = try Pair(in: work, withAPI: false)
+        let (writer, reader) = (pair.writer, pair.reader)
         let written = try await writer.model(BenchModel.self, channel: "bench", id: "m")
         let replica = try await reader.model(BenchModel.self, channel: "bench", id: "m")
         let seen = Counter()
@@ -151,23 +133,9 @@ public enum PathBench {
                 }
             }
             let set = threadCPUNanoseconds()
-            writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
-            let messages = toReader.take()
-            let wrote = threadCPUNanoseconds()
-            for frames in messages {
-                reader.process(.peerMessage(peer: endpoints[0], frames: frames), now: now(), via: toWriter)
-            }
-            reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
-            let read = threadCPUNanoseconds()
-            _ = toWriter.take()
+            let (messages, wrote, read) = pair.turns()
             done += turn
-            if measured {
-                figures.changes += turn
-                figures.messages += messages.count
-                figures.setNanoseconds += Double(set - started)
-                figures.writerNanoseconds += Double(wrote - set)
-                figures.readerNanoseconds += Double(read - wrote)
-            }
+            if measured { figures.add(turn, messages: messages, started: started, set: set, wrote: wrote, read: read) }
         }
         writer.detachModels()
         reader.detachModels()
@@ -190,41 +158,11 @@ public enum PathBench {
     /// its messages handed to the reader, which applies them and sends its watcher their events.
     /// Counted, not assumed: every SET is answered OK and every change reaches the watcher.
     static func runClient(changes: Int, perTurn: Int = 16, keys: Int = 1000) throws -> Figures {
-        var logger = Logger(label: "bench")
-        logger.logLevel = .error
         let work = NSTemporaryDirectory() + "statesync-path-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: work) }
-        let endpoints = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
-        // Never bound (no driver): a client API configured makes each node keep its watch journal
-        // and answer clients, as a daemon does.
-        let apis = ["tcp://127.0.0.1:3", "tcp://127.0.0.1:4"]
-        func node(_ index: Int) throws -> StateSyncNode {
-            let id = index == 0 ? "writer" : "reader"
-            let configuration = NodeConfiguration(
-                nodeID: id, dataDirectory: "\(work)/\(id)", publishEndpoint: endpoints[index],
-                peers: [endpoints[1 - index]], apiEndpoint: apis[index], heartbeatIntervalMilliseconds: 50)
-            return try StateSyncNode(
-                configuration: configuration, storage: try DataDirectory(path: configuration.dataDirectory),
-                clock: HybridLogicalClock(node: id), monotonicNow: { monotonicNanoseconds() / 1_000_000 },
-                incarnation: UInt64.random(in: 1...UInt64.max), observers: InlineObserverExecutor(), logger: logger)
-        }
-        let writer = try node(0)
-        let reader = try node(1)
-        let toReader = CapturingTransport()
-        let toWriter = CapturingTransport()
-        let now = { monotonicNanoseconds() / 1_000_000 }
-        writer.process(.endpointsBound(publish: endpoints[0], repair: apis[0]), now: now(), via: toReader)
-        reader.process(.endpointsBound(publish: endpoints[1], repair: apis[1]), now: now(), via: toWriter)
-        for _ in 0..<2 {
-            writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
-            reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
-            for frames in toReader.take() {
-                reader.process(.peerMessage(peer: endpoints[0], frames: frames), now: now(), via: toWriter)
-            }
-            for frames in toWriter.take() {
-                writer.process(.peerMessage(peer: endpoints[1], frames: frames), now: now(), via: toReader)
-            }
-        }
+        let pair = try Pair(in: work, withAPI: true)
+        let (writer, reader, toReader, toWriter) = (pair.writer, pair.reader, pair.toReader, pair.toWriter)
+        let now = Pair.now
         let client: [UInt8] = [0, 0x6B, 0x8B, 0x45, 0x67]  // a routing id, as ZeroMQ's ROUTER makes them
         let watcher: [UInt8] = [0, 0x6B, 0x8B, 0x45, 0x68]
         reader.process(
@@ -259,15 +197,7 @@ public enum PathBench {
             for frames in requests {
                 writer.process(.clientRequest(client: client, frames: frames, identity: nil), now: now(), via: toReader)
             }
-            writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
-            let messages = toReader.take()
-            let wrote = threadCPUNanoseconds()
-            for frames in messages {
-                reader.process(.peerMessage(peer: endpoints[0], frames: frames), now: now(), via: toWriter)
-            }
-            reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
-            let read = threadCPUNanoseconds()
-            _ = toWriter.take()
+            let (messages, wrote, read) = pair.turns()
             answered += toReader.replies.count { frames in
                 frames.count == 2 && (try? ClientProtocol.decodeReplyHeader(frames[0]))?.kind == .ok
             }
@@ -281,10 +211,7 @@ public enum PathBench {
             toWriter.watchEvents.removeAll(keepingCapacity: true)
             done += turn
             if measured {
-                figures.changes += turn
-                figures.messages += messages.count
-                figures.writerNanoseconds += Double(wrote - started)
-                figures.readerNanoseconds += Double(read - wrote)
+                figures.add(turn, messages: messages, started: started, set: started, wrote: wrote, read: read)
             }
         }
         writer.finishStop()
@@ -299,6 +226,72 @@ public enum PathBench {
         figures.writerNanoseconds /= count
         figures.readerNanoseconds /= count
         return figures
+    }
+
+    /// The writer and the reader node, each with a real data directory, whose messages this
+    /// thread carries between them (`toReader`: what the writer sends, `toWriter`: the reader's),
+    /// each knowing the other from its heartbeats before the first write.
+    struct Pair {
+        static let endpoints = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
+        /// Monotonic milliseconds, the nodes' time.
+        static let now: @Sendable () -> UInt64 = { monotonicNanoseconds() / 1_000_000 }
+        let writer: StateSyncNode
+        let reader: StateSyncNode
+        let toReader = CapturingTransport()
+        let toWriter = CapturingTransport()
+
+        /// `withAPI`: each node has a client API endpoint (never bound: there is no driver), so
+        /// it keeps a watch journal and answers clients, as a daemon does.
+        init(in work: String, withAPI: Bool) throws {
+            var logger = Logger(label: "bench")
+            logger.logLevel = .error
+            let apis = ["tcp://127.0.0.1:3", "tcp://127.0.0.1:4"]
+            func node(_ index: Int) throws -> StateSyncNode {
+                let id = index == 0 ? "writer" : "reader"
+                let configuration = NodeConfiguration(
+                    nodeID: id, dataDirectory: "\(work)/\(id)", publishEndpoint: Self.endpoints[index],
+                    peers: [Self.endpoints[1 - index]], apiEndpoint: withAPI ? apis[index] : nil,
+                    heartbeatIntervalMilliseconds: 50)
+                return try StateSyncNode(
+                    configuration: configuration, storage: try DataDirectory(path: configuration.dataDirectory),
+                    clock: HybridLogicalClock(node: id), monotonicNow: Self.now,
+                    incarnation: UInt64.random(in: 1...UInt64.max), observers: InlineObserverExecutor(), logger: logger)
+            }
+            writer = try node(0)
+            reader = try node(1)
+            let now = Self.now
+            let repair = withAPI ? apis : ["inproc://writer", "inproc://reader"]
+            writer.process(.endpointsBound(publish: Self.endpoints[0], repair: repair[0]), now: now(), via: toReader)
+            reader.process(.endpointsBound(publish: Self.endpoints[1], repair: repair[1]), now: now(), via: toWriter)
+            // Heartbeats both ways: each node knows the other (and what it takes) before the writes.
+            for _ in 0..<2 {
+                writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
+                reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
+                for frames in toReader.take() {
+                    reader.process(.peerMessage(peer: Self.endpoints[0], frames: frames), now: now(), via: toWriter)
+                }
+                for frames in toWriter.take() {
+                    writer.process(.peerMessage(peer: Self.endpoints[1], frames: frames), now: now(), via: toReader)
+                }
+            }
+        }
+
+        /// The writer's tick (what it took is logged, synced and published), then the reader's
+        /// turn (the writer's messages, then its tick); returns how many messages the writer
+        /// sent, and the thread's CPU clock after each turn. (What the reader sends back is
+        /// dropped: nothing on this path needs it.)
+        func turns() -> (messages: Int, wrote: UInt64, read: UInt64) {
+            writer.process(.tick(observerBacklog: 0), now: Self.now(), via: toReader)
+            let messages = toReader.take()
+            let wrote = threadCPUNanoseconds()
+            for frames in messages {
+                reader.process(.peerMessage(peer: Self.endpoints[0], frames: frames), now: Self.now(), via: toWriter)
+            }
+            reader.process(.tick(observerBacklog: 0), now: Self.now(), via: toWriter)
+            let read = threadCPUNanoseconds()
+            _ = toWriter.take()
+            return (messages.count, wrote, read)
+        }
     }
 
     /// The observer's count. The observer runs inline, on this thread.
