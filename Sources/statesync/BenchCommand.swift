@@ -65,11 +65,12 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "With --path: how many changes to measure, after a warm-up of a tenth more (default 1,000,000; 200,000 with --quick).",
+                "With --path: how many changes to measure, after a warm-up (about a tenth more; default 1,000,000, 200,000 with --quick).",
                 valueName: "N"))
         var changes: Int?
 
         func run() async throws {
+            if changes != nil, path == nil { throw ValidationError("--changes goes with --path") }
             if let path {
                 guard let mode = PathBench.Mode(rawValue: path) else {
                     throw ValidationError("--path takes single, tx or client")

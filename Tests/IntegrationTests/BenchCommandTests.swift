@@ -78,10 +78,15 @@ struct BenchCommandTests {
         }
     }
 
-    @Test func aBadPathModeIsRefusedClearly() async throws {
-        let run = try await cli(["bench", "--path", "nope"])
+    @Test(arguments: [
+        (["--path", "nope"], "--path takes single, tx or client"),
+        (["--path", "single", "--changes", "0"], "--changes takes 1…100000000"),
+        (["--changes", "5000"], "--changes goes with --path"),
+    ])
+    func aBadPathRunIsRefusedClearly(arguments: [String], message: String) async throws {
+        let run = try await cli(["bench"] + arguments)
         #expect(run.status != 0)
-        #expect(run.stderr.contains("--path takes single, tx or client"), "\(run.stderr)")
+        #expect(run.stderr.contains(message), "\(run.stderr)")
     }
 
     @Test func aBadReaderCountIsRefusedClearly() async throws {

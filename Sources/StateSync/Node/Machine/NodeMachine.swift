@@ -485,13 +485,14 @@ package struct NodeMachine: Sendable {
     static let repairInterval: UInt64 = 50
 
     /// How often the store's digest takes in the models changed since it last did
-    /// (``ReplicaStore/foldDigests()``), in milliseconds, unless more than
-    /// ``digestFoldModels`` wait. A fold ends an epoch of the store's lazy digest: a model that
+    /// (``ReplicaStore/foldDigests()``), in milliseconds, unless ``digestFoldModels`` or more
+    /// wait. A fold ends an epoch of the store's lazy digest: a model that
     /// changes in an epoch is hashed about three times in it at most (its first change's
     /// registers, its whole share when it changes again, and at the fold), however often it
     /// changes. Folded at every repair round (50 ms, until 2026-11-28), a daemon whose clients
     /// rewrote 1,000 keys a few times an epoch hashed a register or two per write; `statesync
-    /// bench --path client` put the difference at a fifth of the peer's CPU per change (issue #17).
+    /// bench --path client` put the difference at a tenth to a fifth of the peer's CPU per change
+    /// (issue #17).
     static let digestFoldInterval: UInt64 = 1_000
 
     /// The most models waiting for a fold before the next repair round folds them, whatever the
