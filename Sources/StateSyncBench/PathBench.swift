@@ -56,6 +56,16 @@ public enum PathBench {
             readerNanoseconds += Double(read - wrote)
         }
 
+        /// The sums of ``add(_:messages:started:set:wrote:read:)`` divided by the changes counted.
+        func perChange() -> Figures {
+            var figures = self
+            let count = Double(max(changes, 1))
+            figures.setNanoseconds /= count
+            figures.writerNanoseconds /= count
+            figures.readerNanoseconds /= count
+            return figures
+        }
+
         public var value: Value {
             let rounded = { (value: Double) in Value.double((value * 10).rounded() / 10) }
             return [
@@ -146,11 +156,7 @@ public enum PathBench {
             throw StateSyncError(
                 .timeout, "bench --path: the reader's observer saw \(seen.count) of \(warmUp + changes) changes")
         }
-        let count = Double(max(figures.changes, 1))
-        figures.setNanoseconds /= count
-        figures.writerNanoseconds /= count
-        figures.readerNanoseconds /= count
-        return figures
+        return figures.perChange()
     }
 
     /// ``Mode/client``: `changes` SETs (after a warm-up of a tenth more, not counted), `perTurn`
@@ -222,10 +228,7 @@ public enum PathBench {
                 "bench --path client: \(answered) of \(warmUp + changes) SETs answered OK, \(watched) changes reached the watcher"
             )
         }
-        let count = Double(max(figures.changes, 1))
-        figures.writerNanoseconds /= count
-        figures.readerNanoseconds /= count
-        return figures
+        return figures.perChange()
     }
 
     /// The writer and the reader node, each with a real data directory, whose messages this
