@@ -20,12 +20,17 @@ import Foundation
 /// (`SSLOG1\n`, whose records are checksummed with CRC-32) is read, and converted when the node
 /// opens it (``DataDirectory``); nothing writes that format any more.
 ///
-/// Preallocation: the file is grown ahead of its records in steps of ``preallocationStep``
-/// (`posix_fallocate`, zero-filled), and records are written in place at the end of the last one. A
-/// write that stays inside the allocated length changes no file size, so its `fdatasync` has no
-/// size to commit: on ext4 here it takes ~85 µs instead of ~125 µs for an append. A zero length
-/// field ends the log (a record's payload is never empty), so the zero-filled tail is not data
-/// and not a torn write. Where the file system cannot preallocate, the log appends as before.
+/// Preallocation: the file is grown ahead of its records in steps of ``preallocationStep``, by
+/// writing zeros, and records are written in place at the end of the last one. A write that
+/// stays inside the allocated length changes no file size, so its `fdatasync` has no size to
+/// commit: on ext4 here it takes ~85 µs instead of ~125 µs for an append. Zeros written, not
+/// `posix_fallocate`d: ext4 marks fallocated blocks unwritten, and the first write into each
+/// block converts its extent, which the next `fdatasync` must write too. With a group commit of
+/// a kilobyte or two (a client's SETs) nearly every sync reached a new block: 97–106 µs p50 and
+/// 47–48 µs of CPU per sync against 87–94 µs and 36–39 µs into written zeros (a C probe on this
+/// VM, 1,800-octet records, 2026-11-28; PERFORMANCE-LOG.md). The zeros of a step are written
+/// back by the sync after them, once per step. A zero length field ends the log (a record's
+/// payload is never empty), so the zero-filled tail is not data and not a torn write.
 ///
 /// Thread safety: none. Recovered by the task starting the node, then owned by the node's I/O
 /// thread alone (the hand-over happens before the thread starts).
@@ -47,10 +52,11 @@ package final class DeltaLog: @unchecked Sendable {
     /// Whether recovery found a log of the first format: nothing is appended to it (CRC-32C
     /// records would be cut as corrupt by the next recovery); it is converted instead.
     private var isFirstFormat = false
-    /// Whether the file system refused `fallocate`: then the log only appends.
-    private var preallocationUnsupported = false
-    /// How far the file is grown ahead of its records at a time.
-    static let preallocationStep = 1 << 20
+    /// How far the file is grown ahead of its records at a time. The sync after a step writes
+    /// its zeros back: a quarter of a MiB keeps that extra write under half a millisecond here.
+    static let preallocationStep = 1 << 18
+    /// One step of zeros, written to grow the file.
+    private static let zeros = [UInt8](repeating: 0, count: preallocationStep)
 
     /// What recovery found.
     package struct Recovery {
@@ -316,26 +322,24 @@ package final class DeltaLog: @unchecked Sendable {
         }
     }
 
-    /// Grows the file (zero-filled) to hold at least `end` bytes, a step ahead. Its new length
-    /// becomes durable with the next sync. A file system that cannot preallocate is not asked
-    /// again: the log then appends. A failure for want of space is left to the write.
+    /// Grows the file with zeros to hold at least `end` bytes, up to the next step. The new length
+    /// becomes durable with the next sync. A failure (no space) gives back what it wrote and is
+    /// left to the record's write, which then appends, and fails if it must.
     private func preallocate(through end: Int) {
-        guard !preallocationUnsupported else { return }
         let step = Self.preallocationStep
         let target = (end / step + 1) * step
-        #if canImport(Glibc)
-            // posix_fallocate: the fallocate(2) system call where the file system has it (glibc
-            // writes the zeros itself where it does not). On ENOSPC and the like the write below
-            // appends, and fails if it must.
-            let result = posix_fallocate(descriptor, off_t(allocated), off_t(target - allocated))
-            if result == 0 {
-                allocated = target
-            } else if result == EOPNOTSUPP || result == EINVAL || result == ENOSYS {
-                preallocationUnsupported = true
+        var at = allocated
+        while at < target {
+            let count = min(target - at, Self.zeros.count)
+            let n = Self.zeros.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, count, off_t(at)) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else {
+                _ = ftruncate(descriptor, off_t(allocated))
+                return
             }
-        #else
-            preallocationUnsupported = true
-        #endif
+            at += n
+        }
+        allocated = target
     }
 
     /// Makes everything appended durable (`fdatasync`).
