@@ -583,6 +583,8 @@ def run_watcher(args):
     used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     report = watch.report(stdin_done["sent"], stdin_done["unacknowledged"])
     report["watcher_cpu_s"] = round(sum(u.ru_utime + u.ru_stime for u in used), 2)
+    # Of which its children (StateSync's `statesync watch`; none for the others).
+    report["watcher_children_cpu_s"] = round(used[1].ru_utime + used[1].ru_stime, 2)
     print(json.dumps(report), flush=True)
 
 
@@ -781,6 +783,8 @@ def run_one(name, args):
             "servers_cpu_us_per_write": round(sum(by_server) * per_write),
             # The writer and the watcher (with its children: `statesync watch`), per write.
             "clients_cpu_us_per_write": round((wrote["writer_cpu_s"] + watched["watcher_cpu_s"]) * per_write),
+            # What `statesync watch` (the watcher's child) cost of that, per write.
+            "watch_command_cpu_us_per_write": round(watched["watcher_children_cpu_s"] * per_write, 1),
             # Node 1 takes the writes, node 3 serves the watcher.
             "servers_cpu_us_per_write_by_node": [round(cpu * per_write, 1) for cpu in by_server],
         }
