@@ -105,7 +105,8 @@ class StateSyncWriter:
     def send(self, key, text):
         request_id = self.next_id
         self.next_id += 1
-        header = b"\x01\x01" + struct.pack(">Q", request_id)
+        # Version, SET, request id, flags: batched replies (10.1.1), as StateSyncClient asks.
+        header = b"\x01\x01" + struct.pack(">Q", request_id) + b"\x01"
         self.socket.send_multipart([header, statesync_set_body("bench", key, "value", text)])
         return request_id
 
@@ -122,12 +123,36 @@ class StateSyncWriter:
             header = frames[0]
             if header[1] == 0x81:
                 raise RuntimeError(f"SET refused: {frames[1]!r}")
-            if header[1] == 0x80:
+            if header[1] == 0x80:  # a node older than OKS messages: one OK per request
                 done.append(struct.unpack(">Q", header[2:10])[0])
+            elif header[1] == 0x83:  # OKS: count, then each request id and its OK body (a blob)
+                done += oks_request_ids(frames[1])
 
     def close(self):
         self.socket.close()
         self.context.term()
+
+
+def oks_request_ids(body):
+    """The request ids an OKS message answers (PROTOCOL.md 10.1.1)."""
+    count, at = read_varint(body, 0)
+    ids = []
+    for _ in range(count):
+        ids.append(struct.unpack_from(">Q", body, at)[0])
+        length, at = read_varint(body, at + 8)
+        at += length
+    return ids
+
+
+def read_varint(data, at):
+    value, shift = 0, 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
 
 
 def fill(sock, buffer, timeout_s, name):

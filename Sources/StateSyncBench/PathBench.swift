@@ -162,7 +162,9 @@ public enum PathBench {
     /// ``Mode/client``: `changes` SETs (after a warm-up of a tenth more, not counted), `perTurn`
     /// of them in each of the writer's turns, each turn then synced, answered and published, and
     /// its messages handed to the reader, which applies them and sends its watcher their events.
-    /// Counted, not assumed: every SET is answered OK and every change reaches the watcher.
+    /// Counted, not assumed: every SET is answered OK and every change reaches the watcher. The
+    /// SETs ask for their OKs in OKS messages, as the peers workload's writer and
+    /// `StateSyncClient` do (PROTOCOL.md 10.1.1).
     static func runClient(changes: Int, perTurn: Int = 16, keys: Int = 1000) throws -> Figures {
         let work = NSTemporaryDirectory() + "statesync-path-\(UUID().uuidString.prefix(8))"
         defer { try? FileManager.default.removeItem(atPath: work) }
@@ -197,15 +199,21 @@ public enum PathBench {
                 let body = ClientProtocol.encodeSet(
                     ModelAddress(channel: "bench", model: "key-\(index % keys)"),
                     [PropertyWrite(name: "value", value: .string(value))])
-                requests.append(ClientProtocol.encodeRequest(.set, id: UInt64(index + 1), body: body))
+                // As the peers workload's writer and StateSyncClient ask: OKs in OKS messages.
+                requests.append(
+                    ClientProtocol.encodeRequest(
+                        .set, id: UInt64(index + 1), body: body, flags: ClientProtocol.RequestFlags.batchedReplies))
             }
             let started = threadCPUNanoseconds()
             for frames in requests {
                 writer.process(.clientRequest(client: client, frames: frames, identity: nil), now: now(), via: toReader)
             }
             let (messages, wrote, read) = pair.turns()
-            answered += toReader.replies.count { frames in
-                frames.count == 2 && (try? ClientProtocol.decodeReplyHeader(frames[0]))?.kind == .ok
+            for frames in toReader.replies where frames.count == 2 {
+                guard (try? ClientProtocol.decodeReplyHeader(frames[0]))?.kind == .oks,
+                    let oks = try? ClientProtocol.decodeBatchedOKs(frames[1])
+                else { continue }
+                answered += oks.count
             }
             toReader.replies.removeAll(keepingCapacity: true)
             for message in toWriter.watchEvents where message.count >= 2 {

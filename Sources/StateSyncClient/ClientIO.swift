@@ -246,7 +246,12 @@ final class ClientIO: Sendable {
     }
 
     private func send(_ command: ClientProtocol.Command, id: UInt64, body: [UInt8], dealer: Socket) -> Bool {
-        (try? dealer.send(ClientProtocol.encodeRequest(command, id: id, body: body), dontWait: true)) ?? false
+        // A write's OK may come with others in one OKS message (10.1.1): one message, one
+        // wake-up, for the writes of many tasks that a node made durable together.
+        let flags = command == .set || command == .delete ? ClientProtocol.RequestFlags.batchedReplies : 0
+        return
+            (try? dealer.send(ClientProtocol.encodeRequest(command, id: id, body: body, flags: flags), dontWait: true))
+            ?? false
     }
 
     private func perform(_ command: Command, state: inout State, dealer: Socket, now: UInt64) {
@@ -368,6 +373,12 @@ final class ClientIO: Sendable {
             }
             guard let pending = state.pending.removeValue(forKey: id) else { return }
             pending.reply.resume(returning: body)
+        case .oks:
+            // A malformed one is ignored, as any malformed message: its requests time out.
+            guard let replies = try? ClientProtocol.decodeBatchedOKs(body) else { return }
+            for reply in replies {
+                state.pending.removeValue(forKey: reply.id)?.reply.resume(returning: reply.body)
+            }
         case .error:
             let message = (try? ClientProtocol.decodeError(body))?.message ?? "malformed error reply"
             if id == state.pingID { state.pingID = nil }

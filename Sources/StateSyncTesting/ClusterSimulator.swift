@@ -79,6 +79,9 @@ public struct SimulationOptions: Sendable {
         case neverExpire = "never-expire"
         /// The node collects deletions at its own floor, without waiting for the others.
         case collectEarly = "collect-early"
+        /// The node answers every write with a plain OK, also those that asked for an OKS
+        /// message (PROTOCOL.md 10.1.1).
+        case ignoreRequestFlags = "ignore-request-flags"
     }
 
     /// How many nodes (2–256).
@@ -215,6 +218,7 @@ public struct SimulationReport: Sendable {
             "may_be_lost_to_power_loss": .int(Int64(mayBeLostToPowerLoss)),
             "chain_violations": .int(Int64(findings.chainViolations.count)),
             "list_violations": .int(Int64(findings.listViolations.count)),
+            "reply_violations": .int(Int64(findings.replyViolations.count)),
             "lww_violations": .int(Int64(findings.lwwViolations.count)),
             "diverged_nodes": .array(findings.divergedNodes.map(Value.string)),
             "notifications": .int(Int64(notifications)),
@@ -261,7 +265,7 @@ public struct SimulationReport: Sendable {
     var details: [String] {
         Array(
             findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5)
-                + findings.listViolations.prefix(5))
+                + findings.listViolations.prefix(5) + findings.replyViolations.prefix(5))
     }
 
     /// The report for people.
@@ -306,6 +310,9 @@ public struct SimulationReport: Sendable {
         )
         lines.append(
             "  [\(mark(findings.listViolations.isEmpty))] every node's LIST pages are its models, once each, in order (\(findings.listViolations.count) violations)"
+        )
+        lines.append(
+            "  [\(mark(findings.replyViolations.isEmpty))] every write answered in the form its writer asked for (\(findings.replyViolations.count) violations)"
         )
         for detail in details { lines.append("         \(detail)") }
         lines.append("trace digest: \(String(traceDigest, radix: 16))")
@@ -421,6 +428,7 @@ public enum ClusterSimulator {
             case .ignoreDeletions: configuration.faults[culprit] = NodeFaults(ignoreDeletions: true)
             case .neverExpire: configuration.faults[culprit] = NodeFaults(neverExpire: true)
             case .collectEarly: configuration.faults[culprit] = NodeFaults(collectEarly: true)
+            case .ignoreRequestFlags: configuration.faults[culprit] = NodeFaults(ignoreRequestFlags: true)
             }
         }
         if let logger = options.logger { configuration.logger = logger }
@@ -554,6 +562,7 @@ public enum ClusterSimulator {
                     finalState: watcher.finalState, filter: watcher.filter)
             }, expiredThrough: cluster.nodes.indices.map { cluster.wallMilliseconds(of: $0) }.max() ?? 0)
         findings.chainViolations += watchers.flatMap { $0.violations }
+        findings.replyViolations = workload.replyViolations
         // Every node's channel listed page by page (LIST) must be what the node holds.
         let listers = states.map { state in
             SimulatedLister(
@@ -699,6 +708,11 @@ final class Workload {
         (writers + conflictPair + restartWriters).flatMap(\.writes)
     }
 
+    /// What the writers were answered in a form they did not ask for.
+    var replyViolations: [String] {
+        (writers + conflictPair + restartWriters).flatMap(\.violations)
+    }
+
     /// Writers of one write each, to a node back from a power loss.
     private var restartWriters: [SimulatedWriter] = []
 
@@ -706,7 +720,8 @@ final class Workload {
     /// top of the workload's operations, a property no other write touches: a write its peers
     /// dropped would stay missing from them, not be overwritten by a later one.
     func writeOnce(to node: Int, in cluster: SimulatedCluster) {
-        let writer = SimulatedWriter(name: "restart-\(restartWriters.count)")
+        let writer = SimulatedWriter(
+            name: "restart-\(restartWriters.count)", batchedReplies: restartWriters.count % 2 == 1)
         restartWriters.append(writer)
         let model = "m\(random.below(options.models))"
         _ = writer.write(
@@ -716,8 +731,12 @@ final class Workload {
 
     func start(in cluster: SimulatedCluster) {
         start = cluster.now
-        writers = (0..<max(1, options.writers)).map { SimulatedWriter(name: "writer-\($0)") }
-        conflictPair = [SimulatedWriter(name: "conflict-a"), SimulatedWriter(name: "conflict-b")]
+        // Every other writer asks for its OKs in OKS messages, as StateSyncClient does
+        // (PROTOCOL.md 10.1.1); the others as a client of the first version.
+        writers = (0..<max(1, options.writers)).map {
+            SimulatedWriter(name: "writer-\($0)", batchedReplies: $0 % 2 == 1)
+        }
+        conflictPair = [SimulatedWriter(name: "conflict-a"), SimulatedWriter(name: "conflict-b", batchedReplies: true)]
         for writer in writers {
             writer.onSettled = { [unowned self, unowned writer] cluster in self.next(writer, in: cluster) }
             next(writer, in: cluster)

@@ -103,11 +103,14 @@ public struct ConvergenceChecker: Sendable {
         /// LIST pages that disagree with the node's state (a model missing, listed twice, out of
         /// order, or with a wrong count or version).
         public var listViolations: [String] = []
+        /// Writes answered in a form their writer did not ask for (PROTOCOL.md 10.1.1: OKS
+        /// messages only to a writer that asked, and then every OK in one) or malformed.
+        public var replyViolations: [String] = []
 
         /// Whether every check passed.
         public var passed: Bool {
             converged && lostWrites.isEmpty && lwwViolations.isEmpty && chainViolations.isEmpty
-                && listViolations.isEmpty
+                && listViolations.isEmpty && replyViolations.isEmpty
         }
     }
 

@@ -10,13 +10,19 @@ final class SimulatedWriter {
     private var pending: (id: UInt64, write: ConvergenceChecker.Write, deadline: UInt64)?
     /// Every write issued, in order.
     private(set) var writes: [ConvergenceChecker.Write] = []
+    /// Replies in a form this writer did not ask for (PROTOCOL.md 10.1.1), or malformed.
+    private(set) var violations: [String] = []
     /// Called when the write in flight is settled (acknowledged or not).
     var onSettled: ((SimulatedCluster) -> Void)?
     static let timeout: UInt64 = 3000
 
     var isBusy: Bool { pending != nil }
+    /// Whether its writes ask for their OKs in OKS messages (PROTOCOL.md 10.1.1), as
+    /// `StateSyncClient` does; the others take the one OK a request of version 1.
+    let batchedReplies: Bool
 
-    init(name: String) {
+    init(name: String, batchedReplies: Bool = false) {
+        self.batchedReplies = batchedReplies
         client = SimulatedCluster.Client(name: name)
         client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
         client.onConnectionLost = { [unowned self] cluster in self.connectionLost(in: cluster) }
@@ -53,13 +59,16 @@ final class SimulatedWriter {
         nextRequestID += 1
         pending = (id, write, cluster.now + Self.timeout)
         let address = ModelAddress(channel: channel, model: write.model)
+        let flags = batchedReplies ? ClientProtocol.RequestFlags.batchedReplies : 0
         let request =
             write.properties.isEmpty
             ? ClientProtocol.encodeRequest(
                 .delete, id: id,
-                body: ClientProtocol.encodeDelete(address, properties: write.deletesModel ? [] : write.deleted.sorted())
-            )
-            : ClientProtocol.encodeRequest(.set, id: id, body: ClientProtocol.encodeSet(address, write.propertyWrites))
+                body: ClientProtocol.encodeDelete(
+                    address, properties: write.deletesModel ? [] : write.deleted.sorted()),
+                flags: flags)
+            : ClientProtocol.encodeRequest(
+                .set, id: id, body: ClientProtocol.encodeSet(address, write.propertyWrites), flags: flags)
         cluster.send(request, from: client)
         cluster.schedule(at: cluster.now + Self.timeout) { [weak self] cluster in
             guard let self, let pending = self.pending, pending.id == id else { return }
@@ -86,16 +95,43 @@ final class SimulatedWriter {
 
     private func received(_ frames: [[UInt8]], in cluster: SimulatedCluster) {
         guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]),
-            let pending, pending.id != 0, header.requestID == pending.id
+            let pending, pending.id != 0
         else { return }
+        let node = client.connection.map { cluster.nodes[$0.node].id } ?? "?"
+        let ok: [UInt8]?
+        switch header.kind {
+        case .oks:
+            // Only a writer that asked for them gets OKS messages; its OK is the entry of its id.
+            guard let replies = try? ClientProtocol.decodeBatchedOKs(frames[1]) else {
+                violations.append("\(name): a malformed OKS message from \(node)")
+                return
+            }
+            if !batchedReplies { violations.append("\(name): an OKS message from \(node), which it did not ask for") }
+            let entries = replies.filter { $0.id == pending.id }
+            guard let entry = entries.first else { return }
+            if entries.count > 1 {
+                violations.append("\(name): request \(pending.id) twice in one OKS message from \(node)")
+            }
+            ok = entry.body
+        case .ok:
+            guard header.requestID == pending.id else { return }
+            if batchedReplies {
+                violations.append(
+                    "\(name): request \(pending.id) answered with a plain OK from \(node), where it asked for an OKS")
+            }
+            ok = frames[1]
+        case .error:
+            guard header.requestID == pending.id else { return }
+            ok = nil
+        case .event:
+            return
+        }
         var version: Version?
         // Acknowledged: an OK whose outcome is "changed" (1), with the write's version.
-        if header.kind == .ok, frames[1].last == 1,
-            let decoded = try? ClientProtocol.decodeVersion(Array(frames[1].dropLast()))
-        {
+        if let ok, ok.last == 1, let decoded = try? ClientProtocol.decodeVersion(Array(ok.dropLast())) {
             version = decoded
         }
-        settle(acknowledged: version, unchanged: header.kind == .ok && frames[1].last == 0, in: cluster)
+        settle(acknowledged: version, unchanged: ok?.last == 0, in: cluster)
     }
 
     private func connectionLost(in cluster: SimulatedCluster) {
@@ -197,6 +233,9 @@ final class SimulatedWatcher {
         case .event:
             largestMessage = max(largestMessage, frames.count - 1)
             for body in frames[1...] { receivedEvent(body, in: cluster) }
+        case .oks:
+            // A watcher's requests never ask for them (PROTOCOL.md 10.1.1).
+            violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: an OKS message it did not ask for")
         }
     }
 

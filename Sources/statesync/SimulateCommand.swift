@@ -37,7 +37,7 @@ extension StateSyncCLI {
 
                 --plant-bug plants a bug in the last node to prove the verdict catches it: \
                 drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, forget-held-above-gaps, \
-                duplicate-watch-events, ignore-deletions, never-expire, collect-early.
+                duplicate-watch-events, ignore-deletions, never-expire, collect-early, ignore-request-flags.
                 """)
 
         @Option(help: "How many nodes (2–256).")
@@ -81,7 +81,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, forget-held-above-gaps, duplicate-watch-events, ignore-deletions, never-expire, collect-early.",
+                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, forget-held-above-gaps, duplicate-watch-events, ignore-deletions, never-expire, collect-early, ignore-request-flags.",
                 valueName: "BUG"))
         var plantBug: String?
 

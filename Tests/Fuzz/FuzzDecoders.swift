@@ -45,6 +45,7 @@ public func fuzzDecoders(_ data: UnsafePointer<UInt8>, _ size: Int) -> CInt {
         _ = try? ClientProtocol.decodeFetched(bytes)
         _ = try? ClientProtocol.decodeProperties(bytes)
         _ = try? ClientProtocol.decodeListReply(bytes)
+        _ = try? ClientProtocol.decodeBatchedOKs(bytes)
     case 5:
         _ = try? ClientProtocol.decodeValue(bytes)
         _ = try? ClientProtocol.decodeError(bytes)

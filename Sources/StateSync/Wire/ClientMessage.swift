@@ -31,6 +31,17 @@ public enum ClientProtocol {
         case ok = 0x80
         case error = 0x81
         case event = 0x82
+        /// The OKs of several requests in one message (section 10.1.1): sent only to a client
+        /// that asked for them with ``RequestFlags/batchedReplies``.
+        case oks = 0x83
+    }
+
+    /// The optional eleventh octet of a request header (section 10.1.1). A node older than it
+    /// ignores it, as every octet after the tenth.
+    public enum RequestFlags {
+        /// The client takes the OK of this request (a SET or a DELETE) in an OKS message, with
+        /// the OKs of its other writes that became durable together.
+        public static let batchedReplies: UInt8 = 0x01
     }
 
     /// Error codes of an ERROR reply.
@@ -59,6 +70,11 @@ public enum ClientProtocol {
         public var command: UInt8
         /// The id the client gave the request.
         public var requestID: UInt64
+        /// The flags octet (``RequestFlags``), 0 when the header has none.
+        public var flags: UInt8 = 0
+
+        /// Whether the client takes this request's OK in an OKS message.
+        public var takesBatchedReplies: Bool { flags & RequestFlags.batchedReplies != 0 }
     }
 
     /// A reply header.
@@ -69,12 +85,14 @@ public enum ClientProtocol {
         public var requestID: UInt64
     }
 
-    /// The two frames of a request: header (version, command, id) and body.
-    public static func encodeRequest(_ command: Command, id: UInt64, body: [UInt8]) -> [[UInt8]] {
-        var header = WireWriter(capacity: 10)
+    /// The two frames of a request: header (version, command, id, and the flags octet unless
+    /// `flags` is 0) and body.
+    public static func encodeRequest(_ command: Command, id: UInt64, body: [UInt8], flags: UInt8 = 0) -> [[UInt8]] {
+        var header = WireWriter(capacity: 11)
         header.byte(version)
         header.byte(command.rawValue)
         header.uint64(id)
+        if flags != 0 { header.byte(flags) }
         return [header.bytes, body]
     }
 
@@ -85,7 +103,8 @@ public enum ClientProtocol {
         guard v == version else { throw .unsupported("client protocol version \(v)") }
         let command = try reader.byte("command")
         let id = try reader.uint64("request id")
-        return RequestHeader(command: command, requestID: id)
+        let flags = frame.count > 10 ? frame[10] : 0
+        return RequestHeader(command: command, requestID: id, flags: flags)
     }
 
     /// The two frames of a reply: header (version, kind, id) and body.
@@ -107,6 +126,32 @@ public enum ClientProtocol {
             throw .unsupported("reply kind 0x\(String(rawKind, radix: 16))")
         }
         return ReplyHeader(kind: kind, requestID: try reader.uint64("request id"))
+    }
+
+    /// An OKS message (section 10.1.1): the OK bodies of several requests, each with its
+    /// request id, in the order the requests' writes became durable; header request id 0.
+    public static func encodeBatchedOKs(_ replies: [(id: UInt64, body: [UInt8])]) -> [[UInt8]] {
+        var body = WireWriter(capacity: replies.reduce(1) { $0 + 10 + $1.body.count })
+        body.varint(UInt64(replies.count))
+        for reply in replies {
+            body.uint64(reply.id)
+            body.blob(reply.body)
+        }
+        return encodeReply(.oks, id: 0, body: body.bytes)
+    }
+
+    /// Decodes an OKS body: each request id with its OK body.
+    public static func decodeBatchedOKs(_ body: [UInt8]) throws(WireError) -> [(id: UInt64, body: [UInt8])] {
+        var reader = WireReader(body)
+        // An entry is at least a request id and an empty body's length.
+        let count = try reader.count("reply count", minimumItemSize: 9)
+        var replies: [(id: UInt64, body: [UInt8])] = []
+        replies.reserveCapacity(count)
+        for _ in 0..<count {
+            let id = try reader.uint64("request id")
+            replies.append((id, try reader.blob("OK body")))
+        }
+        return replies
     }
 
     // MARK: Bodies

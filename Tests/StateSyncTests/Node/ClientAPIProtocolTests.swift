@@ -99,6 +99,52 @@ struct ClientAPIProtocolTests {
         }
     }
 
+    /// Request flag bit 0 over real sockets (10.1.1): a client that sends 200 SETs without
+    /// waiting, each asking for batched replies, gets every OK once, all in OKS messages, and
+    /// fewer messages than writes (the node syncs, and answers, what arrived during the sync
+    /// before at once); a client that does not ask gets one plain OK per SET.
+    @Test func writesInFlightAreAnsweredInOKSMessagesOnlyWhenAsked() async throws {
+        try await Self.withNode { node, flagged in
+            let plain = try RawClient(try #require(node.apiEndpoint))
+            for (client, asks, writes) in [(flagged, true, 200), (plain, false, 50)] {
+                for id in 1...writes {
+                    let body = ClientProtocol.encodeSet(
+                        ModelAddress(channel: "c", model: "m\(id % 7)"),
+                        [PropertyWrite(name: asks ? "a" : "p", value: .int(Int64(id)))])
+                    try client.dealer.send(
+                        ClientProtocol.encodeRequest(
+                            .set, id: UInt64(id), body: body,
+                            flags: asks ? ClientProtocol.RequestFlags.batchedReplies : 0
+                        ))
+                }
+                var answered: [UInt64] = []
+                var messages: [ClientProtocol.ReplyKind] = []
+                while answered.count < writes, let message = try client.next() {
+                    let header = try ClientProtocol.decodeReplyHeader(message[0])
+                    messages.append(header.kind)
+                    switch header.kind {
+                    case .oks:
+                        let oks = try ClientProtocol.decodeBatchedOKs(message[1])
+                        #expect(oks.allSatisfy { $0.body.last == 1 }, "every write changed its property")
+                        answered += oks.map(\.id)
+                    case .ok:
+                        #expect(message[1].last == 1)
+                        answered.append(header.requestID)
+                    case .error, .event:
+                        Issue.record("unexpected \(header.kind): \(message)")
+                    }
+                }
+                #expect(answered.sorted() == (1...UInt64(writes)).map { $0 }, "every SET answered once")
+                if asks {
+                    #expect(messages.allSatisfy { $0 == .oks }, "\(messages)")
+                    #expect(messages.count < writes, "\(messages.count) messages for \(writes) writes")
+                } else {
+                    #expect(messages == Array(repeating: .ok, count: writes))
+                }
+            }
+        }
+    }
+
     @Test func unknownCommandGetsErrorTwoAndTheNodeGoesOn() async throws {
         try await Self.withNode { node, client in
             var header = WireWriter()

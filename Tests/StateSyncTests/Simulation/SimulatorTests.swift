@@ -42,6 +42,7 @@ struct SimulatorTests {
         let named =
             report.findings.divergedNodes.contains("n4")
             || report.findings.chainViolations.contains { $0.hasPrefix("n4's watcher") }
+            || report.findings.replyViolations.contains { $0.hasSuffix("from n4, where it asked for an OKS") }
         #expect(named, "\(bug): the verdict does not name n4: \(report.humanText)")
     }
 

@@ -173,7 +173,7 @@ extension NodeMachine {
                 try authorize(identity, write: true, channel: address.channel)
                 try refuseWhenDiskFull(client, id)
                 try holdWhileSettling(frames, client, identity, id)
-                try write(address, writes, client: client, id: id)
+                try write(address, writes, client: client, id: id, batchedReply: takesBatchedReplies(header))
             case .delete:
                 let (address, names) = try ClientProtocol.decodeDelete(body)
                 if names.contains(where: \.isEmpty) {
@@ -184,7 +184,7 @@ extension NodeMachine {
                 try refuseWhenDiskFull(client, id)
                 try holdWhileSettling(frames, client, identity, id)
                 let writes = names.isEmpty ? [PropertyWrite.modelDeletion] : names.map(PropertyWrite.deletion(of:))
-                try write(address, writes, client: client, id: id)
+                try write(address, writes, client: client, id: id, batchedReply: takesBatchedReplies(header))
             case .get:
                 let address = try ClientProtocol.decodeAddress(body)
                 try Names.validateChannel(address.channel)
@@ -348,15 +348,25 @@ extension NodeMachine {
         throw DiskFull()
     }
 
-    /// Makes a client's write (SET or DELETE) and answers it once durable.
-    mutating func write(_ address: ModelAddress, _ writes: [PropertyWrite], client: [UInt8], id: UInt64)
-        throws(StateSyncError)
-    {
+    /// Makes a client's write (SET or DELETE) and answers it once durable; in an OKS message
+    /// when `batchedReply` (the request's header asked for it, section 10.1.1).
+    mutating func write(
+        _ address: ModelAddress, _ writes: [PropertyWrite], client: [UInt8], id: UInt64, batchedReply: Bool = false
+    ) throws(StateSyncError) {
         let (version, result) = try clientSet(address, writes)
         var answer = ClientProtocol.encodeVersion(version)
         answer.append(result.rawValue)
         // Answered once durable: an acknowledged write survives a crash.
-        replyWhenDurable(client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: answer))
+        if batchedReply {
+            replyWhenDurable(client: client, frames: [], batched: (id, answer))
+        } else {
+            replyWhenDurable(client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: answer))
+        }
+    }
+
+    /// Whether a write's OK goes in an OKS message (section 10.1.1).
+    private func takesBatchedReplies(_ header: ClientProtocol.RequestHeader) -> Bool {
+        header.takesBatchedReplies && !faults.ignoreRequestFlags
     }
 
     private mutating func reply(_ client: [UInt8], _ kind: ClientProtocol.ReplyKind, _ id: UInt64, _ body: [UInt8]) {

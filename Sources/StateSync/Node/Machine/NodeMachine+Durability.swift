@@ -64,7 +64,7 @@ extension NodeMachine {
         /// The records ``stagedBodies`` lie in.
         var stagedRecords = StagedRecords()
         /// SET replies waiting for the log position of their write.
-        var replies: [(client: [UInt8], frames: [[UInt8]], position: UInt64)] = []
+        var replies: [WaitingReply] = []
         /// Bytes appended since the node started (a position, never reset).
         var appended: UInt64 = 0
         /// The position through which the log is durable.
@@ -288,12 +288,16 @@ extension NodeMachine {
     }
 
     /// Queues a SET's reply for when its write is durable (at once if it is, or with
-    /// `storage.fsync: interval`, where a write is acknowledged once the OS has it).
-    mutating func replyWhenDurable(client: [UInt8], frames: [[UInt8]]) {
+    /// `storage.fsync: interval`, where a write is acknowledged once the OS has it). `batched`:
+    /// the OK (request id and body) of a client that takes OKS messages (section 10.1.1), sent
+    /// in one with its other OKs that become durable together; `frames` are then unused.
+    mutating func replyWhenDurable(client: [UInt8], frames: [[UInt8]], batched: BatchedOK? = nil) {
         if configuration.fsync == .interval || durability.durable >= durability.appended {
+            let frames = batched.map { ClientProtocol.encodeBatchedOKs([$0]) } ?? frames
             actions.append(.reply(client: client, frames: frames))
         } else {
-            durability.replies.append((client, frames, durability.appended))
+            durability.replies.append(
+                WaitingReply(client: client, frames: frames, position: durability.appended, batched: batched))
         }
     }
 
@@ -308,7 +312,7 @@ extension NodeMachine {
             actions.append(.reply(client: client, frames: frames))
             return
         }
-        durability.replies.append((client, frames, position))
+        durability.replies.append(WaitingReply(client: client, frames: frames, position: position, batched: nil))
         // Not the interval's timer: a peer's repair waits on it (snapshots are rare; a page of a
         // streamed one comes at a time).
         requestSync(force: true)
@@ -355,10 +359,23 @@ extension NodeMachine {
             updateVisibleToWatches()
         }
         var answered = 0
+        // The OKs of each client that takes OKS messages, in the order of their writes.
+        var batches: [(client: [UInt8], oks: [BatchedOK])] = []
         while answered < durability.replies.count, durability.replies[answered].position <= position {
             let reply = durability.replies[answered]
-            actions.append(.reply(client: reply.client, frames: reply.frames))
             answered += 1
+            guard let ok = reply.batched else {
+                actions.append(.reply(client: reply.client, frames: reply.frames))
+                continue
+            }
+            if let index = batches.firstIndex(where: { $0.client == reply.client }) {
+                batches[index].oks.append(ok)
+            } else {
+                batches.append((reply.client, [ok]))
+            }
+        }
+        for batch in batches {
+            actions.append(.reply(client: batch.client, frames: ClientProtocol.encodeBatchedOKs(batch.oks)))
         }
         durability.replies.removeFirst(answered)
         // What was written while the sync ran is synced next; at once, whatever the policy, when
@@ -483,5 +500,20 @@ extension NodeMachine {
         }
         if !deltas.isEmpty { ranges.append(start..<deltas.count) }
         return ranges
+    }
+}
+
+extension NodeMachine {
+    /// A write's OK for a client that takes OKS messages: its request id and OK body.
+    typealias BatchedOK = (id: UInt64, body: [UInt8])
+
+    /// A reply waiting for the log to be durable through `position`.
+    struct WaitingReply {
+        let client: [UInt8]
+        /// The reply's frames (unused when `batched`).
+        let frames: [[UInt8]]
+        let position: UInt64
+        /// The OK of a client that takes OKS messages: sent in one with that client's other OKs.
+        let batched: BatchedOK?
     }
 }

@@ -114,10 +114,10 @@ extension NodeMachine {
         durability.stagedRecords = NodeMachine.StagedRecords()
         // Writes waiting to be acknowledged are given up with the rest: their clients are told.
         for waiting in durability.replies {
-            var header = WireReader(waiting.frames[0])
+            var header = WireReader(waiting.frames.first ?? [])
             _ = try? header.byte("version")
             _ = try? header.byte("kind")
-            let id = (try? header.uint64("request id")) ?? 0
+            let id = waiting.batched?.id ?? (try? header.uint64("request id")) ?? 0
             actions.append(
                 .reply(
                     client: waiting.client,

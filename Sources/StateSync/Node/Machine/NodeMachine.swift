@@ -648,12 +648,15 @@ package struct NodeFaults: Sendable, Equatable {
     /// This node's compactions keep none of the peers' deltas it holds above a gap (section
     /// 11.5 item 6): a restart forgets it holds them.
     package var forgetHeldAboveGaps = false
+    /// This node ignores request flags (section 10.1.1): a write that asked for an OKS gets a
+    /// plain OK, as from a node that predates them, which this node claims not to be.
+    package var ignoreRequestFlags = false
 
     package init(
         dropRemoteDeltasShare: Double = 0, wrongTieBreak: Bool = false, skipRepair: Bool = false,
         duplicateWatchEvents: Bool = false, ignoreDeletions: Bool = false, neverExpire: Bool = false,
         collectEarly: Bool = false, skipSettling: Bool = false, skipVoid: Bool = false,
-        forgetHeldAboveGaps: Bool = false
+        forgetHeldAboveGaps: Bool = false, ignoreRequestFlags: Bool = false
     ) {
         self.dropRemoteDeltasShare = min(max(dropRemoteDeltasShare, 0), 1)
         self.wrongTieBreak = wrongTieBreak
@@ -665,6 +668,7 @@ package struct NodeFaults: Sendable, Equatable {
         self.skipSettling = skipSettling
         self.skipVoid = skipVoid
         self.forgetHeldAboveGaps = forgetHeldAboveGaps
+        self.ignoreRequestFlags = ignoreRequestFlags
     }
 
     package var isEmpty: Bool { self == NodeFaults() }

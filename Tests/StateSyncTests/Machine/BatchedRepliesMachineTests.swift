@@ -1,0 +1,133 @@
+import Testing
+
+@testable import StateSync
+
+/// OKS messages (PROTOCOL.md 10.1.1): a client that sets the batched-replies flag in its write
+/// requests gets the OKs of its writes that became durable together in one message; every
+/// other client, and every other reply, is as in the first version.
+@Suite("Batched write replies on the node machine")
+struct BatchedRepliesMachineTests {
+    static let flagged: [UInt8] = [0x53, 1]
+    static let plain: [UInt8] = [0x53, 2]
+
+    static func set(_ id: UInt64, _ value: Int64, batched: Bool) -> [[UInt8]] {
+        ClientProtocol.encodeRequest(
+            .set, id: id,
+            body: ClientProtocol.encodeSet(
+                ModelAddress(channel: "c", model: "m\(id)"), [PropertyWrite(name: "x", value: .int(value))]),
+            flags: batched ? ClientProtocol.RequestFlags.batchedReplies : 0)
+    }
+
+    static func runner(_ fsync: NodeConfiguration.FsyncPolicy) -> MachineRunner {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.fsync = fsync
+        var node = MachineRunner(configuration)
+        node.advance(1)
+        return node
+    }
+
+    /// The messages sent to `client` from position `from` of `sent`, headers decoded.
+    static func replies(_ node: MachineRunner, to client: [UInt8], from: Int) -> [(
+        header: ClientProtocol.ReplyHeader, body: [UInt8]
+    )] {
+        node.sent[from...].compactMap { to, frames in
+            guard to == client, frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0])
+            else { return nil }
+            return (header, frames[1])
+        }
+    }
+
+    @Test func theFlagTravelsInAnEleventhOctetThatOlderReadersIgnore() throws {
+        let flagged = Self.set(7, 1, batched: true)
+        #expect(flagged[0].count == 11 && flagged[0][10] == ClientProtocol.RequestFlags.batchedReplies)
+        let header = try ClientProtocol.decodeRequestHeader(flagged[0])
+        #expect(header.requestID == 7 && header.command == 0x01 && header.takesBatchedReplies)
+        // Without the flag the header is the first version's ten octets.
+        let plain = Self.set(8, 1, batched: false)
+        #expect(plain[0].count == 10)
+        #expect(try !ClientProtocol.decodeRequestHeader(plain[0]).takesBatchedReplies)
+    }
+
+    @Test func anOKSBodyRoundTripsAndAShortOneIsMalformed() throws {
+        let replies: [(id: UInt64, body: [UInt8])] = [(3, [1, 2, 3]), (1, []), (UInt64.max, [9])]
+        let frames = ClientProtocol.encodeBatchedOKs(replies)
+        let header = try ClientProtocol.decodeReplyHeader(frames[0])
+        #expect(header.kind == .oks && header.requestID == 0)
+        let decoded = try ClientProtocol.decodeBatchedOKs(frames[1])
+        #expect(decoded.map(\.id) == [3, 1, UInt64.max])
+        #expect(decoded.map(\.body) == [[1, 2, 3], [], [9]])
+        // Each cut short: a count the octets cannot hold, an entry or a body that runs past the end.
+        for end in 0..<frames[1].count {
+            #expect(throws: WireError.self, "cut at \(end)") {
+                _ = try ClientProtocol.decodeBatchedOKs(Array(frames[1][..<end]))
+            }
+        }
+    }
+
+    /// With `fsync: always` the writes of a turn become durable together: the flagged client's
+    /// OKs go in one OKS message, in the order of its writes, each body the OK a version-1
+    /// client gets; the other client still gets one OK per request.
+    @Test func theOKsOfWritesDurableTogetherGoInOneMessage() throws {
+        var node = Self.runner(.always)
+        let before = node.sent.count
+        // Interleaved: the flagged client's OKs are one message all the same.
+        node.handle(.clientRequest(client: Self.flagged, frames: Self.set(1, 10, batched: true), identity: nil))
+        node.handle(.clientRequest(client: Self.plain, frames: Self.set(2, 20, batched: false), identity: nil))
+        node.handle(.clientRequest(client: Self.flagged, frames: Self.set(3, 30, batched: true), identity: nil))
+        node.handle(.clientRequest(client: Self.plain, frames: Self.set(4, 40, batched: false), identity: nil))
+        node.handle(.clientRequest(client: Self.flagged, frames: Self.set(5, 50, batched: true), identity: nil))
+        #expect(node.sent.count == before, "nothing is acknowledged before the sync")
+        node.handle(.tick(observerBacklog: 0))
+
+        let flagged = Self.replies(node, to: Self.flagged, from: before)
+        try #require(flagged.count == 1, "one message: \(flagged.map(\.header))")
+        #expect(flagged[0].header.kind == .oks && flagged[0].header.requestID == 0)
+        let oks = try ClientProtocol.decodeBatchedOKs(flagged[0].body)
+        #expect(oks.map(\.id) == [1, 3, 5])
+        for ok in oks {
+            #expect(ok.body.last == 1, "outcome changed")
+            #expect(try ClientProtocol.decodeVersion(Array(ok.body.dropLast())).node == "n1")
+        }
+
+        let plain = Self.replies(node, to: Self.plain, from: before)
+        #expect(plain.map(\.header.kind) == [.ok, .ok])
+        #expect(plain.map(\.header.requestID) == [2, 4])
+        #expect(plain.allSatisfy { $0.body.last == 1 })
+        // The same OK body either way: the version of the write.
+        let versions =
+            try oks.map { try ClientProtocol.decodeVersion(Array($0.body.dropLast())) }
+            + plain.map { try ClientProtocol.decodeVersion(Array($0.body.dropLast())) }
+        #expect(Set(versions).count == 5, "five writes, five versions")
+    }
+
+    /// An OK is never held back for a batch: with `fsync: interval` a write is acknowledged as
+    /// it is taken, so a flagged client gets an OKS of one OK per write, at once.
+    @Test func withIntervalEachWriteIsAnsweredAtOnceInAnOKSOfOne() throws {
+        var node = Self.runner(.interval)
+        let before = node.sent.count
+        node.handle(.clientRequest(client: Self.flagged, frames: Self.set(1, 10, batched: true), identity: nil))
+        let first = Self.replies(node, to: Self.flagged, from: before)
+        try #require(first.count == 1)
+        #expect(first[0].header.kind == .oks)
+        #expect(try ClientProtocol.decodeBatchedOKs(first[0].body).map(\.id) == [1])
+    }
+
+    /// The flag asks for nothing else: an error, and a read, are answered as before.
+    @Test func errorsAndReadsAreNotBatched() throws {
+        var node = Self.runner(.always)
+        let before = node.sent.count
+        let invalid = ClientProtocol.encodeRequest(
+            .set, id: 9,
+            body: ClientProtocol.encodeSet(ModelAddress(channel: "", model: "m"), [PropertyWrite(name: "x", value: 1)]),
+            flags: ClientProtocol.RequestFlags.batchedReplies)
+        node.handle(.clientRequest(client: Self.flagged, frames: invalid, identity: nil))
+        let get = ClientProtocol.encodeRequest(
+            .get, id: 10, body: ClientProtocol.encodeAddress(ModelAddress(channel: "c", model: "m")),
+            flags: ClientProtocol.RequestFlags.batchedReplies)
+        node.handle(.clientRequest(client: Self.flagged, frames: get, identity: nil))
+        node.handle(.tick(observerBacklog: 0))
+        let replies = Self.replies(node, to: Self.flagged, from: before)
+        #expect(replies.map(\.header.kind) == [.error, .ok])
+        #expect(replies.map(\.header.requestID) == [9, 10])
+    }
+}
