@@ -65,6 +65,9 @@ extension NodeMachine {
         var stagedRecords = StagedRecords()
         /// SET replies waiting for the log position of their write.
         var replies: [WaitingReply] = []
+        /// With `interval`: the OKs, for clients that take OKS messages, of the writes taken
+        /// since the last tick, sent together at the next (the end of the driver's round).
+        var heldOKs: [(client: [UInt8], ok: BatchedOK)] = []
         /// Bytes appended since the node started (a position, never reset).
         var appended: UInt64 = 0
         /// The position through which the log is durable.
@@ -290,9 +293,12 @@ extension NodeMachine {
     /// Queues a SET's reply for when its write is durable (at once if it is, or with
     /// `storage.fsync: interval`, where a write is acknowledged once the OS has it). `batched`:
     /// the OK (request id and body) of a client that takes OKS messages (section 10.1.1), sent
-    /// in one with its other OKs that become durable together; `frames` are then unused.
+    /// in one with its other OKs that become durable together — with `interval`, with those of
+    /// the writes taken in the same round, at its tick; `frames` are then unused.
     mutating func replyWhenDurable(client: [UInt8], frames: [[UInt8]], batched: BatchedOK? = nil) {
-        if configuration.fsync == .interval || durability.durable >= durability.appended {
+        if let batched, configuration.fsync == .interval {
+            durability.heldOKs.append((client, batched))
+        } else if configuration.fsync == .interval || durability.durable >= durability.appended {
             let frames = batched.map { ClientProtocol.encodeBatchedOKs([$0]) } ?? frames
             actions.append(.reply(client: client, frames: frames))
         } else {
@@ -359,24 +365,17 @@ extension NodeMachine {
             updateVisibleToWatches()
         }
         var answered = 0
-        // The OKs of each client that takes OKS messages, in the order of their writes.
-        var batches: [(client: [UInt8], oks: [BatchedOK])] = []
+        var oks: [(client: [UInt8], ok: BatchedOK)] = []
         while answered < durability.replies.count, durability.replies[answered].position <= position {
             let reply = durability.replies[answered]
             answered += 1
-            guard let ok = reply.batched else {
-                actions.append(.reply(client: reply.client, frames: reply.frames))
-                continue
-            }
-            if let index = batches.firstIndex(where: { $0.client == reply.client }) {
-                batches[index].oks.append(ok)
+            if let ok = reply.batched {
+                oks.append((reply.client, ok))
             } else {
-                batches.append((reply.client, [ok]))
+                actions.append(.reply(client: reply.client, frames: reply.frames))
             }
         }
-        for batch in batches {
-            actions.append(.reply(client: batch.client, frames: ClientProtocol.encodeBatchedOKs(batch.oks)))
-        }
+        sendOKs(oks)
         durability.replies.removeFirst(answered)
         // What was written while the sync ran is synced next; at once, whatever the policy, when
         // a reply waits (with `interval` only held snapshots do: a peer's repair waits on them).
@@ -504,6 +503,31 @@ extension NodeMachine {
 }
 
 extension NodeMachine {
+    /// Sends `oks` in one OKS message per client, each client's in the order given.
+    mutating func sendOKs(_ oks: [(client: [UInt8], ok: BatchedOK)]) {
+        guard !oks.isEmpty else { return }
+        var batches: [(client: [UInt8], oks: [BatchedOK])] = []
+        for (client, ok) in oks {
+            if let index = batches.firstIndex(where: { $0.client == client }) {
+                batches[index].oks.append(ok)
+            } else {
+                batches.append((client, [ok]))
+            }
+        }
+        for batch in batches {
+            actions.append(.reply(client: batch.client, frames: ClientProtocol.encodeBatchedOKs(batch.oks)))
+        }
+    }
+
+    /// With `interval`: sends the OKs held since the last tick (the writes were taken, and
+    /// written to the OS, in this round).
+    mutating func sendHeldOKs() {
+        guard !durability.heldOKs.isEmpty else { return }
+        let held = durability.heldOKs
+        durability.heldOKs.removeAll(keepingCapacity: true)
+        sendOKs(held)
+    }
+
     /// A write's OK for a client that takes OKS messages: its request id and OK body.
     typealias BatchedOK = (id: UInt64, body: [UInt8])
 

@@ -340,6 +340,7 @@ package struct NodeMachine: Sendable {
         case .tick(let backlog):
             tick(observerBacklog: backlog)
         case .stop:
+            sendHeldOKs()
             refuseHeldWritesAtStop()
             stopping = true
             publishReserved()
@@ -365,12 +366,14 @@ package struct NodeMachine: Sendable {
     /// long turn early for these, and only for these: a tick costs a poll and a log write, which
     /// a node busy with peers' deltas alone need not pay more often.
     var awaitsTick: Bool {
-        !durability.staged.isEmpty || !durability.replies.isEmpty || watches.count > 0
+        !durability.staged.isEmpty || !durability.replies.isEmpty || !durability.heldOKs.isEmpty || watches.count > 0
     }
 
     /// Runs what is due: durability of staged writes, heartbeat, the repair round (with
     /// compaction), backpressure, and the watches.
     mutating func tick(observerBacklog: Int) {
+        // With `interval`: the OKs of the writes taken in the round that ends here.
+        sendHeldOKs()
         publishReserved()
         requestSync(force: false)
         prefetchSnapshotPages()
@@ -519,6 +522,7 @@ package struct NodeMachine: Sendable {
             deadline = min(deadline, durability.lastSync &+ UInt64(configuration.fsyncIntervalMilliseconds))
         }
         if watches.lagging > 0 || intakePaused { deadline = min(deadline, now &+ 5) }
+        if !durability.heldOKs.isEmpty { deadline = now }
         // The next expiry, in this monotonic time (the wall clock tells how far off it is).
         if let expiry = store.nextExpiry {
             let wall = clock.wallMilliseconds()
