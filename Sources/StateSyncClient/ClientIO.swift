@@ -376,7 +376,10 @@ final class ClientIO: Sendable {
         case .oks:
             // A malformed one is ignored, as any malformed message: its requests time out.
             guard let replies = try? ClientProtocol.decodeBatchedOKs(body) else { return }
+            // Only writes ask for OKS messages: another request of the same id is not answered.
             for reply in replies {
+                guard let command = state.pending[reply.id]?.command, command == .set || command == .delete
+                else { continue }
                 state.pending.removeValue(forKey: reply.id)?.reply.resume(returning: reply.body)
             }
         case .error:

@@ -26,9 +26,9 @@ import Foundation
 /// commit: on ext4 here it takes ~85 µs instead of ~125 µs for an append. Zeros written, not
 /// `posix_fallocate`d: ext4 marks fallocated blocks unwritten, and the first write into each
 /// block converts its extent, which the next `fdatasync` must write too. With a group commit of
-/// a kilobyte or two (a client's SETs) nearly every sync reached a new block: 97–106 µs p50 and
-/// 47–48 µs of CPU per sync against 87–94 µs and 36–39 µs into written zeros (a C probe on this
-/// VM, 1,800-octet records, 2026-11-28; PERFORMANCE-LOG.md). The zeros of a step are written
+/// a kilobyte or two (a client's SETs) one sync in two or three reached a new block: 97–106 µs
+/// p50 and 47–48 µs of CPU per sync against 88–94 µs and 37–39 µs into written zeros (a C probe
+/// on this VM, 1,800-octet records, 2026-11-28; PERFORMANCE-LOG.md). The zeros of a step are written
 /// back by the sync after them, once per step. A zero length field ends the log (a record's
 /// payload is never empty), so the zero-filled tail is not data and not a torn write.
 ///
@@ -328,7 +328,8 @@ package final class DeltaLog: @unchecked Sendable {
     private func preallocate(through end: Int) {
         let step = Self.preallocationStep
         let target = (end / step + 1) * step
-        var at = allocated
+        // The record about to be written fills up to `end`: zeros only after it.
+        var at = max(allocated, end)
         while at < target {
             let count = min(target - at, Self.zeros.count)
             let n = Self.zeros.withUnsafeBytes { pwrite(descriptor, $0.baseAddress, count, off_t(at)) }

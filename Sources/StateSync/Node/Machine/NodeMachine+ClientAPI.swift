@@ -351,7 +351,7 @@ extension NodeMachine {
     /// Makes a client's write (SET or DELETE) and answers it once durable; in an OKS message
     /// when `batchedReply` (the request's header asked for it, section 10.1.1).
     mutating func write(
-        _ address: ModelAddress, _ writes: [PropertyWrite], client: [UInt8], id: UInt64, batchedReply: Bool = false
+        _ address: ModelAddress, _ writes: [PropertyWrite], client: [UInt8], id: UInt64, batchedReply: Bool
     ) throws(StateSyncError) {
         let (version, result) = try clientSet(address, writes)
         var answer = ClientProtocol.encodeVersion(version)

@@ -507,10 +507,15 @@ extension NodeMachine {
     mutating func sendOKs(_ oks: [(client: [UInt8], ok: BatchedOK)]) {
         guard !oks.isEmpty else { return }
         var batches: [(client: [UInt8], oks: [BatchedOK])] = []
+        // Each client's batch, by routing id: many clients each with one write a sync stay linear.
+        var batchOf: [[UInt8]: Int] = [:]
         for (client, ok) in oks {
-            if let index = batches.firstIndex(where: { $0.client == client }) {
+            if let last = batches.indices.last, batches[last].client == client {
+                batches[last].oks.append(ok)
+            } else if let index = batchOf[client] {
                 batches[index].oks.append(ok)
             } else {
+                batchOf[client] = batches.count
                 batches.append((client, [ok]))
             }
         }

@@ -112,15 +112,20 @@ extension NodeMachine {
         durability.stagedBodies = []
         durability.stagedPositions = []
         durability.stagedRecords = NodeMachine.StagedRecords()
-        // Writes waiting to be acknowledged are given up with the rest: their clients are told.
+        // Writes waiting to be acknowledged are given up with the rest: their clients are told
+        // (also those whose OK, with `interval`, waited for the end of the round).
+        var givenUp: [(client: [UInt8], id: UInt64)] = durability.heldOKs.map { ($0.client, $0.ok.id) }
+        durability.heldOKs = []
         for waiting in durability.replies {
             var header = WireReader(waiting.frames.first ?? [])
             _ = try? header.byte("version")
             _ = try? header.byte("kind")
-            let id = waiting.batched?.id ?? (try? header.uint64("request id")) ?? 0
+            givenUp.append((waiting.client, waiting.batched?.id ?? (try? header.uint64("request id")) ?? 0))
+        }
+        for (client, id) in givenUp {
             actions.append(
                 .reply(
-                    client: waiting.client,
+                    client: client,
                     frames: ClientProtocol.encodeReply(
                         .error, id: id,
                         body: ClientProtocol.encodeError(

@@ -362,9 +362,10 @@ package struct NodeMachine: Sendable {
     }
 
     /// Something waits for the driver's next tick: own writes to sync or publish, replies
-    /// waiting for a sync, or watches to feed (their events are sent at ticks). A driver ends a
-    /// long turn early for these, and only for these: a tick costs a poll and a log write, which
-    /// a node busy with peers' deltas alone need not pay more often.
+    /// waiting for a sync or (with `interval`, OKS messages) for the end of the round, or watches
+    /// to feed (their events are sent at ticks). A driver ends a long turn early for these, and
+    /// only for these: a tick costs a poll and a log write, which a node busy with peers' deltas
+    /// alone need not pay more often.
     var awaitsTick: Bool {
         !durability.staged.isEmpty || !durability.replies.isEmpty || !durability.heldOKs.isEmpty || watches.count > 0
     }
