@@ -31,7 +31,8 @@ extension StateSyncCLI {
                 last-writer-wins winners, no acknowledged write lost (with storage.fsync: interval, \
                 but for what a node acknowledged within one sync interval before a power loss, which \
                 that policy may lose: counted as may_be_lost_to_power_loss), unbroken old/new chains, each \
-                watcher's copy equal to the nodes', no delta sent twice on one watch. It prints a \
+                watcher's copy equal to the nodes', no delta sent twice on one watch, every write \
+                answered in the form its writer asked for (PROTOCOL.md 10.1.1). It prints a \
                 digest of the whole trace: the same seed (and build) gives the same digest. Exits 0 \
                 only when every check passes; a failure prints the command that replays it.
 
