@@ -52,8 +52,9 @@ package final class DeltaLog: @unchecked Sendable {
     /// Whether recovery found a log of the first format: nothing is appended to it (CRC-32C
     /// records would be cut as corrupt by the next recovery); it is converted instead.
     private var isFirstFormat = false
-    /// How far the file is grown ahead of its records at a time. The sync after a step writes
-    /// its zeros back: a quarter of a MiB keeps that extra write under half a millisecond here.
+    /// How far the file is grown ahead of its records at a time. The sync after a step also
+    /// writes its zeros back, a quarter of a MiB (steps of 1 MiB and 64 KiB did no better for the
+    /// p99 of durable writes here; PERFORMANCE-LOG.md, "Zeros, not fallocate").
     static let preallocationStep = 1 << 18
     /// One step of zeros, written to grow the file.
     private static let zeros = [UInt8](repeating: 0, count: preallocationStep)
