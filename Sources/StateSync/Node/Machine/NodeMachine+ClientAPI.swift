@@ -357,11 +357,9 @@ extension NodeMachine {
         var answer = ClientProtocol.encodeVersion(version)
         answer.append(result.rawValue)
         // Answered once durable: an acknowledged write survives a crash.
-        if batchedReply {
-            replyWhenDurable(client: client, frames: [], batched: (id, answer))
-        } else {
-            replyWhenDurable(client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: answer))
-        }
+        replyWhenDurable(
+            client: client,
+            batchedReply ? .batchedOK((id, answer)) : .frames(ClientProtocol.encodeReply(.ok, id: id, body: answer)))
     }
 
     /// Whether a write's OK goes in an OKS message (section 10.1.1).

@@ -291,19 +291,17 @@ extension NodeMachine {
     }
 
     /// Queues a SET's reply for when its write is durable (at once if it is, or with
-    /// `storage.fsync: interval`, where a write is acknowledged once the OS has it). `batched`:
-    /// the OK (request id and body) of a client that takes OKS messages (section 10.1.1), sent
-    /// in one with its other OKs that become durable together — with `interval`, with those of
-    /// the writes taken in the same round, at its tick; `frames` are then unused.
-    mutating func replyWhenDurable(client: [UInt8], frames: [[UInt8]], batched: BatchedOK? = nil) {
-        if let batched, configuration.fsync == .interval {
-            durability.heldOKs.append((client, batched))
+    /// `storage.fsync: interval`, where a write is acknowledged once the OS has it). The OK of a
+    /// client that takes OKS messages (section 10.1.1) goes in one with its other OKs that
+    /// become durable together — with `interval`, with those of the writes taken in the same
+    /// round, at its tick.
+    mutating func replyWhenDurable(client: [UInt8], _ answer: WaitingAnswer) {
+        if case .batchedOK(let ok) = answer, configuration.fsync == .interval {
+            durability.heldOKs.append((client, ok))
         } else if configuration.fsync == .interval || durability.durable >= durability.appended {
-            let frames = batched.map { ClientProtocol.encodeBatchedOKs([$0]) } ?? frames
-            actions.append(.reply(client: client, frames: frames))
+            actions.append(.reply(client: client, frames: answer.frames))
         } else {
-            durability.replies.append(
-                WaitingReply(client: client, frames: frames, position: durability.appended, batched: batched))
+            durability.replies.append(WaitingReply(client: client, answer: answer, position: durability.appended))
         }
     }
 
@@ -318,7 +316,7 @@ extension NodeMachine {
             actions.append(.reply(client: client, frames: frames))
             return
         }
-        durability.replies.append(WaitingReply(client: client, frames: frames, position: position, batched: nil))
+        durability.replies.append(WaitingReply(client: client, answer: .frames(frames), position: position))
         // Not the interval's timer: a peer's repair waits on it (snapshots are rare; a page of a
         // streamed one comes at a time).
         requestSync(force: true)
@@ -369,10 +367,9 @@ extension NodeMachine {
         while answered < durability.replies.count, durability.replies[answered].position <= position {
             let reply = durability.replies[answered]
             answered += 1
-            if let ok = reply.batched {
-                oks.append((reply.client, ok))
-            } else {
-                actions.append(.reply(client: reply.client, frames: reply.frames))
+            switch reply.answer {
+            case .batchedOK(let ok): oks.append((reply.client, ok))
+            case .frames(let frames): actions.append(.reply(client: reply.client, frames: frames))
             }
         }
         sendOKs(oks)
@@ -536,13 +533,35 @@ extension NodeMachine {
     /// A write's OK for a client that takes OKS messages: its request id and OK body.
     typealias BatchedOK = (id: UInt64, body: [UInt8])
 
+    /// What a reply waiting for the log says.
+    enum WaitingAnswer {
+        /// The reply's frames, as they go.
+        case frames([[UInt8]])
+        /// The OK of a client that takes OKS messages: sent in one with that client's other OKs.
+        case batchedOK(BatchedOK)
+
+        /// The reply as one message (an OKS of this one OK).
+        var frames: [[UInt8]] {
+            switch self {
+            case .frames(let frames): frames
+            case .batchedOK(let ok): ClientProtocol.encodeBatchedOKs([ok])
+            }
+        }
+
+        /// The id of the request it answers (0 when its header cannot be read).
+        var requestID: UInt64 {
+            switch self {
+            case .frames(let frames):
+                frames.first.flatMap { try? ClientProtocol.decodeReplyHeader($0).requestID } ?? 0
+            case .batchedOK(let ok): ok.id
+            }
+        }
+    }
+
     /// A reply waiting for the log to be durable through `position`.
     struct WaitingReply {
         let client: [UInt8]
-        /// The reply's frames (unused when `batched`).
-        let frames: [[UInt8]]
+        let answer: WaitingAnswer
         let position: UInt64
-        /// The OK of a client that takes OKS messages: sent in one with that client's other OKs.
-        let batched: BatchedOK?
     }
 }

@@ -114,14 +114,10 @@ extension NodeMachine {
         durability.stagedRecords = NodeMachine.StagedRecords()
         // Writes waiting to be acknowledged are given up with the rest: their clients are told
         // (also those whose OK, with `interval`, waited for the end of the round).
-        var givenUp: [(client: [UInt8], id: UInt64)] = durability.heldOKs.map { ($0.client, $0.ok.id) }
+        let givenUp =
+            durability.heldOKs.map { ($0.client, $0.ok.id) }
+            + durability.replies.map { ($0.client, $0.answer.requestID) }
         durability.heldOKs = []
-        for waiting in durability.replies {
-            var header = WireReader(waiting.frames.first ?? [])
-            _ = try? header.byte("version")
-            _ = try? header.byte("kind")
-            givenUp.append((waiting.client, waiting.batched?.id ?? (try? header.uint64("request id")) ?? 0))
-        }
         for (client, id) in givenUp {
             actions.append(
                 .reply(
