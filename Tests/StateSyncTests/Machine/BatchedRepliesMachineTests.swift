@@ -144,8 +144,7 @@ struct BatchedRepliesMachineTests {
     }
 
     /// With `interval` and a watch on the node, a held OK still goes before the watch events of
-    /// its write at the round's tick. (A pump in the middle of a round — a sync forced by a
-    /// snapshot served then — sends the held OKs first too; that path is not driven here.)
+    /// its write at the round's tick. (For a pump in the middle of a round, see the next test.)
     @Test func withIntervalAHeldOKGoesBeforeItsWritesWatchEvents() throws {
         var node = Self.runner(.interval)
         let watcher: [UInt8] = [0x57, 1]
@@ -178,6 +177,61 @@ struct BatchedRepliesMachineTests {
         for id in 1...3 as ClosedRange<UInt64> {
             let ok = try #require(answered[id], "request \(id) answered")
             let event = try #require(firstEvent["m\(id)"], "the watcher told of m\(id)")
+            #expect(ok < event, "request \(id): its OK at \(ok), its watch event at \(event)")
+        }
+    }
+
+    /// With `interval`, watch events can go in the middle of a round. Here the writes wait for
+    /// a sequence reservation while a SNAPSHOT served meanwhile forces a sync (it waits for the
+    /// node's own writes to be durable, section 10.9); when the host then reports the
+    /// reservation, the writes are published and, durable already, fed to the watch at once.
+    /// The OKs held for the round go first, before the round's tick.
+    @Test func withIntervalAHeldOKGoesBeforeWatchEventsSentMidRound() throws {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.fsync = .interval
+        configuration.fsyncIntervalMilliseconds = 60_000
+        var node = MachineRunner(configuration)
+        node.reportsReservations = false
+        node.advance(1)
+        let watcher: [UInt8] = [0x57, 1]
+        node.handle(
+            .clientRequest(
+                client: watcher,
+                frames: ClientProtocol.encodeRequest(
+                    .watch, id: 50, body: ClientProtocol.encodeWatch(channel: "c", from: nil)),
+                identity: nil))
+        node.handle(.tick(observerBacklog: 0))
+        let before = node.sent.count
+        for id in 1...3 as ClosedRange<UInt64> {
+            node.handle(
+                .clientRequest(client: Self.flagged, frames: Self.set(id, Int64(id), batched: true), identity: nil))
+        }
+        let reader: [UInt8] = [0x52, 1]
+        node.handle(
+            .clientRequest(
+                client: reader, frames: ClientProtocol.encodeRequest(.snapshot, id: 60, body: []), identity: nil))
+        #expect(
+            node.sent[before...].allSatisfy { $0.client != watcher },
+            "the writes are durable, not published: no watch event yet")
+        // No tick: the reservation alone publishes the writes and feeds the watch.
+        let through = try #require(node.reservations.last)
+        node.handle(.sequencesReserved(through: through))
+        var answered: [UInt64: Int] = [:]
+        var firstEvent: [String: Int] = [:]
+        for (index, message) in node.sent[before...].enumerated() {
+            let header = try ClientProtocol.decodeReplyHeader(message.frames[0])
+            if message.client == Self.flagged, header.kind == .oks {
+                for ok in try ClientProtocol.decodeBatchedOKs(message.frames[1]) { answered[ok.id] = index }
+            }
+            if message.client == watcher, header.kind == .event,
+                case .delta(let delta, _) = try ClientProtocol.decodeWatchEvent(message.frames[1])
+            {
+                firstEvent[delta.model] = firstEvent[delta.model] ?? index
+            }
+        }
+        for id in 1...3 as ClosedRange<UInt64> {
+            let event = try #require(firstEvent["m\(id)"], "the watcher told of m\(id) before the tick")
+            let ok = try #require(answered[id], "request \(id) answered before its watch event went")
             #expect(ok < event, "request \(id): its OK at \(ok), its watch event at \(event)")
         }
     }

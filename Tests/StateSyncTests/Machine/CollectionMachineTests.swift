@@ -20,10 +20,11 @@ struct CollectionMachineTests {
         /// Nodes cut off: nothing reaches them or comes from them until they are back.
         var silent: Set<Int> = []
 
-        init(_ ids: [String], grace: Int = 0) {
+        init(_ ids: [String], grace: Int = 0, fsync: NodeConfiguration.FsyncPolicy = .always) {
             nodes = ids.map { id in
                 var configuration = MachineRunner.configuration(id, peers: ids.filter { $0 != id })
                 configuration.tombstoneGraceMilliseconds = grace
+                configuration.fsync = fsync
                 var node = MachineRunner(configuration)
                 node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
                 return node
@@ -36,15 +37,18 @@ struct CollectionMachineTests {
             for _ in 0..<rounds {
                 for index in nodes.indices { nodes[index].advance(100) }
                 for from in nodes.indices where !silent.contains(from) {
-                    let peer = "inproc://\(nodes[from].machine.configuration.nodeID)"
-                    for to in nodes.indices where to != from && !silent.contains(to) {
-                        for frames in nodes[from].published[delivered[from][to]...] {
-                            nodes[to].handle(.peerMessage(peer: peer, frames: frames))
-                        }
-                        delivered[from][to] = nodes[from].published.count
-                    }
+                    for to in nodes.indices where to != from && !silent.contains(to) { deliver(from: from, to: to) }
                 }
             }
+        }
+
+        /// Hands node `to` what node `from` published since it last did, without a tick.
+        mutating func deliver(from: Int, to: Int) {
+            let peer = "inproc://\(nodes[from].machine.configuration.nodeID)"
+            for frames in nodes[from].published[delivered[from][to]...] {
+                nodes[to].handle(.peerMessage(peer: peer, frames: frames))
+            }
+            delivered[from][to] = nodes[from].published.count
         }
 
         mutating func set(on index: Int, _ id: UInt64, _ writes: [PropertyWrite]) -> Version? {
@@ -166,6 +170,67 @@ struct CollectionMachineTests {
         #expect(returning.store.properties(of: Self.address)["stale"] == nil)
         #expect(returning.membership.members["n2"]?.state == .alive)
         #expect(cluster.nodes[0].machine.membership.members["n2"]?.state == .alive)
+    }
+
+    /// 7.5 and 10.1.1: writes whose OKs still wait when their node learns it was forgotten are
+    /// given up with its state. Each client is told so in an ERROR for its request — whether the
+    /// OK waited for the log (`always`) or for the end of the round (`interval`), whether the
+    /// client takes OKS messages or not — and no OK for them follows.
+    @Test(arguments: [NodeConfiguration.FsyncPolicy.always, .interval])
+    func writesWaitingWhenTheNodeLearnsItWasForgottenAreAnsweredWithErrors(
+        fsync: NodeConfiguration.FsyncPolicy
+    ) throws {
+        var cluster = Cluster(["n1", "n2"], fsync: fsync)
+        cluster.exchange(rounds: 12)
+        cluster.silent = [1]
+        cluster.exchange(rounds: 5)
+        var body = WireWriter()
+        body.string("n2")
+        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
+        cluster.exchange(rounds: 5)
+        // n2, still cut off, takes two writes: one from a client that takes OKS messages, one
+        // from a client that does not. With `always` the disk has not answered yet.
+        let batched: [UInt8] = [0x53, 7]
+        let plain: [UInt8] = [0x53, 8]
+        cluster.nodes[1].holdsSyncs = true
+        let before = cluster.nodes[1].sent.count
+        for (id, client) in [(UInt64(21), batched), (22, plain)] {
+            let frames = ClientProtocol.encodeRequest(
+                .set, id: id,
+                body: ClientProtocol.encodeSet(Self.address, [PropertyWrite(name: "w\(id)", value: .int(Int64(id)))]),
+                flags: client == batched ? ClientProtocol.RequestFlags.batchedReplies : 0)
+            cluster.nodes[1].handle(.clientRequest(client: client, frames: frames, identity: nil))
+        }
+        let waiting = cluster.nodes[1].sent[before...].filter { $0.client == batched }
+        #expect(waiting.isEmpty, "the OKS-taking client's OK waits (\(fsync))")
+        // It hears of the forget before its next tick.
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1)
+        cluster.nodes[1].releaseSyncs()
+        cluster.exchange(rounds: 10)
+
+        for (id, client) in [(UInt64(21), batched), (22, plain)] {
+            var answers: [ClientProtocol.ReplyKind] = []
+            var message = ""
+            for (to, frames) in cluster.nodes[1].sent[before...] where to == client {
+                let header = try ClientProtocol.decodeReplyHeader(frames[0])
+                if header.kind == .oks {
+                    let ids = try ClientProtocol.decodeBatchedOKs(frames[1]).map(\.id)
+                    answers += ids.filter { $0 == id }.map { _ in .oks }
+                } else if header.requestID == id {
+                    answers.append(header.kind)
+                    if header.kind == .error { message = try ClientProtocol.decodeError(frames[1]).message }
+                }
+            }
+            if fsync == .interval, client == plain {
+                // With `interval` a plain client's OK goes as its write is taken, before the reset.
+                #expect(answers == [.ok], "request \(id)")
+                continue
+            }
+            #expect(answers == [.error], "request \(id) (\(fsync)): \(answers)")
+            #expect(message.contains("forgotten"), "\(message)")
+        }
     }
 
     /// 10.5.4 and 10.5.8: a client that held a value whose deletion was collected before it

@@ -51,6 +51,10 @@ struct MachineRunner {
     /// The void numbers each of them carried.
     var reservationVoids: [[ClosedRange<UInt64>]] = []
     var reportsReservations = true
+    /// When set, the log's syncs are held in `heldSyncs` (a disk that has not answered yet)
+    /// until ``releaseSyncs()``.
+    var holdsSyncs = false
+    var heldSyncs: [UInt64] = []
 
     /// A wall clock tests can move (the node's clock reads it).
     final class Wall: Sendable {
@@ -96,7 +100,8 @@ struct MachineRunner {
                 switch action {
                 case .publish(let frames): published.append(frames)
                 case .appendLog(let bytes, _): logBytes += bytes
-                case .syncLog(let position, _): inputs.append(.logDurable(through: position))
+                case .syncLog(let position, _):
+                    if holdsSyncs { heldSyncs.append(position) } else { inputs.append(.logDurable(through: position)) }
                 case .reserveSequences(let through, let void):
                     reservations.append(through)
                     reservationVoids.append(void)
@@ -121,6 +126,14 @@ struct MachineRunner {
                 }
             }
         }
+    }
+
+    /// Reports every held sync done, in order, and stops holding them.
+    mutating func releaseSyncs() {
+        holdsSyncs = false
+        let positions = heldSyncs
+        heldSyncs = []
+        for position in positions { handle(.logDurable(through: position)) }
     }
 
     /// Moves time on by `milliseconds` and ticks.
