@@ -181,11 +181,12 @@ struct BatchedRepliesMachineTests {
         }
     }
 
-    /// With `interval`, watch events can go in the middle of a round. Here the writes wait for
-    /// a sequence reservation while a SNAPSHOT served meanwhile forces a sync (it waits for the
-    /// node's own writes to be durable, section 10.9); when the host then reports the
-    /// reservation, the writes are published and, durable already, fed to the watch at once.
-    /// The OKs held for the round go first, before the round's tick.
+    /// With `interval`, OKs and watch events can go in the middle of a round. Here the writes
+    /// wait for a sequence reservation while a SNAPSHOT served meanwhile forces a sync (it waits
+    /// for the node's own writes to be durable, section 10.9): the pump after that sync sends
+    /// the round's held OKs, though no watch event yet (the writes are not published). When the
+    /// host then reports the reservation, the writes are published and, durable already, fed to
+    /// the watch at once. All of it before the round's tick, and each OK before its events.
     @Test func withIntervalAHeldOKGoesBeforeWatchEventsSentMidRound() throws {
         var configuration = MachineRunner.configuration("n1")
         configuration.fsync = .interval
@@ -213,6 +214,7 @@ struct BatchedRepliesMachineTests {
         #expect(
             node.sent[before...].allSatisfy { $0.client != watcher },
             "the writes are durable, not published: no watch event yet")
+        #expect(node.sent[before...].contains { $0.client == Self.flagged }, "the held OKs went after the sync")
         // No tick: the reservation alone publishes the writes and feeds the watch.
         let through = try #require(node.reservations.last)
         node.handle(.sequencesReserved(through: through))
@@ -231,7 +233,7 @@ struct BatchedRepliesMachineTests {
         }
         for id in 1...3 as ClosedRange<UInt64> {
             let event = try #require(firstEvent["m\(id)"], "the watcher told of m\(id) before the tick")
-            let ok = try #require(answered[id], "request \(id) answered before its watch event went")
+            let ok = try #require(answered[id], "request \(id) answered")
             #expect(ok < event, "request \(id): its OK at \(ok), its watch event at \(event)")
         }
     }

@@ -113,7 +113,9 @@ extension NodeMachine {
         durability.stagedPositions = []
         durability.stagedRecords = NodeMachine.StagedRecords()
         // Writes waiting to be acknowledged are given up with the rest: their clients are told
-        // (also those whose OK, with `interval`, waited for the end of the round).
+        // (also those whose OK, with `interval`, waited for the end of the round). Such a write
+        // may have been published already (with `interval`, at its reservation) and be kept by a
+        // peer after all: the ERROR says it may be lost, not that it is.
         let givenUp =
             durability.heldOKs.map { ($0.client, $0.ok.id) }
             + durability.replies.map { ($0.client, $0.answer.requestID) }
@@ -126,7 +128,7 @@ extension NodeMachine {
                         .error, id: id,
                         body: ClientProtocol.encodeError(
                             .internal,
-                            "node \(own) was forgotten while this request waited for the log to be made durable: it is given up (send it again)"
+                            "node \(own) was forgotten while this write waited to be acknowledged: it may be lost; send it again"
                         ))))
         }
         durability.replies = []

@@ -181,7 +181,8 @@ extension NodeMachine {
     /// ``watchEventsSent(_:accepted:clientGone:)``).
     mutating func pumpWatches() {
         // A write's OK goes before its watch events, also when it waited for the round's end
-        // (a pump in the middle of a round, after a reservation, sends what it holds so far).
+        // (a pump in the middle of a round, after a sync or a reservation, sends what it holds
+        // so far).
         if watches.count > 0 { sendHeldOKs() }
         for key in watches.order where watches[key]?.inFlight == nil { pump(key) }
     }
