@@ -5,8 +5,8 @@ import Testing
 
 /// Drives one ``NodeMachine`` by hand, with no thread, socket or file: a test feeds inputs at a
 /// time it chooses and reads what came out. Actions are performed the simplest way (the log is
-/// durable at once unless `holdsSyncs`, a client takes `clientCapacity` events per batch) and their outcomes fed
-/// back, as a driver would.
+/// durable at once unless `holdsSyncs`, a client takes `clientCapacity` events per batch) and
+/// their outcomes fed back, as a driver would.
 struct MachineRunner {
     var machine: NodeMachine
     /// Monotonic milliseconds.
