@@ -39,6 +39,48 @@ struct BatchedRepliesMachineTests {
         }
     }
 
+    /// The client watching channel `c` in the tests of OKs and watch events.
+    static let watcher: [UInt8] = [0x57, 1]
+
+    /// Has ``watcher`` watch channel `c` (a tick, so the watch is set up), then the flagged
+    /// client write m1, m2 and m3 (requests 1–3) with no tick; returns where `sent` stood
+    /// before the writes.
+    static func watchThenWriteThree(_ node: inout MachineRunner) -> Int {
+        node.handle(
+            .clientRequest(
+                client: watcher,
+                frames: ClientProtocol.encodeRequest(
+                    .watch, id: 50, body: ClientProtocol.encodeWatch(channel: "c", from: nil)),
+                identity: nil))
+        node.handle(.tick(observerBacklog: 0))
+        let before = node.sent.count
+        for id in 1...3 as ClosedRange<UInt64> {
+            node.handle(.clientRequest(client: flagged, frames: set(id, Int64(id), batched: true), identity: nil))
+        }
+        return before
+    }
+
+    /// Where, from position `from` of `sent`, the flagged client's OKS messages answered each
+    /// request (by id), and where ``watcher`` was first told of each model.
+    static func okAndEventPositions(_ node: MachineRunner, from: Int) throws -> (
+        answered: [UInt64: Int], firstEvent: [String: Int]
+    ) {
+        var answered: [UInt64: Int] = [:]
+        var firstEvent: [String: Int] = [:]
+        for (index, message) in node.sent[from...].enumerated() {
+            let header = try ClientProtocol.decodeReplyHeader(message.frames[0])
+            if message.client == flagged, header.kind == .oks {
+                for ok in try ClientProtocol.decodeBatchedOKs(message.frames[1]) { answered[ok.id] = index }
+            }
+            if message.client == watcher, header.kind == .event,
+                case .delta(let delta, _) = try ClientProtocol.decodeWatchEvent(message.frames[1])
+            {
+                firstEvent[delta.model] = firstEvent[delta.model] ?? index
+            }
+        }
+        return (answered, firstEvent)
+    }
+
     @Test func theFlagTravelsInAnEleventhOctetThatOlderReadersIgnore() throws {
         let flagged = Self.set(7, 1, batched: true)
         #expect(flagged[0].count == 11 && flagged[0][10] == ClientProtocol.RequestFlags.batchedReplies)
@@ -147,33 +189,9 @@ struct BatchedRepliesMachineTests {
     /// its write at the round's tick. (For a pump in the middle of a round, see the next test.)
     @Test func withIntervalAHeldOKGoesBeforeItsWritesWatchEvents() throws {
         var node = Self.runner(.interval)
-        let watcher: [UInt8] = [0x57, 1]
-        node.handle(
-            .clientRequest(
-                client: watcher,
-                frames: ClientProtocol.encodeRequest(
-                    .watch, id: 50, body: ClientProtocol.encodeWatch(channel: "c", from: nil)),
-                identity: nil))
+        let before = Self.watchThenWriteThree(&node)
         node.handle(.tick(observerBacklog: 0))
-        let before = node.sent.count
-        for id in 1...3 as ClosedRange<UInt64> {
-            node.handle(
-                .clientRequest(client: Self.flagged, frames: Self.set(id, Int64(id), batched: true), identity: nil))
-        }
-        node.handle(.tick(observerBacklog: 0))
-        var answered: [UInt64: Int] = [:]
-        var firstEvent: [String: Int] = [:]
-        for (index, message) in node.sent[before...].enumerated() {
-            let header = try ClientProtocol.decodeReplyHeader(message.frames[0])
-            if message.client == Self.flagged, header.kind == .oks {
-                for ok in try ClientProtocol.decodeBatchedOKs(message.frames[1]) { answered[ok.id] = index }
-            }
-            if message.client == watcher, header.kind == .event,
-                case .delta(let delta, _) = try ClientProtocol.decodeWatchEvent(message.frames[1])
-            {
-                firstEvent[delta.model] = firstEvent[delta.model] ?? index
-            }
-        }
+        let (answered, firstEvent) = try Self.okAndEventPositions(node, from: before)
         for id in 1...3 as ClosedRange<UInt64> {
             let ok = try #require(answered[id], "request \(id) answered")
             let event = try #require(firstEvent["m\(id)"], "the watcher told of m\(id)")
@@ -194,43 +212,19 @@ struct BatchedRepliesMachineTests {
         var node = MachineRunner(configuration)
         node.reportsReservations = false
         node.advance(1)
-        let watcher: [UInt8] = [0x57, 1]
-        node.handle(
-            .clientRequest(
-                client: watcher,
-                frames: ClientProtocol.encodeRequest(
-                    .watch, id: 50, body: ClientProtocol.encodeWatch(channel: "c", from: nil)),
-                identity: nil))
-        node.handle(.tick(observerBacklog: 0))
-        let before = node.sent.count
-        for id in 1...3 as ClosedRange<UInt64> {
-            node.handle(
-                .clientRequest(client: Self.flagged, frames: Self.set(id, Int64(id), batched: true), identity: nil))
-        }
+        let before = Self.watchThenWriteThree(&node)
         let reader: [UInt8] = [0x52, 1]
         node.handle(
             .clientRequest(
                 client: reader, frames: ClientProtocol.encodeRequest(.snapshot, id: 60, body: []), identity: nil))
         #expect(
-            node.sent[before...].allSatisfy { $0.client != watcher },
+            node.sent[before...].allSatisfy { $0.client != Self.watcher },
             "the writes are durable, not published: no watch event yet")
         #expect(node.sent[before...].contains { $0.client == Self.flagged }, "the held OKs went after the sync")
         // No tick: the reservation alone publishes the writes and feeds the watch.
         let through = try #require(node.reservations.last)
         node.handle(.sequencesReserved(through: through))
-        var answered: [UInt64: Int] = [:]
-        var firstEvent: [String: Int] = [:]
-        for (index, message) in node.sent[before...].enumerated() {
-            let header = try ClientProtocol.decodeReplyHeader(message.frames[0])
-            if message.client == Self.flagged, header.kind == .oks {
-                for ok in try ClientProtocol.decodeBatchedOKs(message.frames[1]) { answered[ok.id] = index }
-            }
-            if message.client == watcher, header.kind == .event,
-                case .delta(let delta, _) = try ClientProtocol.decodeWatchEvent(message.frames[1])
-            {
-                firstEvent[delta.model] = firstEvent[delta.model] ?? index
-            }
-        }
+        let (answered, firstEvent) = try Self.okAndEventPositions(node, from: before)
         for id in 1...3 as ClosedRange<UInt64> {
             let event = try #require(firstEvent["m\(id)"], "the watcher told of m\(id) before the tick")
             let ok = try #require(answered[id], "request \(id) answered")
