@@ -127,7 +127,8 @@ public struct SimulationOptions: Sendable {
     /// The command that replays this run.
     public var replayCommand: String {
         var parts = ["statesync simulate --nodes \(nodes) --ops \(operations) --seed \(seed)"]
-        if !faults.isEmpty { parts.append("--faults \(faults.map(\.rawValue).joined(separator: ","))") }
+        // Always named: the command's default is every fault.
+        parts.append("--faults \(faults.isEmpty ? "none" : faults.map(\.rawValue).joined(separator: ","))")
         if let plantedBug { parts.append("--plant-bug \(plantedBug.rawValue)") }
         if writers != 4 { parts.append("--writers \(writers)") }
         if let channelBatches { parts.append("--channel-batches \(channelBatches.rawValue)") }

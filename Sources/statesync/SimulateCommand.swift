@@ -25,7 +25,8 @@ extension StateSyncCLI {
                 broken-link (a link breaks for good until replaced), phantom (forged sequence \
                 numbers), forge (a delta in another node's name), join (the last node starts late, \
                 knowing only the first, and must join through membership), leave (a node stops cleanly \
-                and comes back later).
+                and comes back later). --faults picks them: all of them by default, none with \
+                --faults none.
 
                 Then everything heals and the harness's verdict is given: equal state everywhere, \
                 last-writer-wins winners, no acknowledged write lost (with storage.fsync: interval, \
@@ -55,9 +56,18 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom,forge,join,leave.",
+                "Faults, comma-separated: crash,partition,loss,dup,reorder,clock,broken-link,phantom,forge,join,leave; all (the default), or none.",
                 valueName: "LIST"))
-        var faults: String = ""
+        var faults: String = "all"
+
+        /// The faults `--faults` names (`all`: every one, `none`: none).
+        var faultList: [SimulationOptions.Fault] {
+            switch faults {
+            case "all": SimulationOptions.Fault.allCases
+            case "none": []
+            default: faults.split(separator: ",").compactMap { SimulationOptions.Fault(rawValue: String($0)) }
+            }
+        }
 
         @Option(help: ArgumentHelp("Concurrent writers.", valueName: "N"))
         var writers = 4
@@ -101,10 +111,13 @@ extension StateSyncCLI {
 
         func validate() throws {
             if report != nil, seeds != nil { throw ValidationError("--report draws one run: use --seed, not --seeds") }
-            for name in faults.split(separator: ",") where SimulationOptions.Fault(rawValue: String(name)) == nil {
-                throw ValidationError(
-                    "unknown fault '\(name)'; use \(SimulationOptions.Fault.allCases.map(\.rawValue).joined(separator: ", "))"
-                )
+            if faults != "all", faults != "none" {
+                for name in faults.split(separator: ",", omittingEmptySubsequences: false)
+                where SimulationOptions.Fault(rawValue: String(name)) == nil {
+                    throw ValidationError(
+                        "unknown fault '\(name)'; use \(SimulationOptions.Fault.allCases.map(\.rawValue).joined(separator: ", ")), or all, or none"
+                    )
+                }
             }
             if let plantBug, SimulationOptions.PlantedBug(rawValue: plantBug) == nil {
                 throw ValidationError(
@@ -141,7 +154,7 @@ extension StateSyncCLI {
             options.nodes = nodes
             options.operations = ops
             options.seed = seed
-            options.faults = faults.split(separator: ",").compactMap { SimulationOptions.Fault(rawValue: String($0)) }
+            options.faults = faultList
             options.plantedBug = plantBug.flatMap(SimulationOptions.PlantedBug.init)
             options.writers = writers
             options.channelBatches = channelBatches.flatMap(SimulationOptions.ChannelBatches.init)

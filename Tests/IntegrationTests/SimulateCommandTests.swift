@@ -42,6 +42,21 @@ struct SimulateCommandTests {
         #expect((report["replay"] as? String)?.contains("--plant-bug \(bug)") == true)
     }
 
+    /// The command runs "with faults" (its abstract): every kind unless `--faults` names some;
+    /// `--faults none` runs without. The replay line names the faults either way, so it replays
+    /// the same run whatever the default.
+    @Test func everyFaultUnlessTold() async throws {
+        let drawn = try await Self.simulate(["--nodes", "3", "--ops", "300", "--seed", "5"])
+        #expect(drawn.status == 0)
+        let kinds = Set((drawn.report["faults"] as? [[String: Any]] ?? []).compactMap { $0["kind"] as? String })
+        #expect(kinds.count > 1, "faults injected by default: \(kinds)")
+        #expect((drawn.report["replay"] as? String)?.contains("--faults crash,partition,") == true)
+        let quiet = try await Self.simulate(["--nodes", "3", "--ops", "300", "--seed", "5", "--faults", "none"])
+        #expect(quiet.status == 0)
+        #expect((quiet.report["faults"] as? [Any])?.isEmpty == true)
+        #expect((quiet.report["replay"] as? String)?.contains("--faults none") == true)
+    }
+
     @Test func badArgumentsAreOneClearLine() async throws {
         let run = try await cli(["simulate", "--faults", "meteor"])
         #expect(run.status != 0)
