@@ -576,7 +576,7 @@ public enum ClusterSimulator {
             watches: watchers.map { watcher in
                 ConvergenceChecker.WatchHistory(
                     node: cluster.nodes[watcher.nodeIndex].id, sessions: [watcher.changes],
-                    finalState: watcher.finalState, filter: watcher.filter)
+                    finalState: watcher.finalState, filter: watcher.filter, resetStarts: [watcher.resetStarts])
             }, expiredThrough: cluster.nodes.indices.map { cluster.wallMilliseconds(of: $0) }.max() ?? 0)
         findings.chainViolations += watchers.flatMap { $0.violations }
         findings.replyViolations = workload.replyViolations

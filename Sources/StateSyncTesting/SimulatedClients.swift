@@ -161,6 +161,8 @@ final class SimulatedWatcher {
     }
     /// Every change told, in order.
     private(set) var changes: [PropertyChange] = []
+    /// Where in ``changes`` a reset snapshot began.
+    private(set) var resetStarts: Set<Int> = []
     /// Deltas a node sent twice on one connection, and protocol errors.
     private(set) var violations: [String] = []
     /// Whether the node registered the watch (OK) and it is running.
@@ -207,7 +209,7 @@ final class SimulatedWatcher {
             ClientProtocol.encodeRequest(
                 .watch, id: watchID,
                 body: ClientProtocol.encodeWatch(
-                    channel: channel, from: resume, filter: filter, batchedEvents: batchedEvents)),
+                    channel: channel, from: resume, filter: filter, batchedEvents: batchedEvents, takesResets: true)),
             from: client)
     }
 
@@ -243,6 +245,12 @@ final class SimulatedWatcher {
         guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
             violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: a malformed watch event")
             return
+        }
+        // A reset snapshot starts the count again: the node dropped its state and what it had
+        // sent with it (PROTOCOL.md 7.5, 10.5.4).
+        if case .snapshotBegin(.reset) = event {
+            seen = []
+            resetStarts.insert(changes.count)
         }
         if case .delta(let delta, _) = event,
             !seen.insert(DeltaID(origin: delta.origin, sequence: delta.sequence)).inserted

@@ -137,7 +137,10 @@ extension NodeMachine {
         repair.fetches = [:]
         durability.compactionPending = true
         counters.resyncs += 1
-        resyncWatches(of: Set(watches.order.compactMap { watches[$0]?.channel }))
+        // A watch that takes resets gets one once the peer's snapshot is merged (its client may
+        // hold writes given up here); the others are resynced as before, merging.
+        for key in watches.order where watches[key]?.takesResets == true { watches[key]?.resetDue = true }
+        resyncWatches(of: Set(watches.order.compactMap { watches[$0]?.channel }), merged: false)
         logger.warning(
             "this node was forgotten while away: dropping its state and taking a peer's snapshot (deletions it missed may have been collected; its writes no peer holds are given up)",
             metadata: ["forgotten.by": "\(forgetter)", "sequence": "\(latest)"])
