@@ -199,15 +199,15 @@ package struct WatchSession: Sendable {
             let cursor = replica.cursor
             var events: [WatchEvent] = []
             if snapshotReason == .reset {
-                // A record the replica holds at a newer version (or the same, with another
-                // value) would not be merged: it goes first, so the node's takes its place.
+                // What the replica holds of these models that the node's records do not say
+                // the same (a newer register, the model's own deletion, a property the node no
+                // longer has) goes first: merged, a newer one would keep the node's out. (A
+                // model's records that a later page brings are applied again from there.)
                 var replaced: Set<ReplicaStore.RecordKey> = []
                 for (model, properties) in models {
-                    let held = replica.records(of: model)
-                    for (name, register) in properties {
-                        if let mine = held[name], mine != register, mine.version >= register.version {
-                            replaced.insert(ReplicaStore.RecordKey(model: model, property: name))
-                        }
+                    let theirs = Dictionary(properties.map { ($0.0, $0.1) }, uniquingKeysWith: { first, _ in first })
+                    for (name, mine) in replica.records(of: model) where theirs[name] != mine {
+                        replaced.insert(ReplicaStore.RecordKey(model: model, property: name))
                     }
                 }
                 if !replaced.isEmpty {
