@@ -591,6 +591,25 @@ public enum ClusterSimulator {
             findings.listViolations += lister.violations(node: state.node, models: state.models)
             if !lister.done { findings.listViolations.append("\(state.node): LIST got no answer") }
         }
+        if getenv("DEBUG_SIM") != nil {
+            for node in cluster.nodes {
+                guard let status = node.host?.status else {
+                    print("DEBUG \(node.id) down")
+                    continue
+                }
+                print(
+                    "DEBUG \(node.id) at \(cluster.now): latest \(status.latestSequence) missing \(status.missingDeltas) resyncs \(status.counters["resyncs"] ?? 0)"
+                )
+                for peer in status.peers {
+                    print("DEBUG   peer \(peer.endpoint) node \(peer.node ?? "?") connected \(peer.connected)")
+                }
+                for member in status.members {
+                    print(
+                        "DEBUG   member \(member.id) \(member.state) \(member.version) seen \(member.lastSeenMillisecondsAgo.map(String.init) ?? "-") ms ago, connected \(member.connected), missing \(member.missingDeltas)"
+                    )
+                }
+            }
+        }
         if convergedAt == nil {
             // Not quiet: name what never settled.
             for node in cluster.nodes {
