@@ -1089,8 +1089,22 @@ final class FaultSchedule {
                 detail = "no node to forget (none running but a planted bug's)"
                 break
             }
+            // An operator forgets a node on one that still hears from another member: one that
+            // hears from none could be the one cut off itself (in a cluster of two, the other
+            // is all there is).
             let others = up.filter { $0 != victim }
-            let operatorNode = others[random.below(others.count)]
+            let hearing = others.filter { index in
+                let own = nodes[index].id
+                let members = nodes[index].host?.status.members ?? []
+                return members.contains { $0.id != own && $0.id != nodes[victim].id && $0.connected }
+            }
+            let choices = nodes.count == 2 ? others : hearing
+            guard !choices.isEmpty else {
+                detail = "no forget of \(nodes[victim].id): no other node hears from a third member"
+                break
+            }
+            let operatorNode = choices[random.below(choices.count)]
+            if getenv("DEBUG_SIM") != nil { Self.debugDump(cluster, "at the forget's cut") }
             cluster.partition([victim], cut: true)
             let forgetter = SimulatedForgetter(
                 node: operatorNode, forgetting: nodes[victim].id, name: "forget-\(events.count)")
@@ -1111,7 +1125,14 @@ final class FaultSchedule {
         case .leave:
             cluster.stopCleanly(target)
             detail = "\(nodes[target].id) stopped cleanly (left), back after \(hold) ms"
-            heal = { cluster in try? cluster.restart(target) }
+            if getenv("DEBUG_SIM") != nil { Self.debugDump(cluster, "after \(nodes[target].id) left") }
+            heal = { cluster in
+                try? cluster.restart(target)
+                if getenv("DEBUG_SIM") != nil {
+                    Self.debugDump(cluster, "\(cluster.nodes[target].id) back")
+                    cluster.schedule(at: cluster.now + 100) { cluster in Self.debugDump(cluster, "100 ms after") }
+                }
+            }
         case .partition:
             var group = Set([target])
             let extra = nodes.count > 3 ? random.below(nodes.count / 2) : 0
@@ -1179,6 +1200,20 @@ final class FaultSchedule {
         }
     }
 
+    /// A diagnostic: every node's peers and members, now.
+    static func debugDump(_ cluster: SimulatedCluster, _ label: String) {
+        print("DEBUG --- \(label) at \(cluster.now)")
+        for node in cluster.nodes {
+            guard let status = node.host?.status else {
+                print("DEBUG \(node.id) down")
+                continue
+            }
+            let peers = status.peers.map { "\($0.node ?? "?")\($0.connected ? "" : "(x)")" }.joined(separator: ",")
+            let members = status.members.map { "\($0.id):\($0.state)" }.joined(separator: ",")
+            print("DEBUG \(node.id): peers [\(peers)] members [\(members)]")
+        }
+    }
+
     /// Watches a forgotten node until it drops its state (its `resyncs` counter passes
     /// `before`), then notes what every other node held at that moment: the writes it took that
     /// none of them held are given up (PROTOCOL.md 7.5). Gives up at `until` (a node that
@@ -1198,6 +1233,9 @@ final class FaultSchedule {
                 }
             }
             forgetResyncs.append(ForgetResync(node: cluster.nodes[node].id, at: cluster.now, held: held))
+            if getenv("DEBUG_SIM") != nil {
+                print("DEBUG \(cluster.nodes[node].id) dropped its state by \(cluster.now)")
+            }
             return
         }
         guard cluster.now < until else { return }
