@@ -690,22 +690,41 @@ public enum ClusterSimulator {
 
     /// The writes acknowledged by a forgotten node before it dropped its state that no other
     /// node held then (PROTOCOL.md 7.5 gives them up) made writes of unknown outcome: for each,
-    /// some property it wrote or deleted had no version at least the write's on any other node.
-    /// Returns the writes and how many were set aside.
+    /// some property it wrote or deleted had no version at least the write's on any other node,
+    /// but for versions of writes given up themselves. (Forgets chain: n1's write is not held
+    /// by n2, which holds a newer write of its own instead; n2 is forgotten in turn and gives that
+    /// one up, and the property falls back below n1's write.) Returns the writes and how many were
+    /// set aside.
     static func withoutWritesAForgetGaveUp(
         _ writes: [ConvergenceChecker.Write], resyncs: [FaultSchedule.ForgetResync], slack: UInt64
     ) -> (writes: [ConvergenceChecker.Write], setAside: Int) {
         guard !resyncs.isEmpty else { return (writes, 0) }
+        var givenUp = Set<Version>()
+        // Until nothing more is given up: each pass may uncover writes the last one's gave up.
+        var settled = false
+        while !settled {
+            settled = true
+            for write in writes {
+                guard let version = write.acknowledged, let at = write.acknowledgedAt, !givenUp.contains(version)
+                else { continue }
+                let lost = resyncs.contains { resync in
+                    guard resync.node == write.node, at <= resync.at + slack else { return false }
+                    let held = resync.held[write.model] ?? [:]
+                    func covered(_ versions: [Version]?) -> Bool {
+                        versions?.contains { $0 >= version && !givenUp.contains($0) } ?? false
+                    }
+                    if write.deletesModel { return held.isEmpty || held.values.contains { !covered($0) } }
+                    return (Array(write.properties.keys) + write.deleted).contains { !covered(held[$0]) }
+                }
+                if lost {
+                    givenUp.insert(version)
+                    settled = false
+                }
+            }
+        }
         var setAside = 0
         let checked = writes.map { write in
-            guard let version = write.acknowledged, let at = write.acknowledgedAt else { return write }
-            let givenUp = resyncs.contains { resync in
-                guard resync.node == write.node, at <= resync.at + slack else { return false }
-                let held = resync.held[write.model] ?? [:]
-                if write.deletesModel { return held.isEmpty || held.values.contains { $0 < version } }
-                return (Array(write.properties.keys) + write.deleted).contains { (held[$0] ?? .zero) < version }
-            }
-            guard givenUp else { return write }
+            guard let version = write.acknowledged, givenUp.contains(version) else { return write }
             setAside += 1
             var unknown = write
             unknown.acknowledged = nil
@@ -903,7 +922,8 @@ final class FaultSchedule {
     struct ForgetResync {
         let node: String
         let at: UInt64
-        let held: [String: [String: Version]]
+        /// Per model, per property, the version each other node held.
+        let held: [String: [String: [Version]]]
     }
     private(set) var forgetResyncs: [ForgetResync] = []
     /// How many models the workload writes (`m0`…), in ``ClusterSimulator/channel``.
@@ -1221,14 +1241,14 @@ final class FaultSchedule {
     private func awaitResync(of node: Int, after before: UInt64, until: UInt64, in cluster: SimulatedCluster) {
         let resyncs = UInt64(cluster.nodes[node].host?.status.counters["resyncs"] ?? 0)
         guard resyncs <= before else {
-            var held: [String: [String: Version]] = [:]
+            var held: [String: [String: [Version]]] = [:]
             for other in cluster.nodes where other.index != node {
                 guard let host = other.host else { continue }
                 for model in 0..<models {
                     let name = "m\(model)"
                     let registers = host.properties(of: ModelAddress(channel: ClusterSimulator.channel, model: name))
                     for (property, register) in registers {
-                        held[name, default: [:]][property] = max(held[name]?[property] ?? .zero, register.version)
+                        held[name, default: [:]][property, default: []].append(register.version)
                     }
                 }
             }

@@ -20,11 +20,14 @@ struct CollectionMachineTests {
         /// Nodes cut off: nothing reaches them or comes from them until they are back.
         var silent: Set<Int> = []
 
-        init(_ ids: [String], grace: Int = 0, fsync: NodeConfiguration.FsyncPolicy = .always) {
+        init(
+            _ ids: [String], grace: Int = 0, fsync: NodeConfiguration.FsyncPolicy = .always, historyDeltas: Int? = nil
+        ) {
             nodes = ids.map { id in
                 var configuration = MachineRunner.configuration(id, peers: ids.filter { $0 != id })
                 configuration.tombstoneGraceMilliseconds = grace
                 configuration.fsync = fsync
+                if let historyDeltas { configuration.historyDeltas = historyDeltas }
                 var node = MachineRunner(configuration)
                 node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
                 return node
@@ -257,43 +260,82 @@ struct CollectionMachineTests {
         return handled
     }
 
-    /// 7.5, a known issue: a write the forgotten node took and published just before it dropped
-    /// its state, which reaches a peer only after that peer served the node its snapshot, must
-    /// still end on the node (the peers hold it). Today it does not: the node covers its own
-    /// origin through its latest sequence without the deltas, so it never fetches it back, and it
-    /// differs from its peers for good with nothing missing (found by the simulator's forget
-    /// fault, 3 nodes, seed 10).
+    /// 7.5: a write the forgotten node took and published just before it dropped its state,
+    /// which reaches a peer only after that peer served the node its snapshot, ends on the node
+    /// too: the node covers its own origin through its latest sequence without the deltas, and
+    /// fetches back those a peer's HEARTBEAT reports holding (found by the simulator's forget
+    /// fault, 3 nodes, seed 10). A watch on the node that takes resets ends with the write.
     @Test func aWriteOnItsWayWhenTheNodeDropsItsStateComesBackToIt() throws {
         var cluster = Cluster(["n1", "n2"])
+        let written = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: 5)
+        var routed = cluster.nodes[1].repairRequests.count
+        // Then the write reaches n1, and everything is exchanged for a while.
+        cluster.deliver(from: 1, to: 0)
+        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.version == written)
+        for _ in 0..<20 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.version == written)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery == nil, "recovered through the last own sequence")
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1, "fetched back, not a second snapshot")
+        // The watch on n2 was reset to the snapshot, then resynced with the write fetched back.
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        for event in cluster.nodes[1].events(watch: 5) { _ = try session.handle(event, from: "n2") }
+        #expect(session.replica.properties(of: "m")["x"]?.version == written)
+    }
+
+    /// 7.5: the write on its way comes back also when the peer that holds it no longer holds it
+    /// as a delta (its history moved on): the node takes that peer's snapshot instead.
+    @Test func aWriteOnItsWayComesBackInASnapshotOnceThePeersHistoryDroppedIt() throws {
+        var cluster = Cluster(["n1", "n2"], historyDeltas: 2)
+        let written = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: nil)
+        var routed = cluster.nodes[1].repairRequests.count
+        // n2 writes on after its reset; n1 gets the write on its way, then those, which push it
+        // out of n1's history of n2's deltas before n2 asks for it.
+        for value in 0..<4 {
+            _ = cluster.set(on: 1, 40 + UInt64(value), [PropertyWrite(name: "y", value: .int(Int64(value)))])
+            cluster.nodes[1].advance(100)
+        }
+        cluster.deliver(from: 1, to: 0)
+        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.version == written)
+        for _ in 0..<30 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.version == written)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery == nil)
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 2, "the reset's snapshot, then the holder's")
+    }
+
+    /// n2 is cut off and forgotten on n1, then takes and publishes a write (returned): it is on
+    /// its way to n1. n2 hears of the forget first, drops its state and takes n1's snapshot,
+    /// which lacks the write. With `watch`, a watch on n2 that takes resets is open throughout.
+    static func forgetWhileAWriteIsOnItsWay(_ cluster: inout Cluster, watch: UInt64?) throws -> Version {
         cluster.exchange(rounds: 12)
+        if let watch {
+            _ = cluster.nodes[1].request(
+                .watch, id: watch, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        }
         cluster.silent = [1]
         cluster.exchange(rounds: 5)
         var body = WireWriter()
         body.string("n2")
         #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
         cluster.exchange(rounds: 5)
-        // n2, still cut off, takes a write and publishes it: it is on its way to n1.
         let acknowledged = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "on its way")])
         let written = try #require(acknowledged)
-        // n2 hears of the forget first, drops its state, and takes n1's snapshot.
         cluster.silent = []
         cluster.deliver(from: 0, to: 1)
         #expect(cluster.nodes[1].machine.counters.resyncs == 1)
         var routed = cluster.nodes[1].repairRequests.count
         for _ in 0..<20 {
             cluster.nodes[1].advance(100)
-            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+            routed = routeRepairs(&cluster, from: 1, to: 0, after: routed)
         }
-        // Then the write reaches n1, and everything is exchanged for a while.
-        cluster.deliver(from: 1, to: 0)
-        for _ in 0..<40 {
-            cluster.exchange(rounds: 1)
-            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
-        }
-        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.version == written)
-        withKnownIssue("PROTOCOL.md 7.5: the forgotten node never gets its own write back") {
-            #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.version == written)
-        }
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1)
+        #expect(cluster.nodes[1].machine.store.properties(of: address)["x"] == nil, "the snapshot lacks the write")
+        return written
     }
 
     /// 10.5.4 and 10.5.8: a client that held a value whose deletion was collected before it

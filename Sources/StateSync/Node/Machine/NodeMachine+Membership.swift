@@ -135,6 +135,8 @@ extension NodeMachine {
         collection = CollectionState()
         repair.needsSnapshot = true
         repair.fetches = [:]
+        // Its own deltas a peer gets after serving the snapshot taken are fetched back from it.
+        repair.ownRecovery = latest > 0 ? OwnRecovery(through: latest) : nil
         durability.compactionPending = true
         counters.resyncs += 1
         // A watch that takes resets gets one once the peer's snapshot is merged (its client may
