@@ -42,6 +42,20 @@ struct CollectionMachineTests {
             }
         }
 
+        /// After the members met, cuts node `index` off, forgets it on node 0 (FORGET, accepted
+        /// once node 0 stops hearing it) and lets the others go on; `index` stays cut off.
+        /// Returns whether the FORGET was accepted.
+        mutating func forgetCutOffNode(_ index: Int) -> Bool {
+            exchange(rounds: 12)
+            silent = [index]
+            exchange(rounds: 5)
+            var body = WireWriter()
+            body.string(nodes[index].machine.configuration.nodeID)
+            let accepted = nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok
+            exchange(rounds: 5)
+            return accepted
+        }
+
         /// Hands node `to` what node `from` published since it last did, without a tick.
         mutating func deliver(from: Int, to: Int) {
             let peer = "inproc://\(nodes[from].machine.configuration.nodeID)"
@@ -183,13 +197,8 @@ struct CollectionMachineTests {
         fsync: NodeConfiguration.FsyncPolicy
     ) throws {
         var cluster = Cluster(["n1", "n2"], fsync: fsync)
-        cluster.exchange(rounds: 12)
-        cluster.silent = [1]
-        cluster.exchange(rounds: 5)
-        var body = WireWriter()
-        body.string("n2")
-        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
-        cluster.exchange(rounds: 5)
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
         // n2, still cut off, takes two writes: one from a client that takes OKS messages, one
         // from a client that does not.
         let batched: [UInt8] = [0x53, 7]
@@ -265,13 +274,8 @@ struct CollectionMachineTests {
     /// fault, 3 nodes, seed 10).
     @Test func aWriteOnItsWayWhenTheNodeDropsItsStateComesBackToIt() throws {
         var cluster = Cluster(["n1", "n2"])
-        cluster.exchange(rounds: 12)
-        cluster.silent = [1]
-        cluster.exchange(rounds: 5)
-        var body = WireWriter()
-        body.string("n2")
-        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
-        cluster.exchange(rounds: 5)
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
         // n2, still cut off, takes a write and publishes it: it is on its way to n1.
         let acknowledged = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "on its way")])
         let written = try #require(acknowledged)
