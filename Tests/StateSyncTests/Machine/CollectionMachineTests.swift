@@ -45,6 +45,20 @@ struct CollectionMachineTests {
             }
         }
 
+        /// After the members met, cuts node `index` off, forgets it on node 0 (FORGET, accepted
+        /// once node 0 stops hearing it) and lets the others go on; `index` stays cut off.
+        /// Returns whether the FORGET was accepted.
+        mutating func forgetCutOffNode(_ index: Int) -> Bool {
+            exchange(rounds: 12)
+            silent = [index]
+            exchange(rounds: 5)
+            var body = WireWriter()
+            body.string(nodes[index].machine.configuration.nodeID)
+            let accepted = nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok
+            exchange(rounds: 5)
+            return accepted
+        }
+
         /// Hands node `to` what node `from` published since it last did, without a tick.
         mutating func deliver(from: Int, to: Int) {
             let peer = "inproc://\(nodes[from].machine.configuration.nodeID)"
@@ -186,13 +200,8 @@ struct CollectionMachineTests {
         fsync: NodeConfiguration.FsyncPolicy
     ) throws {
         var cluster = Cluster(["n1", "n2"], fsync: fsync)
-        cluster.exchange(rounds: 12)
-        cluster.silent = [1]
-        cluster.exchange(rounds: 5)
-        var body = WireWriter()
-        body.string("n2")
-        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
-        cluster.exchange(rounds: 5)
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
         // n2, still cut off, takes two writes: one from a client that takes OKS messages, one
         // from a client that does not.
         let batched: [UInt8] = [0x53, 7]
@@ -312,17 +321,12 @@ struct CollectionMachineTests {
     /// its way to n1. n2 hears of the forget first, drops its state and takes n1's snapshot,
     /// which lacks the write. With `watch`, a watch on n2 that takes resets is open throughout.
     static func forgetWhileAWriteIsOnItsWay(_ cluster: inout Cluster, watch: UInt64?) throws -> Version {
-        cluster.exchange(rounds: 12)
         if let watch {
             _ = cluster.nodes[1].request(
                 .watch, id: watch, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
         }
-        cluster.silent = [1]
-        cluster.exchange(rounds: 5)
-        var body = WireWriter()
-        body.string("n2")
-        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
-        cluster.exchange(rounds: 5)
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
         let acknowledged = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "on its way")])
         let written = try #require(acknowledged)
         cluster.silent = []
