@@ -317,6 +317,55 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 2, "the reset's snapshot, then the holder's")
     }
 
+    /// 7.5 and 10.5.4: a watch on the forgotten node that asked for resets (WATCH flag bit 4)
+    /// gets a `reset` snapshot once the peer's snapshot is merged, and its client ends with the
+    /// node's state: the writes the node gave up go back to the older values or away. A watch
+    /// that did not ask gets `lagged`, which its client merges: it keeps what was given up.
+    @Test func aResetReplacesWhatTheWatchHeldAndOnlyForWatchesThatAskForIt() throws {
+        var cluster = Cluster(["n1", "n2"])
+        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: "kept")])
+        cluster.exchange(rounds: 2)
+        _ = cluster.nodes[1].request(
+            .watch, id: 5, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        _ = cluster.nodes[1].request(.watch, id: 6, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
+        // n2, cut off, takes writes that never reach n1: they are given up at its reset.
+        _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up"), PropertyWrite(name: "z", value: 1)])
+        cluster.nodes[1].advance(100)
+        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1)
+        var routed = cluster.nodes[1].repairRequests.count
+        for _ in 0..<20 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        let node = cluster.nodes[1].machine.store.properties(of: Self.address)
+        #expect(node["x"]?.value == "kept" && node["z"] == nil, "the node gave its writes up")
+        var resetting = WatchSession(replica: ChannelReplica(channel: "c"))
+        var resetEvents: [WatchEvent] = []
+        for event in cluster.nodes[1].events(watch: 5) { resetEvents += try resetting.handle(event, from: "n2") }
+        #expect(resetEvents.contains { if case .resyncStarted(.reset) = $0 { true } else { false } })
+        #expect(resetting.replica.properties(of: "m")["x"]?.value == "kept")
+        #expect(resetting.replica.properties(of: "m")["z"] == nil)
+        // Its client saw each given-up value go: x back to n1's, z removed (at version zero).
+        let changes = resetEvents.compactMap { if case .change(let change, _, _) = $0 { change } else { nil } }
+        #expect(changes.contains { $0.property == "z" && $0.old == 1 && $0.new == nil && $0.version == .zero })
+        #expect(changes.last(where: { $0.property == "x" })?.new == "kept")
+        var merging = WatchSession(replica: ChannelReplica(channel: "c"))
+        var lagged = false
+        for event in cluster.nodes[1].events(watch: 6) {
+            for case .resyncStarted(let reason) in try merging.handle(event, from: "n2") {
+                #expect(reason == .lagged)
+                lagged = true
+            }
+        }
+        #expect(lagged, "the watch that did not ask for resets was resynced as lagged")
+        #expect(merging.replica.properties(of: "m")["x"]?.value == "given up", "merged: it keeps what was given up")
+    }
+
     /// n2 is cut off and forgotten on n1, then takes and publishes a write (returned): it is on
     /// its way to n1. n2 hears of the forget first, drops its state and takes n1's snapshot,
     /// which lacks the write. With `watch`, a watch on n2 that takes resets is open throughout.
