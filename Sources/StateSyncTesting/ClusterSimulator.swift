@@ -170,7 +170,8 @@ public struct SimulationReport: Sendable {
     /// (acknowledged within one sync interval before it): not held against the node.
     public var mayBeLostToPowerLoss = 0
     /// Acknowledged writes of a forgotten node that no other node held when it dropped its
-    /// state (PROTOCOL.md 7.5): given up by design, so not checked for loss.
+    /// state, or held only below writes given up themselves (PROTOCOL.md 7.5): given up by
+    /// design, so not checked for loss.
     public var mayBeLostToForget = 0
     /// The checker's findings.
     public var findings: ConvergenceChecker.Findings
@@ -591,25 +592,6 @@ public enum ClusterSimulator {
             findings.listViolations += lister.violations(node: state.node, models: state.models)
             if !lister.done { findings.listViolations.append("\(state.node): LIST got no answer") }
         }
-        if getenv("DEBUG_SIM") != nil {
-            for node in cluster.nodes {
-                guard let status = node.host?.status else {
-                    print("DEBUG \(node.id) down")
-                    continue
-                }
-                print(
-                    "DEBUG \(node.id) at \(cluster.now): latest \(status.latestSequence) missing \(status.missingDeltas) resyncs \(status.counters["resyncs"] ?? 0)"
-                )
-                for peer in status.peers {
-                    print("DEBUG   peer \(peer.endpoint) node \(peer.node ?? "?") connected \(peer.connected)")
-                }
-                for member in status.members {
-                    print(
-                        "DEBUG   member \(member.id) \(member.state) \(member.version) seen \(member.lastSeenMillisecondsAgo.map(String.init) ?? "-") ms ago, connected \(member.connected), missing \(member.missingDeltas)"
-                    )
-                }
-            }
-        }
         if convergedAt == nil {
             // Not quiet: name what never settled.
             for node in cluster.nodes {
@@ -917,8 +899,8 @@ final class FaultSchedule {
     private(set) var deltasAppliedBeforeCrashes = 0
     /// Power losses of nodes with `storage.fsync: interval`: which node, when.
     private(set) var intervalPowerLosses: [(node: String, at: UInt64)] = []
-    /// A forgotten node dropping its state: which node, when (seen within a few ms), and the
-    /// newest version of each property (per model) any other node held then.
+    /// A forgotten node dropping its state: which node, when (seen within a few ms), and what
+    /// every other node held then.
     struct ForgetResync {
         let node: String
         let at: UInt64
@@ -1124,7 +1106,6 @@ final class FaultSchedule {
                 break
             }
             let operatorNode = choices[random.below(choices.count)]
-            if getenv("DEBUG_SIM") != nil { Self.debugDump(cluster, "at the forget's cut") }
             cluster.partition([victim], cut: true)
             let forgetter = SimulatedForgetter(
                 node: operatorNode, forgetting: nodes[victim].id, name: "forget-\(events.count)")
@@ -1145,14 +1126,7 @@ final class FaultSchedule {
         case .leave:
             cluster.stopCleanly(target)
             detail = "\(nodes[target].id) stopped cleanly (left), back after \(hold) ms"
-            if getenv("DEBUG_SIM") != nil { Self.debugDump(cluster, "after \(nodes[target].id) left") }
-            heal = { cluster in
-                try? cluster.restart(target)
-                if getenv("DEBUG_SIM") != nil {
-                    Self.debugDump(cluster, "\(cluster.nodes[target].id) back")
-                    cluster.schedule(at: cluster.now + 100) { cluster in Self.debugDump(cluster, "100 ms after") }
-                }
-            }
+            heal = { cluster in try? cluster.restart(target) }
         case .partition:
             var group = Set([target])
             let extra = nodes.count > 3 ? random.below(nodes.count / 2) : 0
@@ -1220,20 +1194,6 @@ final class FaultSchedule {
         }
     }
 
-    /// A diagnostic: every node's peers and members, now.
-    static func debugDump(_ cluster: SimulatedCluster, _ label: String) {
-        print("DEBUG --- \(label) at \(cluster.now)")
-        for node in cluster.nodes {
-            guard let status = node.host?.status else {
-                print("DEBUG \(node.id) down")
-                continue
-            }
-            let peers = status.peers.map { "\($0.node ?? "?")\($0.connected ? "" : "(x)")" }.joined(separator: ",")
-            let members = status.members.map { "\($0.id):\($0.state)" }.joined(separator: ",")
-            print("DEBUG \(node.id): peers [\(peers)] members [\(members)]")
-        }
-    }
-
     /// Watches a forgotten node until it drops its state (its `resyncs` counter passes
     /// `before`), then notes what every other node held at that moment: the writes it took that
     /// none of them held are given up (PROTOCOL.md 7.5). Gives up at `until` (a node that
@@ -1253,9 +1213,6 @@ final class FaultSchedule {
                 }
             }
             forgetResyncs.append(ForgetResync(node: cluster.nodes[node].id, at: cluster.now, held: held))
-            if getenv("DEBUG_SIM") != nil {
-                print("DEBUG \(cluster.nodes[node].id) dropped its state by \(cluster.now)")
-            }
             return
         }
         guard cluster.now < until else { return }
