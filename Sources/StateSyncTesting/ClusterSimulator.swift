@@ -164,7 +164,8 @@ public struct SimulationReport: Sendable {
     public var options: SimulationOptions
     /// What the seed drew for this run (swarm testing: every seed its own mix).
     public var parameters: [String: String]
-    /// Writes the nodes acknowledged (not counting those a power loss may have taken).
+    /// Writes the nodes acknowledged (not counting those a power loss may have taken, or a forget
+    /// gave up).
     public var acknowledged: Int
     /// Acknowledged writes a power loss of a node with `storage.fsync: interval` may have taken
     /// (acknowledged within one sync interval before it): not held against the node.

@@ -59,6 +59,20 @@ struct CollectionMachineTests {
             return accepted
         }
 
+        /// Node `index` restarts on `recovery` (what its files held): what it and its peers had
+        /// published before is gone with the process.
+        mutating func restart(_ index: Int, on recovery: NodeMachine.Recovery) {
+            let configuration = nodes[index].machine.configuration
+            var node = MachineRunner(configuration, recovery: recovery)
+            let id = configuration.nodeID
+            node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
+            nodes[index] = node
+            for other in nodes.indices {
+                delivered[index][other] = 0
+                delivered[other][index] = nodes[other].published.count
+            }
+        }
+
         /// Hands node `to` what node `from` published since it last did, without a tick.
         mutating func deliver(from: Int, to: Int) {
             let peer = "inproc://\(nodes[from].machine.configuration.nodeID)"
@@ -364,6 +378,59 @@ struct CollectionMachineTests {
         }
         #expect(lagged, "the watch that did not ask for resets was resynced as lagged")
         #expect(merging.replica.properties(of: "m")["x"]?.value == "given up", "merged: it keeps what was given up")
+    }
+
+    /// 7.5 and Appendix A: a node that restarts after it dropped its state, before it merged a
+    /// peer's snapshot, goes on: its file (`SSNAP4`) says so, it asks for the snapshot again, and a
+    /// watch that resumes with a cursor from before the reset (its client holds a write the node
+    /// gave up) gets the reset once the snapshot is merged.
+    @Test func aRestartBeforeThePeersSnapshotKeepsTheResetGoing() throws {
+        var cluster = Cluster(["n1", "n2"])
+        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: "kept")])
+        cluster.exchange(rounds: 2)
+        _ = cluster.nodes[1].request(
+            .watch, id: 5, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
+        _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up")])
+        cluster.nodes[1].advance(100)
+        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        for event in cluster.nodes[1].events(watch: 5) { _ = try session.handle(event, from: "n2") }
+        #expect(session.replica.properties(of: "m")["x"]?.value == "given up", "the client holds the write")
+        // n2 hears of the forget and drops its state (its file is written at once), saves its
+        // member entry at the next tick, and crashes before it has a peer's snapshot.
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        cluster.nodes[1].advance(100)
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 0)
+        guard case .compact(let compacted, _) = try #require(cluster.nodes[1].lastCompaction) else {
+            Issue.record("no compaction")
+            return
+        }
+        let file = try StateSnapshot.decode(StateSnapshot.encode(compacted))
+        #expect(file.ownRecovery == StateSnapshot.OwnRecovery(through: 1, recovered: nil))
+        #expect(file.store.properties(of: Self.address).isEmpty, "the file holds the reset, not the old state")
+        var recovery = NodeMachine.Recovery(snapshot: file)
+        recovery.members = try Membership.decodeFile(try #require(cluster.nodes[1].savedMembers))
+        cluster.restart(1, on: recovery)
+        #expect(cluster.nodes[1].machine.repair.needsSnapshot)
+        // The client resumes on the restarted node with its cursor.
+        let from = cluster.nodes[1].sent.count
+        _ = cluster.nodes[1].request(
+            .watch, id: 6, ClientProtocol.encodeWatch(channel: "c", from: session.replica.cursor, takesResets: true))
+        var routed = 0
+        for _ in 0..<20 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(cluster.nodes[1].machine.counters.resyncs == 0, "the restarted node does not reset again")
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1)
+        var events: [WatchEvent] = []
+        for event in cluster.nodes[1].events(watch: 6, from: from) { events += try session.handle(event, from: "n2") }
+        #expect(events.contains { if case .resyncStarted(.reset) = $0 { true } else { false } })
+        #expect(session.replica.properties(of: "m")["x"]?.value == "kept")
+        #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.value == "kept")
     }
 
     /// n2 is cut off and forgotten on n1, then takes and publishes a write (returned): it is on

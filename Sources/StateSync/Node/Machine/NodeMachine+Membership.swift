@@ -137,7 +137,10 @@ extension NodeMachine {
         repair.fetches = [:]
         // Its own deltas a peer gets after serving the snapshot taken are fetched back from it.
         repair.ownRecovery = latest > 0 ? OwnRecovery(through: latest) : nil
+        // Durable at once (unless a sync runs: then at the next repair round), before the node's
+        // entry saying it is alive again is saved: a restart in between would keep what it held.
         durability.compactionPending = true
+        if durability.syncRequested == nil { compact() }
         counters.resyncs += 1
         // A watch that takes resets gets one once the peer's snapshot is merged (its client may
         // hold writes given up here); the others are resynced as before, merging.

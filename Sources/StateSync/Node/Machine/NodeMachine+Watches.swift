@@ -150,6 +150,16 @@ extension NodeMachine {
             } else {
                 watch.pendingSnapshot = .historyGone
             }
+            // This node dropped its state (section 7.5) and the cursor may cover own writes it
+            // gave up: a client that takes resets gets one (once the peer's snapshot is merged).
+            if takesResets, let recovery = repair.ownRecovery {
+                let own = cursor[configuration.nodeID]
+                if recovery.recovered == nil {
+                    watch.resetDue = true
+                } else if let recovered = recovery.recovered, own > recovered, own <= recovery.through {
+                    watch.pendingSnapshot = .reset
+                }
+            }
         } else {
             watch.pendingSnapshot = .initial
         }
