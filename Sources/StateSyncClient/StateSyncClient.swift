@@ -342,7 +342,7 @@ public final class StateSyncClient: Sendable {
         return (
             replica,
             ClientProtocol.encodeWatch(
-                channel: channel, from: resume, onLag: onLag, filter: filter, batchedEvents: true)
+                channel: channel, from: resume, onLag: onLag, filter: filter, batchedEvents: true, takesResets: true)
         )
     }
 

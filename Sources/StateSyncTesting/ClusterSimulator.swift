@@ -44,6 +44,12 @@ public struct SimulationOptions: Sendable {
         /// awaiting its deltas; it writes its snapshot) and comes back later with its data,
         /// alive again.
         case leave
+        /// A node is cut off from every other, both ways; once they stop hearing it an operator
+        /// forgets it on another node (FORGET, asked again while refused), and the cut heals.
+        /// Hearing of the forget, the node must drop its state and take the others' (PROTOCOL.md
+        /// 7.5): its writes no other node held by then are given up by design, and not held
+        /// against it (``SimulationReport/mayBeLostToForget``).
+        case forget
     }
 
     /// Bugs planted in one node on purpose, to prove the verdict catches them.
@@ -158,11 +164,16 @@ public struct SimulationReport: Sendable {
     public var options: SimulationOptions
     /// What the seed drew for this run (swarm testing: every seed its own mix).
     public var parameters: [String: String]
-    /// Writes the nodes acknowledged (not counting those a power loss may have taken).
+    /// Writes the nodes acknowledged (not counting those a power loss may have taken, or a forget
+    /// gave up).
     public var acknowledged: Int
     /// Acknowledged writes a power loss of a node with `storage.fsync: interval` may have taken
     /// (acknowledged within one sync interval before it): not held against the node.
     public var mayBeLostToPowerLoss = 0
+    /// Acknowledged writes of a forgotten node that no other node held when it dropped its
+    /// state, or held only below writes given up themselves (PROTOCOL.md 7.5): given up by
+    /// design, so not checked for loss.
+    public var mayBeLostToForget = 0
     /// The checker's findings.
     public var findings: ConvergenceChecker.Findings
     /// Whether every node settled with the same state.
@@ -217,6 +228,7 @@ public struct SimulationReport: Sendable {
             "nodes": .int(Int64(options.nodes)), "ops": .int(Int64(options.operations)),
             "acknowledged": .int(Int64(acknowledged)), "lost_writes": .int(Int64(findings.lostWrites.count)),
             "may_be_lost_to_power_loss": .int(Int64(mayBeLostToPowerLoss)),
+            "may_be_lost_to_forget": .int(Int64(mayBeLostToForget)),
             "chain_violations": .int(Int64(findings.chainViolations.count)),
             "list_violations": .int(Int64(findings.listViolations.count)),
             "reply_violations": .int(Int64(findings.replyViolations.count)),
@@ -276,6 +288,9 @@ public struct SimulationReport: Sendable {
             "StateSync simulator: \(options.nodes) nodes, \(options.operations) ops (\(acknowledged) acknowledged), seed \(options.seed)"
                 + (mayBeLostToPowerLoss > 0
                     ? "; \(mayBeLostToPowerLoss) more acknowledged within one sync interval (plus two syncs) before a power loss of their node (fsync: interval), not checked for loss"
+                    : "")
+                + (mayBeLostToForget > 0
+                    ? "; \(mayBeLostToForget) more acknowledged by a forgotten node that no other node held when it dropped its state, not checked for loss"
                     : "")
         )
         lines.append(
@@ -475,6 +490,7 @@ public enum ClusterSimulator {
             forceCompaction: options.plantedBug == .forgetHeldAboveGaps)
         // A client writes to a node back from a power loss at once: before its peers' first
         // HEARTBEATs, the moment a node that does not settle would reuse a published number.
+        schedule.models = options.models
         schedule.onPowerLossRestart = { node, cluster in workload.writeOnce(to: node, in: cluster) }
         schedule.onBlackoutWrite = { node, cluster in workload.writeOnce(to: node, in: cluster) }
         schedule.start(in: cluster, until: { workload.isDone })
@@ -553,14 +569,16 @@ public enum ClusterSimulator {
             }
             states.append(ConvergenceChecker.NodeState(node: node.id, digest: host.status.stateDigest, models: models))
         }
-        let (writes, mayBeLost) = Self.withoutWritesAPowerLossMayTake(
+        let (afterPowerLosses, mayBeLost) = Self.withoutWritesAPowerLossMayTake(
             workload.writes, losses: schedule.intervalPowerLosses, configuration: configuration)
+        let (writes, givenUpByForgets) = Self.withoutWritesAForgetGaveUp(
+            afterPowerLosses, resyncs: schedule.forgetResyncs, slack: configuration.clientDelay + 1)
         var findings = ConvergenceChecker().check(
             writes: writes, nodes: states,
             watches: watchers.map { watcher in
                 ConvergenceChecker.WatchHistory(
                     node: cluster.nodes[watcher.nodeIndex].id, sessions: [watcher.changes],
-                    finalState: watcher.finalState, filter: watcher.filter)
+                    finalState: watcher.finalState, filter: watcher.filter, resetStarts: [watcher.resetStarts])
             }, expiredThrough: cluster.nodes.indices.map { cluster.wallMilliseconds(of: $0) }.max() ?? 0)
         findings.chainViolations += watchers.flatMap { $0.violations }
         findings.replyViolations = workload.replyViolations
@@ -609,6 +627,7 @@ public enum ClusterSimulator {
             culprit: culprit.map { cluster.nodes[$0].id }, peerMessages: cluster.peerMessagesDelivered,
             peerBytes: cluster.peerBytesDelivered)
         report.mayBeLostToPowerLoss = mayBeLost
+        report.mayBeLostToForget = givenUpByForgets
         for node in cluster.nodes {
             guard let status = node.host?.status else { continue }
             report.valuesExpired += status.counters["values_expired"] ?? 0
@@ -644,6 +663,51 @@ public enum ClusterSimulator {
             guard write.acknowledged != nil, let at = write.acknowledgedAt,
                 losses.contains(where: { $0.node == write.node && at + window > $0.at && at <= $0.at + slack })
             else { return write }
+            setAside += 1
+            var unknown = write
+            unknown.acknowledged = nil
+            return unknown
+        }
+        return (checked, setAside)
+    }
+
+    /// The writes acknowledged by a forgotten node before it dropped its state that no other
+    /// node held then (PROTOCOL.md 7.5 gives them up) made writes of unknown outcome: for each,
+    /// some property it wrote or deleted had no version at least the write's on any other node,
+    /// but for versions of writes given up themselves. (Forgets chain: n1's write is not held
+    /// by n2, which holds a newer write of its own instead; n2 is forgotten in turn and gives that
+    /// one up, and the property falls back below n1's write.) Returns the writes and how many were
+    /// set aside.
+    static func withoutWritesAForgetGaveUp(
+        _ writes: [ConvergenceChecker.Write], resyncs: [FaultSchedule.ForgetResync], slack: UInt64
+    ) -> (writes: [ConvergenceChecker.Write], setAside: Int) {
+        guard !resyncs.isEmpty else { return (writes, 0) }
+        var givenUp = Set<Version>()
+        // Until nothing more is given up: each pass may uncover writes the last one's gave up.
+        var settled = false
+        while !settled {
+            settled = true
+            for write in writes {
+                guard let version = write.acknowledged, let at = write.acknowledgedAt, !givenUp.contains(version)
+                else { continue }
+                let lost = resyncs.contains { resync in
+                    guard resync.node == write.node, at <= resync.at + slack else { return false }
+                    let held = resync.held[write.model] ?? [:]
+                    func covered(_ versions: [Version]?) -> Bool {
+                        versions?.contains { $0 >= version && !givenUp.contains($0) } ?? false
+                    }
+                    if write.deletesModel { return held.isEmpty || held.values.contains { !covered($0) } }
+                    return (Array(write.properties.keys) + write.deleted).contains { !covered(held[$0]) }
+                }
+                if lost {
+                    givenUp.insert(version)
+                    settled = false
+                }
+            }
+        }
+        var setAside = 0
+        let checked = writes.map { write in
+            guard let version = write.acknowledged, givenUp.contains(version) else { return write }
             setAside += 1
             var unknown = write
             unknown.acknowledged = nil
@@ -836,6 +900,17 @@ final class FaultSchedule {
     private(set) var deltasAppliedBeforeCrashes = 0
     /// Power losses of nodes with `storage.fsync: interval`: which node, when.
     private(set) var intervalPowerLosses: [(node: String, at: UInt64)] = []
+    /// A forgotten node dropping its state: which node, when (seen within a few ms), and what
+    /// every other node held then.
+    struct ForgetResync {
+        let node: String
+        let at: UInt64
+        /// Per model, per property, the version each other node held.
+        let held: [String: [String: [Version]]]
+    }
+    private(set) var forgetResyncs: [ForgetResync] = []
+    /// How many models the workload writes (`m0`…), in ``ClusterSimulator/channel``.
+    var models = 0
     private var round = 0
     private var position = 0
 
@@ -898,6 +973,7 @@ final class FaultSchedule {
         _ kind: SimulationOptions.Fault, hold: UInt64, in cluster: SimulatedCluster,
         then next: @escaping (SimulatedCluster) -> Void
     ) {
+        var hold = hold
         let nodes = cluster.nodes
         let start = cluster.now
         // A planted skip-repair bug is exposed by loss on the culprit's links.
@@ -1007,6 +1083,47 @@ final class FaultSchedule {
                 detail = "\(nodes[joiner].id) restarted after \(hold) ms, knowing only \(nodes[0].id) again"
                 heal = { cluster in try? cluster.restart(joiner) }
             }
+        case .forget:
+            // Not a planted bug's node (taking the others' state would hide the bug), and one
+            // that runs, with another running to forget it on.
+            let candidates = nodes.indices.filter { $0 != culprit && nodes[$0].isUp }
+            let up = nodes.indices.filter { nodes[$0].isUp }
+            guard let victim = candidates.isEmpty ? nil : candidates[target % candidates.count], up.count > 1 else {
+                detail = "no node to forget (none running but a planted bug's)"
+                break
+            }
+            // An operator forgets a node on one that still hears from another member: one that
+            // hears from none could be the one cut off itself (in a cluster of two, the other
+            // is all there is).
+            let others = up.filter { $0 != victim }
+            let hearing = others.filter { index in
+                let own = nodes[index].id
+                let members = nodes[index].host?.status.members ?? []
+                return members.contains { $0.id != own && $0.id != nodes[victim].id && $0.connected }
+            }
+            let choices = nodes.count == 2 ? others : hearing
+            guard !choices.isEmpty else {
+                detail = "no forget of \(nodes[victim].id): no other node hears from a third member"
+                break
+            }
+            let operatorNode = choices[random.below(choices.count)]
+            cluster.partition([victim], cut: true)
+            let forgetter = SimulatedForgetter(
+                node: operatorNode, forgetting: nodes[victim].id, name: "forget-\(events.count)")
+            // Peers count a member connected for three heartbeat intervals after they last heard
+            // it; the operator asks from then on, and the cut lasts a second beyond.
+            cluster.schedule(at: cluster.now + 400) { cluster in forgetter.start(in: cluster) }
+            hold += 1000
+            let resyncsBefore = UInt64(nodes[victim].host?.status.counters["resyncs"] ?? 0)
+            heal = { [unowned self] cluster in
+                forgetter.stop()
+                cluster.partition([victim], cut: false)
+                guard forgetter.acceptedAt != nil else { return }
+                self.awaitResync(of: victim, after: resyncsBefore, until: cluster.now + 10_000, in: cluster)
+            }
+            target = victim
+            detail =
+                "\(nodes[victim].id) cut off from every other node for \(hold) ms; forgotten on \(nodes[operatorNode].id) (statesync forget) once they stop hearing it"
         case .leave:
             cluster.stopCleanly(target)
             detail = "\(nodes[target].id) stopped cleanly (left), back after \(hold) ms"
@@ -1075,6 +1192,33 @@ final class FaultSchedule {
             heal(cluster)
             self.events[index].healMilliseconds = cluster.now
             next(cluster)
+        }
+    }
+
+    /// Watches a forgotten node until it drops its state (its `resyncs` counter passes
+    /// `before`), then notes what every other node held at that moment: the writes it took that
+    /// none of them held are given up (PROTOCOL.md 7.5). Gives up at `until` (a node that
+    /// crashed meanwhile, or never heard of the forget: nothing is set aside for it).
+    private func awaitResync(of node: Int, after before: UInt64, until: UInt64, in cluster: SimulatedCluster) {
+        let resyncs = UInt64(cluster.nodes[node].host?.status.counters["resyncs"] ?? 0)
+        guard resyncs <= before else {
+            var held: [String: [String: [Version]]] = [:]
+            for other in cluster.nodes where other.index != node {
+                guard let host = other.host else { continue }
+                for model in 0..<models {
+                    let name = "m\(model)"
+                    let registers = host.properties(of: ModelAddress(channel: ClusterSimulator.channel, model: name))
+                    for (property, register) in registers {
+                        held[name, default: [:]][property, default: []].append(register.version)
+                    }
+                }
+            }
+            forgetResyncs.append(ForgetResync(node: cluster.nodes[node].id, at: cluster.now, held: held))
+            return
+        }
+        guard cluster.now < until else { return }
+        cluster.schedule(at: cluster.now + 2) { [unowned self] cluster in
+            self.awaitResync(of: node, after: before, until: until, in: cluster)
         }
     }
 

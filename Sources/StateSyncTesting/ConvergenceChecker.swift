@@ -75,16 +75,20 @@ public struct ConvergenceChecker: Sendable {
         public var finalState: [String: [String: ReplicaStore.Register]]?
         /// What the watch asked for: its final copy is compared with that part of the state.
         public var filter: ClientProtocol.WatchFilter?
+        /// Per session, the positions of its changes where a reset snapshot began (the node
+        /// dropped its state, PROTOCOL.md 7.5): a version told before can be told again after.
+        public var resetStarts: [Set<Int>]
 
         /// What a watcher on `node` saw.
         public init(
             node: String, sessions: [[PropertyChange]], finalState: [String: [String: ReplicaStore.Register]]? = nil,
-            filter: ClientProtocol.WatchFilter? = nil
+            filter: ClientProtocol.WatchFilter? = nil, resetStarts: [Set<Int>] = []
         ) {
             self.node = node
             self.sessions = sessions
             self.finalState = finalState
             self.filter = filter
+            self.resetStarts = resetStarts
         }
     }
 
@@ -240,7 +244,9 @@ public struct ConvergenceChecker: Sendable {
             for (sessionIndex, session) in watch.sessions.enumerated() {
                 var last: [String: PropertyChange] = [:]
                 var seen: [String: Set<[Version]>] = [:]
-                for change in session {
+                let resets = sessionIndex < watch.resetStarts.count ? watch.resetStarts[sessionIndex] : []
+                for (position, change) in session.enumerated() {
+                    if resets.contains(position) { seen = [:] }
                     let key = "\(change.model).\(change.property)"
                     // After a deletion or an expiry the property has no value: the next old is none.
                     if let previous = last[key], change.old != (previous.isRemoval ? Value?.none : previous.new) {

@@ -161,6 +161,8 @@ final class SimulatedWatcher {
     }
     /// Every change told, in order.
     private(set) var changes: [PropertyChange] = []
+    /// Where in ``changes`` a reset snapshot began.
+    private(set) var resetStarts: Set<Int> = []
     /// Deltas a node sent twice on one connection, and protocol errors.
     private(set) var violations: [String] = []
     /// Whether the node registered the watch (OK) and it is running.
@@ -207,7 +209,7 @@ final class SimulatedWatcher {
             ClientProtocol.encodeRequest(
                 .watch, id: watchID,
                 body: ClientProtocol.encodeWatch(
-                    channel: channel, from: resume, filter: filter, batchedEvents: batchedEvents)),
+                    channel: channel, from: resume, filter: filter, batchedEvents: batchedEvents, takesResets: true)),
             from: client)
     }
 
@@ -243,6 +245,12 @@ final class SimulatedWatcher {
         guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
             violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: a malformed watch event")
             return
+        }
+        // A reset snapshot starts the count again: the node dropped its state and what it had
+        // sent with it (PROTOCOL.md 7.5, 10.5.4).
+        if case .snapshotBegin(.reset) = event {
+            seen = []
+            resetStarts.insert(changes.count)
         }
         if case .delta(let delta, _) = event,
             !seen.insert(DeltaID(origin: delta.origin, sequence: delta.sequence)).inserted
@@ -350,5 +358,57 @@ final class SimulatedLister {
             }
         }
         return found
+    }
+}
+
+/// An operator who forgets a member (FORGET, PROTOCOL.md 10.12) through one node's client API:
+/// asked while the node still hears from the member, the node refuses, so the operator asks again
+/// every 100 ms until it is accepted or ``stop()`` is called.
+final class SimulatedForgetter {
+    let client: SimulatedCluster.Client
+    let nodeIndex: Int
+    let member: String
+    /// When the forget was accepted, if it was.
+    private(set) var acceptedAt: UInt64?
+    private var stopped = false
+    private var requestID: UInt64 = 0
+
+    init(node: Int, forgetting member: String, name: String) {
+        nodeIndex = node
+        self.member = member
+        client = SimulatedCluster.Client(name: name, capacity: 100)
+        client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
+    }
+
+    func start(in cluster: SimulatedCluster) {
+        guard !stopped, acceptedAt == nil else { return }
+        guard cluster.connect(client, to: nodeIndex) else { return retry(in: cluster) }
+        ask(in: cluster)
+    }
+
+    /// Asks no more (the member is heard again: a forget now would be refused, rightly).
+    func stop() { stopped = true }
+
+    private func ask(in cluster: SimulatedCluster) {
+        requestID += 1
+        var body = WireWriter()
+        body.string(member)
+        cluster.send(ClientProtocol.encodeRequest(.forget, id: requestID, body: body.bytes), from: client)
+    }
+
+    private func retry(in cluster: SimulatedCluster) {
+        cluster.schedule(at: cluster.now + 100) { [weak self] cluster in self?.start(in: cluster) }
+    }
+
+    private func received(_ frames: [[UInt8]], in cluster: SimulatedCluster) {
+        guard frames.count == 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]),
+            header.requestID == requestID, acceptedAt == nil
+        else { return }
+        if header.kind == .ok {
+            acceptedAt = cluster.now
+            cluster.record("forget", client.name, [Array(member.utf8)])
+        } else {
+            retry(in: cluster)
+        }
     }
 }

@@ -551,15 +551,18 @@ extension StateSyncCLI {
                     ["records": .int(Int64(records)), "cursor": .string(cursor.description)])
             case .resyncStarted(let reason):
                 let why =
-                    reason == .lagged
-                    ? "this watch fell behind the node's history"
-                    : "the node's history no longer reaches back to the cursor"
+                    switch reason {
+                    case .lagged: "this watch fell behind the node's history"
+                    case .historyGone: "the node's history no longer reaches back to the cursor"
+                    case .reset:
+                        "the node dropped its state and took a peer's (it was forgotten); values can go back or away"
+                    }
                 output.flush()
                 FileHandle.standardError.write(
                     Data("statesync: resync: \(why); the current state follows as changes marked resync\n".utf8))
                 marker(
                     output, "resync", "resync started",
-                    ["reason": .string(reason == .lagged ? "lagged" : "history_gone")],
+                    ["reason": .string(Self.reasonName(reason))],
                     always: false)
             case .resyncComplete(let records, let cursor):
                 marker(
@@ -587,6 +590,15 @@ extension StateSyncCLI {
                 output.print(Value.map(map).jsonText())
             } else {
                 output.print("-- \(text)")
+            }
+        }
+
+        /// A resync's reason as the JSON marker names it.
+        static func reasonName(_ reason: WatchEvent.ResyncReason) -> String {
+            switch reason {
+            case .lagged: "lagged"
+            case .historyGone: "history_gone"
+            case .reset: "reset"
             }
         }
 

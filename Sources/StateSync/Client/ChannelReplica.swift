@@ -96,6 +96,11 @@ public final class ChannelReplica: Sendable {
         state.withLock { $0.store.expire(through: time) }
     }
 
+    /// Sets the cursor to `cursor` (a reset snapshot's: per origin, backwards too).
+    package func replaceCursor(with cursor: WatchCursor) {
+        state.withLock { $0.cursor = cursor }
+    }
+
     /// Moves the cursor to cover `cursor` (per origin, never backwards).
     package func advance(to cursor: WatchCursor) {
         state.withLock { state in
@@ -123,6 +128,10 @@ public enum WatchEvent: Sendable {
         case lagged
         /// The resume cursor is older than the node's retained history.
         case historyGone
+        /// The node dropped its state and took a peer's (it was forgotten, PROTOCOL.md 7.5):
+        /// the snapshot replaces what the replica held, so values it held can go back to older
+        /// ones or away.
+        case reset
     }
 
     /// One property changed. `cursor` is the position after the delta that made it.
@@ -156,6 +165,14 @@ package struct WatchSession: Sendable {
         self.filter = filter
     }
 
+    /// A removal a reset made: no write of the node's made it (the node no longer holds the
+    /// value), so it carries no version (``Version/zero``).
+    static func resetRemoval(_ change: PropertyChange) -> PropertyChange {
+        PropertyChange(
+            channel: change.channel, model: change.model, property: change.property, old: change.old, new: change.new,
+            version: .zero, kind: change.kind)
+    }
+
     /// Applies one event; returns what it means, in order. Throws when the watch must end (a
     /// snapshot that arrived incomplete).
     package mutating func handle(_ event: ClientProtocol.WatchEventBody, from endpoint: String) throws(StateSyncError)
@@ -175,11 +192,30 @@ package struct WatchSession: Sendable {
             case .initial: return []
             case .lagged: return [.resyncStarted(.lagged)]
             case .historyGone: return [.resyncStarted(.historyGone)]
+            case .reset: return [.resyncStarted(.reset)]
             }
         case .records(let models):
             let kind: WatchEvent.Kind = snapshotReason == .initial ? .initial : .resync
             let cursor = replica.cursor
             var events: [WatchEvent] = []
+            if snapshotReason == .reset {
+                // What the replica holds of these models that the node's records do not say
+                // the same (a newer register, the model's own deletion, a property the node no
+                // longer has) goes first: merged, a newer one would keep the node's out. (A
+                // model's records that a later page brings are applied again from there.)
+                var replaced: Set<ReplicaStore.RecordKey> = []
+                for (model, properties) in models {
+                    let theirs = Dictionary(properties.map { ($0.0, $0.1) }, uniquingKeysWith: { first, _ in first })
+                    for (name, mine) in replica.records(of: model) where theirs[name] != mine {
+                        replaced.insert(ReplicaStore.RecordKey(model: model, property: name))
+                    }
+                }
+                if !replaced.isEmpty {
+                    events += replica.drop(through: .max, keeping: { !replaced.contains($0) }).map {
+                        .change(Self.resetRemoval($0), kind: kind, cursor: cursor)
+                    }
+                }
+            }
             for (model, properties) in models {
                 for (name, register) in properties {
                     digest.add(channel: replica.channel, model: model, property: name, register: register)
@@ -201,7 +237,19 @@ package struct WatchSession: Sendable {
             // snapshot lacks was deleted there, and the deletion collected: it goes here too.
             let kind: WatchEvent.Kind = snapshotReason == .initial ? .initial : .resync
             var events: [WatchEvent] = []
-            if collectedThrough > 0 {
+            if snapshotReason == .reset {
+                // Whatever the snapshot lacks is gone from the node (but what the filter keeps
+                // from this watch).
+                let filter = self.filter
+                let received = self.received
+                events = replica.drop(
+                    through: .max,
+                    keeping: { key in
+                        received.contains(key) || !(filter?.passes(model: key.model, property: key.property) ?? true)
+                    }
+                ).map { .change(Self.resetRemoval($0), kind: kind, cursor: cursor) }
+                replica.replaceCursor(with: cursor)
+            } else if collectedThrough > 0 {
                 let filter = self.filter
                 let dropped = replica.drop(
                     through: collectedThrough,

@@ -5,28 +5,55 @@ package struct StateSnapshot: Sendable {
     package var latestSequence: UInt64
     /// For each origin, the sequence number through which the store includes its deltas.
     package var progress: [String: UInt64] = [:]
+    /// In a node's own file only (never sent): the recovery of its own deltas after it dropped
+    /// its state (it was forgotten, docs/PROTOCOL.md 7.5), while it lasts.
+    package var ownRecovery: OwnRecovery?
 
-    package init(store: ReplicaStore, latestSequence: UInt64, progress: [String: UInt64] = [:]) {
+    /// Own deltas 1...`through` were numbered before the node dropped its state; it holds them
+    /// again through `recovered` (`nil`: it has merged no peer's snapshot since).
+    package struct OwnRecovery: Sendable, Equatable {
+        package var through: UInt64
+        package var recovered: UInt64?
+
+        package init(through: UInt64, recovered: UInt64?) {
+            self.through = through
+            self.recovered = recovered
+        }
+    }
+
+    package init(
+        store: ReplicaStore, latestSequence: UInt64, progress: [String: UInt64] = [:],
+        ownRecovery: OwnRecovery? = nil
+    ) {
         self.store = store
         self.latestSequence = latestSequence
         self.progress = progress
+        self.ownRecovery = ownRecovery
     }
 }
 
 extension StateSnapshot {
     /// The snapshot file's magic: `SSNAP3` adds the horizon of collection after the latest
-    /// sequence. A file of the previous layout (`SSNAP2`) is read too (an upgrade).
+    /// sequence. A file of the previous layout (`SSNAP2`) is read too (an upgrade). `SSNAP4`
+    /// adds the recovery of the node's own deltas after the horizon, and is written only while
+    /// one lasts (a node that predates it sets such a file aside; a SNAPSHOT reply never has it).
     static let magic: [UInt8] = Array("SSNAP3\n".utf8)
     static let previousMagic: [UInt8] = Array("SSNAP2\n".utf8)
+    static let recoveringMagic: [UInt8] = Array("SSNAP4\n".utf8)
 
     /// The snapshot format of Appendix A: magic, latest sequence, the timestamp through which
-    /// deletions were collected (uint64), progress, registers (sorted, so equal states write
-    /// equal files; deletions included), checksum.
+    /// deletions were collected (uint64), with `SSNAP4` the own recovery (through, recovered + 1
+    /// or 0: varints), progress, registers (sorted, so equal states write equal files; deletions
+    /// included), checksum.
     package static func encode(_ snapshot: StateSnapshot) -> [UInt8] {
         var w = WireWriter(capacity: 4096)
-        for b in magic { w.byte(b) }
+        for b in snapshot.ownRecovery == nil ? magic : recoveringMagic { w.byte(b) }
         w.varint(snapshot.latestSequence)
         w.uint64(snapshot.store.collectedThrough)
+        if let recovery = snapshot.ownRecovery {
+            w.varint(recovery.through)
+            w.varint(recovery.recovered.map { $0 == .max ? $0 : $0 + 1 } ?? 0)
+        }
         writeProgress(snapshot.progress, to: &w)
         // Sorted, so equal states write equal files.
         let models = snapshot.store.allModels.sorted {
@@ -40,14 +67,20 @@ extension StateSnapshot {
     }
 
     package static func decode(_ bytes: [UInt8]) throws(WireError) -> StateSnapshot {
-        guard let layout = [magic, previousMagic].first(where: { bytes.starts(with: $0) }),
+        guard let layout = [magic, recoveringMagic, previousMagic].first(where: { bytes.starts(with: $0) }),
             bytes.count >= layout.count + 8
         else {
             throw .invalid(field: "snapshot", reason: "not a StateSync snapshot")
         }
         var r = try checkedBody(bytes, magic: layout, what: "snapshot")
         let sequence = try r.varint("latest sequence")
-        let collectedThrough = layout == magic ? try r.uint64("collected through") : 0
+        let collectedThrough = layout == previousMagic ? 0 : try r.uint64("collected through")
+        var ownRecovery: OwnRecovery?
+        if layout == recoveringMagic {
+            let through = try r.varint("own recovery through")
+            let recovered = try r.varint("own recovery recovered")
+            ownRecovery = OwnRecovery(through: through, recovered: recovered == 0 ? nil : recovered - 1)
+        }
         let progress = try readProgress(&r)
         var store = ReplicaStore()
         store.markCollected(through: collectedThrough)
@@ -57,7 +90,7 @@ extension StateSnapshot {
             }
         }
         try r.expectEnd()
-        return StateSnapshot(store: store, latestSequence: sequence, progress: progress)
+        return StateSnapshot(store: store, latestSequence: sequence, progress: progress, ownRecovery: ownRecovery)
     }
 
     // MARK: - Parts shared with snapshot pages (SnapshotPage)

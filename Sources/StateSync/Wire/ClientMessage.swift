@@ -286,12 +286,13 @@ public enum ClientProtocol {
     /// (section 10.5.1).
     public static func encodeWatch(
         channel: String, from cursor: WatchCursor?, onLag: LagPolicy = .resync, filter: WatchFilter? = nil,
-        batchedEvents: Bool = false
+        batchedEvents: Bool = false, takesResets: Bool = false
     ) -> [UInt8] {
         var w = WireWriter()
         w.string(channel)
         let flags: UInt8 =
             (cursor == nil ? 0 : 1) | (onLag == .end ? 2 : 0) | (filter == nil ? 0 : 4) | (batchedEvents ? 8 : 0)
+            | (takesResets ? 16 : 0)
         if flags != 0 { w.byte(flags) }
         cursor?.encode(into: &w)
         if let filter {
@@ -311,14 +312,15 @@ public enum ClientProtocol {
         return (request.channel, request.cursor, request.onLag)
     }
 
-    /// Decodes a WATCH body, its filter (flag bit 2) and batched events (flag bit 3) included
-    /// (section 10.5.1).
+    /// Decodes a WATCH body, its filter (flag bit 2), batched events (flag bit 3) and resets
+    /// (flag bit 4) included (section 10.5.1).
     public static func decodeWatchRequest(_ body: [UInt8]) throws(WireError) -> (
-        channel: String, cursor: WatchCursor?, onLag: LagPolicy, filter: WatchFilter?, batchedEvents: Bool
+        channel: String, cursor: WatchCursor?, onLag: LagPolicy, filter: WatchFilter?, batchedEvents: Bool,
+        takesResets: Bool
     ) {
         var r = WireReader(body)
         let channel = try r.string("channel")
-        guard !r.isAtEnd else { return (channel, nil, .resync, nil, false) }
+        guard !r.isAtEnd else { return (channel, nil, .resync, nil, false, false) }
         let flags = try r.byte("watch flags")
         let cursor = flags & 1 != 0 ? try WatchCursor.decode(from: &r) : nil
         var filter: WatchFilter?
@@ -332,7 +334,7 @@ public enum ClientProtocol {
             filter = WatchFilter(
                 prefix: prefix, properties: properties.isEmpty ? nil : properties, initialState: initial != 0)
         }
-        return (channel, cursor, flags & 2 != 0 ? .end : .resync, filter, flags & 8 != 0)
+        return (channel, cursor, flags & 2 != 0 ? .end : .resync, filter, flags & 8 != 0, flags & 16 != 0)
     }
 
     /// What a watch asks to be sent (section 10.5.1): models whose ids start with `prefix`, only
@@ -404,6 +406,10 @@ public enum ClientProtocol {
         case lagged = 1
         /// The resume cursor is older than the node's history.
         case historyGone = 2
+        /// The node dropped its state and took a peer's (it was forgotten while away, section
+        /// 7.5): the snapshot replaces what the client holds. Sent only on watches that ask for
+        /// it (WATCH flag bit 4); others get `lagged`.
+        case reset = 3
     }
 
     /// An EVENT body.

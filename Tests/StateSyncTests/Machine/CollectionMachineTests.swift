@@ -20,11 +20,14 @@ struct CollectionMachineTests {
         /// Nodes cut off: nothing reaches them or comes from them until they are back.
         var silent: Set<Int> = []
 
-        init(_ ids: [String], grace: Int = 0, fsync: NodeConfiguration.FsyncPolicy = .always) {
+        init(
+            _ ids: [String], grace: Int = 0, fsync: NodeConfiguration.FsyncPolicy = .always, historyDeltas: Int? = nil
+        ) {
             nodes = ids.map { id in
                 var configuration = MachineRunner.configuration(id, peers: ids.filter { $0 != id })
                 configuration.tombstoneGraceMilliseconds = grace
                 configuration.fsync = fsync
+                if let historyDeltas { configuration.historyDeltas = historyDeltas }
                 var node = MachineRunner(configuration)
                 node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
                 return node
@@ -54,6 +57,20 @@ struct CollectionMachineTests {
             let accepted = nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok
             exchange(rounds: 5)
             return accepted
+        }
+
+        /// Node `index` restarts on `recovery` (what its files held): what it and its peers had
+        /// published before is gone with the process.
+        mutating func restart(_ index: Int, on recovery: NodeMachine.Recovery) {
+            let configuration = nodes[index].machine.configuration
+            var node = MachineRunner(configuration, recovery: recovery)
+            let id = configuration.nodeID
+            node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
+            nodes[index] = node
+            for other in nodes.indices {
+                delivered[index][other] = 0
+                delivered[other][index] = nodes[other].published.count
+            }
         }
 
         /// Hands node `to` what node `from` published since it last did, without a tick.
@@ -266,38 +283,179 @@ struct CollectionMachineTests {
         return handled
     }
 
-    /// 7.5, a known issue: a write the forgotten node took and published just before it dropped
-    /// its state, which reaches a peer only after that peer served the node its snapshot, must
-    /// still end on the node (the peers hold it). Today it does not: the node covers its own
-    /// origin through its latest sequence without the deltas, so it never fetches it back, and it
-    /// differs from its peers for good with nothing missing (found by the simulator's forget
-    /// fault, 3 nodes, seed 10).
+    /// 7.5: a write the forgotten node took and published just before it dropped its state,
+    /// which reaches a peer only after that peer served the node its snapshot, ends on the node
+    /// too: the node covers its own origin through its latest sequence without the deltas, and
+    /// fetches back those a peer's HEARTBEAT reports holding (found by the simulator's forget
+    /// fault, 3 nodes, seed 10). A watch on the node that takes resets ends with the write.
     @Test func aWriteOnItsWayWhenTheNodeDropsItsStateComesBackToIt() throws {
         var cluster = Cluster(["n1", "n2"])
+        let written = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: 5)
+        var routed = cluster.nodes[1].repairRequests.count
+        // Then the write reaches n1, and everything is exchanged for a while.
+        cluster.deliver(from: 1, to: 0)
+        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.version == written)
+        for _ in 0..<20 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.version == written)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery == nil, "recovered through the last own sequence")
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1, "fetched back, not a second snapshot")
+        // The watch on n2 was reset to the snapshot, then resynced with the write fetched back.
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        for event in cluster.nodes[1].events(watch: 5) { _ = try session.handle(event, from: "n2") }
+        #expect(session.replica.properties(of: "m")["x"]?.version == written)
+    }
+
+    /// 7.5: the write on its way comes back also when the peer that holds it no longer holds it
+    /// as a delta (its history moved on): the node takes that peer's snapshot instead.
+    @Test func aWriteOnItsWayComesBackInASnapshotOnceThePeersHistoryDroppedIt() throws {
+        var cluster = Cluster(["n1", "n2"], historyDeltas: 2)
+        let written = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: nil)
+        var routed = cluster.nodes[1].repairRequests.count
+        // n2 writes on after its reset; n1 gets the write on its way, then those, which push it
+        // out of n1's history of n2's deltas before n2 asks for it.
+        for value in 0..<4 {
+            _ = cluster.set(on: 1, 40 + UInt64(value), [PropertyWrite(name: "y", value: .int(Int64(value)))])
+            cluster.nodes[1].advance(100)
+        }
+        cluster.deliver(from: 1, to: 0)
+        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.version == written)
+        for _ in 0..<30 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.version == written)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery == nil)
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 2, "the reset's snapshot, then the holder's")
+    }
+
+    /// 7.5 and 10.5.4: a watch on the forgotten node that asked for resets (WATCH flag bit 4)
+    /// gets a `reset` snapshot once the peer's snapshot is merged, and its client ends with the
+    /// node's state: the writes the node gave up go back to the older values or away. A watch
+    /// that did not ask gets `lagged`, which its client merges: it keeps what was given up.
+    @Test func aResetReplacesWhatTheWatchHeldAndOnlyForWatchesThatAskForIt() throws {
+        var cluster = Cluster(["n1", "n2"])
+        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: "kept")])
+        cluster.exchange(rounds: 2)
+        _ = cluster.nodes[1].request(
+            .watch, id: 5, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        _ = cluster.nodes[1].request(.watch, id: 6, ClientProtocol.encodeWatch(channel: "c", from: nil))
         let accepted = cluster.forgetCutOffNode(1)
         #expect(accepted, "FORGET accepted")
-        // n2, still cut off, takes a write and publishes it: it is on its way to n1.
+        // n2, cut off, takes writes that never reach n1: they are given up at its reset.
+        _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up"), PropertyWrite(name: "z", value: 1)])
+        cluster.nodes[1].advance(100)
+        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1)
+        var routed = cluster.nodes[1].repairRequests.count
+        for _ in 0..<20 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        let node = cluster.nodes[1].machine.store.properties(of: Self.address)
+        #expect(node["x"]?.value == "kept" && node["z"] == nil, "the node gave its writes up")
+        var resetting = WatchSession(replica: ChannelReplica(channel: "c"))
+        var resetEvents: [WatchEvent] = []
+        for event in cluster.nodes[1].events(watch: 5) { resetEvents += try resetting.handle(event, from: "n2") }
+        #expect(resetEvents.contains { if case .resyncStarted(.reset) = $0 { true } else { false } })
+        #expect(resetting.replica.properties(of: "m")["x"]?.value == "kept")
+        #expect(resetting.replica.properties(of: "m")["z"] == nil)
+        // Its client saw each given-up value go: x back to n1's, z removed (at version zero).
+        let changes = resetEvents.compactMap { if case .change(let change, _, _) = $0 { change } else { nil } }
+        #expect(changes.contains { $0.property == "z" && $0.old == 1 && $0.new == nil && $0.version == .zero })
+        #expect(changes.last(where: { $0.property == "x" })?.new == "kept")
+        var merging = WatchSession(replica: ChannelReplica(channel: "c"))
+        var lagged = false
+        for event in cluster.nodes[1].events(watch: 6) {
+            for case .resyncStarted(let reason) in try merging.handle(event, from: "n2") {
+                #expect(reason == .lagged)
+                lagged = true
+            }
+        }
+        #expect(lagged, "the watch that did not ask for resets was resynced as lagged")
+        #expect(merging.replica.properties(of: "m")["x"]?.value == "given up", "merged: it keeps what was given up")
+    }
+
+    /// 7.5 and Appendix A: a node that restarts after it dropped its state, before it merged a
+    /// peer's snapshot, goes on: its file (`SSNAP4`) says so, it asks for the snapshot again, and a
+    /// watch that resumes with a cursor from before the reset (its client holds a write the node
+    /// gave up) gets the reset once the snapshot is merged.
+    @Test func aRestartBeforeThePeersSnapshotKeepsTheResetGoing() throws {
+        var cluster = Cluster(["n1", "n2"])
+        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: "kept")])
+        cluster.exchange(rounds: 2)
+        _ = cluster.nodes[1].request(
+            .watch, id: 5, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
+        _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up")])
+        cluster.nodes[1].advance(100)
+        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        for event in cluster.nodes[1].events(watch: 5) { _ = try session.handle(event, from: "n2") }
+        #expect(session.replica.properties(of: "m")["x"]?.value == "given up", "the client holds the write")
+        // n2 hears of the forget and drops its state (its file is written at once), saves its
+        // member entry at the next tick, and crashes before it has a peer's snapshot.
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        cluster.nodes[1].advance(100)
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 0)
+        guard case .compact(let compacted, _) = try #require(cluster.nodes[1].lastCompaction) else {
+            Issue.record("no compaction")
+            return
+        }
+        let file = try StateSnapshot.decode(StateSnapshot.encode(compacted))
+        #expect(file.ownRecovery == StateSnapshot.OwnRecovery(through: 1, recovered: nil))
+        #expect(file.store.properties(of: Self.address).isEmpty, "the file holds the reset, not the old state")
+        var recovery = NodeMachine.Recovery(snapshot: file)
+        recovery.members = try Membership.decodeFile(try #require(cluster.nodes[1].savedMembers))
+        cluster.restart(1, on: recovery)
+        #expect(cluster.nodes[1].machine.repair.needsSnapshot)
+        // The client resumes on the restarted node with its cursor.
+        let from = cluster.nodes[1].sent.count
+        _ = cluster.nodes[1].request(
+            .watch, id: 6, ClientProtocol.encodeWatch(channel: "c", from: session.replica.cursor, takesResets: true))
+        var routed = 0
+        for _ in 0..<20 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(cluster.nodes[1].machine.counters.resyncs == 0, "the restarted node does not reset again")
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1)
+        var events: [WatchEvent] = []
+        for event in cluster.nodes[1].events(watch: 6, from: from) { events += try session.handle(event, from: "n2") }
+        #expect(events.contains { if case .resyncStarted(.reset) = $0 { true } else { false } })
+        #expect(session.replica.properties(of: "m")["x"]?.value == "kept")
+        #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.value == "kept")
+    }
+
+    /// n2 is cut off and forgotten on n1, then takes and publishes a write (returned): it is on
+    /// its way to n1. n2 hears of the forget first, drops its state and takes n1's snapshot,
+    /// which lacks the write. With `watch`, a watch on n2 that takes resets is open throughout.
+    static func forgetWhileAWriteIsOnItsWay(_ cluster: inout Cluster, watch: UInt64?) throws -> Version {
+        if let watch {
+            _ = cluster.nodes[1].request(
+                .watch, id: watch, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        }
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
         let acknowledged = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "on its way")])
         let written = try #require(acknowledged)
-        // n2 hears of the forget first, drops its state, and takes n1's snapshot.
         cluster.silent = []
         cluster.deliver(from: 0, to: 1)
         #expect(cluster.nodes[1].machine.counters.resyncs == 1)
         var routed = cluster.nodes[1].repairRequests.count
         for _ in 0..<20 {
             cluster.nodes[1].advance(100)
-            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+            routed = routeRepairs(&cluster, from: 1, to: 0, after: routed)
         }
-        // Then the write reaches n1, and everything is exchanged for a while.
-        cluster.deliver(from: 1, to: 0)
-        for _ in 0..<40 {
-            cluster.exchange(rounds: 1)
-            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
-        }
-        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.version == written)
-        withKnownIssue("PROTOCOL.md 7.5: the forgotten node never gets its own write back") {
-            #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.version == written)
-        }
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1)
+        #expect(cluster.nodes[1].machine.store.properties(of: address)["x"] == nil, "the snapshot lacks the write")
+        return written
     }
 
     /// 10.5.4 and 10.5.8: a client that held a value whose deletion was collected before it

@@ -6,14 +6,15 @@ import Testing
 /// The cluster simulator itself: deterministic, and able to fail.
 @Suite("Cluster simulator")
 struct SimulatorTests {
-    static func options(seed: UInt64, ops: Int = 600, nodes: Int = 4, bug: SimulationOptions.PlantedBug? = nil)
-        -> SimulationOptions
-    {
+    static func options(
+        seed: UInt64, ops: Int = 600, nodes: Int = 4, bug: SimulationOptions.PlantedBug? = nil,
+        faults: [SimulationOptions.Fault] = SimulationOptions.Fault.allCases
+    ) -> SimulationOptions {
         var options = SimulationOptions()
         options.nodes = nodes
         options.operations = ops
         options.seed = seed
-        options.faults = SimulationOptions.Fault.allCases
+        options.faults = faults
         options.plantedBug = bug
         return options
     }
@@ -32,11 +33,16 @@ struct SimulatorTests {
     /// (skip-settling needs a power loss of its node while writes it published are not yet
     /// synced: seed 3 has one, seed 7 does not; skip-void needs one that met writes every peer
     /// missed below writes they hold: seed 1 has one. forget-held-above-gaps is caught at
-    /// seed 7, and the same run passes without the bug: checked.)
+    /// seed 7, and the same run passes without the bug: checked.) Every fault but `forget`,
+    /// which sets aside the writes a forgotten node gives up: a bug that loses writes could hide
+    /// among them (the sweep below has it).
     @Test(arguments: SimulationOptions.PlantedBug.allCases)
     func aPlantedBugFailsTheVerdictAndNamesTheNode(bug: SimulationOptions.PlantedBug) throws {
         let seed: UInt64 = bug == .skipSettling ? 3 : bug == .skipVoid ? 1 : 7
-        let report = try ClusterSimulator.run(Self.options(seed: seed, ops: 1500, nodes: 4, bug: bug))
+        let report = try ClusterSimulator.run(
+            Self.options(
+                seed: seed, ops: 1500, nodes: 4, bug: bug,
+                faults: SimulationOptions.Fault.allCases.filter { $0 != .forget }))
         #expect(!report.passed, "\(bug) was not caught: \(report.humanText)")
         #expect(report.culprit == "n4")
         let named =

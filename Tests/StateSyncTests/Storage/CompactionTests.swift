@@ -36,4 +36,30 @@ struct CompactionTests {
         try SequenceReservationTests.reopened(path, warnings: &warnings) { try $0.compact(snapshot, keeping: []) }
         #expect(try SequenceReservationTests.reopened(path, warnings: &warnings).deltas.isEmpty)
     }
+
+    /// Appendix A: a node that recovers its own deltas after it dropped its state writes `SSNAP4`,
+    /// which keeps that recovery through a restart (a real data directory); any other writes
+    /// `SSNAP3` as before, which an older node still reads.
+    @Test func theOwnRecoveryIsInTheFileOnlyWhileItLasts() throws {
+        let path = temporaryDirectory("own-recovery")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        var warnings: [String] = []
+        for recovery in [
+            StateSnapshot.OwnRecovery(through: 40, recovered: nil),
+            StateSnapshot.OwnRecovery(through: 40, recovered: 0),
+            StateSnapshot.OwnRecovery(through: 40, recovered: 33),
+        ] {
+            let snapshot = StateSnapshot(
+                store: ReplicaStore(), latestSequence: 45, progress: ["n1": 45], ownRecovery: recovery)
+            #expect(StateSnapshot.encode(snapshot).starts(with: Array("SSNAP4\n".utf8)))
+            try SequenceReservationTests.reopened(path, warnings: &warnings) { try $0.compact(snapshot, keeping: []) }
+            let read = try SequenceReservationTests.reopened(path, warnings: &warnings).snapshot
+            #expect(read?.ownRecovery == recovery)
+            #expect(read?.progress == ["n1": 45] && read?.latestSequence == 45)
+        }
+        let plain = StateSnapshot(store: ReplicaStore(), latestSequence: 45, progress: ["n1": 45])
+        #expect(StateSnapshot.encode(plain).starts(with: Array("SSNAP3\n".utf8)))
+        #expect(try StateSnapshot.decode(StateSnapshot.encode(plain)).ownRecovery == nil)
+        #expect(warnings.isEmpty)
+    }
 }

@@ -192,14 +192,15 @@ extension NodeMachine {
                 try authorize(identity, write: false, channel: address.channel)
                 reply(client, .ok, id, ClientProtocol.encodeProperties(store.properties(of: address)))
             case .watch:
-                let (channel, cursor, onLag, filter, batchedEvents) = try ClientProtocol.decodeWatchRequest(body)
-                try Names.validateChannel(channel)
-                try authorize(identity, write: false, channel: channel)
+                let watch = try ClientProtocol.decodeWatchRequest(body)
+                try Names.validateChannel(watch.channel)
+                try authorize(identity, write: false, channel: watch.channel)
                 // OK first: the watch's events (snapshot, deltas, markers) follow it.
                 reply(client, .ok, id, [])
                 addWatch(
-                    WatchKey(client: client, requestID: id), channel: channel, from: cursor, onLag: onLag,
-                    identity: identity, filter: filter, batchedEvents: batchedEvents)
+                    WatchKey(client: client, requestID: id), channel: watch.channel, from: watch.cursor,
+                    onLag: watch.onLag, identity: identity, filter: watch.filter, batchedEvents: watch.batchedEvents,
+                    takesResets: watch.takesResets)
             case .unwatch:
                 var reader = WireReader(body)
                 let watchID = try reader.uint64("watch id")
@@ -243,7 +244,11 @@ extension NodeMachine {
                     if let paged {
                         snapshotPage(for: client, after: paged.after, maximumOctets: paged.maximumOctets)
                     } else {
-                        StateSnapshot.encode(snapshot)
+                        // What it recovers of its own deltas is its own business (Appendix A).
+                        StateSnapshot.encode(
+                            StateSnapshot(
+                                store: store, latestSequence: nextSequence - 1,
+                                progress: origins.mapValues(\.contiguous)))
                     }
                 replyOnceOwnWritesAreDurable(
                     client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: body))

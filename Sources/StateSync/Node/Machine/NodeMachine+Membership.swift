@@ -135,9 +135,17 @@ extension NodeMachine {
         collection = CollectionState()
         repair.needsSnapshot = true
         repair.fetches = [:]
+        // Its own deltas a peer gets after serving the snapshot taken are fetched back from it.
+        repair.ownRecovery = latest > 0 ? OwnRecovery(through: latest) : nil
+        // Durable at once (unless a sync runs: then at the next repair round), before the node's
+        // entry saying it is alive again is saved: a restart in between would keep what it held.
         durability.compactionPending = true
+        if durability.syncRequested == nil { compact() }
         counters.resyncs += 1
-        resyncWatches(of: Set(watches.order.compactMap { watches[$0]?.channel }))
+        // A watch that takes resets gets one once the peer's snapshot is merged (its client may
+        // hold writes given up here); the others are resynced as before, merging.
+        for key in watches.order where watches[key]?.takesResets == true { watches[key]?.resetDue = true }
+        resyncWatches(of: Set(watches.order.compactMap { watches[$0]?.channel }), merged: false)
         logger.warning(
             "this node was forgotten while away: dropping its state and taking a peer's snapshot (deletions it missed may have been collected; its writes no peer holds are given up)",
             metadata: ["forgotten.by": "\(forgetter)", "sequence": "\(latest)"])

@@ -37,6 +37,20 @@ extension NodeMachine {
         /// The streamed SNAPSHOTs being served, by requester (routing id): the model order
         /// fixed at the first page (section 10.9). At most ``NodeMachine/servedSnapshotLimit``.
         var serving: [[UInt8]: ServedSnapshot] = [:]
+        /// This node's own deltas published before it dropped its state (it was forgotten,
+        /// section 7.5), which may reach a peer after the peer served the snapshot it took.
+        var ownRecovery: OwnRecovery?
+    }
+
+    /// Own deltas 1...`through` were numbered before this node dropped its state, which covers
+    /// them without holding them. Those through `recovered` are in its state again: what the
+    /// first snapshot merged since held (`nil` until then), and what was fetched back since from
+    /// peers that report holding more (section 7.5).
+    struct OwnRecovery: Sendable {
+        let through: UInt64
+        var recovered: UInt64?
+        /// The FETCH in flight.
+        var fetch: Outstanding?
     }
 
     /// A streamed SNAPSHOT being received: its peer, the cursor of the next page, the progress
@@ -133,9 +147,11 @@ extension NodeMachine {
             // Prefer peers whose last heartbeat shows they hold what this node lacks: a snapshot
             // from a peer that lacks it too would cover nothing.
             let gaps = origins.compactMapValues(\.firstGap)
+            let ownRecovered = repair.ownRecovery?.recovered
             let holders = usable.filter { peer in
                 let progress = peers[peer]?.progress ?? [:]
                 return gaps.allSatisfy { origin, gap in (progress[origin] ?? 0) >= gap.upperBound }
+                    && ownRecovered.map { (progress[configuration.nodeID] ?? 0) > $0 } ?? true
             }
             let choices = holders.isEmpty ? usable : holders
             repair.snapshotRotation += 1
@@ -148,6 +164,7 @@ extension NodeMachine {
             return
         }
         guard repair.snapshot == nil else { return }
+        requestOwnRecovery(usable: usable)
         for origin in origins.keys.sorted() where repair.fetches[origin] == nil {
             guard let gap = origins[origin]?.firstGap else { continue }
             // Prefer the origin itself; otherwise rotate through the connected peers that may
@@ -185,6 +202,77 @@ extension NodeMachine {
                 "fetching missing deltas",
                 metadata: ["peer.id": "\(origin)", "delta.range": "\(range)", "peer.endpoint": "\(peer)"])
         }
+    }
+
+    /// After this node dropped its state (section 7.5): FETCHes back its own deltas a peer's
+    /// HEARTBEAT reports holding beyond those recovered, through the last it had numbered. The
+    /// reset covered them without the deltas, so they are not a gap that repair would see; one
+    /// published just before the reset may reach a peer after the snapshot the node took.
+    private mutating func requestOwnRecovery(usable: [String]) {
+        guard var recovery = repair.ownRecovery, let recovered = recovery.recovered else { return }
+        if let fetch = recovery.fetch {
+            guard fetch.deadline <= now else { return }
+            recovery.fetch = nil  // unanswered: asked again, of a holder in turn
+        }
+        let own = configuration.nodeID
+        let holders = usable.filter { (peers[$0]?.progress[own] ?? 0) > recovered }
+        guard !holders.isEmpty else {
+            repair.ownRecovery = recovery
+            return
+        }
+        repair.rotation += 1
+        let peer = holders[repair.rotation % holders.count]
+        let range = Self.limited(recovered + 1...min(peers[peer]?.progress[own] ?? 0, recovery.through))
+        let id = nextRepairID()
+        recovery.fetch = Outstanding(peer: peer, requestID: id, deadline: now + Self.repairTimeout, range: range)
+        repair.ownRecovery = recovery
+        counters.repairRequests += 1
+        actions.append(
+            .sendRepairRequest(
+                peer: peer, requestID: id,
+                frames: ClientProtocol.encodeRequest(
+                    .fetch, id: id, body: ClientProtocol.encodeFetch(origin: own, range: range))))
+        logger.info(
+            "fetching back own deltas a peer holds that this node dropped with its state",
+            metadata: ["delta.range": "\(range)", "peer.endpoint": "\(peer)"])
+    }
+
+    /// The answer to ``requestOwnRecovery(usable:)``'s FETCH: the own deltas it returns are
+    /// merged again (their numbers stay covered: they are not recorded, and watches of their
+    /// channels are resynced, as after a snapshot). A peer that no longer holds them as deltas
+    /// holds them in its state: a snapshot is asked for, from a peer that holds them.
+    private mutating func takeRecoveredOwn(
+        kind: ClientProtocol.ReplyKind, body: [UInt8], asked fetch: Outstanding, from peer: String
+    ) {
+        guard var recovery = repair.ownRecovery, let recovered = recovery.recovered else { return }
+        recovery.fetch = nil
+        repair.ownRecovery = recovery
+        guard kind == .ok, let (deltas, _, _) = try? ClientProtocol.decodeFetched(body) else { return }
+        let own = configuration.nodeID
+        let wanted = deltas.filter { $0.origin == own && fetch.range.contains($0.sequence) }
+            .sorted { $0.sequence < $1.sequence }
+        var through = recovered
+        for delta in wanted where delta.sequence == through + 1 { through = delta.sequence }
+        guard through > recovered else {
+            repair.needsSnapshot = true
+            logger.info(
+                "a peer holds own deltas this node dropped with its state, no longer as deltas; asking for a snapshot",
+                metadata: ["delta.range": "\(fetch.range)", "peer.endpoint": "\(peer)"])
+            return
+        }
+        counters.deltasFetched += wanted.count
+        let changed = mergeRecoveredOwn(wanted)
+        recovery.recovered = through
+        repair.ownRecovery = through >= recovery.through ? nil : recovery
+        // Made durable like a merged snapshot (its numbers are covered: a log replay skips them).
+        repair.mergedSnapshot = true
+        logger.notice(
+            "fetched back own deltas a peer received after this node dropped its state",
+            metadata: [
+                "delta.range": "\(recovered + 1)...\(through)", "peer.endpoint": "\(peer)",
+                "channels.changed": "\(changed.count)",
+            ])
+        resyncWatches(of: changed)
     }
 
     /// Asks the stream's peer for its next page.
@@ -265,6 +353,10 @@ extension NodeMachine {
             return
         }
         if settlingReply(header.requestID, kind: header.kind, body: frames[1], from: peer) { return }
+        if let fetch = repair.ownRecovery?.fetch, fetch.requestID == header.requestID {
+            takeRecoveredOwn(kind: header.kind, body: frames[1], asked: fetch, from: peer)
+            return
+        }
         guard let (origin, outstanding) = repair.fetches.first(where: { $0.value.requestID == header.requestID }) else {
             return  // a late answer to a request already retried
         }
@@ -546,6 +638,12 @@ extension NodeMachine {
             coverWithoutHistory(origin: origin, through: through)
         }
         counters.snapshotsApplied += 1
+        if var recovery = repair.ownRecovery {
+            // What the snapshot holds of this node's own deltas is in its state again.
+            let recovered = max(recovery.recovered ?? 0, progress[configuration.nodeID] ?? 0)
+            recovery.recovered = recovered
+            repair.ownRecovery = recovered >= recovery.through ? nil : recovery
+        }
         if let own = progress[configuration.nodeID], own < UInt64.max {
             nextSequence = max(nextSequence, own + 1)
             // Own deltas a peer held were published long ago (by an earlier run of this node).

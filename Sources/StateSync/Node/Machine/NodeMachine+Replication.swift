@@ -362,7 +362,7 @@ extension NodeMachine {
     /// their bookkeeping looks each up once per run. `account` sees each new delta, with the
     /// writes that won, as it is applied.
     mutating func apply(
-        _ deltas: [Delta], emitters: [UInt64]? = nil,
+        _ deltas: [Delta], emitters: [UInt64]? = nil, recording: Bool = true,
         account: (inout NodeMachine, borrowing Applied) -> Void
     ) -> AppliedDeltas {
         var applied = AppliedDeltas(given: deltas)
@@ -377,7 +377,12 @@ extension NodeMachine {
             }
             var isNew = isNewScratch
             isNewScratch = []
-            record(run: deltas[start..<end], into: &isNew)
+            if recording {
+                record(run: deltas[start..<end], into: &isNew)
+            } else {
+                isNew.removeAll(keepingCapacity: true)
+                isNew.append(contentsOf: repeatElement(true, count: end - start))
+            }
             // Usually every delta of the run is new: merge the run as it is, without a copy.
             let fresh: [Delta]
             let offsets: [Int]?  // of the fresh deltas in `deltas`; nil: start, start + 1, ...
@@ -405,6 +410,23 @@ extension NodeMachine {
             start = end
         }
         return applied
+    }
+
+    /// Merges own deltas fetched back after this node dropped its state (section 7.5). Their
+    /// numbers are covered already (the reset covered them without the deltas): they are merged,
+    /// delivered to live models and logged, not recorded (neither the history nor the journal
+    /// gets them; the caller resyncs the watches of their channels). Returns those channels.
+    mutating func mergeRecoveredOwn(_ deltas: [Delta]) -> Set<String> {
+        let applied = apply(deltas, recording: false) { machine, applied in
+            if applied.wonAny { machine.counters.deltasApplied += 1 }
+        }
+        deliver(applied)
+        appendToLog(applied, mustSucceed: false)
+        var changed = Set<String>()
+        for index in applied.indices where applied.entries[index].wonAny {
+            changed.insert(applied[delta: index].channel)
+        }
+        return changed
     }
 
     /// Test-only fault (``NodeFaults/dropRemoteDeltasShare``): silently discards a share of

@@ -77,6 +77,11 @@ extension NodeMachine {
         var onLag: ClientProtocol.LagPolicy = .resync
         /// The client takes several DELTA events in one message (WATCH flag bit 3).
         var batchedEvents = false
+        /// The client replaces what it holds with a snapshot of reason `reset` (WATCH flag bit 4).
+        var takesResets = false
+        /// This node dropped its state since the watch began (it was forgotten, section 7.5):
+        /// the watch is sent a `reset` snapshot once a peer's snapshot is merged.
+        var resetDue = false
         /// The watch lagged with the "end" policy: its ERROR is still to be sent.
         var ending = false
         var position: WatchPosition
@@ -133,16 +138,27 @@ extension NodeMachine {
 
     mutating func addWatch(
         _ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy,
-        identity: String? = nil, filter: ClientProtocol.WatchFilter? = nil, batchedEvents: Bool = false
+        identity: String? = nil, filter: ClientProtocol.WatchFilter? = nil, batchedEvents: Bool = false,
+        takesResets: Bool = false
     ) {
         var watch = Watch(
             channel: channel, filter: filter, identity: identity, onLag: onLag, batchedEvents: batchedEvents,
-            position: WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
+            takesResets: takesResets, position: WatchPosition(journalIndex: 0, cursor: cursor ?? WatchCursor()))
         if let cursor {
             if let position = resumePosition(after: cursor) {
                 watch.position = position
             } else {
                 watch.pendingSnapshot = .historyGone
+            }
+            // This node dropped its state (section 7.5) and the cursor may cover own writes it
+            // gave up: a client that takes resets gets one (once the peer's snapshot is merged).
+            if takesResets, let recovery = repair.ownRecovery {
+                let own = cursor[configuration.nodeID]
+                if recovery.recovered == nil {
+                    watch.resetDue = true
+                } else if let recovered = recovery.recovered, own > recovered, own <= recovery.through {
+                    watch.pendingSnapshot = .reset
+                }
             }
         } else {
             watch.pendingSnapshot = .initial
@@ -165,12 +181,20 @@ extension NodeMachine {
     }
 
     /// Watches of `channels` get a resync snapshot: their state changed without deltas (a peer's
-    /// snapshot was merged), which the journal cannot show them.
-    mutating func resyncWatches(of channels: Set<String>) {
+    /// snapshot was merged, `merged`, or this node dropped its state), which the journal cannot
+    /// show them. A watch due a reset (``Watch/resetDue``) waits for the merge, then gets a
+    /// `reset` snapshot whatever its channel: what its client holds may be gone from the node.
+    mutating func resyncWatches(of channels: Set<String>, merged: Bool = true) {
         for key in watches.order {
-            guard let watch = watches[key], channels.contains(watch.channel), watch.pendingSnapshot == nil else {
+            guard var watch = watches[key] else { continue }
+            if watch.resetDue {
+                guard merged else { continue }
+                watch.resetDue = false
+                if watch.pendingSnapshot != .initial { watch.pendingSnapshot = .reset }
+                watches[key] = watch
                 continue
             }
+            guard channels.contains(watch.channel), watch.pendingSnapshot == nil else { continue }
             watches[key]?.pendingSnapshot = .lagged
         }
     }

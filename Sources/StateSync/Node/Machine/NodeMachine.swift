@@ -199,6 +199,12 @@ package struct NodeMachine: Sendable {
             for (origin, through) in snapshot.progress.sorted(by: { $0.key < $1.key }) {
                 coverWithoutHistory(origin: origin, through: through)
             }
+            // It had dropped its state (section 7.5): what it still recovers goes on, and a
+            // peer's snapshot it had not merged yet is asked for again.
+            if let own = snapshot.ownRecovery {
+                repair.ownRecovery = OwnRecovery(through: own.through, recovered: own.recovered)
+                if own.recovered == nil { repair.needsSnapshot = true }
+            }
         }
         // The member list saved by an earlier run: a restarted node knows every member it knew,
         // which its collection of deletions relies on (section 8.4). Its own entry is written
@@ -603,7 +609,10 @@ package struct NodeMachine: Sendable {
     /// to serve.
     package var snapshot: StateSnapshot {
         StateSnapshot(
-            store: store, latestSequence: nextSequence - 1, progress: origins.mapValues(\.contiguous))
+            store: store, latestSequence: nextSequence - 1, progress: origins.mapValues(\.contiguous),
+            ownRecovery: repair.ownRecovery.map {
+                StateSnapshot.OwnRecovery(through: $0.through, recovered: $0.recovered)
+            })
     }
 }
 
