@@ -52,7 +52,8 @@ extension StateSnapshot {
         w.uint64(snapshot.store.collectedThrough)
         if let recovery = snapshot.ownRecovery {
             w.varint(recovery.through)
-            w.varint(recovery.recovered.map { $0 == .max ? $0 : $0 + 1 } ?? 0)
+            // Recovered stays below through (a recovery that reaches it ends): no overflow.
+            w.varint(recovery.recovered.map { $0 + 1 } ?? 0)
         }
         writeProgress(snapshot.progress, to: &w)
         // Sorted, so equal states write equal files.
@@ -79,6 +80,10 @@ extension StateSnapshot {
         if layout == recoveringMagic {
             let through = try r.varint("own recovery through")
             let recovered = try r.varint("own recovery recovered")
+            guard through > 0, recovered <= through else {
+                throw .invalid(
+                    field: "own recovery", reason: "recovered \(recovered) - 1 is not below through \(through)")
+            }
             ownRecovery = OwnRecovery(through: through, recovered: recovered == 0 ? nil : recovered - 1)
         }
         let progress = try readProgress(&r)

@@ -304,7 +304,9 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1, "fetched back, not a second snapshot")
         // The watch on n2 was reset to the snapshot, then resynced with the write fetched back.
         var session = WatchSession(replica: ChannelReplica(channel: "c"))
-        for event in cluster.nodes[1].events(watch: 5) { _ = try session.handle(event, from: "n2") }
+        var events: [WatchEvent] = []
+        for event in cluster.nodes[1].events(watch: 5) { events += try session.handle(event, from: "n2") }
+        #expect(events.contains { if case .resyncStarted(.reset) = $0 { true } else { false } })
         #expect(session.replica.properties(of: "m")["x"]?.version == written)
     }
 

@@ -61,5 +61,10 @@ struct CompactionTests {
         #expect(StateSnapshot.encode(plain).starts(with: Array("SSNAP3\n".utf8)))
         #expect(try StateSnapshot.decode(StateSnapshot.encode(plain)).ownRecovery == nil)
         #expect(warnings.isEmpty)
+        // A recovery at or past its end is not a recovery: the file is refused, not trusted.
+        let past = StateSnapshot(
+            store: ReplicaStore(), latestSequence: 45,
+            ownRecovery: StateSnapshot.OwnRecovery(through: 40, recovered: 40))
+        #expect(throws: WireError.self) { try StateSnapshot.decode(StateSnapshot.encode(past)) }
     }
 }

@@ -237,6 +237,17 @@ extension NodeMachine {
             case .snapshot:
                 let paged = try SnapshotPage.decodeRequest(body)
                 try authorizeRepair(identity)
+                // A later page of a stream begun before this node dropped its state (section 7.5):
+                // its pages before stand for a state that is gone, so the requester starts over.
+                if repair.servingBeforeReset.remove(client) != nil, paged?.after != nil {
+                    reply(
+                        client, .error, id,
+                        ClientProtocol.encodeError(
+                            .internal,
+                            "this node dropped its state since the first page of this snapshot (it was forgotten): start it over"
+                        ))
+                    break
+                }
                 // A transfer counts once: at its first page, or as one whole reply.
                 if paged == nil || paged?.after == nil { counters.snapshotsServed += 1 }
                 // Held until this node's own writes in it are durable (section 10.9).

@@ -347,6 +347,9 @@ extension NodeMachine {
         durability.durable = max(durability.durable, position)
         durability.lastSync = now
         if let requested = durability.syncRequested, requested <= position { durability.syncRequested = nil }
+        // A reset waits for no other condition (section 7.5): the node is forgotten until it is
+        // written.
+        if resetUnwritten, durability.syncRequested == nil { compact() }
         // With `interval`, what is staged waits for its reservation, not for the sync.
         if configuration.fsync == .always {
             var ready = 0
@@ -397,6 +400,11 @@ extension NodeMachine {
         durability.logSize = DeltaLog.magic.count + kept.count
         durability.keptBytes = kept.count
         durability.compactionPending = false
+        // A reset now written: the node says it is alive again (section 7.5).
+        if resetUnwritten {
+            resetUnwritten = false
+            writeOwnEntry(stopping ? .left : .alive)
+        }
     }
 
     /// The log records a compaction keeps: the peers' deltas this node holds above a gap (from

@@ -77,7 +77,9 @@ extension NodeMachine {
             guard let own = ownEntry, own.version < member.version || (own.version == member.version && own != member)
             else { return }
             clock.advance(past: member.version)
-            writeOwnEntry(stopping ? .left : .alive)
+            // Not before a reset is written: once peers hear it is alive the forget is gone from
+            // the cluster, and a restart would come back with what it dropped.
+            if !resetUnwritten { writeOwnEntry(stopping ? .left : .alive) }
             return
         }
         guard membership.merge(member) else { return }
@@ -135,12 +137,19 @@ extension NodeMachine {
         collection = CollectionState()
         repair.needsSnapshot = true
         repair.fetches = [:]
+        // A snapshot being taken or served stands for the state dropped: taken again, and a
+        // requester's next page refused (it starts over).
+        repair.stream = nil
+        repair.snapshot = nil
+        repair.servingBeforeReset.formUnion(repair.serving.keys)
+        repair.serving = [:]
         // Its own deltas a peer gets after serving the snapshot taken are fetched back from it.
         repair.ownRecovery = latest > 0 ? OwnRecovery(through: latest) : nil
-        // Durable at once (unless a sync runs: then at the next repair round), before the node's
-        // entry saying it is alive again is saved: a restart in between would keep what it held.
+        // Written at once, before the node says it is alive again (then the cluster no longer
+        // says it was forgotten: a restart before would keep what it held). Unless a sync runs
+        // (a host that syncs in the background): then once it ends.
         durability.compactionPending = true
-        if durability.syncRequested == nil { compact() }
+        if durability.syncRequested == nil { compact() } else { resetUnwritten = true }
         counters.resyncs += 1
         // A watch that takes resets gets one once the peer's snapshot is merged (its client may
         // hold writes given up here); the others are resynced as before, merging.
@@ -184,7 +193,10 @@ extension NodeMachine {
         guard id != configuration.nodeID else { return }
         // Its endpoint, and any other where it was heard or configured by id.
         let endpoints = peerEndpoints.filter { $0 == publish || linkedID(of: $0) == id }
+        // A configured peer that left may come back (a forgotten one is gone for good).
+        if state == .forgotten { droppedConfiguredPeers = droppedConfiguredPeers.filter { $0.value != id } }
         for endpoint in endpoints {
+            if state == .left, configuration.peers.contains(endpoint) { droppedConfiguredPeers[endpoint] = id }
             if let heard = peers[endpoint]?.lastMessageAt {
                 departedLastHeard[id] = max(departedLastHeard[id] ?? 0, heard)
             }
@@ -253,6 +265,25 @@ extension NodeMachine {
         logger.info(
             "linked to a member learned from the member list",
             metadata: ["member": "\(member.id)", "publish": "\(publish)"])
+    }
+
+    /// The node links to no peer: every one it had left or was forgotten (section 7.5). It hears
+    /// no member list, and no one may link to it (a node forgotten while it was cut off never
+    /// learns it). It dials again its configured peers whose members left (not those forgotten):
+    /// when one is back, its HEARTBEATs bring the list (one that never comes back stays a silent
+    /// link).
+    mutating func relinkConfiguredPeers() {
+        for (endpoint, id) in droppedConfiguredPeers.sorted(by: { $0.key < $1.key }) {
+            if configuration.security != nil, !admittedPeers.contains(id) { continue }
+            peerEndpoints.append(endpoint)
+            learnedPeerIDs[endpoint] = id
+            peers[endpoint] = PeerProgress()
+            actions.append(.connectPeer(endpoint: endpoint, node: id))
+        }
+        logger.warning(
+            "this node linked to no peer (each left or was forgotten): dialling again its configured peers that left",
+            metadata: ["peers": "\(droppedConfiguredPeers.keys.sorted().joined(separator: ","))"])
+        droppedConfiguredPeers = [:]
     }
 
     /// Links every alive member not linked yet: after a reload that may trust new keys.

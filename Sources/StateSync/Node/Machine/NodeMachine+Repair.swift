@@ -37,6 +37,10 @@ extension NodeMachine {
         /// The streamed SNAPSHOTs being served, by requester (routing id): the model order
         /// fixed at the first page (section 10.9). At most ``NodeMachine/servedSnapshotLimit``.
         var serving: [[UInt8]: ServedSnapshot] = [:]
+        /// Requesters of streamed SNAPSHOTs begun before this node dropped its state (section
+        /// 7.5): their next page is refused, so that they start over (the pages before stand for
+        /// a state that is gone).
+        var servingBeforeReset: Set<[UInt8]> = []
         /// This node's own deltas published before it dropped its state (it was forgotten,
         /// section 7.5), which may reach a peer after the peer served the snapshot it took.
         var ownRecovery: OwnRecovery?

@@ -87,6 +87,9 @@ extension NodeMachine {
         var position: WatchPosition
         /// A snapshot (and why) still to send before any delta.
         var pendingSnapshot: ClientProtocol.SnapshotReason?
+        /// A snapshot was asked for while one was on its way, which stands for a state gone since
+        /// (a peer's snapshot merged, a reset): it is sent again once that one is taken.
+        var snapshotAgain = false
         var caughtUpSent = false
         var lastMarker: UInt64 = 0
         var lagging = false
@@ -187,14 +190,24 @@ extension NodeMachine {
     mutating func resyncWatches(of channels: Set<String>, merged: Bool = true) {
         for key in watches.order {
             guard var watch = watches[key] else { continue }
+            let snapshotOnItsWay = if case .snapshot = watch.inFlight { true } else { false }
             if watch.resetDue {
                 guard merged else { continue }
                 watch.resetDue = false
-                if watch.pendingSnapshot != .initial { watch.pendingSnapshot = .reset }
+                // A new watch's initial snapshot not yet built holds the merged state already.
+                if watch.pendingSnapshot != .initial || snapshotOnItsWay { watch.pendingSnapshot = .reset }
+                if snapshotOnItsWay { watch.snapshotAgain = true }
                 watches[key] = watch
                 continue
             }
-            guard channels.contains(watch.channel), watch.pendingSnapshot == nil else { continue }
+            guard channels.contains(watch.channel) else { continue }
+            if snapshotOnItsWay {
+                watch.snapshotAgain = true
+                if watch.pendingSnapshot == .initial { watch.pendingSnapshot = .lagged }
+                watches[key] = watch
+                continue
+            }
+            guard watch.pendingSnapshot == nil else { continue }
             watches[key]?.pendingSnapshot = .lagged
         }
     }
@@ -369,10 +382,13 @@ extension NodeMachine {
                 return
             }
         case .snapshot(let position, let events):
-            // A snapshot cut short is sent again whole (the client restarts it at its begin).
+            // A snapshot cut short is sent again whole (the client restarts it at its begin), of
+            // the state then; so is one whose state changed while it was on its way.
+            let again = watch.snapshotAgain
+            watch.snapshotAgain = false
             if accepted == events {
                 watch.position = position
-                watch.pendingSnapshot = nil
+                if !again { watch.pendingSnapshot = nil }
                 watch.caughtUpSent = false
                 complete = true
             }

@@ -54,6 +54,9 @@ package struct NodeMachine: Sendable {
     var learnedPeerIDs: [String: String] = [:]
     /// When each member whose links were dropped (it left, or was forgotten) was last heard.
     var departedLastHeard: [String: UInt64] = [:]
+    /// Configured peer endpoints whose links were dropped because their member left (not
+    /// forgotten), with that member's id: dialled again if the node is left linked to no peer.
+    var droppedConfiguredPeers: [String: String] = [:]
     /// A peer's member list held this node's entry of this start: it is in the cluster, and a
     /// forget it hears of from now on was made while it ran.
     var ownEntryAcknowledged = false
@@ -67,6 +70,10 @@ package struct NodeMachine: Sendable {
     var earlierOwnEntry: Membership.Member?
     /// The version of the forget this node resynced after (it does so once per forget).
     var resyncedAfterForget: Version?
+    /// The state this node dropped after a forget (section 7.5) is not in its snapshot file yet
+    /// (a sync was running, which only a host that syncs in the background has): its entry
+    /// saying it is alive again waits for it (``compact()`` writes both).
+    var resetUnwritten = false
     /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
     var lastAnnounce: [String: UInt64] = [:]
     var announcesInFlight: [UInt64: String] = [:]
@@ -461,6 +468,9 @@ package struct NodeMachine: Sendable {
     /// too, quietly: with security, a peer that rotated its key pair is reached only by dialling
     /// its other trusted key, which the transport does for a link that never delivered anything.
     mutating func checkPeerLinks() {
+        if peerEndpoints.isEmpty, !droppedConfiguredPeers.isEmpty, !stopping, refusal == nil {
+            relinkConfiguredPeers()
+        }
         for endpoint in peerEndpoints {
             guard let progress = peers[endpoint], let last = progress.lastMessageAt else {
                 guard let since = unheardLinkSince[endpoint] else {
