@@ -291,14 +291,8 @@ struct CollectionMachineTests {
     @Test func aWriteOnItsWayWhenTheNodeDropsItsStateComesBackToIt() throws {
         var cluster = Cluster(["n1", "n2"])
         let written = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: 5)
-        var routed = cluster.nodes[1].repairRequests.count
         // Then the write reaches n1, and everything is exchanged for a while.
-        cluster.deliver(from: 1, to: 0)
-        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.version == written)
-        for _ in 0..<20 {
-            cluster.exchange(rounds: 1)
-            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
-        }
+        Self.deliverTheWriteAndExchange(&cluster, written, rounds: 20)
         #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.version == written)
         #expect(cluster.nodes[1].machine.repair.ownRecovery == nil, "recovered through the last own sequence")
         #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1, "fetched back, not a second snapshot")
@@ -315,19 +309,13 @@ struct CollectionMachineTests {
     @Test func aWriteOnItsWayComesBackInASnapshotOnceThePeersHistoryDroppedIt() throws {
         var cluster = Cluster(["n1", "n2"], historyDeltas: 2)
         let written = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: nil)
-        var routed = cluster.nodes[1].repairRequests.count
         // n2 writes on after its reset; n1 gets the write on its way, then those, which push it
         // out of n1's history of n2's deltas before n2 asks for it.
         for value in 0..<4 {
             _ = cluster.set(on: 1, 40 + UInt64(value), [PropertyWrite(name: "y", value: .int(Int64(value)))])
             cluster.nodes[1].advance(100)
         }
-        cluster.deliver(from: 1, to: 0)
-        #expect(cluster.nodes[0].machine.store.properties(of: Self.address)["x"]?.version == written)
-        for _ in 0..<30 {
-            cluster.exchange(rounds: 1)
-            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
-        }
+        Self.deliverTheWriteAndExchange(&cluster, written, rounds: 30)
         #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.version == written)
         #expect(cluster.nodes[1].machine.repair.ownRecovery == nil)
         #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 2, "the reset's snapshot, then the holder's")
@@ -339,13 +327,7 @@ struct CollectionMachineTests {
     /// that did not ask gets `lagged`, which its client merges: it keeps what was given up.
     @Test func aResetReplacesWhatTheWatchHeldAndOnlyForWatchesThatAskForIt() throws {
         var cluster = Cluster(["n1", "n2"])
-        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: "kept")])
-        cluster.exchange(rounds: 2)
-        _ = cluster.nodes[1].request(
-            .watch, id: 5, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
-        _ = cluster.nodes[1].request(.watch, id: 6, ClientProtocol.encodeWatch(channel: "c", from: nil))
-        let accepted = cluster.forgetCutOffNode(1)
-        #expect(accepted, "FORGET accepted")
+        Self.keepOnN1ThenForgetN2(&cluster, resetting: 5, merging: 6)
         // n2, cut off, takes writes that never reach n1: they are given up at its reset.
         _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up"), PropertyWrite(name: "z", value: 1)])
         cluster.nodes[1].advance(100)
@@ -388,12 +370,7 @@ struct CollectionMachineTests {
     /// gave up) gets the reset once the snapshot is merged.
     @Test func aRestartBeforeThePeersSnapshotKeepsTheResetGoing() throws {
         var cluster = Cluster(["n1", "n2"])
-        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: "kept")])
-        cluster.exchange(rounds: 2)
-        _ = cluster.nodes[1].request(
-            .watch, id: 5, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
-        let accepted = cluster.forgetCutOffNode(1)
-        #expect(accepted, "FORGET accepted")
+        Self.keepOnN1ThenForgetN2(&cluster, resetting: 5, merging: nil)
         _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up")])
         cluster.nodes[1].advance(100)
         cluster.delivered[1][0] = cluster.nodes[1].published.count
@@ -433,6 +410,32 @@ struct CollectionMachineTests {
         #expect(events.contains { if case .resyncStarted(.reset) = $0 { true } else { false } })
         #expect(session.replica.properties(of: "m")["x"]?.value == "kept")
         #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.value == "kept")
+    }
+
+    /// n1 writes x = "kept", which n2 gets; n2 opens a watch that takes resets (`resetting`)
+    /// and, with `merging`, one that does not; then n2 is cut off and forgotten on n1.
+    static func keepOnN1ThenForgetN2(_ cluster: inout Cluster, resetting: UInt64, merging: UInt64?) {
+        _ = cluster.set(on: 0, 1, [PropertyWrite(name: "x", value: "kept")])
+        cluster.exchange(rounds: 2)
+        _ = cluster.nodes[1].request(
+            .watch, id: resetting, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        if let merging {
+            _ = cluster.nodes[1].request(.watch, id: merging, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        }
+        let accepted = cluster.forgetCutOffNode(1)
+        #expect(accepted, "FORGET accepted")
+    }
+
+    /// Hands n1 what n2 published (the write on its way, `written`, first), then exchanges
+    /// `rounds` rounds, routing n2's repair requests to n1.
+    static func deliverTheWriteAndExchange(_ cluster: inout Cluster, _ written: Version, rounds: Int) {
+        var routed = cluster.nodes[1].repairRequests.count
+        cluster.deliver(from: 1, to: 0)
+        #expect(cluster.nodes[0].machine.store.properties(of: address)["x"]?.version == written)
+        for _ in 0..<rounds {
+            cluster.exchange(rounds: 1)
+            routed = routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
     }
 
     /// n2 is cut off and forgotten on n1, then takes and publishes a write (returned): it is on

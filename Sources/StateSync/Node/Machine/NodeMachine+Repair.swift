@@ -193,15 +193,7 @@ extension NodeMachine {
                 peer = candidates[repair.rotation % candidates.count]
             }
             let range = Self.limited(gap)
-            let id = nextRepairID()
-            repair.fetches[origin] = Outstanding(
-                peer: peer, requestID: id, deadline: now + Self.repairTimeout, range: range)
-            counters.repairRequests += 1
-            actions.append(
-                .sendRepairRequest(
-                    peer: peer, requestID: id,
-                    frames: ClientProtocol.encodeRequest(
-                        .fetch, id: id, body: ClientProtocol.encodeFetch(origin: origin, range: range))))
+            repair.fetches[origin] = sendFetch(origin: origin, range: range, to: peer)
             logger.debug(
                 "fetching missing deltas",
                 metadata: ["peer.id": "\(origin)", "delta.range": "\(range)", "peer.endpoint": "\(peer)"])
@@ -227,15 +219,8 @@ extension NodeMachine {
         repair.rotation += 1
         let peer = holders[repair.rotation % holders.count]
         let range = Self.limited(recovered + 1...min(peers[peer]?.progress[own] ?? 0, recovery.through))
-        let id = nextRepairID()
-        recovery.fetch = Outstanding(peer: peer, requestID: id, deadline: now + Self.repairTimeout, range: range)
+        recovery.fetch = sendFetch(origin: own, range: range, to: peer)
         repair.ownRecovery = recovery
-        counters.repairRequests += 1
-        actions.append(
-            .sendRepairRequest(
-                peer: peer, requestID: id,
-                frames: ClientProtocol.encodeRequest(
-                    .fetch, id: id, body: ClientProtocol.encodeFetch(origin: own, range: range))))
         logger.info(
             "fetching back own deltas a peer holds that this node dropped with its state",
             metadata: ["delta.range": "\(range)", "peer.endpoint": "\(peer)"])
@@ -277,6 +262,18 @@ extension NodeMachine {
                 "channels.changed": "\(changed.count)",
             ])
         resyncWatches(of: changed)
+    }
+
+    /// Sends `peer` a FETCH of `origin`'s deltas in `range`; returns it as in flight.
+    private mutating func sendFetch(origin: String, range: ClosedRange<UInt64>, to peer: String) -> Outstanding {
+        let id = nextRepairID()
+        counters.repairRequests += 1
+        actions.append(
+            .sendRepairRequest(
+                peer: peer, requestID: id,
+                frames: ClientProtocol.encodeRequest(
+                    .fetch, id: id, body: ClientProtocol.encodeFetch(origin: origin, range: range))))
+        return Outstanding(peer: peer, requestID: id, deadline: now + Self.repairTimeout, range: range)
     }
 
     /// Asks the stream's peer for its next page.
