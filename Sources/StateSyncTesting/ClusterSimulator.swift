@@ -174,6 +174,8 @@ public struct SimulationReport: Sendable {
     /// state, or held only below writes given up themselves (PROTOCOL.md 7.5): given up by
     /// design, so not checked for loss.
     public var mayBeLostToForget = 0
+    /// How many times a forgotten node was seen dropping its state (the `forget` fault's reset).
+    public var forgottenNodeResets = 0
     /// The checker's findings.
     public var findings: ConvergenceChecker.Findings
     /// Whether every node settled with the same state.
@@ -628,6 +630,7 @@ public enum ClusterSimulator {
             peerBytes: cluster.peerBytesDelivered)
         report.mayBeLostToPowerLoss = mayBeLost
         report.mayBeLostToForget = givenUpByForgets
+        report.forgottenNodeResets = schedule.forgetResyncs.count
         for node in cluster.nodes {
             guard let status = node.host?.status else { continue }
             report.valuesExpired += status.counters["values_expired"] ?? 0
