@@ -312,6 +312,9 @@ extension NodeMachine {
         if let origin = repair.fetches.first(where: { $0.value.requestID == requestID })?.key {
             repair.fetches[origin] = nil
             counters.repairRequests -= 1
+        } else if repair.ownRecovery?.fetch?.requestID == requestID {
+            repair.ownRecovery?.fetch = nil
+            counters.repairRequests -= 1
         }
     }
 
