@@ -32,6 +32,35 @@ struct PhantomSequenceTests {
         }
     }
 
+    /// 7.5: a forgotten member's deltas that no connected peer holds are given up, also below
+    /// one this node received before the forget (simulator seed 2064: n1 held n3's 552nd delta,
+    /// lacked 1...551, and asked for them and for snapshots for ever). No snapshot is asked for.
+    @Test func aForgottenMembersGapNoPeerHoldsIsGivenUp() throws {
+        var node = RepairMachineTests.connectedNode()
+        node.handle(
+            .peerMessage(peer: "inproc://n3", frames: PeerMessage.delta(RepairMachineTests.delta("n3", 3)).encode()))
+        #expect(node.machine.missingDeltas == 2)
+        let forgotten = MembershipMachineTests.member("n3", .forgotten, at: 1_800_000_000_500, by: "n1")
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n1",
+                frames: MembershipMachineTests.heartbeat(
+                    "n1", members: [MembershipMachineTests.member("n1", at: 1_800_000_000_400), forgotten])))
+        #expect(!node.machine.peerEndpoints.contains("inproc://n3"))
+        var answered = 0
+        for _ in 0..<10 where node.machine.missingDeltas > 0 {
+            node.advance(60)
+            answered = try Self.answerEmpty(&node, from: answered, droppedThrough: 0)
+            for peer in ["n1", "n2"] {
+                node.handle(
+                    .peerMessage(peer: "inproc://\(peer)", frames: RepairMachineTests.heartbeat(peer, latest: 0)))
+            }
+        }
+        #expect(node.machine.missingDeltas == 0)
+        #expect(!RepairMachineTests.requests(node).contains { $0.command == .snapshot })
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: "m"))["n"]?.value == 3)
+    }
+
     /// n1 announces 5,000 deltas it never wrote: every peer, n1 included, answers it never held
     /// them; the node stops waiting, counts them, and n1's same claim is not followed again. A
     /// real later delta of n1 still arrives.

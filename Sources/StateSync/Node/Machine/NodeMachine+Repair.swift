@@ -180,6 +180,10 @@ extension NodeMachine {
                 repair.neverHeld[origin] = nil
                 if usable.allSatisfy(neverHeld.contains), usable.contains(where: { connected[$0] == .some(origin) }) {
                     withdrawUnbackedClaims(origin: origin)
+                } else if membership.members[origin]?.state == .forgotten,
+                    !usable.contains(where: { (peers[$0]?.progress[origin] ?? 0) >= gap.lowerBound })
+                {
+                    giveUpForgotten(origin: origin, gap)
                 } else {
                     repair.needsSnapshot = true
                 }
@@ -452,6 +456,26 @@ extension NodeMachine {
             metadata: [
                 "peer.id": "\(origin)", "delta.range": "\(backed + 1)...\(backed + phantom)",
             ])
+    }
+
+    /// A forgotten member's deltas in `gap` that no connected peer holds, as deltas or in its
+    /// state (section 7.5: it is gone for good, and the deltas with it): no longer awaited. This
+    /// node may hold later ones (received before the forget, above the gap); without this it
+    /// would ask for the gap for ever. At most ``maximumFetch`` numbers a round; watches go
+    /// past them as past void ones.
+    mutating func giveUpForgotten(origin: String, _ gap: ClosedRange<UInt64>) {
+        guard var progress = origins[origin] else { return }
+        let range = Self.limited(gap)
+        var taken: [UInt64] = []
+        for sequence in range where progress.receive(sequence) { taken.append(sequence) }
+        origins[origin] = progress
+        guard !taken.isEmpty else { return }
+        rememberVoid(origin: origin, taken)
+        passVoidInWatches(origin: origin, taken)
+        warnLimited(
+            "forgotten-gap",
+            "a forgotten member's deltas that no connected peer holds are given up (it is gone for good)",
+            metadata: ["peer.id": "\(origin)", "delta.range": "\(range)"])
     }
 
     /// One page of the streamed SNAPSHOT: merged at once; the next one asked for, or, after the
