@@ -364,6 +364,41 @@ struct CollectionMachineTests {
         #expect(merging.replica.properties(of: "m")["x"]?.value == "given up", "merged: it keeps what was given up")
     }
 
+    /// 10.5.4: a reset due while a snapshot is on its way to the watch (here its initial one,
+    /// of the state the node dropped) is not lost when the client takes that snapshot: the watch
+    /// is sent the reset after it.
+    @Test func aResetDueWhileASnapshotIsOnItsWayFollowsIt() throws {
+        var cluster = Cluster(["n1", "n2"])
+        Self.keepOnN1ThenForgetN2(&cluster, resetting: 4, merging: nil)
+        _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up")])
+        cluster.nodes[1].advance(100)
+        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        // A new watch on n2: its initial snapshot (with the write n2 gives up) is sent, and the
+        // client has not yet said it took it.
+        cluster.nodes[1].holdsWatchReports = true
+        let from = cluster.nodes[1].sent.count
+        _ = cluster.nodes[1].request(
+            .watch, id: 5, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        cluster.nodes[1].advance(100)
+        #expect(!cluster.nodes[1].heldWatchReports.isEmpty, "the initial snapshot is on its way")
+        // n2 hears of the forget, drops its state and merges n1's snapshot meanwhile.
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        var routed = cluster.nodes[1].repairRequests.count
+        for _ in 0..<10 {
+            cluster.nodes[1].advance(100)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1)
+        cluster.nodes[1].releaseWatchReports()
+        cluster.exchange(rounds: 3)
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        var events: [WatchEvent] = []
+        for event in cluster.nodes[1].events(watch: 5, from: from) { events += try session.handle(event, from: "n2") }
+        #expect(events.contains { if case .resyncStarted(.reset) = $0 { true } else { false } })
+        #expect(session.replica.properties(of: "m")["x"]?.value == "kept")
+    }
+
     /// 7.5 and Appendix A: a node that restarts after it dropped its state, before it merged a
     /// peer's snapshot, goes on: its file (`SSNAP4`) says so, it asks for the snapshot again, and a
     /// watch that resumes with a cursor from before the reset (its client holds a write the node

@@ -55,6 +55,10 @@ struct MachineRunner {
     /// until ``releaseSyncs()``.
     var holdsSyncs = false
     var heldSyncs: [UInt64] = []
+    /// When set, the client's report of what it took of each batch of watch events is held in
+    /// `heldWatchReports` (the events are on their way) until ``releaseWatchReports()``.
+    var holdsWatchReports = false
+    var heldWatchReports: [NodeInput] = []
 
     /// A wall clock tests can move (the node's clock reads it).
     final class Wall: Sendable {
@@ -117,7 +121,8 @@ struct MachineRunner {
                 case .sendWatchEvents(let key, let events):
                     let accepted = min(events.count, clientCapacity)
                     for frames in events.prefix(accepted) { sent.append((key.client, frames)) }
-                    inputs.append(.watchEventsSent(key, accepted: accepted, clientGone: false))
+                    let report = NodeInput.watchEventsSent(key, accepted: accepted, clientGone: false)
+                    if holdsWatchReports { heldWatchReports.append(report) } else { inputs.append(report) }
                 case .pauseIntake(let paused): intakePaused = paused
                 case .resetPeerLink(let endpoint): linkResets.append(endpoint)
                 case .connectPeer(let endpoint, let node): subscribed.append((endpoint, node))
@@ -134,6 +139,14 @@ struct MachineRunner {
         let positions = heldSyncs
         heldSyncs = []
         for position in positions { handle(.logDurable(through: position)) }
+    }
+
+    /// Reports every held batch of watch events taken, in order, and stops holding them.
+    mutating func releaseWatchReports() {
+        holdsWatchReports = false
+        let reports = heldWatchReports
+        heldWatchReports = []
+        for report in reports { handle(report) }
     }
 
     /// Moves time on by `milliseconds` and ticks.
