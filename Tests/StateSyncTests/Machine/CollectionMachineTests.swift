@@ -329,9 +329,8 @@ struct CollectionMachineTests {
         var cluster = Cluster(["n1", "n2"])
         Self.keepOnN1ThenForgetN2(&cluster, resetting: 5, merging: 6)
         // n2, cut off, takes writes that never reach n1: they are given up at its reset.
-        _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up"), PropertyWrite(name: "z", value: 1)])
-        cluster.nodes[1].advance(100)
-        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        Self.n2WritesWhatN1NeverGets(
+            &cluster, [PropertyWrite(name: "x", value: "given up"), PropertyWrite(name: "z", value: 1)])
         cluster.silent = []
         cluster.deliver(from: 0, to: 1)
         #expect(cluster.nodes[1].machine.counters.resyncs == 1)
@@ -370,9 +369,7 @@ struct CollectionMachineTests {
     @Test func aResetDueWhileASnapshotIsOnItsWayFollowsIt() throws {
         var cluster = Cluster(["n1", "n2"])
         Self.keepOnN1ThenForgetN2(&cluster, resetting: 4, merging: nil)
-        _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up")])
-        cluster.nodes[1].advance(100)
-        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        Self.n2WritesWhatN1NeverGets(&cluster, [PropertyWrite(name: "x", value: "given up")])
         // A new watch on n2: its initial snapshot (with the write n2 gives up) is sent, and the
         // client has not yet said it took it.
         cluster.nodes[1].holdsWatchReports = true
@@ -406,9 +403,7 @@ struct CollectionMachineTests {
     @Test func aRestartBeforeThePeersSnapshotKeepsTheResetGoing() throws {
         var cluster = Cluster(["n1", "n2"])
         Self.keepOnN1ThenForgetN2(&cluster, resetting: 5, merging: nil)
-        _ = cluster.set(on: 1, 31, [PropertyWrite(name: "x", value: "given up")])
-        cluster.nodes[1].advance(100)
-        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        Self.n2WritesWhatN1NeverGets(&cluster, [PropertyWrite(name: "x", value: "given up")])
         var session = WatchSession(replica: ChannelReplica(channel: "c"))
         for event in cluster.nodes[1].events(watch: 5) { _ = try session.handle(event, from: "n2") }
         #expect(session.replica.properties(of: "m")["x"]?.value == "given up", "the client holds the write")
@@ -459,6 +454,13 @@ struct CollectionMachineTests {
         }
         let accepted = cluster.forgetCutOffNode(1)
         #expect(accepted, "FORGET accepted")
+    }
+
+    /// n2 (cut off) takes `writes`, and what it publishes with them never reaches n1.
+    static func n2WritesWhatN1NeverGets(_ cluster: inout Cluster, _ writes: [PropertyWrite]) {
+        _ = cluster.set(on: 1, 31, writes)
+        cluster.nodes[1].advance(100)
+        cluster.delivered[1][0] = cluster.nodes[1].published.count
     }
 
     /// Hands n1 what n2 published (the write on its way, `written`, first), then exchanges
