@@ -237,27 +237,23 @@ package struct WatchSession: Sendable {
             // snapshot lacks was deleted there, and the deletion collected: it goes here too.
             let kind: WatchEvent.Kind = snapshotReason == .initial ? .initial : .resync
             var events: [WatchEvent] = []
-            if snapshotReason == .reset {
-                // Whatever the snapshot lacks is gone from the node (but what the filter keeps
-                // from this watch).
+            // After a reset, whatever the snapshot lacks is gone from the node (but what the
+            // filter keeps from this watch), at any version.
+            let reset = snapshotReason == .reset
+            if reset || collectedThrough > 0 {
                 let filter = self.filter
                 let received = self.received
-                events = replica.drop(
-                    through: .max,
-                    keeping: { key in
-                        received.contains(key) || !(filter?.passes(model: key.model, property: key.property) ?? true)
-                    }
-                ).map { .change(Self.resetRemoval($0), kind: kind, cursor: cursor) }
-                replica.replaceCursor(with: cursor)
-            } else if collectedThrough > 0 {
-                let filter = self.filter
                 let dropped = replica.drop(
-                    through: collectedThrough,
+                    through: reset ? .max : collectedThrough,
                     keeping: { key in
                         received.contains(key) || !(filter?.passes(model: key.model, property: key.property) ?? true)
                     })
-                events = dropped.map { .change($0, kind: kind, cursor: replica.cursor) }
+                events =
+                    reset
+                    ? dropped.map { .change(Self.resetRemoval($0), kind: kind, cursor: cursor) }
+                    : dropped.map { .change($0, kind: kind, cursor: replica.cursor) }
             }
+            if reset { replica.replaceCursor(with: cursor) }
             received = []
             replica.advance(to: cursor)
             let reason = snapshotReason

@@ -255,11 +255,7 @@ extension NodeMachine {
                     if let paged {
                         snapshotPage(for: client, after: paged.after, maximumOctets: paged.maximumOctets)
                     } else {
-                        // What it recovers of its own deltas is its own business (Appendix A).
-                        StateSnapshot.encode(
-                            StateSnapshot(
-                                store: store, latestSequence: nextSequence - 1,
-                                progress: origins.mapValues(\.contiguous)))
+                        StateSnapshot.encode(servedSnapshot)
                     }
                 replyOnceOwnWritesAreDurable(
                     client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: body))

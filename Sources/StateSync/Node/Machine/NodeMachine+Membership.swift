@@ -144,7 +144,8 @@ extension NodeMachine {
         repair.servingBeforeReset.formUnion(repair.serving.keys)
         repair.serving = [:]
         // Its own deltas a peer gets after serving the snapshot taken are fetched back from it.
-        repair.ownRecovery = latest > 0 ? OwnRecovery(through: latest) : nil
+        repair.ownRecovery = latest > 0 ? StateSnapshot.OwnRecovery(through: latest, recovered: nil) : nil
+        repair.ownRecoveryFetch = nil
         // Written at once, before the node says it is alive again (then the cluster no longer
         // says it was forgotten: a restart before would keep what it held). Unless a sync runs
         // (a host that syncs in the background): then once it ends.

@@ -42,19 +42,12 @@ extension NodeMachine {
         /// a state that is gone).
         var servingBeforeReset: Set<[UInt8]> = []
         /// This node's own deltas published before it dropped its state (it was forgotten,
-        /// section 7.5), which may reach a peer after the peer served the snapshot it took.
-        var ownRecovery: OwnRecovery?
-    }
-
-    /// Own deltas 1...`through` were numbered before this node dropped its state, which covers
-    /// them without holding them. Those through `recovered` are in its state again: what the
-    /// first snapshot merged since held (`nil` until then), and what was fetched back since from
-    /// peers that report holding more (section 7.5).
-    struct OwnRecovery: Sendable {
-        let through: UInt64
-        var recovered: UInt64?
-        /// The FETCH in flight.
-        var fetch: Outstanding?
+        /// section 7.5), which may reach a peer after the peer served the snapshot it took: those
+        /// through `recovered` are in its state again (what the first snapshot merged since held,
+        /// and what was fetched back since). Kept in its snapshot file while it lasts.
+        var ownRecovery: StateSnapshot.OwnRecovery?
+        /// The FETCH of own deltas in flight.
+        var ownRecoveryFetch: Outstanding?
     }
 
     /// A streamed SNAPSHOT being received: its peer, the cursor of the next page, the progress
@@ -209,22 +202,17 @@ extension NodeMachine {
     /// reset covered them without the deltas, so they are not a gap that repair would see; one
     /// published just before the reset may reach a peer after the snapshot the node took.
     private mutating func requestOwnRecovery(usable: [String]) {
-        guard var recovery = repair.ownRecovery, let recovered = recovery.recovered else { return }
-        if let fetch = recovery.fetch {
-            guard fetch.deadline <= now else { return }
-            recovery.fetch = nil  // unanswered: asked again, of a holder in turn
-        }
+        guard let recovery = repair.ownRecovery, let recovered = recovery.recovered else { return }
+        // One at a time; one unanswered in time is asked again, of a holder in turn.
+        if let fetch = repair.ownRecoveryFetch, fetch.deadline > now { return }
+        repair.ownRecoveryFetch = nil
         let own = configuration.nodeID
         let holders = usable.filter { (peers[$0]?.progress[own] ?? 0) > recovered }
-        guard !holders.isEmpty else {
-            repair.ownRecovery = recovery
-            return
-        }
+        guard !holders.isEmpty else { return }
         repair.rotation += 1
         let peer = holders[repair.rotation % holders.count]
         let range = Self.limited(recovered + 1...min(peers[peer]?.progress[own] ?? 0, recovery.through))
-        recovery.fetch = sendFetch(origin: own, range: range, to: peer)
-        repair.ownRecovery = recovery
+        repair.ownRecoveryFetch = sendFetch(origin: own, range: range, to: peer)
         logger.info(
             "fetching back own deltas a peer holds that this node dropped with its state",
             metadata: ["delta.range": "\(range)", "peer.endpoint": "\(peer)"])
@@ -237,9 +225,8 @@ extension NodeMachine {
     private mutating func takeRecoveredOwn(
         kind: ClientProtocol.ReplyKind, body: [UInt8], asked fetch: Outstanding, from peer: String
     ) {
-        guard var recovery = repair.ownRecovery, let recovered = recovery.recovered else { return }
-        recovery.fetch = nil
-        repair.ownRecovery = recovery
+        repair.ownRecoveryFetch = nil
+        guard let recovered = repair.ownRecovery?.recovered else { return }
         guard kind == .ok, let (deltas, _, _) = try? ClientProtocol.decodeFetched(body) else { return }
         let own = configuration.nodeID
         let wanted = deltas.filter { $0.origin == own && fetch.range.contains($0.sequence) }
@@ -255,8 +242,7 @@ extension NodeMachine {
         }
         counters.deltasFetched += wanted.count
         let changed = mergeRecoveredOwn(wanted)
-        recovery.recovered = through
-        repair.ownRecovery = through >= recovery.through ? nil : recovery
+        ownRecovered(through: through)
         // Made durable like a merged snapshot (its numbers are covered: a log replay skips them).
         repair.mergedSnapshot = true
         logger.notice(
@@ -266,6 +252,14 @@ extension NodeMachine {
                 "channels.changed": "\(changed.count)",
             ])
         resyncWatches(of: changed)
+    }
+
+    /// This node holds its own deltas again through `sequence` (section 7.5); the recovery ends
+    /// once that reaches the last it had numbered.
+    private mutating func ownRecovered(through sequence: UInt64) {
+        guard var recovery = repair.ownRecovery else { return }
+        recovery.recovered = sequence
+        repair.ownRecovery = sequence >= recovery.through ? nil : recovery
     }
 
     /// Sends `peer` a FETCH of `origin`'s deltas in `range`; returns it as in flight.
@@ -316,8 +310,8 @@ extension NodeMachine {
         if let origin = repair.fetches.first(where: { $0.value.requestID == requestID })?.key {
             repair.fetches[origin] = nil
             counters.repairRequests -= 1
-        } else if repair.ownRecovery?.fetch?.requestID == requestID {
-            repair.ownRecovery?.fetch = nil
+        } else if repair.ownRecoveryFetch?.requestID == requestID {
+            repair.ownRecoveryFetch = nil
             counters.repairRequests -= 1
         }
     }
@@ -361,7 +355,7 @@ extension NodeMachine {
             return
         }
         if settlingReply(header.requestID, kind: header.kind, body: frames[1], from: peer) { return }
-        if let fetch = repair.ownRecovery?.fetch, fetch.requestID == header.requestID {
+        if let fetch = repair.ownRecoveryFetch, fetch.requestID == header.requestID {
             takeRecoveredOwn(kind: header.kind, body: frames[1], asked: fetch, from: peer)
             return
         }
@@ -666,11 +660,9 @@ extension NodeMachine {
             coverWithoutHistory(origin: origin, through: through)
         }
         counters.snapshotsApplied += 1
-        if var recovery = repair.ownRecovery {
-            // What the snapshot holds of this node's own deltas is in its state again.
-            let recovered = max(recovery.recovered ?? 0, progress[configuration.nodeID] ?? 0)
-            recovery.recovered = recovered
-            repair.ownRecovery = recovered >= recovery.through ? nil : recovery
+        // What the snapshot holds of this node's own deltas is in its state again.
+        if let recovery = repair.ownRecovery {
+            ownRecovered(through: max(recovery.recovered ?? 0, progress[configuration.nodeID] ?? 0))
         }
         if let own = progress[configuration.nodeID], own < UInt64.max {
             nextSequence = max(nextSequence, own + 1)

@@ -157,10 +157,10 @@ extension NodeMachine {
             // gave up: a client that takes resets gets one (once the peer's snapshot is merged).
             if takesResets, let recovery = repair.ownRecovery {
                 let own = cursor[configuration.nodeID]
-                if recovery.recovered == nil {
+                if let recovered = recovery.recovered {
+                    if own > recovered, own <= recovery.through { watch.pendingSnapshot = .reset }
+                } else {
                     watch.resetDue = true
-                } else if let recovered = recovery.recovered, own > recovered, own <= recovery.through {
-                    watch.pendingSnapshot = .reset
                 }
             }
         } else {

@@ -208,10 +208,8 @@ package struct NodeMachine: Sendable {
             }
             // It had dropped its state (section 7.5): what it still recovers goes on, and a
             // peer's snapshot it had not merged yet is asked for again.
-            if let own = snapshot.ownRecovery {
-                repair.ownRecovery = OwnRecovery(through: own.through, recovered: own.recovered)
-                if own.recovered == nil { repair.needsSnapshot = true }
-            }
+            repair.ownRecovery = snapshot.ownRecovery
+            if let own = snapshot.ownRecovery, own.recovered == nil { repair.needsSnapshot = true }
         }
         // The member list saved by an earlier run: a restarted node knows every member it knew,
         // which its collection of deletions relies on (section 8.4). Its own entry is written
@@ -620,9 +618,15 @@ package struct NodeMachine: Sendable {
     package var snapshot: StateSnapshot {
         StateSnapshot(
             store: store, latestSequence: nextSequence - 1, progress: origins.mapValues(\.contiguous),
-            ownRecovery: repair.ownRecovery.map {
-                StateSnapshot.OwnRecovery(through: $0.through, recovered: $0.recovered)
-            })
+            ownRecovery: repair.ownRecovery)
+    }
+
+    /// The whole state as a SNAPSHOT reply carries it (section 10.9): what this node still
+    /// recovers of its own deltas is kept in its own file only (Appendix A).
+    var servedSnapshot: StateSnapshot {
+        var whole = snapshot
+        whole.ownRecovery = nil
+        return whole
     }
 }
 
