@@ -401,7 +401,10 @@ extension StateSyncCLI {
                 property after resuming shows old as null, and a change the earlier watch got out \
                 of order (above a gap that was being repaired) can be printed again. If the \
                 node's history no longer reaches back to the cursor, it says so and sends the \
-                current state as a resync instead of skipping anything.
+                current state as a resync instead of skipping anything. If the node drops its \
+                state (it was forgotten while away and came back), it says so too, and its state \
+                replaces what the watch printed: resync lines, values going back to older ones or \
+                away included.
 
                 --state FILE keeps what the watch printed in FILE: started again with the same \
                 FILE, on this node or another, it resumes after the last line printed with exact \
