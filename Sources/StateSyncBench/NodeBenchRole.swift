@@ -163,8 +163,14 @@ public enum NodeBenchRole {
         // Without live models (Mode.models), the node's counter dates the first change (read
         // every millisecond), and the end is when the node holds every change.
         let baseline = node.status.counters["deltas_applied"] ?? 0
-        let limit = Date().addingTimeInterval(options.seconds + 60)
-        while !finished() && Date() < limit {
+        // A reader gives up once it has made no progress for a minute (or after ten minutes in
+        // all): one that shares its cores with other work falls behind the writer by minutes, yet
+        // sees every change in the end (a fixed minute past the run called such runs incomplete).
+        let limit = Date().addingTimeInterval(options.seconds + 600)
+        var progress = (applied: baseline, at: Date())
+        while !finished() && Date() < limit && Date().timeIntervalSince(progress.at) < 60 {
+            let applied = node.status.counters["deltas_applied"] ?? 0
+            if applied != progress.applied { progress = (applied, Date()) }
             if snapshotsAtFirstChange == nil, tally.first.load(ordering: .relaxed) != 0 {
                 snapshotsAtFirstChange = node.status.counters["snapshots_applied"] ?? 0
             }
