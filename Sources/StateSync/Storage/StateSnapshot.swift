@@ -5,8 +5,10 @@ package struct StateSnapshot: Sendable {
     package var latestSequence: UInt64
     /// For each origin, the sequence number through which the store includes its deltas.
     package var progress: [String: UInt64] = [:]
-    /// In a node's own file only (never sent): the recovery of its own deltas after it dropped
-    /// its state (it was forgotten, docs/PROTOCOL.md 7.5), while it lasts.
+    /// In a node's own file only (never sent): the recovery of its own deltas after it last
+    /// dropped its state (it was forgotten, docs/PROTOCOL.md 7.5); once it ended (`recovered`
+    /// is `through`), what remains is that reset's `through`, which resumed watches are
+    /// compared with.
     package var ownRecovery: OwnRecovery?
 
     /// Own deltas 1...`through` were numbered before the node dropped its state; it holds them
@@ -35,8 +37,9 @@ package struct StateSnapshot: Sendable {
 extension StateSnapshot {
     /// The snapshot file's magic: `SSNAP3` adds the horizon of collection after the latest
     /// sequence. A file of the previous layout (`SSNAP2`) is read too (an upgrade). `SSNAP4`
-    /// adds the recovery of the node's own deltas after the horizon, and is written only while
-    /// one lasts (a node that predates it sets such a file aside; a SNAPSHOT reply never has it).
+    /// adds the recovery of the node's own deltas after the horizon, and is written once the
+    /// node has dropped its state (a node that predates it sets such a file aside; a SNAPSHOT
+    /// reply never has it).
     static let magic: [UInt8] = Array("SSNAP3\n".utf8)
     static let previousMagic: [UInt8] = Array("SSNAP2\n".utf8)
     static let recoveringMagic: [UInt8] = Array("SSNAP4\n".utf8)
@@ -52,7 +55,8 @@ extension StateSnapshot {
         w.uint64(snapshot.store.collectedThrough)
         if let recovery = snapshot.ownRecovery {
             w.varint(recovery.through)
-            // Recovered stays below through (a recovery that reaches it ends): no overflow.
+            // Recovered is at most through (equal: the recovery ended, the reset is remembered),
+            // which stays below the greatest sequence number: no overflow.
             w.varint(recovery.recovered.map { $0 + 1 } ?? 0)
         }
         writeProgress(snapshot.progress, to: &w)
@@ -80,9 +84,10 @@ extension StateSnapshot {
         if layout == recoveringMagic {
             let through = try r.varint("own recovery through")
             let recovered = try r.varint("own recovery recovered")
-            guard through > 0, recovered <= through else {
+            // recovered - 1 == through: the recovery ended, and `through` is the last reset.
+            guard through > 0, through < .max, recovered <= through + 1 else {
                 throw .invalid(
-                    field: "own recovery", reason: "recovered \(recovered) - 1 is not below through \(through)")
+                    field: "own recovery", reason: "recovered \(recovered) - 1 is above through \(through)")
             }
             ownRecovery = OwnRecovery(through: through, recovered: recovered == 0 ? nil : recovered - 1)
         }

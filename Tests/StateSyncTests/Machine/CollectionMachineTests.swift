@@ -442,6 +442,114 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.value == "kept")
     }
 
+    /// A watch due a reset gets nothing until the reset: deltas sent meanwhile would move its
+    /// cursor past the reset's own mark while its client still holds what the node gave up, and
+    /// a resume after a restart would then not be told (seed 287 of the forget sweep). The reset
+    /// holds what came meanwhile.
+    @Test func aWatchDueAResetGetsNothingUntilIt() throws {
+        var cluster = Cluster(["n1", "n2"])
+        Self.keepOnN1ThenForgetN2(&cluster, resetting: 5, merging: nil)
+        Self.n2WritesWhatN1NeverGets(&cluster, [PropertyWrite(name: "x", value: "given up")])
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1)
+        let from = cluster.nodes[1].sent.count
+        var routed = cluster.nodes[1].repairRequests.count
+        // n2 writes after the reset, before any peer's snapshot is merged.
+        _ = cluster.set(on: 1, 32, [PropertyWrite(name: "y", value: "after the reset")])
+        cluster.nodes[1].advance(100)
+        #expect(cluster.nodes[1].events(watch: 5, from: from).isEmpty, "held until the reset")
+        for _ in 0..<40 where cluster.nodes[1].machine.counters.snapshotsApplied == 0 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        cluster.nodes[1].advance(100)
+        let events = cluster.nodes[1].events(watch: 5, from: from)
+        #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 1)
+        #expect(cluster.nodes[1].machine.watches[WatchKey(client: [0x53, 1], requestID: 5)]?.resetDue == false)
+        guard case .snapshotBegin(.reset) = try #require(events.first) else {
+            Issue.record("the first event after the hold is not the reset: \(events.prefix(2))")
+            return
+        }
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        for event in cluster.nodes[1].events(watch: 5) { _ = try session.handle(event, from: "n2") }
+        #expect(session.replica.properties(of: "m")["x"]?.value == "kept")
+        #expect(session.replica.properties(of: "m")["y"]?.value == "after the reset")
+    }
+
+    /// A client away while the node reset and recovered, which resumes with its cursor from
+    /// before — after the recovery ended, and again after a restart from the file written then —
+    /// gets a reset, not the journal: it holds a write the node gave up (the simulator's forget
+    /// fault, 3 nodes, 5,000 operations, seeds 152 and 287: a peer's progress covered the
+    /// given-up number, so the recovery ended and the resume was taken as safe).
+    @Test func aCursorFromBeforeTheResetGetsAResetAlsoAfterTheRecoveryEnded() throws {
+        var cluster = Cluster(["n1", "n2"])
+        Self.keepOnN1ThenForgetN2(&cluster, resetting: 5, merging: nil)
+        Self.n2WritesWhatN1NeverGets(&cluster, [PropertyWrite(name: "x", value: "given up")])
+        // What the client got before it went away (its replica is a class: each resume below
+        // starts from a copy of its own, rebuilt from these events).
+        let seen = cluster.nodes[1].events(watch: 5)
+        func away() throws -> WatchSession {
+            var session = WatchSession(replica: ChannelReplica(channel: "c"))
+            for event in seen { _ = try session.handle(event, from: "n2") }
+            return session
+        }
+        #expect(try away().replica.properties(of: "m")["x"]?.value == "given up", "the client holds the write")
+        // n2 hears of the forget, drops its state and recovers, until the recovery ends.
+        cluster.silent = []
+        var routed = (cluster.nodes[0].repairRequests.count, cluster.nodes[1].repairRequests.count)
+        for _ in 0..<40 where cluster.nodes[1].machine.repair.ownRecovery != nil || routed.1 == 0 {
+            cluster.exchange(rounds: 1)
+            routed.0 = Self.routeRepairs(&cluster, from: 0, to: 1, after: routed.0)
+            routed.1 = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed.1)
+        }
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery == nil, "the recovery ended")
+        #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.value == "kept")
+
+        func resume(_ id: UInt64) throws -> WatchSession {
+            var session = try away()
+            let from = cluster.nodes[1].sent.count
+            _ = cluster.nodes[1].request(
+                .watch, id: id,
+                ClientProtocol.encodeWatch(channel: "c", from: session.replica.cursor, takesResets: true))
+            cluster.exchange(rounds: 3)
+            var events: [WatchEvent] = []
+            for event in cluster.nodes[1].events(watch: id, from: from) {
+                events += try session.handle(event, from: "n2")
+            }
+            #expect(
+                events.contains { if case .resyncStarted(.reset) = $0 { true } else { false } },
+                "watch \(id)")
+            #expect(session.replica.properties(of: "m")["x"]?.value == "kept", "watch \(id)")
+            return session
+        }
+        // A cursor given after the reset (and after a write of n2's since) resumes without one.
+        _ = cluster.set(on: 1, 32, [PropertyWrite(name: "y", value: "after")])
+        cluster.exchange(rounds: 2)
+        let fresh = try resume(6)
+        #expect(fresh.replica.cursor["n2"] == 2)
+        let from = cluster.nodes[1].sent.count
+        _ = cluster.nodes[1].request(
+            .watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: fresh.replica.cursor, takesResets: true))
+        cluster.exchange(rounds: 3)
+        #expect(
+            !cluster.nodes[1].events(watch: 7, from: from).contains {
+                if case .snapshotBegin = $0 { true } else { false }
+            }, "a cursor from after the reset resumes from the journal")
+
+        // The file written at the end keeps the reset; the node restarts on it.
+        cluster.nodes[1].handle(.tick(observerBacklog: 0))
+        let written = cluster.nodes[1].machine.snapshot
+        let file = try StateSnapshot.decode(StateSnapshot.encode(written))
+        #expect(file.ownRecovery == StateSnapshot.OwnRecovery(through: 1, recovered: 1))
+        var recovery = NodeMachine.Recovery(snapshot: file)
+        recovery.members = try Membership.decodeFile(try #require(cluster.nodes[1].savedMembers))
+        cluster.restart(1, on: recovery)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery == nil && !cluster.nodes[1].machine.repair.needsSnapshot)
+        _ = try resume(8)
+    }
+
     /// n1 writes x = "kept", which n2 gets; n2 opens a watch that takes resets (`resetting`)
     /// and, with `merging`, one that does not; then n2 is cut off and forgotten on n1.
     static func keepOnN1ThenForgetN2(_ cluster: inout Cluster, resetting: UInt64, merging: UInt64?) {

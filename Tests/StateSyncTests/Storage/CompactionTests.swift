@@ -37,10 +37,10 @@ struct CompactionTests {
         #expect(try SequenceReservationTests.reopened(path, warnings: &warnings).deltas.isEmpty)
     }
 
-    /// Appendix A: a node that recovers its own deltas after it dropped its state writes `SSNAP4`,
-    /// which keeps that recovery through a restart (a real data directory); any other writes
-    /// `SSNAP3` as before, which an older node still reads.
-    @Test func theOwnRecoveryIsInTheFileOnlyWhileItLasts() throws {
+    /// Appendix A: a node that dropped its state writes `SSNAP4`, which keeps its recovery through
+    /// a restart (a real data directory), and once the recovery ended the reset it remembers
+    /// (recovered = through); any other writes `SSNAP3` as before, which an older node still reads.
+    @Test func theOwnRecoveryAndTheLastResetAreInTheFile() throws {
         let path = temporaryDirectory("own-recovery")
         defer { try? FileManager.default.removeItem(atPath: path) }
         var warnings: [String] = []
@@ -48,6 +48,7 @@ struct CompactionTests {
             StateSnapshot.OwnRecovery(through: 40, recovered: nil),
             StateSnapshot.OwnRecovery(through: 40, recovered: 0),
             StateSnapshot.OwnRecovery(through: 40, recovered: 33),
+            StateSnapshot.OwnRecovery(through: 40, recovered: 40),
         ] {
             let snapshot = StateSnapshot(
                 store: ReplicaStore(), latestSequence: 45, progress: ["n1": 45], ownRecovery: recovery)
@@ -61,10 +62,10 @@ struct CompactionTests {
         #expect(StateSnapshot.encode(plain).starts(with: Array("SSNAP3\n".utf8)))
         #expect(try StateSnapshot.decode(StateSnapshot.encode(plain)).ownRecovery == nil)
         #expect(warnings.isEmpty)
-        // A recovery at or past its end is not a recovery: the file is refused, not trusted.
+        // A recovery past its end is not one: the file is refused, not trusted.
         let past = StateSnapshot(
             store: ReplicaStore(), latestSequence: 45,
-            ownRecovery: StateSnapshot.OwnRecovery(through: 40, recovered: 40))
+            ownRecovery: StateSnapshot.OwnRecovery(through: 40, recovered: 41))
         #expect(throws: WireError.self) { try StateSnapshot.decode(StateSnapshot.encode(past)) }
     }
 }

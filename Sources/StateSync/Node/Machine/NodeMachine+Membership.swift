@@ -145,6 +145,7 @@ extension NodeMachine {
         repair.serving = [:]
         // Its own deltas a peer gets after serving the snapshot taken are fetched back from it.
         repair.ownRecovery = latest > 0 ? StateSnapshot.OwnRecovery(through: latest, recovered: nil) : nil
+        lastResetThrough = latest
         repair.ownRecoveryFetch = nil
         // Written at once, before the node says it is alive again (then the cluster no longer
         // says it was forgotten: a restart before would keep what it held). Unless a sync runs

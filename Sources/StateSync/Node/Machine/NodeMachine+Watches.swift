@@ -153,14 +153,15 @@ extension NodeMachine {
             } else {
                 watch.pendingSnapshot = .historyGone
             }
-            // This node dropped its state (section 7.5) and the cursor may cover own writes it
-            // gave up: a client that takes resets gets one (once the peer's snapshot is merged).
-            if takesResets, let recovery = repair.ownRecovery {
-                let own = cursor[configuration.nodeID]
-                if let recovered = recovery.recovered {
-                    if own > recovered, own <= recovery.through { watch.pendingSnapshot = .reset }
-                } else {
+            // Taken before this node last dropped its state (section 7.5): its client may hold
+            // writes the node gave up, and data deleted since. A client that takes resets gets
+            // one, once the peer's snapshot is merged — also after the recovery ended, and after
+            // restarts (a peer's progress may cover given-up numbers it never held).
+            if takesResets, lastResetThrough > 0, cursor[configuration.nodeID] <= lastResetThrough {
+                if let recovery = repair.ownRecovery, recovery.recovered == nil {
                     watch.resetDue = true
+                } else {
+                    watch.pendingSnapshot = .reset
                 }
             }
         } else {
@@ -241,6 +242,11 @@ extension NodeMachine {
                     .sendWatchEvents(key, [ClientProtocol.encodeReply(.error, id: key.requestID, body: body)]))
                 return
             }
+            // Due a reset (section 7.5): nothing until it, which holds the state the events
+            // would build on. (Deltas sent meanwhile would move the client's cursor past the
+            // reset's own mark, on top of state it still holds from before: a resume after a
+            // restart would then not be told.)
+            if watch.resetDue { return }
             if let reason = watch.pendingSnapshot {
                 let events = snapshotEvents(of: watch.channel, reason: reason, filter: watch.filter, event)
                 watch.inFlight = .snapshot(events.position, events: events.frames.count)

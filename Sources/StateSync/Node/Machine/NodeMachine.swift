@@ -74,6 +74,11 @@ package struct NodeMachine: Sendable {
     /// (a sync was running, which only a host that syncs in the background has): its entry
     /// saying it is alive again waits for it (``compact()`` writes both).
     var resetUnwritten = false
+    /// This node's latest own sequence number when it last dropped its state (section 7.5), 0
+    /// if it never did: kept for good (in its snapshot file), since a watch cursor whose own mark
+    /// is at or below it was taken before that reset, and its client may hold given-up writes
+    /// (a cursor the node gave since covers its own origin through at least this number).
+    var lastResetThrough: UInt64 = 0
     /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
     var lastAnnounce: [String: UInt64] = [:]
     var announcesInFlight: [UInt64: String] = [:]
@@ -208,8 +213,12 @@ package struct NodeMachine: Sendable {
             }
             // It had dropped its state (section 7.5): what it still recovers goes on, and a
             // peer's snapshot it had not merged yet is asked for again.
-            repair.ownRecovery = snapshot.ownRecovery
-            if let own = snapshot.ownRecovery, own.recovered == nil { repair.needsSnapshot = true }
+            if let own = snapshot.ownRecovery {
+                lastResetThrough = own.through
+                // A recovery that reached its end is kept only as the last reset.
+                if (own.recovered ?? 0) < own.through { repair.ownRecovery = own }
+                if own.recovered == nil { repair.needsSnapshot = true }
+            }
         }
         // The member list saved by an earlier run: a restarted node knows every member it knew,
         // which its collection of deletions relies on (section 8.4). Its own entry is written
@@ -618,7 +627,9 @@ package struct NodeMachine: Sendable {
     package var snapshot: StateSnapshot {
         StateSnapshot(
             store: store, latestSequence: nextSequence - 1, progress: origins.mapValues(\.contiguous),
-            ownRecovery: repair.ownRecovery)
+            ownRecovery: repair.ownRecovery
+                ?? (lastResetThrough > 0
+                    ? StateSnapshot.OwnRecovery(through: lastResetThrough, recovered: lastResetThrough) : nil))
     }
 
     /// The whole state as a SNAPSHOT reply carries it (section 10.9): what this node still
