@@ -524,7 +524,7 @@ public enum Bench {
         while true {
             let status = joiner.status
             if status.counters["snapshots_applied"] ?? 0 >= 1, status.missingDeltas == 0,
-                status.peers.allSatisfy(\.connected)
+                status.peers.allSatisfy(\.meshed)
             {
                 break
             }

@@ -70,7 +70,7 @@ public enum NodeBenchRole {
         let node = try await StateSyncNode.start(configuration: configuration, logger: logger)
         let model = try await node.model(BenchModel.self, channel: "bench", id: "m")
         let deadline = Date().addingTimeInterval(20)
-        while !node.status.peers.allSatisfy(\.connected) {
+        while !node.status.peers.allSatisfy(\.meshed) {
             guard Date() < deadline else { throw StateSyncError(.timeout, "bench: the peer never connected") }
             try await Task.sleep(for: .milliseconds(10))
         }

@@ -274,8 +274,14 @@ public enum PathBench {
             let repair = withAPI ? apis : ["inproc://writer", "inproc://reader"]
             writer.process(.endpointsBound(publish: Self.endpoints[0], repair: repair[0]), now: now(), via: toReader)
             reader.process(.endpointsBound(publish: Self.endpoints[1], repair: repair[1]), now: now(), via: toWriter)
-            // Heartbeats both ways: each node knows the other (and what it takes) before the writes.
-            for _ in 0..<2 {
+            // Heartbeats both ways until each node knows the other (and what it takes) before the
+            // writes: a node takes a peer's deltas once the peer's member list names it
+            // (PROTOCOL.md 7.5), which takes a heartbeat interval or two (bounded: 4 s).
+            for round in 0..<400 {
+                if round >= 2, writer.status.peers.allSatisfy(\.meshed), reader.status.peers.allSatisfy(\.meshed) {
+                    break
+                }
+                if round > 0 { Thread.sleep(forTimeInterval: 0.01) }
                 writer.process(.tick(observerBacklog: 0), now: now(), via: toReader)
                 reader.process(.tick(observerBacklog: 0), now: now(), via: toWriter)
                 for frames in toReader.take() {

@@ -135,7 +135,7 @@ public enum Harness {
         // Many nodes on few cores take a while: every node dials every other.
         try await waitFor("every node to see its peers", seconds: 30 + 2 * Double(options.nodes)) {
             for client in initial {
-                guard let status = try? await client.status(), status.peers.allSatisfy(\.connected) else {
+                guard let status = try? await client.status(), status.peers.allSatisfy(\.meshed) else {
                     return false
                 }
             }
@@ -273,7 +273,7 @@ public enum Harness {
             for client in clients { if let status = try? await client.status() { statuses.append(status) } }
             let settled =
                 statuses.count == clients.count
-                && statuses.allSatisfy({ $0.missingDeltas == 0 && $0.peers.allSatisfy(\.connected) })
+                && statuses.allSatisfy({ $0.missingDeltas == 0 && $0.peers.allSatisfy(\.meshed) })
             let equal = settled && Set(statuses.map(\.stateDigest)).count == 1
             if equal, equalSince == nil { equalSince = Date() }
             if !equal { equalSince = nil }

@@ -680,7 +680,7 @@ extension StateSyncCLI {
                 for peer in status.peers {
                     let seen = peer.lastSeenMillisecondsAgo.map { "last seen \($0) ms ago" } ?? "never seen"
                     emit(
-                        "  \(peer.endpoint)  \(peer.node ?? "?")  \(peer.connected ? "connected" : "NOT CONNECTED")  \(seen)"
+                        "  \(peer.endpoint)  \(peer.node ?? "?")  \(peer.connected ? (peer.knowsThisNode ? "connected" : "connected, does not know this node yet") : "NOT CONNECTED")  \(seen)"
                     )
                 }
                 emit("channels:")

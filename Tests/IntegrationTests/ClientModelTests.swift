@@ -33,7 +33,7 @@ struct ClientModelTests {
                 for api in cluster.api {
                     let client = try StateSyncClient(endpoint: api, requestTimeout: .milliseconds(500))
                     defer { client.close() }
-                    guard let status = try? await client.status(), status.peers.allSatisfy(\.connected),
+                    guard let status = try? await client.status(), status.peers.allSatisfy(\.meshed),
                         status.peers.count == 2
                     else { return false }
                 }

@@ -71,7 +71,7 @@ struct ClusterTests {
         defer { client.close() }
         try await waitUntil("\(api) ready with \(peers) peers connected") {
             guard let status = try? await client.status() else { return false }
-            return status.peers.count == peers && status.peers.allSatisfy(\.connected)
+            return status.peers.count == peers && status.peers.allSatisfy(\.meshed)
         }
     }
 

@@ -71,7 +71,7 @@ struct ModelLifecycleTests {
             try await waitUntil("every node sees its two peers") {
                 for client in clients {
                     guard let status = try? await client.status(), status.peers.count == 2,
-                        status.peers.allSatisfy(\.connected)
+                        status.peers.allSatisfy(\.meshed)
                     else { return false }
                 }
                 return true
@@ -191,7 +191,7 @@ struct ModelLifecycleTests {
             func status(_ index: Int) async -> NodeStatus? { try? await clients[index].status() }
             try await waitUntil("every node sees its two peers") {
                 for index in 0..<3 {
-                    guard let status = await status(index), status.peers.allSatisfy(\.connected) else { return false }
+                    guard let status = await status(index), status.peers.allSatisfy(\.meshed) else { return false }
                 }
                 return true
             }

@@ -45,7 +45,7 @@ struct WireCaptureTests {
             defer { client.close() }
             let address = ModelAddress(channel: "c", model: "m")
             try await waitUntil("node2 is connected to node1 through the relay") {
-                node2.status.peers.allSatisfy(\.connected)
+                node2.status.peers.allSatisfy(\.meshed)
             }
             _ = try await client.set(address, [PropertyWrite(name: "secret", value: .string(value))])
             try await waitUntil("node2 has the value") {

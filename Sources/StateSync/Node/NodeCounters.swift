@@ -30,6 +30,9 @@ public struct NodeCounters: Sendable, Equatable {
     /// With security: deltas and heartbeats a peer sent in another node's name on its live
     /// stream, dropped.
     public var forgedOrigins = 0
+    /// Deltas of a peer's own origin not taken from it because it did not know this node yet
+    /// (its member list did not name this node): repaired once it does (section 7.5).
+    public var deltasBeforeKnown = 0
     /// Times the data directory's free space fell under `storage.reserve_bytes`.
     public var diskFullEpisodes = 0
     /// Peer HEARTBEATs whose API was on another host than their stream: not dialled.
@@ -105,6 +108,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
             ("void_sequences", voidSequences),
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
+            ("deltas_before_known", deltasBeforeKnown),
             ("disk_full_episodes", diskFullEpisodes), ("foreign_repair_endpoints", foreignRepairEndpoints),
             ("membership_updates", membershipUpdates), ("announces_sent", announcesSent),
             ("peer_messages_received", peerMessagesReceived), ("snapshot_pages_served", snapshotPagesServed),

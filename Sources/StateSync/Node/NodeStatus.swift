@@ -12,6 +12,13 @@ public struct NodeStatus: Sendable, Equatable {
         public var lastSeenMillisecondsAgo: Int?
         /// Deltas received from this peer.
         public var deltasReceived: Int
+        /// Whether the peer knows this node (its member list names it, or it took its
+        /// ANNOUNCE): only then are its own deltas taken from it (docs/PROTOCOL.md 7.5,
+        /// "Known before taken").
+        public var knowsThisNode = false
+
+        /// Connected, and knows this node: deltas flow both ways between them.
+        public var meshed: Bool { connected && knowsThisNode }
     }
 
     /// The node's id.
@@ -140,6 +147,12 @@ public struct NodeStatus: Sendable, Equatable {
             down.insert(member.id)
         }
         if !down.isEmpty { reasons.append("peers not connected: \(down.sorted().joined(separator: ", "))") }
+        let strangers = peers.filter { $0.connected && !$0.knowsThisNode }.map { $0.node ?? $0.endpoint }
+        if !strangers.isEmpty {
+            reasons.append(
+                "peers that do not know this node yet (their deltas wait until they do): \(strangers.sorted().joined(separator: ", "))"
+            )
+        }
         if missingDeltas > 0 { reasons.append("catching up: \(missingDeltas) deltas known but not received") }
         if diskFull { reasons.append("disk nearly full: writes are refused") }
         if settling {
@@ -161,6 +174,7 @@ public struct NodeStatus: Sendable, Equatable {
                     var p: [String: Value] = [
                         "endpoint": .string(peer.endpoint), "connected": .bool(peer.connected),
                         "deltas_received": .int(Int64(peer.deltasReceived)),
+                        "knows_this_node": .bool(peer.knowsThisNode),
                     ]
                     p["node"] = peer.node.map(Value.string) ?? .null
                     p["last_seen_ms_ago"] = peer.lastSeenMillisecondsAgo.map { .int(Int64($0)) } ?? .null
@@ -213,11 +227,14 @@ public struct NodeStatus: Sendable, Equatable {
                 if case .string(let n)? = p["node"] { peerNode = n }
                 var connected = false
                 if case .bool(let c)? = p["connected"] { connected = c }
+                // Absent from an older node's status: it takes every peer's deltas.
+                var knows = true
+                if case .bool(let k)? = p["knows_this_node"] { knows = k }
                 peers.append(
                     Peer(
                         endpoint: endpoint, node: peerNode, connected: connected,
                         lastSeenMillisecondsAgo: int(p["last_seen_ms_ago"]),
-                        deltasReceived: int(p["deltas_received"]) ?? 0))
+                        deltasReceived: int(p["deltas_received"]) ?? 0, knowsThisNode: knows))
             }
         }
         self.peers = peers

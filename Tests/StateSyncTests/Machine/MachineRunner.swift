@@ -59,6 +59,10 @@ struct MachineRunner {
     /// `heldWatchReports` (the events are on their way) until ``releaseWatchReports()``.
     var holdsWatchReports = false
     var heldWatchReports: [NodeInput] = []
+    /// Unless cleared, every peer a message comes from is taken to know this node already (its
+    /// member list named it, PROTOCOL.md 7.5 "Known before taken"): tests of other rules send
+    /// deltas without that exchange first. The tests of that rule clear it.
+    var peersKnowThisNode = true
 
     /// A wall clock tests can move (the node's clock reads it).
     final class Wall: Sendable {
@@ -95,6 +99,17 @@ struct MachineRunner {
 
     /// Feeds `input` and everything its actions report back.
     mutating func handle(_ input: NodeInput) {
+        if peersKnowThisNode {
+            switch input {
+            case .peerMessage(let peer, _), .repairReply(let peer, _):
+                machine.peers[peer, default: PeerProgress()].listsThisNode = true
+            default: break
+            }
+        }
+        // Also after: a first HEARTBEAT (a new incarnation) clears it.
+        defer {
+            if peersKnowThisNode { for peer in machine.peers.keys { machine.peers[peer]?.listsThisNode = true } }
+        }
         var inputs = [input]
         var next = 0
         while next < inputs.count {

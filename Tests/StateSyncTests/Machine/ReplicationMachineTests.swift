@@ -132,6 +132,7 @@ struct ReplicationMachineTests {
         let deltas = models.enumerated().map { index, model in
             PackedBatchMachineTests.delta(model, sequence: UInt64(index + 1))
         }
+        node.machine.peers["inproc://n2", default: PeerProgress()].listsThisNode = true
         node.machine.actions = []
         node.machine.applyRemote(deltas, from: "inproc://n2")
         let deliveries = node.machine.actions.flatMap { action -> [ModelDelivery] in
@@ -157,6 +158,9 @@ struct ReplicationMachineTests {
             Delta(
                 channel: "c", model: "m", version: Version(milliseconds: milliseconds, counter: 0, node: origin),
                 sequence: sequence, properties: writes.map { PropertyWrite(name: $0.0, value: .int($0.1)) })
+        }
+        for peer in ["inproc://n2", "inproc://n3"] {
+            node.machine.peers[peer, default: PeerProgress()].listsThisNode = true
         }
         // Held: x written at 500, y at 700.
         node.machine.applyRemote([delta("n3", 1, at: 500, [("x", 100)])], from: "inproc://n3")

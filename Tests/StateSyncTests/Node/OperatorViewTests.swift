@@ -14,7 +14,7 @@ struct OperatorViewTests {
             peers: peers.map {
                 .init(
                     endpoint: "tcp://h:\($0.0)", node: $0.0, connected: $0.1, lastSeenMillisecondsAgo: nil,
-                    deltasReceived: 0)
+                    deltasReceived: 0, knowsThisNode: $0.1)
             }, channels: [:], latestVersion: nil, latestSequence: 0, stateDigest: 0, counters: [:], watchers: 0,
             missingDeltas: missing, laggingWatches: 0)
         status.members = members.map {
@@ -38,6 +38,12 @@ struct OperatorViewTests {
             Self.status(peers: [], members: [], missing: 3).notReadyReasons == [
                 "catching up: 3 deltas known but not received"
             ])
+        var stranger = Self.status(peers: [("node2", true)], members: [])
+        stranger.peers[0].knowsThisNode = false
+        #expect(
+            stranger.notReadyReasons == [
+                "peers that do not know this node yet (their deltas wait until they do): node2"
+            ], "a connected peer whose deltas this node does not take yet")
         var full = Self.status(peers: [], members: [])
         full.diskFull = true
         #expect(full.notReadyReasons == ["disk nearly full: writes are refused"])

@@ -155,7 +155,14 @@ struct SecurityTests {
                         sequence: 1, properties: [PropertyWrite(name: "x", value: .string(value))])
                 ).encode()
             }
+            // A HEARTBEAT first, advertising no API: a peer this node cannot tell about itself,
+            // whose deltas it takes as they come (PROTOCOL.md 7.5, "Known before taken").
+            let heartbeat = PeerMessage.heartbeat(
+                PeerMessage.Heartbeat(
+                    node: "node2", latestSequence: 0, clock: 0, incarnation: 1, api: "", progress: [:])
+            ).encode()
             try await waitUntil("node2's own delta arrives over CURVE") {
+                _ = try fake.send(heartbeat)
                 _ = try fake.send(delta("node3", "forged"))
                 _ = try fake.send(delta("node2", "genuine"))
                 return node1.properties(of: ModelAddress(channel: "c", model: "node2"))["x"]?.value

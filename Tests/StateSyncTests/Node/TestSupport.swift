@@ -63,6 +63,6 @@ func meshConfigurations(_ count: Int, label: String, api: Bool = false) -> [Node
 /// Waits until every node sees every peer connected (heartbeats flowing both ways).
 func waitUntilMeshed(_ nodes: [StateSyncNode]) async throws {
     try await waitUntil("all peers connected") {
-        nodes.allSatisfy { node in node.status.peers.allSatisfy(\.connected) }
+        nodes.allSatisfy { node in node.status.peers.allSatisfy(\.meshed) }
     }
 }

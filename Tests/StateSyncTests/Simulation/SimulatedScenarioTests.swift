@@ -32,6 +32,12 @@ struct SimulatedRepairTests {
     /// every write arrives.
     @Test func aLongQueueOfLocalWritesGoesOutInRounds() async throws {
         let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 2, seed: 3))
+        // Meshed first: a reader takes a peer's live deltas once that peer knows it (PROTOCOL.md
+        // 7.5), and this test counts live deltas.
+        #expect(
+            cluster.run(for: 5_000) { cluster in
+                cluster.nodes.allSatisfy { $0.host?.status.peers.allSatisfy(\.meshed) ?? false }
+            })
         let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
         let writes = 3 * NodeMachine.localWritesPerRound + 1
         let syncsBefore = cluster.nodes[0].disk.syncCount

@@ -279,6 +279,9 @@ extension NodeMachine {
                     throw Forbidden(message: "only a node's key may ANNOUNCE a member entry")
                 }
                 try receiveAnnounce(body, identity: identity)
+                // Saved before the answer: the sender takes this node's deltas once told
+                // (section 7.5), and this node must still know it after a power loss.
+                saveMembersIfChanged()
                 reply(client, .ok, id, [])
             case .ping:
                 // The body lists the watch ids the client holds; the reply names those this node

@@ -182,12 +182,16 @@ extension NodeMachine {
                 }
                 continue
             }
+            // The origin's own deltas are taken from it once it knows this node (section 7.5):
+            // until then another peer is asked, or none (the origin is being told).
+            let askable = candidates.filter { connected[$0] != .some(origin) || knowsThisNode($0) }
+            guard !askable.isEmpty else { continue }
             let peer: String
-            if let own = candidates.first(where: { connected[$0] == .some(origin) }) {
+            if let own = askable.first(where: { connected[$0] == .some(origin) }) {
                 peer = own
             } else {
                 repair.rotation += 1
-                peer = candidates[repair.rotation % candidates.count]
+                peer = askable[repair.rotation % askable.count]
             }
             let range = Self.limited(gap)
             repair.fetches[origin] = sendFetch(origin: origin, range: range, to: peer)
@@ -323,10 +327,15 @@ extension NodeMachine {
             return
         }
         if let member = announcesInFlight.removeValue(forKey: header.requestID) {
+            // Taken: the peer saved its member list before it answered; it knows this node.
+            // Refused: it never will, so its deltas are taken all the same (and the warning says
+            // what that costs).
+            peers[peer]?.listsThisNode = true
             if header.kind != .ok {
                 let reason = (try? ClientProtocol.decodeError(frames[1]))?.message ?? "?"
                 warnLimited(
-                    "announce-refused", "a peer refused this node's member entry (ANNOUNCE)",
+                    "announce-refused",
+                    "a peer refused this node's member entry (ANNOUNCE); its deltas are taken all the same, but should it lose power it will not ask this node for deltas it lost",
                     metadata: ["peer.endpoint": "\(peer)", "member": "\(member)", "error": "\(reason)"])
             }
             return
@@ -365,6 +374,12 @@ extension NodeMachine {
         repair.fetches[origin] = nil
         guard header.kind == .ok, let (deltas, droppedThrough, void) = try? ClientProtocol.decodeFetched(frames[1])
         else {
+            return
+        }
+        // The origin's own deltas from the origin are taken once it knows this node, like its
+        // live stream; until then the reply is left unanswered (asked again).
+        if origin == peers[peer]?.node, !knowsThisNode(peer) {
+            refuseBeforeKnown(deltas.count, from: peer)
             return
         }
         let wanted = deltas.filter { $0.origin == origin && outstanding.range.contains($0.sequence) }

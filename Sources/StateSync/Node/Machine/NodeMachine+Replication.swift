@@ -162,6 +162,7 @@ extension NodeMachine {
             peers[endpoint]?.incarnation = beat.incarnation
             peers[endpoint]?.takesChannelBatches = false
             peers[endpoint]?.takesPackedBatches = false
+            peers[endpoint]?.listsThisNode = false
         }
         if beat.members != nil {
             let capabilities = beat.capabilities ?? 0
@@ -206,6 +207,9 @@ extension NodeMachine {
             receiveMembers(members, from: endpoint, sender: beat.node)
             if refusal != nil { return }
         }
+        // A peer that does not know this node yet is told at once, not at its next member list
+        // (every tenth HEARTBEAT): its deltas wait until it knows (section 7.5).
+        if !knowsThisNode(endpoint), let own = ownEntry { announce(own, to: endpoint) }
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
             // A peer holds more of this id's deltas than this run numbered: deltas of an earlier
             // life of the id. With nothing on disk, the node would number new writes over them.
@@ -259,6 +263,10 @@ extension NodeMachine {
         _ deltas: [Delta], from endpoint: String, repaired: Bool = false, frames: [[UInt8]]? = nil,
         packedEntries: [Range<Int>]? = nil
     ) -> AppliedDeltas {
+        if !repaired, !knowsThisNode(endpoint) {
+            refuseBeforeKnown(deltas.count, from: endpoint)
+            return AppliedDeltas(given: [])
+        }
         // The deltas to apply: all of them (the same array, no copy) unless one is refused.
         var accepted = deltas
         var acceptedPositions: [Int]?  // set once one is refused
@@ -322,6 +330,29 @@ extension NodeMachine {
             appendToLog(applied, mustSucceed: false)
         }
         return applied
+    }
+
+    /// Whether the peer at `endpoint` knows this node (section 7.5, "Known before taken"): its
+    /// member list in this incarnation named it, or it took its ANNOUNCE, and it saved its list
+    /// before saying so; then, should it settle after a power loss (section 11.2), it asks this
+    /// node for the deltas it lost. Before that, its own deltas are not taken from it: a node it
+    /// does not know could hold numbers it would reuse. A peer that advertises no API this node
+    /// may dial cannot be told: its deltas are taken as they come.
+    func knowsThisNode(_ endpoint: String) -> Bool {
+        guard let peer = peers[endpoint] else { return false }
+        return peer.listsThisNode || (peer.incarnation != nil && peer.repairEndpoint == nil)
+    }
+
+    /// Deltas from a peer that does not know this node yet: not taken (not received either, so
+    /// they are repaired once it does); it is told this node's entry.
+    mutating func refuseBeforeKnown(_ count: Int, from endpoint: String) {
+        peers[endpoint, default: PeerProgress()].lastMessageAt = now
+        counters.deltasBeforeKnown += count
+        if refusal == nil, let own = ownEntry { announce(own, to: endpoint) }
+        infoLimited(
+            "before-known",
+            "a peer's deltas are taken once it knows this node (its member list names it, or it took this node's ANNOUNCE); until then they are left to repair",
+            metadata: ["peer.endpoint": "\(endpoint)", "deltas": "\(count)"])
     }
 
     /// Whether a received delta is refused: this node's own write echoed back, an origin other

@@ -430,7 +430,9 @@ package struct NodeMachine: Sendable {
         expireValues()
         checkPeerLinks()
         for (kind, suppressed) in limiter.closedWindows(now: now) {
-            logger.warning(
+            // At the level of the lines suppressed.
+            logger.log(
+                level: Self.infoKinds.contains(kind) ? .info : .warning,
                 "\(suppressed) more log lines of this kind were suppressed in the last second",
                 metadata: ["kind": "\(kind)", "suppressed": "\(suppressed)"])
         }
@@ -599,7 +601,7 @@ package struct NodeMachine: Sendable {
                 return NodeStatus.Peer(
                     endpoint: endpoint, node: progress.node, connected: isConnected(progress),
                     lastSeenMillisecondsAgo: progress.lastMessageAt.map { Int(now &- $0) },
-                    deltasReceived: progress.deltasReceived)
+                    deltasReceived: progress.deltasReceived, knowsThisNode: knowsThisNode(endpoint))
             },
             channels: store.channelModelCounts,
             latestVersion: store.latestVersion == .zero ? nil : store.latestVersion,
@@ -660,6 +662,11 @@ struct PeerProgress: Sendable {
     var takesChannelBatches = false
     /// Whether the peer said, in this incarnation, that it takes packed batches (section 7.7).
     var takesPackedBatches = false
+    /// Whether the peer, in this incarnation, named this node in its member list or took its
+    /// ANNOUNCE (section 7.5, "Known before taken"): it then knows this node durably, and asks
+    /// it for its lost deltas should it settle after a power loss (section 11.2). Until then the
+    /// peer's own deltas from it are not taken: they are repaired once it has.
+    var listsThisNode = false
 }
 
 /// Faults a test can plant in a node on purpose, to prove its checkers catch them. Never set in
@@ -720,10 +727,29 @@ extension NodeMachine {
         _ kind: String, _ message: @autoclosure () -> Logger.Message,
         metadata: @autoclosure () -> Logger.Metadata = [:]
     ) {
+        logLimited(.warning, kind, message(), metadata: metadata())
+    }
+
+    /// The kinds logged by ``infoLimited(_:_:metadata:)``.
+    static let infoKinds: Set<String> = ["before-known"]
+
+    /// Like ``warnLimited(_:_:metadata:)``, at info level: for what is expected for a moment
+    /// (a joining node's first deltas), not a fault. `kind` is one of ``infoKinds``.
+    mutating func infoLimited(
+        _ kind: String, _ message: @autoclosure () -> Logger.Message,
+        metadata: @autoclosure () -> Logger.Metadata = [:]
+    ) {
+        logLimited(.info, kind, message(), metadata: metadata())
+    }
+
+    private mutating func logLimited(
+        _ level: Logger.Level, _ kind: String, _ message: @autoclosure () -> Logger.Message,
+        metadata: @autoclosure () -> Logger.Metadata
+    ) {
         guard let suppressed = limiter.allow(kind, now: now) else { return }
         var fields = metadata()
         fields["suppressed"] = "\(suppressed)"
-        logger.warning(message(), metadata: fields)
+        logger.log(level: level, message(), metadata: fields)
     }
 }
 
