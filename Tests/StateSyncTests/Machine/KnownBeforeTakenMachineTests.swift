@@ -89,6 +89,26 @@ struct KnownBeforeTakenMachineTests {
         #expect(node.machine.counters.deltasBeforeKnown == 1)
     }
 
+    /// A peer is told the node's entry unasked only once its member list was heard: that list
+    /// may say the node was forgotten while away, which the node must take first (told before,
+    /// the peer would take the node's newer entry over the forget, and the node would keep what
+    /// it held: a real-process test, aNodeAwayLongerThanTheDeletionsAreKept…, caught this).
+    @Test func aPeerIsToldOnlyAfterItsListWasHeard() {
+        var node = MembershipMachineTests.started("n3", peers: ["n1"])
+        node.peersKnowThisNode = false
+        node.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: nil)))
+        node.advance(100)  // the repair link the HEARTBEAT advertised
+        node.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: nil)))
+        node.handle(Self.deltaMessage("n1", 1))
+        #expect(node.machine.counters.deltasBeforeKnown == 1)
+        #expect(Self.announces(node, to: "inproc://n1").isEmpty, "not before its list")
+        node.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: Self.cluster)))
+        #expect(Self.announces(node, to: "inproc://n1").count == 1, "its list lacks n3")
+        node.advance(100)
+        node.handle(Self.deltaMessage("n1", 2))
+        #expect(Self.announces(node, to: "inproc://n1").count == 2, "told again on its deltas, once an interval")
+    }
+
     /// The peer's answer to the ANNOUNCE says it knows the node (it saved its list first): its
     /// deltas are taken from then on. A refusal says it never will: they are taken all the same.
     @Test func anAnnounceAnsweredMakesThePeerKnown() throws {

@@ -163,6 +163,7 @@ extension NodeMachine {
             peers[endpoint]?.takesChannelBatches = false
             peers[endpoint]?.takesPackedBatches = false
             peers[endpoint]?.listsThisNode = false
+            peers[endpoint]?.listHeard = false
         }
         if beat.members != nil {
             let capabilities = beat.capabilities ?? 0
@@ -206,10 +207,9 @@ extension NodeMachine {
         if let members = beat.members {
             receiveMembers(members, from: endpoint, sender: beat.node)
             if refusal != nil { return }
+            peers[endpoint]?.listHeard = true
         }
-        // A peer that does not know this node yet is told at once, not at its next member list
-        // (every tenth HEARTBEAT): its deltas wait until it knows (section 7.5).
-        if !knowsThisNode(endpoint), let own = ownEntry { announce(own, to: endpoint) }
+        tellIfUnknown(endpoint)
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
             // A peer holds more of this id's deltas than this run numbered: deltas of an earlier
             // life of the id. With nothing on disk, the node would number new writes over them.
@@ -348,11 +348,21 @@ extension NodeMachine {
     mutating func refuseBeforeKnown(_ count: Int, from endpoint: String) {
         peers[endpoint, default: PeerProgress()].lastMessageAt = now
         counters.deltasBeforeKnown += count
-        if refusal == nil, let own = ownEntry { announce(own, to: endpoint) }
+        tellIfUnknown(endpoint)
         infoLimited(
             "before-known",
             "a peer's deltas are taken once it knows this node (its member list names it, or it took this node's ANNOUNCE); until then they are left to repair",
             metadata: ["peer.endpoint": "\(endpoint)", "deltas": "\(count)"])
+    }
+
+    /// A peer that does not know this node yet, whose member list was heard in this incarnation,
+    /// is told this node's entry at once (not at its next list, every tenth HEARTBEAT): its
+    /// deltas wait until it knows (section 7.5). Not before its list: see
+    /// ``PeerProgress/listHeard``.
+    mutating func tellIfUnknown(_ endpoint: String) {
+        guard refusal == nil, !knowsThisNode(endpoint), peers[endpoint]?.listHeard == true, let own = ownEntry
+        else { return }
+        announce(own, to: endpoint)
     }
 
     /// Whether a received delta is refused: this node's own write echoed back, an origin other

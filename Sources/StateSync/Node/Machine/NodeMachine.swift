@@ -667,6 +667,11 @@ struct PeerProgress: Sendable {
     /// it for its lost deltas should it settle after a power loss (section 11.2). Until then the
     /// peer's own deltas from it are not taken: they are repaired once it has.
     var listsThisNode = false
+    /// Whether a member list came from the peer in this incarnation: only then is it told this
+    /// node's entry unasked (what its list said about this node, a forget included, is taken
+    /// first: told before, it would take this node's newer entry over the forget, and this node
+    /// would never learn it was forgotten while away).
+    var listHeard = false
 }
 
 /// Faults a test can plant in a node on purpose, to prove its checkers catch them. Never set in
