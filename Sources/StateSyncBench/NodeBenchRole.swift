@@ -167,10 +167,18 @@ public enum NodeBenchRole {
         // all): one that shares its cores with other work falls behind the writer by minutes, yet
         // sees every change in the end (a fixed minute past the run called such runs incomplete).
         let limit = Date().addingTimeInterval(options.seconds + 600)
-        var progress = (applied: baseline, at: Date())
+        // Progress: deltas applied or received, snapshots merged, or the count of missing ones.
+        func signature() -> [Int] {
+            let status = node.status
+            return [
+                status.counters["deltas_applied"] ?? 0, status.counters["deltas_received"] ?? 0,
+                status.counters["snapshots_applied"] ?? 0, status.missingDeltas,
+            ]
+        }
+        var progress = (signature: signature(), at: Date())
         while !finished() && Date() < limit && Date().timeIntervalSince(progress.at) < 60 {
-            let applied = node.status.counters["deltas_applied"] ?? 0
-            if applied != progress.applied { progress = (applied, Date()) }
+            let now = signature()
+            if now != progress.signature { progress = (now, Date()) }
             if snapshotsAtFirstChange == nil, tally.first.load(ordering: .relaxed) != 0 {
                 snapshotsAtFirstChange = node.status.counters["snapshots_applied"] ?? 0
             }

@@ -15,7 +15,7 @@ public struct NodeStatus: Sendable, Equatable {
         /// Whether the peer knows this node (its member list names it, or it took its
         /// ANNOUNCE): only then are its own deltas taken from it (docs/PROTOCOL.md 7.5,
         /// "Known before taken").
-        public var knowsThisNode = false
+        public var knowsThisNode = true
 
         /// Connected, and knows this node: deltas flow both ways between them.
         public var meshed: Bool { connected && knowsThisNode }

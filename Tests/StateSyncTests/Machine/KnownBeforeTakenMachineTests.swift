@@ -109,6 +109,33 @@ struct KnownBeforeTakenMachineTests {
         #expect(Self.announces(node, to: "inproc://n1").count == 2, "told again on its deltas, once an interval")
     }
 
+    /// A peer that never sends a member list predates membership: it cannot be told, and after
+    /// 50 HEARTBEATs without one its deltas are taken as they come. A list naming the node
+    /// forgotten makes a peer that knew it a stranger again.
+    @Test func aPeerWithoutListsIsTakenAsItComesAndAForgetUnknowsTheNode() throws {
+        var node = MembershipMachineTests.started("n3", peers: ["n1"])
+        node.peersKnowThisNode = false
+        for _ in 0..<NodeMachine.heartbeatsWithoutListOfAnOldNode {
+            node.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: nil)))
+        }
+        node.handle(Self.deltaMessage("n1", 1))
+        #expect(node.machine.store.properties(of: Self.address).isEmpty, "50 without a list: not yet")
+        node.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: nil)))
+        node.handle(Self.deltaMessage("n1", 2))
+        #expect(node.machine.store.properties(of: Self.address)["n"]?.value == 2, "51: an old node")
+
+        var other = Self.joiner()
+        let own = try #require(other.machine.ownEntry)
+        other.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: Self.cluster + [own])))
+        #expect(try #require(Self.peer(&other, "inproc://n1")).knowsThisNode)
+        var forgotten = own
+        forgotten.state = .forgotten
+        forgotten.version = Version(milliseconds: (own.version.timestamp >> 16) + 1000, counter: 0, node: "n1")
+        other.handle(
+            .peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: Self.cluster + [forgotten])))
+        #expect(try #require(Self.peer(&other, "inproc://n1")).knowsThisNode == false)
+    }
+
     /// The peer's answer to the ANNOUNCE says it knows the node (it saved its list first): its
     /// deltas are taken from then on. A refusal says it never will: they are taken all the same.
     @Test func anAnnounceAnsweredMakesThePeerKnown() throws {

@@ -31,14 +31,17 @@ struct SimulatorTests {
 
     /// Every planted bug is caught, and the verdict names the node (or its watcher).
     /// (skip-settling needs a power loss of its node while writes it published are not yet
-    /// synced: seed 3 has one, seed 7 does not; skip-void needs one that met writes every peer
-    /// missed below writes they hold: seed 1 has one. forget-held-above-gaps is caught at
-    /// seed 7, and the same run passes without the bug: checked.) Every fault but `forget`,
+    /// synced: seed 3 has one, seed 4 does not; skip-void needs one that met writes every peer
+    /// missed below writes they hold: seed 1 has one. The others are caught at seed 4, and the
+    /// same run passes without a bug: checked. Seed 7 served until a node took a peer's deltas
+    /// only once that peer knew it (PROTOCOL.md 7.5): n4 joins late in it, the run's timing
+    /// changed, and ignore-deletions and collect-early passed its verdict.)
+    /// Every fault but `forget`,
     /// which sets aside the writes a forgotten node gives up: a bug that loses writes could hide
     /// among them (the sweep below has it).
     @Test(arguments: SimulationOptions.PlantedBug.allCases)
     func aPlantedBugFailsTheVerdictAndNamesTheNode(bug: SimulationOptions.PlantedBug) throws {
-        let seed: UInt64 = bug == .skipSettling ? 3 : bug == .skipVoid ? 1 : 7
+        let seed: UInt64 = bug == .skipSettling ? 3 : bug == .skipVoid ? 1 : 4
         let report = try ClusterSimulator.run(
             Self.options(
                 seed: seed, ops: 1500, nodes: 4, bug: bug,

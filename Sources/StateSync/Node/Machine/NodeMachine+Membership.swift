@@ -39,8 +39,9 @@ extension NodeMachine {
             // wildcard host is dialled where its stream comes from.
             takeMember(member, dialAt: member.id == sender ? Self.reachable(member.publish, via: endpoint) : nil)
         }
-        // It knows this node (it saved its list before sending it): its own deltas are taken.
-        if let theirs, theirs.state != .forgotten { peers[endpoint]?.listsThisNode = true }
+        // It knows this node (it saved its list before sending it): its own deltas are taken;
+        // not once its list says this node was forgotten.
+        peers[endpoint]?.listsThisNode = theirs.map { $0.state != .forgotten } ?? false
         guard refusal == nil, let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true else { return }
         announce(own, to: endpoint)
     }

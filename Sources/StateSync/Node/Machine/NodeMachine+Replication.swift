@@ -164,7 +164,10 @@ extension NodeMachine {
             peers[endpoint]?.takesPackedBatches = false
             peers[endpoint]?.listsThisNode = false
             peers[endpoint]?.listHeard = false
+            peers[endpoint]?.heartbeatsWithoutList = 0
+            peers[endpoint]?.unknownSince = nil
         }
+        if beat.members == nil, peers[endpoint]?.listHeard == false { peers[endpoint]?.heartbeatsWithoutList += 1 }
         if beat.members != nil {
             let capabilities = beat.capabilities ?? 0
             peers[endpoint]?.takesChannelBatches = capabilities & PeerMessage.channelBatchesCapability != 0
@@ -338,9 +341,15 @@ extension NodeMachine {
     /// node for the deltas it lost. Before that, its own deltas are not taken from it: a node it
     /// does not know could hold numbers it would reuse. A peer that advertises no API this node
     /// may dial cannot be told: its deltas are taken as they come.
+    /// After this many HEARTBEATs without a member list (and none with one) in an incarnation,
+    /// the peer predates membership. A node sends its list on every tenth at least; five times
+    /// that leaves room for lost HEARTBEATs.
+    static let heartbeatsWithoutListOfAnOldNode = 5 * membersEveryHeartbeats
+
     func knowsThisNode(_ endpoint: String) -> Bool {
         guard let peer = peers[endpoint] else { return false }
         return peer.listsThisNode || (peer.incarnation != nil && peer.repairEndpoint == nil)
+            || peer.heartbeatsWithoutList > Self.heartbeatsWithoutListOfAnOldNode
     }
 
     /// Deltas from a peer that does not know this node yet: not taken (not received either, so
@@ -360,8 +369,19 @@ extension NodeMachine {
     /// deltas wait until it knows (section 7.5). Not before its list: see
     /// ``PeerProgress/listHeard``.
     mutating func tellIfUnknown(_ endpoint: String) {
-        guard refusal == nil, !knowsThisNode(endpoint), peers[endpoint]?.listHeard == true, let own = ownEntry
-        else { return }
+        guard refusal == nil, !knowsThisNode(endpoint) else { return }
+        let since = peers[endpoint]?.unknownSince ?? now
+        peers[endpoint]?.unknownSince = since
+        let unknownFor = now &- since
+        if unknownFor > 30 * UInt64(configuration.heartbeatIntervalMilliseconds) {
+            warnLimited(
+                "unknown-to-peer",
+                "a peer still does not know this node, so its deltas are not taken: it has not named this node in its member list nor answered its ANNOUNCE (is its API reachable from here?)",
+                metadata: ["peer.endpoint": "\(endpoint)", "seconds": "\(unknownFor / 1000)"])
+        }
+        // Not while a reset is not yet written: the entry told would be the one from before the
+        // forget, which the peer holds a newer one of.
+        guard peers[endpoint]?.listHeard == true, !resetUnwritten, let own = ownEntry else { return }
         announce(own, to: endpoint)
     }
 

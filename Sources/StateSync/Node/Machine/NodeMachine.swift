@@ -672,6 +672,12 @@ struct PeerProgress: Sendable {
     /// first: told before, it would take this node's newer entry over the forget, and this node
     /// would never learn it was forgotten while away).
     var listHeard = false
+    /// HEARTBEATs without a member list in this incarnation, before the first with one: a node
+    /// sends its list at least every tenth, so many more is a node that predates membership,
+    /// which cannot be told about this node (its deltas are taken as they come).
+    var heartbeatsWithoutList = 0
+    /// Since when, in this incarnation, the peer was heard without knowing this node.
+    var unknownSince: UInt64?
 }
 
 /// Faults a test can plant in a node on purpose, to prove its checkers catch them. Never set in
