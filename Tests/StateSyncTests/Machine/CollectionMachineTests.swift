@@ -29,6 +29,9 @@ struct CollectionMachineTests {
                 configuration.fsync = fsync
                 if let historyDeltas { configuration.historyDeltas = historyDeltas }
                 var node = MachineRunner(configuration)
+                // The nodes learn that their peers know them from the member lists they exchange
+                // (PROTOCOL.md 7.5), as real nodes do.
+                node.peersKnowThisNode = false
                 node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
                 return node
             }
@@ -64,6 +67,7 @@ struct CollectionMachineTests {
         mutating func restart(_ index: Int, on recovery: NodeMachine.Recovery) {
             let configuration = nodes[index].machine.configuration
             var node = MachineRunner(configuration, recovery: recovery)
+            node.peersKnowThisNode = false
             let id = configuration.nodeID
             node.handle(.endpointsBound(publish: "inproc://\(id)", repair: "inproc://\(id).api"))
             nodes[index] = node
@@ -498,7 +502,8 @@ struct CollectionMachineTests {
         // n2 hears of the forget, drops its state and recovers, until the recovery ends.
         cluster.silent = []
         var routed = (cluster.nodes[0].repairRequests.count, cluster.nodes[1].repairRequests.count)
-        for _ in 0..<40 where cluster.nodes[1].machine.repair.ownRecovery != nil || routed.1 == 0 {
+        for _ in 0..<60
+        where cluster.nodes[1].machine.counters.resyncs == 0 || cluster.nodes[1].machine.repair.ownRecovery != nil {
             cluster.exchange(rounds: 1)
             routed.0 = Self.routeRepairs(&cluster, from: 0, to: 1, after: routed.0)
             routed.1 = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed.1)
