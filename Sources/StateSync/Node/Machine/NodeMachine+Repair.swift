@@ -379,7 +379,7 @@ extension NodeMachine {
         // The origin's own deltas from the origin are taken once it knows this node, like its
         // live stream; until then the reply is left unanswered (asked again).
         if origin == peers[peer]?.node, !knowsThisNode(peer) {
-            refuseBeforeKnown(deltas.count, from: peer)
+            refuseBeforeKnown(deltas.count, from: peer, live: false)
             return
         }
         let wanted = deltas.filter { $0.origin == origin && outstanding.range.contains($0.sequence) }

@@ -267,7 +267,7 @@ extension NodeMachine {
         packedEntries: [Range<Int>]? = nil
     ) -> AppliedDeltas {
         if !repaired, !knowsThisNode(endpoint) {
-            refuseBeforeKnown(deltas.count, from: endpoint)
+            refuseBeforeKnown(deltas.count, from: endpoint, live: true)
             return AppliedDeltas(given: [])
         }
         // The deltas to apply: all of them (the same array, no copy) unless one is refused.
@@ -335,17 +335,17 @@ extension NodeMachine {
         return applied
     }
 
-    /// Whether the peer at `endpoint` knows this node (section 7.5, "Known before taken"): its
-    /// member list in this incarnation named it, or it took its ANNOUNCE, and it saved its list
-    /// before saying so; then, should it settle after a power loss (section 11.2), it asks this
-    /// node for the deltas it lost. Before that, its own deltas are not taken from it: a node it
-    /// does not know could hold numbers it would reuse. A peer that advertises no API this node
-    /// may dial cannot be told: its deltas are taken as they come.
     /// After this many HEARTBEATs without a member list (and none with one) in an incarnation,
     /// the peer predates membership. A node sends its list on every tenth at least; five times
     /// that leaves room for lost HEARTBEATs.
     static let heartbeatsWithoutListOfAnOldNode = 5 * membersEveryHeartbeats
 
+    /// Whether the peer at `endpoint` knows this node (section 7.5, "Known before taken"): its
+    /// member list in this incarnation named it, or it took its ANNOUNCE, and it saved its list
+    /// before saying so; then, should it settle after a power loss (section 11.2), it asks this
+    /// node for the deltas it lost. Before that, its own deltas are not taken from it: a node it
+    /// does not know could hold numbers it would reuse. A peer that cannot be told (it advertises
+    /// no API this node may dial, or predates membership) is taken as it comes.
     func knowsThisNode(_ endpoint: String) -> Bool {
         guard let peer = peers[endpoint] else { return false }
         return peer.listsThisNode || (peer.incarnation != nil && peer.repairEndpoint == nil)
@@ -353,9 +353,10 @@ extension NodeMachine {
     }
 
     /// Deltas from a peer that does not know this node yet: not taken (not received either, so
-    /// they are repaired once it does); it is told this node's entry.
-    mutating func refuseBeforeKnown(_ count: Int, from endpoint: String) {
-        peers[endpoint, default: PeerProgress()].lastMessageAt = now
+    /// they are repaired once it does); it is told this node's entry. Those of its live stream
+    /// (`live`) still say the link is alive.
+    mutating func refuseBeforeKnown(_ count: Int, from endpoint: String, live: Bool) {
+        if live { peers[endpoint, default: PeerProgress()].lastMessageAt = now }
         counters.deltasBeforeKnown += count
         tellIfUnknown(endpoint)
         infoLimited(
@@ -369,7 +370,10 @@ extension NodeMachine {
     /// deltas wait until it knows (section 7.5). Not before its list: see
     /// ``PeerProgress/listHeard``.
     mutating func tellIfUnknown(_ endpoint: String) {
-        guard refusal == nil, !knowsThisNode(endpoint) else { return }
+        guard refusal == nil, !knowsThisNode(endpoint) else {
+            peers[endpoint]?.unknownSince = nil
+            return
+        }
         let since = peers[endpoint]?.unknownSince ?? now
         peers[endpoint]?.unknownSince = since
         let unknownFor = now &- since
