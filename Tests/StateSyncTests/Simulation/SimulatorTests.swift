@@ -35,10 +35,9 @@ struct SimulatorTests {
     /// missed below writes they hold: seed 1 has one. The others are caught at seed 4, and the
     /// same run passes without a bug: checked. Seed 7 served until a node took a peer's deltas
     /// only once that peer knew it (PROTOCOL.md 7.5): n4 joins late in it, the run's timing
-    /// changed, and ignore-deletions and collect-early passed its verdict.)
-    /// Every fault but `forget`,
-    /// which sets aside the writes a forgotten node gives up: a bug that loses writes could hide
-    /// among them (the sweep below has it).
+    /// changed, and ignore-deletions and collect-early passed its verdict.) Every fault but
+    /// `forget`, which sets aside the writes a forgotten node gives up: a bug that loses writes
+    /// could hide among them (the sweep below has it).
     @Test(arguments: SimulationOptions.PlantedBug.allCases)
     func aPlantedBugFailsTheVerdictAndNamesTheNode(bug: SimulationOptions.PlantedBug) throws {
         let seed: UInt64 = bug == .skipSettling ? 3 : bug == .skipVoid ? 1 : 4

@@ -429,10 +429,10 @@ package struct NodeMachine: Sendable {
         applyBackpressure(observerBacklog: observerBacklog)
         expireValues()
         checkPeerLinks()
-        for (kind, suppressed) in limiter.closedWindows(now: now) {
+        for (kind, suppressed, level) in limiter.closedWindows(now: now) {
             // At the level of the lines suppressed.
             logger.log(
-                level: Self.infoKinds.contains(kind) ? .info : .warning,
+                level: level,
                 "\(suppressed) more log lines of this kind were suppressed in the last second",
                 metadata: ["kind": "\(kind)", "suppressed": "\(suppressed)"])
         }
@@ -741,11 +741,8 @@ extension NodeMachine {
         logLimited(.warning, kind, message(), metadata: metadata())
     }
 
-    /// The kinds logged by ``infoLimited(_:_:metadata:)``.
-    static let infoKinds: Set<String> = ["before-known"]
-
     /// Like ``warnLimited(_:_:metadata:)``, at info level: for what is expected for a moment
-    /// (a joining node's first deltas), not a fault. `kind` is one of ``infoKinds``.
+    /// (a joining node's first deltas), not a fault.
     mutating func infoLimited(
         _ kind: String, _ message: @autoclosure () -> Logger.Message,
         metadata: @autoclosure () -> Logger.Metadata = [:]
@@ -757,7 +754,7 @@ extension NodeMachine {
         _ level: Logger.Level, _ kind: String, _ message: @autoclosure () -> Logger.Message,
         metadata: @autoclosure () -> Logger.Metadata
     ) {
-        guard let suppressed = limiter.allow(kind, now: now) else { return }
+        guard let suppressed = limiter.allow(kind, now: now, level: level) else { return }
         var fields = metadata()
         fields["suppressed"] = "\(suppressed)"
         logger.log(level: level, message(), metadata: fields)
@@ -768,31 +765,32 @@ extension NodeMachine {
 /// ones it suppressed; a burst's tail is reported by ``closedWindows(now:)`` once its second is
 /// over, so every suppressed line is accounted for without waiting for the next one.
 struct LogLimiter: Sendable {
-    private var entries: [String: (last: UInt64, suppressed: Int)] = [:]
+    private var entries: [String: (last: UInt64, suppressed: Int, level: Logger.Level)] = [:]
     static let window: UInt64 = 1000
 
-    /// Returns the number of suppressed messages to report when `kind` may be logged at `now`.
-    mutating func allow(_ kind: String, now: UInt64) -> Int? {
-        var entry = entries[kind] ?? (0, 0)
+    /// Returns the number of suppressed messages to report when `kind` may be logged at `now`
+    /// (at `level`, which the report of a burst's tail uses too).
+    mutating func allow(_ kind: String, now: UInt64, level: Logger.Level = .warning) -> Int? {
+        var entry = entries[kind] ?? (0, 0, level)
         if entry.last != 0 && now &- entry.last < Self.window {
             entry.suppressed += 1
             entries[kind] = entry
             return nil
         }
         let suppressed = entry.suppressed
-        entries[kind] = (max(now, 1), 0)
+        entries[kind] = (max(now, 1), 0, level)
         return suppressed
     }
 
-    /// The kinds whose window closed with lines suppressed, and how many: reported now (which
-    /// opens a new window), in the order of their names.
-    mutating func closedWindows(now: UInt64) -> [(kind: String, suppressed: Int)] {
-        var closed: [(kind: String, suppressed: Int)] = []
+    /// The kinds whose window closed with lines suppressed, how many, and at which level they
+    /// are logged: reported now (which opens a new window), in the order of their names.
+    mutating func closedWindows(now: UInt64) -> [(kind: String, suppressed: Int, level: Logger.Level)] {
+        var closed: [(kind: String, suppressed: Int, level: Logger.Level)] = []
         for (kind, entry) in entries where entry.suppressed > 0 && now &- entry.last >= Self.window {
-            closed.append((kind, entry.suppressed))
+            closed.append((kind, entry.suppressed, entry.level))
         }
         closed.sort { $0.kind < $1.kind }
-        for (kind, _) in closed { entries[kind] = (max(now, 1), 0) }
+        for (kind, _, level) in closed { entries[kind] = (max(now, 1), 0, level) }
         return closed
     }
 }
