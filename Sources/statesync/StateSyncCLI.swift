@@ -620,8 +620,10 @@ extension StateSyncCLI {
             discussion: """
                 Exits 0 when the node answers. With --ready, exits 3 unless the node is ready: every \
                 configured peer and known member (but those that left or were forgotten) connected, \
-                no deltas known but missing, the disk not full, and not settling after a power loss \
-                (docs/PROTOCOL.md 11.2). The HTTP listener's /readyz says the same.
+                every connected peer knowing this node (it takes a peer's deltas only then, \
+                docs/PROTOCOL.md 7.5), no deltas known but missing, the disk not full, and not \
+                settling after a power loss (docs/PROTOCOL.md 11.2). The HTTP listener's /readyz says \
+                the same.
                 """)
 
         @Flag(name: .long, help: "Print one JSON object.")
@@ -629,7 +631,9 @@ extension StateSyncCLI {
 
         @Flag(
             name: .long,
-            help: "Exit 3 unless the node is ready (peers connected, caught up, disk not full, not settling).")
+            help:
+                "Exit 3 unless the node is ready (peers connected and knowing this node, caught up, disk not full, not settling)."
+        )
         var ready = false
 
         @OptionGroup var connection: ConnectionOptions

@@ -136,9 +136,10 @@ public struct NodeStatus: Sendable, Equatable {
     }
 
     /// Why the node is not ready (empty: it is): peers or members it should hear that it does
-    /// not (a configured peer or a known member, unless it left or was forgotten), deltas known
-    /// to exist that it has not received, or a disk too full to take writes. `statesync status
-    /// --ready` and the HTTP listener's `/readyz` both answer with this.
+    /// not (a configured peer or a known member, unless it left or was forgotten), connected
+    /// peers that do not know it yet (``Peer/knowsThisNode``), deltas known to exist that it has
+    /// not received, a disk too full to take writes, or settling after a power loss. `statesync
+    /// status --ready` and the HTTP listener's `/readyz` both answer with this.
     public var notReadyReasons: [String] {
         var reasons: [String] = []
         let gone = Set(members.filter { $0.state == "left" || $0.state == "forgotten" }.map(\.id))
