@@ -325,6 +325,55 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 2, "the reset's snapshot, then the holder's")
     }
 
+    /// 7.5 and 10.9: while the forgotten node recovers its own deltas, a SNAPSHOT it serves
+    /// claims its own origin only through what it holds of them (R) whenever a peer may hold
+    /// more: here n1 reports holding the write on its way, which n2 has not fetched back yet. A
+    /// requester that lacked the write would have covered it without it, and never asked again
+    /// (the simulator's forget fault with a restart, 3 nodes, seed 112). Once n2 fetched it
+    /// back, its recovery ended and the claim is whole again.
+    @Test func aNodeRecoveringItsOwnDeltasClaimsOnlyThoseItHoldsWhileAPeerHoldsMore() throws {
+        var cluster = Cluster(["n1", "n2"])
+        let written = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: nil)
+        let recovery = try #require(cluster.nodes[1].machine.repair.ownRecovery)
+        let recovered = try #require(recovery.recovered)
+        #expect(recovered < recovery.through)
+        // The write reaches n1, whose next HEARTBEAT tells n2 that it holds it.
+        cluster.deliver(from: 1, to: 0)
+        cluster.nodes[0].advance(100)
+        cluster.deliver(from: 0, to: 1)
+        #expect(try Self.servedOwnMark(&cluster.nodes[1], id: 50) == recovered)
+        Self.deliverTheWriteAndExchange(&cluster, written, rounds: 20)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery == nil)
+        #expect(try Self.servedOwnMark(&cluster.nodes[1], id: 51) == recovery.through)
+    }
+
+    /// 7.5 and 10.9: the other side of the rule above. The write on its way is lost (it never
+    /// reaches n1): once every peer heard is connected and none reports holding more of n2's own
+    /// deltas than n2 holds, they are given up, and its SNAPSHOT covers them (requesters that
+    /// would otherwise wait for them for ever). Before n2 hears n1 again, n1 may hold them.
+    @Test func aNodeRecoveringItsOwnDeltasClaimsThemWholeOnceNoPeerCanHoldThem() throws {
+        var cluster = Cluster(["n1", "n2"])
+        _ = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: nil)
+        let recovery = try #require(cluster.nodes[1].machine.repair.ownRecovery)
+        let recovered = try #require(recovery.recovered)
+        #expect(try Self.servedOwnMark(&cluster.nodes[1], id: 50) == recovered, "n1 not heard for a while")
+        cluster.delivered[1][0] = cluster.nodes[1].published.count  // the write is lost
+        cluster.exchange(rounds: 2)
+        #expect(cluster.nodes[0].machine.origins["n2"]?.contiguous == recovered)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery != nil, "still recovering")
+        #expect(try Self.servedOwnMark(&cluster.nodes[1], id: 51) == recovery.through)
+    }
+
+    /// The mark of the node's own origin in the progress of the first page of a SNAPSHOT it serves
+    /// (0 when the progress leaves it out).
+    static func servedOwnMark(_ node: inout MachineRunner, id: UInt64) throws -> UInt64 {
+        let answer = node.request(
+            .snapshot, id: id, SnapshotPage.encodeRequest(after: nil, maximumOctets: 1 << 20), client: [0x4C, 1])
+        let reply = try #require(answer)
+        #expect(reply.0.kind == .ok)
+        return try SnapshotPage.decode(reply.1).progress[node.machine.configuration.nodeID] ?? 0
+    }
+
     /// 7.5 and 10.5.4: a watch on the forgotten node that asked for resets (WATCH flag bit 4)
     /// gets a `reset` snapshot once the peer's snapshot is merged, and its client ends with the
     /// node's state: the writes the node gave up go back to the older values or away. A watch

@@ -534,8 +534,7 @@ extension NodeMachine {
             }
             served = ServedSnapshot(
                 addresses: store.allModels.map(\.0).sorted(by: SnapshotPage.precedes),
-                progress: origins.mapValues(\.contiguous).filter { $0.value > 0 }, latestSequence: nextSequence - 1,
-                usedAt: now)
+                progress: servedProgress, latestSequence: nextSequence - 1, usedAt: now)
         }
         served.usedAt = now
         let page: (bytes: [UInt8], next: ModelAddress?)
@@ -551,6 +550,27 @@ extension NodeMachine {
         repair.serving[client] = page.next == nil ? nil : served
         counters.snapshotPagesServed += 1
         return page.bytes
+    }
+
+    /// The progress a SNAPSHOT this node serves claims: every origin's contiguous mark, but for
+    /// its own origin while it recovers its own deltas after a reset (section 7.5, "Own deltas on
+    /// their way"). Its state then holds them only through R (none before it merged a snapshot);
+    /// the rest may still be on a peer, and a requester that lacks them would cover them without
+    /// them and never ask again. So the own mark is R, unless every peer heard is connected and
+    /// none reports holding more: then no peer that could hold them remains, they are given up,
+    /// and the snapshot covers them as after the recovery.
+    var servedProgress: [String: UInt64] {
+        var progress = origins.mapValues(\.contiguous).filter { $0.value > 0 }
+        guard let recovery = repair.ownRecovery else { return progress }
+        let own = configuration.nodeID
+        let recovered = recovery.recovered ?? 0
+        let mayStillBeHeld =
+            recovery.recovered == nil
+            || peers.values.contains { peer in
+                (peer.progress[own] ?? 0) > recovered || (peer.incarnation != nil && !isConnected(peer))
+            }
+        if mayStillBeHeld { progress[own] = recovered > 0 ? min(recovered, progress[own] ?? 0) : nil }
+        return progress
     }
 
     /// Encodes, at a tick, the next page of every streamed SNAPSHOT served a page since (the

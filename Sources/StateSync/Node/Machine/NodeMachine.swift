@@ -635,10 +635,12 @@ package struct NodeMachine: Sendable {
     }
 
     /// The whole state as a SNAPSHOT reply carries it (section 10.9): what this node still
-    /// recovers of its own deltas is kept in its own file only (Appendix A).
+    /// recovers of its own deltas is kept in its own file only (Appendix A), and limits what the
+    /// progress claims of them (``servedProgress``).
     var servedSnapshot: StateSnapshot {
         var whole = snapshot
         whole.ownRecovery = nil
+        whole.progress = servedProgress
         return whole
     }
 }
