@@ -1110,23 +1110,32 @@ final class FaultSchedule {
                 break
             }
             let operatorNode = choices[random.below(choices.count)]
+            // Half the time the node also stops cleanly while cut off and starts again as the
+            // cut heals: its new start's entry is newer than the forget, and it must still learn
+            // it was forgotten before it says it is alive (PROTOCOL.md 7.5, "ANNOUNCE").
+            let restarts = random.below(2) == 0
             cluster.partition([victim], cut: true)
+            if restarts {
+                cluster.schedule(at: cluster.now + 200) { cluster in cluster.stopCleanly(victim) }
+            }
             let forgetter = SimulatedForgetter(
                 node: operatorNode, forgetting: nodes[victim].id, name: "forget-\(events.count)")
             // Peers count a member connected for three heartbeat intervals after they last heard
             // it; the operator asks from then on, and the cut lasts a second beyond.
             cluster.schedule(at: cluster.now + 400) { cluster in forgetter.start(in: cluster) }
             hold += 1000
-            let resyncsBefore = UInt64(nodes[victim].host?.status.counters["resyncs"] ?? 0)
+            // A restarted node counts its resets from 0.
+            let resyncsBefore = restarts ? 0 : UInt64(nodes[victim].host?.status.counters["resyncs"] ?? 0)
             heal = { [unowned self] cluster in
                 forgetter.stop()
                 cluster.partition([victim], cut: false)
+                if restarts { try? cluster.restart(victim) }
                 guard forgetter.acceptedAt != nil else { return }
                 self.awaitResync(of: victim, after: resyncsBefore, until: cluster.now + 10_000, in: cluster)
             }
             target = victim
             detail =
-                "\(nodes[victim].id) cut off from every other node for \(hold) ms; forgotten on \(nodes[operatorNode].id) (statesync forget) once they stop hearing it"
+                "\(nodes[victim].id) cut off from every other node for \(hold) ms\(restarts ? ", stopped cleanly 200 ms in and started again as the cut heals" : ""); forgotten on \(nodes[operatorNode].id) (statesync forget) once they stop hearing it"
         case .leave:
             cluster.stopCleanly(target)
             detail = "\(nodes[target].id) stopped cleanly (left), back after \(hold) ms"

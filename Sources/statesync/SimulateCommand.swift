@@ -25,10 +25,10 @@ extension StateSyncCLI {
                 broken-link (a link breaks for good until replaced), phantom (forged sequence \
                 numbers), forge (a delta in another node's name), join (the last node starts late, \
                 knowing only the first, and must join through membership), leave (a node stops cleanly \
-                and comes back later), forget (a node is cut off and an operator forgets it; back, it \
-                drops its state and takes the others': the writes it took that no other node held are \
-                counted as may_be_lost_to_forget). --faults picks them: all of them by default, none \
-                with --faults none.
+                and comes back later), forget (a node is cut off, and sometimes stopped, and an \
+                operator forgets it; back, it drops its state and takes the others': the writes it \
+                took that no other node held are counted as may_be_lost_to_forget). --faults picks \
+                them: all of them by default, none with --faults none.
 
                 Then everything heals and the harness's verdict is given: equal state everywhere, \
                 last-writer-wins winners, no acknowledged write lost (with storage.fsync: interval, \
