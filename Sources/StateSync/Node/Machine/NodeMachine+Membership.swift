@@ -244,6 +244,10 @@ extension NodeMachine {
                 "member '\(id)' is alive (heard \(heard.lastSeenMillisecondsAgo ?? 0) ms ago): stop it first (a clean stop leaves by itself); forget is for a node that is gone for good"
             )
         }
+        // Newer than the entry it replaces, whatever this node's clock says: that entry may come
+        // from a clock ahead of it (its writer's, within the drift bound), and an older forget
+        // would be dropped by every node, this one first, while the operator was told OK.
+        clock.advance(past: held.version)
         let entry = Membership.Member(
             id: id, publish: held.publish, api: held.api, state: .forgotten, version: clock.next())
         takeMember(entry)
