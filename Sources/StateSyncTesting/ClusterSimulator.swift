@@ -88,6 +88,9 @@ public struct SimulationOptions: Sendable {
         /// The node answers every write with a plain OK, also those that asked for an OKS
         /// message (PROTOCOL.md 10.1.1).
         case ignoreRequestFlags = "ignore-request-flags"
+        /// The node never drops its state when it learns it was forgotten (PROTOCOL.md 7.5): it
+        /// says it is alive with what it held. The run's forgets all take the node.
+        case skipReset = "skip-reset"
     }
 
     /// How many nodes (2–256).
@@ -234,6 +237,8 @@ public struct SimulationReport: Sendable {
             "chain_violations": .int(Int64(findings.chainViolations.count)),
             "list_violations": .int(Int64(findings.listViolations.count)),
             "reply_violations": .int(Int64(findings.replyViolations.count)),
+            "reset_violations": .int(Int64(findings.resetViolations.count)),
+            "forgotten_node_resets": .int(Int64(forgottenNodeResets)),
             "lww_violations": .int(Int64(findings.lwwViolations.count)),
             "diverged_nodes": .array(findings.divergedNodes.map(Value.string)),
             "notifications": .int(Int64(notifications)),
@@ -280,7 +285,8 @@ public struct SimulationReport: Sendable {
     var details: [String] {
         Array(
             findings.lostWrites.prefix(5) + findings.lwwViolations.prefix(5) + findings.chainViolations.prefix(5)
-                + findings.listViolations.prefix(5) + findings.replyViolations.prefix(5))
+                + findings.listViolations.prefix(5) + findings.replyViolations.prefix(5)
+                + findings.resetViolations.prefix(5))
     }
 
     /// The report for people.
@@ -331,6 +337,9 @@ public struct SimulationReport: Sendable {
         )
         lines.append(
             "  [\(mark(findings.replyViolations.isEmpty))] every write answered in the form its writer asked for (\(findings.replyViolations.count) violations)"
+        )
+        lines.append(
+            "  [\(mark(findings.resetViolations.isEmpty))] every node forgotten while cut off dropped its state when it came back (\(forgottenNodeResets) resets seen, \(findings.resetViolations.count) violations)"
         )
         for detail in details { lines.append("         \(detail)") }
         lines.append("trace digest: \(String(traceDigest, radix: 16))")
@@ -447,6 +456,7 @@ public enum ClusterSimulator {
             case .neverExpire: configuration.faults[culprit] = NodeFaults(neverExpire: true)
             case .collectEarly: configuration.faults[culprit] = NodeFaults(collectEarly: true)
             case .ignoreRequestFlags: configuration.faults[culprit] = NodeFaults(ignoreRequestFlags: true)
+            case .skipReset: configuration.faults[culprit] = NodeFaults(skipReset: true)
             }
         }
         if let logger = options.logger { configuration.logger = logger }
@@ -489,7 +499,7 @@ public enum ClusterSimulator {
             forceLoss: options.plantedBug == .skipRepair,
             forcePowerLoss: [.skipSettling, .skipVoid].contains(options.plantedBug),
             forceBlackout: options.plantedBug == .skipVoid,
-            forceCompaction: options.plantedBug == .forgetHeldAboveGaps)
+            forceCompaction: options.plantedBug == .forgetHeldAboveGaps, forceForget: options.plantedBug == .skipReset)
         // A client writes to a node back from a power loss at once: before its peers' first
         // HEARTBEATs, the moment a node that does not settle would reuse a published number.
         schedule.models = options.models
@@ -584,6 +594,7 @@ public enum ClusterSimulator {
             }, expiredThrough: cluster.nodes.indices.map { cluster.wallMilliseconds(of: $0) }.max() ?? 0)
         findings.chainViolations += watchers.flatMap { $0.violations }
         findings.replyViolations = workload.replyViolations
+        findings.resetViolations = schedule.resetViolations(in: cluster)
         // Every node's channel listed page by page (LIST) must be what the node holds.
         let listers = states.map { state in
             SimulatedLister(
@@ -889,6 +900,8 @@ final class FaultSchedule {
     /// the culprit alone hearing what it publishes after it, and compacting and restarting
     /// just before the power loss (a planted forget-held-above-gaps bug).
     let forceCompaction: Bool
+    /// Every forget takes the culprit (a planted skip-reset bug), and there is one.
+    let forceForget: Bool
     /// Draws of the moments before a power loss when the peers miss what the node publishes.
     var blackoutRandom: SeededRandom
     /// Draws of a peer's compaction and restart just before such a power loss.
@@ -912,6 +925,29 @@ final class FaultSchedule {
         let held: [String: [String: [Version]]]
     }
     private(set) var forgetResyncs: [ForgetResync] = []
+    /// Every forget the operator's FORGET was accepted for, and how many resets its node had
+    /// made before it came back: it must make one more (``resetViolations(in:)``).
+    private(set) var forgets: [Forget] = []
+
+    struct Forget {
+        var node: Int
+        var on: Int
+        var acceptedAt: UInt64
+        var resetsBefore: Int
+    }
+
+    /// A forgotten node that runs at the end but never dropped its state after its forget
+    /// (PROTOCOL.md 7.5): it told the others it was alive, overriding the forget, before it
+    /// learned of it (the reference node once did, announcing itself before a peer's member
+    /// list reached it), and may bring back data deleted since.
+    func resetViolations(in cluster: SimulatedCluster) -> [String] {
+        forgets.compactMap { forget in
+            let node = cluster.nodes[forget.node]
+            guard node.isUp, node.resets <= forget.resetsBefore else { return nil }
+            return
+                "\(node.id) was forgotten on \(cluster.nodes[forget.on].id) at \(forget.acceptedAt) ms and runs again without having dropped its state"
+        }
+    }
     /// How many models the workload writes (`m0`…), in ``ClusterSimulator/channel``.
     var models = 0
     private var round = 0
@@ -921,7 +957,7 @@ final class FaultSchedule {
         kinds: [SimulationOptions.Fault], random: SeededRandom,
         base: SimulatedNetwork<SimulatedCluster.Packet>.LinkConditions, lossRate: Double, duplicateRate: Double,
         reorderRate: Double, culprit: Int?, forceLoss: Bool, forcePowerLoss: Bool = false,
-        forceBlackout: Bool = false, forceCompaction: Bool = false
+        forceBlackout: Bool = false, forceCompaction: Bool = false, forceForget: Bool = false
     ) {
         self.kinds = kinds
         self.random = random
@@ -934,6 +970,7 @@ final class FaultSchedule {
         self.forcePowerLoss = forcePowerLoss
         self.forceBlackout = forceBlackout
         self.forceCompaction = forceCompaction
+        self.forceForget = forceForget
         self.blackoutRandom = random.fork("blackout")
         self.compactionRandom = random.fork("compaction")
     }
@@ -941,6 +978,7 @@ final class FaultSchedule {
     private var schedule: [SimulationOptions.Fault] {
         var kinds = self.kinds
         if forceLoss && !kinds.contains(.loss) { kinds.append(.loss) }
+        if forceForget && !kinds.contains(.forget) { kinds.append(.forget) }
         // Twice per round: a power loss must meet published writes not yet synced.
         if forcePowerLoss || forceCompaction { kinds.append(.crash) }
         return kinds
@@ -1087,9 +1125,10 @@ final class FaultSchedule {
                 heal = { cluster in try? cluster.restart(joiner) }
             }
         case .forget:
-            // Not a planted bug's node (taking the others' state would hide the bug), and one
-            // that runs, with another running to forget it on.
-            let candidates = nodes.indices.filter { $0 != culprit && nodes[$0].isUp }
+            // Not a planted bug's node (taking the others' state would hide the bug; but for
+            // skip-reset, whose node is the one to forget), and one that runs, with another
+            // running to forget it on.
+            let candidates = nodes.indices.filter { ($0 != culprit) != forceForget && nodes[$0].isUp }
             let up = nodes.indices.filter { nodes[$0].isUp }
             guard let victim = candidates.isEmpty ? nil : candidates[target % candidates.count], up.count > 1 else {
                 detail = "no node to forget (none running but a planted bug's)"
@@ -1124,14 +1163,16 @@ final class FaultSchedule {
             // it; the operator asks from then on, and the cut lasts a second beyond.
             cluster.schedule(at: cluster.now + 400) { cluster in forgetter.start(in: cluster) }
             hold += 1000
-            // A restarted node counts its resets from 0.
-            let resyncsBefore = restarts ? 0 : UInt64(nodes[victim].host?.status.counters["resyncs"] ?? 0)
             heal = { [unowned self] cluster in
                 forgetter.stop()
+                // Cut off all along, it cannot have learned of this forget yet.
+                let resetsBefore = cluster.nodes[victim].resets
                 cluster.partition([victim], cut: false)
                 if restarts { try? cluster.restart(victim) }
-                guard forgetter.acceptedAt != nil else { return }
-                self.awaitResync(of: victim, after: resyncsBefore, until: cluster.now + 10_000, in: cluster)
+                guard let acceptedAt = forgetter.acceptedAt else { return }
+                self.forgets.append(
+                    Forget(node: victim, on: operatorNode, acceptedAt: acceptedAt, resetsBefore: resetsBefore))
+                self.awaitResync(of: victim, after: resetsBefore, until: cluster.now + 10_000, in: cluster)
             }
             target = victim
             detail =
@@ -1211,9 +1252,8 @@ final class FaultSchedule {
     /// `before`), then notes what every other node held at that moment: the writes it took that
     /// none of them held are given up (PROTOCOL.md 7.5). Gives up at `until` (a node that
     /// crashed meanwhile, or never heard of the forget: nothing is set aside for it).
-    private func awaitResync(of node: Int, after before: UInt64, until: UInt64, in cluster: SimulatedCluster) {
-        let resyncs = UInt64(cluster.nodes[node].host?.status.counters["resyncs"] ?? 0)
-        guard resyncs <= before else {
+    private func awaitResync(of node: Int, after before: Int, until: UInt64, in cluster: SimulatedCluster) {
+        guard cluster.nodes[node].resets <= before else {
             var held: [String: [String: [Version]]] = [:]
             for other in cluster.nodes where other.index != node {
                 guard let host = other.host else { continue }

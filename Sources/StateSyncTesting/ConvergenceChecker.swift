@@ -110,11 +110,15 @@ public struct ConvergenceChecker: Sendable {
         /// Writes answered in a form their writer did not ask for (PROTOCOL.md 10.1.1: OKS
         /// messages only to a writer that asked, and then every OK in one) or malformed.
         public var replyViolations: [String] = []
+        /// Nodes forgotten while cut off (`statesync forget`) that came back without dropping
+        /// their state first (PROTOCOL.md 7.5, "Forgotten while away"): they may bring back data
+        /// deleted since. The cluster simulator's forget fault checks it.
+        public var resetViolations: [String] = []
 
         /// Whether every check passed.
         public var passed: Bool {
             converged && lostWrites.isEmpty && lwwViolations.isEmpty && chainViolations.isEmpty
-                && listViolations.isEmpty && replyViolations.isEmpty
+                && listViolations.isEmpty && replyViolations.isEmpty && resetViolations.isEmpty
         }
     }
 

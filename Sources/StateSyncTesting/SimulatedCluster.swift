@@ -108,6 +108,10 @@ package final class SimulatedCluster {
         }
 
         package var isUp: Bool { host != nil }
+        /// Times this node dropped its state after a forget (its `resyncs`), over all its runs:
+        /// a restart's counters start at 0.
+        package var resets: Int { resetsInEndedRuns + (host?.status.counters["resyncs"] ?? 0) }
+        fileprivate var resetsInEndedRuns = 0
         /// How far this node's wall clock is off, in milliseconds.
         package var clockSkew: Int64 { skew.milliseconds }
     }
@@ -397,7 +401,8 @@ package final class SimulatedCluster {
     /// down too (it restarts in a new boot).
     package func crash(_ index: Int, tornBytes: Int = 0, powerLoss: Bool = false) {
         let node = nodes[index]
-        guard node.host != nil else { return }
+        guard let host = node.host else { return }
+        node.resetsInEndedRuns += host.status.counters["resyncs"] ?? 0
         node.host = nil
         node.generation += 1
         node.tickAt = nil

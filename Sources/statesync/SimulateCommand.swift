@@ -35,13 +35,15 @@ extension StateSyncCLI {
                 but for what a node acknowledged within one sync interval before a power loss, which \
                 that policy may lose: counted as may_be_lost_to_power_loss), unbroken old/new chains, each \
                 watcher's copy equal to the nodes', no delta sent twice on one watch, every write \
-                answered in the form its writer asked for (PROTOCOL.md 10.1.1). It prints a \
+                answered in the form its writer asked for (PROTOCOL.md 10.1.1), every node forgotten \
+                while cut off dropped its state when it came back (PROTOCOL.md 7.5). It prints a \
                 digest of the whole trace: the same seed (and build) gives the same digest. Exits 0 \
                 only when every check passes; a failure prints the command that replays it.
 
                 --plant-bug plants a bug in the last node to prove the verdict catches it: \
                 drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, forget-held-above-gaps, \
-                duplicate-watch-events, ignore-deletions, never-expire, collect-early, ignore-request-flags.
+                duplicate-watch-events, ignore-deletions, never-expire, collect-early, ignore-request-flags, \
+                skip-reset.
                 """)
 
         @Option(help: "How many nodes (2–256).")
@@ -94,7 +96,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, forget-held-above-gaps, duplicate-watch-events, ignore-deletions, never-expire, collect-early, ignore-request-flags.",
+                "Plant a bug in the last node: drop-deltas, wrong-tie-break, skip-repair, skip-settling, skip-void, forget-held-above-gaps, duplicate-watch-events, ignore-deletions, never-expire, collect-early, ignore-request-flags, skip-reset.",
                 valueName: "BUG"))
         var plantBug: String?
 

@@ -79,7 +79,7 @@ extension NodeMachine {
             // earlier run last said about itself, though older than what this start said): the
             // others may have collected deletions without it. It takes their state, once.
             if member.state == .forgotten, !stopping, member.version > (earlierOwnEntry?.version ?? .zero),
-                resyncedAfterForget != member.version
+                resyncedAfterForget != member.version, !faults.skipReset
             {
                 resyncedAfterForget = member.version
                 logger.error(

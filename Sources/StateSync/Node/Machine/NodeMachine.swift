@@ -69,7 +69,8 @@ package struct NodeMachine: Sendable {
     /// than it was made while the node was away.
     var earlierOwnEntry: Membership.Member?
     /// The newest entry of this node's own (written by it) that a peer is known to hold: seen
-    /// in a peer's member list, or taken by a peer's ANNOUNCE. The members file keeps it as the
+    /// in a peer's member list, or taken by a peer's ANNOUNCE; or the first it wrote after a
+    /// reset, once the reset is written (it answers that forget). The members file keeps it as the
     /// node's own entry, not the newest one it wrote: an entry no peer took (the leave a node
     /// cut off writes as it stops) cannot have come before a forget made meanwhile, whatever the
     /// clocks say (section 7.5, "Forgotten while away").
@@ -726,12 +727,15 @@ package struct NodeFaults: Sendable, Equatable {
     /// This node ignores request flags (section 10.1.1): a write that asked for an OKS gets a
     /// plain OK, as from a node that predates them, which this node claims not to be.
     package var ignoreRequestFlags = false
+    /// This node never drops its state when it learns it was forgotten (section 7.5): it says
+    /// it is alive again with what it held, deleted data included.
+    package var skipReset = false
 
     package init(
         dropRemoteDeltasShare: Double = 0, wrongTieBreak: Bool = false, skipRepair: Bool = false,
         duplicateWatchEvents: Bool = false, ignoreDeletions: Bool = false, neverExpire: Bool = false,
         collectEarly: Bool = false, skipSettling: Bool = false, skipVoid: Bool = false,
-        forgetHeldAboveGaps: Bool = false, ignoreRequestFlags: Bool = false
+        forgetHeldAboveGaps: Bool = false, ignoreRequestFlags: Bool = false, skipReset: Bool = false
     ) {
         self.dropRemoteDeltasShare = min(max(dropRemoteDeltasShare, 0), 1)
         self.wrongTieBreak = wrongTieBreak
@@ -744,6 +748,7 @@ package struct NodeFaults: Sendable, Equatable {
         self.skipVoid = skipVoid
         self.forgetHeldAboveGaps = forgetHeldAboveGaps
         self.ignoreRequestFlags = ignoreRequestFlags
+        self.skipReset = skipReset
     }
 
     package var isEmpty: Bool { self == NodeFaults() }
