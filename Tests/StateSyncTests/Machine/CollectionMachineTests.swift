@@ -495,44 +495,6 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.value == "kept")
     }
 
-    /// 7.5: a node cut off that stops cleanly writes its leave, which no peer gets; a forget
-    /// made meanwhile on a node whose clock is behind is older than that leave. The node's
-    /// members file keeps the entry a peer held (not the leave), so, back, it takes the forget
-    /// as made while it was away and drops its state (the simulator's reset check, forget
-    /// fault with a restart: 3 nodes × 5,000 operations, seed 21, and six more in 2,000 seeds).
-    @Test func aLeaveNoPeerHeardDoesNotHideAForgetMadeMeanwhile() throws {
-        var cluster = Cluster(["n1", "n2"])
-        _ = cluster.set(on: 1, 1, [PropertyWrite(name: "x", value: "n2's")])
-        cluster.exchange(rounds: 12)
-        cluster.silent = [1]
-        cluster.exchange(rounds: 5)
-        // n2's clock runs 2 s ahead of n1's when it stops: its leave is newer than the forget.
-        cluster.nodes[1].wall.milliseconds += 2_000
-        cluster.nodes[1].handle(.stop)
-        let leave = try #require(cluster.nodes[1].machine.ownEntry)
-        #expect(leave.state == .left)
-        var body = WireWriter()
-        body.string("n2")
-        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
-        let forget = try #require(cluster.nodes[0].machine.membership.members["n2"])
-        #expect(forget.state == .forgotten && forget.version < leave.version)
-        // Its files: the state it stops with (as the daemon's last snapshot), its member list.
-        let state = cluster.nodes[1].machine.snapshot
-        var recovery = NodeMachine.Recovery(snapshot: try StateSnapshot.decode(StateSnapshot.encode(state)))
-        recovery.members = try Membership.decodeFile(try #require(cluster.nodes[1].savedMembers))
-        let saved = recovery.members.first { $0.id == "n2" }
-        #expect(saved.map { $0.state == .alive && $0.version < forget.version } == true, "the entry n1 held")
-        cluster.restart(1, on: recovery)
-        cluster.silent = []
-        var routed = 0
-        for _ in 0..<20 {
-            cluster.exchange(rounds: 1)
-            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
-        }
-        #expect(cluster.nodes[1].machine.counters.resyncs == 1, "back, it dropped its state")
-        #expect(cluster.nodes[0].machine.membership.members["n2"]?.state == .alive)
-    }
-
     /// A watch due a reset gets nothing until the reset: deltas sent meanwhile would move its
     /// cursor past the reset's own mark while its client still holds what the node gave up, and
     /// a resume after a restart would then not be told (seed 287 of the forget sweep). The reset

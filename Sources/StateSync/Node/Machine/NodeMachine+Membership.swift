@@ -20,12 +20,6 @@ extension NodeMachine {
                 id: configuration.nodeID, publish: boundPublish,
                 api: configuration.apiEndpoint != nil || configuration.repairEndpoint != nil ? boundRepair : "",
                 state: state, version: clock.next()))
-        // The first entry after a reset written to its file answers the forget (it is newer than
-        // it): the members file keeps it, so that a restart does not take that forget for one
-        // made while it was away, before any peer holds the entry.
-        if let answered = resyncedAfterForget, !resetUnwritten, (heldOwnEntry?.version ?? .zero) < answered {
-            heldOwnEntry = ownEntry
-        }
     }
 
     /// This node's entry as it stands.
@@ -39,7 +33,6 @@ extension NodeMachine {
             if member.id == configuration.nodeID {
                 theirs = member
                 if member == ownEntry, member.state == .alive { ownEntryAcknowledged = true }
-                peerHolds(member)
             }
             // Entries are kept as their node wrote them (a rewritten one would differ from its
             // writer's at the same version); the sender's own publish endpoint bound to a
@@ -51,15 +44,6 @@ extension NodeMachine {
         peers[endpoint]?.listsThisNode = theirs.map { $0.state != .forgotten } ?? false
         guard refusal == nil, let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true else { return }
         announce(own, to: endpoint)
-    }
-
-    /// A peer holds `entry` about this node (its member list says so, or it took the ANNOUNCE):
-    /// one this node wrote becomes the own entry its members file keeps, if newer.
-    mutating func peerHolds(_ entry: Membership.Member) {
-        guard entry.id == configuration.nodeID, entry.version.node == configuration.nodeID,
-            entry.version > (heldOwnEntry?.version ?? .zero)
-        else { return }
-        heldOwnEntry = entry
     }
 
     /// Takes one entry learned from a peer or an ANNOUNCE; a new alive member is dialled at
@@ -327,7 +311,7 @@ extension NodeMachine {
         lastAnnounce[endpoint] = now
         let id = nextRepairID()
         if announcesInFlight.count >= 64 { announcesInFlight.removeAll() }
-        announcesInFlight[id] = own
+        announcesInFlight[id] = own.id
         counters.announcesSent += 1
         actions.append(
             .sendRepairRequest(

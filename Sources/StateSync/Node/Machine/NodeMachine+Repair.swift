@@ -331,13 +331,12 @@ extension NodeMachine {
             // Refused: it never will, so its deltas are taken all the same (and the warning says
             // what that costs).
             peers[peer]?.listsThisNode = true
-            if header.kind == .ok { peerHolds(member) }
             if header.kind != .ok {
                 let reason = (try? ClientProtocol.decodeError(frames[1]))?.message ?? "?"
                 warnLimited(
                     "announce-refused",
                     "a peer refused this node's member entry (ANNOUNCE); its deltas are taken all the same, but should it lose power it will not ask this node for deltas it lost",
-                    metadata: ["peer.endpoint": "\(peer)", "member": "\(member.id)", "error": "\(reason)"])
+                    metadata: ["peer.endpoint": "\(peer)", "member": "\(member)", "error": "\(reason)"])
             }
             return
         }

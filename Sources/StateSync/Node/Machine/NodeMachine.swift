@@ -68,15 +68,6 @@ package struct NodeMachine: Sendable {
     /// This node's own entry as an earlier run left it (from its saved list): a forget newer
     /// than it was made while the node was away.
     var earlierOwnEntry: Membership.Member?
-    /// The newest entry of this node's own (written by it) that a peer is known to hold: seen
-    /// in a peer's member list, or taken by a peer's ANNOUNCE; or the first it wrote after a
-    /// reset, once the reset is written (it answers that forget). The members file keeps it as the
-    /// node's own entry, not the newest one it wrote: an entry no peer took (the leave a node
-    /// cut off writes as it stops) cannot have come before a forget made meanwhile, whatever the
-    /// clocks say (section 7.5, "Forgotten while away").
-    var heldOwnEntry: Membership.Member?
-    /// Its version when the members file was last saved.
-    var savedHeldOwnVersion: Version?
     /// The version of the forget this node resynced after (it does so once per forget).
     var resyncedAfterForget: Version?
     /// The state this node dropped after a forget (section 7.5) is not in its snapshot file yet
@@ -90,7 +81,7 @@ package struct NodeMachine: Sendable {
     var lastResetThrough: UInt64 = 0
     /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
     var lastAnnounce: [String: UInt64] = [:]
-    var announcesInFlight: [UInt64: Membership.Member] = [:]
+    var announcesInFlight: [UInt64: String] = [:]
     /// The HEARTBEAT saying this node left was published (it stops).
     var leftAnnounced = false
     /// HEARTBEATs published, and how many had been when the member list last changed: the list
@@ -236,8 +227,6 @@ package struct NodeMachine: Sendable {
             if member.id == configuration.nodeID {
                 clock.advance(past: member.version)
                 earlierOwnEntry = member
-                heldOwnEntry = member
-                savedHeldOwnVersion = member.version
             } else {
                 membership.merge(member)
             }
@@ -387,15 +376,9 @@ package struct NodeMachine: Sendable {
     /// Saves the member list when it changed: before any HEARTBEAT that carries it (a member this
     /// node acknowledges in its list is one it will still know after a crash, section 8.4).
     mutating func saveMembersIfChanged() {
-        guard membership.revision != savedMembershipRevision || heldOwnEntry?.version != savedHeldOwnVersion
-        else { return }
+        guard membership.revision != savedMembershipRevision else { return }
         savedMembershipRevision = membership.revision
-        savedHeldOwnVersion = heldOwnEntry?.version
-        // This node's own entry as a peer is known to hold it (``heldOwnEntry``), none before one
-        // did.
-        let own = configuration.nodeID
-        let list = membership.sorted.compactMap { $0.id == own ? heldOwnEntry : $0 }
-        actions.append(.saveMembers(Membership.encodeFile(list)))
+        actions.append(.saveMembers(Membership.encodeFile(membership.sorted)))
     }
 
     /// Something waits for the driver's next tick: own writes to sync or publish, replies
