@@ -495,6 +495,47 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["x"]?.value == "kept")
     }
 
+    /// 7.5: a node cut off that stops cleanly writes its leave, which no peer gets; a forget
+    /// made meanwhile on a node whose clock is behind is older than that leave. Back, the node
+    /// compares the forget with the last forget it answered (none: its members file holds no
+    /// entry of its own), not with what it said about itself, and drops its state (the
+    /// simulator's reset check, forget fault with a restart: 3 nodes × 5,000 operations, seed
+    /// 21, and six more in 2,000 seeds). Once that is written, the file keeps the forget as
+    /// answered: a restart does not reset again.
+    @Test func aLeaveNoPeerHeardDoesNotHideAForgetMadeMeanwhile() throws {
+        var cluster = Cluster(["n1", "n2"])
+        _ = cluster.set(on: 1, 1, [PropertyWrite(name: "x", value: "n2's")])
+        cluster.exchange(rounds: 12)
+        cluster.silent = [1]
+        cluster.exchange(rounds: 5)
+        // n2's clock runs 2 s ahead of n1's when it stops: its leave is newer than the forget.
+        cluster.nodes[1].wall.milliseconds += 2_000
+        cluster.nodes[1].handle(.stop)
+        let leave = try #require(cluster.nodes[1].machine.ownEntry)
+        #expect(leave.state == .left)
+        var body = WireWriter()
+        body.string("n2")
+        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
+        let forget = try #require(cluster.nodes[0].machine.membership.members["n2"])
+        #expect(forget.state == .forgotten && forget.version < leave.version)
+        // Its files: the state it stops with (as the daemon's last snapshot), its member list.
+        let state = cluster.nodes[1].machine.snapshot
+        var recovery = NodeMachine.Recovery(snapshot: try StateSnapshot.decode(StateSnapshot.encode(state)))
+        recovery.members = try Membership.decodeFile(try #require(cluster.nodes[1].savedMembers))
+        #expect(!recovery.members.contains { $0.id == "n2" }, "no forget answered yet")
+        cluster.restart(1, on: recovery)
+        cluster.silent = []
+        var routed = 0
+        for _ in 0..<20 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1, "back, it dropped its state")
+        #expect(cluster.nodes[0].machine.membership.members["n2"]?.state == .alive)
+        let answered = try Membership.decodeFile(try #require(cluster.nodes[1].savedMembers))
+        #expect(answered.first { $0.id == "n2" } == forget, "the forget, answered")
+    }
+
     /// A watch due a reset gets nothing until the reset: deltas sent meanwhile would move its
     /// cursor past the reset's own mark while its client still holds what the node gave up, and
     /// a resume after a restart would then not be told (seed 287 of the forget sweep). The reset
@@ -599,6 +640,7 @@ struct CollectionMachineTests {
         #expect(file.ownRecovery == StateSnapshot.OwnRecovery(through: 1, recovered: 1))
         var recovery = NodeMachine.Recovery(snapshot: file)
         recovery.members = try Membership.decodeFile(try #require(cluster.nodes[1].savedMembers))
+        #expect(recovery.members.first { $0.id == "n2" }?.state == .forgotten, "the members file: the forget, answered")
         cluster.restart(1, on: recovery)
         #expect(cluster.nodes[1].machine.repair.ownRecovery == nil && !cluster.nodes[1].machine.repair.needsSnapshot)
         _ = try resume(8)

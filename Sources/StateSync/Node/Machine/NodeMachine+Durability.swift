@@ -403,7 +403,7 @@ extension NodeMachine {
         // A reset now written: the node says it is alive again (section 7.5).
         if resetUnwritten {
             resetUnwritten = false
-            writeOwnEntry(stopping ? .left : .alive)
+            resetWritten()
         }
     }
 

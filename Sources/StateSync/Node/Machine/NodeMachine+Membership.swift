@@ -37,18 +37,24 @@ extension NodeMachine {
             // Entries are kept as their node wrote them (a rewritten one would differ from its
             // writer's at the same version); the sender's own publish endpoint bound to a
             // wildcard host is dialled where its stream comes from.
-            takeMember(member, dialAt: member.id == sender ? Self.reachable(member.publish, via: endpoint) : nil)
+            takeMember(
+                member, dialAt: member.id == sender ? Self.reachable(member.publish, via: endpoint) : nil,
+                fromItself: member.id == sender)
         }
         // It knows this node (it saved its list before sending it): its own deltas are taken;
         // not once its list says this node was forgotten.
         peers[endpoint]?.listsThisNode = theirs.map { $0.state != .forgotten } ?? false
-        guard refusal == nil, let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true else { return }
+        // Not while a reset is unwritten: the entry would undo the forget on the peer, and a
+        // restart before the reset is written would come back with what it dropped.
+        guard refusal == nil, !resetUnwritten, let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true
+        else { return }
         announce(own, to: endpoint)
     }
 
-    /// Takes one entry learned from a peer or an ANNOUNCE; a new alive member is dialled at
-    /// `dialAt` when given (its publish endpoint resolved), else at its publish endpoint.
-    mutating func takeMember(_ member: Membership.Member, dialAt: String? = nil) {
+    /// Takes one entry learned from a peer or an ANNOUNCE (`fromItself`: from the member itself,
+    /// its ANNOUNCE or its own HEARTBEAT's list); a new alive member is dialled at `dialAt` when
+    /// given (its publish endpoint resolved), else at its publish endpoint.
+    mutating func takeMember(_ member: Membership.Member, dialAt: String? = nil, fromItself: Bool = false) {
         if member.id == configuration.nodeID {
             // Forgotten before this start (no peer has held this start's entry yet; its version
             // may well be newer than the forget), with none of its own deltas on disk: not the
@@ -59,17 +65,22 @@ extension NodeMachine {
                 )
                 return
             }
-            // Forgotten while it ran, or while it was away (the forget is newer than what an
-            // earlier run last said about itself, though older than what this start said): the
-            // others may have collected deletions without it. It takes their state, once.
-            if member.state == .forgotten, !stopping, member.version > (earlierOwnEntry?.version ?? .zero),
-                resyncedAfterForget != member.version, !faults.skipReset
+            // Forgotten while it ran, or while it was away: a forget newer than the last one it
+            // answered. Whatever it said about itself since may have been written without
+            // knowing of it (a restart, a clock ahead of the forgetter's), and the others may have
+            // collected deletions without it. It takes their state, once per forget, and says it
+            // is alive again once that is written.
+            if member.state == .forgotten, !stopping, member.version > (resyncedAfterForget?.version ?? .zero),
+                !faults.skipReset
             {
-                resyncedAfterForget = member.version
+                resyncedAfterForget = member
                 logger.error(
                     "this node was forgotten by another member (statesync forget); it stays in the cluster because it runs, and says so",
                     metadata: ["member.version": "\(member.version)"])
                 resyncAfterForget(by: member.version.node)
+                clock.advance(past: member.version)
+                if !resetUnwritten { resetWritten() }
+                return
             }
             // A newer entry about this node than the one it wrote at this start: written by
             // another (an operator's forget, a forged leave), or by itself in an earlier run (the
@@ -85,6 +96,12 @@ extension NodeMachine {
             if !resetUnwritten { writeOwnEntry(stopping ? .left : .alive) }
             return
         }
+        // A member this node holds as forgotten is taken back only from itself: an entry of it
+        // that a third node relays may have been written before it learned of the forget (at a
+        // restart, or by a clock ahead of the forgetter's), and would undo the forget here before
+        // the member hears of it, and it would never drop its state (section 7.5). Back, it
+        // hears this node's list, drops its state and answers with its own entry.
+        if member.state != .forgotten, !fromItself, membership.members[member.id]?.state == .forgotten { return }
         guard membership.merge(member) else { return }
         counters.membershipUpdates += 1
         membershipChangedAt = heartbeatsSent
@@ -93,6 +110,14 @@ extension NodeMachine {
         } else {
             unlink(member.id, publishingAt: member.publish, because: member.state)
         }
+    }
+
+    /// The state this node dropped after a forget is in its snapshot file: it says it is alive
+    /// again, with an entry newer than the forget and than all it said before, and its members
+    /// file keeps the forget as answered (a restart does not reset again for it).
+    mutating func resetWritten() {
+        answeredForget = resyncedAfterForget
+        writeOwnEntry(stopping ? .left : .alive)
     }
 
     /// This node was forgotten (section 7.5): while it was away the others collected deletions
@@ -340,7 +365,7 @@ extension NodeMachine {
         guard clock.observe(member.version) else {
             throw StateSyncError(.protocolError, "the entry's version is further ahead than clock.max_drift_ms")
         }
-        takeMember(member)
+        takeMember(member, fromItself: true)
     }
 
     /// Whether `endpoint` is bound to every interface (`tcp://*:P`, `tcp://0.0.0.0:P`).

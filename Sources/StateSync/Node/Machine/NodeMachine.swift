@@ -65,11 +65,14 @@ package struct NodeMachine: Sendable {
     package internal(set) var membership = Membership()
     /// The list's revision when it was last saved (``NodeAction/saveMembers(_:)``).
     var savedMembershipRevision = 0
-    /// This node's own entry as an earlier run left it (from its saved list): a forget newer
-    /// than it was made while the node was away.
-    var earlierOwnEntry: Membership.Member?
-    /// The version of the forget this node resynced after (it does so once per forget).
-    var resyncedAfterForget: Version?
+    /// The last forget of this node that it dropped its state for (it does so once per forget),
+    /// and the last one whose reset is written: the members file keeps that one as the node's
+    /// own entry, so that a forget newer than it, heard after a restart, was made while the
+    /// node was away (section 7.5, "Forgotten while away").
+    var resyncedAfterForget: Membership.Member?
+    var answeredForget: Membership.Member?
+    /// ``answeredForget``'s version when the members file was last saved.
+    var savedAnsweredForget: Version?
     /// The state this node dropped after a forget (section 7.5) is not in its snapshot file yet
     /// (a sync was running, which only a host that syncs in the background has): its entry
     /// saying it is alive again waits for it (``compact()`` writes both).
@@ -226,7 +229,13 @@ package struct NodeMachine: Sendable {
         for member in recovery.members {
             if member.id == configuration.nodeID {
                 clock.advance(past: member.version)
-                earlierOwnEntry = member
+                // The last forget it answered (a file of an earlier version holds the last entry
+                // the node wrote instead: no forget answered).
+                if member.state == .forgotten {
+                    resyncedAfterForget = member
+                    answeredForget = member
+                    savedAnsweredForget = member.version
+                }
             } else {
                 membership.merge(member)
             }
@@ -376,9 +385,14 @@ package struct NodeMachine: Sendable {
     /// Saves the member list when it changed: before any HEARTBEAT that carries it (a member this
     /// node acknowledges in its list is one it will still know after a crash, section 8.4).
     mutating func saveMembersIfChanged() {
-        guard membership.revision != savedMembershipRevision else { return }
+        guard membership.revision != savedMembershipRevision || answeredForget?.version != savedAnsweredForget
+        else { return }
         savedMembershipRevision = membership.revision
-        actions.append(.saveMembers(Membership.encodeFile(membership.sorted)))
+        savedAnsweredForget = answeredForget?.version
+        // Its own id's entry is the last forget it answered (none before one).
+        let own = configuration.nodeID
+        let list = membership.sorted.compactMap { $0.id == own ? answeredForget : $0 }
+        actions.append(.saveMembers(Membership.encodeFile(list)))
     }
 
     /// Something waits for the driver's next tick: own writes to sync or publish, replies
