@@ -175,6 +175,8 @@ extension NodeMachine {
         repair.ownRecovery = latest > 0 ? StateSnapshot.OwnRecovery(through: latest, recovered: nil) : nil
         lastResetThrough = latest
         repair.ownRecoveryFetch = nil
+        repair.ownRecoverySweep = false
+        repair.ownRecoverySwept = []
         // Written at once, before the node says it is alive again (then the cluster no longer
         // says it was forgotten: a restart before would keep what it held). Unless a sync runs
         // (a host that syncs in the background): then once it ends.

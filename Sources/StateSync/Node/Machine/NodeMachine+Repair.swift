@@ -46,8 +46,12 @@ extension NodeMachine {
         /// through `recovered` are in its state again (what the first snapshot merged since held,
         /// and what was fetched back since). Kept in its snapshot file while it lasts.
         var ownRecovery: StateSnapshot.OwnRecovery?
-        /// The FETCH of own deltas in flight.
+        /// The FETCH of own deltas in flight; whether it asks a peer that reports no mark above
+        /// R (a sweep: it may hold some above a gap of its own).
         var ownRecoveryFetch: Outstanding?
+        var ownRecoverySweep = false
+        /// The peers that answered a sweep since the reset (or the restart).
+        var ownRecoverySwept: Set<String> = []
     }
 
     /// A streamed SNAPSHOT being received: its peer, the cursor of the next page, the progress
@@ -212,11 +216,20 @@ extension NodeMachine {
         repair.ownRecoveryFetch = nil
         let own = configuration.nodeID
         let holders = usable.filter { (peers[$0]?.progress[own] ?? 0) > recovered }
-        guard !holders.isEmpty else { return }
+        guard !holders.isEmpty else {
+            // No peer reports holding the next one: each connected peer is asked once for the
+            // rest, which it may hold above a gap of its own (its mark does not show them).
+            guard let peer = usable.first(where: { !repair.ownRecoverySwept.contains($0) }) else { return }
+            repair.ownRecoveryFetch = sendFetch(
+                origin: own, range: Self.limited(recovered + 1...recovery.through), to: peer)
+            repair.ownRecoverySweep = true
+            return
+        }
         repair.rotation += 1
         let peer = holders[repair.rotation % holders.count]
         let range = Self.limited(recovered + 1...min(peers[peer]?.progress[own] ?? 0, recovery.through))
         repair.ownRecoveryFetch = sendFetch(origin: own, range: range, to: peer)
+        repair.ownRecoverySweep = false
         logger.info(
             "fetching back own deltas a peer holds that this node dropped with its state",
             metadata: ["delta.range": "\(range)", "peer.endpoint": "\(peer)"])
@@ -230,30 +243,36 @@ extension NodeMachine {
         kind: ClientProtocol.ReplyKind, body: [UInt8], asked fetch: Outstanding, from peer: String
     ) {
         repair.ownRecoveryFetch = nil
+        let sweep = repair.ownRecoverySweep
+        repair.ownRecoverySweep = false
         guard let recovered = repair.ownRecovery?.recovered else { return }
         guard kind == .ok, let (deltas, _, _) = try? ClientProtocol.decodeFetched(body) else { return }
+        if sweep { repair.ownRecoverySwept.insert(peer) }
         let own = configuration.nodeID
         let wanted = deltas.filter { $0.origin == own && fetch.range.contains($0.sequence) }
             .sorted { $0.sequence < $1.sequence }
         var through = recovered
         for delta in wanted where delta.sequence == through + 1 { through = delta.sequence }
-        guard through > recovered else {
+        // A peer that reported a mark above R and sent no R + 1 holds it in its state only; one
+        // swept holds only what it sent (maybe nothing).
+        if through == recovered, !sweep {
             repair.needsSnapshot = true
             logger.info(
                 "a peer holds own deltas this node dropped with its state, no longer as deltas; asking for a snapshot",
                 metadata: ["delta.range": "\(fetch.range)", "peer.endpoint": "\(peer)"])
-            return
         }
+        guard !wanted.isEmpty else { return }
         counters.deltasFetched += wanted.count
+        // Every one it sent is merged, also those above a gap (its state holds them now).
         let changed = mergeRecoveredOwn(wanted)
-        ownRecovered(through: through)
+        if through > recovered { ownRecovered(through: through) }
         // Made durable like a merged snapshot (its numbers are covered: a log replay skips them).
         repair.mergedSnapshot = true
         logger.notice(
             "fetched back own deltas a peer received after this node dropped its state",
             metadata: [
-                "delta.range": "\(recovered + 1)...\(through)", "peer.endpoint": "\(peer)",
-                "channels.changed": "\(changed.count)",
+                "delta.range": "\(wanted[0].sequence)...\(wanted[wanted.count - 1].sequence)",
+                "deltas": "\(wanted.count)", "peer.endpoint": "\(peer)", "channels.changed": "\(changed.count)",
             ])
         resyncWatches(of: changed)
     }
@@ -566,8 +585,10 @@ extension NodeMachine {
         let recovered = recovery.recovered ?? 0
         let mayStillBeHeld =
             recovery.recovered == nil
-            || peers.values.contains { peer in
+            || peers.contains { endpoint, peer in
                 (peer.progress[own] ?? 0) > recovered || (peer.incarnation != nil && !isConnected(peer))
+                    || (isConnected(peer) && repair.links[endpoint] != nil
+                        && !repair.ownRecoverySwept.contains(endpoint))
             }
         if mayStillBeHeld { progress[own] = recovered > 0 ? min(recovered, progress[own] ?? 0) : nil }
         return progress
