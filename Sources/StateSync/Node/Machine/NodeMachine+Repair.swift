@@ -575,9 +575,10 @@ extension NodeMachine {
     /// its own origin while it recovers its own deltas after a reset (section 7.5, "Own deltas on
     /// their way"). Its state then holds them only through R (none before it merged a snapshot);
     /// the rest may still be on a peer, and a requester that lacks them would cover them without
-    /// them and never ask again. So the own mark is R, unless every peer heard is connected and
-    /// none reports holding more: then no peer that could hold them remains, they are given up,
-    /// and the snapshot covers them as after the recovery.
+    /// them and never ask again. So the own mark is R, unless every peer heard is connected, each
+    /// one it can ask has answered its sweep (``requestOwnRecovery(usable:)``: what it held above a
+    /// gap is merged), and none reports holding more: then no peer that could hold them remains,
+    /// the rest are given up, and the snapshot covers them as after the recovery.
     var servedProgress: [String: UInt64] {
         var progress = origins.mapValues(\.contiguous).filter { $0.value > 0 }
         guard let recovery = repair.ownRecovery else { return progress }
