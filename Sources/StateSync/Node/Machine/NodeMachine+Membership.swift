@@ -37,9 +37,7 @@ extension NodeMachine {
             // Entries are kept as their node wrote them (a rewritten one would differ from its
             // writer's at the same version); the sender's own publish endpoint bound to a
             // wildcard host is dialled where its stream comes from.
-            takeMember(
-                member, dialAt: member.id == sender ? Self.reachable(member.publish, via: endpoint) : nil,
-                fromItself: member.id == sender)
+            takeMember(member, dialAt: member.id == sender ? Self.reachable(member.publish, via: endpoint) : nil)
         }
         // It knows this node (it saved its list before sending it): its own deltas are taken;
         // not once its list says this node was forgotten.
@@ -51,15 +49,17 @@ extension NodeMachine {
         announce(own, to: endpoint)
     }
 
-    /// Takes one entry learned from a peer or an ANNOUNCE (`fromItself`: from the member itself,
-    /// its ANNOUNCE or its own HEARTBEAT's list); a new alive member is dialled at `dialAt` when
-    /// given (its publish endpoint resolved), else at its publish endpoint.
+    /// Takes one entry learned from a peer or an ANNOUNCE (`fromItself`: the member's own
+    /// ANNOUNCE, which it sends only once it has heard this node's list); a new alive member is
+    /// dialled at `dialAt` when given (its publish endpoint resolved), else at its publish
+    /// endpoint.
     mutating func takeMember(_ member: Membership.Member, dialAt: String? = nil, fromItself: Bool = false) {
         if member.id == configuration.nodeID {
             // Forgotten before this start (no peer has held this start's entry yet; its version
             // may well be newer than the forget), with none of its own deltas on disk: not the
             // node that was forgotten coming back. A forget made while it runs is answered below.
-            if member.state == .forgotten, startedWithoutOwnDeltas, !ownEntryAcknowledged {
+            let unanswered = member.state == .forgotten && member.version > (resyncedAfterForget?.version ?? .zero)
+            if unanswered, startedWithoutOwnDeltas, !ownEntryAcknowledged {
                 refuseToRun(
                     "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with none of its own deltas in its data directory: a forgotten id does not come back that way. Give it a new node.id (or restore the data directory it ran with)"
                 )
@@ -70,9 +70,7 @@ extension NodeMachine {
             // knowing of it (a restart, a clock ahead of the forgetter's), and the others may have
             // collected deletions without it. It takes their state, once per forget, and says it
             // is alive again once that is written.
-            if member.state == .forgotten, !stopping, member.version > (resyncedAfterForget?.version ?? .zero),
-                !faults.skipReset
-            {
+            if unanswered, !stopping, !faults.skipReset {
                 resyncedAfterForget = member
                 logger.error(
                     "this node was forgotten by another member (statesync forget); it stays in the cluster because it runs, and says so",
@@ -82,6 +80,10 @@ extension NodeMachine {
                 if !resetUnwritten { resetWritten() }
                 return
             }
+            // Heard while it stops: it does not answer it with its leave (the forget would be gone
+            // from the cluster, and the node, back, would never drop its state); back, it hears
+            // the forget again.
+            if unanswered, stopping, !faults.skipReset { return }
             // A newer entry about this node than the one it wrote at this start: written by
             // another (an operator's forget, a forged leave), or by itself in an earlier run (the
             // leave it wrote when it stopped, from a clock that was ahead of its clock now). It
@@ -96,8 +98,9 @@ extension NodeMachine {
             if !resetUnwritten { writeOwnEntry(stopping ? .left : .alive) }
             return
         }
-        // A member this node holds as forgotten is taken back only from itself: an entry of it
-        // that a third node relays may have been written before it learned of the forget (at a
+        // A member this node holds as forgotten is taken back only from itself, by ANNOUNCE: an
+        // entry of it that a HEARTBEAT's list carries (a third node's, or its own, sent before it
+        // heard of the forget) may have been written before it learned of the forget (at a
         // restart, or by a clock ahead of the forgetter's), and would undo the forget here before
         // the member hears of it, and it would never drop its state (section 7.5). Back, it
         // hears this node's list, drops its state and answers with its own entry.
@@ -176,7 +179,7 @@ extension NodeMachine {
         lastResetThrough = latest
         repair.ownRecoveryFetch = nil
         repair.ownRecoverySweep = false
-        repair.ownRecoverySwept = []
+        repair.ownRecoverySwept = [:]
         // Written at once, before the node says it is alive again (then the cluster no longer
         // says it was forgotten: a restart before would keep what it held). Unless a sync runs
         // (a host that syncs in the background): then once it ends.

@@ -50,8 +50,9 @@ extension NodeMachine {
         /// R (a sweep: it may hold some above a gap of its own).
         var ownRecoveryFetch: Outstanding?
         var ownRecoverySweep = false
-        /// The peers that answered a sweep since the reset (or the restart).
-        var ownRecoverySwept: Set<String> = []
+        /// Per peer, through which own number it answered a sweep since the reset (or the
+        /// restart): a FETCH asks for at most 2000 numbers.
+        var ownRecoverySwept: [String: UInt64] = [:]
     }
 
     /// A streamed SNAPSHOT being received: its peer, the cursor of the next page, the progress
@@ -218,10 +219,14 @@ extension NodeMachine {
         let holders = usable.filter { (peers[$0]?.progress[own] ?? 0) > recovered }
         guard !holders.isEmpty else {
             // No peer reports holding the next one: each connected peer is asked once for the
-            // rest, which it may hold above a gap of its own (its mark does not show them).
-            guard let peer = usable.first(where: { !repair.ownRecoverySwept.contains($0) }) else { return }
-            repair.ownRecoveryFetch = sendFetch(
-                origin: own, range: Self.limited(recovered + 1...recovery.through), to: peer)
+            // rest, which it may hold above a gap of its own (its mark does not show them), in
+            // turn (one that does not answer does not hold up the others).
+            let unswept = usable.filter { (repair.ownRecoverySwept[$0] ?? 0) < recovery.through }
+            guard !unswept.isEmpty else { return }
+            repair.rotation += 1
+            let peer = unswept[repair.rotation % unswept.count]
+            let from = max(recovered, repair.ownRecoverySwept[peer] ?? 0) + 1
+            repair.ownRecoveryFetch = sendFetch(origin: own, range: Self.limited(from...recovery.through), to: peer)
             repair.ownRecoverySweep = true
             return
         }
@@ -246,8 +251,9 @@ extension NodeMachine {
         let sweep = repair.ownRecoverySweep
         repair.ownRecoverySweep = false
         guard let recovered = repair.ownRecovery?.recovered else { return }
+        // A peer swept answers for the range asked (an ERROR too: it gives none of them).
+        if sweep { repair.ownRecoverySwept[peer] = max(repair.ownRecoverySwept[peer] ?? 0, fetch.range.upperBound) }
         guard kind == .ok, let (deltas, _, _) = try? ClientProtocol.decodeFetched(body) else { return }
-        if sweep { repair.ownRecoverySwept.insert(peer) }
         let own = configuration.nodeID
         let wanted = deltas.filter { $0.origin == own && fetch.range.contains($0.sequence) }
             .sorted { $0.sequence < $1.sequence }
@@ -579,6 +585,10 @@ extension NodeMachine {
     /// one it can ask has answered its sweep (``requestOwnRecovery(usable:)``: what it held above a
     /// gap is merged), and none reports holding more: then no peer that could hold them remains,
     /// the rest are given up, and the snapshot covers them as after the recovery.
+    /// How many silence limits a reset node waits for a peer it heard that may hold its own
+    /// deltas (``servedProgress``).
+    static let ownRecoveryWaitLimits: UInt64 = 30
+
     var servedProgress: [String: UInt64] {
         var progress = origins.mapValues(\.contiguous).filter { $0.value > 0 }
         guard let recovery = repair.ownRecovery else { return progress }
@@ -587,9 +597,16 @@ extension NodeMachine {
         let mayStillBeHeld =
             recovery.recovered == nil
             || peers.contains { endpoint, peer in
-                (peer.progress[own] ?? 0) > recovered || (peer.incarnation != nil && !isConnected(peer))
-                    || (isConnected(peer) && repair.links[endpoint] != nil
-                        && !repair.ownRecoverySwept.contains(endpoint))
+                if (peer.progress[own] ?? 0) > recovered { return true }
+                // One not heard for a while (a restart, a partition) is waited for, but no longer
+                // than 30 silence limits (section 7.4): a member down for good would keep the
+                // others asking this node for snapshots that cover nothing, and the recovery from
+                // ending.
+                if let last = peer.lastMessageAt, !isConnected(peer) {
+                    return now &- last < Self.ownRecoveryWaitLimits * peerSilenceLimit
+                }
+                return isConnected(peer) && repair.links[endpoint] != nil
+                    && (repair.ownRecoverySwept[endpoint] ?? 0) < recovery.through
             }
         if mayStillBeHeld { progress[own] = recovered > 0 ? min(recovered, progress[own] ?? 0) : nil }
         return progress
