@@ -281,16 +281,22 @@ struct CollectionMachineTests {
     static func routeRepairs(_ cluster: inout Cluster, from: Int, to: Int, after: Int) -> Int {
         var handled = after
         while handled < cluster.nodes[from].repairRequests.count {
-            let request = cluster.nodes[from].repairRequests[handled]
+            answer(&cluster, cluster.nodes[from].repairRequests[handled], from: from, by: to)
             handled += 1
-            let client: [UInt8] = [0x52, UInt8(from)]
-            let before = cluster.nodes[to].sent.count
-            cluster.nodes[to].handle(.clientRequest(client: client, frames: request.frames, identity: nil))
-            for (recipient, frames) in cluster.nodes[to].sent[before...] where recipient == client {
-                cluster.nodes[from].handle(.repairReply(peer: request.peer, frames: frames))
-            }
         }
         return handled
+    }
+
+    /// Node `to` answers one repair request of node `from`, which gets the reply.
+    static func answer(
+        _ cluster: inout Cluster, _ request: (peer: String, frames: [[UInt8]]), from: Int, by to: Int
+    ) {
+        let client: [UInt8] = [0x52, UInt8(from)]
+        let before = cluster.nodes[to].sent.count
+        cluster.nodes[to].handle(.clientRequest(client: client, frames: request.frames, identity: nil))
+        for (recipient, frames) in cluster.nodes[to].sent[before...] where recipient == client {
+            cluster.nodes[from].handle(.repairReply(peer: request.peer, frames: frames))
+        }
     }
 
     /// 7.5: a write the forgotten node took and published just before it dropped its state,
@@ -444,12 +450,7 @@ struct CollectionMachineTests {
                     request.peer == "inproc://\(cluster.nodes[$0].machine.configuration.nodeID)"
                 }), answering.contains(to)
             else { continue }
-            let client: [UInt8] = [0x52, UInt8(from)]
-            let before = cluster.nodes[to].sent.count
-            cluster.nodes[to].handle(.clientRequest(client: client, frames: request.frames, identity: nil))
-            for (recipient, frames) in cluster.nodes[to].sent[before...] where recipient == client {
-                cluster.nodes[from].handle(.repairReply(peer: request.peer, frames: frames))
-            }
+            answer(&cluster, request, from: from, by: to)
         }
         return handled
     }
