@@ -299,6 +299,29 @@ struct MembershipMachineTests {
         #expect(node.machine.membership.members["n3"] == newer, "from its ANNOUNCE")
     }
 
+    /// 7.5: a forget the node answered before (its members file says so) is no reason to
+    /// refuse to run, also for a node that has none of its own deltas on disk (it reset and
+    /// wrote nothing since): a node holding it as forgotten may still list it until it hears
+    /// the node's ANNOUNCE.
+    @Test func anAnsweredForgetIsNoReasonToRefuseToRun() throws {
+        let forget = Self.member("n1", .forgotten, at: 100, by: "n2")
+        var recovery = NodeMachine.Recovery()
+        recovery.members = [forget, Self.member("n2", at: 100)]
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), recovery: recovery)
+        node.handle(.endpointsBound(publish: "inproc://n1", repair: "inproc://n1.api"))
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100), forget])))
+        #expect(node.machine.refusal == nil, "answered before")
+        #expect(node.machine.counters.resyncs == 0)
+        // A newer forget is not answered: a node with none of its deltas refuses, as before.
+        let newer = Self.member("n1", .forgotten, at: 200, by: "n2")
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100), newer])))
+        #expect(node.machine.refusal != nil)
+    }
+
     /// 7.5: a node that hears of its forget while it stops does not answer it with its leave
     /// (the forget would be gone from the cluster, and the node, back, would never drop its
     /// state); back, it hears the forget again and drops its state then.
