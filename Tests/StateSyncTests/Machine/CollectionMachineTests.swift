@@ -415,9 +415,7 @@ struct CollectionMachineTests {
         // n2 is cut off and forgotten on n1; back, it drops its state and takes n1's snapshot.
         cluster.silent = [1]
         cluster.exchange(rounds: 5)
-        var body = WireWriter()
-        body.string("n2")
-        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
+        #expect(cluster.nodes[0].forget("n2")?.0.kind == .ok)
         cluster.exchange(rounds: 5)
         cluster.silent = []
         cluster.deliver(from: 0, to: 1)
@@ -608,9 +606,7 @@ struct CollectionMachineTests {
         cluster.nodes[1].handle(.stop)
         let leave = try #require(cluster.nodes[1].machine.ownEntry)
         #expect(leave.state == .left)
-        var body = WireWriter()
-        body.string("n2")
-        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
+        #expect(cluster.nodes[0].forget("n2")?.0.kind == .ok)
         let forget = try #require(cluster.nodes[0].machine.membership.members["n2"])
         #expect(forget.state == .forgotten && forget.version < leave.version)
         // Its files: the state it stops with (as the daemon's last snapshot), its member list.

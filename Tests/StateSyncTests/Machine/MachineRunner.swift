@@ -171,6 +171,15 @@ struct MachineRunner {
         handle(.tick(observerBacklog: 0))
     }
 
+    /// Sends FORGET of member `id` (PROTOCOL.md 10.12) and returns the reply to it.
+    mutating func forget(_ id: String, requestID: UInt64 = 9, identity: String? = nil) -> (
+        ClientProtocol.ReplyHeader, [UInt8]
+    )? {
+        var body = WireWriter()
+        body.string(id)
+        return request(.forget, id: requestID, body.bytes, identity: identity)
+    }
+
     /// Sends a client request and returns the reply to it (header, body), if one was sent.
     mutating func request(
         _ command: ClientProtocol.Command, id: UInt64, _ body: [UInt8], client: [UInt8] = [0x53, 1],

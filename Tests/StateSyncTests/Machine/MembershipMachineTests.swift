@@ -17,6 +17,15 @@ struct MembershipMachineTests {
             version: Version(milliseconds: milliseconds, counter: 0, node: writer ?? id))
     }
 
+    /// n1, started with peers n2 and n3, having heard n2's list that holds both alive.
+    static func hearingN2AndN3() -> MachineRunner {
+        var node = started("n1", peers: ["n2", "n3"])
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: heartbeat("n2", members: [member("n2", at: 100), member("n3", at: 100)])))
+        return node
+    }
+
     static func heartbeat(_ node: String, members: [Member]?) -> [[UInt8]] {
         PeerMessage.heartbeat(
             PeerMessage.Heartbeat(
@@ -274,17 +283,11 @@ struct MembershipMachineTests {
     /// that another peer relays (here one newer than the forget, as a restart or a clock ahead
     /// writes it before the member hears of the forget) is not taken: the forget would be
     /// undone here, the member would never hear of it, and it would never drop its state (the
-    /// simulator's reset check, 3 nodes × 300 operations, seed 2). Its own HEARTBEAT's list, or
-    /// its ANNOUNCE, is.
+    /// simulator's reset check, 3 nodes × 300 operations, seed 2). Nor is its own HEARTBEAT's
+    /// list; its ANNOUNCE is.
     @Test func aForgottenMemberIsTakenBackOnlyFromItself() throws {
-        var node = Self.started("n1", peers: ["n2", "n3"])
-        node.handle(
-            .peerMessage(
-                peer: "inproc://n2",
-                frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100), Self.member("n3", at: 100)])))
-        var writer = WireWriter()
-        writer.string("n3")
-        #expect(node.request(.forget, id: 7, writer.bytes)?.0.kind == .ok)
+        var node = Self.hearingN2AndN3()
+        #expect(node.forget("n3")?.0.kind == .ok)
         let forget = try #require(node.machine.membership.members["n3"])
         let newer = Self.member("n3", at: forget.version.milliseconds + 1_000)
         node.handle(
@@ -359,9 +362,7 @@ struct MembershipMachineTests {
             .peerMessage(
                 peer: "inproc://n2", frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100), left])))
         #expect(node.machine.membership.members["n3"] == left)
-        var writer = WireWriter()
-        writer.string("n3")
-        #expect(node.request(.forget, id: 7, writer.bytes)?.0.kind == .ok)
+        #expect(node.forget("n3")?.0.kind == .ok)
         let entry = try #require(node.machine.membership.members["n3"])
         #expect(entry.state == .forgotten && entry.version > left.version)
     }
@@ -370,19 +371,10 @@ struct MembershipMachineTests {
     /// links, and its HEARTBEAT carries the entry. Not itself, not an unknown id, and with
     /// security only a key that may write every channel.
     @Test func forgettingAMember() throws {
-        var node = Self.started("n1", peers: ["n2", "n3"])
-        node.handle(
-            .peerMessage(
-                peer: "inproc://n2",
-                frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100), Self.member("n3", at: 100)])))
-        func forget(_ id: String, identity: String? = nil) -> (ClientProtocol.ReplyHeader, [UInt8])? {
-            var writer = WireWriter()
-            writer.string(id)
-            return node.request(.forget, id: 7, writer.bytes, identity: identity)
-        }
-        #expect(forget("n1")?.0.kind == .error)
-        #expect(forget("n9")?.0.kind == .error)
-        #expect(forget("n3")?.0.kind == .ok)
+        var node = Self.hearingN2AndN3()
+        #expect(node.forget("n1")?.0.kind == .error)
+        #expect(node.forget("n9")?.0.kind == .error)
+        #expect(node.forget("n3")?.0.kind == .ok)
         let entry = try #require(node.machine.membership.members["n3"])
         #expect(entry.state == .forgotten && entry.version.node == "n1")
         #expect(node.unsubscribed == ["inproc://n3"])

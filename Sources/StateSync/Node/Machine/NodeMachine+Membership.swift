@@ -69,8 +69,11 @@ extension NodeMachine {
             // answered. Whatever it said about itself since may have been written without
             // knowing of it (a restart, a clock ahead of the forgetter's), and the others may have
             // collected deletions without it. It takes their state, once per forget, and says it
-            // is alive again once that is written.
-            if unanswered, !stopping, !faults.skipReset {
+            // is alive again once that is written. Heard while it stops, it is not answered with
+            // the leave (the forget would be gone from the cluster, and the node, back, would
+            // never drop its state): back, the node hears it again.
+            if unanswered, !faults.skipReset {
+                guard !stopping else { return }
                 resyncedAfterForget = member
                 logger.error(
                     "this node was forgotten by another member (statesync forget); it stays in the cluster because it runs, and says so",
@@ -80,10 +83,6 @@ extension NodeMachine {
                 if !resetUnwritten { resetWritten() }
                 return
             }
-            // Heard while it stops: it does not answer it with its leave (the forget would be gone
-            // from the cluster, and the node, back, would never drop its state); back, it hears
-            // the forget again.
-            if unanswered, stopping, !faults.skipReset { return }
             // A newer entry about this node than the one it wrote at this start: written by
             // another (an operator's forget, a forged leave), or by itself in an earlier run (the
             // leave it wrote when it stopped, from a clock that was ahead of its clock now). It

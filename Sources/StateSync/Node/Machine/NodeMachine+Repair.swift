@@ -577,6 +577,10 @@ extension NodeMachine {
         return page.bytes
     }
 
+    /// How many silence limits a reset node waits for a peer it heard that may hold its own
+    /// deltas (``servedProgress``).
+    static let ownRecoveryWaitLimits: UInt64 = 30
+
     /// The progress a SNAPSHOT this node serves claims: every origin's contiguous mark, but for
     /// its own origin while it recovers its own deltas after a reset (section 7.5, "Own deltas on
     /// their way"). Its state then holds them only through R (none before it merged a snapshot);
@@ -585,10 +589,6 @@ extension NodeMachine {
     /// one it can ask has answered its sweep (``requestOwnRecovery(usable:)``: what it held above a
     /// gap is merged), and none reports holding more: then no peer that could hold them remains,
     /// the rest are given up, and the snapshot covers them as after the recovery.
-    /// How many silence limits a reset node waits for a peer it heard that may hold its own
-    /// deltas (``servedProgress``).
-    static let ownRecoveryWaitLimits: UInt64 = 30
-
     var servedProgress: [String: UInt64] {
         var progress = origins.mapValues(\.contiguous).filter { $0.value > 0 }
         guard let recovery = repair.ownRecovery else { return progress }
