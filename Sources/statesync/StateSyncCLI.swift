@@ -772,10 +772,10 @@ extension StateSyncCLI {
                 member, which drops its links to NODE_ID and stops waiting for its missing deltas \
                 (the deltas it holds stay). For a node that died for good: a node that stops \
                 cleanly is already listed as left, a member this node still hears from is refused \
-                (stop it first), and a forgotten node restarted with its data comes back alive. \
-                When it hears of the forget (still running but cut off, or restarted with its \
-                data), it takes the others' state and drops the writes it took that no other \
-                node holds, acknowledged ones too: forget only a node that is gone. With \
+                (stop it first), and a forgotten node restarted with its data comes back alive, \
+                once it has heard of the forget: then (still running but cut off, or restarted \
+                with its data) it takes the others' state and drops the writes it took that no \
+                other node holds, acknowledged ones too. Forget only a node that is gone. With \
                 security, needs a client key with write=*.
                 """)
 
