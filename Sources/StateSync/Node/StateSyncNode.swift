@@ -334,6 +334,7 @@ public final class StateSyncNode: Sendable {
             } catch {
                 return .compactionFailed("\(error)")
             }
+            return .compactionWritten
         case .deliver:
             break  // resolved under the lock, applied in order by `process`
         case .connectRepairLink(let peer, let endpoint):

@@ -213,6 +213,73 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[0].machine.membership.members["n2"]?.state == .alive)
     }
 
+    /// 7.5: the node says it is alive again, and its members file keeps the forget as answered,
+    /// only once the compaction that writes its reset is reported written. Over a failed one (a
+    /// full disk) it would come back from a restart with what it dropped, and with no forget
+    /// left in the cluster to make it drop it again. The compaction is retried at repair rounds;
+    /// once written, the node announces itself and is taken back.
+    @Test func aResetIsAnsweredOnlyOnceItsCompactionIsWritten() throws {
+        var (cluster, forget, routed) = try Self.forgottenWhileAwayOnAFullDisk()
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1)
+        #expect(cluster.nodes[1].failedCompactions >= 2, "the reset's compaction is retried")
+        #expect(cluster.nodes[1].machine.resetUnwritten)
+        #expect(cluster.nodes[0].machine.membership.members["n2"] == forget, "not taken back")
+        let saved = try Membership.decodeFile(cluster.nodes[1].savedMembers ?? [])
+        #expect(!saved.contains { $0.id == "n2" }, "the forget is not kept as answered")
+        #expect((cluster.nodes[1].machine.ownEntry?.version ?? .zero) < forget.version, "no entry over the forget")
+
+        cluster.nodes[1].failsCompactions = false
+        for _ in 0..<15 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        #expect(!cluster.nodes[1].machine.resetUnwritten)
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1, "one reset for the one forget")
+        #expect(cluster.nodes[0].machine.membership.members["n2"]?.state == .alive, "taken back from its ANNOUNCE")
+        let answered = try Membership.decodeFile(cluster.nodes[1].savedMembers ?? [])
+        #expect(answered.first { $0.id == "n2" } == forget, "the forget kept as answered")
+        #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["stale"] == nil)
+    }
+
+    /// n2, forgotten by n1 while cut off, comes back with compactions failing (a full disk):
+    /// the cluster after 15 heartbeat intervals, the forget, and how many of n2's repair
+    /// requests were routed to n1.
+    static func forgottenWhileAwayOnAFullDisk() throws -> (Cluster, Membership.Member, Int) {
+        var cluster = Cluster(["n1", "n2"])
+        cluster.exchange(rounds: 12)
+        _ = cluster.set(on: 1, 1, [PropertyWrite(name: "stale", value: "deleted since")])
+        cluster.exchange(rounds: 2)
+        cluster.silent = [1]
+        _ = cluster.delete(on: 0, 2)
+        var body = WireWriter()
+        body.string("n2")
+        cluster.exchange(rounds: 5)
+        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
+        let forget = try #require(cluster.nodes[0].machine.membership.members["n2"])
+        cluster.nodes[1].failsCompactions = true
+        let requestsBefore = cluster.nodes[1].repairRequests.count
+        cluster.silent = []
+        var routed = requestsBefore
+        for _ in 0..<15 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
+        }
+        return (cluster, forget, routed)
+    }
+
+    /// 7.5: a node that stops while its reset is not written says nothing about itself (no
+    /// leave over the forget, nor the forget kept as answered): back, it hears the forget again.
+    @Test func aNodeStoppingBeforeItsResetIsWrittenDoesNotLeave() throws {
+        var (cluster, forget, _) = try Self.forgottenWhileAwayOnAFullDisk()
+        cluster.nodes[1].handle(.stop)
+        cluster.exchange(rounds: 2)
+        #expect(cluster.nodes[1].machine.resetUnwritten)
+        #expect((cluster.nodes[1].machine.ownEntry?.version ?? .zero) < forget.version, "no leave over the forget")
+        #expect(cluster.nodes[0].machine.membership.members["n2"] == forget)
+        let saved = try Membership.decodeFile(cluster.nodes[1].savedMembers ?? [])
+        #expect(!saved.contains { $0.id == "n2" })
+    }
+
     /// 7.5 and 10.1.1: writes whose OKs still wait when their node learns it was forgotten are
     /// given up with its state, and each client is told so in an ERROR for its request, not an
     /// OK later. With `always` both clients' OKs wait for the log (here a sync is running when

@@ -30,6 +30,9 @@ struct MachineRunner {
     var compactions = 0
     /// The last compaction asked for (its snapshot and kept records).
     var lastCompaction: NodeAction?
+    /// When set, every compaction is reported failed (a full disk), else written.
+    var failsCompactions = false
+    var failedCompactions = 0
     /// The member list the machine last asked to save.
     var savedMembers: [UInt8]?
     /// How many watch events a client takes per batch (its queue space).
@@ -128,6 +131,8 @@ struct MachineRunner {
                 case .compact:
                     compactions += 1
                     lastCompaction = action
+                    if failsCompactions { failedCompactions += 1 }
+                    inputs.append(failsCompactions ? .compactionFailed("the disk is full") : .compactionWritten)
                 case .saveMembers(let bytes): savedMembers = bytes
                 case .deliver: break
                 case .connectRepairLink(let peer, _): repairLinksConnected.append(peer)

@@ -24,7 +24,10 @@ package enum NodeInput: Sendable {
     /// The reservation of sequence numbers through `through` is durable
     /// (``NodeAction/reserveSequences(through:void:)``).
     case sequencesReserved(through: UInt64)
-    /// A compaction could not be written; the log still holds everything. It is retried.
+    /// The oldest compaction not yet reported (``NodeAction/compact(_:keeping:)``) is written.
+    case compactionWritten
+    /// The oldest compaction not yet reported could not be written; the log still holds
+    /// everything. It is retried.
     case compactionFailed(String)
     /// The driver sent the first `accepted` messages of the batch a ``NodeAction/sendWatchEvents``
     /// asked for; `clientGone` when the client is unreachable.

@@ -87,6 +87,13 @@ extension NodeMachine {
         var lastSync: UInt64 = 0
         /// A compaction failed: it is retried at a later repair round.
         var compactionPending = false
+        /// Compactions asked for, and those whose outcome the driver reported (in order:
+        /// ``NodeInput/compactionWritten`` or ``NodeInput/compactionFailed(_:)``).
+        var compactionsAsked: UInt64 = 0
+        var compactionsAnswered: UInt64 = 0
+        /// The compaction that writes a reset (``resetUnwritten``), by its number in
+        /// ``compactionsAsked``: once it is reported written, the node says it is alive again.
+        var resetCompaction: UInt64?
         /// The log position after the last own write appended.
         var lastOwnPosition: UInt64 = 0
         /// With `storage.fsync: interval`: the own sequence numbers reserved durably, which may
@@ -400,11 +407,30 @@ extension NodeMachine {
         durability.logSize = DeltaLog.magic.count + kept.count
         durability.keptBytes = kept.count
         durability.compactionPending = false
-        // A reset now written: the node says it is alive again (section 7.5).
-        if resetUnwritten {
-            resetUnwritten = false
-            resetWritten()
+        durability.compactionsAsked += 1
+        // A reset is written once this compaction is (section 7.5).
+        if resetUnwritten { durability.resetCompaction = durability.compactionsAsked }
+    }
+
+    /// The driver reports the outcome of the oldest compaction not yet answered: `failure` says
+    /// why it could not be written (the log still holds everything; it is retried at a repair
+    /// round). The compaction that writes a reset makes the node say it is alive again, and its
+    /// members file keep the forget as answered, only once written: a node that said so over a
+    /// failed one would come back from a restart with what it dropped, and no forget left in
+    /// the cluster to make it drop it again.
+    mutating func compactionAnswered(failure: String?) {
+        durability.compactionsAnswered += 1
+        if let failure {
+            durability.compactionPending = true
+            logger.error("log compaction failed; will retry", metadata: ["error": "\(failure)"])
         }
+        guard resetUnwritten, durability.resetCompaction == durability.compactionsAnswered else { return }
+        durability.resetCompaction = nil
+        guard failure == nil else { return }
+        resetUnwritten = false
+        resetWritten()
+        // A leave the stop held back for the reset.
+        if stopping { leaveIfDrained() }
     }
 
     /// The log records a compaction keeps: the peers' deltas this node holds above a gap (from

@@ -80,7 +80,6 @@ extension NodeMachine {
                     metadata: ["member.version": "\(member.version)"])
                 resyncAfterForget(by: member.version.node)
                 clock.advance(past: member.version)
-                if !resetUnwritten { resetWritten() }
                 return
             }
             // A newer entry about this node than the one it wrote at this start: written by
@@ -127,7 +126,7 @@ extension NodeMachine {
     /// drops its state — its replica, what it received of every origin, its history and journal
     /// — and takes a peer's snapshot instead; its own deltas no peer holds are given up (its
     /// sequence numbers go on after them, and its snapshot covers them). The reset is made
-    /// durable at the next repair round.
+    /// durable by a compaction (retried at repair rounds while it fails).
     mutating func resyncAfterForget(by forgetter: String) {
         let own = configuration.nodeID
         let latest = nextSequence - 1
@@ -179,11 +178,13 @@ extension NodeMachine {
         repair.ownRecoveryFetch = nil
         repair.ownRecoverySweep = false
         repair.ownRecoverySwept = [:]
-        // Written at once, before the node says it is alive again (then the cluster no longer
-        // says it was forgotten: a restart before would keep what it held). Unless a sync runs
-        // (a host that syncs in the background): then once it ends.
+        // Written at once (unless a sync runs, which only a host that syncs in the background
+        // has: then once it ends), and the node says it is alive again only once the driver
+        // reports it written: then the cluster no longer says it was forgotten, and a restart
+        // before would keep what it held.
         durability.compactionPending = true
-        if durability.syncRequested == nil { compact() } else { resetUnwritten = true }
+        resetUnwritten = true
+        if durability.syncRequested == nil { compact() }
         counters.resyncs += 1
         // A watch that takes resets gets one once the peer's snapshot is merged (its client may
         // hold writes given up here); the others are resynced as before, merging.
@@ -209,7 +210,7 @@ extension NodeMachine {
     mutating func leaveIfDrained() {
         // A node that refused to run says nothing more about itself (it would undo a forget).
         releaseReservationIfDrained()
-        guard stopping, !leftAnnounced, refusal == nil, durability.staged.isEmpty else { return }
+        guard stopping, !leftAnnounced, refusal == nil, !resetUnwritten, durability.staged.isEmpty else { return }
         leftAnnounced = true
         writeOwnEntry(.left)
         saveMembersIfChanged()

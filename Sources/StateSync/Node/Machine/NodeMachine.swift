@@ -73,9 +73,11 @@ package struct NodeMachine: Sendable {
     var answeredForget: Membership.Member?
     /// ``answeredForget``'s version when the members file was last saved.
     var savedAnsweredForget: Version?
-    /// The state this node dropped after a forget (section 7.5) is not in its snapshot file yet
-    /// (a sync was running, which only a host that syncs in the background has): its entry
-    /// saying it is alive again waits for it (``compact()`` writes both).
+    /// The state this node dropped after a forget (section 7.5) is not in its snapshot file yet:
+    /// its compaction waits for a running sync (which only a host that syncs in the background
+    /// has), or its outcome is not reported yet, or it failed and waits for its retry. Its entry
+    /// saying it is alive again, and the members file's answered forget, wait for it
+    /// (``compactionAnswered(failure:)``).
     var resetUnwritten = false
     /// This node's latest own sequence number when it last dropped its state (section 7.5), 0
     /// if it never did: kept for good (in its snapshot file), since a watch cursor whose own mark
@@ -340,9 +342,10 @@ package struct NodeMachine: Sendable {
             logDurable(through: position)
         case .sequencesReserved(let through):
             sequencesReserved(through: through)
+        case .compactionWritten:
+            compactionAnswered(failure: nil)
         case .compactionFailed(let reason):
-            durability.compactionPending = true
-            logger.error("log compaction failed; will retry", metadata: ["error": "\(reason)"])
+            compactionAnswered(failure: reason)
         case .watchEventsSent(let key, let accepted, let gone):
             watchEventsSent(key, accepted: accepted, clientGone: gone)
         case .diskSpace(let available):
