@@ -456,10 +456,9 @@ struct CollectionMachineTests {
     /// alone heard such a delta kept it, and the others covered it without it). Here n3 holds
     /// n2's second write and missed the first; n1 (the forgetter) missed both, and serves n2 the
     /// snapshot it takes at its reset. The write comes back through whichever path reaches it
-    /// first here (the FETCH each connected peer is asked once, or n3's snapshot once n3's mark
-    /// passes the gap): since the review's changes this test no longer tells them apart, and it
-    /// passes with the sweep disabled. CI's simulator sweep (3 nodes × 300 operations, seed 40)
-    /// is what fails without the sweep.
+    /// first here: the sweep, or n3's mark passing the gap (n3 gives the first write up once
+    /// n2 is forgotten, as no peer holds it), so this test passes with the sweep disabled;
+    /// ``theSweepFetchesBackAnOwnDeltaHeldOnlyAboveAPeersGap`` isolates the sweep.
     @Test func anOwnDeltaAPeerHoldsAboveAGapComesBack() throws {
         var cluster = Cluster(["n1", "n2", "n3"])
         cluster.exchange(rounds: 12)
@@ -505,10 +504,60 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[1].machine.store.properties(of: Self.address)["y"] == nil, "given up")
     }
 
+    /// 7.5, the sweep: with no peer's mark above R, each connected peer is asked once for R + 1
+    /// through L, which it may hold above a gap of its own. n1 (the forgetter) holds n2's first
+    /// write, n3 only its second: n3's mark stays below it (n1 holds the first, so n3 does not
+    /// give it up when n2 is forgotten, and n3's own repairs go unanswered here), and n2 takes
+    /// n1's snapshot (R = the first). n3 answers n2's FETCH requests only, not its SNAPSHOT
+    /// requests: the second write can come back only by the sweep. (Fails with the sweep
+    /// disabled.)
+    @Test func theSweepFetchesBackAnOwnDeltaHeldOnlyAboveAPeersGap() throws {
+        var cluster = Cluster(["n1", "n2", "n3"])
+        cluster.exchange(rounds: 12)
+        let before = cluster.nodes[1].published.count
+        let firstWrite = cluster.set(on: 1, 31, [PropertyWrite(name: "y", value: "held by n1")])
+        let first = try #require(firstWrite)
+        cluster.nodes[1].advance(100)
+        let secondWrite = cluster.set(on: 1, 32, [PropertyWrite(name: "x", value: "held by n3")])
+        let second = try #require(secondWrite)
+        cluster.nodes[1].advance(100)
+        for frames in cluster.nodes[1].published[before...] {
+            for case .delta(let delta) in (try? PeerMessage.decodeAll(frames)) ?? [] {
+                if delta.version == first { cluster.nodes[0].handle(.peerMessage(peer: "inproc://n2", frames: frames)) }
+                if delta.version == second {
+                    cluster.nodes[2].handle(.peerMessage(peer: "inproc://n2", frames: frames))
+                }
+            }
+        }
+        cluster.delivered[1][0] = cluster.nodes[1].published.count
+        cluster.delivered[1][2] = cluster.nodes[1].published.count
+        let held = try #require(cluster.nodes[0].machine.origins["n2"]?.contiguous)
+        let below = cluster.nodes[2].machine.origins["n2"]?.contiguous ?? 0
+        #expect(below < held, "n3 misses the first write")
+        cluster.silent = [1]
+        cluster.exchange(rounds: 5)
+        #expect(cluster.nodes[0].forget("n2")?.0.kind == .ok)
+        cluster.exchange(rounds: 5)
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        var routed = cluster.nodes[1].repairRequests.count
+        for _ in 0..<30 {
+            cluster.exchange(rounds: 1)
+            routed = Self.routeRepairsByPeer(&cluster, from: 1, after: routed, answering: [0, 2], fetchesOnly: [2])
+        }
+        #expect(cluster.nodes[1].machine.counters.resyncs == 1)
+        #expect(cluster.nodes[2].machine.origins["n2"]?.contiguous == below, "n3's mark stayed below the gap")
+        let state = cluster.nodes[1].machine.store.properties(of: Self.address)
+        #expect(state["y"]?.version == first, "from n1's snapshot")
+        #expect(state["x"]?.version == second, "fetched back from n3 by the sweep")
+    }
+
     /// Hands node `from`'s repair requests from position `after` on to the node each is for
-    /// (by its peer endpoint), if among `answering`, and the replies back; returns the position
-    /// reached.
-    static func routeRepairsByPeer(_ cluster: inout Cluster, from: Int, after: Int, answering: Set<Int>) -> Int {
+    /// (by its peer endpoint), if among `answering` (and, for those in `fetchesOnly`, only its
+    /// FETCH requests), and the replies back; returns the position reached.
+    static func routeRepairsByPeer(
+        _ cluster: inout Cluster, from: Int, after: Int, answering: Set<Int>, fetchesOnly: Set<Int> = []
+    ) -> Int {
         var handled = after
         while handled < cluster.nodes[from].repairRequests.count {
             let request = cluster.nodes[from].repairRequests[handled]
@@ -518,6 +567,12 @@ struct CollectionMachineTests {
                     request.peer == "inproc://\(cluster.nodes[$0].machine.configuration.nodeID)"
                 }), answering.contains(to)
             else { continue }
+            if fetchesOnly.contains(to),
+                (try? ClientProtocol.decodeRequestHeader(request.frames[0]).command)
+                    != ClientProtocol.Command.fetch.rawValue
+            {
+                continue
+            }
             answer(&cluster, request, from: from, by: to)
         }
         return handled
