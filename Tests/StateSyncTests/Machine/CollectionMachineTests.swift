@@ -456,8 +456,9 @@ struct CollectionMachineTests {
     /// alone heard such a delta kept it, and the others covered it without it). Here n3 holds
     /// n2's second write and missed the first; n1 (the forgetter) missed both, and serves n2 the
     /// snapshot it takes at its reset. The write comes back through whichever path reaches it
-    /// first here: the sweep, or n3's mark passing the gap (n3 gives the first write up once
-    /// n2 is forgotten, as no peer holds it), so this test passes with the sweep disabled;
+    /// first here: the sweep, or n3's mark passing the gap (with n3's snapshots left out, its
+    /// mark still reached the second write: it gives the first up once n2 is forgotten, as no
+    /// peer holds it — inferred, not traced), so this test passes with the sweep disabled;
     /// ``theSweepFetchesBackAnOwnDeltaHeldOnlyAboveAPeersGap`` isolates the sweep.
     @Test func anOwnDeltaAPeerHoldsAboveAGapComesBack() throws {
         var cluster = Cluster(["n1", "n2", "n3"])
