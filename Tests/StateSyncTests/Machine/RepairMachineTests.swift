@@ -167,24 +167,4 @@ struct RepairMachineTests {
         let unknown = node.request(.fetch, id: 4, ClientProtocol.encodeFetch(origin: "zz", range: 1...5))
         #expect(try ClientProtocol.decodeFetched(try #require(unknown).1).deltas.isEmpty)
     }
-
-    /// 8.4 and 10.8: no delta at or below the horizon of collection is served: a deletion that
-    /// beats it may be collected, and a requester that lacks it (one that joined since, or lost
-    /// it in a crash) would take the delta's values back. Such deltas are reported as dropped,
-    /// and the requester takes a snapshot (the simulator, 3 nodes × 300 operations, seed 164).
-    @Test func aFetchServesNoDeltaAtOrBelowTheHorizonOfCollection() throws {
-        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]))
-        for sequence in 1...6 as ClosedRange<UInt64> {
-            node.handle(
-                .peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(Self.delta("n2", sequence)).encode()))
-        }
-        _ = node.machine.store.collect(through: Self.delta("n2", 4).version.timestamp)
-        #expect(node.machine.store.collectedThrough == Self.delta("n2", 4).version.timestamp)
-        let reply = node.request(.fetch, id: 3, ClientProtocol.encodeFetch(origin: "n2", range: 2...6))
-        let (deltas, dropped, _) = try ClientProtocol.decodeFetched(try #require(reply).1)
-        #expect(deltas.map(\.sequence) == [5, 6])
-        #expect(dropped == 4, "reported as dropped: the requester takes a snapshot")
-        let above = node.request(.fetch, id: 4, ClientProtocol.encodeFetch(origin: "n2", range: 5...6))
-        #expect(try ClientProtocol.decodeFetched(try #require(above).1).deltas.map(\.sequence) == [5, 6])
-    }
 }

@@ -760,22 +760,8 @@ extension NodeMachine {
             }
         }
         guard let history = history[origin] else { return ([], 0, void) }
-        var deltas = history.deltas(in: range)
-        var dropped = history.droppedThrough
-        // Not a delta at or below the horizon of collection (section 8.4): a deletion that beats
-        // it may be collected here, and a requester that lacks that deletion would take the
-        // delta's values back (the simulator, 3 nodes × 300 operations, seed 164: a node that
-        // joined after a model's deletion was collected fetched an older write of it from this
-        // history and spread it to every node). Every member held such deltas when they were
-        // collected; a requester that lacks them joined since or lost them in a crash, and takes
-        // a snapshot instead, as for deltas the history dropped. (By sequence number: an origin's
-        // timestamps rise with its numbers but across a restart behind its clock, section 6.4.)
-        let horizon = store.collectedThrough
-        if horizon > 0, let last = deltas.lastIndex(where: { $0.version.timestamp <= horizon }) {
-            dropped = max(dropped, deltas[last].sequence)
-            deltas.removeFirst(last + 1)
-        }
+        let deltas = history.deltas(in: range)
         counters.deltasServed += deltas.count
-        return (deltas, dropped, void)
+        return (deltas, history.droppedThrough, void)
     }
 }
