@@ -94,6 +94,10 @@ extension NodeMachine {
         /// The compaction that writes a reset (``resetUnwritten``), by its number in
         /// ``compactionsAsked``: once it is reported written, the node says it is alive again.
         var resetCompaction: UInt64?
+        /// A reset's compaction waits for the sync that ran when the node dropped its state (a
+        /// host that syncs in the background): it is asked for once that sync ends. (A failed
+        /// one is retried at repair rounds, not at every sync.)
+        var resetWaitsForSync = false
         /// The log position after the last own write appended.
         var lastOwnPosition: UInt64 = 0
         /// With `storage.fsync: interval`: the own sequence numbers reserved durably, which may
@@ -356,7 +360,10 @@ extension NodeMachine {
         if let requested = durability.syncRequested, requested <= position { durability.syncRequested = nil }
         // A reset waits for no other condition (section 7.5): the node is forgotten until it is
         // written.
-        if resetUnwritten, durability.syncRequested == nil { compact() }
+        if durability.resetWaitsForSync, durability.syncRequested == nil {
+            durability.resetWaitsForSync = false
+            compact()
+        }
         // With `interval`, what is staged waits for its reservation, not for the sync.
         if configuration.fsync == .always {
             var ready = 0
@@ -415,7 +422,7 @@ extension NodeMachine {
     /// The driver reports the outcome of the oldest compaction not yet answered: `failure` says
     /// why it could not be written (the log still holds everything; it is retried at a repair
     /// round). The compaction that writes a reset makes the node say it is alive again, and its
-    /// members file keep the forget as answered, only once written: a node that said so over a
+    /// members file keeps the forget as answered, only once written: a node that said so over a
     /// failed one would come back from a restart with what it dropped, and no forget left in
     /// the cluster to make it drop it again.
     mutating func compactionAnswered(failure: String?) {

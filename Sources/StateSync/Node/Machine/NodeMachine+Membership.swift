@@ -184,7 +184,7 @@ extension NodeMachine {
         // before would keep what it held.
         durability.compactionPending = true
         resetUnwritten = true
-        if durability.syncRequested == nil { compact() }
+        if durability.syncRequested == nil { compact() } else { durability.resetWaitsForSync = true }
         counters.resyncs += 1
         // A watch that takes resets gets one once the peer's snapshot is merged (its client may
         // hold writes given up here); the others are resynced as before, merging.
