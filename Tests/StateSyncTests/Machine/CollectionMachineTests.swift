@@ -178,9 +178,9 @@ struct CollectionMachineTests {
         #expect(node.machine.published == 0, "still waiting for its reservation")
     }
 
-    /// 7.5 and 8.4: a node forgotten while it was away drops what it holds (its peers may have
-    /// collected deletions of it) and asks a peer for its state; it says it is alive again.
-    @Test func aNodeForgottenWhileAwayTakesThePeersStateInsteadOfItsOwn() throws {
+    /// n1 and n2; n2 writes a value, is cut off, n1 deletes a model meanwhile and forgets n2
+    /// (FORGET answered OK); n2 is still cut off.
+    static func n2WithAStaleValueForgottenWhileCutOff() -> Cluster {
         var cluster = Cluster(["n1", "n2"])
         cluster.exchange(rounds: 12)
         _ = cluster.set(on: 1, 1, [PropertyWrite(name: "stale", value: "deleted since")])
@@ -191,17 +191,19 @@ struct CollectionMachineTests {
         body.string("n2")
         cluster.exchange(rounds: 5)
         #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
+        return cluster
+    }
+
+    /// 7.5 and 8.4: a node forgotten while it was away drops what it holds (its peers may have
+    /// collected deletions of it) and asks a peer for its state; it says it is alive again.
+    @Test func aNodeForgottenWhileAwayTakesThePeersStateInsteadOfItsOwn() throws {
+        var cluster = Self.n2WithAStaleValueForgottenWhileCutOff()
         cluster.exchange(rounds: 25)
         #expect(cluster.tombstones(0) == 0, "collected without the forgotten node")
         let requestsBefore = cluster.nodes[1].repairRequests.count
-        cluster.silent = []
         // n2's repair requests reach n1: its snapshot, and the ANNOUNCE by which alone n1 takes
         // it back (a member held as forgotten is taken back only from itself).
-        var routed = requestsBefore
-        for _ in 0..<15 {
-            cluster.exchange(rounds: 1)
-            routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
-        }
+        _ = Self.bringN2Back(&cluster)
         let returning = cluster.nodes[1].machine
         #expect(returning.counters.resyncs == 1)
         #expect(
@@ -245,26 +247,23 @@ struct CollectionMachineTests {
     /// the cluster after 15 heartbeat intervals, the forget, and how many of n2's repair
     /// requests were routed to n1.
     static func forgottenWhileAwayOnAFullDisk() throws -> (Cluster, Membership.Member, Int) {
-        var cluster = Cluster(["n1", "n2"])
-        cluster.exchange(rounds: 12)
-        _ = cluster.set(on: 1, 1, [PropertyWrite(name: "stale", value: "deleted since")])
-        cluster.exchange(rounds: 2)
-        cluster.silent = [1]
-        _ = cluster.delete(on: 0, 2)
-        var body = WireWriter()
-        body.string("n2")
-        cluster.exchange(rounds: 5)
-        #expect(cluster.nodes[0].request(.forget, id: 9, body.bytes)?.0.kind == .ok)
+        var cluster = Self.n2WithAStaleValueForgottenWhileCutOff()
         let forget = try #require(cluster.nodes[0].machine.membership.members["n2"])
         cluster.nodes[1].failsCompactions = true
-        let requestsBefore = cluster.nodes[1].repairRequests.count
+        let routed = Self.bringN2Back(&cluster)
+        return (cluster, forget, routed)
+    }
+
+    /// Ends n2's cut and, for 15 heartbeat intervals, hands its repair requests made from then
+    /// on to n1 and n1's replies back; returns how many of its requests were handled.
+    static func bringN2Back(_ cluster: inout Cluster) -> Int {
         cluster.silent = []
-        var routed = requestsBefore
+        var routed = cluster.nodes[1].repairRequests.count
         for _ in 0..<15 {
             cluster.exchange(rounds: 1)
             routed = Self.routeRepairs(&cluster, from: 1, to: 0, after: routed)
         }
-        return (cluster, forget, routed)
+        return routed
     }
 
     /// 7.5: a node that stops while its reset is not written says nothing about itself (no
@@ -480,13 +479,7 @@ struct CollectionMachineTests {
         #expect(cluster.nodes[2].machine.store.properties(of: Self.address)["x"]?.version == kept)
         let mark = try #require(cluster.nodes[2].machine.origins["n2"]?.contiguous)
         // n2 is cut off and forgotten on n1; back, it drops its state and takes n1's snapshot.
-        cluster.silent = [1]
-        cluster.exchange(rounds: 5)
-        #expect(cluster.nodes[0].forget("n2")?.0.kind == .ok)
-        cluster.exchange(rounds: 5)
-        cluster.silent = []
-        cluster.deliver(from: 0, to: 1)
-        var routed = cluster.nodes[1].repairRequests.count
+        var routed = Self.forgetN2WhileCutOffAndBringItBack(&cluster)
         routed = Self.routeRepairsByPeer(&cluster, from: 1, after: routed, answering: [0])
         for _ in 0..<10 {
             cluster.exchange(rounds: 1)
@@ -535,13 +528,7 @@ struct CollectionMachineTests {
         let held = try #require(cluster.nodes[0].machine.origins["n2"]?.contiguous)
         let below = cluster.nodes[2].machine.origins["n2"]?.contiguous ?? 0
         #expect(below < held, "n3 misses the first write")
-        cluster.silent = [1]
-        cluster.exchange(rounds: 5)
-        #expect(cluster.nodes[0].forget("n2")?.0.kind == .ok)
-        cluster.exchange(rounds: 5)
-        cluster.silent = []
-        cluster.deliver(from: 0, to: 1)
-        var routed = cluster.nodes[1].repairRequests.count
+        var routed = Self.forgetN2WhileCutOffAndBringItBack(&cluster)
         for _ in 0..<30 {
             cluster.exchange(rounds: 1)
             routed = Self.routeRepairsByPeer(&cluster, from: 1, after: routed, answering: [0, 2], fetchesOnly: [2])
@@ -551,6 +538,18 @@ struct CollectionMachineTests {
         let state = cluster.nodes[1].machine.store.properties(of: Self.address)
         #expect(state["y"]?.version == first, "from n1's snapshot")
         #expect(state["x"]?.version == second, "fetched back from n3 by the sweep")
+    }
+
+    /// n2 is cut off, forgotten on n1, and back: it has heard n1's list (the forget); returns
+    /// how many of its repair requests were made by then (none routed yet).
+    static func forgetN2WhileCutOffAndBringItBack(_ cluster: inout Cluster) -> Int {
+        cluster.silent = [1]
+        cluster.exchange(rounds: 5)
+        #expect(cluster.nodes[0].forget("n2")?.0.kind == .ok)
+        cluster.exchange(rounds: 5)
+        cluster.silent = []
+        cluster.deliver(from: 0, to: 1)
+        return cluster.nodes[1].repairRequests.count
     }
 
     /// Hands node `from`'s repair requests from position `after` on to the node each is for
