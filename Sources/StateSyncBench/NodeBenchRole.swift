@@ -137,16 +137,10 @@ public enum NodeBenchRole {
         let cpuAtStart = processCPUSeconds()
         func finished() -> Bool {
             let (seen, written) = tally.lock.withLock { (tally.complete(mode: options.mode), tally.written) }
-            if options.mode == .models {
-                // The `done` write is the writer's last: once it is applied and nothing below it
-                // is missing (deltas dropped at a high-water mark are repaired, by a snapshot when
-                // the writer's history no longer reaches back), the node holds every change.
-                return written > 0 && node.status.missingDeltas == 0
-            }
             guard !seen, written > 0 else { return seen }
             let status = node.status
-            // Applied: every change, and the `done` write.
-            if status.counters["deltas_applied"] ?? 0 > written { return true }
+            // Applied: every change, and the `done` write (with live models).
+            if options.mode != .models, status.counters["deltas_applied"] ?? 0 > written { return true }
             // Or held: once the `done` write (the writer's last) is applied and nothing below it
             // is missing, the node holds every change, though its observers may not have seen
             // them all. A reader whose subscription dropped messages at the high-water mark gets

@@ -22,7 +22,8 @@ package enum NodeAction: Sendable {
     case reserveSequences(through: UInt64, void: [ClosedRange<UInt64>])
     /// Write `snapshot` durably as the state snapshot (after syncing the log), then replace the
     /// log with one holding only `keeping` (log records: the deltas received above a gap,
-    /// ``NodeMachine/recordsAboveGaps``).
+    /// ``NodeMachine/recordsAboveGaps``); then report ``NodeInput/compactionWritten``, or
+    /// ``NodeInput/compactionFailed(_:)`` (the log still holds everything).
     case compact(StateSnapshot, keeping: [UInt8])
     /// Write the member list (a members file, ``Membership/encodeFile(_:)``) durably, before
     /// the actions that follow. A failure is logged: the list is relearned from peers.
