@@ -854,36 +854,52 @@ public struct ReplicaStore: Sendable {
         channel: String, through horizon: UInt64, keeping: (RecordKey) -> Bool
     ) -> [PropertyChange] {
         var changes: [PropertyChange] = []
-        let collected = Version(timestamp: horizon, node: "")
         for model in models(in: channel).sorted() {
-            var context = MergeContext(channel: channel, model: model, store: self)
-            modify(ModelAddress(channel: channel, model: model), &context) { entry, context in
-                let liveBefore = entry.live
-                if let deletion = entry.deletion, deletion.timestamp <= horizon,
-                    !keeping(RecordKey(model: model, property: ""))
-                {
-                    entry.deletion = nil
-                    context.tombstoneDelta -= 1
-                }
-                for name in entry.registers.keys.sorted() {
-                    let register = entry.registers[name]!
-                    guard register.version.timestamp <= horizon, !keeping(RecordKey(model: model, property: name))
-                    else { continue }
-                    entry.registers[name] = nil
-                    context.account(name, old: register, new: nil)
-                    if let old = register.liveValue {
-                        entry.live -= 1
-                        changes.append(
-                            PropertyChange(
-                                channel: channel, model: model, property: name, old: old, new: .null,
-                                version: collected, kind: .deleted))
-                    }
-                }
-                context.noteLiveness(before: liveBefore, after: entry.live)
-            }
-            finish(context, newest: .zero)
+            changes +=
+                drop(
+                    ModelAddress(channel: channel, model: model), through: horizon,
+                    keeping: { name, _ in keeping(RecordKey(model: model, property: name)) }
+                ).changes
         }
         return changes
+    }
+
+    /// Drops every record of one model whose version's timestamp is at or below `horizon` and
+    /// that `keeping` (given its name, empty for the model's deletion, and its version) does not
+    /// keep. Returns the changes for those that had a value, as ``drop(channel:through:keeping:)``,
+    /// and how many records it dropped.
+    mutating func drop(
+        _ address: ModelAddress, through horizon: UInt64, keeping: (String, Version) -> Bool
+    ) -> (changes: [PropertyChange], dropped: Int) {
+        var changes: [PropertyChange] = []
+        var dropped = 0
+        let collected = Version(timestamp: horizon, node: "")
+        var context = MergeContext(channel: address.channel, model: address.model, store: self)
+        modify(address, &context) { entry, context in
+            let liveBefore = entry.live
+            if let deletion = entry.deletion, deletion.timestamp <= horizon, !keeping("", deletion) {
+                entry.deletion = nil
+                context.tombstoneDelta -= 1
+                dropped += 1
+            }
+            for name in entry.registers.keys.sorted() {
+                let register = entry.registers[name]!
+                guard register.version.timestamp <= horizon, !keeping(name, register.version) else { continue }
+                entry.registers[name] = nil
+                dropped += 1
+                context.account(name, old: register, new: nil)
+                if let old = register.liveValue {
+                    entry.live -= 1
+                    changes.append(
+                        PropertyChange(
+                            channel: address.channel, model: address.model, property: name, old: old, new: .null,
+                            version: collected, kind: .deleted))
+                }
+            }
+            context.noteLiveness(before: liveBefore, after: entry.live)
+        }
+        finish(context, newest: .zero)
+        return (changes, dropped)
     }
 
     /// Marks `stable` as collected through (a snapshot that was: its horizon).

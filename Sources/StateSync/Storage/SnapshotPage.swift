@@ -6,6 +6,10 @@
 /// it was served: every register a page holds was read at or after that moment, so once every
 /// page is merged, the requester holds at least what the progress says (registers only grow
 /// under last-writer-wins).
+///
+/// Asked for so, a page also carries the server's horizon of collection when it was read
+/// (`SSPAGE2`): a register the requester holds at or below it that the page's range lacks was
+/// deleted there, and the deletion collected.
 package struct SnapshotPage: Sendable {
     /// The server's latest sequence when it served the first page (0 on later pages).
     package var latestSequence: UInt64
@@ -17,19 +21,30 @@ package struct SnapshotPage: Sendable {
     package var models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])]
     /// The cursor of the next page (the last model of this one), or `nil` on the last page.
     package var next: ModelAddress?
+    /// The server's horizon of collection when it read this page (docs/PROTOCOL.md 8.4; 0: it
+    /// had collected nothing, or recovers its own deltas), or `nil` from a server that did not
+    /// say (an `SSPAGE1` page).
+    package var collectedThrough: UInt64?
 
     package init(
         latestSequence: UInt64, progress: [String: UInt64],
-        models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])], next: ModelAddress?
+        models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])], next: ModelAddress?,
+        collectedThrough: UInt64? = nil
     ) {
         self.latestSequence = latestSequence
         self.progress = progress
         self.models = models
         self.next = next
+        self.collectedThrough = collectedThrough
     }
 
-    /// A page's magic (a whole snapshot's is `SSNAP3`, Appendix A).
+    /// A page's magic (a whole snapshot's is `SSNAP3`, Appendix A); `SSPAGE2` adds the horizon
+    /// of collection after the progress, and is sent only to a requester that asked for it.
     static let magic: [UInt8] = Array("SSPAGE1\n".utf8)
+    static let horizonMagic: [UInt8] = Array("SSPAGE2\n".utf8)
+
+    /// The request's flag asking for `SSPAGE2` pages.
+    static let wantsHorizon: UInt8 = 1
 
     /// The order of pages: channel, then model, as octets.
     package static func precedes(_ a: ModelAddress, _ b: ModelAddress) -> Bool {
@@ -39,26 +54,30 @@ package struct SnapshotPage: Sendable {
 
     /// Whether `bytes` is a page (rather than a whole snapshot from a node that does not page).
     package static func isPage(_ bytes: [UInt8]) -> Bool {
-        bytes.count >= magic.count && bytes[..<magic.count].elementsEqual(magic)
+        bytes.starts(with: magic) || bytes.starts(with: horizonMagic)
     }
 
     // MARK: - The request
 
     /// A paged SNAPSHOT request's body: `01`, then has-cursor (`00` or `01` and the cursor's
-    /// channel and model), then the largest page wanted, in octets. (An empty body asks for the
-    /// whole snapshot in one reply.)
-    package static func encodeRequest(after cursor: ModelAddress?, maximumOctets: Int) -> [UInt8] {
+    /// channel and model), then the largest page wanted, in octets, then flags (appended: a
+    /// server that predates them ignores them and sends `SSPAGE1` pages). (An empty body asks
+    /// for the whole snapshot in one reply.)
+    package static func encodeRequest(
+        after cursor: ModelAddress?, maximumOctets: Int, withHorizon: Bool = true
+    ) -> [UInt8] {
         var writer = WireWriter()
         writer.byte(1)
         writeCursor(cursor, to: &writer)
         writer.varint(UInt64(maximumOctets))
+        if withHorizon { writer.byte(wantsHorizon) }
         return writer.bytes
     }
 
-    /// The cursor and page size of a paged request; `nil` for an empty body (the whole
-    /// snapshot).
+    /// The cursor, page size and whether pages are to carry the horizon (`SSPAGE2`), of a paged
+    /// request; `nil` for an empty body (the whole snapshot).
     package static func decodeRequest(_ body: [UInt8]) throws(WireError) -> (
-        after: ModelAddress?, maximumOctets: Int
+        after: ModelAddress?, maximumOctets: Int, withHorizon: Bool
     )? {
         guard !body.isEmpty else { return nil }
         var reader = WireReader(body)
@@ -67,22 +86,25 @@ package struct SnapshotPage: Sendable {
         }
         let cursor = try readCursor(&reader, field: "has cursor")
         let octets = try reader.varint("maximum octets")
-        return (cursor, Int(clamping: octets))
+        // Flags it does not know are ignored, as trailing octets (section 13).
+        let flags = reader.isAtEnd ? 0 : try reader.byte("flags")
+        return (cursor, Int(clamping: octets), flags & wantsHorizon != 0)
     }
 
     // MARK: - The page
 
     /// Encodes a page, taking models from `source` (in page order, after the cursor) until the
-    /// page holds at least `maximumOctets` octets of models (always at least one model).
-    /// Returns the page and its `next` cursor (`nil`: the last page).
+    /// page holds at least `maximumOctets` octets of models (always at least one model); with a
+    /// horizon, as `SSPAGE2`. Returns the page and its `next` cursor (`nil`: the last page).
     package static func encode(
-        latestSequence: UInt64, progress: [String: UInt64], maximumOctets: Int,
+        latestSequence: UInt64, progress: [String: UInt64], collectedThrough: UInt64? = nil, maximumOctets: Int,
         models source: some Sequence<(ModelAddress, [String: ReplicaStore.Register])>
     ) -> (bytes: [UInt8], next: ModelAddress?) {
         var header = WireWriter(capacity: 64)
-        for byte in magic { header.byte(byte) }
+        for byte in collectedThrough == nil ? magic : horizonMagic { header.byte(byte) }
         header.varint(latestSequence)
         StateSnapshot.writeProgress(progress, to: &header)
+        if let collectedThrough { header.uint64(collectedThrough) }
         var body = WireWriter(capacity: min(maximumOctets, 1 << 20) + 1024)
         var count = 0
         var last: ModelAddress?
@@ -109,9 +131,12 @@ package struct SnapshotPage: Sendable {
     /// Decodes a page; a damaged one (checksum, truncation) throws.
     package static func decode(_ bytes: [UInt8]) throws(WireError) -> SnapshotPage {
         guard isPage(bytes) else { throw .invalid(field: "snapshot page", reason: "not a snapshot page") }
-        var reader = try StateSnapshot.checkedBody(bytes, magic: magic, what: "snapshot page")
+        let withHorizon = bytes.starts(with: horizonMagic)
+        var reader = try StateSnapshot.checkedBody(
+            bytes, magic: withHorizon ? horizonMagic : magic, what: "snapshot page")
         let latest = try reader.varint("latest sequence")
         let progress = try StateSnapshot.readProgress(&reader)
+        let collectedThrough = withHorizon ? try reader.uint64("collected through") : nil
         var models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])] = []
         for _ in 0..<(try reader.count("model count", minimumItemSize: 3)) {
             // As they come: a server writes them in ascending name order (the merge relies on an
@@ -132,7 +157,8 @@ package struct SnapshotPage: Sendable {
         }
         let next = try readCursor(&reader, field: "more")
         try reader.expectEnd()
-        return SnapshotPage(latestSequence: latest, progress: progress, models: models, next: next)
+        return SnapshotPage(
+            latestSequence: latest, progress: progress, models: models, next: next, collectedThrough: collectedThrough)
     }
 
     /// A cursor: `00`, or `01` and the model's channel and model.

@@ -47,12 +47,13 @@ extension StateSnapshot {
     /// The snapshot format of Appendix A: magic, latest sequence, the timestamp through which
     /// deletions were collected (uint64), with `SSNAP4` the own recovery (through, recovered + 1
     /// or 0: varints), progress, registers (sorted, so equal states write equal files; deletions
-    /// included), checksum.
-    package static func encode(_ snapshot: StateSnapshot) -> [UInt8] {
+    /// included), checksum. `collectedThrough` replaces the store's horizon (a node recovering
+    /// its own deltas serves 0: it lacks some that peers hold below its horizon).
+    package static func encode(_ snapshot: StateSnapshot, collectedThrough: UInt64? = nil) -> [UInt8] {
         var w = WireWriter(capacity: 4096)
         for b in snapshot.ownRecovery == nil ? magic : recoveringMagic { w.byte(b) }
         w.varint(snapshot.latestSequence)
-        w.uint64(snapshot.store.collectedThrough)
+        w.uint64(collectedThrough ?? snapshot.store.collectedThrough)
         if let recovery = snapshot.ownRecovery {
             w.varint(recovery.through)
             // Recovered is at most through (equal: the recovery ended, the reset is remembered),

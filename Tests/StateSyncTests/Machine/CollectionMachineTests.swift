@@ -950,4 +950,112 @@ struct CollectionMachineTests {
         #expect(dropped.count == 1 && dropped.first?.kind == .deleted && dropped.first?.old == 1)
         #expect(session.replica.properties(of: "m").isEmpty)
     }
+
+    /// 10.9 and 8.4: a node that took an older write from a peer's history (a FETCH) after the
+    /// deletion that beat it was collected drops it when it merges the snapshot of a peer whose
+    /// horizon is above it and that lacks it, and takes that horizon. Without it the node keeps
+    /// the write and gives it back to the others in its own snapshots (the simulator's join
+    /// fault, 3 nodes × 300 operations, seed 164: an acknowledged deletion lost).
+    @Test func aWriteFetchedAfterItsDeletionWasCollectedGoesWithThePeersSnapshot() throws {
+        var cluster = Cluster(["n1", "n2"])
+        cluster.exchange(rounds: 12)
+        _ = cluster.set(on: 1, 1, [PropertyWrite(name: "x", value: "deleted since")])
+        cluster.exchange(rounds: 2)
+        _ = cluster.delete(on: 0, 2)
+        let kept = ModelAddress(channel: "c", model: "kept")
+        _ = cluster.nodes[1].request(.set, id: 3, ClientProtocol.encodeSet(kept, [PropertyWrite(name: "y", value: 1)]))
+        cluster.exchange(rounds: 30)
+        #expect(cluster.tombstones(0) == 0 && cluster.tombstones(1) == 0, "the model's deletion is collected")
+        let horizon = cluster.nodes[0].machine.store.collectedThrough
+        // n3 joins through n1, which does not know it: it hears n1's HEARTBEAT and asks for what
+        // it lacks. Only its FETCH of n2's deltas is answered — from n1's history, which still
+        // holds the write the collected deletion beat.
+        var joiner = MachineRunner(MachineRunner.configuration("n3", peers: ["n1"]))
+        joiner.now = cluster.nodes[0].now
+        joiner.wall.milliseconds = cluster.nodes[0].wall.milliseconds
+        cluster.nodes.append(joiner)
+        let beat = try #require(
+            cluster.nodes[0].published.last {
+                if case .heartbeat(let beat)? = try? PeerMessage.decode($0) { beat.members != nil } else { false }
+            })
+        cluster.nodes[2].handle(.peerMessage(peer: "inproc://n1", frames: beat))
+        cluster.nodes[2].advance(100)
+        for request in cluster.nodes[2].repairRequests {
+            guard (try? ClientProtocol.decodeFetch(request.frames[1]))?.origin == "n2" else { continue }
+            Self.answer(&cluster, request, from: 2, by: 0)
+        }
+        #expect(cluster.nodes[2].machine.store.properties(of: Self.address)["x"]?.value == "deleted since")
+        // Then it takes n1's snapshot (here, because it is told to).
+        cluster.nodes[2].machine.repair.needsSnapshot = true
+        var routed = cluster.nodes[2].repairRequests.count
+        for _ in 0..<20 where cluster.nodes[2].machine.counters.snapshotsApplied == 0 {
+            cluster.nodes[2].handle(.peerMessage(peer: "inproc://n1", frames: beat))
+            cluster.nodes[2].advance(100)
+            while routed < cluster.nodes[2].repairRequests.count {
+                let request = cluster.nodes[2].repairRequests[routed]
+                routed += 1
+                guard let paged = try? SnapshotPage.decodeRequest(request.frames[1]) else { continue }
+                #expect(paged.withHorizon)
+                Self.answer(&cluster, request, from: 2, by: 0)
+            }
+        }
+        let n3 = cluster.nodes[2].machine
+        #expect(n3.counters.snapshotsApplied == 1)
+        #expect(n3.store.properties(of: Self.address).isEmpty, "the write the collected deletion beat is gone")
+        #expect(n3.store.properties(of: kept)["y"]?.value == 1)
+        #expect(n3.store.digest == cluster.nodes[0].machine.store.digest)
+        #expect(n3.store.collectedThrough >= horizon, "it holds what n1 held through n1's horizon")
+    }
+
+    /// 10.9: what a peer's snapshot lacks at or below its horizon goes, but for this node's own
+    /// writes (after a reset it fetches them back from peers whose snapshot may lack them), a
+    /// forgotten member's (collected without it), a name the peer holds at any version, and
+    /// anything above the horizon.
+    @Test func aPeersHorizonDropsOnlyWhatItCouldHaveCollected() throws {
+        var node = MachineRunner(MachineRunner.configuration("n3", peers: ["n1"]))
+        node.machine.membership.merge(
+            Membership.Member(
+                id: "n9", publish: "inproc://n9", api: "", state: .forgotten,
+                version: Version(milliseconds: 1_700_000_000_000, counter: 0, node: "n1")))
+        let horizon = Version(milliseconds: 1_700_000_000_500, counter: 0, node: "").timestamp
+        func put(_ name: String, by writer: String, at milliseconds: UInt64) {
+            _ = node.machine.store.merge(
+                Self.address, property: name,
+                register: ReplicaStore.Register(
+                    value: .string(name), version: Version(milliseconds: milliseconds, counter: 0, node: writer)))
+        }
+        put("other", by: "n2", at: 1_700_000_000_100)
+        put("own", by: "n3", at: 1_700_000_000_100)
+        put("forgotten", by: "n9", at: 1_700_000_000_100)
+        put("held", by: "n2", at: 1_700_000_000_100)
+        put("newer", by: "n2", at: 1_700_000_000_501)
+        let changed = node.machine.dropCollected(of: [Self.address], through: horizon, peerNames: { _ in ["held"] })
+        #expect(changed == ["c"])
+        #expect(Set(node.machine.store.properties(of: Self.address).keys) == ["own", "forgotten", "held", "newer"])
+        let again = node.machine.dropCollected(of: [Self.address], through: horizon, peerNames: { _ in ["held"] })
+        #expect(again.isEmpty, "nothing left to drop")
+    }
+
+    /// 10.9 and 7.5: a node recovering its own deltas after a reset serves its snapshot pages with
+    /// horizon 0 (a requester would drop the own deltas a peer still holds below it), and its
+    /// horizon once the recovery ended; a request without the flag gets `SSPAGE1` pages.
+    @Test func aNodeRecoveringItsOwnDeltasServesNoHorizon() throws {
+        var cluster = Cluster(["n1", "n2"])
+        let written = try Self.forgetWhileAWriteIsOnItsWay(&cluster, watch: nil)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery != nil)
+        #expect(cluster.nodes[1].machine.store.collectedThrough > 0, "it took n1's horizon with n1's snapshot")
+        func served(id: UInt64, withHorizon: Bool = true) throws -> UInt64? {
+            let answer = cluster.nodes[1].request(
+                .snapshot, id: id,
+                SnapshotPage.encodeRequest(after: nil, maximumOctets: 1 << 20, withHorizon: withHorizon),
+                client: [0x4C, UInt8(id)])
+            let reply = try #require(answer)
+            return try SnapshotPage.decode(reply.1).collectedThrough
+        }
+        #expect(try served(id: 60) == 0)
+        Self.deliverTheWriteAndExchange(&cluster, written, rounds: 20)
+        #expect(cluster.nodes[1].machine.repair.ownRecovery == nil)
+        #expect(try served(id: 61) == cluster.nodes[1].machine.store.collectedThrough)
+        #expect(try served(id: 62, withHorizon: false) == nil, "an SSPAGE1 page")
+    }
 }

@@ -253,9 +253,11 @@ extension NodeMachine {
                 // Held until this node's own writes in it are durable (section 10.9).
                 let body =
                     if let paged {
-                        snapshotPage(for: client, after: paged.after, maximumOctets: paged.maximumOctets)
+                        snapshotPage(
+                            for: client, after: paged.after, maximumOctets: paged.maximumOctets,
+                            withHorizon: paged.withHorizon)
                     } else {
-                        StateSnapshot.encode(servedSnapshot)
+                        StateSnapshot.encode(servedSnapshot, collectedThrough: servedHorizon)
                     }
                 replyOnceOwnWritesAreDurable(
                     client: client, frames: ClientProtocol.encodeReply(.ok, id: id, body: body))

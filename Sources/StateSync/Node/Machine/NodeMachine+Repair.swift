@@ -66,6 +66,12 @@ extension NodeMachine {
         /// Requests of the current page that went unanswered: past ``NodeMachine/pageAttempts``
         /// the transfer starts over with another peer.
         var attempts = 0
+        /// The models this node held when the first page came, in page order, that no page has
+        /// covered yet: each page's range is compared with them (``dropCollected(of:through:peerNames:)``).
+        /// `nil` when the first page carried no horizon above 0.
+        var held: ArraySlice<ModelAddress>?
+        /// The least horizon of collection the pages carried (`nil`: one carried none).
+        var horizon: UInt64?
     }
 
     /// A streamed SNAPSHOT being served: every model held when its first page was asked for, in
@@ -75,6 +81,8 @@ extension NodeMachine {
         var progress: [String: UInt64]
         var latestSequence: UInt64
         var usedAt: UInt64
+        /// Whether its pages carry the horizon of collection (`SSPAGE2`: the requester asked).
+        var withHorizon: Bool
         /// The page after the one just served, to encode at the next tick: after the reply is
         /// sent, while the requester merges it (two processes, two cores: the transfer is a
         /// pipeline instead of encode, merge, encode, ...).
@@ -524,8 +532,32 @@ extension NodeMachine {
                 metadata: ["peer.endpoint": "\(peer)"])
             return
         }
-        if stream.progress == nil { stream.progress = page.progress }
+        if stream.progress == nil {
+            stream.progress = page.progress
+            stream.horizon = page.collectedThrough
+            if let horizon = page.collectedThrough, horizon > 0 {
+                stream.held = ArraySlice(store.allModels.map(\.0).sorted(by: SnapshotPage.precedes))
+            }
+        } else {
+            stream.horizon = page.collectedThrough.flatMap { page in stream.horizon.map { min($0, page) } }
+        }
         stream.changed.formUnion(mergeRegisters(page.models))
+        // The models this node holds in the page's range (the pages cover every address, in
+        // order): what they hold at or below the page's horizon that the page lacks was collected.
+        if var held = stream.held, let horizon = page.collectedThrough, horizon > 0 {
+            var covered: [ModelAddress] = []
+            while let first = held.first, page.next.map({ !SnapshotPage.precedes($0, first) }) ?? true {
+                covered.append(first)
+                held.removeFirst()
+            }
+            stream.held = held
+            if !covered.isEmpty {
+                var names: [ModelAddress: Set<String>] = [:]
+                for (address, registers) in page.models { names[address] = Set(registers.map(\.name)) }
+                stream.changed.formUnion(
+                    dropCollected(of: covered, through: horizon, peerNames: { names[$0] ?? [] }))
+            }
+        }
         stream.pages += 1
         if let next = page.next {
             stream.after = next
@@ -536,6 +568,8 @@ extension NodeMachine {
         }
         repair.stream = nil
         coverSnapshotProgress(stream.progress ?? [:])
+        // What this node holds at or below the peer's horizon, it holds as the peer did.
+        if let horizon = stream.horizon { store.markCollected(through: horizon) }
         repair.mergedSnapshot = true
         logger.info(
             "merged a peer's snapshot",
@@ -546,7 +580,9 @@ extension NodeMachine {
     }
 
     /// Serves one page of a streamed SNAPSHOT to `client` (section 10.9).
-    mutating func snapshotPage(for client: [UInt8], after cursor: ModelAddress?, maximumOctets: Int) -> [UInt8] {
+    mutating func snapshotPage(
+        for client: [UInt8], after cursor: ModelAddress?, maximumOctets: Int, withHorizon: Bool
+    ) -> [UInt8] {
         let octets = min(max(maximumOctets, 1024), 32 << 20)
         var served: ServedSnapshot
         if cursor != nil, let held = repair.serving[client], now &- held.usedAt < Self.servedSnapshotIdle {
@@ -559,7 +595,7 @@ extension NodeMachine {
             }
             served = ServedSnapshot(
                 addresses: store.allModels.map(\.0).sorted(by: SnapshotPage.precedes),
-                progress: servedProgress, latestSequence: nextSequence - 1, usedAt: now)
+                progress: servedProgress, latestSequence: nextSequence - 1, usedAt: now, withHorizon: withHorizon)
         }
         served.usedAt = now
         let page: (bytes: [UInt8], next: ModelAddress?)
@@ -568,7 +604,7 @@ extension NodeMachine {
             // page must be (section 10.9); writes since then reach the requester as deltas.
             page = (ready.bytes, ready.next)
         } else {
-            page = Self.encodePage(of: served, after: cursor, octets: octets, from: store)
+            page = Self.encodePage(of: served, after: cursor, octets: octets, horizon: servedHorizon, from: store)
         }
         served.prefetched = nil
         served.ahead = page.next.map { ($0, octets) }
@@ -620,7 +656,8 @@ extension NodeMachine {
         for client in Array(repair.serving.keys) {
             guard var served = repair.serving[client] else { continue }
             if let ahead = served.ahead {
-                let page = Self.encodePage(of: served, after: ahead.after, octets: ahead.octets, from: store)
+                let page = Self.encodePage(
+                    of: served, after: ahead.after, octets: ahead.octets, horizon: servedHorizon, from: store)
                 served.prefetched = (ahead.after, ahead.octets, page.bytes, page.next)
                 served.ahead = nil
             } else if served.prefetched != nil, now &- served.usedAt > Self.snapshotPageTimeout {
@@ -632,9 +669,15 @@ extension NodeMachine {
         }
     }
 
-    /// One page of `served`: the models after `cursor` (all from the start without one).
+    /// The horizon of collection this node's snapshots carry (section 10.9): its own, but 0
+    /// while it recovers its own deltas after a reset — a peer may hold some of them at or below
+    /// it, and a requester would drop them as collected.
+    var servedHorizon: UInt64 { repair.ownRecovery == nil ? store.collectedThrough : 0 }
+
+    /// One page of `served`: the models after `cursor` (all from the start without one), with
+    /// `horizon` when the requester asked for it.
     static func encodePage(
-        of served: ServedSnapshot, after cursor: ModelAddress?, octets: Int, from store: ReplicaStore
+        of served: ServedSnapshot, after cursor: ModelAddress?, octets: Int, horizon: UInt64, from store: ReplicaStore
     ) -> (bytes: [UInt8], next: ModelAddress?) {
         // The first address after the cursor (binary search: the list is in page order).
         var start = 0
@@ -647,7 +690,7 @@ extension NodeMachine {
         }
         return SnapshotPage.encode(
             latestSequence: cursor == nil ? served.latestSequence : 0, progress: cursor == nil ? served.progress : [:],
-            maximumOctets: octets,
+            collectedThrough: served.withHorizon ? horizon : nil, maximumOctets: octets,
             models: served.addresses[start...].lazy.compactMap { address in
                 let records = store.records(of: address)
                 return records.isEmpty ? nil : (address, records)
@@ -657,11 +700,61 @@ extension NodeMachine {
     /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
     /// covers. Returns the channels it changed.
     mutating func merge(_ snapshot: StateSnapshot) -> Set<String> {
-        let changed = mergeRegisters(
+        let horizon = snapshot.store.collectedThrough
+        let held = horizon > 0 ? store.allModels.map(\.0).sorted(by: SnapshotPage.precedes) : []
+        var changed = mergeRegisters(
             snapshot.store.allModels.sorted { SnapshotPage.precedes($0.0, $1.0) }.map { address, registers in
                 (address, registers.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) })
             })
+        if !held.isEmpty {
+            changed.formUnion(
+                dropCollected(of: held, through: horizon, peerNames: { Set(snapshot.store.records(of: $0).keys) }))
+        }
         coverSnapshotProgress(snapshot.progress)
+        store.markCollected(through: horizon)
+        return changed
+    }
+
+    /// Drops what this node holds of `models` at or below a peer's horizon of collection that
+    /// the peer's snapshot lacks (`peerNames`: the names it holds of a model, its deletion under
+    /// the empty name) — section 10.9. The peer held it, or what beat it, and collected the
+    /// deletion that did: this node took it since from some history (a FETCH of an older
+    /// delta), and would give it back to the others in its own snapshots. Kept: this node's own
+    /// writes (after a reset it fetches them back from peers whose snapshot may lack them), the
+    /// writes of a member it holds as forgotten (collected without it), and a name the peer holds
+    /// at any version. Live models see the values go as deletions just above the horizon.
+    /// Returns the channels it changed.
+    mutating func dropCollected(
+        of models: [ModelAddress], through horizon: UInt64, peerNames: (ModelAddress) -> Set<String>
+    ) -> Set<String> {
+        let own = configuration.nodeID
+        let forgotten = Set(membership.members.values.filter { $0.state == .forgotten }.map(\.id))
+        let deletedAt = Version(timestamp: horizon &+ 1, node: "")
+        var changed = Set<String>()
+        var deliveries: [ModelDelivery] = []
+        var dropped = 0
+        for address in models {
+            let names = peerNames(address)
+            let (changes, gone) = store.drop(address, through: horizon) { name, version in
+                version.node == own || forgotten.contains(version.node) || names.contains(name)
+            }
+            guard gone > 0 else { continue }
+            dropped += gone
+            changed.insert(address.channel)
+            guard attachedModels[address] != nil, !changes.isEmpty else { continue }
+            deliveries.append(
+                ModelDelivery(
+                    address: address,
+                    sets: changes.map {
+                        ModelRegistrar.RemoteWriteSet(writes: [.deletion(of: $0.property)], version: deletedAt)
+                    }))
+        }
+        if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
+        if dropped > 0 {
+            logger.info(
+                "dropped records a peer's snapshot shows collected (older writes this node took from a history after their deletion was collected)",
+                metadata: ["records": "\(dropped)", "collected.through": "\(horizon >> 16).\(horizon & 0xFFFF)"])
+        }
         return changed
     }
 
