@@ -481,6 +481,64 @@ struct MembershipMachineTests {
         #expect(reasserted.state == .alive && reasserted.version > later.version)
     }
 
+    /// 10.11 and 7.5: an ANNOUNCE answered "taken" tells the node that a peer's list holds its
+    /// entry of this start, as a HEARTBEAT's list holding it would. A new node that is cut off
+    /// and forgotten before any list it heard held its entry then takes the forget as made while
+    /// it ran (it resets) instead of as its id coming back empty (the simulator's join and forget
+    /// faults: 3 nodes × 300 operations, seeds 188 and 873; × 10,000, seeds 2064 and 2270). An
+    /// empty answer (a node of an earlier version) says nothing, and the node refuses as before;
+    /// an entry the peer did not take (it holds a newer one) is answered "not taken".
+    @Test func anAnnounceAnsweredTakenMakesALaterForgetOneMadeWhileTheNodeRan() throws {
+        func joinerAnnouncing(answer body: (inout MachineRunner, [UInt8]) throws -> [UInt8]) throws -> MachineRunner {
+            var seed = Self.started("n1", peers: [])
+            var joiner = Self.started("n4", peers: ["n1"])
+            let list = [try #require(seed.machine.membership.members["n1"])]
+            joiner.advance(100)
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
+            joiner.advance(100)
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
+            let announce = try #require(
+                joiner.repairRequests.last { request in
+                    (try? ClientProtocol.decodeRequestHeader(request.frames[0]))?.command
+                        == ClientProtocol.Command.announce.rawValue
+                })
+            let id = try ClientProtocol.decodeRequestHeader(announce.frames[0]).requestID
+            joiner.handle(
+                .repairReply(
+                    peer: "inproc://n1",
+                    frames: ClientProtocol.encodeReply(.ok, id: id, body: try body(&seed, announce.frames[1]))))
+            // Cut off, it is forgotten; the forget reaches it in a list that never held its entry.
+            let own = try #require(joiner.machine.membership.members["n4"])
+            let forget = Self.member("n4", .forgotten, at: own.version.milliseconds + 500, by: "n1")
+            joiner.advance(100)
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list + [forget])))
+            return joiner
+        }
+        let taken = try joinerAnnouncing { seed, entry in
+            let reply = seed.request(.announce, id: 7, entry)
+            let answer = try #require(reply)
+            #expect(answer.0.kind == .ok && answer.1 == [1], "taken")
+            return answer.1
+        }
+        #expect(taken.refusals.isEmpty, "\(taken.refusals)")
+        #expect(taken.machine.counters.resyncs == 1, "it dropped its state, as a node forgotten while it ran")
+        let older = try joinerAnnouncing { _, _ in [] }
+        #expect(older.refusals.first?.contains("was forgotten") == true, "\(older.refusals)")
+
+        // A seed that holds a newer (forgotten) entry of n4 keeps it, and says so.
+        var seed = Self.started("n1", peers: ["n2"])
+        let entry = Self.member("n4", at: 1_800_000_000_000)
+        seed.handle(
+            .peerMessage(
+                peer: "inproc://n2",
+                frames: Self.heartbeat("n2", members: [Self.member("n4", .forgotten, at: 1_800_000_000_500, by: "n2")]))
+        )
+        let reply = seed.request(.announce, id: 8, Membership.encodeAnnounce(entry))
+        let answer = try #require(reply)
+        #expect(answer.0.kind == .ok && answer.1 == [0], "not taken")
+        #expect(seed.machine.membership.members["n4"]?.state == .forgotten)
+    }
+
     /// Entries are kept exactly as their node wrote them: a node bound to wildcard addresses is
     /// dialled at the host its stream comes from, but its entry is not rewritten — a rewritten
     /// copy sent back made it restate itself at every heartbeat (found in review).

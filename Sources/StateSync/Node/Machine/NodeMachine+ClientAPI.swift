@@ -280,11 +280,11 @@ extension NodeMachine {
                 if let identity, !identity.hasPrefix("node:") {
                     throw Forbidden(message: "only a node's key may ANNOUNCE a member entry")
                 }
-                try receiveAnnounce(body, identity: identity)
+                let taken = try receiveAnnounce(body, identity: identity)
                 // Saved before the answer: the sender takes this node's deltas once told
                 // (section 7.5), and this node must still know it after a power loss.
                 saveMembersIfChanged()
-                reply(client, .ok, id, [])
+                reply(client, .ok, id, [taken ? 1 : 0])
             case .ping:
                 // The body lists the watch ids the client holds; the reply names those this node
                 // no longer has (dropped when the client was unreachable), so no gap goes unseen.

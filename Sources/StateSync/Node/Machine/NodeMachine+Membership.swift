@@ -341,7 +341,7 @@ extension NodeMachine {
         lastAnnounce[endpoint] = now
         let id = nextRepairID()
         if announcesInFlight.count >= 64 { announcesInFlight.removeAll() }
-        announcesInFlight[id] = own.id
+        announcesInFlight[id] = own
         counters.announcesSent += 1
         actions.append(
             .sendRepairRequest(
@@ -350,7 +350,9 @@ extension NodeMachine {
     }
 
     /// An ANNOUNCE request: a node's own entry. With security only that node's key may send it.
-    mutating func receiveAnnounce(_ body: [UInt8], identity: String?) throws {
+    /// Returns whether the member list holds that entry now (the answer tells the sender: section
+    /// 10.11).
+    mutating func receiveAnnounce(_ body: [UInt8], identity: String?) throws -> Bool {
         let member = try Membership.decodeAnnounce(body)
         guard NodeConfiguration.isValidNodeID(member.id) else {
             throw StateSyncError(.protocolError, "'\(member.id.prefix(64))' is not a node id")
@@ -371,6 +373,7 @@ extension NodeMachine {
             throw StateSyncError(.protocolError, "the entry's version is further ahead than clock.max_drift_ms")
         }
         takeMember(member, fromItself: true)
+        return membership.members[member.id] == member
     }
 
     /// Whether `endpoint` is bound to every interface (`tcp://*:P`, `tcp://0.0.0.0:P`).

@@ -364,12 +364,16 @@ extension NodeMachine {
             // Refused: it never will, so its deltas are taken all the same (and the warning says
             // what that costs).
             peers[peer]?.listsThisNode = true
+            // "Taken": the peer's list holds this start's entry, as a HEARTBEAT's list holding it
+            // would say (section 7.5, "Ids do not come back empty"). An empty body (an older
+            // node) says nothing.
+            if header.kind == .ok, frames[1].first == 1, member.state == .alive { ownEntryAcknowledged = true }
             if header.kind != .ok {
                 let reason = (try? ClientProtocol.decodeError(frames[1]))?.message ?? "?"
                 warnLimited(
                     "announce-refused",
                     "a peer refused this node's member entry (ANNOUNCE); its deltas are taken all the same, but should it lose power it will not ask this node for deltas it lost",
-                    metadata: ["peer.endpoint": "\(peer)", "member": "\(member)", "error": "\(reason)"])
+                    metadata: ["peer.endpoint": "\(peer)", "member": "\(member.id)", "error": "\(reason)"])
             }
             return
         }

@@ -57,8 +57,9 @@ package struct NodeMachine: Sendable {
     /// Configured peer endpoints whose links were dropped because their member left (not
     /// forgotten), with that member's id: dialled again if the node is left linked to no peer.
     var droppedConfiguredPeers: [String: String] = [:]
-    /// A peer's member list held this node's entry of this start: it is in the cluster, and a
-    /// forget it hears of from now on was made while it ran.
+    /// A peer's member list held this node's entry of this start (a HEARTBEAT's list, or an
+    /// ANNOUNCE answered "taken"): it is in the cluster, and a forget it hears of from now on was
+    /// made while it ran.
     var ownEntryAcknowledged = false
 
     /// The cluster's member list (section 7.5).
@@ -84,9 +85,10 @@ package struct NodeMachine: Sendable {
     /// is at or below it was taken before that reset, and its client may hold given-up writes
     /// (a cursor the node gave since covers its own origin through at least this number).
     var lastResetThrough: UInt64 = 0
-    /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight.
+    /// Per peer endpoint, when this node last sent it an ANNOUNCE; the ANNOUNCEs in flight (by
+    /// request id, the entry each carried).
     var lastAnnounce: [String: UInt64] = [:]
-    var announcesInFlight: [UInt64: String] = [:]
+    var announcesInFlight: [UInt64: Membership.Member] = [:]
     /// The HEARTBEAT saying this node left was published (it stops).
     var leftAnnounced = false
     /// HEARTBEATs published, and how many had been when the member list last changed: the list
