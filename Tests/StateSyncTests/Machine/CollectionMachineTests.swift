@@ -1007,33 +1007,87 @@ struct CollectionMachineTests {
         #expect(n3.store.collectedThrough >= horizon, "it holds what n1 held through n1's horizon")
     }
 
-    /// 10.9: what a peer's snapshot lacks at or below its horizon goes, but for this node's own
-    /// writes (after a reset it fetches them back from peers whose snapshot may lack them), a
-    /// forgotten member's (collected without it), a name the peer holds at any version, and
-    /// anything above the horizon.
-    @Test func aPeersHorizonDropsOnlyWhatItCouldHaveCollected() throws {
+    /// 10.9: what a peer's snapshot lacks at or below its horizon goes, but for what the peer's
+    /// collection did not count: this node's own writes (after a reset it fetches them back from
+    /// peers whose snapshot may lack them), a writer the snapshot's progress does not name, a
+    /// member this node holds as forgotten of which it received deltas above what the progress
+    /// covers; and but for a name the peer holds at any version, and anything above the horizon.
+    @Test func aPeersHorizonDropsOnlyWhatItsCollectionCounted() throws {
         var node = MachineRunner(MachineRunner.configuration("n3", peers: ["n1"]))
-        node.machine.membership.merge(
-            Membership.Member(
-                id: "n9", publish: "inproc://n9", api: "", state: .forgotten,
-                version: Version(milliseconds: 1_700_000_000_000, counter: 0, node: "n1")))
+        for (id, received) in [("n8", 5 as UInt64), ("n9", 2)] {
+            node.machine.membership.merge(
+                Membership.Member(
+                    id: id, publish: "inproc://\(id)", api: "", state: .forgotten,
+                    version: Version(milliseconds: 1_700_000_000_000, counter: 0, node: "n1")))
+            var progress = OriginProgress()
+            for sequence in 1...received { _ = progress.receive(sequence) }
+            node.machine.origins[id] = progress
+        }
         let horizon = Version(milliseconds: 1_700_000_000_500, counter: 0, node: "").timestamp
-        func put(_ name: String, by writer: String, at milliseconds: UInt64) {
+        for (name, writer, milliseconds) in [
+            ("other", "n2", 100), ("own", "n3", 100), ("unnamed", "n7", 100), ("forgotten", "n8", 100),
+            ("forgottenCovered", "n9", 100), ("held", "n2", 100), ("newer", "n2", 501),
+        ] as [(String, String, UInt64)] {
             _ = node.machine.store.merge(
                 Self.address, property: name,
                 register: ReplicaStore.Register(
-                    value: .string(name), version: Version(milliseconds: milliseconds, counter: 0, node: writer)))
+                    value: .string(name),
+                    version: Version(milliseconds: 1_700_000_000_000 + milliseconds, counter: 0, node: writer)))
         }
-        put("other", by: "n2", at: 1_700_000_000_100)
-        put("own", by: "n3", at: 1_700_000_000_100)
-        put("forgotten", by: "n9", at: 1_700_000_000_100)
-        put("held", by: "n2", at: 1_700_000_000_100)
-        put("newer", by: "n2", at: 1_700_000_000_501)
-        let changed = node.machine.dropCollected(of: [Self.address], through: horizon, peerNames: { _ in ["held"] })
+        let progress: [String: UInt64] = ["n2": 10, "n3": 10, "n8": 3, "n9": 3]
+        let changed = node.machine.dropCollected(
+            of: [Self.address], through: horizon, progress: progress, peerNames: { _ in ["held"] })
         #expect(changed == ["c"])
-        #expect(Set(node.machine.store.properties(of: Self.address).keys) == ["own", "forgotten", "held", "newer"])
-        let again = node.machine.dropCollected(of: [Self.address], through: horizon, peerNames: { _ in ["held"] })
+        #expect(
+            Set(node.machine.store.properties(of: Self.address).keys) == [
+                "own", "unnamed", "forgotten", "held", "newer",
+            ])
+        let again = node.machine.dropCollected(
+            of: [Self.address], through: horizon, progress: progress, peerNames: { _ in ["held"] })
         #expect(again.isEmpty, "nothing left to drop")
+    }
+
+    /// 10.9: each page passes its range, also one that carries no horizon above 0 (its server
+    /// restarted recovering its own deltas, say): what that page listed is not dropped by the
+    /// next page that carries one (found in review).
+    @Test func aPageWithoutAHorizonStillPassesItsRange() throws {
+        var node = MachineRunner(MachineRunner.configuration("n3", peers: ["n1"]))
+        let models = ["a", "b", "c"].map { ModelAddress(channel: "c", model: $0) }
+        let old = Version(milliseconds: 1_700_000_000_100, counter: 0, node: "n2")
+        for address in models {
+            _ = node.machine.store.merge(
+                address, property: "x", register: ReplicaStore.Register(value: "old", version: old))
+        }
+        let horizon = Version(milliseconds: 1_700_000_000_500, counter: 0, node: "").timestamp
+        let y = [
+            "y": ReplicaStore.Register(
+                value: 1, version: Version(milliseconds: 1_700_000_000_200, counter: 0, node: "n2"))
+        ]
+        node.handle(.peerMessage(peer: "inproc://n1", frames: RepairMachineTests.heartbeat("n1", latest: 0)))
+        node.advance(50)
+        node.machine.repair.needsSnapshot = true
+        var answered = node.repairRequests.count
+        for _ in 0..<20 where node.machine.counters.snapshotsApplied == 0 {
+            node.handle(.peerMessage(peer: "inproc://n1", frames: RepairMachineTests.heartbeat("n1", latest: 0)))
+            node.advance(100)
+            while answered < node.repairRequests.count {
+                let request = node.repairRequests[answered]
+                answered += 1
+                guard let paged = try SnapshotPage.decodeRequest(request.frames[1]) else { continue }
+                // One model a page: a (horizon), b (none), c (horizon), each lacking x.
+                let first = paged.after.flatMap { after in models.firstIndex(of: after).map { $0 + 1 } } ?? 0
+                let page = SnapshotPage.encode(
+                    latestSequence: 0, progress: first == 0 ? ["n2": 5] : [:],
+                    collectedThrough: first == 1 ? 0 : horizon, maximumOctets: 1,
+                    models: models[first...].map { ($0, y) })
+                let id = try ClientProtocol.decodeRequestHeader(request.frames[0]).requestID
+                node.handle(
+                    .repairReply(peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: id, body: page.bytes)))
+            }
+        }
+        #expect(node.machine.counters.snapshotsApplied == 1)
+        let held = models.map { node.machine.store.properties(of: $0)["x"] != nil }
+        #expect(held == [false, true, false], "b's page said nothing of collection")
     }
 
     /// 10.9 and 7.5: a node recovering its own deltas after a reset serves its snapshot pages with

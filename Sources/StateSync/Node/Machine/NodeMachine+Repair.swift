@@ -67,8 +67,9 @@ extension NodeMachine {
         /// the transfer starts over with another peer.
         var attempts = 0
         /// The models this node held when the first page came, in page order, that no page has
-        /// covered yet: each page's range is compared with them (``dropCollected(of:through:peerNames:)``).
-        /// `nil` when the first page carried no horizon above 0.
+        /// covered yet: each page's range is compared with them when the page carries a horizon
+        /// above 0 (``dropCollected(of:through:progress:peerNames:)``). `nil` when the first page
+        /// carried none.
         var held: ArraySlice<ModelAddress>?
         /// The least horizon of collection the pages carried (`nil`: one carried none).
         var horizon: UInt64?
@@ -547,19 +548,22 @@ extension NodeMachine {
         }
         stream.changed.formUnion(mergeRegisters(page.models))
         // The models this node holds in the page's range (the pages cover every address, in
-        // order): what they hold at or below the page's horizon that the page lacks was collected.
-        if var held = stream.held, let horizon = page.collectedThrough, horizon > 0 {
+        // order; a page without a horizon above 0 passes its range all the same): what they hold
+        // at or below the page's horizon that the page lacks was collected.
+        if var held = stream.held {
             var covered: [ModelAddress] = []
             while let first = held.first, page.next.map({ !SnapshotPage.precedes($0, first) }) ?? true {
                 covered.append(first)
                 held.removeFirst()
             }
             stream.held = held
-            if !covered.isEmpty {
+            if let horizon = page.collectedThrough, horizon > 0, !covered.isEmpty {
                 var names: [ModelAddress: Set<String>] = [:]
                 for (address, registers) in page.models { names[address] = Set(registers.map(\.name)) }
                 stream.changed.formUnion(
-                    dropCollected(of: covered, through: horizon, peerNames: { names[$0] ?? [] }))
+                    dropCollected(
+                        of: covered, through: horizon, progress: stream.progress ?? [:],
+                        peerNames: { names[$0] ?? [] }))
             }
         }
         stream.pages += 1
@@ -572,7 +576,8 @@ extension NodeMachine {
         }
         repair.stream = nil
         coverSnapshotProgress(stream.progress ?? [:])
-        // What this node holds at or below the peer's horizon, it holds as the peer did.
+        // What the peer lacked at or below its horizon, this node lacks too now (it may hold
+        // more: its own writes, a writer the peer did not count, what came after each page).
         if let horizon = stream.horizon { store.markCollected(through: horizon) }
         repair.mergedSnapshot = true
         logger.info(
@@ -712,7 +717,9 @@ extension NodeMachine {
             })
         if !held.isEmpty {
             changed.formUnion(
-                dropCollected(of: held, through: horizon, peerNames: { Set(snapshot.store.records(of: $0).keys) }))
+                dropCollected(
+                    of: held, through: horizon, progress: snapshot.progress,
+                    peerNames: { Set(snapshot.store.records(of: $0).keys) }))
         }
         coverSnapshotProgress(snapshot.progress)
         store.markCollected(through: horizon)
@@ -723,16 +730,30 @@ extension NodeMachine {
     /// the peer's snapshot lacks (`peerNames`: the names it holds of a model, its deletion under
     /// the empty name) — section 10.9. The peer held it, or what beat it, and collected the
     /// deletion that did: this node took it since from some history (a FETCH of an older
-    /// delta), and would give it back to the others in its own snapshots. Kept: this node's own
-    /// writes (after a reset it fetches them back from peers whose snapshot may lack them), the
-    /// writes of a member it holds as forgotten (collected without it), and a name the peer holds
-    /// at any version. Live models see the values go as deletions just above the horizon.
+    /// delta), and would give it back to the others in its own snapshots. Only what the peer's
+    /// collection counted goes: kept are this node's own writes (after a reset it fetches them
+    /// back from peers whose snapshot may lack them), the writes of a writer the snapshot's
+    /// `progress` does not name (the peer may never have had them: a writer it did not know),
+    /// of a member this node holds as forgotten unless it received none of that member's deltas
+    /// above what the progress covers (the peer collected without it), and a name the peer
+    /// holds at any version. Live models see the values go as deletions just above the horizon.
     /// Returns the channels it changed.
     mutating func dropCollected(
-        of models: [ModelAddress], through horizon: UInt64, peerNames: (ModelAddress) -> Set<String>
+        of models: [ModelAddress], through horizon: UInt64, progress: [String: UInt64],
+        peerNames: (ModelAddress) -> Set<String>
     ) -> Set<String> {
         let own = configuration.nodeID
         let forgotten = Set(membership.members.values.filter { $0.state == .forgotten }.map(\.id))
+        var counted: [String: Bool] = [:]
+        func countedByPeer(_ writer: String) -> Bool {
+            if let known = counted[writer] { return known }
+            var answer = false
+            if writer != own, let covered = progress[writer] {
+                answer = !forgotten.contains(writer) || (origins[writer]?.highestReceived ?? 0) <= covered
+            }
+            counted[writer] = answer
+            return answer
+        }
         let deletedAt = Version(timestamp: horizon &+ 1, node: "")
         var changed = Set<String>()
         var deliveries: [ModelDelivery] = []
@@ -740,7 +761,7 @@ extension NodeMachine {
         for address in models {
             let names = peerNames(address)
             let (changes, gone) = store.drop(address, through: horizon) { name, version in
-                version.node == own || forgotten.contains(version.node) || names.contains(name)
+                names.contains(name) || !countedByPeer(version.node)
             }
             guard gone > 0 else { continue }
             dropped += gone

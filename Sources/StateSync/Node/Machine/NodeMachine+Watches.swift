@@ -364,7 +364,7 @@ extension NodeMachine {
             event(
                 .snapshotEnd(
                     records: digest.count, digest: digest.value, cursor: position.cursor,
-                    collectedThrough: complete ? store.collectedThrough : 0)))
+                    collectedThrough: complete ? servedHorizon : 0)))
         return (frames, position)
     }
 
