@@ -342,7 +342,8 @@ public final class StateSyncClient: Sendable {
         return (
             replica,
             ClientProtocol.encodeWatch(
-                channel: channel, from: resume, onLag: onLag, filter: filter, batchedEvents: true, takesResets: true)
+                channel: channel, from: resume, onLag: onLag, filter: filter, batchedEvents: true, takesResets: true,
+                heldAbove: replica.heldAbove)
         )
     }
 

@@ -209,7 +209,8 @@ final class SimulatedWatcher {
             ClientProtocol.encodeRequest(
                 .watch, id: watchID,
                 body: ClientProtocol.encodeWatch(
-                    channel: channel, from: resume, filter: filter, batchedEvents: batchedEvents, takesResets: true)),
+                    channel: channel, from: resume, filter: filter, batchedEvents: batchedEvents, takesResets: true,
+                    heldAbove: replica.heldAbove)),
             from: client)
     }
 

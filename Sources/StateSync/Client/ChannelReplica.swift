@@ -13,14 +13,25 @@ public final class ChannelReplica: Sendable {
     /// The channel this replica holds.
     public let channel: String
     /// The channel's registers (a store of one channel: the nodes' merge rules, deletions and
-    /// expiry included) and the cursor.
-    private let state: Mutex<(store: ReplicaStore, cursor: WatchCursor)>
+    /// expiry included), the cursor, and the deltas it took above the cursor (``heldAbove``).
+    private let state: Mutex<(store: ReplicaStore, cursor: WatchCursor, above: [String: Set<UInt64>])>
+
+    /// At most this many deltas above the cursor are remembered per origin (the first taken):
+    /// enough for the gaps a watch sees.
+    static let heldAboveLimit = 1024
 
     /// An empty replica; with `cursor`, a watch resumes after it (old values of the first changes
     /// of each property are then unknown: the replica does not hold them).
     public init(channel: String, cursor: WatchCursor = WatchCursor()) {
         self.channel = channel
-        self.state = Mutex((ReplicaStore(), cursor))
+        self.state = Mutex((ReplicaStore(), cursor, [:]))
+    }
+
+    /// The sequence numbers of the deltas this replica took above its cursor (the node sent them
+    /// above a gap it had), per origin: a resumed watch names them (PROTOCOL.md 10.5.1), so that a
+    /// node that lost one sends a `reset` snapshot should it come to cover it without it.
+    public var heldAbove: [String: [UInt64]] {
+        state.withLock { $0.above.filter { !$0.value.isEmpty }.mapValues { $0.sorted() } }
     }
 
     /// What the replica has seen: resume a watch from here on any node.
@@ -59,6 +70,11 @@ public final class ChannelReplica: Sendable {
     package func apply(_ delta: Delta) -> [PropertyChange] {
         state.withLock { state in
             guard delta.channel == channel else { return [] }
+            if delta.sequence > state.cursor[delta.origin] {
+                var above = state.above[delta.origin, default: []]
+                if above.count < Self.heldAboveLimit { above.insert(delta.sequence) }
+                state.above[delta.origin] = above
+            }
             return state.store.apply(delta)
         }
     }
@@ -98,13 +114,23 @@ public final class ChannelReplica: Sendable {
 
     /// Sets the cursor to `cursor` (a reset snapshot's: per origin, backwards too).
     package func replaceCursor(with cursor: WatchCursor) {
-        state.withLock { $0.cursor = cursor }
+        state.withLock {
+            $0.cursor = cursor
+            $0.above = [:]
+        }
     }
 
-    /// Moves the cursor to cover `cursor` (per origin, never backwards).
+    /// Moves the cursor to cover `cursor` (per origin, never backwards); what it took above the
+    /// cursor and the cursor now covers is no longer held above it.
     package func advance(to cursor: WatchCursor) {
         state.withLock { state in
-            cursor.forEachPosition { origin, sequence in state.cursor[origin] = max(state.cursor[origin], sequence) }
+            cursor.forEachPosition { origin, sequence in
+                state.cursor[origin] = max(state.cursor[origin], sequence)
+                if !state.above.isEmpty, let above = state.above[origin] {
+                    let through = state.cursor[origin]
+                    if above.contains(where: { $0 <= through }) { state.above[origin] = above.filter { $0 > through } }
+                }
+            }
         }
     }
 }

@@ -286,13 +286,14 @@ public enum ClientProtocol {
     /// (section 10.5.1).
     public static func encodeWatch(
         channel: String, from cursor: WatchCursor?, onLag: LagPolicy = .resync, filter: WatchFilter? = nil,
-        batchedEvents: Bool = false, takesResets: Bool = false
+        batchedEvents: Bool = false, takesResets: Bool = false, heldAbove: [String: [UInt64]] = [:]
     ) -> [UInt8] {
         var w = WireWriter()
         w.string(channel)
+        let above = cursor == nil ? [:] : heldAbove.filter { !$0.value.isEmpty }
         let flags: UInt8 =
             (cursor == nil ? 0 : 1) | (onLag == .end ? 2 : 0) | (filter == nil ? 0 : 4) | (batchedEvents ? 8 : 0)
-            | (takesResets ? 16 : 0)
+            | (takesResets ? 16 : 0) | (above.isEmpty ? 0 : 32)
         if flags != 0 { w.byte(flags) }
         cursor?.encode(into: &w)
         if let filter {
@@ -300,6 +301,15 @@ public enum ClientProtocol {
             w.varint(UInt64(filter.properties?.count ?? 0))
             for name in (filter.properties ?? []).sorted() { w.string(name) }
             w.byte(filter.initialState ? 1 : 0)
+        }
+        if !above.isEmpty {
+            w.varint(UInt64(above.count))
+            for origin in above.keys.sorted() {
+                w.string(origin)
+                let sequences = above[origin]!.sorted()
+                w.varint(UInt64(sequences.count))
+                for sequence in sequences { w.varint(sequence) }
+            }
         }
         return w.bytes
     }
@@ -312,15 +322,15 @@ public enum ClientProtocol {
         return (request.channel, request.cursor, request.onLag)
     }
 
-    /// Decodes a WATCH body, its filter (flag bit 2), batched events (flag bit 3) and resets
-    /// (flag bit 4) included (section 10.5.1).
+    /// Decodes a WATCH body, its filter (flag bit 2), batched events (flag bit 3), resets
+    /// (flag bit 4) and the deltas held above the cursor (flag bit 5) included (section 10.5.1).
     public static func decodeWatchRequest(_ body: [UInt8]) throws(WireError) -> (
         channel: String, cursor: WatchCursor?, onLag: LagPolicy, filter: WatchFilter?, batchedEvents: Bool,
-        takesResets: Bool
+        takesResets: Bool, heldAbove: [String: [UInt64]]
     ) {
         var r = WireReader(body)
         let channel = try r.string("channel")
-        guard !r.isAtEnd else { return (channel, nil, .resync, nil, false, false) }
+        guard !r.isAtEnd else { return (channel, nil, .resync, nil, false, false, [:]) }
         let flags = try r.byte("watch flags")
         let cursor = flags & 1 != 0 ? try WatchCursor.decode(from: &r) : nil
         var filter: WatchFilter?
@@ -334,7 +344,20 @@ public enum ClientProtocol {
             filter = WatchFilter(
                 prefix: prefix, properties: properties.isEmpty ? nil : properties, initialState: initial != 0)
         }
-        return (channel, cursor, flags & 2 != 0 ? .end : .resync, filter, flags & 8 != 0, flags & 16 != 0)
+        var heldAbove: [String: [UInt64]] = [:]
+        if flags & 32 != 0, cursor != nil {
+            for _ in 0..<(try r.count("held-above origin count", minimumItemSize: 2)) {
+                let origin = try r.string("held-above origin")
+                var sequences: [UInt64] = []
+                for _ in 0..<(try r.count("held-above count", minimumItemSize: 1)) {
+                    sequences.append(try r.varint("held-above sequence"))
+                }
+                heldAbove[origin, default: []] += sequences
+            }
+        }
+        return (
+            channel, cursor, flags & 2 != 0 ? .end : .resync, filter, flags & 8 != 0, flags & 16 != 0, heldAbove
+        )
     }
 
     /// What a watch asks to be sent (section 10.5.1): models whose ids start with `prefix`, only

@@ -205,4 +205,78 @@ struct WatchMachineTests {
         }
         #expect(changes.count == 1 && changes.first?.old == 1 && changes.first?.new == 30)
     }
+
+    /// 10.5.1 and 10.5.4: a watch's client holds a delta its node then lost (a power loss): it
+    /// names it when it resumes (held above its cursor, WATCH flag bit 5). Should the node come
+    /// to cover that number without the delta — here a peer's snapshot covers it, the write
+    /// given up at its origin — the watch gets a `reset` snapshot and the client ends with the
+    /// node's state; a merged (`lagged`) one left it with the lost write (the simulator, 3 nodes ×
+    /// 300 operations, seed 1794). A delta the node gets back instead comes as usual, no reset.
+    @Test func aDeltaOnlyTheClientHoldsGetsAResetOnceTheNodeCoversItWithoutIt() throws {
+        var node = MachineRunner(MachineRunner.configuration("n3", peers: ["n2"]))
+        _ = node.request(.watch, id: 1, ClientProtocol.encodeWatch(channel: "c", from: nil, takesResets: true))
+        for delta in [RepairMachineTests.delta("n2", 1), RepairMachineTests.delta("n2", 3, value: 33)] {
+            node.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(delta).encode()))
+        }
+        node.advance(10)
+        let (session, _) = try Self.replay(node.events(watch: 1))
+        #expect(session.replica.properties(of: "m")["n"]?.value == 33)
+        #expect(session.replica.cursor["n2"] == 1 && session.replica.heldAbove == ["n2": [3]])
+        let body = ClientProtocol.encodeWatch(
+            channel: "c", from: session.replica.cursor, takesResets: true, heldAbove: session.replica.heldAbove)
+        #expect(try ClientProtocol.decodeWatchRequest(body).heldAbove == ["n2": [3]])
+
+        // The node lost delta 3 (its log holds 1); the client resumes on it.
+        func restarted() -> MachineRunner {
+            var node = MachineRunner(
+                MachineRunner.configuration("n3", peers: ["n2"]),
+                recovery: .init(deltas: [RepairMachineTests.delta("n2", 1)]))
+            _ = node.request(.watch, id: 2, body)
+            return node
+        }
+        // A peer's snapshot covers n2 through 3 without delta 3's write.
+        var covered = restarted()
+        covered.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 3)))
+        covered.advance(50)
+        covered.machine.repair.needsSnapshot = true
+        var answered = 0
+        for _ in 0..<20 where covered.machine.counters.snapshotsApplied == 0 {
+            covered.advance(100)
+            while answered < covered.repairRequests.count {
+                let request = covered.repairRequests[answered]
+                answered += 1
+                guard (try? SnapshotPage.decodeRequest(request.frames[1])) != nil else { continue }
+                let page = SnapshotPage.encode(
+                    latestSequence: 3, progress: ["n2": 3], maximumOctets: 1 << 20,
+                    models: [
+                        (
+                            Self.address,
+                            ["n": ReplicaStore.Register(value: 1, version: RepairMachineTests.delta("n2", 1).version)]
+                        )
+                    ])
+                let id = try ClientProtocol.decodeRequestHeader(request.frames[0]).requestID
+                covered.handle(
+                    .repairReply(peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: id, body: page.bytes)))
+            }
+        }
+        #expect(covered.machine.counters.snapshotsApplied == 1)
+        covered.advance(10)
+        var after = session
+        var meanings: [WatchEvent] = []
+        for event in covered.events(watch: 2) { meanings += try after.handle(event, from: "n3") }
+        #expect(meanings.contains { if case .resyncStarted(.reset) = $0 { true } else { false } })
+        #expect(after.replica.properties(of: "m")["n"]?.value == 1, "the node's state, not the lost write")
+
+        // The node gets delta 3 back (and 2): no reset, the client's chain goes on.
+        var fetched = restarted()
+        for sequence in [2, 3] as [UInt64] {
+            let delta = RepairMachineTests.delta("n2", sequence, value: sequence == 3 ? 33 : 2)
+            fetched.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(delta).encode()))
+        }
+        fetched.advance(10)
+        #expect(!fetched.events(watch: 2).contains { if case .snapshotBegin = $0 { true } else { false } })
+        var caughtUp = session
+        for event in fetched.events(watch: 2) { _ = try caughtUp.handle(event, from: "n3") }
+        #expect(caughtUp.replica.cursor["n2"] == 3 && caughtUp.replica.heldAbove.isEmpty, "covered by the cursor now")
+    }
 }

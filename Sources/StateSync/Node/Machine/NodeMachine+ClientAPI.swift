@@ -200,7 +200,7 @@ extension NodeMachine {
                 addWatch(
                     WatchKey(client: client, requestID: id), channel: watch.channel, from: watch.cursor,
                     onLag: watch.onLag, identity: identity, filter: watch.filter, batchedEvents: watch.batchedEvents,
-                    takesResets: watch.takesResets)
+                    takesResets: watch.takesResets, heldAbove: watch.heldAbove)
             case .unwatch:
                 var reader = WireReader(body)
                 let watchID = try reader.uint64("watch id")

@@ -448,6 +448,9 @@ extension NodeMachine {
     /// how many were new.
     mutating func takeVoid(origin: String, _ void: [ClosedRange<UInt64>], within range: ClosedRange<UInt64>) -> Int {
         guard var progress = origins[origin] else { return 0 }
+        coverClientOnly(origin: origin) { sequence in
+            range.contains(sequence) && void.contains { $0.contains(sequence) }
+        }
         var taken: [UInt64] = []
         for declared in void where declared.overlaps(range) {
             for sequence in max(declared.lowerBound, range.lowerBound)...min(declared.upperBound, range.upperBound)
@@ -513,6 +516,7 @@ extension NodeMachine {
     mutating func giveUpForgotten(origin: String, _ gap: ClosedRange<UInt64>) {
         guard var progress = origins[origin] else { return }
         let range = Self.limited(gap)
+        coverClientOnly(origin: origin) { range.contains($0) }
         var taken: [UInt64] = []
         for sequence in range where progress.receive(sequence) { taken.append(sequence) }
         origins[origin] = progress

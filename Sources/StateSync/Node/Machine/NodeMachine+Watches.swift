@@ -82,6 +82,12 @@ extension NodeMachine {
         /// This node dropped its state since the watch began (it was forgotten, section 7.5):
         /// the watch is sent a `reset` snapshot once a peer's snapshot is merged.
         var resetDue = false
+        /// Deltas its client holds that this node did not when the watch resumed (covered by its
+        /// cursor, or named as held above it), per origin, at most
+        /// ``NodeMachine/clientOnlyLimit`` each: should the node cover one without receiving
+        /// it (a snapshot's progress, a void number), the client would keep what it wrote, so
+        /// the watch gets a `reset` snapshot (section 10.5.4, "Resumed watch").
+        var clientOnly: [String: Set<UInt64>] = [:]
         /// The watch lagged with the "end" policy: its ERROR is still to be sent.
         var ending = false
         var position: WatchPosition
@@ -142,7 +148,7 @@ extension NodeMachine {
     mutating func addWatch(
         _ key: WatchKey, channel: String, from cursor: WatchCursor?, onLag: ClientProtocol.LagPolicy,
         identity: String? = nil, filter: ClientProtocol.WatchFilter? = nil, batchedEvents: Bool = false,
-        takesResets: Bool = false
+        takesResets: Bool = false, heldAbove: [String: [UInt64]] = [:]
     ) {
         var watch = Watch(
             channel: channel, filter: filter, identity: identity, onLag: onLag, batchedEvents: batchedEvents,
@@ -164,6 +170,7 @@ extension NodeMachine {
                     watch.pendingSnapshot = .reset
                 }
             }
+            if takesResets { watch.clientOnly = heldByClientOnly(cursor: cursor, heldAbove: heldAbove) }
         } else {
             watch.pendingSnapshot = .initial
         }
@@ -505,6 +512,58 @@ extension NodeMachine {
 
     /// Where a watch resuming at `cursor` starts: the oldest retained journal entry (entries it
     /// already has are skipped), or `nil` when the node no longer holds deltas it needs.
+    static let clientOnlyLimit = 1024
+
+    /// The deltas a resumed watch's client holds — covered by its cursor, or named as held above
+    /// it — that this node does not hold (nor knows void), per origin, at most
+    /// ``clientOnlyLimit`` each (the lowest).
+    func heldByClientOnly(cursor: WatchCursor, heldAbove: [String: [UInt64]]) -> [String: Set<UInt64>] {
+        var clientOnly: [String: Set<UInt64>] = [:]
+        func note(_ origin: String, _ sequences: some Sequence<UInt64>) {
+            let progress = origins[origin] ?? OriginProgress()
+            var missing = clientOnly[origin] ?? []
+            for sequence in sequences where missing.count < Self.clientOnlyLimit {
+                if sequence > progress.contiguous, !progress.above.contains(sequence) { missing.insert(sequence) }
+            }
+            if !missing.isEmpty { clientOnly[origin] = missing }
+        }
+        for (origin, through) in cursor.positions {
+            let contiguous = origins[origin]?.contiguous ?? 0
+            if through > contiguous { note(origin, (contiguous + 1)...through) }
+        }
+        for (origin, sequences) in heldAbove { note(origin, sequences) }
+        return clientOnly
+    }
+
+    /// This node is about to hold `origin`'s numbers that `covered` says without their deltas (a
+    /// snapshot's progress, void numbers, a forgotten member's given-up ones): a watch whose
+    /// client holds one of them that this node never received gets a `reset` snapshot, since a
+    /// merged one would leave the client with what that delta wrote. Numbers it received since
+    /// the watch resumed are forgotten.
+    mutating func coverClientOnly(origin: String, _ covered: (UInt64) -> Bool) {
+        guard !watches.order.isEmpty else { return }
+        let progress = origins[origin] ?? OriginProgress()
+        for key in watches.order {
+            guard var watch = watches[key], let held = watch.clientOnly[origin] else { continue }
+            var remaining = held
+            var lost: UInt64?
+            for sequence in held {
+                let received = sequence <= progress.contiguous || progress.above.contains(sequence)
+                if received || covered(sequence) { remaining.remove(sequence) }
+                if !received, covered(sequence) { lost = min(lost ?? sequence, sequence) }
+            }
+            watch.clientOnly[origin] = remaining.isEmpty ? nil : remaining
+            if let lost {
+                if case .snapshot = watch.inFlight { watch.snapshotAgain = true }
+                if watch.pendingSnapshot != .initial { watch.pendingSnapshot = .reset }
+                logger.info(
+                    "a watch's client holds a delta this node covers without it (lost here, given up everywhere?); the watch gets a reset snapshot",
+                    metadata: ["peer.id": "\(origin)", "delta.sequence": "\(lost)"])
+            }
+            watches[key] = watch
+        }
+    }
+
     func resumePosition(after cursor: WatchCursor) -> WatchPosition? {
         // Every delta the cursor lacks must still be in the journal (not dropped, and not known
         // only through a snapshot) — also above a gap of the origin.
