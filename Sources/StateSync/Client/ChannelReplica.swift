@@ -70,7 +70,9 @@ public final class ChannelReplica: Sendable {
     package func apply(_ delta: Delta) -> [PropertyChange] {
         state.withLock { state in
             guard delta.channel == channel else { return [] }
-            if delta.sequence > state.cursor[delta.origin] {
+            // Not the next one: the node's position after it covers that (no set to touch on the
+            // usual path); one further up may lie above a gap the node has.
+            if delta.sequence > state.cursor[delta.origin] &+ 1 {
                 var above = state.above[delta.origin, default: []]
                 if above.count < Self.heldAboveLimit { above.insert(delta.sequence) }
                 state.above[delta.origin] = above
