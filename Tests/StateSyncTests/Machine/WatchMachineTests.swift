@@ -278,5 +278,12 @@ struct WatchMachineTests {
         var caughtUp = session
         for event in fetched.events(watch: 2) { _ = try caughtUp.handle(event, from: "n3") }
         #expect(caughtUp.replica.cursor["n2"] == 3 && caughtUp.replica.heldAbove.isEmpty, "covered by the cursor now")
+
+        // A cursor far ahead (a client's, unchecked) is noted up to the limit, not walked.
+        var far = MachineRunner(MachineRunner.configuration("n3", peers: ["n2"]))
+        _ = far.request(
+            .watch, id: 3, ClientProtocol.encodeWatch(channel: "c", from: WatchCursor(["n9": .max]), takesResets: true))
+        let noted = far.machine.watches[WatchKey(client: [0x53, 1], requestID: 3)]?.clientOnly["n9"]?.count
+        #expect(noted == NodeMachine.clientOnlyLimit)
     }
 }

@@ -519,10 +519,12 @@ extension NodeMachine {
     /// ``clientOnlyLimit`` each (the lowest).
     func heldByClientOnly(cursor: WatchCursor, heldAbove: [String: [UInt64]]) -> [String: Set<UInt64>] {
         var clientOnly: [String: Set<UInt64>] = [:]
+        // (A cursor's entries come from the client: one far ahead stops at the limit.)
         func note(_ origin: String, _ sequences: some Sequence<UInt64>) {
             let progress = origins[origin] ?? OriginProgress()
             var missing = clientOnly[origin] ?? []
-            for sequence in sequences where missing.count < Self.clientOnlyLimit {
+            for sequence in sequences {
+                guard missing.count < Self.clientOnlyLimit else { break }
                 if sequence > progress.contiguous, !progress.above.contains(sequence) { missing.insert(sequence) }
             }
             if !missing.isEmpty { clientOnly[origin] = missing }
