@@ -448,9 +448,6 @@ extension NodeMachine {
     /// how many were new.
     mutating func takeVoid(origin: String, _ void: [ClosedRange<UInt64>], within range: ClosedRange<UInt64>) -> Int {
         guard var progress = origins[origin] else { return 0 }
-        coverClientOnly(origin: origin) { sequence in
-            range.contains(sequence) && void.contains { $0.contains(sequence) }
-        }
         var taken: [UInt64] = []
         for declared in void where declared.overlaps(range) {
             for sequence in max(declared.lowerBound, range.lowerBound)...min(declared.upperBound, range.upperBound)
@@ -516,7 +513,6 @@ extension NodeMachine {
     mutating func giveUpForgotten(origin: String, _ gap: ClosedRange<UInt64>) {
         guard var progress = origins[origin] else { return }
         let range = Self.limited(gap)
-        coverClientOnly(origin: origin) { range.contains($0) }
         var taken: [UInt64] = []
         for sequence in range where progress.receive(sequence) { taken.append(sequence) }
         origins[origin] = progress
@@ -544,29 +540,23 @@ extension NodeMachine {
         if stream.progress == nil {
             stream.progress = page.progress
             stream.horizon = page.collectedThrough
-            if let horizon = page.collectedThrough, horizon > 0 {
-                stream.held = ArraySlice(store.allModels.map(\.0).sorted(by: SnapshotPage.precedes))
-            }
+            if let horizon = page.collectedThrough, horizon > 0 { stream.held = ArraySlice(addressesInPageOrder) }
         } else {
-            stream.horizon = page.collectedThrough.flatMap { page in stream.horizon.map { min($0, page) } }
+            stream.horizon = page.collectedThrough.flatMap { horizon in stream.horizon.map { min($0, horizon) } }
         }
         stream.changed.formUnion(mergeRegisters(page.models))
         // The models this node holds in the page's range (the pages cover every address, in
         // order; a page without a horizon above 0 passes its range all the same): what they hold
         // at or below the page's horizon that the page lacks was collected.
-        if var held = stream.held {
-            var covered: [ModelAddress] = []
-            while let first = held.first, page.next.map({ !SnapshotPage.precedes($0, first) }) ?? true {
-                covered.append(first)
-                held.removeFirst()
-            }
-            stream.held = held
+        if let held = stream.held {
+            let covered = held.prefix { address in page.next.map { !SnapshotPage.precedes($0, address) } ?? true }
+            stream.held = held.dropFirst(covered.count)
             if let horizon = page.collectedThrough, horizon > 0, !covered.isEmpty {
                 var names: [ModelAddress: Set<String>] = [:]
                 for (address, registers) in page.models { names[address] = Set(registers.map(\.name)) }
                 stream.changed.formUnion(
                     dropCollected(
-                        of: covered, through: horizon, progress: stream.progress ?? [:],
+                        of: Array(covered), through: horizon, progress: stream.progress ?? [:],
                         peerNames: { names[$0] ?? [] }))
             }
         }
@@ -607,7 +597,7 @@ extension NodeMachine {
                 repair.serving[oldest] = nil
             }
             served = ServedSnapshot(
-                addresses: store.allModels.map(\.0).sorted(by: SnapshotPage.precedes),
+                addresses: addressesInPageOrder,
                 progress: servedProgress, latestSequence: nextSequence - 1, usedAt: now, withHorizon: withHorizon)
         }
         served.usedAt = now
@@ -710,11 +700,14 @@ extension NodeMachine {
             })
     }
 
+    /// Every model this node holds, in page order (section 10.9).
+    var addressesInPageOrder: [ModelAddress] { store.allModels.map(\.0).sorted(by: SnapshotPage.precedes) }
+
     /// Merges a peer's snapshot: every register through last-writer-wins, then the progress it
     /// covers. Returns the channels it changed.
     mutating func merge(_ snapshot: StateSnapshot) -> Set<String> {
         let horizon = snapshot.store.collectedThrough
-        let held = horizon > 0 ? store.allModels.map(\.0).sorted(by: SnapshotPage.precedes) : []
+        let held = horizon > 0 ? addressesInPageOrder : []
         var changed = mergeRegisters(
             snapshot.store.allModels.sorted { SnapshotPage.precedes($0.0, $1.0) }.map { address, registers in
                 (address, registers.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) })
@@ -771,12 +764,10 @@ extension NodeMachine {
             dropped += gone
             changed.insert(address.channel)
             guard attachedModels[address] != nil, !changes.isEmpty else { continue }
+            let writes = changes.map { PropertyWrite.deletion(of: $0.property) }
             deliveries.append(
                 ModelDelivery(
-                    address: address,
-                    sets: changes.map {
-                        ModelRegistrar.RemoteWriteSet(writes: [.deletion(of: $0.property)], version: deletedAt)
-                    }))
+                    address: address, sets: [ModelRegistrar.RemoteWriteSet(writes: writes, version: deletedAt)]))
         }
         if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
         if dropped > 0 {

@@ -653,7 +653,8 @@ extension NodeMachine {
     /// The state now covers `origin` through `sequence` without the deltas themselves (a
     /// snapshot): neither repairs nor watch resumes can be served from history below it.
     mutating func coverWithoutHistory(origin: String, through sequence: UInt64) {
-        coverClientOnly(origin: origin) { $0 <= sequence }
+        let progress = origins[origin] ?? OriginProgress()
+        resetWatchesHolding(origin: origin) { $0 <= sequence && !progress.holds($0) }
         origins[origin, default: OriginProgress()].cover(through: sequence)
         history[origin, default: OriginHistory()].drop(through: sequence)
         journal.markAbsent(origin: origin, through: sequence)

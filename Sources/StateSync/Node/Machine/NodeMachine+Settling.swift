@@ -221,9 +221,7 @@ extension NodeMachine {
         guard !faults.skipVoid, settled.highestReturned > 0 else { return }
         let own = configuration.nodeID
         let first = max(settled.range.lowerBound, settled.highestDropped + 1)
-        guard first < settled.highestReturned, origins[own] != nil else { return }
-        coverClientOnly(origin: own) { $0 >= first && $0 < settled.highestReturned }
-        guard var progress = origins[own] else { return }
+        guard first < settled.highestReturned, var progress = origins[own] else { return }
         var sequences: [UInt64] = []
         for sequence in first..<settled.highestReturned where progress.receive(sequence) { sequences.append(sequence) }
         origins[own] = progress

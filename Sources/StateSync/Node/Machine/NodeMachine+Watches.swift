@@ -34,6 +34,8 @@ extension NodeMachine {
     /// delivered above them do not pile up). In-flight positions too, which replace the watch's
     /// once the driver reports.
     mutating func passVoidInWatches(origin: String, _ sequences: [UInt64]) {
+        let void = Set(sequences)
+        resetWatchesHolding(origin: origin) { void.contains($0) }
         func pass(_ position: inout WatchPosition) {
             for sequence in sequences where !position.covers(origin, sequence) { position.deliver(origin, sequence) }
         }
@@ -510,8 +512,6 @@ extension NodeMachine {
         return (models, position)
     }
 
-    /// Where a watch resuming at `cursor` starts: the oldest retained journal entry (entries it
-    /// already has are skipped), or `nil` when the node no longer holds deltas it needs.
     static let clientOnlyLimit = 1024
 
     /// The deltas a resumed watch's client holds — covered by its cursor, or named as held above
@@ -525,7 +525,7 @@ extension NodeMachine {
             var missing = clientOnly[origin] ?? []
             for sequence in sequences {
                 guard missing.count < Self.clientOnlyLimit else { break }
-                if sequence > progress.contiguous, !progress.above.contains(sequence) { missing.insert(sequence) }
+                if !progress.holds(sequence) { missing.insert(sequence) }
             }
             if !missing.isEmpty { clientOnly[origin] = missing }
         }
@@ -537,35 +537,30 @@ extension NodeMachine {
         return clientOnly
     }
 
-    /// This node is about to hold `origin`'s numbers that `covered` says without their deltas (a
-    /// snapshot's progress, void numbers, a forgotten member's given-up ones): a watch whose
-    /// client holds one of them that this node never received gets a `reset` snapshot, since a
-    /// merged one would leave the client with what that delta wrote. Numbers it received since
-    /// the watch resumed are forgotten.
-    mutating func coverClientOnly(origin: String, _ covered: (UInt64) -> Bool) {
-        guard !watches.order.isEmpty else { return }
+    /// This node holds `origin`'s numbers that `lost` says without their deltas (a snapshot's
+    /// progress covers them, or they are void): a watch whose client holds one of them gets a
+    /// `reset` snapshot, since a merged one would leave the client with what that delta wrote.
+    /// Numbers the node received since the watch resumed are forgotten.
+    mutating func resetWatchesHolding(origin: String, lost: (UInt64) -> Bool) {
         let progress = origins[origin] ?? OriginProgress()
         for key in watches.order {
             guard var watch = watches[key], let held = watch.clientOnly[origin] else { continue }
-            var remaining = held
-            var lost: UInt64?
-            for sequence in held {
-                let received = sequence <= progress.contiguous || progress.above.contains(sequence)
-                if received || covered(sequence) { remaining.remove(sequence) }
-                if !received, covered(sequence) { lost = min(lost ?? sequence, sequence) }
-            }
+            let gone = held.filter(lost)
+            let remaining = held.filter { !gone.contains($0) && !progress.holds($0) }
             watch.clientOnly[origin] = remaining.isEmpty ? nil : remaining
-            if let lost {
+            if let first = gone.min() {
                 if case .snapshot = watch.inFlight { watch.snapshotAgain = true }
                 if watch.pendingSnapshot != .initial { watch.pendingSnapshot = .reset }
                 logger.info(
                     "a watch's client holds a delta this node covers without it (lost here, given up everywhere?); the watch gets a reset snapshot",
-                    metadata: ["peer.id": "\(origin)", "delta.sequence": "\(lost)"])
+                    metadata: ["peer.id": "\(origin)", "delta.sequence": "\(first)"])
             }
             watches[key] = watch
         }
     }
 
+    /// Where a watch resuming at `cursor` starts: the oldest retained journal entry (entries it
+    /// already has are skipped), or `nil` when the node no longer holds deltas it needs.
     func resumePosition(after cursor: WatchCursor) -> WatchPosition? {
         // Every delta the cursor lacks must still be in the journal (not dropped, and not known
         // only through a snapshot) — also above a gap of the origin.

@@ -43,6 +43,9 @@ struct OriginProgress: Sendable, Equatable {
     /// number announced beyond `contiguous` always leaves one missing.)
     var hasGap: Bool { announced > contiguous }
 
+    /// Whether `sequence` has been received.
+    func holds(_ sequence: UInt64) -> Bool { sequence <= contiguous || above.contains(sequence) }
+
     /// The highest sequence number received.
     var highestReceived: UInt64 { max(contiguous, above.max() ?? 0) }
 
