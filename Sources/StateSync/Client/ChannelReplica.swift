@@ -31,7 +31,7 @@ public final class ChannelReplica: Sendable {
     /// above a gap it had), per origin: a resumed watch names them (PROTOCOL.md 10.5.1), so that a
     /// node that lost one sends a `reset` snapshot should it come to cover it without it.
     public var heldAbove: [String: [UInt64]] {
-        state.withLock { $0.above.filter { !$0.value.isEmpty }.mapValues { $0.sorted() } }
+        state.withLock { $0.above.mapValues { $0.sorted() } }
     }
 
     /// What the replica has seen: resume a watch from here on any node.
@@ -130,7 +130,10 @@ public final class ChannelReplica: Sendable {
                 state.cursor[origin] = max(state.cursor[origin], sequence)
                 if !state.above.isEmpty, let above = state.above[origin] {
                     let through = state.cursor[origin]
-                    if above.contains(where: { $0 <= through }) { state.above[origin] = above.filter { $0 > through } }
+                    if above.contains(where: { $0 <= through }) {
+                        let kept = above.filter { $0 > through }
+                        state.above[origin] = kept.isEmpty ? nil : kept
+                    }
                 }
             }
         }
