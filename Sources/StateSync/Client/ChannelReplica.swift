@@ -72,13 +72,19 @@ public final class ChannelReplica: Sendable {
             guard delta.channel == channel else { return [] }
             // Not the next one: the node's position after it covers that (no set to touch on the
             // usual path); one further up may lie above a gap the node has.
-            if delta.sequence > state.cursor[delta.origin] &+ 1 {
-                var above = state.above[delta.origin, default: []]
-                if above.count < Self.heldAboveLimit { above.insert(delta.sequence) }
-                state.above[delta.origin] = above
-            }
-            return state.store.apply(delta)
+            guard delta.sequence > state.cursor[delta.origin] &+ 1 else { return state.store.apply(delta) }
+            Self.hold(delta.sequence, of: delta.origin, in: &state.above)
+            var changes = state.store.apply(delta)
+            for index in changes.indices { changes[index].takenAbove = (delta.origin, delta.sequence) }
+            return changes
         }
+    }
+
+    /// Notes `sequence` of `origin` as taken above the cursor, unless the limit is reached.
+    private static func hold(_ sequence: UInt64, of origin: String, in above: inout [String: Set<UInt64>]) {
+        var held = above[origin, default: []]
+        if held.count < heldAboveLimit { held.insert(sequence) }
+        above[origin] = held
     }
 
     /// Applies one snapshot record; returns the changes it made.
@@ -95,6 +101,10 @@ public final class ChannelReplica: Sendable {
     /// records the model's own deletion once all its changes are.
     package func record(_ change: PropertyChange) {
         _ = apply(model: change.model, property: change.property, register: change.register)
+        guard let (origin, sequence) = change.takenAbove else { return }
+        state.withLock { state in
+            if sequence > state.cursor[origin] { Self.hold(sequence, of: origin, in: &state.above) }
+        }
     }
 
     /// Records the deletion of `model` at `version` (see ``record(_:)``).
@@ -307,12 +317,17 @@ package struct WatchSession: Sendable {
 }
 
 extension ChannelReplica {
-    /// The replica file's magic (`statesync watch --state FILE`).
-    static let fileMagic: [UInt8] = Array("SSREPL1\n".utf8)
+    /// The replica file's magic (`statesync watch --state FILE`): with what the replica holds
+    /// above its cursor. ``legacyFileMagic`` files (written before 2026-11-29) lack it and are
+    /// still read.
+    static let fileMagic: [UInt8] = Array("SSREPL2\n".utf8)
+    static let legacyFileMagic: [UInt8] = Array("SSREPL1\n".utf8)
 
     /// The replica as bytes: magic, channel, cursor (as a snapshot's progress list), models (as a
-    /// snapshot's, deletions included), FNV-1a 64 checksum. ``init(decoding:)`` reads it back exactly: values keep
-    /// their types, registers their versions.
+    /// snapshot's, deletions included), what it holds above the cursor (count of origins, then
+    /// per origin in ascending order: origin, count, each sequence number ascending; all
+    /// varints but the origin, a string), FNV-1a 64 checksum. ``init(decoding:)`` reads it back
+    /// exactly: values keep their types, registers their versions.
     public func encoded() -> [UInt8] {
         state.withLock { state in
             var w = WireWriter(capacity: 4096)
@@ -325,6 +340,14 @@ extension ChannelReplica {
                 let address = ModelAddress(channel: channel, model: model)
                 StateSnapshot.writeModel(address, state.store.records(of: address), to: &w)
             }
+            let origins = state.above.keys.sorted()
+            w.varint(UInt64(origins.count))
+            for origin in origins {
+                let sequences = state.above[origin, default: []].sorted()
+                w.string(origin)
+                w.varint(UInt64(sequences.count))
+                for sequence in sequences { w.varint(sequence) }
+            }
             w.uint64(StateSnapshot.fnv1a(w.bytes))
             return w.bytes
         }
@@ -335,10 +358,12 @@ extension ChannelReplica {
     /// - Throws: ``WireError`` when `bytes` are not a whole replica file (torn, corrupt, another
     ///   file).
     public convenience init(decoding bytes: [UInt8]) throws(WireError) {
-        guard bytes.count >= Self.fileMagic.count + 8, bytes.starts(with: Self.fileMagic) else {
+        let legacy = bytes.starts(with: Self.legacyFileMagic)
+        guard bytes.count >= Self.fileMagic.count + 8, legacy || bytes.starts(with: Self.fileMagic) else {
             throw .invalid(field: "replica", reason: "not a StateSync watch state file")
         }
-        var r = try StateSnapshot.checkedBody(bytes, magic: Self.fileMagic, what: "replica")
+        var r = try StateSnapshot.checkedBody(
+            bytes, magic: legacy ? Self.legacyFileMagic : Self.fileMagic, what: "replica")
         let channel = try r.string("channel")
         let cursor = WatchCursor(try StateSnapshot.readProgress(&r))
         var store = ReplicaStore()
@@ -352,10 +377,35 @@ extension ChannelReplica {
             }
             if let failure { throw failure }
         }
+        var above: [String: Set<UInt64>] = [:]
+        if !legacy {
+            for _ in 0..<(try r.count("held-above origin count", minimumItemSize: 2)) {
+                let origin = try r.string("held-above origin")
+                let count = try r.count("held-above count", minimumItemSize: 1)
+                guard count > 0, count <= Self.heldAboveLimit, above[origin] == nil else {
+                    throw .invalid(
+                        field: "replica", reason: "held above the cursor: \(count) numbers of origin '\(origin)'")
+                }
+                var held = Set<UInt64>(minimumCapacity: count)
+                for _ in 0..<count {
+                    let sequence = try r.varint("held-above sequence")
+                    guard sequence > cursor[origin] else {
+                        throw .invalid(
+                            field: "replica",
+                            reason: "held above the cursor: \(origin) \(sequence), not above \(cursor[origin])")
+                    }
+                    held.insert(sequence)
+                }
+                above[origin] = held
+            }
+        }
         try r.expectEnd()
         // Values that expired after the file was written are deleted (and reported) at the first
         // CAUGHT-UP of the resumed watch, which carries the node's clock of expiry.
         self.init(channel: channel, cursor: cursor)
-        state.withLock { $0.store = store }
+        state.withLock {
+            $0.store = store
+            $0.above = above
+        }
     }
 }

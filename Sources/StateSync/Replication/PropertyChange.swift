@@ -32,6 +32,19 @@ public struct PropertyChange: Sendable, Equatable {
     /// For a ``Kind/deleted``: whether the deletion of the whole model made it (one change per
     /// property it deleted, all at its version).
     package var byModelDeletion = false
+    /// For a change a client's replica took from a delta above its cursor (the node sent it
+    /// above a gap): the delta's origin and sequence number, which a copy of the replica that
+    /// records changes one by one (`statesync watch --state`) keeps as held above its cursor
+    /// (``ChannelReplica/heldAbove``).
+    package var takenAbove: (origin: String, sequence: UInt64)? {
+        get { takenAboveOrigin.map { ($0, takenAboveSequence) } }
+        set {
+            takenAboveOrigin = newValue?.origin
+            takenAboveSequence = newValue?.sequence ?? 0
+        }
+    }
+    private var takenAboveOrigin: String?
+    private var takenAboveSequence: UInt64 = 0
     /// For a ``Kind/expired``: the version of the write whose value expired.
     package var writtenVersion: Version?
 

@@ -31,4 +31,55 @@ struct ChannelReplicaFileTests {
         #expect(throws: WireError.self) { try ChannelReplica(decoding: Array(bytes.dropLast(3))) }
         #expect(throws: WireError.self) { try ChannelReplica(decoding: Array("SSNAP2\n whatever".utf8)) }
     }
+
+    /// What a replica took above its cursor (a delta the node sent above a gap, PROTOCOL.md
+    /// 10.5.1 bit 5) goes into its file and comes back, also through a copy that records the
+    /// printed changes one by one as `statesync watch --state` does: a watch resumed from the
+    /// file names it, so that a node that lost it sends a `reset` rather than leave the file
+    /// holding a write no node holds (the simulator's seed 1794, with the client restarted).
+    @Test func whatAReplicaHoldsAboveItsCursorIsKeptInItsFile() throws {
+        let live = ChannelReplica(channel: "c", cursor: WatchCursor(["n2": 1]))
+        let printed = ChannelReplica(channel: "c", cursor: WatchCursor(["n2": 1]))
+        for sequence: UInt64 in [3, 5] {
+            let delta = Delta(
+                channel: "c", model: "m", version: Version(milliseconds: 1_000 + sequence, counter: 0, node: "n2"),
+                sequence: sequence, properties: [PropertyWrite(name: "p\(sequence)", value: .int(Int64(sequence)))])
+            for change in live.apply(delta) {
+                #expect(change.takenAbove?.origin == "n2" && change.takenAbove?.sequence == sequence)
+                printed.record(change)
+            }
+        }
+        #expect(live.heldAbove == ["n2": [3, 5]])
+        #expect(printed.heldAbove == ["n2": [3, 5]], "the printed copy holds what it printed above its cursor")
+
+        let back = try ChannelReplica(decoding: printed.encoded())
+        #expect(back.heldAbove == ["n2": [3, 5]] && back.cursor == printed.cursor)
+        #expect(back.properties(of: "m") == printed.properties(of: "m"))
+        // The cursor moving past a number ends it, in the file too.
+        back.advance(to: WatchCursor(["n2": 3]))
+        #expect(try ChannelReplica(decoding: back.encoded()).heldAbove == ["n2": [5]])
+
+        // A file written before the section existed (SSREPL1) still reads, holding nothing above.
+        var legacy = WireWriter(capacity: 64)
+        for byte in ChannelReplica.legacyFileMagic { legacy.byte(byte) }
+        legacy.string("c")
+        StateSnapshot.writeProgress(["n2": 4], to: &legacy)
+        legacy.varint(0)
+        legacy.uint64(StateSnapshot.fnv1a(legacy.bytes))
+        let old = try ChannelReplica(decoding: legacy.bytes)
+        #expect(old.cursor["n2"] == 4 && old.heldAbove.isEmpty)
+
+        // A number at or below the file's cursor is not held above it: a damaged file, refused.
+        var wrong = WireWriter(capacity: 64)
+        for byte in ChannelReplica.fileMagic { wrong.byte(byte) }
+        wrong.string("c")
+        StateSnapshot.writeProgress(["n2": 4], to: &wrong)
+        wrong.varint(0)
+        wrong.varint(1)
+        wrong.string("n2")
+        wrong.varint(1)
+        wrong.varint(4)
+        wrong.uint64(StateSnapshot.fnv1a(wrong.bytes))
+        #expect(throws: WireError.self) { try ChannelReplica(decoding: wrong.bytes) }
+    }
 }
