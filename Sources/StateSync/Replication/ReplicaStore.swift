@@ -727,6 +727,23 @@ public struct ReplicaStore: Sendable {
         return .some(current)
     }
 
+    /// ``mergeRegister(_:_:into:context:)`` for a model that held no register and no deletion
+    /// when the run of merges began: the write goes in first, and only a name merged earlier in
+    /// the run has a register to compare with, put back when the new one does not win.
+    @inline(__always)
+    private static func mergeRegister(
+        _ property: String, _ register: Register, intoFresh model: inout Model, context: inout MergeContext
+    ) -> Register?? {
+        let current = model.registers.updateValue(register, forKey: property)
+        if let current, !wins(register.version, over: current.version, wrongTieBreak: context.wrongTieBreak) {
+            model.registers[property] = current
+            return nil
+        }
+        context.account(property, old: current, new: register)
+        model.live += (register.isDeleted ? 0 : 1) - (current.map { $0.isDeleted ? 0 : 1 } ?? 0)
+        return .some(current)
+    }
+
     /// Merges registers of one model (a snapshot's), in the order given, exactly like
     /// ``merge(_:property:register:)`` one by one, with one look-up of the model for each run of
     /// properties (a snapshot merges a million registers). Returns, for each, whether it won. The
@@ -748,11 +765,17 @@ public struct ReplicaStore: Sendable {
             modify(address, &context) { model, context in
                 let liveBefore = model.live
                 defer { context.noteLiveness(before: liveBefore, after: model.live) }
-                // A model new here (a joiner's): room for all its registers at once.
-                if model.registers.isEmpty { model.registers.reserveCapacity(registers.count - index) }
+                // A model new here (a joiner's): room for all its registers at once, and no
+                // floor to look up before each write (only a name given twice has one).
+                let fresh = model.registers.isEmpty && model.deletion == nil
+                if fresh { model.registers.reserveCapacity(registers.count - index) }
                 while index < registers.count, !registers[index].name.isEmpty {
                     let (name, register) = registers[index]
-                    if Self.mergeRegister(name, register, into: &model, context: &context) != nil {
+                    let merged =
+                        fresh
+                        ? Self.mergeRegister(name, register, intoFresh: &model, context: &context)
+                        : Self.mergeRegister(name, register, into: &model, context: &context)
+                    if merged != nil {
                         won[index] = true
                         newest = max(newest, register.version)
                     }

@@ -109,12 +109,15 @@ extension StateSnapshot {
     /// A reader over `bytes` past `magic`, once their trailing FNV-1a 64 checksum matched.
     static func checkedBody(_ bytes: [UInt8], magic: [UInt8], what: String) throws(WireError) -> WireReader {
         guard bytes.count >= magic.count + 8 else { throw .invalid(field: what, reason: "too short") }
-        let body = Array(bytes.dropLast(8))
         var tail = WireReader(Array(bytes.suffix(8)))
-        guard try tail.uint64("checksum") == fnv1a(body) else {
+        // The body in place (a page is megabytes), and a reader that stops before the checksum.
+        var fnv = StreamingFNV()
+        fnv.bytes(bytes[..<(bytes.count - 8)])
+        guard try tail.uint64("checksum") == fnv.hash else {
             throw .invalid(field: what, reason: "checksum mismatch")
         }
-        var reader = WireReader(body)
+        var reader = WireReader(bytes)
+        _ = reader.limit(to: bytes.count - 8)
         for _ in magic { _ = try reader.byte("magic") }
         return reader
     }
@@ -159,11 +162,14 @@ extension StateSnapshot {
         _ reader: inout WireReader, _ take: (ModelAddress, String, ReplicaStore.Register) -> Void
     ) throws(WireError) -> ModelAddress {
         let address = ModelAddress(channel: try reader.string("channel"), model: try reader.string("model"))
-        // A register holds at least a name, a value, a version and a writer: 11 octets.
+        // A register holds at least a name, a value, a version and a writer: 11 octets. A
+        // model's registers mostly share their writer, compared rather than decoded again.
+        var writer: String?
         for _ in 0..<(try reader.count("property count", minimumItemSize: 11)) {
             let name = try reader.string("property")
             let value = try reader.propertyValue()
-            let version = Version(timestamp: try reader.uint64("version"), node: try reader.string("version node"))
+            let version = Version(
+                timestamp: try reader.uint64("version"), node: try reader.string("version node", repeating: &writer))
             take(address, name, ReplicaStore.Register(value, version: version))
         }
         return address

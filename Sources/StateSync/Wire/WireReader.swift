@@ -295,7 +295,12 @@ extension String {
     /// I/O thread, comparing the versions of a model's registers (equal but for the node id).
     @inline(__always)
     package func utf8Precedes(_ other: String) -> Bool {
-        withUTF8(alongside: other) { a, b in
+        // The same representation is the same bytes (``hasSameUTF8(as:)``), which do not precede
+        // themselves: the usual case, a model's registers written by one node at one time.
+        if unsafeBitCast(self, to: (UInt64, UInt64).self) == unsafeBitCast(other, to: (UInt64, UInt64).self) {
+            return false
+        }
+        return withUTF8(alongside: other) { a, b in
             let common = min(a.count, b.count)
             let order = common == 0 ? 0 : memcmp(a.baseAddress!, b.baseAddress!, common)
             return order != 0 ? order < 0 : a.count < b.count
