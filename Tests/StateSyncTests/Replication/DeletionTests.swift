@@ -207,7 +207,9 @@ struct DeletionTests {
 
     /// A model's registers merged at once end in exactly the state merging them one
     /// by one does: digest, registers, deletions held, live models, latest version; and the same
-    /// registers win. Random states and registers from fixed seeds (in every failure message).
+    /// registers win. Random states and registers from fixed seeds (in every failure message),
+    /// into models held and a model new to the store (a joiner's: written without a floor
+    /// look-up), a name given twice now and then.
     @Test(arguments: 1...40 as ClosedRange<UInt64>)
     func mergingAModelsRegistersAtOnceEqualsOneByOne(seed: UInt64) {
         var random = SeededRandom(seed: seed)
@@ -226,7 +228,7 @@ struct DeletionTests {
                         [PropertyWrite(name: "p\(random.below(4))", value: .int(Int64(step)))]))
             }
         }
-        for model in ["m0", "m1", "m2", "m3"] {
+        for model in ["m0", "m1", "m2", "m3", "new\(seed)"] {
             let address = ModelAddress(channel: "c", model: model)
             var registers: [(name: String, register: ReplicaStore.Register)] = []
             for property in 0..<5 where random.below(4) != 0 {
@@ -238,6 +240,12 @@ struct DeletionTests {
                     default: ReplicaStore.Register(value: .string("s\(property)"), version: version)
                     }
                 registers.append(("p\(property)", register))
+            }
+            // A name given twice, at a random version: the later wins only if newer.
+            if !registers.isEmpty, random.below(2) == 0 {
+                let again = registers[random.below(registers.count)].name
+                let version = Self.version(UInt64(100 + random.below(100)), ["a", "b", "c"][random.below(3)])
+                registers.append((again, ReplicaStore.Register(value: .int(-1), version: version)))
             }
             // The model's deletion, if any, first (as a snapshot has it) or anywhere (in order).
             if random.below(3) == 0 {
