@@ -27,6 +27,10 @@ final class WatchState: Sendable {
         /// The deletion of a model whose changes are being printed: recorded with the cursor, once
         /// every property it deleted was printed.
         var pendingModelDeletion: (model: String, version: Version)?
+        /// A `reset` snapshot is being printed: its end replaces the cursor (backwards too), as it
+        /// does the client's replica's; moved only forwards, the file's cursor would skip what
+        /// the node no longer holds and sends again later.
+        var resetting = false
         var lastSave = ContinuousClock.now
         /// Printed since the last save.
         var dirty = false
@@ -83,7 +87,13 @@ final class WatchState: Sendable {
             switch event {
             case .change(let change, _, let cursor):
                 if let pending = state.pending, pending != cursor { commit(&state, through: pending) }
-                state.replica.record(change)
+                // A reset's removal carries no version (it undoes what the node no longer
+                // holds, whatever its version): recorded as a write, it would lose to the value.
+                if state.resetting, change.isRemoval, change.version == .zero {
+                    state.replica.recordResetRemoval(change)
+                } else {
+                    state.replica.record(change)
+                }
                 if change.byModelDeletion { state.pendingModelDeletion = (change.model, change.version) }
                 state.pending = cursor
                 state.dirty = true
@@ -91,11 +101,15 @@ final class WatchState: Sendable {
             case .initialStateComplete(_, let cursor), .resyncComplete(_, let cursor), .caughtUp(let cursor, _, _):
                 if state.pending != nil || cursor != state.replica.cursor { state.dirty = true }
                 commit(&state, through: cursor)
+                if state.resetting, case .resyncComplete = event {
+                    state.replica.replaceCursor(with: cursor)
+                    state.resetting = false
+                }
                 state.pending = nil
                 // Markers come about once a second: an idle watch does not rewrite its file.
                 if state.dirty { save(&state) }
-            case .resyncStarted:
-                break
+            case .resyncStarted(let reason):
+                if reason == .reset { state.resetting = true }
             }
         }
     }

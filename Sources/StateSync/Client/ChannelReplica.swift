@@ -119,6 +119,17 @@ public final class ChannelReplica: Sendable {
         state.withLock { $0.store.drop(channel: channel, through: horizon, keeping: keeping) }
     }
 
+    /// Drops the record of `property` of `model`, whatever its version: what a `reset`
+    /// snapshot's removal (``WatchSession/resetRemoval(_:)``, version zero) did to the replica
+    /// that printed it, recorded by a copy that follows printed changes one by one.
+    package func recordResetRemoval(_ change: PropertyChange) {
+        state.withLock { state in
+            _ = state.store.drop(
+                ModelAddress(channel: channel, model: change.model), through: .max,
+                keeping: { name, _ in name != change.property })
+        }
+    }
+
     /// Deletes the values that expired by `time` (the node's clock of expiry); returns the changes.
     package func expire(through time: UInt64) -> [PropertyChange] {
         state.withLock { $0.store.expire(through: time) }
@@ -325,7 +336,7 @@ extension ChannelReplica {
 
     /// The replica as bytes: magic, channel, cursor (as a snapshot's progress list), models (as a
     /// snapshot's, deletions included), what it holds above the cursor (count of origins, then
-    /// per origin in ascending order: origin, count, each sequence number ascending; all
+    /// per origin in ascending order of its UTF-8 bytes: origin, count, each sequence number ascending; all
     /// varints but the origin, a string), FNV-1a 64 checksum. ``init(decoding:)`` reads it back
     /// exactly: values keep their types, registers their versions.
     public func encoded() -> [UInt8] {
@@ -340,7 +351,7 @@ extension ChannelReplica {
                 let address = ModelAddress(channel: channel, model: model)
                 StateSnapshot.writeModel(address, state.store.records(of: address), to: &w)
             }
-            let origins = state.above.keys.sorted()
+            let origins = state.above.keys.sorted { $0.utf8Precedes($1) }
             w.varint(UInt64(origins.count))
             for origin in origins {
                 let sequences = state.above[origin, default: []].sorted()
@@ -377,24 +388,34 @@ extension ChannelReplica {
             }
             if let failure { throw failure }
         }
+        // As written: origins ascending, each with 1…1,024 numbers, ascending, above the cursor.
         var above: [String: Set<UInt64>] = [:]
         if !legacy {
+            var lastOrigin: String?
             for _ in 0..<(try r.count("held-above origin count", minimumItemSize: 2)) {
                 let origin = try r.string("held-above origin")
+                guard lastOrigin.map({ $0.utf8Precedes(origin) }) ?? true else {
+                    throw .invalid(field: "replica", reason: "held above the cursor: origin '\(origin)' out of order")
+                }
+                lastOrigin = origin
                 let count = try r.count("held-above count", minimumItemSize: 1)
-                guard count > 0, count <= Self.heldAboveLimit, above[origin] == nil else {
+                guard count > 0, count <= Self.heldAboveLimit else {
                     throw .invalid(
                         field: "replica", reason: "held above the cursor: \(count) numbers of origin '\(origin)'")
                 }
                 var held = Set<UInt64>(minimumCapacity: count)
+                var last = cursor[origin]
                 for _ in 0..<count {
                     let sequence = try r.varint("held-above sequence")
-                    guard sequence > cursor[origin] else {
+                    guard sequence > last else {
                         throw .invalid(
                             field: "replica",
-                            reason: "held above the cursor: \(origin) \(sequence), not above \(cursor[origin])")
+                            reason:
+                                "held above the cursor: \(origin) \(sequence) is not above \(last) (the cursor, or the number before)"
+                        )
                     }
                     held.insert(sequence)
+                    last = sequence
                 }
                 above[origin] = held
             }

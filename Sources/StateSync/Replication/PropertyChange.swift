@@ -63,6 +63,15 @@ public struct PropertyChange: Sendable, Equatable {
         self.expiresAt = expiresAt
     }
 
+    /// Equal when every field but ``takenAbove`` (how a client's replica took the change, not
+    /// what changed) is.
+    public static func == (lhs: PropertyChange, rhs: PropertyChange) -> Bool {
+        lhs.channel == rhs.channel && lhs.model == rhs.model && lhs.property == rhs.property && lhs.old == rhs.old
+            && lhs.new == rhs.new && lhs.version == rhs.version && lhs.kind == rhs.kind
+            && lhs.expiresAt == rhs.expiresAt && lhs.byModelDeletion == rhs.byModelDeletion
+            && lhs.writtenVersion == rhs.writtenVersion
+    }
+
     /// The node that wrote the change.
     public var origin: String { version.node }
 

@@ -46,6 +46,9 @@ struct ChannelReplicaFileTests {
                 sequence: sequence, properties: [PropertyWrite(name: "p\(sequence)", value: .int(Int64(sequence)))])
             for change in live.apply(delta) {
                 #expect(change.takenAbove?.origin == "n2" && change.takenAbove?.sequence == sequence)
+                var plain = change
+                plain.takenAbove = nil
+                #expect(plain == change, "how a change was taken is not part of what changed")
                 printed.record(change)
             }
         }
@@ -69,17 +72,30 @@ struct ChannelReplicaFileTests {
         let old = try ChannelReplica(decoding: legacy.bytes)
         #expect(old.cursor["n2"] == 4 && old.heldAbove.isEmpty)
 
-        // A number at or below the file's cursor is not held above it: a damaged file, refused.
-        var wrong = WireWriter(capacity: 64)
-        for byte in ChannelReplica.fileMagic { wrong.byte(byte) }
-        wrong.string("c")
-        StateSnapshot.writeProgress(["n2": 4], to: &wrong)
-        wrong.varint(0)
-        wrong.varint(1)
-        wrong.string("n2")
-        wrong.varint(1)
-        wrong.varint(4)
-        wrong.uint64(StateSnapshot.fnv1a(wrong.bytes))
-        #expect(throws: WireError.self) { try ChannelReplica(decoding: wrong.bytes) }
+        // Not as written (a damaged or foreign file), refused: a number at or below the cursor,
+        // a number twice, origins out of order.
+        func file(_ held: [(String, [UInt64])]) -> [UInt8] {
+            var w = WireWriter(capacity: 64)
+            for byte in ChannelReplica.fileMagic { w.byte(byte) }
+            w.string("c")
+            StateSnapshot.writeProgress(["n2": 4], to: &w)
+            w.varint(0)
+            w.varint(UInt64(held.count))
+            for (origin, sequences) in held {
+                w.string(origin)
+                w.varint(UInt64(sequences.count))
+                for sequence in sequences { w.varint(sequence) }
+            }
+            w.uint64(StateSnapshot.fnv1a(w.bytes))
+            return w.bytes
+        }
+        #expect(
+            try ChannelReplica(decoding: file([("n1", [2]), ("n2", [6, 9])])).heldAbove == ["n1": [2], "n2": [6, 9]])
+        let refused: [[(String, [UInt64])]] = [
+            [("n2", [4])], [("n2", [6, 6])], [("n2", [6]), ("n1", [2])], [("n2", [6]), ("n2", [7])],
+        ]
+        for wrong in refused {
+            #expect(throws: WireError.self, "\(wrong)") { try ChannelReplica(decoding: file(wrong)) }
+        }
     }
 }
