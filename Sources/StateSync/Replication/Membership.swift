@@ -36,13 +36,21 @@ package struct Membership: Sendable, Equatable {
         package var state: State
         /// When this entry was written, and by whom: the higher version wins.
         package var version: Version
+        /// For a forgotten entry: the version of the entry its forgetter replaced (section 7.5,
+        /// "Which start a forget removes"), which tells a node whether it is this start of the
+        /// node that was forgotten; `nil` when unknown (a forget of an earlier version, or one
+        /// relayed by such a node).
+        package var replaces: Version?
 
-        package init(id: String, publish: String, api: String, state: State, version: Version) {
+        package init(
+            id: String, publish: String, api: String, state: State, version: Version, replaces: Version? = nil
+        ) {
             self.id = id
             self.publish = publish
             self.api = api
             self.state = state
             self.version = version
+            self.replaces = state == .forgotten ? replaces : nil
         }
     }
 
@@ -78,11 +86,18 @@ package struct Membership: Sendable, Equatable {
         return true
     }
 
-    /// The order of two entries with one version: state, then endpoints, as bytes.
+    /// The order of two entries with one version: state, then endpoints, as bytes, then the
+    /// entry a forget replaced (none first: of one forget relayed by nodes of two versions, the
+    /// entry that says which start it removes is kept).
     static func contentPrecedes(_ a: Member, _ b: Member) -> Bool {
         if a.state != b.state { return a.state.rawValue < b.state.rawValue }
         if a.publish != b.publish { return a.publish.utf8.lexicographicallyPrecedes(b.publish.utf8) }
-        return a.api.utf8.lexicographicallyPrecedes(b.api.utf8)
+        if a.api != b.api { return a.api.utf8.lexicographicallyPrecedes(b.api.utf8) }
+        switch (a.replaces, b.replaces) {
+        case (nil, nil), (.some, nil): return false
+        case (nil, .some): return true
+        case (let x?, let y?): return x < y
+        }
     }
 
     /// The entries, by id.
@@ -99,6 +114,40 @@ package struct Membership: Sendable, Equatable {
         sink.byte(member.state.rawValue)
         sink.uint64(member.version.timestamp)
         sink.string(member.version.node)
+    }
+
+    /// The forgets section that follows a member list (a HEARTBEAT's, the members file's): for
+    /// each forgotten entry of `list` that names the entry it replaced, in list order: id
+    /// (string), that entry's version (timestamp, writer).
+    package static func writeReplaced<Sink: WireSink>(_ list: [Member], to sink: inout Sink) {
+        let forgets = list.filter { $0.replaces != nil }
+        sink.varint(UInt64(forgets.count))
+        for member in forgets {
+            sink.string(member.id)
+            sink.uint64(member.replaces!.timestamp)
+            sink.string(member.replaces!.node)
+        }
+    }
+
+    /// Reads a forgets section (``writeReplaced(_:to:)``) into `list`: an id the list does not
+    /// hold as forgotten is passed over (a section names only forgotten entries).
+    package static func readReplaced(_ reader: inout WireReader, into list: inout [Member]) throws(WireError) {
+        // id, timestamp, writer: at least 12 octets each.
+        let count = try reader.count("forget count", minimumItemSize: 12)
+        guard count <= maximumMembers else {
+            throw .invalid(field: "forget count", reason: "\(count) is over \(maximumMembers)")
+        }
+        for _ in 0..<count {
+            let id = try reader.string("forget id")
+            let timestamp = try reader.uint64("forget replaces version")
+            let writer = try reader.string("forget replaces version node")
+            guard !writer.isEmpty else {
+                throw .invalid(field: "forget replaces version node", reason: "empty node id")
+            }
+            if let index = list.firstIndex(where: { $0.id == id && $0.state == .forgotten }) {
+                list[index].replaces = Version(timestamp: timestamp, node: writer)
+            }
+        }
     }
 
     /// Reads one entry; a malformed one throws.
@@ -120,24 +169,31 @@ package struct Membership: Sendable, Equatable {
 
     // MARK: - The members file
 
-    /// The members file's magic (in the data directory, beside the snapshot).
-    static let fileMagic: [UInt8] = Array("SSMEMB1\n".utf8)
+    /// The members file's magic (in the data directory, beside the snapshot): with the forgets
+    /// section. Files of ``legacyFileMagic`` (before 2026-11-29) lack it and are still read.
+    static let fileMagic: [UInt8] = Array("SSMEMB2\n".utf8)
+    static let legacyFileMagic: [UInt8] = Array("SSMEMB1\n".utf8)
 
-    /// The list as a file: magic, entry count, the entries in id order, FNV-1a 64 checksum.
+    /// The list as a file: magic, entry count, the entries in id order, the forgets section
+    /// (``writeReplaced(_:to:)``), FNV-1a 64 checksum.
     package static func encodeFile(_ list: [Member]) -> [UInt8] {
         var writer = WireWriter(capacity: 64 * list.count + 32)
         for byte in fileMagic { writer.byte(byte) }
         writer.varint(UInt64(list.count))
         for member in list { write(member, to: &writer) }
+        writeReplaced(list, to: &writer)
         writer.uint64(ReplicaStore.fnv1a(writer.bytes))
         return writer.bytes
     }
 
     /// The entries of a members file.
     package static func decodeFile(_ bytes: [UInt8]) throws(WireError) -> [Member] {
-        var reader = try StateSnapshot.checkedBody(bytes, magic: fileMagic, what: "members file")
+        let legacy = bytes.starts(with: legacyFileMagic)
+        var reader = try StateSnapshot.checkedBody(
+            bytes, magic: legacy ? legacyFileMagic : fileMagic, what: "members file")
         var list: [Member] = []
         for _ in 0..<(try reader.count("member count", minimumItemSize: 14)) { list.append(try read(&reader)) }
+        if !legacy { try readReplaced(&reader, into: &list) }
         try reader.expectEnd()
         return list
     }

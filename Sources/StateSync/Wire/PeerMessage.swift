@@ -112,7 +112,11 @@ public enum PeerMessage: Sendable, Equatable {
             if let members = beat.members {
                 body.varint(UInt64(members.count))
                 for member in members { Membership.write(member, to: &body) }
-                if let capabilities = beat.capabilities { body.varint(capabilities) }
+                if let capabilities = beat.capabilities {
+                    body.varint(capabilities)
+                    // Which entry each forget replaced, when any says (section 7.5).
+                    if members.contains(where: { $0.replaces != nil }) { Membership.writeReplaced(members, to: &body) }
+                }
             }
             return [Self.heartbeatTopic, body.bytes]
         }
@@ -461,6 +465,10 @@ public enum PeerMessage: Sendable, Equatable {
                 members = list
             }
             let capabilities = members != nil && !body.isAtEnd ? try body.varint("capabilities") : nil
+            if capabilities != nil, !body.isAtEnd, var list = members {
+                try Membership.readReplaced(&body, into: &list)
+                members = list
+            }
             return .heartbeat(
                 Heartbeat(
                     node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api,

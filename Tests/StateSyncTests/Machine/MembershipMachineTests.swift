@@ -539,6 +539,116 @@ struct MembershipMachineTests {
         #expect(seed.machine.membership.members["n4"]?.state == .forgotten)
     }
 
+    /// 7.5 "Which start a forget removes": a forget names the entry its forgetter replaced. A new
+    /// node whose ANNOUNCE was taken but never answered (no list it heard held its entry, no
+    /// "taken" came back) and that is then cut off and forgotten learns from the forget itself
+    /// that it was forgotten while it ran: it resets, and keeps running, where it refused before
+    /// (a data directory without its own deltas, read as its id coming back empty). A forget
+    /// that replaced an entry of an earlier start of the id, or that names none (from a node of
+    /// an earlier version), is refused as before. The forget travels in a real HEARTBEAT list
+    /// from the forgetter's own `forget`, through the wire form's forgets section.
+    @Test func aForgetNamingThisStartsEntryIsOneMadeWhileTheNodeRan() throws {
+        func heartbeat(_ node: String, members: [Member]) -> [[UInt8]] {
+            PeerMessage.heartbeat(
+                PeerMessage.Heartbeat(
+                    node: node, latestSequence: 0, clock: 0, incarnation: 1, api: "inproc://\(node).api",
+                    progress: [:], members: members, capabilities: 0)
+            ).encode()
+        }
+        func joinerForgotten(_ forgetOf: (Member) -> Member) throws -> MachineRunner {
+            var seed = Self.started("n1", peers: [])
+            var joiner = Self.started("n4", peers: ["n1"])
+            let list = [try #require(seed.machine.membership.members["n1"])]
+            joiner.advance(100)
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: heartbeat("n1", members: list)))
+            joiner.advance(100)
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: heartbeat("n1", members: list)))
+            let announce = try #require(
+                joiner.repairRequests.last { request in
+                    (try? ClientProtocol.decodeRequestHeader(request.frames[0]))?.command
+                        == ClientProtocol.Command.announce.rawValue
+                })
+            // The seed takes the entry; its answer never reaches the joiner, which is cut off.
+            #expect(seed.request(.announce, id: 7, announce.frames[1])?.1 == [1])
+            let own = try #require(joiner.machine.membership.members["n4"])
+            #expect(seed.machine.membership.members["n4"] == own)
+            // The forget reaches the joiner in the seed's list, which never held its entry there.
+            let forget = forgetOf(own)
+            var forgetList = list + [forget]
+            if forget.replaces == own.version {
+                // The seed's own FORGET writes it.
+                #expect(seed.forget("n4")?.0.kind == .ok)
+                #expect(seed.machine.membership.members["n4"]?.replaces == own.version, "the forget names it")
+                forgetList = seed.machine.membership.sorted
+            }
+            #expect(forgetList.last?.state == .forgotten)
+            joiner.advance(100)
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: heartbeat("n1", members: forgetList)))
+            return joiner
+        }
+        let ofThisStart = try joinerForgotten { own in
+            Member(
+                id: "n4", publish: own.publish, api: own.api, state: .forgotten, version: own.version,
+                replaces: own.version)
+        }
+        #expect(ofThisStart.refusals.isEmpty, "\(ofThisStart.refusals)")
+        #expect(ofThisStart.machine.counters.resyncs == 1, "it dropped its state, as a node forgotten while it ran")
+
+        let earlier = Version(milliseconds: 1_000, counter: 0, node: "n4")
+        let ofAnEarlierStart = try joinerForgotten { own in
+            var entry = Self.member("n4", .forgotten, at: own.version.milliseconds + 500, by: "n2")
+            entry.replaces = earlier
+            return entry
+        }
+        #expect(ofAnEarlierStart.refusals.first?.contains("was forgotten") == true, "\(ofAnEarlierStart.refusals)")
+        let namingNone = try joinerForgotten { own in
+            Self.member("n4", .forgotten, at: own.version.milliseconds + 500, by: "n2")
+        }
+        #expect(namingNone.refusals.first?.contains("was forgotten") == true, "\(namingNone.refusals)")
+    }
+
+    /// The forgets section rides after a HEARTBEAT's capabilities and in the members file; a
+    /// body or a file without it (an earlier version's) still reads, naming nothing. Of two
+    /// entries of one forget, the one that names what it replaced is kept.
+    @Test func forgetsRoundTripAndOlderFormsStillRead() throws {
+        var forget = Self.member("n4", .forgotten, at: 1_800_000_000_500, by: "n2")
+        forget.replaces = Version(milliseconds: 1_800_000_000_000, counter: 0, node: "n4")
+        let list = [Self.member("n1", at: 1_800_000_000_000), forget]
+        let beat = PeerMessage.Heartbeat(
+            node: "n1", latestSequence: 0, clock: 0, incarnation: 1, api: "inproc://n1.api", progress: [:],
+            members: list, capabilities: 3)
+        guard case .heartbeat(let back) = try PeerMessage.decode(PeerMessage.heartbeat(beat).encode()) else {
+            Issue.record("not a heartbeat")
+            return
+        }
+        #expect(back.members == list && back.capabilities == 3)
+        // An earlier version's body ends after the capabilities: nothing named.
+        var older = beat
+        older.members = [list[0], Self.member("n4", .forgotten, at: 1_800_000_000_500, by: "n2")]
+        guard case .heartbeat(let olderBack) = try PeerMessage.decode(PeerMessage.heartbeat(older).encode()) else {
+            Issue.record("not a heartbeat")
+            return
+        }
+        #expect(olderBack.members?.last?.replaces == nil)
+
+        #expect(try Membership.decodeFile(Membership.encodeFile(list)) == list)
+        var legacy = WireWriter(capacity: 64)
+        for byte in Membership.legacyFileMagic { legacy.byte(byte) }
+        legacy.varint(2)
+        for member in list { Membership.write(member, to: &legacy) }
+        legacy.uint64(ReplicaStore.fnv1a(legacy.bytes))
+        #expect(try Membership.decodeFile(legacy.bytes).last?.replaces == nil)
+
+        var membership = Membership()
+        let unnamed = try #require(older.members?.last)
+        membership.merge(unnamed)
+        let namedTaken = membership.merge(forget)
+        #expect(namedTaken, "the same forget, naming what it replaced, is kept over the one that does not")
+        let unnamedTaken = membership.merge(unnamed)
+        #expect(!unnamedTaken)
+        #expect(membership.members["n4"]?.replaces == forget.replaces)
+    }
+
     /// Entries are kept exactly as their node wrote them: a node bound to wildcard addresses is
     /// dialled at the host its stream comes from, but its entry is not rewritten — a rewritten
     /// copy sent back made it restate itself at every heartbeat (found in review).
