@@ -11,7 +11,8 @@ import Synchronization
 /// that every line of the delta was printed. A watch resumed from the file is sent that delta
 /// again, and the replica skips the properties already printed. A change of a delta the node sent
 /// above a gap is recorded with the delta's number, which the file keeps as held above its cursor
-/// until the cursor covers it, and a resumed watch names (PROTOCOL.md 10.5.8). The file is replaced atomically
+/// until the cursor covers it, and a resumed watch names (PROTOCOL.md 10.5.8); a `reset` snapshot
+/// replaces the file's cursor as it does the watch's. The file is replaced atomically
 /// (a new file renamed over it) at most every 200 ms while changes arrive, at the next marker
 /// after a change (markers come about once a second), and on SIGINT or SIGTERM; after a crash
 /// (kill -9) the lines printed since the last save (up to about a second) can print again, none

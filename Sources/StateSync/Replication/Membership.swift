@@ -137,6 +137,8 @@ package struct Membership: Sendable, Equatable {
         guard count <= maximumMembers else {
             throw .invalid(field: "forget count", reason: "\(count) is over \(maximumMembers)")
         }
+        var forgotten: [String: Int] = [:]
+        for (index, member) in list.enumerated() where member.state == .forgotten { forgotten[member.id] = index }
         for _ in 0..<count {
             let id = try reader.string("forget id")
             let timestamp = try reader.uint64("forget replaces version")
@@ -144,9 +146,7 @@ package struct Membership: Sendable, Equatable {
             guard !writer.isEmpty else {
                 throw .invalid(field: "forget replaces version node", reason: "empty node id")
             }
-            if let index = list.firstIndex(where: { $0.id == id && $0.state == .forgotten }) {
-                list[index].replaces = Version(timestamp: timestamp, node: writer)
-            }
+            if let index = forgotten[id] { list[index].replaces = Version(timestamp: timestamp, node: writer) }
         }
     }
 
