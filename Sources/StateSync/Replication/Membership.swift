@@ -36,21 +36,29 @@ package struct Membership: Sendable, Equatable {
         package var state: State
         /// When this entry was written, and by whom: the higher version wins.
         package var version: Version
-        /// For a forgotten entry: the version of the entry its forgetter replaced (section 7.5,
-        /// "Which start a forget removes"), which tells a node whether it is this start of the
-        /// node that was forgotten; `nil` when unknown (a forget of an earlier version, or one
-        /// relayed by such a node).
-        package var replaces: Version?
+        /// Which start of its node the entry is about, by that start's incarnation (section
+        /// 7.3: random, new at every start): for an entry the node wrote about itself, its own;
+        /// for a forgotten entry, that of the entry its forgetter replaced (section 7.5, "Which
+        /// start a forget removes"). `nil` when unknown (written or relayed by a node of an
+        /// earlier version). Not part of what the entry says: two entries that differ only in
+        /// it are equal.
+        package var incarnation: UInt64?
 
         package init(
-            id: String, publish: String, api: String, state: State, version: Version, replaces: Version? = nil
+            id: String, publish: String, api: String, state: State, version: Version, incarnation: UInt64? = nil
         ) {
             self.id = id
             self.publish = publish
             self.api = api
             self.state = state
             self.version = version
-            self.replaces = state == .forgotten ? replaces : nil
+            self.incarnation = incarnation
+        }
+
+        /// Equal when id, endpoints, state and version are: the incarnation rides along.
+        package static func == (lhs: Member, rhs: Member) -> Bool {
+            lhs.id == rhs.id && lhs.publish == rhs.publish && lhs.api == rhs.api && lhs.state == rhs.state
+                && lhs.version == rhs.version
         }
     }
 
@@ -87,13 +95,13 @@ package struct Membership: Sendable, Equatable {
     }
 
     /// The order of two entries with one version: state, then endpoints, as bytes, then the
-    /// entry a forget replaced (none first: of one forget relayed by nodes of two versions, the
-    /// entry that says which start it removes is kept).
+    /// incarnation (none first: of one entry relayed by nodes of two versions, the copy that
+    /// says which start it is about is kept).
     static func contentPrecedes(_ a: Member, _ b: Member) -> Bool {
         if a.state != b.state { return a.state.rawValue < b.state.rawValue }
-        if a.publish != b.publish { return a.publish.utf8.lexicographicallyPrecedes(b.publish.utf8) }
-        if a.api != b.api { return a.api.utf8.lexicographicallyPrecedes(b.api.utf8) }
-        switch (a.replaces, b.replaces) {
+        if !a.publish.hasSameUTF8(as: b.publish) { return a.publish.utf8Precedes(b.publish) }
+        if !a.api.hasSameUTF8(as: b.api) { return a.api.utf8Precedes(b.api) }
+        switch (a.incarnation, b.incarnation) {
         case (nil, nil), (.some, nil): return false
         case (nil, .some): return true
         case (let x?, let y?): return x < y
@@ -116,37 +124,34 @@ package struct Membership: Sendable, Equatable {
         sink.string(member.version.node)
     }
 
-    /// The forgets section that follows a member list (a HEARTBEAT's, the members file's): for
-    /// each forgotten entry of `list` that names the entry it replaced, in list order: id
-    /// (string), that entry's version (timestamp, writer).
-    package static func writeReplaced<Sink: WireSink>(_ list: [Member], to sink: inout Sink) {
-        let forgets = list.filter { $0.replaces != nil }
-        sink.varint(UInt64(forgets.count))
-        for member in forgets {
+    /// The incarnations section that follows a member list (a HEARTBEAT's, the members file's):
+    /// for each entry of `list` that names the start it is about, in list order: id (string),
+    /// incarnation (uint64).
+    package static func writeIncarnations<Sink: WireSink>(_ list: [Member], to sink: inout Sink) {
+        var count = 0
+        for member in list where member.incarnation != nil { count += 1 }
+        sink.varint(UInt64(count))
+        for member in list {
+            guard let incarnation = member.incarnation else { continue }
             sink.string(member.id)
-            sink.uint64(member.replaces!.timestamp)
-            sink.string(member.replaces!.node)
+            sink.uint64(incarnation)
         }
     }
 
-    /// Reads a forgets section (``writeReplaced(_:to:)``) into `list`: an id the list does not
-    /// hold as forgotten is passed over (a section names only forgotten entries).
-    package static func readReplaced(_ reader: inout WireReader, into list: inout [Member]) throws(WireError) {
-        // id, timestamp, writer: at least 12 octets each.
-        let count = try reader.count("forget count", minimumItemSize: 12)
+    /// Reads an incarnations section (``writeIncarnations(_:to:)``) into `list`: an id the list
+    /// does not hold is passed over, and so is an incarnation of 0 (none is).
+    package static func readIncarnations(_ reader: inout WireReader, into list: inout [Member]) throws(WireError) {
+        // id, incarnation: at least 10 octets each.
+        let count = try reader.count("incarnation count", minimumItemSize: 10)
         guard count <= maximumMembers else {
-            throw .invalid(field: "forget count", reason: "\(count) is over \(maximumMembers)")
+            throw .invalid(field: "incarnation count", reason: "\(count) is over \(maximumMembers)")
         }
-        var forgotten: [String: Int] = [:]
-        for (index, member) in list.enumerated() where member.state == .forgotten { forgotten[member.id] = index }
+        var positions: [String: Int] = [:]
+        for (index, member) in list.enumerated() { positions[member.id] = index }
         for _ in 0..<count {
-            let id = try reader.string("forget id")
-            let timestamp = try reader.uint64("forget replaces version")
-            let writer = try reader.string("forget replaces version node")
-            guard !writer.isEmpty else {
-                throw .invalid(field: "forget replaces version node", reason: "empty node id")
-            }
-            if let index = forgotten[id] { list[index].replaces = Version(timestamp: timestamp, node: writer) }
+            let id = try reader.string("incarnation id")
+            let incarnation = try reader.uint64("incarnation")
+            if incarnation != 0, let index = positions[id] { list[index].incarnation = incarnation }
         }
     }
 
@@ -169,19 +174,19 @@ package struct Membership: Sendable, Equatable {
 
     // MARK: - The members file
 
-    /// The members file's magic (in the data directory, beside the snapshot): with the forgets
-    /// section. Files of ``legacyFileMagic`` (before 2026-11-29) lack it and are still read.
+    /// The members file's magic (in the data directory, beside the snapshot): with the
+    /// incarnations section. Files of ``legacyFileMagic`` (before 2026-11-29) lack it and are still read.
     static let fileMagic: [UInt8] = Array("SSMEMB2\n".utf8)
     static let legacyFileMagic: [UInt8] = Array("SSMEMB1\n".utf8)
 
-    /// The list as a file: magic, entry count, the entries in id order, the forgets section
-    /// (``writeReplaced(_:to:)``), FNV-1a 64 checksum.
+    /// The list as a file: magic, entry count, the entries in id order, the incarnations section
+    /// (``writeIncarnations(_:to:)``), FNV-1a 64 checksum.
     package static func encodeFile(_ list: [Member]) -> [UInt8] {
         var writer = WireWriter(capacity: 64 * list.count + 32)
         for byte in fileMagic { writer.byte(byte) }
         writer.varint(UInt64(list.count))
         for member in list { write(member, to: &writer) }
-        writeReplaced(list, to: &writer)
+        writeIncarnations(list, to: &writer)
         writer.uint64(ReplicaStore.fnv1a(writer.bytes))
         return writer.bytes
     }
@@ -193,20 +198,27 @@ package struct Membership: Sendable, Equatable {
             bytes, magic: legacy ? legacyFileMagic : fileMagic, what: "members file")
         var list: [Member] = []
         for _ in 0..<(try reader.count("member count", minimumItemSize: 14)) { list.append(try read(&reader)) }
-        if !legacy { try readReplaced(&reader, into: &list) }
+        if !legacy { try readIncarnations(&reader, into: &list) }
         try reader.expectEnd()
         return list
     }
 
-    /// The body of an ANNOUNCE request: one entry.
+    /// The body of an ANNOUNCE request: one entry, then its incarnation when known (appended:
+    /// a node of an earlier version reads the entry and ignores it).
     package static func encodeAnnounce(_ member: Member) -> [UInt8] {
         var writer = WireWriter()
         write(member, to: &writer)
+        if let incarnation = member.incarnation { writer.uint64(incarnation) }
         return writer.bytes
     }
 
     package static func decodeAnnounce(_ body: [UInt8]) throws(WireError) -> Member {
         var reader = WireReader(body)
-        return try read(&reader)
+        var member = try read(&reader)
+        if !reader.isAtEnd {
+            let incarnation = try reader.uint64("incarnation")
+            if incarnation != 0 { member.incarnation = incarnation }
+        }
+        return member
     }
 }

@@ -114,8 +114,10 @@ public enum PeerMessage: Sendable, Equatable {
                 for member in members { Membership.write(member, to: &body) }
                 if let capabilities = beat.capabilities {
                     body.varint(capabilities)
-                    // Which entry each forget replaced, when any says (section 7.5).
-                    if members.contains(where: { $0.replaces != nil }) { Membership.writeReplaced(members, to: &body) }
+                    // Which start each entry is about, when any says (section 7.5).
+                    if members.contains(where: { $0.incarnation != nil }) {
+                        Membership.writeIncarnations(members, to: &body)
+                    }
                 }
             }
             return [Self.heartbeatTopic, body.bytes]
@@ -466,7 +468,7 @@ public enum PeerMessage: Sendable, Equatable {
             }
             let capabilities = members != nil && !body.isAtEnd ? try body.varint("capabilities") : nil
             if capabilities != nil, !body.isAtEnd, var list = members {
-                try Membership.readReplaced(&body, into: &list)
+                try Membership.readIncarnations(&body, into: &list)
                 members = list
             }
             return .heartbeat(

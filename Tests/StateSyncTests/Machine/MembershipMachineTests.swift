@@ -539,15 +539,17 @@ struct MembershipMachineTests {
         #expect(seed.machine.membership.members["n4"]?.state == .forgotten)
     }
 
-    /// 7.5 "Which start a forget removes": a forget names the entry its forgetter replaced. A new
-    /// node whose ANNOUNCE was taken but never answered (no list it heard held its entry, no
-    /// "taken" came back) and that is then cut off and forgotten learns from the forget itself
-    /// that it was forgotten while it ran: it resets, and keeps running, where it refused before
-    /// (a data directory without its own deltas, read as its id coming back empty). A forget
-    /// that replaced an entry of an earlier start of the id, or that names none (from a node of
-    /// an earlier version), is refused as before. The forget travels in a real HEARTBEAT list
-    /// from the forgetter's own `forget`, through the wire form's forgets section.
-    @Test func aForgetNamingThisStartsEntryIsOneMadeWhileTheNodeRan() throws {
+    /// 7.5 "Which start a forget removes": a forget names the start of the entry its forgetter
+    /// replaced, by that start's incarnation (which the entry carried from its node, in its
+    /// ANNOUNCE). A new node whose ANNOUNCE was taken but never answered (no list it heard held
+    /// its entry, no "taken" came back) and that is then cut off and forgotten learns from the
+    /// forget itself that it was forgotten while it ran: it resets, and keeps running, where it
+    /// refused before (a data directory without its own deltas, read as its id coming back
+    /// empty). A forget of another start of the id (another incarnation), or one that names none
+    /// (from a node of an earlier version), is refused as before. The forget travels in a real
+    /// HEARTBEAT list from the forgetter's own `forget`, through the wire form's incarnations
+    /// section.
+    @Test func aForgetNamingThisStartIsOneMadeWhileTheNodeRan() throws {
         func heartbeat(_ node: String, members: [Member]) -> [[UInt8]] {
             PeerMessage.heartbeat(
                 PeerMessage.Heartbeat(
@@ -555,7 +557,9 @@ struct MembershipMachineTests {
                     progress: [:], members: members, capabilities: 0)
             ).encode()
         }
-        func joinerForgotten(_ forgetOf: (Member) -> Member) throws -> MachineRunner {
+        /// `forgetOf` gives the forget for the joiner's own entry; `nil` when the seed's own
+        /// FORGET is to write it.
+        func joinerForgotten(_ forgetOf: (Member) -> Member?) throws -> MachineRunner {
             var seed = Self.started("n1", peers: [])
             var joiner = Self.started("n4", peers: ["n1"])
             let list = [try #require(seed.machine.membership.members["n1"])]
@@ -571,14 +575,15 @@ struct MembershipMachineTests {
             // The seed takes the entry; its answer never reaches the joiner, which is cut off.
             #expect(seed.request(.announce, id: 7, announce.frames[1])?.1 == [1])
             let own = try #require(joiner.machine.membership.members["n4"])
-            #expect(seed.machine.membership.members["n4"] == own)
+            #expect(own.incarnation == joiner.machine.incarnation)
+            #expect(seed.machine.membership.members["n4"]?.incarnation == joiner.machine.incarnation)
             // The forget reaches the joiner in the seed's list, which never held its entry there.
-            let forget = forgetOf(own)
-            var forgetList = list + [forget]
-            if forget.replaces == own.version {
-                // The seed's own FORGET writes it.
+            var forgetList: [Member]
+            if let forget = forgetOf(own) {
+                forgetList = list + [forget]
+            } else {
                 #expect(seed.forget("n4")?.0.kind == .ok)
-                #expect(seed.machine.membership.members["n4"]?.replaces == own.version, "the forget names it")
+                #expect(seed.machine.membership.members["n4"]?.incarnation == own.incarnation, "the forget names it")
                 forgetList = seed.machine.membership.sorted
             }
             #expect(forgetList.last?.state == .forgotten)
@@ -586,34 +591,32 @@ struct MembershipMachineTests {
             joiner.handle(.peerMessage(peer: "inproc://n1", frames: heartbeat("n1", members: forgetList)))
             return joiner
         }
-        let ofThisStart = try joinerForgotten { own in
-            Member(
-                id: "n4", publish: own.publish, api: own.api, state: .forgotten, version: own.version,
-                replaces: own.version)
-        }
+        let ofThisStart = try joinerForgotten { _ in nil }
         #expect(ofThisStart.refusals.isEmpty, "\(ofThisStart.refusals)")
         #expect(ofThisStart.machine.counters.resyncs == 1, "it dropped its state, as a node forgotten while it ran")
 
-        let earlier = Version(milliseconds: 1_000, counter: 0, node: "n4")
-        let ofAnEarlierStart = try joinerForgotten { own in
+        let ofAnotherStart = try joinerForgotten { own in
             var entry = Self.member("n4", .forgotten, at: own.version.milliseconds + 500, by: "n2")
-            entry.replaces = earlier
+            entry.incarnation = own.incarnation! &+ 1
             return entry
         }
-        #expect(ofAnEarlierStart.refusals.first?.contains("was forgotten") == true, "\(ofAnEarlierStart.refusals)")
+        #expect(ofAnotherStart.refusals.first?.contains("was forgotten") == true, "\(ofAnotherStart.refusals)")
         let namingNone = try joinerForgotten { own in
             Self.member("n4", .forgotten, at: own.version.milliseconds + 500, by: "n2")
         }
         #expect(namingNone.refusals.first?.contains("was forgotten") == true, "\(namingNone.refusals)")
     }
 
-    /// The forgets section rides after a HEARTBEAT's capabilities and in the members file; a
-    /// body or a file without it (an earlier version's) still reads, naming nothing. Of two
-    /// entries of one forget, the one that names what it replaced is kept.
-    @Test func forgetsRoundTripAndOlderFormsStillRead() throws {
+    /// The incarnations section rides after a HEARTBEAT's capabilities and in the members file,
+    /// an entry's incarnation after it in ANNOUNCE; a body or a file without it (an earlier
+    /// version's) still reads, naming none. The incarnation is not part of what an entry says
+    /// (equal without it), and of two copies of one entry the one that names a start is kept.
+    @Test func incarnationsRoundTripAndOlderFormsStillRead() throws {
+        var alive = Self.member("n1", at: 1_800_000_000_000)
+        alive.incarnation = 0xABCD
         var forget = Self.member("n4", .forgotten, at: 1_800_000_000_500, by: "n2")
-        forget.replaces = Version(milliseconds: 1_800_000_000_000, counter: 0, node: "n4")
-        let list = [Self.member("n1", at: 1_800_000_000_000), forget]
+        forget.incarnation = 0x1234
+        let list = [alive, Self.member("n3", at: 1_800_000_000_100), forget]
         let beat = PeerMessage.Heartbeat(
             node: "n1", latestSequence: 0, clock: 0, incarnation: 1, api: "inproc://n1.api", progress: [:],
             members: list, capabilities: 3)
@@ -621,32 +624,41 @@ struct MembershipMachineTests {
             Issue.record("not a heartbeat")
             return
         }
-        #expect(back.members == list && back.capabilities == 3)
-        // An earlier version's body ends after the capabilities: nothing named.
+        #expect(back.capabilities == 3)
+        #expect(back.members?.map(\.incarnation) == [0xABCD, nil, 0x1234])
+        // An earlier version's body ends after the capabilities: none named.
         var older = beat
-        older.members = [list[0], Self.member("n4", .forgotten, at: 1_800_000_000_500, by: "n2")]
+        older.members = list.map { member in
+            var copy = member
+            copy.incarnation = nil
+            return copy
+        }
         guard case .heartbeat(let olderBack) = try PeerMessage.decode(PeerMessage.heartbeat(older).encode()) else {
             Issue.record("not a heartbeat")
             return
         }
-        #expect(olderBack.members?.last?.replaces == nil)
+        #expect(olderBack.members?.allSatisfy { $0.incarnation == nil } == true)
+        #expect(olderBack.members == list, "equal without the incarnation")
 
-        #expect(try Membership.decodeFile(Membership.encodeFile(list)) == list)
+        #expect(try Membership.decodeAnnounce(Membership.encodeAnnounce(alive)).incarnation == 0xABCD)
+        #expect(try Membership.decodeAnnounce(Membership.encodeAnnounce(older.members![0])).incarnation == nil)
+
+        #expect(try Membership.decodeFile(Membership.encodeFile(list)).map(\.incarnation) == [0xABCD, nil, 0x1234])
         var legacy = WireWriter(capacity: 64)
         for byte in Membership.legacyFileMagic { legacy.byte(byte) }
-        legacy.varint(2)
+        legacy.varint(UInt64(list.count))
         for member in list { Membership.write(member, to: &legacy) }
         legacy.uint64(ReplicaStore.fnv1a(legacy.bytes))
-        #expect(try Membership.decodeFile(legacy.bytes).last?.replaces == nil)
+        #expect(try Membership.decodeFile(legacy.bytes).allSatisfy { $0.incarnation == nil })
 
         var membership = Membership()
         let unnamed = try #require(older.members?.last)
         membership.merge(unnamed)
         let namedTaken = membership.merge(forget)
-        #expect(namedTaken, "the same forget, naming what it replaced, is kept over the one that does not")
+        #expect(namedTaken, "the same forget, naming the start it removes, is kept over the copy that does not")
         let unnamedTaken = membership.merge(unnamed)
         #expect(!unnamedTaken)
-        #expect(membership.members["n4"]?.replaces == forget.replaces)
+        #expect(membership.members["n4"]?.incarnation == 0x1234)
     }
 
     /// Entries are kept exactly as their node wrote them: a node bound to wildcard addresses is

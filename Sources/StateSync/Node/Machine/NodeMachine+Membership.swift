@@ -15,13 +15,11 @@ extension NodeMachine {
     /// left when it stops cleanly.
     mutating func writeOwnEntry(_ state: Membership.State) {
         membershipChangedAt = heartbeatsSent
-        let version = clock.next()
-        ownEntryVersions.insert(version)
         membership.merge(
             Membership.Member(
                 id: configuration.nodeID, publish: boundPublish,
                 api: configuration.apiEndpoint != nil || configuration.repairEndpoint != nil ? boundRepair : "",
-                state: state, version: version))
+                state: state, version: clock.next(), incarnation: incarnation))
     }
 
     /// This node's entry as it stands.
@@ -58,11 +56,11 @@ extension NodeMachine {
     mutating func takeMember(_ member: Membership.Member, dialAt: String? = nil, fromItself: Bool = false) {
         if member.id == configuration.nodeID {
             // Forgotten before this start (no peer has held this start's entry yet, and the
-            // forget does not name one of its entries as the one it replaced), with none of its
-            // own deltas on disk: not the node that was forgotten coming back. A forget made
-            // while it runs is answered below.
+            // forget does not name this start's incarnation), with none of its own deltas on
+            // disk: not the node that was forgotten coming back. A forget made while it runs is
+            // answered below.
             let unanswered = member.state == .forgotten && member.version > (resyncedAfterForget?.version ?? .zero)
-            let ofThisStart = member.replaces.map { ownEntryVersions.contains($0) } ?? false
+            let ofThisStart = member.incarnation == incarnation
             if unanswered, startedWithoutOwnDeltas, !ownEntryAcknowledged, !ofThisStart {
                 refuseToRun(
                     "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with none of its own deltas in its data directory: a forgotten id does not come back that way. Give it a new node.id (or restore the data directory it ran with)"
@@ -282,11 +280,11 @@ extension NodeMachine {
         // from a clock ahead of it (its writer's, within the drift bound), and an older forget
         // would be dropped by every node, this one first, while the operator was told OK.
         clock.advance(past: held.version)
-        // It names the entry it replaces: a node that wrote that entry at its current start
-        // learns that the forget was made while it ran, even if no list it heard held it.
+        // It names the start of the entry it replaces (a forget's, the start that one removed):
+        // that start learns the forget was made while it ran, even if no list it heard held it.
         let entry = Membership.Member(
             id: id, publish: held.publish, api: held.api, state: .forgotten, version: clock.next(),
-            replaces: held.version)
+            incarnation: held.incarnation)
         takeMember(entry)
         logger.notice("forgot a member (statesync forget)", metadata: ["member": "\(id)"])
     }

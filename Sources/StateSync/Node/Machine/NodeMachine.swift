@@ -61,9 +61,6 @@ package struct NodeMachine: Sendable {
     /// ANNOUNCE answered "taken"): it is in the cluster, and a forget it hears of from now on was
     /// made while it ran.
     var ownEntryAcknowledged = false
-    /// The versions of the entries this node wrote about itself at this start: a forget that
-    /// replaced one of them was made while it ran (section 7.5, "Which start a forget removes").
-    var ownEntryVersions: Set<Version> = []
 
     /// The cluster's member list (section 7.5).
     package internal(set) var membership = Membership()
