@@ -138,6 +138,7 @@ struct MembershipTests {
             let running = try await cli(["forget", "node3", "--daemon", api["node1"]!])
             #expect(running.status != 0 && running.stderr.contains("is alive"), "\(running.stderr)")
         } catch {
+            Issue.record("\(error)")
             for (node, daemon) in daemons.sorted(by: { $0.key < $1.key }) {
                 Issue.record("\(node):\n\(daemon.stderr.suffix(3000))")
             }

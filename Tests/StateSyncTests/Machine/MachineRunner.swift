@@ -1,4 +1,5 @@
 import Logging
+import Synchronization
 import Testing
 
 @testable import StateSync
@@ -86,8 +87,15 @@ struct MachineRunner {
         self.wall = wall
         let clock = HybridLogicalClock(node: configuration.nodeID, wallClock: { wall.milliseconds })
         machine = NodeMachine(
-            configuration: configuration, clock: clock, incarnation: 0xABCD, recovery: recovery, faults: faults,
-            logger: logger)
+            configuration: configuration, clock: clock, incarnation: Self.nextIncarnation(), recovery: recovery,
+            faults: faults, logger: logger)
+    }
+
+    /// Every start its own incarnation, as a real node draws one (member entries name the start
+    /// they are about by it, PROTOCOL.md 7.5): distinct within a test run, and never 0.
+    private static let incarnations = Atomic<UInt64>(0xABCD)
+    private static func nextIncarnation() -> UInt64 {
+        incarnations.add(1, ordering: .relaxed).newValue
     }
 
     /// A configuration for a node `id` with peers `peers` (their publish endpoints are their ids).

@@ -26,11 +26,13 @@ struct MembershipMachineTests {
         return node
     }
 
+    /// A HEARTBEAT of `node` carrying `members` as a node of this version sends them (with
+    /// capabilities, and the incarnations section when an entry names a start).
     static func heartbeat(_ node: String, members: [Member]?) -> [[UInt8]] {
         PeerMessage.heartbeat(
             PeerMessage.Heartbeat(
                 node: node, latestSequence: 0, clock: 0, incarnation: 1, api: "inproc://\(node).api", progress: [:],
-                members: members)
+                members: members, capabilities: members == nil ? nil : 0)
         ).encode()
     }
 
@@ -84,7 +86,7 @@ struct MembershipMachineTests {
         }
         #expect(old.members == nil)
         var frames = Self.heartbeat("n1", members: members)
-        frames[1][frames[1].count - 3 - 8 - 1] = 9  // the second entry's state octet
+        frames[1][frames[1].count - 1 - 3 - 8 - 1] = 9  // the second entry's state octet (then capabilities)
         #expect(throws: WireError.self) { try PeerMessage.decode(frames) }
     }
 
@@ -550,13 +552,6 @@ struct MembershipMachineTests {
     /// HEARTBEAT list from the forgetter's own `forget`, through the wire form's incarnations
     /// section.
     @Test func aForgetNamingThisStartIsOneMadeWhileTheNodeRan() throws {
-        func heartbeat(_ node: String, members: [Member]) -> [[UInt8]] {
-            PeerMessage.heartbeat(
-                PeerMessage.Heartbeat(
-                    node: node, latestSequence: 0, clock: 0, incarnation: 1, api: "inproc://\(node).api",
-                    progress: [:], members: members, capabilities: 0)
-            ).encode()
-        }
         /// `forgetOf` gives the forget for the joiner's own entry; `nil` when the seed's own
         /// FORGET is to write it.
         func joinerForgotten(_ forgetOf: (Member) -> Member?) throws -> MachineRunner {
@@ -564,9 +559,9 @@ struct MembershipMachineTests {
             var joiner = Self.started("n4", peers: ["n1"])
             let list = [try #require(seed.machine.membership.members["n1"])]
             joiner.advance(100)
-            joiner.handle(.peerMessage(peer: "inproc://n1", frames: heartbeat("n1", members: list)))
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
             joiner.advance(100)
-            joiner.handle(.peerMessage(peer: "inproc://n1", frames: heartbeat("n1", members: list)))
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
             let announce = try #require(
                 joiner.repairRequests.last { request in
                     (try? ClientProtocol.decodeRequestHeader(request.frames[0]))?.command
@@ -588,7 +583,7 @@ struct MembershipMachineTests {
             }
             #expect(forgetList.last?.state == .forgotten)
             joiner.advance(100)
-            joiner.handle(.peerMessage(peer: "inproc://n1", frames: heartbeat("n1", members: forgetList)))
+            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: forgetList)))
             return joiner
         }
         let ofThisStart = try joinerForgotten { _ in nil }
@@ -605,6 +600,24 @@ struct MembershipMachineTests {
             Self.member("n4", .forgotten, at: own.version.milliseconds + 500, by: "n2")
         }
         #expect(namingNone.refusals.first?.contains("was forgotten") == true, "\(namingNone.refusals)")
+
+        // An earlier start wrote an entry equal to this start's but for its incarnation (a
+        // version can repeat across starts), and a cut-off peer's list still holds it: it does
+        // not say this start is in the cluster, and the node writes its entry again (peers could
+        // keep the earlier one over it); a forget of that start then stops it, as it must.
+        var joiner = Self.started("n4", peers: ["n1"])
+        var earlier = try #require(joiner.machine.membership.members["n4"])
+        earlier.incarnation = joiner.machine.incarnation &+ 1
+        let seedEntry = Self.member("n1", at: 1_800_000_000_000)
+        joiner.advance(100)
+        joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: [seedEntry, earlier])))
+        #expect(!joiner.machine.ownEntryAcknowledged, "an entry of another start acknowledges nothing")
+        #expect(try #require(joiner.machine.membership.members["n4"]).version > earlier.version, "written again")
+        var forget = Self.member("n4", .forgotten, at: earlier.version.milliseconds + 500, by: "n1")
+        forget.incarnation = earlier.incarnation
+        joiner.advance(100)
+        joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: [seedEntry, forget])))
+        #expect(joiner.refusals.first?.contains("was forgotten") == true, "\(joiner.refusals)")
     }
 
     /// The incarnations section rides after a HEARTBEAT's capabilities and in the members file,

@@ -25,6 +25,14 @@ extension NodeMachine {
     /// This node's entry as it stands.
     var ownEntry: Membership.Member? { membership.members[configuration.nodeID] }
 
+    /// Whether `member` is this node's entry as this start wrote it: the same entry, naming this
+    /// start's incarnation. (Two starts can write entries equal but for it: a version repeats
+    /// across starts. One relayed only by nodes of an earlier version names no start, and does
+    /// not count.)
+    func isThisStartsEntry(_ member: Membership.Member) -> Bool {
+        member == ownEntry && member.incarnation == incarnation
+    }
+
     /// Merges the member list of a HEARTBEAT from `sender` at `endpoint`, links to new members,
     /// and ANNOUNCEs this node's entry if the sender's list lacks it.
     mutating func receiveMembers(_ list: [Membership.Member], from endpoint: String, sender: String) {
@@ -32,7 +40,7 @@ extension NodeMachine {
         for member in list {
             if member.id == configuration.nodeID {
                 theirs = member
-                if member == ownEntry, member.state == .alive { ownEntryAcknowledged = true }
+                if isThisStartsEntry(member), member.state == .alive { ownEntryAcknowledged = true }
             }
             // Entries are kept as their node wrote them (a rewritten one would differ from its
             // writer's at the same version); the sender's own publish endpoint bound to a
@@ -90,7 +98,11 @@ extension NodeMachine {
             // says again what it is, with a later version. Also at an equal version with another
             // content: its member entries are not logged, so a restarted node's clock can give
             // the version of the leave it wrote when it stopped once more.
-            guard let own = ownEntry, own.version < member.version || (own.version == member.version && own != member)
+            // And at an equal version naming another start (an earlier start's entry, which peers
+            // would keep over this one's if its incarnation is the higher).
+            let otherStart = member.incarnation.map { $0 != incarnation } ?? false
+            guard let own = ownEntry,
+                own.version < member.version || (own.version == member.version && (own != member || otherStart))
             else { return }
             clock.advance(past: member.version)
             // Not before a reset is written: once peers hear it is alive the forget is gone from
@@ -378,7 +390,9 @@ extension NodeMachine {
             throw StateSyncError(.protocolError, "the entry's version is further ahead than clock.max_drift_ms")
         }
         takeMember(member, fromItself: true)
-        return membership.members[member.id] == member
+        // That very entry, of the start that announced it (when it names one).
+        guard let held = membership.members[member.id], held == member else { return false }
+        return member.incarnation == nil || held.incarnation == member.incarnation
     }
 
     /// Whether `endpoint` is bound to every interface (`tcp://*:P`, `tcp://0.0.0.0:P`).
