@@ -112,12 +112,13 @@ public enum PeerMessage: Sendable, Equatable {
             if let members = beat.members {
                 body.varint(UInt64(members.count))
                 for member in members { Membership.write(member, to: &body) }
-                if let capabilities = beat.capabilities {
+                // Which start each entry is about, when any says (section 7.5), after the
+                // capabilities (0 when the sender takes nothing more: the same as none).
+                if members.contains(where: { $0.incarnation != nil }) {
+                    body.varint(beat.capabilities ?? 0)
+                    Membership.writeIncarnations(members, to: &body)
+                } else if let capabilities = beat.capabilities {
                     body.varint(capabilities)
-                    // Which start each entry is about, when any says (section 7.5).
-                    if members.contains(where: { $0.incarnation != nil }) {
-                        Membership.writeIncarnations(members, to: &body)
-                    }
                 }
             }
             return [Self.heartbeatTopic, body.bytes]
