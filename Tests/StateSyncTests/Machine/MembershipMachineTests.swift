@@ -653,6 +653,15 @@ struct MembershipMachineTests {
         #expect(olderBack.members?.allSatisfy { $0.incarnation == nil } == true)
         #expect(olderBack.members == list, "equal without the incarnation")
 
+        // A sender that takes no batches has no capabilities: the section still goes, after a 0.
+        var plain = beat
+        plain.capabilities = nil
+        guard case .heartbeat(let plainBack) = try PeerMessage.decode(PeerMessage.heartbeat(plain).encode()) else {
+            Issue.record("not a heartbeat")
+            return
+        }
+        #expect(plainBack.members?.map(\.incarnation) == [0xABCD, nil, 0x1234] && plainBack.capabilities == 0)
+
         #expect(try Membership.decodeAnnounce(Membership.encodeAnnounce(alive)).incarnation == 0xABCD)
         #expect(try Membership.decodeAnnounce(Membership.encodeAnnounce(older.members![0])).incarnation == nil)
 
