@@ -1,11 +1,10 @@
 import Foundation
 import StateSync
+import StateSyncClient
 import Testing
 
-@testable import statesync
-
-/// `statesync watch --state FILE`'s record of what it printed (`WatchState`), fed the events a
-/// watch prints, read back from its file.
+/// `statesync watch --state FILE`'s record of what it printed (`WatchState`, in StateSyncClient),
+/// fed the events a watch prints, read back from its file.
 @Suite("Watch state file")
 struct WatchStateFileTests {
     static func change(_ property: String, _ value: Int64, at milliseconds: UInt64, by node: String) -> PropertyChange {

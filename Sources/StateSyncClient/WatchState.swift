@@ -17,9 +17,9 @@ import Synchronization
 /// after a change (markers come about once a second), and on SIGINT or SIGTERM; after a crash
 /// (kill -9) the lines printed since the last save (up to about a second) can print again, none
 /// is skipped.
-final class WatchState: Sendable {
-    let path: String
-    let channel: String
+package final class WatchState: Sendable {
+    package let path: String
+    package let channel: String
     private struct Printed {
         var replica: ChannelReplica
         /// The cursor after the last change printed, not yet in the replica (its delta may have
@@ -42,10 +42,10 @@ final class WatchState: Sendable {
     /// The replica the client's watch resumes with (`nil`: no file yet): a copy of the printed
     /// one, read from the same bytes (the client's I/O thread updates it; the printed one moves
     /// only as lines are printed).
-    let resumeReplica: ChannelReplica?
+    package let resumeReplica: ChannelReplica?
 
     /// Opens `path` (a new file if it does not exist) for `channel`.
-    init(path: String, channel: String) throws {
+    package init(path: String, channel: String) throws {
         self.path = path
         self.channel = channel
         let bytes = try Self.read(path)
@@ -82,7 +82,7 @@ final class WatchState: Sendable {
     /// Prints with `print`, then records what it printed. Printing is outside the lock (a
     /// blocked stdout never holds up a signal's save); a line printed but not yet recorded when
     /// the process ends prints again next time, none is skipped.
-    func printing(_ event: WatchEvent, _ print: () -> Void) {
+    package func printing(_ event: WatchEvent, _ print: () -> Void) {
         print()
         printed.withLock { state in
             switch event {
@@ -125,14 +125,14 @@ final class WatchState: Sendable {
     }
 
     /// Saves what was printed (the end of the watch).
-    func saveNow() {
+    package func saveNow() {
         printed.withLock { save(&$0) }
     }
 
     /// Saves what was printed and ends the process at once, holding the lock (nothing is
     /// recorded after the save): SIGINT and SIGTERM. `_exit`, not `exit`: the client's I/O thread
     /// and libzmq are still running, and their teardown must not race the process's end.
-    func saveAndExit() -> Never {
+    package func saveAndExit() -> Never {
         printed.withLock { state -> Never in
             save(&state)
             _exit(0)
