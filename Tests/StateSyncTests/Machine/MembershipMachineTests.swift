@@ -483,6 +483,26 @@ struct MembershipMachineTests {
         #expect(reasserted.state == .alive && reasserted.version > later.version)
     }
 
+    /// A seed n1 and a new node n4 configured with it: n4 heard n1's list (without itself) twice
+    /// and sent n1 its ANNOUNCE, not yet delivered. Returns both, n1's list and the request.
+    static func joinerAnnouncingToItsSeed() throws -> (
+        seed: MachineRunner, joiner: MachineRunner, list: [Member], announce: (peer: String, frames: [[UInt8]])
+    ) {
+        let seed = Self.started("n1", peers: [])
+        var joiner = Self.started("n4", peers: ["n1"])
+        let list = [try #require(seed.machine.membership.members["n1"])]
+        joiner.advance(100)
+        joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
+        joiner.advance(100)
+        joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
+        let announce = try #require(
+            joiner.repairRequests.last { request in
+                (try? ClientProtocol.decodeRequestHeader(request.frames[0]))?.command
+                    == ClientProtocol.Command.announce.rawValue
+            })
+        return (seed, joiner, list, announce)
+    }
+
     /// 10.11 and 7.5: an ANNOUNCE answered "taken" tells the node that a peer's list holds its
     /// entry of this start, as a HEARTBEAT's list holding it would. A new node that is cut off
     /// and forgotten before any list it heard held its entry then takes the forget as made while
@@ -492,18 +512,7 @@ struct MembershipMachineTests {
     /// an entry the peer did not take (it holds a newer one) is answered "not taken".
     @Test func anAnnounceAnsweredTakenMakesALaterForgetOneMadeWhileTheNodeRan() throws {
         func joinerAnnouncing(answer body: (inout MachineRunner, [UInt8]) throws -> [UInt8]) throws -> MachineRunner {
-            var seed = Self.started("n1", peers: [])
-            var joiner = Self.started("n4", peers: ["n1"])
-            let list = [try #require(seed.machine.membership.members["n1"])]
-            joiner.advance(100)
-            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
-            joiner.advance(100)
-            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
-            let announce = try #require(
-                joiner.repairRequests.last { request in
-                    (try? ClientProtocol.decodeRequestHeader(request.frames[0]))?.command
-                        == ClientProtocol.Command.announce.rawValue
-                })
+            var (seed, joiner, list, announce) = try Self.joinerAnnouncingToItsSeed()
             let id = try ClientProtocol.decodeRequestHeader(announce.frames[0]).requestID
             joiner.handle(
                 .repairReply(
@@ -555,18 +564,7 @@ struct MembershipMachineTests {
         /// `forgetOf` gives the forget for the joiner's own entry; `nil` when the seed's own
         /// FORGET is to write it.
         func joinerForgotten(_ forgetOf: (Member) -> Member?) throws -> MachineRunner {
-            var seed = Self.started("n1", peers: [])
-            var joiner = Self.started("n4", peers: ["n1"])
-            let list = [try #require(seed.machine.membership.members["n1"])]
-            joiner.advance(100)
-            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
-            joiner.advance(100)
-            joiner.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: list)))
-            let announce = try #require(
-                joiner.repairRequests.last { request in
-                    (try? ClientProtocol.decodeRequestHeader(request.frames[0]))?.command
-                        == ClientProtocol.Command.announce.rawValue
-                })
+            var (seed, joiner, list, announce) = try Self.joinerAnnouncingToItsSeed()
             // The seed takes the entry; its answer never reaches the joiner, which is cut off.
             #expect(seed.request(.announce, id: 7, announce.frames[1])?.1 == [1])
             let own = try #require(joiner.machine.membership.members["n4"])
