@@ -351,14 +351,7 @@ extension ChannelReplica {
                 let address = ModelAddress(channel: channel, model: model)
                 StateSnapshot.writeModel(address, state.store.records(of: address), to: &w)
             }
-            let origins = state.above.keys.sorted { $0.utf8Precedes($1) }
-            w.varint(UInt64(origins.count))
-            for origin in origins {
-                let sequences = state.above[origin, default: []].sorted()
-                w.string(origin)
-                w.varint(UInt64(sequences.count))
-                for sequence in sequences { w.varint(sequence) }
-            }
+            ClientProtocol.writeHeldAbove(state.above, to: &w)
             w.uint64(StateSnapshot.fnv1a(w.bytes))
             return w.bytes
         }

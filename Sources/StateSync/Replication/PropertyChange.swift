@@ -36,15 +36,7 @@ public struct PropertyChange: Sendable, Equatable {
     /// above a gap): the delta's origin and sequence number, which a copy of the replica that
     /// records changes one by one (`statesync watch --state`) keeps as held above its cursor
     /// (``ChannelReplica/heldAbove``).
-    package var takenAbove: (origin: String, sequence: UInt64)? {
-        get { takenAboveOrigin.map { ($0, takenAboveSequence) } }
-        set {
-            takenAboveOrigin = newValue?.origin
-            takenAboveSequence = newValue?.sequence ?? 0
-        }
-    }
-    private var takenAboveOrigin: String?
-    private var takenAboveSequence: UInt64 = 0
+    package var takenAbove: (origin: String, sequence: UInt64)?
     /// For a ``Kind/expired``: the version of the write whose value expired.
     package var writtenVersion: Version?
 

@@ -302,16 +302,21 @@ public enum ClientProtocol {
             for name in (filter.properties ?? []).sorted() { w.string(name) }
             w.byte(filter.initialState ? 1 : 0)
         }
-        if !above.isEmpty {
-            w.varint(UInt64(above.count))
-            for origin in above.keys.sorted() {
-                w.string(origin)
-                let sequences = above[origin]!.sorted()
-                w.varint(UInt64(sequences.count))
-                for sequence in sequences { w.varint(sequence) }
-            }
-        }
+        if !above.isEmpty { writeHeldAbove(above, to: &w) }
         return w.bytes
+    }
+
+    /// A held-above list (section 10.5.1): origin count, then per origin in ascending order of
+    /// its UTF-8 bytes: origin (string), sequence count, the sequence numbers ascending
+    /// (varints). The same layout in a WATCH and in a replica's file.
+    package static func writeHeldAbove(_ above: [String: some Collection<UInt64>], to w: inout WireWriter) {
+        w.varint(UInt64(above.count))
+        for origin in above.keys.sorted(by: { $0.utf8Precedes($1) }) {
+            let sequences = above[origin]!.sorted()
+            w.string(origin)
+            w.varint(UInt64(sequences.count))
+            for sequence in sequences { w.varint(sequence) }
+        }
     }
 
     /// Decodes a WATCH body.
