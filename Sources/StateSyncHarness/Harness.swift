@@ -190,7 +190,7 @@ public enum Harness {
         let faultTask = Task {
             await FaultController(
                 nodes: nodes, relays: relays, lab: lab, names: names, seed: options.seed &+ 1, log: faults,
-                joiner: joiner
+                joiner: joiner, neverRestarted: options.plantedBug == .dropDeltas ? planted : nil
             )
             .run(faults: options.faults.filter { $0 != .clock }, until: { workloadDone.isSet }, start: workloadStart)
         }

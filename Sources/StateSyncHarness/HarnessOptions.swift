@@ -24,7 +24,8 @@ public struct HarnessOptions: Sendable {
     /// Faults planted in a node to prove the checker can fail (test only).
     public enum PlantedBug: String, Sendable, CaseIterable {
         /// One node silently discards a share of the remote deltas it should apply, and never
-        /// repairs them (`STATESYNC_TEST_DROP_REMOTE_DELTAS`).
+        /// repairs them (`STATESYNC_TEST_DROP_REMOTE_DELTAS`). No fault restarts that node: a
+        /// restart forgets which deltas it dropped, and repair would then mend them.
         case dropDeltas = "drop-deltas"
         /// One node never deletes the values whose time to live ran out
         /// (`STATESYNC_TEST_NEVER_EXPIRE`).

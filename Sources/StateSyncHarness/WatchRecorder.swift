@@ -89,6 +89,10 @@ struct FaultController {
     let log: FaultLog
     /// The node that starts late (`--faults join`), if any.
     var joiner: Int?
+    /// A node no fault restarts (kill, leave): the one with the planted `drop-deltas`. It marks
+    /// the deltas it drops received in memory only, so after a restart it finds them missing,
+    /// and the repair (or the snapshot it then asks for) mends what the check must see broken.
+    var neverRestarted: Int?
 
     func run(faults: [HarnessOptions.Fault], until done: @Sendable () -> Bool, start: Date) async {
         guard !faults.isEmpty else { return }
@@ -99,7 +103,9 @@ struct FaultController {
                 try? await Task.sleep(for: .milliseconds(150 + Int(rng.next() % 250)))
                 let at = Int(Date().timeIntervalSince(start) * 1000)
                 let hold = 300 + Int(rng.next() % 500)
-                let target = Int(rng.next() % UInt64(nodes.count))
+                let drawn = Int(rng.next() % UInt64(nodes.count))
+                let target =
+                    drawn == neverRestarted && [.kill, .leave].contains(fault) ? (drawn + 1) % nodes.count : drawn
                 switch fault {
                 case .kill:
                     log.setActive("kill -9 \(names[target])")
