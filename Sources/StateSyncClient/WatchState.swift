@@ -39,10 +39,11 @@ package final class WatchState: Sendable {
 
     private let printed: Mutex<Printed>
 
-    /// The replica the client's watch resumes with (`nil`: no file yet): a copy of the printed
-    /// one, read from the same bytes (the client's I/O thread updates it; the printed one moves
-    /// only as lines are printed).
-    package let resumeReplica: ChannelReplica?
+    /// The replica the client's watch applies its events to (empty when there is no file yet; else
+    /// a copy of the printed one, read from the same bytes): the client's I/O thread updates it,
+    /// the printed one moves only as lines are printed. At a `reset` snapshot's end the printed
+    /// one takes what this one held then (see ``ChannelReplica/keepResetImages()``).
+    package let liveReplica: ChannelReplica
 
     /// Opens `path` (a new file if it does not exist) for `channel`.
     package init(path: String, channel: String) throws {
@@ -51,7 +52,8 @@ package final class WatchState: Sendable {
         let bytes = try Self.read(path)
         printed = Mutex(
             Printed(replica: try bytes.map { try Self.decode($0, path, channel) } ?? ChannelReplica(channel: channel)))
-        resumeReplica = try bytes.map { try Self.decode($0, path, channel) }
+        liveReplica = try bytes.map { try Self.decode($0, path, channel) } ?? ChannelReplica(channel: channel)
+        liveReplica.keepResetImages()
     }
 
     private static func read(_ path: String) throws -> [UInt8]? {
@@ -103,7 +105,16 @@ package final class WatchState: Sendable {
                 if state.pending != nil || cursor != state.replica.cursor { state.dirty = true }
                 commit(&state, through: cursor)
                 if state.resetting, case .resyncComplete = event {
-                    state.replica.replaceCursor(with: cursor)
+                    // Every line of the reset is printed: the printed copy holds what the live
+                    // one held at its end, including what the reset changed with no line to
+                    // print (a deletion's record dropped, or one of its own the watch held over
+                    // the node's older record). Without that image (a later reset replaced it,
+                    // and brings its own), the cursor at least is the node's.
+                    if let image = liveReplica.takeResetImage(at: cursor) {
+                        state.replica.replace(with: image)
+                    } else {
+                        state.replica.replaceCursor(with: cursor)
+                    }
                     state.resetting = false
                 }
                 state.pending = nil

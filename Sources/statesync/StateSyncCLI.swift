@@ -494,7 +494,7 @@ extension StateSyncCLI {
                 defer { client.close() }
                 let saved = try state.map { try WatchState(path: $0, channel: channel) }
                 let replica =
-                    saved?.resumeReplica
+                    saved?.liveReplica
                     ?? from.flatMap(WatchCursor.init).map { ChannelReplica(channel: channel, cursor: $0) }
                 let (batches, watched) = try await client.watchInBatches(
                     channel: channel, replica: replica, onLag: onLag == "end" ? .end : .resync, filter: filter)

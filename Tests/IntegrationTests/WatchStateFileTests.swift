@@ -58,4 +58,56 @@ struct WatchStateFileTests {
         state.saveNow()
         #expect(try saved().cursor["n2"] == 3)
     }
+
+    /// What a `reset` changes without a line to print is in the file too: a deletion the watch
+    /// held over the node's older value (the value is printed, but recorded after the deletion it
+    /// would lose to), and a deletion's record the node no longer holds (dropped in silence).
+    /// The file takes what the watch's replica held at the reset's end. Events pass through the
+    /// `WatchSession` the client runs, on the file's live replica, as `statesync watch` does.
+    @Test func aResetsSilentRemovalsLeaveTheFileToo() throws {
+        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/watch.state"
+        let state = try WatchState(path: path, channel: "c")
+        var session = WatchSession(replica: state.liveReplica)
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
+        }
+        func snapshot(
+            _ reason: ClientProtocol.SnapshotReason, _ records: [(String, ReplicaStore.Register)], cursor: WatchCursor
+        ) throws {
+            var digest = RegisterDigest()
+            for (name, register) in records {
+                digest.add(channel: "c", model: "m", property: name, register: register)
+            }
+            try deliver(.snapshotBegin(reason))
+            try deliver(.records([(model: "m", properties: records)]))
+            try deliver(.snapshotEnd(records: records.count, digest: digest.value, cursor: cursor))
+        }
+        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
+        func saved() throws -> ChannelReplica {
+            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        }
+
+        let a = ReplicaStore.Register(value: .int(1), version: version(1_000))
+        try snapshot(.initial, [("a", a)], cursor: WatchCursor(["n2": 1]))
+        // n2's 2 deletes a, its 3 deletes b (which never had a value here).
+        for (sequence, property, at) in [(UInt64(2), "a", UInt64(1_100)), (3, "b", 1_200)] {
+            let deletion = Delta(
+                channel: "c", model: "m", version: version(at), sequence: sequence,
+                properties: [.deletion(of: property)])
+            try deliver(.delta(deletion, cursor: WatchCursor(["n2": sequence])))
+        }
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 0))
+        #expect(try saved().records(of: "m")["a"]?.isDeleted == true)
+
+        // The node lost n2's 2 and 3: it holds a = 1 again, and nothing of b.
+        try snapshot(.reset, [("a", a)], cursor: WatchCursor(["n2": 1]))
+        state.saveNow()
+        let file = try saved()
+        #expect(file.cursor == WatchCursor(["n2": 1]))
+        #expect(file.records(of: "m") == ["a": a], "the file holds what the node and the watch hold")
+        #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
+    }
 }

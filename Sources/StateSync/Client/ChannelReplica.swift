@@ -20,6 +20,17 @@ public final class ChannelReplica: Sendable {
     /// enough for the gaps a watch sees.
     static let heldAboveLimit = 1024
 
+    /// What the replica held at the end of a `reset` snapshot (``keepResetImages()``).
+    package struct ResetImage: Sendable {
+        fileprivate var store: ReplicaStore
+        package var cursor: WatchCursor
+        fileprivate var above: [String: Set<UInt64>]
+    }
+
+    /// Whether a reset's end keeps a ``ResetImage`` for ``takeResetImage(at:)``, and the last one
+    /// kept and not yet taken.
+    private let resetImages = Mutex<(keep: Bool, last: ResetImage?)>((false, nil))
+
     /// An empty replica; with `cursor`, a watch resumes after it (old values of the first changes
     /// of each property are then unknown: the replica does not hold them).
     public init(channel: String, cursor: WatchCursor = WatchCursor()) {
@@ -133,6 +144,39 @@ public final class ChannelReplica: Sendable {
     /// Deletes the values that expired by `time` (the node's clock of expiry); returns the changes.
     package func expire(through time: UInt64) -> [PropertyChange] {
         state.withLock { $0.store.expire(through: time) }
+    }
+
+    /// From now on, the end of every `reset` snapshot keeps what the replica then holds, until
+    /// ``takeResetImage(at:)`` takes it: for a copy of the replica that follows the printed
+    /// changes (`statesync watch --state`), which cannot tell from them what a reset dropped
+    /// without a change to print (a deletion's record, a model's own deletion) or kept of its own
+    /// over the node's older record.
+    package func keepResetImages() {
+        resetImages.withLock { $0.keep = true }
+    }
+
+    /// The end of a `reset` snapshot: keeps what the replica holds, if asked to.
+    func keepResetImageIfAsked() {
+        resetImages.withLock { images in
+            guard images.keep else { return }
+            // A copy on write: the store is copied once, when the replica next changes.
+            images.last = state.withLock { ResetImage(store: $0.store, cursor: $0.cursor, above: $0.above) }
+        }
+    }
+
+    /// What the replica held at the end of the `reset` snapshot whose cursor was `cursor`; nil if
+    /// none was kept or a later reset's replaced it (whose end then gives its own).
+    package func takeResetImage(at cursor: WatchCursor) -> ResetImage? {
+        resetImages.withLock { images in
+            guard let image = images.last, image.cursor == cursor else { return nil }
+            images.last = nil
+            return image
+        }
+    }
+
+    /// Holds exactly what `image` holds (records, cursor, what is held above it).
+    package func replace(with image: ResetImage) {
+        state.withLock { $0 = (image.store, image.cursor, image.above) }
     }
 
     /// Sets the cursor to `cursor` (a reset snapshot's: per origin, backwards too).
@@ -308,6 +352,7 @@ package struct WatchSession: Sendable {
             if reset { replica.replaceCursor(with: cursor) }
             received = []
             replica.advance(to: cursor)
+            if reset { replica.keepResetImageIfAsked() }
             let reason = snapshotReason
             snapshotReason = nil
             return events
