@@ -78,6 +78,11 @@ public final class StateSyncNode: Sendable {
     /// visible outside the node (a reply, a DELTA, a watch event, a sync…) and at every tick, so
     /// nothing is seen before the operating system has it.
     private let pendingLog = Mutex(PendingLog())
+    /// The outcomes of background compactions (``BackgroundCompactingStorage``), fed to the
+    /// machine before the driver's next input; `compactionsDone` counts them, read without the
+    /// lock on every input.
+    private let finishedCompactions = Mutex<[NodeInput]>([])
+    private let compactionsDone = Atomic<Int>(0)
 
     /// Why the node stopped on its own, if it did: it started with an empty data directory
     /// under an id whose earlier deltas the cluster holds, or that was forgotten (docs/PROTOCOL.md
@@ -171,6 +176,14 @@ public final class StateSyncNode: Sendable {
     /// models — feeding the outcomes back until nothing follows. The driver calls this from its
     /// one thread.
     package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
+        if compactionsDone.load(ordering: .acquiring) > 0 {
+            let finished = finishedCompactions.withLock { finished in
+                defer { finished = [] }
+                compactionsDone.store(0, ordering: .relaxed)
+                return finished
+            }
+            for outcome in finished { handle(outcome, now: now, via: transport) }
+        }
         // Every write stamped so far is in these rounds, still in flight, or above the floor.
         let (rounds, writeFloor) = localWrites.take()
         state.withLock { $0.machine.hostWriteFloor = writeFloor }
@@ -329,6 +342,18 @@ public final class StateSyncNode: Sendable {
                     metadata: ["error": "\(error)"])
             }
         case .compact(let snapshot, let records):
+            // Off this thread where the storage can: deltas and requests go on meanwhile.
+            if let storage = storage as? any BackgroundCompactingStorage {
+                storage.compactInBackground(snapshot, keeping: records) { [weak self] failure in
+                    guard let self else { return }
+                    finishedCompactions.withLock {
+                        $0.append(failure.map { .compactionFailed("\($0)") } ?? .compactionWritten)
+                        compactionsDone.add(1, ordering: .relaxed)
+                    }
+                    attachedDriver?.wake()
+                }
+                return nil
+            }
             do {
                 try storage.compact(snapshot, keeping: records)
             } catch {

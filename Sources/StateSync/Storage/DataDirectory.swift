@@ -14,16 +14,28 @@ import Synchronization
 /// directory fsynced, so a crash leaves either the old or the new snapshot, never a mix. Its
 /// checksum is verified on load; a damaged snapshot is moved aside, never loaded as data.
 ///
-/// Thread safety: the log is opened by ``recover(onCorruptSnapshot:)`` and then used by one
-/// thread at a time (the node's I/O thread, then the task stopping it).
-package final class DataDirectory: NodeStorage, @unchecked Sendable {
-    // Unchecked: `log` is set by `recover` before the node's I/O thread starts and from then on
-    // used (and replaced by `compact`) only by the thread performing the node's actions (one at a
-    // time, handed over at stop); every other member is immutable or atomic.
+/// A compaction runs in the background (``compactInBackground(_:keeping:whenDone:)``): the
+/// snapshot is encoded and written on a thread of its own while the node goes on appending to
+/// the log, and the new log takes what was appended meanwhile.
+///
+/// Thread safety: the log is used under a lock, by the thread performing the node's actions and
+/// by the compaction's thread, which replaces it.
+package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     let path: String
     private let lockDescriptor: Int32
     private let locked = Atomic<Bool>(true)
-    private var log: DeltaLog?
+    /// The log in use, from ``recover(onCorruptSnapshot:)`` on. Appends and syncs hold the lock
+    /// (an append never lands in a log already replaced); a background compaction holds it only
+    /// to copy the last records appended and swap the files.
+    private let log = Mutex<DeltaLog?>(nil)
+    /// Runs background compactions, one at a time.
+    private let compactor = DispatchQueue(label: "statesync.compaction")
+    /// A background compaction copies what was appended during it in rounds without the lock
+    /// while more than this is left, then the rest under the lock.
+    static let lockedCopyBytes = 64 << 10
+    /// Tests only: runs on the compactor's thread once a background compaction's snapshot is
+    /// written, before the records appended meanwhile are copied.
+    let afterBackgroundSnapshot = Mutex<(@Sendable () -> Void)?>(nil)
 
     static let snapshotName = "state.snapshot"
     static let membersName = "members"
@@ -88,7 +100,7 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
     package func recover(onCorruptSnapshot: (String) -> Void) throws(StateSyncError) -> NodeMachine.Recovery {
         let snapshot = loadSnapshot(onCorrupt: onCorruptSnapshot)
         var log = try openLog()
-        self.log = log
+        self.log.withLock { $0 = log }
         let recovered = try log.recover()
         if recovered.isFirstFormat { log = try convertLog(through: recovered.end) }
         // A rename of the log (a conversion, or a compaction) not yet durable when the last
@@ -150,19 +162,27 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
     }
 
     package func append(_ records: [UInt8]) throws(StateSyncError) {
-        try openedLog().append(encoded: records)
+        try withLog { log throws(StateSyncError) in try log.append(encoded: records) }
     }
 
     package func sync() throws(StateSyncError) {
-        try openedLog().sync()
+        try withLog { log throws(StateSyncError) in try log.sync() }
+    }
+
+    /// Runs `body` with the log in use, holding its lock.
+    private func withLog<T>(_ body: (DeltaLog) throws(StateSyncError) -> T) throws(StateSyncError) -> T {
+        try log.withLock { log throws(StateSyncError) -> T in
+            guard let log else { throw StateSyncError(.dataDirectory, "\(path): the log is used before recovery") }
+            return try body(log)
+        }
     }
 
     package func compact(_ snapshot: StateSnapshot, keeping records: [UInt8]) throws(StateSyncError) {
-        let log = try openedLog()
-        try log.sync()
+        waitForCompactions()
+        try withLog { log throws(StateSyncError) in try log.sync() }
         try writeSnapshot(snapshot)
         guard !records.isEmpty else {
-            try log.reset()
+            try withLog { log throws(StateSyncError) in try log.reset() }
             return
         }
         // A new log with the records, renamed over the old one: a crash leaves the old log (whose
@@ -173,8 +193,108 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         let temporary = try writeAside(DeltaLog.magic + records, named: Self.logName)
         let replacement = try DeltaLog(path: file, openingAt: temporary)
         guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
-        self.log = replacement
+        log.withLock { $0 = replacement }
         try syncDirectory()
+    }
+
+    package func compactInBackground(
+        _ snapshot: StateSnapshot, keeping records: [UInt8],
+        whenDone done: @escaping @Sendable (StateSyncError?) -> Void
+    ) {
+        // The snapshot holds every record appended so far: the new log takes those from here on.
+        let mark: Int
+        do {
+            mark = try withLog { $0.size }
+        } catch {
+            done(error)
+            return
+        }
+        compactor.async {
+            do throws(StateSyncError) {
+                try self.compact(snapshot, keeping: records, appendedFrom: mark)
+                done(nil)
+            } catch {
+                done(error)
+            }
+        }
+    }
+
+    package func waitForCompactions() {
+        compactor.sync {}
+    }
+
+    /// A background compaction, on the compactor's thread: writes the snapshot, then replaces the
+    /// log with one holding `records` and every record appended to the old one from `mark` on,
+    /// while the node goes on appending (PROTOCOL.md appendix A). A crash leaves the old snapshot
+    /// and log, the new snapshot and the old log (whose records before `mark` it holds: replayed,
+    /// they change nothing), or both new; a failure leaves the old log in use, holding everything.
+    private func compact(_ snapshot: StateSnapshot, keeping records: [UInt8], appendedFrom mark: Int)
+        throws(StateSyncError)
+    {
+        try writeSnapshot(snapshot)
+        afterBackgroundSnapshot.withLock { $0 }?()
+        let file = path + "/" + Self.logName
+        let temporary = path + "/" + Self.logName + ".tmp"
+        // The log file until the swap below: only this thread renames it.
+        let source = open(file, O_RDONLY | O_CLOEXEC)
+        guard source >= 0 else { throw Self.ioError("open", file) }
+        defer { Glibc.close(source) }
+        let target = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+        guard target >= 0 else { throw Self.ioError("open", temporary) }
+        defer { Glibc.close(target) }
+        try Self.write(DeltaLog.magic + records, to: target, path: temporary)
+        // What was appended while the snapshot was written, in rounds without the lock (the
+        // records before a size read are written and never change); the rest under it, so that
+        // nothing is appended between the last copy and the swap.
+        var copied = mark
+        while true {
+            let end = try withLog { $0.size }
+            if end - copied <= Self.lockedCopyBytes { break }
+            try Self.copy(from: source, copied..<end, to: target, file: file, temporary: temporary)
+            copied = end
+        }
+        guard fsync(target) == 0 else { throw Self.ioError("fsync", temporary) }
+        try log.withLock { log throws(StateSyncError) in
+            let end = log?.size ?? copied
+            try Self.copy(from: source, copied..<end, to: target, file: file, temporary: temporary)
+            guard fsync(target) == 0 else { throw Self.ioError("fsync", temporary) }
+            // Opened before the rename (as in `compact`); the directory synced before an append
+            // to the new log can be reported durable (a power loss could bring back the old file
+            // without it).
+            let replacement = try DeltaLog(path: file, openingAt: temporary)
+            guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
+            log = replacement
+            try syncDirectory()
+        }
+    }
+
+    /// Copies `range` of the file open as `source` to the end of `target`.
+    private static func copy(
+        from source: Int32, _ range: Range<Int>, to target: Int32, file: String, temporary: String
+    ) throws(StateSyncError) {
+        var buffer = [UInt8](repeating: 0, count: min(range.count, 1 << 20))
+        var at = range.lowerBound
+        while at < range.upperBound {
+            let wanted = min(buffer.count, range.upperBound - at)
+            let n = buffer.withUnsafeMutableBytes { pread(source, $0.baseAddress, wanted, off_t(at)) }
+            if n < 0, errno == EINTR { continue }
+            guard n > 0 else { throw Self.ioError("read", file) }
+            try write(Array(buffer[..<n]), to: target, path: temporary)
+            at += n
+        }
+    }
+
+    /// Writes all of `bytes` at the file offset of `descriptor`.
+    private static func write(_ bytes: [UInt8], to descriptor: Int32, path: String) throws(StateSyncError) {
+        var written = 0
+        while written < bytes.count {
+            let n = bytes[written...].withUnsafeBytes { Glibc.write(descriptor, $0.baseAddress, $0.count) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw Self.ioError("write", path)
+            }
+            written += n
+        }
     }
 
     /// Rewrites the log, of the first format (CRC-32) through `end` (its intact records), in the
@@ -188,14 +308,9 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         let temporary = try writeAside(converted, named: Self.logName)
         let replacement = try DeltaLog(path: file, openingAt: temporary)
         guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
-        self.log = replacement
+        log.withLock { $0 = replacement }
         try syncDirectory()
         return replacement
-    }
-
-    private func openedLog() throws(StateSyncError) -> DeltaLog {
-        guard let log else { throw StateSyncError(.dataDirectory, "\(path): the log is used before recovery") }
-        return log
     }
 
     /// Opens (and recovers) the directory's write-ahead log.
@@ -237,21 +352,9 @@ package final class DataDirectory: NodeStorage, @unchecked Sendable {
         let temporary = path + "/" + name + ".tmp"
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw Self.ioError("open", temporary) }
-        var written = 0
-        while written < bytes.count {
-            let n = bytes[written...].withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-            if n < 0 {
-                if errno == EINTR { continue }
-                Glibc.close(fd)
-                throw Self.ioError("write", temporary)
-            }
-            written += n
-        }
-        guard fsync(fd) == 0 else {
-            Glibc.close(fd)
-            throw Self.ioError("fsync", temporary)
-        }
-        Glibc.close(fd)
+        defer { Glibc.close(fd) }
+        try Self.write(bytes, to: fd, path: temporary)
+        guard fsync(fd) == 0 else { throw Self.ioError("fsync", temporary) }
         return temporary
     }
 

@@ -29,6 +29,23 @@ package protocol NodeStorage: AnyObject, Sendable {
     func availableBytes() -> UInt64?
 }
 
+/// A ``NodeStorage`` that writes a compaction off the thread performing the node's actions: the
+/// snapshot of a large state takes a while to encode and write (about 0.4 s for 1 M properties
+/// here), and deltas and client requests would wait for it. ``DataDirectory`` is one; the
+/// simulator's disk compacts at once.
+package protocol BackgroundCompactingStorage: NodeStorage {
+    /// Starts a ``NodeStorage/compact(_:keeping:)`` and returns: the records appended from now on
+    /// go on to the log in use, and the new log holds them after `records`. `done` is called
+    /// once, on another thread, with `nil` once the snapshot and the new log are durable, or with
+    /// the failure (the old log, holding everything, stays in use). One at a time: the node asks
+    /// for the next only once this one is done.
+    func compactInBackground(
+        _ snapshot: StateSnapshot, keeping records: [UInt8],
+        whenDone done: @escaping @Sendable (StateSyncError?) -> Void)
+    /// Returns once no background compaction runs.
+    func waitForCompactions()
+}
+
 /// Runs observers' notifications of the changes a node applied, off the thread that applied
 /// them (see ``ModelRegistrar``).
 package protocol ObserverExecutor: Sendable {

@@ -226,6 +226,39 @@ struct DurabilityMachineTests {
         #expect(compacted)
     }
 
+    /// A host that writes compactions in the background (``BackgroundCompactingStorage``) puts
+    /// the records appended during one after it in the new log: a second one asked for
+    /// meanwhile (the log grew past `compact_bytes` again) is asked only once the first is
+    /// answered, then at once, with the snapshot of that moment.
+    @Test func aCompactionWaitsForTheOneNotYetAnswered() {
+        var machine = Self.machine(compactBytes: 4096)
+        var asked: [UInt64] = []  // the request ids at which a compaction was asked for
+        for id in 1...600 as ClosedRange<UInt64> {
+            let request = ClientProtocol.encodeRequest(
+                .set, id: id,
+                body: ClientProtocol.encodeSet(
+                    ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
+            _ = machine.handle(.clientRequest(client: [1], frames: request), now: id)
+            for action in machine.handle(.tick(observerBacklog: 0), now: id) {
+                guard case .syncLog(let position, _) = action else { continue }
+                let kinds = Self.kinds(machine.handle(.logDurable(through: position), now: id))
+                asked += kinds.filter { $0 == "compact" }.map { _ in id }
+            }
+        }
+        // Never answered: one compaction only, though the log grew past 4 KiB many times over.
+        #expect(asked.count == 1, "\(asked)")
+        // Answered: the deferred one at once, holding the last write.
+        let answer = machine.handle(.compactionWritten, now: 601)
+        let next = answer.compactMap { action -> StateSnapshot? in
+            if case .compact(let snapshot, _) = action { snapshot } else { nil }
+        }
+        #expect(next.count == 1)
+        let value = next.first?.store.properties(of: ModelAddress(channel: "c", model: "m"))["x"]?.value
+        #expect(value == .int(600))
+        // Answered with nothing grown since: none follows.
+        #expect(!Self.kinds(machine.handle(.compactionWritten, now: 602)).contains("compact"))
+    }
+
     /// Recovery: the snapshot, then the log replayed over it; the next sequence number and the
     /// clock continue past everything recovered (7.2, 11.2).
     @Test func recoveryContinuesPastTheSnapshotAndTheLog() {

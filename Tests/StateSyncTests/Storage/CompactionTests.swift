@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 
 @testable import StateSync
@@ -35,6 +36,50 @@ struct CompactionTests {
         // Keeping nothing empties the log.
         try SequenceReservationTests.reopened(path, warnings: &warnings) { try $0.compact(snapshot, keeping: []) }
         #expect(try SequenceReservationTests.reopened(path, warnings: &warnings).deltas.isEmpty)
+    }
+
+    /// A background compaction (the daemon's): the node appends while the snapshot is written,
+    /// and the new log holds the kept records, then everything appended from the compaction's
+    /// start on (here 300 KiB, more than is copied under the lock, and then a little more). The
+    /// next start reads the snapshot and those, none twice and none lost.
+    @Test func recordsAppendedDuringABackgroundCompactionAreInTheNewLog() throws {
+        let path = temporaryDirectory("background-compaction")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        var warnings: [String] = []
+        let snapshot = StateSnapshot(store: ReplicaStore(), latestSequence: 0, progress: ["n2": 10])
+        try SequenceReservationTests.reopened(path, warnings: &warnings) { directory in
+            try directory.append(Self.records(Array(1...10) + [12]))
+            let appended = DispatchSemaphore(value: 0)
+            let done = DispatchSemaphore(value: 0)
+            let failure = Mutex<StateSyncError?>(nil)
+            directory.afterBackgroundSnapshot.withLock { $0 = { appended.wait() } }
+            directory.compactInBackground(snapshot, keeping: Self.records([12])) { error in
+                failure.withLock { $0 = error }
+                done.signal()
+            }
+            // Deltas of about 1 KiB each: 300 of them pass what is copied under the lock.
+            var batch = DeltaLog.Batch()
+            for sequence in 13...312 as ClosedRange<UInt64> {
+                batch.add(
+                    Delta(
+                        channel: "c", model: "m", version: Version(milliseconds: sequence, counter: 0, node: "n2"),
+                        sequence: sequence,
+                        properties: [PropertyWrite(name: "x", value: .string(String(repeating: "v", count: 1000)))]))
+            }
+            #expect(batch.bytes.count > DataDirectory.lockedCopyBytes)
+            try directory.append(batch.bytes)
+            appended.signal()
+            try directory.append(Self.records([313]))
+            #expect(done.wait(timeout: .now() + 30) == .success)
+            #expect(failure.withLock { $0 } == nil)
+            try directory.append(Self.records([314]))
+            try directory.sync()
+        }
+        let recovery = try SequenceReservationTests.reopened(path, warnings: &warnings)
+        #expect(recovery.snapshot?.progress == ["n2": 10])
+        #expect(recovery.deltas.map(\.sequence) == [12] + Array(13...314))
+        #expect(recovery.cutBytes == 0)
+        #expect(warnings.isEmpty)
     }
 
     /// Appendix A: a node that dropped its state writes `SSNAP4`, which keeps its recovery through

@@ -91,6 +91,8 @@ extension NodeMachine {
         /// ``NodeInput/compactionWritten`` or ``NodeInput/compactionFailed(_:)``).
         var compactionsAsked: UInt64 = 0
         var compactionsAnswered: UInt64 = 0
+        /// A compaction was asked for while one was not yet answered: it is asked once that one is.
+        var compactionDeferred = false
         /// The compaction that writes a reset (``resetUnwritten``), by its number in
         /// ``compactionsAsked``: once it is reported written, the node says it is alive again.
         var resetCompaction: UInt64?
@@ -408,6 +410,12 @@ extension NodeMachine {
     /// Writes the whole state as the snapshot and empties the log (`storage.compact_bytes`, a
     /// merged peer snapshot, and at stop).
     mutating func compact() {
+        // One at a time: a host that writes it in the background (DataDirectory) puts what is
+        // appended meanwhile after it. The next one is asked when this one is answered.
+        guard durability.compactionsAnswered == durability.compactionsAsked else {
+            durability.compactionDeferred = true
+            return
+        }
         // Everything appended so far is in the snapshot: once written, it is durable.
         let kept = recordsAboveGaps
         actions.append(.compact(snapshot, keeping: kept))
@@ -430,6 +438,18 @@ extension NodeMachine {
         if let failure {
             durability.compactionPending = true
             logger.error("log compaction failed; will retry", metadata: ["error": "\(failure)"])
+        }
+        // One asked for while this one ran, after this one's own bookkeeping: at once, unless
+        // a sync runs or this one failed (then at a repair round, as a failed one is retried).
+        defer {
+            if durability.compactionDeferred {
+                durability.compactionDeferred = false
+                if failure == nil, durability.syncRequested == nil {
+                    compact()
+                } else {
+                    durability.compactionPending = true
+                }
+            }
         }
         guard resetUnwritten, durability.resetCompaction == durability.compactionsAnswered else { return }
         durability.resetCompaction = nil
