@@ -23,6 +23,12 @@ public enum DaemonJoin {
         /// Writes the client made to the holder during the join, and how long filling took.
         public var writesDuringJoin: Int
         public var fillSeconds: Double
+        /// The slowest of the joiner's answers to a client of its own asking its status one
+        /// request after another, from the joiner's first answer until two seconds after it
+        /// merged the snapshot: the longest the joiner's I/O thread was busy with one thing
+        /// (merging a page; the compaction of the merged state, which follows the merge, when it
+        /// is written on that thread).
+        public var slowestAnswerSeconds: Double
     }
 
     /// Runs the measurement with the daemon at `daemonPath`.
@@ -79,6 +85,19 @@ public enum DaemonJoin {
         defer { joinerClient.close() }
         // A client keeps writing to the holder (about 200 sets a second) until the snapshot is in.
         let snapshotIn = Flag()
+        let probeEnds = Flag()
+        let probe = Task {
+            let client = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[1])", requestTimeout: .seconds(60))
+            defer { client.close() }
+            try await Harness.waitFor("the joiner to answer", seconds: 30) { (try? await client.status()) != nil }
+            var slowest = 0.0
+            while !probeEnds.isSet {
+                let asked = ContinuousClock.now
+                _ = try await client.status()
+                slowest = max(slowest, (ContinuousClock.now - asked) / .seconds(1))
+            }
+            return slowest
+        }
         let writer = Task {
             let client = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[0])", requestTimeout: .seconds(10))
             defer { client.close() }
@@ -96,6 +115,9 @@ public enum DaemonJoin {
         }
         let snapshotSeconds = Date().timeIntervalSince(joinStarted)
         snapshotIn.set()
+        try await Task.sleep(for: .seconds(2))  // the probe's time after the merge (a measurement, not a wait)
+        probeEnds.set()
+        let slowestAnswer = try await probe.value
         let writes = try await writer.value
         try await Harness.waitFor("the joiner to hold the holder's state", seconds: 600) {
             guard let a = try? await holderClient.status(), let b = try? await joinerClient.status() else {
@@ -108,7 +130,8 @@ public enum DaemonJoin {
         return Figures(
             snapshotSeconds: snapshotSeconds, convergedSeconds: convergedSeconds,
             holderPeakBytes: peak(holder), joinerPeakBytes: peak(joiner),
-            pages: pages, writesDuringJoin: writes, fillSeconds: fillSeconds)
+            pages: pages, writesDuringJoin: writes, fillSeconds: fillSeconds,
+            slowestAnswerSeconds: slowestAnswer)
     }
 
     /// A daemon's peak resident memory, in bytes (0 when `/proc` does not say).

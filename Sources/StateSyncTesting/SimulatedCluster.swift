@@ -185,12 +185,18 @@ package final class SimulatedCluster {
     package private(set) var peerBytesDelivered = 0
     /// Syncs of a slow disk that ended (``Configuration/diskSyncMilliseconds``).
     package private(set) var syncsEnded = 0
+    /// Compactions a slow disk wrote later, as the daemon writes them in the background.
+    package private(set) var compactionsEnded = 0
+    /// Whether a crash finds a compaction under way with its snapshot written already.
+    private var compactionCrashes: SeededRandom
 
     private enum Timer {
         case tick(node: Int, generation: Int)
         /// A sync of the node's log ends: the first `octets` not synced when it began are
         /// durable now, the log through `position` (the node's count).
         case syncEnds(node: Int, generation: Int, position: UInt64, octets: Int)
+        /// The compaction the node's slow disk took over is written.
+        case compactionEnds(node: Int, generation: Int)
         case action((SimulatedCluster) -> Void)
         case consume(client: [UInt8])
     }
@@ -199,6 +205,7 @@ package final class SimulatedCluster {
         self.configuration = configuration
         let root = SeededRandom(seed: configuration.seed)
         random = root.fork("cluster")
+        compactionCrashes = root.fork("compaction-crash")
         network = SimulatedNetwork(random: root.fork("network"), defaultConditions: configuration.peerLinks)
         clientNetwork = SimulatedNetwork(
             random: root.fork("client-network"), defaultConditions: .reliable(delay: configuration.clientDelay))
@@ -325,6 +332,12 @@ package final class SimulatedCluster {
             syncsEnded += 1
             record("synced", node.id, [])
             process(.logDurable(through: position), at: node)
+        case .compactionEnds(let index, let generation):
+            let node = nodes[index]
+            guard node.generation == generation, node.host != nil, node.disk.finishCompaction() else { return }
+            compactionsEnded += 1
+            record("compacted", node.id, [])
+            process(.compactionWritten, at: node)
         case .action(let action):
             action(self)
         case .consume(let routingID):
@@ -399,14 +412,20 @@ package final class SimulatedCluster {
     /// Crashes node `index`: its process is gone (what it had not synced is lost, but for a torn
     /// part of it when `tornBytes` > 0), its clients are disconnected. `powerLoss`: its OS went
     /// down too (it restarts in a new boot).
-    package func crash(_ index: Int, tornBytes: Int = 0, powerLoss: Bool = false) {
+    /// `compactionWroteSnapshot`: whether a compaction under way had its snapshot renamed into
+    /// place already (nil: drawn from the seed).
+    package func crash(_ index: Int, tornBytes: Int = 0, powerLoss: Bool = false, compactionWroteSnapshot: Bool? = nil)
+    {
         let node = nodes[index]
         guard let host = node.host else { return }
         node.resetsInEndedRuns += host.status.counters["resyncs"] ?? 0
         node.host = nil
         node.generation += 1
         node.tickAt = nil
-        node.disk.crash(keepingTorn: tornBytes, powerLoss: powerLoss)
+        node.disk.crash(
+            keepingTorn: tornBytes, powerLoss: powerLoss,
+            compactionWroteSnapshot: node.disk.isCompacting
+                && (compactionWroteSnapshot ?? compactionCrashes.chance(0.5)))
         record("crash", node.id, [])
         for routingID in clients.keys.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
             guard let client = clients[routingID], client.connection?.node == index else { continue }
@@ -422,6 +441,8 @@ package final class SimulatedCluster {
         let node = nodes[index]
         guard let host = node.host else { return }
         record("stop", node.id, [])
+        // The daemon waits for a compaction under way before it takes the stop.
+        if node.disk.finishCompaction() { process(.compactionWritten, at: node) }
         process(.stop, at: node)
         host.finishStop()
         crash(index, tornBytes: node.disk.unsyncedBytes)
@@ -631,6 +652,16 @@ package final class SimulatedCluster {
                     node: node.index, generation: node.generation, position: position,
                     octets: node.disk.unsyncedBytes),
                 at: cluster.now + duration)
+            return true
+        }
+
+        func compactLater(_ snapshot: StateSnapshot, keeping records: [UInt8]) -> Bool {
+            let duration = cluster.configuration.diskSyncMilliseconds
+            guard duration > 0 else { return false }
+            // A snapshot takes longer to write than a sync: several syncs end while it runs.
+            node.disk.startCompaction(snapshot, keeping: records)
+            cluster.timers.schedule(
+                .compactionEnds(node: node.index, generation: node.generation), at: cluster.now + 8 * duration)
             return true
         }
 

@@ -23,6 +23,9 @@ public final class SimulatedDisk: NodeStorage {
         var reservation: SequenceReservation?
         /// The boot of the simulated OS: a power loss starts a new one.
         var boot = 1
+        /// A compaction under way (``startCompaction(_:keeping:)``): its snapshot's bytes, the
+        /// records it keeps, and where the log (durable, then pending) stood when it began.
+        var compacting: (snapshot: [UInt8], records: [UInt8], mark: Int)?
     }
 
     private let state = Mutex(State())
@@ -104,8 +107,36 @@ public final class SimulatedDisk: NodeStorage {
             state.durableLog = DeltaLog.magic + records
             state.pendingLog = []
             state.syncs += 1
+            state.compacting = nil
         }
     }
+
+    /// Begins a compaction written later (``finishCompaction()``), as the daemon's data directory
+    /// writes one in the background while the node goes on appending.
+    package func startCompaction(_ snapshot: StateSnapshot, keeping records: [UInt8]) {
+        let bytes = StateSnapshot.encode(snapshot)
+        state.withLock { $0.compacting = (bytes, records, $0.durableLog.count + $0.pendingLog.count) }
+    }
+
+    /// Writes the compaction under way, if any: the snapshot, then a log of the records it keeps
+    /// and every record appended since it began, all durable (the daemon syncs the new log before
+    /// it renames it over the old). Returns whether there was one.
+    @discardableResult
+    package func finishCompaction() -> Bool {
+        state.withLock { state in
+            guard let job = state.compacting else { return false }
+            state.compacting = nil
+            let log = state.durableLog + state.pendingLog
+            state.snapshot = job.snapshot
+            state.durableLog = DeltaLog.magic + job.records + log[job.mark...]
+            state.pendingLog = []
+            state.syncs += 1
+            return true
+        }
+    }
+
+    /// Whether a compaction is under way.
+    package var isCompacting: Bool { state.withLock { $0.compacting != nil } }
 
     package func close() {}
 
@@ -119,11 +150,15 @@ public final class SimulatedDisk: NodeStorage {
     /// The node crashed: what was not synced is lost, except the first `tornBytes` of it (at most
     /// what was pending), which reached the platter — possibly half a record.
     /// `powerLoss`: the OS went down too, and comes back as a new boot.
-    public func crash(keepingTorn tornBytes: Int = 0, powerLoss: Bool = false) {
+    /// A compaction under way ends with the crash; with `compactionWroteSnapshot` its snapshot was
+    /// renamed into place already, not yet its log (the new snapshot and the old log overlap).
+    public func crash(keepingTorn tornBytes: Int = 0, powerLoss: Bool = false, compactionWroteSnapshot: Bool = false) {
         state.withLock { state in
             state.durableLog += state.pendingLog.prefix(max(0, tornBytes))
             state.pendingLog = []
             if powerLoss { state.boot += 1 }
+            if compactionWroteSnapshot, let job = state.compacting { state.snapshot = job.snapshot }
+            state.compacting = nil
         }
     }
 

@@ -27,10 +27,17 @@ package protocol NodeTransport {
     /// which syncs at once. The simulator's slow disk takes it over, so that writes made while
     /// a sync runs wait for the next one, as on a real disk.
     func syncLater(through position: UInt64) -> Bool
+    /// Takes over a compaction, to write it later and then feed the node
+    /// ``NodeInput/compactionWritten``: the records appended meanwhile go after `records` in the
+    /// new log. `false` (the default) leaves it to the host. The simulator's slow disk takes it
+    /// over, as the daemon's data directory writes it in the background
+    /// (``BackgroundCompactingStorage``).
+    func compactLater(_ snapshot: StateSnapshot, keeping records: [UInt8]) -> Bool
 }
 
 extension NodeTransport {
     package func syncLater(through position: UInt64) -> Bool { false }
+    package func compactLater(_ snapshot: StateSnapshot, keeping records: [UInt8]) -> Bool { false }
 }
 
 /// What became of a reply.

@@ -83,6 +83,10 @@ public final class StateSyncNode: Sendable {
     /// lock on every input.
     private let finishedCompactions = Mutex<[NodeInput]>([])
     private let compactionsDone = Atomic<Int>(0)
+    /// The driver fed ``NodeInput/stop``: compactions are written at once from then on, so that
+    /// the machine hears their outcome before the driver's last round (a reset's, which its
+    /// LEAVE waits for, in particular).
+    private let stopFed = Atomic<Bool>(false)
 
     /// Why the node stopped on its own, if it did: it started with an empty data directory
     /// under an id whose earlier deltas the cluster holds, or that was forgotten (docs/PROTOCOL.md
@@ -176,6 +180,10 @@ public final class StateSyncNode: Sendable {
     /// models — feeding the outcomes back until nothing follows. The driver calls this from its
     /// one thread.
     package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
+        if case .stop = input, let storage = storage as? any BackgroundCompactingStorage {
+            stopFed.store(true, ordering: .relaxed)
+            storage.waitForCompactions()
+        }
         if compactionsDone.load(ordering: .acquiring) > 0 {
             let finished = finishedCompactions.withLock { finished in
                 defer { finished = [] }
@@ -343,16 +351,19 @@ public final class StateSyncNode: Sendable {
             }
         case .compact(let snapshot, let records):
             // Off this thread where the storage can: deltas and requests go on meanwhile.
-            if let storage = storage as? any BackgroundCompactingStorage {
-                storage.compactInBackground(snapshot, keeping: records) { [weak self] failure in
-                    guard let self else { return }
-                    finishedCompactions.withLock {
-                        $0.append(failure.map { .compactionFailed("\($0)") } ?? .compactionWritten)
-                        compactionsDone.add(1, ordering: .relaxed)
+            if !stopFed.load(ordering: .relaxed) {
+                if let storage = storage as? any BackgroundCompactingStorage {
+                    storage.compactInBackground(snapshot, keeping: records) { [weak self] failure in
+                        guard let self else { return }
+                        finishedCompactions.withLock {
+                            $0.append(failure.map { .compactionFailed("\($0)") } ?? .compactionWritten)
+                            compactionsDone.add(1, ordering: .relaxed)
+                        }
+                        attachedDriver?.wake()
                     }
-                    attachedDriver?.wake()
+                    return nil
                 }
-                return nil
+                if transport.compactLater(snapshot, keeping: records) { return nil }
             }
             do {
                 try storage.compact(snapshot, keeping: records)

@@ -197,6 +197,52 @@ struct SimulatedSlowDiskTests {
         #expect(restarted.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == 5)
         #expect(seen.value == [1, 2, 3, 4, 5], "the reader never saw the lost write")
     }
+
+    /// A slow disk writes a compaction later, as the daemon writes one in the background: the
+    /// node goes on taking writes meanwhile, and the new log holds them after the snapshot. A
+    /// crash while one is under way, its snapshot renamed into place or not yet, loses nothing
+    /// that was published: the writer's disk holds it at once after the restart.
+    @Test(arguments: [false, true])
+    func aCompactionWrittenLaterLosesNothingAppendedMeanwhile(snapshotWritten: Bool) async throws {
+        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: 6)
+        configuration.diskSyncMilliseconds = 4
+        configuration.compactBytes = 4096
+        let cluster = try SimulatedCluster(configuration)
+        cluster.run(for: 500)
+        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        let reader = try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "m")
+        let seen = Shared<[Int]>([])
+        reader.observe(\.count) { change in seen.withLock { $0.append(change.new) } }
+        // Writes, one a millisecond, with a pause every tenth (a compaction starts once no sync
+        // runs), until a compaction has ended and another is under way.
+        var value = 0
+        while value < 5_000, cluster.compactionsEnded == 0 || !cluster.nodes[0].disk.isCompacting {
+            value += 1
+            writer.count = value
+            cluster.run(for: value % 10 == 0 ? 10 : 1)
+        }
+        #expect(cluster.compactionsEnded > 0 && cluster.nodes[0].disk.isCompacting, "\(value) writes")
+        // Writes taken while it runs, and published (synced) before the crash.
+        for _ in 1...5 {
+            value += 1
+            writer.count = value
+            cluster.run(for: 1)
+        }
+        #expect(cluster.run(for: 20) { _ in seen.value.last == value })
+        #expect(cluster.nodes[0].disk.isCompacting, "the compaction is still under way")
+        cluster.crash(0, compactionWroteSnapshot: snapshotWritten)
+        // The disk holds every own delta (the snapshot's, then the log's), none missing.
+        let disk = try cluster.nodes[0].disk.recover { _ in }
+        let inSnapshot = disk.snapshot?.latestSequence ?? 0
+        let own = Set(disk.deltas.filter { $0.origin == "n1" }.map(\.sequence)).union(1...max(inSnapshot, 1))
+        let newest = own.max() ?? 0
+        #expect(newest >= UInt64(value) && own.count == Int(newest), "own deltas on the disk: \(own.sorted())")
+        try cluster.restart(0)
+        let restarted = try #require(cluster.nodes[0].host)
+        #expect(restarted.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == .int(Int64(value)))
+        #expect(cluster.run(for: 10_000, stoppingWhen: SimulatedRepairTests.quiet))
+        #expect(seen.value == Array(1...value), "every write reached the reader once, in order")
+    }
 }
 
 @Suite("Publishing before the sync (fsync: interval), simulated")
