@@ -194,7 +194,7 @@ package final class SimulatedCluster {
         case tick(node: Int, generation: Int)
         /// A sync of the node's log ends: the first `octets` not synced when it began are
         /// durable now, the log through `position` (the node's count).
-        case syncEnds(node: Int, generation: Int, position: UInt64, octets: Int)
+        case syncEnds(node: Int, generation: Int, position: UInt64, octets: Int, compactionsAtStart: Int)
         /// The compaction the node's slow disk took over is written.
         case compactionEnds(node: Int, generation: Int)
         case action((SimulatedCluster) -> Void)
@@ -325,10 +325,10 @@ package final class SimulatedCluster {
             guard node.generation == generation, node.tickAt == now else { return }
             node.tickAt = nil
             tick(node)
-        case .syncEnds(let index, let generation, let position, let octets):
+        case .syncEnds(let index, let generation, let position, let octets, let compactionsAtStart):
             let node = nodes[index]
             guard node.generation == generation, node.host != nil else { return }
-            node.disk.sync(prefix: octets)
+            node.disk.sync(prefix: octets, compactionsAtStart: compactionsAtStart)
             syncsEnded += 1
             record("synced", node.id, [])
             process(.logDurable(through: position), at: node)
@@ -650,7 +650,7 @@ package final class SimulatedCluster {
             cluster.timers.schedule(
                 .syncEnds(
                     node: node.index, generation: node.generation, position: position,
-                    octets: node.disk.unsyncedBytes),
+                    octets: node.disk.unsyncedBytes, compactionsAtStart: node.disk.compactionsFinished),
                 at: cluster.now + duration)
             return true
         }

@@ -26,6 +26,8 @@ public final class SimulatedDisk: NodeStorage {
         /// A compaction under way (``startCompaction(_:keeping:)``): its snapshot's bytes, the
         /// records it keeps, and where the log (durable, then pending) stood when it began.
         var compacting: (snapshot: [UInt8], records: [UInt8], mark: Int)?
+        /// Compactions written later that ended (``finishCompaction()``).
+        var compactionsFinished = 0
     }
 
     private let state = Mutex(State())
@@ -89,10 +91,13 @@ public final class SimulatedDisk: NodeStorage {
     }
 
     /// A sync that began when `octets` were unsynced ended: those (the oldest unsynced ones)
-    /// are durable; what was appended since is not.
-    package func sync(prefix octets: Int) {
+    /// are durable; what was appended since is not. `compactionsAtStart` (``compactionsFinished``
+    /// when it began): if a compaction ended since, it made those octets durable already, and
+    /// what is unsynced now was appended after this sync began.
+    package func sync(prefix octets: Int, compactionsAtStart: Int? = nil) {
         state.withLock { state in
-            let count = min(max(0, octets), state.pendingLog.count)
+            let noCompactionEnded = compactionsAtStart.map { $0 == state.compactionsFinished } ?? true
+            let count = min(max(0, noCompactionEnded ? octets : 0), state.pendingLog.count)
             state.durableLog += state.pendingLog.prefix(count)
             state.pendingLog.removeFirst(count)
             state.syncs += 1
@@ -131,9 +136,13 @@ public final class SimulatedDisk: NodeStorage {
             state.durableLog = DeltaLog.magic + job.records + log[job.mark...]
             state.pendingLog = []
             state.syncs += 1
+            state.compactionsFinished += 1
             return true
         }
     }
+
+    /// How many compactions written later ended.
+    package var compactionsFinished: Int { state.withLock { $0.compactionsFinished } }
 
     /// Whether a compaction is under way.
     package var isCompacting: Bool { state.withLock { $0.compacting != nil } }

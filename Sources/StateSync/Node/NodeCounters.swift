@@ -80,6 +80,9 @@ public struct NodeCounters: Sendable, Equatable {
     public var snapshotsApplied = 0
     /// Torn or corrupt bytes cut from the log's tail at start.
     public var logBytesCut = 0
+    /// Compactions of the log into the snapshot written, and failed (each retried later).
+    public var compactions = 0
+    public var compactionsFailed = 0
     /// Replies that could not be queued to a client (its queue was full).
     public var repliesDropped = 0
     /// Local writes whose value could not be encoded for the wire.
@@ -123,7 +126,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("replies_dropped", repliesDropped), ("repair_requests", repairRequests),
             ("deltas_fetched", deltasFetched), ("deltas_served", deltasServed),
             ("snapshots_served", snapshotsServed), ("snapshots_applied", snapshotsApplied),
-            ("log_bytes_cut", logBytesCut),
+            ("log_bytes_cut", logBytesCut), ("compactions", compactions), ("compactions_failed", compactionsFailed),
             ("encoding_failures", encodingFailures), ("observer_backpressure_pauses", observerBackpressurePauses),
             ("observer_backpressure_ms", observerBackpressureMilliseconds), ("values_expired", valuesExpired),
             ("tombstones_collected", tombstonesCollected), ("resyncs", resyncs),

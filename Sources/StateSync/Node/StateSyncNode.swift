@@ -180,9 +180,9 @@ public final class StateSyncNode: Sendable {
     /// models — feeding the outcomes back until nothing follows. The driver calls this from its
     /// one thread.
     package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
-        if case .stop = input, let storage = storage as? any BackgroundCompactingStorage {
+        if case .stop = input {
             stopFed.store(true, ordering: .relaxed)
-            storage.waitForCompactions()
+            (storage as? any BackgroundCompactingStorage)?.waitForCompactions()
         }
         if compactionsDone.load(ordering: .acquiring) > 0 {
             let finished = finishedCompactions.withLock { finished in

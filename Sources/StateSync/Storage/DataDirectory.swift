@@ -33,6 +33,10 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     /// A background compaction copies what was appended during it in rounds without the lock
     /// while more than this is left, then the rest under the lock.
     static let lockedCopyBytes = 64 << 10
+    /// A log was renamed into place and the directory's sync after it failed: until a sync of the
+    /// directory succeeds, a power loss could bring back the old file, so ``sync()`` syncs the
+    /// directory too before it says anything appended is durable.
+    private let directoryUnsynced = Atomic<Bool>(false)
     /// Tests only: runs on the compactor's thread once a background compaction's snapshot is
     /// written, before the records appended meanwhile are copied.
     let afterBackgroundSnapshot = Mutex<(@Sendable () -> Void)?>(nil)
@@ -166,7 +170,18 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     }
 
     package func sync() throws(StateSyncError) {
-        try withLog { log throws(StateSyncError) in try log.sync() }
+        try withLog { log throws(StateSyncError) in
+            try log.sync()
+            if directoryUnsynced.load(ordering: .relaxed) { try syncDirectoryAfterRename() }
+        }
+    }
+
+    /// Syncs the directory after a log was renamed into place; a failure is remembered for
+    /// ``sync()`` to retry (see ``directoryUnsynced``).
+    private func syncDirectoryAfterRename() throws(StateSyncError) {
+        directoryUnsynced.store(true, ordering: .relaxed)
+        try syncDirectory()
+        directoryUnsynced.store(false, ordering: .relaxed)
     }
 
     /// Runs `body` with the log in use, holding its lock.
@@ -193,8 +208,10 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         let temporary = try writeAside(DeltaLog.magic + records, named: Self.logName)
         let replacement = try DeltaLog(path: file, openingAt: temporary)
         guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
-        log.withLock { $0 = replacement }
-        try syncDirectory()
+        try log.withLock { log throws(StateSyncError) in
+            log = replacement
+            try syncDirectoryAfterRename()
+        }
     }
 
     package func compactInBackground(
@@ -214,6 +231,8 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
                 try self.compact(snapshot, keeping: records, appendedFrom: mark)
                 done(nil)
             } catch {
+                // Not left to fill the disk (a full one, often): the next compaction writes anew.
+                unlink(self.path + "/" + Self.logName + ".tmp")
                 done(error)
             }
         }
@@ -264,7 +283,7 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
             let replacement = try DeltaLog(path: file, openingAt: temporary)
             guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
             log = replacement
-            try syncDirectory()
+            try syncDirectoryAfterRename()
         }
     }
 

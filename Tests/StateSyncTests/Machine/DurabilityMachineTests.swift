@@ -259,6 +259,23 @@ struct DurabilityMachineTests {
         #expect(!Self.kinds(machine.handle(.compactionWritten, now: 602)).contains("compact"))
     }
 
+    /// 7.5: a node forgotten again while the compaction of its first reset is still being
+    /// written (in the background) is not alive again when that one is: the state the second
+    /// reset dropped is on disk only once the compaction asked after it is written.
+    @Test func aSecondResetIsWrittenOnlyByTheCompactionAskedAfterIt() {
+        var machine = Self.machine()
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        machine.resyncAfterForget(by: "n2")
+        #expect(machine.durability.compactionsAsked == 1 && machine.resetUnwritten)
+        machine.resyncAfterForget(by: "n2")
+        #expect(machine.durability.compactionsAsked == 1, "deferred while the first is written")
+        let first = machine.handle(.compactionWritten, now: 2)
+        #expect(machine.resetUnwritten, "the first compaction holds the state the second reset dropped")
+        #expect(Self.kinds(first).contains("compact"))
+        _ = machine.handle(.compactionWritten, now: 3)
+        #expect(!machine.resetUnwritten)
+    }
+
     /// Recovery: the snapshot, then the log replayed over it; the next sequence number and the
     /// clock continue past everything recovered (7.2, 11.2).
     @Test func recoveryContinuesPastTheSnapshotAndTheLog() {

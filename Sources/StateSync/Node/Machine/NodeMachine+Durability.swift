@@ -435,16 +435,20 @@ extension NodeMachine {
     /// the cluster to make it drop it again.
     mutating func compactionAnswered(failure: String?) {
         durability.compactionsAnswered += 1
+        if failure == nil { counters.compactions += 1 } else { counters.compactionsFailed += 1 }
         if let failure {
             durability.compactionPending = true
             logger.error("log compaction failed; will retry", metadata: ["error": "\(failure)"])
         }
-        // One asked for while this one ran, after this one's own bookkeeping: at once, unless
-        // a sync runs or this one failed (then at a repair round, as a failed one is retried).
+        // One asked for while this one ran, after this one's own bookkeeping: at once if a
+        // repair round could ask for it now, else at the next that can (and after a failure,
+        // as a failed one is retried).
         defer {
             if durability.compactionDeferred {
                 durability.compactionDeferred = false
-                if failure == nil, durability.syncRequested == nil {
+                if failure == nil, durability.staged.isEmpty, durability.replies.isEmpty,
+                    durability.syncRequested == nil
+                {
                     compact()
                 } else {
                     durability.compactionPending = true

@@ -198,6 +198,9 @@ extension NodeMachine {
         // before would keep what it held.
         durability.compactionPending = true
         resetUnwritten = true
+        // A compaction of an earlier reset still being written does not write this one: only
+        // the compaction asked for from here on does (it sets this when it is asked).
+        durability.resetCompaction = nil
         if durability.syncRequested == nil { compact() } else { durability.resetWaitsForSync = true }
         counters.resyncs += 1
         // A watch that takes resets gets one once the peer's snapshot is merged (its client may
