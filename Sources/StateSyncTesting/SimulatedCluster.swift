@@ -441,8 +441,6 @@ package final class SimulatedCluster {
         let node = nodes[index]
         guard let host = node.host else { return }
         record("stop", node.id, [])
-        // The daemon waits for a compaction under way before it takes the stop.
-        if node.disk.finishCompaction() { process(.compactionWritten, at: node) }
         process(.stop, at: node)
         host.finishStop()
         crash(index, tornBytes: node.disk.unsyncedBytes)
@@ -653,6 +651,13 @@ package final class SimulatedCluster {
                     octets: node.disk.unsyncedBytes, compactionsAtStart: node.disk.compactionsFinished),
                 at: cluster.now + duration)
             return true
+        }
+
+        func finishCompactionsNow() -> Int {
+            guard node.disk.finishCompaction() else { return 0 }
+            cluster.compactionsEnded += 1
+            cluster.record("compacted", node.id, [])
+            return 1
         }
 
         func compactLater(_ snapshot: StateSnapshot, keeping records: [UInt8]) -> Bool {

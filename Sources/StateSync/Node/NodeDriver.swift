@@ -33,11 +33,16 @@ package protocol NodeTransport {
     /// over, as the daemon's data directory writes it in the background
     /// (``BackgroundCompactingStorage``).
     func compactLater(_ snapshot: StateSnapshot, keeping records: [UInt8]) -> Bool
+    /// Writes at once the compactions taken over by ``compactLater(_:keeping:)`` and not yet
+    /// written; returns how many (each to be reported written, in order, before the next
+    /// compaction's outcome).
+    func finishCompactionsNow() -> Int
 }
 
 extension NodeTransport {
     package func syncLater(through position: UInt64) -> Bool { false }
     package func compactLater(_ snapshot: StateSnapshot, keeping records: [UInt8]) -> Bool { false }
+    package func finishCompactionsNow() -> Int { 0 }
 }
 
 /// What became of a reply.

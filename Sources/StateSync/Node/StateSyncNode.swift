@@ -182,15 +182,10 @@ public final class StateSyncNode: Sendable {
     package func process(_ input: NodeInput, now: UInt64, via transport: some NodeTransport) {
         if case .stop = input {
             stopFed.store(true, ordering: .relaxed)
-            (storage as? any BackgroundCompactingStorage)?.waitForCompactions()
+            for outcome in finishCompactionsUnderWay(via: transport) { handle(outcome, now: now, via: transport) }
         }
         if compactionsDone.load(ordering: .acquiring) > 0 {
-            let finished = finishedCompactions.withLock { finished in
-                defer { finished = [] }
-                compactionsDone.store(0, ordering: .relaxed)
-                return finished
-            }
-            for outcome in finished { handle(outcome, now: now, via: transport) }
+            for outcome in takeFinishedCompactions() { handle(outcome, now: now, via: transport) }
         }
         // Every write stamped so far is in these rounds, still in flight, or above the floor.
         let (rounds, writeFloor) = localWrites.take()
@@ -211,6 +206,23 @@ public final class StateSyncNode: Sendable {
         case .tick, .stop: flushLog()
         default: break
         }
+    }
+
+    /// The outcomes of background compactions that ended, in order.
+    private func takeFinishedCompactions() -> [NodeInput] {
+        finishedCompactions.withLock { finished in
+            defer { finished = [] }
+            compactionsDone.store(0, ordering: .relaxed)
+            return finished
+        }
+    }
+
+    /// Waits for the compactions under way (the storage's, or those the transport took over)
+    /// and returns their outcomes, in order.
+    private func finishCompactionsUnderWay(via transport: some NodeTransport) -> [NodeInput] {
+        (storage as? any BackgroundCompactingStorage)?.waitForCompactions()
+        return takeFinishedCompactions()
+            + Array(repeating: NodeInput.compactionWritten, count: transport.finishCompactionsNow())
     }
 
     /// Feeds the machine `input`, performs its actions, and feeds their outcomes back until
@@ -238,6 +250,10 @@ public final class StateSyncNode: Sendable {
                     // deltas reach live models first, see PROTOCOL.md 11.2).
                     for delivery in deliveries[delivered] { deliver(delivery) }
                     delivered += 1
+                } else if case .compact(_, _, atOnce: true) = action {
+                    // A reset's compaction: after those under way, whose outcomes go first.
+                    inputs += finishCompactionsUnderWay(via: transport)
+                    if let outcome = perform(action, via: transport) { inputs.append(outcome) }
                 } else if let outcome = perform(action, via: transport) {
                     inputs.append(outcome)
                 }
@@ -349,9 +365,9 @@ public final class StateSyncNode: Sendable {
                     "cannot save the member list; after a restart it is relearned from peers, and deletions are not collected until it is",
                     metadata: ["error": "\(error)"])
             }
-        case .compact(let snapshot, let records):
+        case .compact(let snapshot, let records, let atOnce):
             // Off this thread where the storage can: deltas and requests go on meanwhile.
-            if !stopFed.load(ordering: .relaxed) {
+            if !atOnce, !stopFed.load(ordering: .relaxed) {
                 if let storage = storage as? any BackgroundCompactingStorage {
                     storage.compactInBackground(snapshot, keeping: records) { [weak self] failure in
                         guard let self else { return }

@@ -680,7 +680,7 @@ struct CollectionMachineTests {
         cluster.deliver(from: 0, to: 1)
         cluster.nodes[1].advance(100)
         #expect(cluster.nodes[1].machine.counters.snapshotsApplied == 0)
-        guard case .compact(let compacted, _) = try #require(cluster.nodes[1].lastCompaction) else {
+        guard case .compact(let compacted, _, _) = try #require(cluster.nodes[1].lastCompaction) else {
             Issue.record("no compaction")
             return
         }

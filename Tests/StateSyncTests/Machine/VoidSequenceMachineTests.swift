@@ -218,7 +218,7 @@ struct VoidSequenceMachineTests {
     @Test func aCompactionKeepsTheDeltasHeldAboveAGap() throws {
         var node = Self.peerMissing3()
         node.machine.compact()
-        guard case .compact(let snapshot, let records)? = node.machine.actions.last else {
+        guard case .compact(let snapshot, let records, _)? = node.machine.actions.last else {
             Issue.record("no compaction asked for")
             return
         }
@@ -248,7 +248,7 @@ struct VoidSequenceMachineTests {
         for _ in 0..<5 { node.advance(60) }
         #expect(node.compactions == 1, "not again while 2 is missing")
         // Nor after a restart from the snapshot and the kept records.
-        guard case .compact(let snapshot, let records)? = node.lastCompaction else {
+        guard case .compact(let snapshot, let records, _)? = node.lastCompaction else {
             Issue.record("no compaction seen")
             return
         }

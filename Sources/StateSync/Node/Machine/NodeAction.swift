@@ -23,8 +23,11 @@ package enum NodeAction: Sendable {
     /// Write `snapshot` durably as the state snapshot (after syncing the log), then replace the
     /// log with one holding only `keeping` (log records: the deltas received above a gap,
     /// ``NodeMachine/recordsAboveGaps``); then report ``NodeInput/compactionWritten``, or
-    /// ``NodeInput/compactionFailed(_:)`` (the log still holds everything).
-    case compact(StateSnapshot, keeping: [UInt8])
+    /// ``NodeInput/compactionFailed(_:)`` (the log still holds everything). A host may write it
+    /// in the background while it goes on (``BackgroundCompactingStorage``), but not one
+    /// `atOnce`: a reset's (section 7.5), written before any other input is taken, after the
+    /// compactions under way, whose outcomes are reported first.
+    case compact(StateSnapshot, keeping: [UInt8], atOnce: Bool = false)
     /// Write the member list (a members file, ``Membership/encodeFile(_:)``) durably, before
     /// the actions that follow. A failure is logged: the list is relearned from peers.
     case saveMembers([UInt8])

@@ -411,14 +411,17 @@ extension NodeMachine {
     /// merged peer snapshot, and at stop).
     mutating func compact() {
         // One at a time: a host that writes it in the background (DataDirectory) puts what is
-        // appended meanwhile after it. The next one is asked when this one is answered.
-        guard durability.compactionsAnswered == durability.compactionsAsked else {
+        // appended meanwhile after it. The next one is asked when this one is answered; but a
+        // reset's at once, and written at once (after the one under way): writes the node
+        // takes after its reset must not land in a log a crash could bring back without it,
+        // where the forget, heard again, would drop them with the old state.
+        guard durability.compactionsAnswered == durability.compactionsAsked || resetUnwritten else {
             durability.compactionDeferred = true
             return
         }
         // Everything appended so far is in the snapshot: once written, it is durable.
         let kept = recordsAboveGaps
-        actions.append(.compact(snapshot, keeping: kept))
+        actions.append(.compact(snapshot, keeping: kept, atOnce: resetUnwritten))
         durability.logSize = DeltaLog.magic.count + kept.count
         durability.keptBytes = kept.count
         durability.compactionPending = false
