@@ -212,18 +212,25 @@ struct DurabilityMachineTests {
         var machine = Self.machine(compactBytes: 4096)
         var compacted = false
         for id in 1...300 as ClosedRange<UInt64> {
-            let request = ClientProtocol.encodeRequest(
-                .set, id: id,
-                body: ClientProtocol.encodeSet(
-                    ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
-            _ = machine.handle(.clientRequest(client: [1], frames: request), now: id)
-            for action in machine.handle(.tick(observerBacklog: 0), now: id) {
-                guard case .syncLog(let position, _) = action else { continue }
-                compacted =
-                    compacted || Self.kinds(machine.handle(.logDurable(through: position), now: id)).contains("compact")
-            }
+            compacted = Self.setAndSync(&machine, id).contains("compact") || compacted
         }
         #expect(compacted)
+    }
+
+    /// A SET of `x` to `id` (request `id`, at time `id`), its turn's sync asked for and reported
+    /// done: the kinds of the actions the report made.
+    static func setAndSync(_ machine: inout NodeMachine, _ id: UInt64) -> [String] {
+        let request = ClientProtocol.encodeRequest(
+            .set, id: id,
+            body: ClientProtocol.encodeSet(
+                ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
+        _ = machine.handle(.clientRequest(client: [1], frames: request), now: id)
+        var kinds: [String] = []
+        for action in machine.handle(.tick(observerBacklog: 0), now: id) {
+            guard case .syncLog(let position, _) = action else { continue }
+            kinds += Self.kinds(machine.handle(.logDurable(through: position), now: id))
+        }
+        return kinds
     }
 
     /// A host that writes compactions in the background (``BackgroundCompactingStorage``) puts
@@ -234,16 +241,7 @@ struct DurabilityMachineTests {
         var machine = Self.machine(compactBytes: 4096)
         var asked: [UInt64] = []  // the request ids at which a compaction was asked for
         for id in 1...600 as ClosedRange<UInt64> {
-            let request = ClientProtocol.encodeRequest(
-                .set, id: id,
-                body: ClientProtocol.encodeSet(
-                    ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: .int(Int64(id)))]))
-            _ = machine.handle(.clientRequest(client: [1], frames: request), now: id)
-            for action in machine.handle(.tick(observerBacklog: 0), now: id) {
-                guard case .syncLog(let position, _) = action else { continue }
-                let kinds = Self.kinds(machine.handle(.logDurable(through: position), now: id))
-                asked += kinds.filter { $0 == "compact" }.map { _ in id }
-            }
+            asked += Self.setAndSync(&machine, id).filter { $0 == "compact" }.map { _ in id }
         }
         // Never answered: one compaction only, though the log grew past 4 KiB many times over.
         #expect(asked.count == 1, "\(asked)")

@@ -150,19 +150,30 @@ struct SimulatedSlowDiskTests {
         cluster.nodes[0].host?.status.counters["delta_messages_published"] ?? -1
     }
 
-    /// A lone write is published when its sync ends, one sync after it was taken (no timer);
-    /// writes taken while that sync runs wait for it and then share one sync; a crash in the
-    /// middle of a sync loses the write it was syncing, which no peer ever saw, and the nodes
-    /// agree after the restart.
-    @Test func writesTakenWhileASyncRunsShareTheNextOne() async throws {
-        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: 5)
+    /// Two nodes on disks whose sync takes 4 ms, half a second in: node 1's counter `c/m`,
+    /// node 2's (to be kept alive: its observer records), and the values that observer saw.
+    static func writerAndReader(seed: UInt64, compactBytes: Int? = nil) async throws -> (
+        SimulatedCluster, Counter, Counter, Shared<[Int]>
+    ) {
+        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: seed)
         configuration.diskSyncMilliseconds = 4
+        if let compactBytes { configuration.compactBytes = compactBytes }
         let cluster = try SimulatedCluster(configuration)
         cluster.run(for: 500)
         let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
         let reader = try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "m")
         let seen = Shared<[Int]>([])
         reader.observe(\.count) { change in seen.withLock { $0.append(change.new) } }
+        return (cluster, writer, reader, seen)
+    }
+
+    /// A lone write is published when its sync ends, one sync after it was taken (no timer);
+    /// writes taken while that sync runs wait for it and then share one sync; a crash in the
+    /// middle of a sync loses the write it was syncing, which no peer ever saw, and the nodes
+    /// agree after the restart.
+    @Test func writesTakenWhileASyncRunsShareTheNextOne() async throws {
+        let (cluster, writer, reader, seen) = try await Self.writerAndReader(seed: 5)
+        defer { withExtendedLifetime(reader) {} }
 
         let before = Self.published(cluster)
         let syncsBefore = cluster.syncsEnded
@@ -204,15 +215,8 @@ struct SimulatedSlowDiskTests {
     /// that was published: the writer's disk holds it at once after the restart.
     @Test(arguments: [false, true])
     func aCompactionWrittenLaterLosesNothingAppendedMeanwhile(snapshotWritten: Bool) async throws {
-        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: 6)
-        configuration.diskSyncMilliseconds = 4
-        configuration.compactBytes = 4096
-        let cluster = try SimulatedCluster(configuration)
-        cluster.run(for: 500)
-        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
-        let reader = try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "m")
-        let seen = Shared<[Int]>([])
-        reader.observe(\.count) { change in seen.withLock { $0.append(change.new) } }
+        let (cluster, writer, reader, seen) = try await Self.writerAndReader(seed: 6, compactBytes: 4096)
+        defer { withExtendedLifetime(reader) {} }
         // Writes, one a millisecond, with a pause every tenth (a compaction starts once no sync
         // runs), until a compaction has ended and another is under way.
         var value = 0
