@@ -72,9 +72,11 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// How many deltas per origin are kept in memory to serve peers' repairs.
     public var historyDeltas: Int
     /// The size of the pages a snapshot is streamed in when this node asks a peer for one
-    /// (docs/PROTOCOL.md 10.9): the largest message a transfer of any state size takes, and the
-    /// memory a page costs on both sides.
-    public var snapshotPageOctets: Int = 4 << 20
+    /// (docs/PROTOCOL.md 10.9): the largest message a transfer of any state size takes, the
+    /// memory a page costs on both sides, and the longest the joiner's I/O thread is busy
+    /// merging one (about 35 ms here for 1 MiB, about 140 ms for 4 MiB, the size until
+    /// 2026-11-29; a 1 M-property join took no longer with the smaller pages).
+    public var snapshotPageOctets: Int = 1 << 20
     /// The high-water mark of the PUB socket and of each SUB socket, in messages: how much may be
     /// queued for or from one peer before libzmq drops (dropped deltas are then repaired).
     public var highWaterMark: Int
