@@ -201,17 +201,23 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
             return
         }
         // A new log with the records, renamed over the old one: a crash leaves the old log (whose
-        // records the snapshot holds: replayed, they change nothing) or the new one. It is opened
-        // before the rename, so that from the rename on the node appends to the file that holds
-        // the name, whatever fails after (a failure before it leaves the old log in use).
-        let file = path + "/" + Self.logName
+        // records the snapshot holds: replayed, they change nothing) or the new one.
         let temporary = try writeAside(DeltaLog.magic + records, named: Self.logName)
+        _ = try log.withLock { log throws(StateSyncError) in try install(temporary, in: &log) }
+    }
+
+    /// Puts the log written aside at `temporary` in use, `log` being the one in use (its lock
+    /// held): opened before the rename, so that from the rename on the node appends to the file
+    /// that holds the name, whatever fails after (a failure before leaves the old log in use);
+    /// then the directory synced, before an append to the new log can be reported durable (a
+    /// power loss could bring back the old file without it). Returns the new log.
+    private func install(_ temporary: String, in log: inout DeltaLog?) throws(StateSyncError) -> DeltaLog {
+        let file = path + "/" + Self.logName
         let replacement = try DeltaLog(path: file, openingAt: temporary)
         guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
-        try log.withLock { log throws(StateSyncError) in
-            log = replacement
-            try syncDirectoryAfterRename()
-        }
+        log = replacement
+        try syncDirectoryAfterRename()
+        return replacement
     }
 
     package func compactInBackground(
@@ -277,13 +283,7 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
             let end = log?.size ?? copied
             try Self.copy(from: source, copied..<end, to: target, file: file, temporary: temporary)
             guard fsync(target) == 0 else { throw Self.ioError("fsync", temporary) }
-            // Opened before the rename (as in `compact`); the directory synced before an append
-            // to the new log can be reported durable (a power loss could bring back the old file
-            // without it).
-            let replacement = try DeltaLog(path: file, openingAt: temporary)
-            guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
-            log = replacement
-            try syncDirectoryAfterRename()
+            _ = try install(temporary, in: &log)
         }
     }
 
@@ -325,11 +325,7 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         guard let data = FileManager.default.contents(atPath: file) else { throw Self.ioError("read", file) }
         let converted = DeltaLog.converted(fromFirstFormat: [UInt8](data), through: end)
         let temporary = try writeAside(converted, named: Self.logName)
-        let replacement = try DeltaLog(path: file, openingAt: temporary)
-        guard rename(temporary, file) == 0 else { throw Self.ioError("rename", file) }
-        log.withLock { $0 = replacement }
-        try syncDirectory()
-        return replacement
+        return try log.withLock { log throws(StateSyncError) in try install(temporary, in: &log) }
     }
 
     /// Opens (and recovers) the directory's write-ahead log.
