@@ -40,6 +40,9 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     /// Tests only: runs on the compactor's thread once a background compaction's snapshot is
     /// written, before the records appended meanwhile are copied.
     let afterBackgroundSnapshot = Mutex<(@Sendable () -> Void)?>(nil)
+    /// Tests only: the next this many syncs of the directory after a log was renamed into place
+    /// fail, as an `fsync` returning EIO would.
+    let failingDirectorySyncs = Atomic<Int>(0)
 
     static let snapshotName = "state.snapshot"
     static let membersName = "members"
@@ -180,6 +183,10 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     /// ``sync()`` to retry (see ``directoryUnsynced``).
     private func syncDirectoryAfterRename() throws(StateSyncError) {
         directoryUnsynced.store(true, ordering: .relaxed)
+        if failingDirectorySyncs.load(ordering: .relaxed) > 0 {
+            failingDirectorySyncs.subtract(1, ordering: .relaxed)
+            throw StateSyncError(.dataDirectory, "cannot fsync \(path): injected failure (tests)")
+        }
         try syncDirectory()
         directoryUnsynced.store(false, ordering: .relaxed)
     }

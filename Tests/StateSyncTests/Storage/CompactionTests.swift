@@ -82,6 +82,46 @@ struct CompactionTests {
         #expect(warnings.isEmpty)
     }
 
+    /// A directory sync that fails after the new log was renamed into place (PROTOCOL.md 11.2):
+    /// the compaction fails, the node goes on appending to the new log (the file that holds the
+    /// name), and nothing appended to it is reported durable until a sync of the directory
+    /// succeeds, which the next log sync retries. A power loss in between could bring back the
+    /// old log without those records.
+    @Test(arguments: [false, true])
+    func aFailedDirectorySyncAfterARenameHoldsBackDurability(inBackground: Bool) throws {
+        let path = temporaryDirectory("directory-sync")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        var warnings: [String] = []
+        let snapshot = StateSnapshot(store: ReplicaStore(), latestSequence: 0, progress: ["n2": 2])
+        try SequenceReservationTests.reopened(path, warnings: &warnings) { directory in
+            try directory.append(Self.records([1, 2, 4]))
+            directory.failingDirectorySyncs.store(2, ordering: .relaxed)
+            if inBackground {
+                let done = DispatchSemaphore(value: 0)
+                let failure = Mutex<StateSyncError?>(nil)
+                directory.compactInBackground(snapshot, keeping: Self.records([4])) { error in
+                    failure.withLock { $0 = error }
+                    done.signal()
+                }
+                #expect(done.wait(timeout: .now() + 30) == .success)
+                #expect(failure.withLock { $0 }?.message.contains("injected failure") == true)
+            } else {
+                #expect(throws: StateSyncError.self) { try directory.compact(snapshot, keeping: Self.records([4])) }
+            }
+            try directory.append(Self.records([5]))
+            // The log's own sync succeeds; the directory's, retried, fails once more.
+            #expect(throws: StateSyncError.self) { try directory.sync() }
+            #expect(directory.failingDirectorySyncs.load(ordering: .relaxed) == 0)
+            try directory.append(Self.records([6]))
+            try directory.sync()
+        }
+        let recovery = try SequenceReservationTests.reopened(path, warnings: &warnings)
+        #expect(recovery.snapshot?.progress == ["n2": 2])
+        #expect(recovery.deltas.map(\.sequence) == [4, 5, 6])
+        #expect(recovery.cutBytes == 0)
+        #expect(warnings.isEmpty)
+    }
+
     /// Appendix A: a node that dropped its state writes `SSNAP4`, which keeps its recovery through
     /// a restart (a real data directory), and once the recovery ended the reset it remembers
     /// (recovered = through); any other writes `SSNAP3` as before, which an older node still reads.
