@@ -386,6 +386,11 @@ public enum ClusterSimulator {
         configuration.clientHighWaterMark = draw("client_hwm", [64, 1000, 10_000])
         configuration.batchMaximumDeltas = draw("batch", [1, 8, 256, 4096])
         configuration.snapshotPageOctets = draw("snapshot_page", [1024, 4096, 4 << 20])
+        // Drawn apart, so that every other draw of a seed is what it was before slices existed.
+        var sliceDraw = root.fork("merge_slice")
+        let slices = [2, 16, 4096]
+        configuration.snapshotMergeSliceRegisters = slices[sliceDraw.below(slices.count)]
+        parameters["merge_slice"] = "\(configuration.snapshotMergeSliceRegisters)"
         // Above what the faults can keep a writer unknown to the cluster (a node that joins cut
         // off from its seed): the grace covers such writers (PROTOCOL.md 8.4).
         configuration.tombstoneGraceMilliseconds = draw("tombstone_grace_ms", [10_000, 20_000])

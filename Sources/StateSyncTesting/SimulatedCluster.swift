@@ -26,6 +26,9 @@ package final class SimulatedCluster {
         package var batchMaximumDeltas = 256
         /// The pages snapshots are streamed in (small ones make every snapshot a stream).
         package var snapshotPageOctets = 4 << 20
+        /// How many registers of a snapshot page are merged per step (small ones let deltas,
+        /// requests and crashes come between a page's slices).
+        package var snapshotMergeSliceRegisters = 4096
         /// How old a stable deletion must be before it is collected (simulated milliseconds).
         package var tombstoneGraceMilliseconds = 5000
         package var fsync: NodeConfiguration.FsyncPolicy = .always
@@ -227,6 +230,7 @@ package final class SimulatedCluster {
             node.channelBatches = !configuration.withoutChannelBatches.contains(index)
             node.packedBatches = node.channelBatches && !configuration.withoutPackedBatches.contains(index)
             node.snapshotPageOctets = configuration.snapshotPageOctets
+            node.snapshotMergeSliceRegisters = configuration.snapshotMergeSliceRegisters
             node.tombstoneGraceMilliseconds = configuration.tombstoneGraceMilliseconds
             // Links are authenticated as with CURVE keys: each peer's live stream is bound to its
             // node id (PROTOCOL.md 14). The machine reads no key; the simulated network is the

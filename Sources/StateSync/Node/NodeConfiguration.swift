@@ -72,11 +72,16 @@ public struct NodeConfiguration: Sendable, Equatable {
     /// How many deltas per origin are kept in memory to serve peers' repairs.
     public var historyDeltas: Int
     /// The size of the pages a snapshot is streamed in when this node asks a peer for one
-    /// (docs/PROTOCOL.md 10.9): the largest message a transfer of any state size takes, the
-    /// memory a page costs on both sides, and the longest the joiner's I/O thread is busy
-    /// merging one (about 35 ms here for 1 MiB, about 140 ms for 4 MiB, the size until
-    /// 2026-11-29; a 1 M-property join took no longer with the smaller pages).
+    /// (docs/PROTOCOL.md 10.9): the largest message a transfer of any state size takes and the
+    /// memory a page costs on both sides (4 MiB until 2026-11-29; a 1 M-property join took no
+    /// longer with the smaller pages). The joiner reads and merges a page a slice at a time
+    /// (``snapshotMergeSliceRegisters``); what it does at once is check the page's checksum.
     public var snapshotPageOctets: Int = 1 << 20
+    /// A received snapshot page is read and merged this many registers at a time (whole
+    /// models), the node answering its sockets between slices: a page of 1 MiB holds some
+    /// 45,000 registers of a small value each, which took the joiner's I/O thread 35–55 ms in
+    /// one go here, and a slice of 4,096 a few milliseconds.
+    package var snapshotMergeSliceRegisters = 4096
     /// The high-water mark of the PUB socket and of each SUB socket, in messages: how much may be
     /// queued for or from one peer before libzmq drops (dropped deltas are then repaired).
     public var highWaterMark: Int

@@ -546,6 +546,11 @@ public final class StateSyncNode: Sendable {
         state.withLock { $0.machine.firstGaps }
     }
 
+    /// Whether a page of a peer's snapshot is being merged, a slice at a time (tests).
+    package var isMergingSnapshotPage: Bool {
+        state.withLock { $0.machine.repair.stream?.merging != nil }
+    }
+
     /// The node's status.
     public var status: NodeStatus {
         let now = monotonicNow()

@@ -130,35 +130,76 @@ package struct SnapshotPage: Sendable {
 
     /// Decodes a page; a damaged one (checksum, truncation) throws.
     package static func decode(_ bytes: [UInt8]) throws(WireError) -> SnapshotPage {
-        guard isPage(bytes) else { throw .invalid(field: "snapshot page", reason: "not a snapshot page") }
-        let withHorizon = bytes.starts(with: horizonMagic)
-        var reader = try StateSnapshot.checkedBody(
-            bytes, magic: withHorizon ? horizonMagic : magic, what: "snapshot page")
-        let latest = try reader.varint("latest sequence")
-        let progress = try StateSnapshot.readProgress(&reader)
-        let collectedThrough = withHorizon ? try reader.uint64("collected through") : nil
-        var models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])] = []
-        for _ in 0..<(try reader.count("model count", minimumItemSize: 3)) {
-            // As they come: a server writes them in ascending name order (the merge relies on an
-            // order for its deliveries). Anything else is put in that order, the last of a name
-            // kept, as a dictionary of them would.
-            var registers: [(name: String, register: ReplicaStore.Register)] = []
-            var ordered = true
-            let address = try StateSnapshot.readModel(&reader) { _, name, register in
-                if ordered, let last = registers.last?.name, !(last < name) { ordered = false }
-                registers.append((name, register))
-            }
-            if !ordered {
-                var byName: [String: ReplicaStore.Register] = [:]
-                for (name, register) in registers { byName[name] = register }
-                registers = byName.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) }
-            }
-            models.append((address, registers))
-        }
-        let next = try readCursor(&reader, field: "more")
-        try reader.expectEnd()
+        var reader = try Reader(bytes)
+        let models = try reader.models(registers: .max)
         return SnapshotPage(
-            latestSequence: latest, progress: progress, models: models, next: next, collectedThrough: collectedThrough)
+            latestSequence: reader.latestSequence, progress: reader.progress, models: models, next: try reader.next(),
+            collectedThrough: reader.collectedThrough)
+    }
+
+    /// A page read a few models at a time (a page is up to megabytes, its models are parsed as
+    /// they are merged): the checksum and the header are checked when it is made, the models
+    /// read by ``models(registers:)``, then the cursor by ``next()``.
+    package struct Reader: Sendable {
+        package let latestSequence: UInt64
+        package let progress: [String: UInt64]
+        package let collectedThrough: UInt64?
+        package let modelCount: Int
+        package private(set) var modelsRead = 0
+        /// Positioned at the next model.
+        private var reader: WireReader
+
+        package init(_ bytes: [UInt8]) throws(WireError) {
+            guard isPage(bytes) else { throw .invalid(field: "snapshot page", reason: "not a snapshot page") }
+            let withHorizon = bytes.starts(with: horizonMagic)
+            reader = try StateSnapshot.checkedBody(
+                bytes, magic: withHorizon ? horizonMagic : magic, what: "snapshot page")
+            latestSequence = try reader.varint("latest sequence")
+            progress = try StateSnapshot.readProgress(&reader)
+            collectedThrough = withHorizon ? try reader.uint64("collected through") : nil
+            modelCount = try reader.count("model count", minimumItemSize: 3)
+        }
+
+        /// Whether every model was read.
+        package var isAtModelsEnd: Bool { modelsRead == modelCount }
+
+        /// The next models, whole, until they hold at least `budget` registers (at least one
+        /// model while any is left).
+        package mutating func models(registers budget: Int) throws(WireError) -> [(
+            ModelAddress, [(name: String, register: ReplicaStore.Register)]
+        )] {
+            var models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])] = []
+            var taken = 0
+            while modelsRead < modelCount, taken < budget || models.isEmpty {
+                // As they come: a server writes them in ascending name order (the merge relies on
+                // an order for its deliveries). Anything else is put in that order, the last of a
+                // name kept, as a dictionary of them would.
+                var registers: [(name: String, register: ReplicaStore.Register)] = []
+                var ordered = true
+                let address = try StateSnapshot.readModel(&reader) { _, name, register in
+                    if ordered, let last = registers.last?.name, !(last < name) { ordered = false }
+                    registers.append((name, register))
+                }
+                if !ordered {
+                    var byName: [String: ReplicaStore.Register] = [:]
+                    for (name, register) in registers { byName[name] = register }
+                    registers = byName.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) }
+                }
+                taken += registers.count
+                modelsRead += 1
+                models.append((address, registers))
+            }
+            return models
+        }
+
+        /// The cursor of the next page (`nil`: the last page), once every model was read; the
+        /// page must end there.
+        package mutating func next() throws(WireError) -> ModelAddress? {
+            guard isAtModelsEnd else { throw .invalid(field: "snapshot page", reason: "models left unread") }
+            let next = try readCursor(&reader, field: "more")
+            try reader.expectEnd()
+            return next
+        }
     }
 
     /// A cursor: `00`, or `01` and the model's channel and model.

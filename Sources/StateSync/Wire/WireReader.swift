@@ -7,7 +7,7 @@
 /// Reads protocol primitives from a frame, never trusting a length or a count: every read is
 /// bounds-checked and every count is checked against the bytes that remain before anything is
 /// allocated (docs/PROTOCOL.md, "Errors").
-public struct WireReader {
+public struct WireReader: Sendable {
     /// How deep arrays and maps may nest.
     public static let maximumDepth = 32
 

@@ -137,6 +137,156 @@ struct SnapshotStreamTests {
         #expect(node.machine.origins["n2"]?.contiguous == 200, "the first page's progress is covered")
     }
 
+    /// A page is merged a slice at a time, the first when it comes, one more at each tick
+    /// (the deadline is "now" while one is left), whole models; what comes between slices is
+    /// merged as usual and wins by its version, the repair round asks for nothing meanwhile, and
+    /// the progress the stream carries is covered only once the last slice is merged.
+    @Test func aPageIsMergedASliceAtATimeWithOtherInputsBetween() throws {
+        var server = Self.server(models: 60)
+        var configuration = MachineRunner.configuration("n4", peers: ["n1", "n2"])
+        configuration.snapshotMergeSliceRegisters = 30  // ten models of three registers
+        var node = MachineRunner(configuration)
+        func beats() {
+            for peer in ["n1", "n2"] {
+                node.handle(
+                    .peerMessage(peer: "inproc://\(peer)", frames: RepairMachineTests.heartbeat(peer, latest: 0)))
+            }
+        }
+        beats()
+        node.advance(50)
+        node.machine.repair.needsSnapshot = true
+        node.advance(NodeMachine.repairInterval)
+        let request = try #require(node.repairRequests.last)
+        let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
+        let paged = try #require(try SnapshotPage.decodeRequest(request.frames[1]))
+        let bytes = try Self.page(&server, after: paged.after, octets: paged.maximumOctets, id: 1)
+        let page = try SnapshotPage.decode(bytes)
+        #expect(page.models.count == 60 && page.next == nil, "one page")
+        node.handle(
+            .repairReply(peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: bytes))
+        )
+        #expect(node.machine.store.allModels.count == 10, "the first slice, at once")
+        #expect(node.machine.repair.stream?.merging?.page.modelsRead == 10)
+        #expect(node.machine.nextDeadline() == node.now, "the next slice is due at once")
+        #expect(node.machine.counters.snapshotsApplied == 0)
+        // A newer write to a model of a later slice, and an older one, between slices.
+        let later = page.models[45].0
+        for (milliseconds, value, sequence) in [(1_900_000_000_000, "newer", 61), (1_000, "older", 62)] {
+            let delta = Delta(
+                channel: later.channel, model: later.model,
+                version: Version(milliseconds: UInt64(milliseconds), counter: 0, node: "n2"),
+                sequence: UInt64(sequence), properties: [PropertyWrite(name: "p0", value: .string(value))])
+            node.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(delta).encode()))
+            server.handle(.peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(delta).encode()))
+        }
+        // A repair round falls due: the page being merged is not asked for again.
+        let asked = node.repairRequests.count
+        beats()
+        node.advance(NodeMachine.repairInterval)
+        #expect(node.machine.repair.stream?.merging?.page.modelsRead == 20, "one slice per tick")
+        #expect(node.repairRequests.count == asked, "nothing asked while a page is merged")
+        var ticks = 0
+        while node.machine.repair.stream != nil, ticks < 20 {
+            ticks += 1
+            node.advance(0)
+        }
+        #expect(ticks == 4, "six slices in all")
+        #expect(node.machine.counters.snapshotsApplied == 1)
+        #expect(node.machine.store.digest == server.machine.store.digest, "the page and the writes between, merged")
+        #expect(node.machine.store.records(of: later)["p0"]?.value == "newer")
+        #expect(node.machine.origins["n2"]?.contiguous == 62, "the page's progress covered, then the writes above it")
+        #expect(node.machine.nextDeadline() > node.now)
+    }
+
+    /// Pages merged in slices over a stream of many pages: each page is asked for once, the next
+    /// only after the last slice of the one before, and the state ends equal to the server's.
+    @Test func aStreamOfSlicedPagesAsksForEachPageOnce() throws {
+        var server = Self.server(models: 60)
+        var configuration = MachineRunner.configuration("n4", peers: ["n2"])
+        configuration.snapshotPageOctets = 1024
+        configuration.snapshotMergeSliceRegisters = 2
+        var node = MachineRunner(configuration)
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        node.advance(50)
+        node.machine.repair.needsSnapshot = true
+        var answered = node.repairRequests.count
+        var cursors: [ModelAddress?] = []
+        var ticks = 0
+        while node.machine.counters.snapshotsApplied == 0, ticks < 2000 {
+            ticks += 1
+            node.advance(1)
+            while answered < node.repairRequests.count {
+                let request = node.repairRequests[answered]
+                answered += 1
+                let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
+                let paged = try #require(try SnapshotPage.decodeRequest(request.frames[1]))
+                let merging = node.machine.repair.stream?.merging != nil
+                #expect(!merging, "a page asked for while one is merged")
+                cursors.append(paged.after)
+                let page = try Self.page(&server, after: paged.after, octets: paged.maximumOctets, id: 1)
+                node.handle(
+                    .repairReply(
+                        peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: page)))
+            }
+        }
+        #expect(node.machine.counters.snapshotsApplied == 1)
+        #expect(cursors.count >= 4, "\(cursors.count) pages")
+        #expect(Set(cursors.map { $0.map { "\($0)" } ?? "" }).count == cursors.count, "each page asked for once")
+        #expect(ticks >= 60 / 2, "a model a tick")
+        #expect(node.machine.store.digest == server.machine.store.digest)
+        #expect(node.machine.origins["n2"]?.contiguous == 60)
+    }
+
+    /// A page read a slice at a time that turns out damaged past its first slices (its checksum
+    /// held: a faulty server) is counted malformed and the snapshot starts over; what was merged
+    /// of it stays (registers a peer served merge safely in any order).
+    @Test func aPageDamagedPastItsFirstSlicesStartsTheSnapshotOver() throws {
+        var page = WireWriter()
+        for byte in SnapshotPage.magic { page.byte(byte) }
+        page.varint(0)
+        StateSnapshot.writeProgress(["n2": 3], to: &page)
+        page.varint(3)
+        for model in ["m1", "m2", "m3"] {
+            page.string("c")
+            page.string(model)
+            page.varint(1)
+            page.string("p")
+            if model == "m3" {
+                page.byte(0xFF)  // no value has this tag
+            } else {
+                page.propertyValue(PropertyWrite(name: "p", value: .string(model)))
+            }
+            page.uint64(Version(milliseconds: 5, counter: 0, node: "n2").timestamp)
+            page.string("n2")
+        }
+        page.byte(0)
+        page.uint64(ReplicaStore.fnv1a(page.bytes))
+        var configuration = MachineRunner.configuration("n4", peers: ["n2"])
+        configuration.snapshotMergeSliceRegisters = 1
+        var node = MachineRunner(configuration)
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        node.advance(50)
+        node.machine.repair.needsSnapshot = true
+        node.advance(NodeMachine.repairInterval)
+        let request = try #require(node.repairRequests.last)
+        let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
+        node.handle(
+            .repairReply(
+                peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: page.bytes)))
+        node.advance(0)
+        #expect(node.machine.counters.malformedMessages == 0)
+        node.advance(0)
+        #expect(node.machine.counters.malformedMessages == 1)
+        #expect(node.machine.repair.stream == nil && node.machine.repair.needsSnapshot, "the snapshot starts over")
+        #expect(node.machine.counters.snapshotsApplied == 0)
+        #expect(node.machine.origins["n2"]?.contiguous ?? 0 == 0, "the damaged page's progress is not covered")
+        for model in ["m1", "m2"] {
+            #expect(
+                node.machine.store.properties(of: ModelAddress(channel: "c", model: model))["p"]?.value
+                    == .string(model))
+        }
+    }
+
     /// A page whose registers are out of name order, or that names one twice (not what a node
     /// sends), decodes in ascending name order, the last of a name kept: the merge relies on it.
     @Test func aPageOutOfNameOrderIsPutInOrder() throws {

@@ -73,6 +73,10 @@ extension NodeMachine {
         var held: ArraySlice<ModelAddress>?
         /// The least horizon of collection the pages carried (`nil`: one carried none).
         var horizon: UInt64?
+        /// The page being read and merged, a slice at a time (``mergePageSlice()``), with the
+        /// names its models merged so far hold when its horizon is to be applied (else `nil`).
+        /// The next page is asked for once it is merged.
+        var merging: (page: SnapshotPage.Reader, names: [ModelAddress: Set<String>]?)?
     }
 
     /// A streamed SNAPSHOT being served: every model held when its first page was asked for, in
@@ -141,6 +145,8 @@ extension NodeMachine {
             actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
         }
 
+        // A page being merged asks nothing meanwhile (as a page request in flight would not).
+        if repair.stream?.merging != nil { return }
         // A stream whose page request timed out or could not be sent asks its peer again for
         // the same page (a broken link resumes where it stopped); a peer no longer usable means
         // starting over with another.
@@ -525,16 +531,12 @@ extension NodeMachine {
             metadata: ["peer.id": "\(origin)", "delta.range": "\(range)"])
     }
 
-    /// One page of the streamed SNAPSHOT: merged at once; the next one asked for, or, after the
-    /// last, the progress the first one carried covered.
+    /// One page of the streamed SNAPSHOT: merged a slice at a time (the first at once, the others
+    /// at the next ticks, ``mergePageSlice()``); then the next one asked for, or, after the last,
+    /// the progress the first one carried covered.
     private mutating func takePage(_ bytes: [UInt8], from peer: String) {
-        guard var stream = repair.stream, stream.peer == peer, let page = try? SnapshotPage.decode(bytes) else {
-            counters.malformedMessages += 1
-            repair.stream = nil
-            repair.needsSnapshot = true
-            warnLimited(
-                "snapshot-page", "a peer's snapshot page was unusable; the snapshot starts over",
-                metadata: ["peer.endpoint": "\(peer)"])
+        guard var stream = repair.stream, stream.peer == peer, let page = try? SnapshotPage.Reader(bytes) else {
+            pageUnusable(from: peer)
             return
         }
         if stream.progress == nil {
@@ -544,16 +546,69 @@ extension NodeMachine {
         } else {
             stream.horizon = page.collectedThrough.flatMap { horizon in stream.horizon.map { min($0, horizon) } }
         }
-        stream.changed.formUnion(mergeRegisters(page.models))
+        // The names the page holds are needed only if it may cover models held at the start.
+        let appliesHorizon = !(stream.held?.isEmpty ?? true) && (page.collectedThrough ?? 0) > 0
+        stream.merging = (page, appliesHorizon ? [:] : nil)
+        repair.stream = stream
+        mergePageSlice()
+    }
+
+    /// A page that does not decode: the snapshot starts over.
+    private mutating func pageUnusable(from peer: String) {
+        counters.malformedMessages += 1
+        repair.stream = nil
+        repair.needsSnapshot = true
+        warnLimited(
+            "snapshot-page", "a peer's snapshot page was unusable; the snapshot starts over",
+            metadata: ["peer.endpoint": "\(peer)"])
+    }
+
+    /// Reads and merges the next slice of the page being merged, about
+    /// ``NodeConfiguration/snapshotMergeSliceRegisters`` registers (whole models): the node
+    /// answers its sockets between slices. Inputs taken between slices are merged as they would
+    /// be had they come before the page (registers merge by last-writer-wins whatever the
+    /// order); what the stream's pages cover is settled once the last one is merged. After the
+    /// page's last slice, ``pageMerged(next:horizon:names:into:)``. A page found damaged on the
+    /// way (its checksum held: a faulty server) leaves what was merged of it, and the snapshot
+    /// starts over.
+    mutating func mergePageSlice() {
+        guard var stream = repair.stream, var (page, names) = stream.merging else { return }
+        stream.merging = nil
+        let models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])]
+        let next: ModelAddress?
+        do {
+            models = try page.models(registers: configuration.snapshotMergeSliceRegisters)
+            next = page.isAtModelsEnd ? try page.next() : nil
+        } catch {
+            pageUnusable(from: stream.peer)
+            return
+        }
+        stream.changed.formUnion(mergeRegisters(models[...]))
+        if names != nil {
+            for (address, registers) in models { names?[address] = Set(registers.map(\.name)) }
+        }
+        guard page.isAtModelsEnd else {
+            stream.merging = (page, names)
+            repair.stream = stream
+            return
+        }
+        pageMerged(next: next, horizon: page.collectedThrough, names: names ?? [:], into: stream)
+    }
+
+    /// What follows a page's merge: records the page's range collected, then the next page asked
+    /// for, or the stream's end.
+    private mutating func pageMerged(
+        next: ModelAddress?, horizon: UInt64?, names: [ModelAddress: Set<String>], into stream: SnapshotStream
+    ) {
+        var stream = stream
+        let peer = stream.peer
         // The models this node holds in the page's range (the pages cover every address, in
         // order; a page without a horizon above 0 passes its range all the same): what they hold
         // at or below the page's horizon that the page lacks was collected.
         if let held = stream.held {
-            let covered = held.prefix { address in page.next.map { !SnapshotPage.precedes($0, address) } ?? true }
+            let covered = held.prefix { address in next.map { !SnapshotPage.precedes($0, address) } ?? true }
             stream.held = held.dropFirst(covered.count)
-            if let horizon = page.collectedThrough, horizon > 0, !covered.isEmpty {
-                var names: [ModelAddress: Set<String>] = [:]
-                for (address, registers) in page.models { names[address] = Set(registers.map(\.name)) }
+            if let horizon, horizon > 0, !covered.isEmpty {
                 stream.changed.formUnion(
                     dropCollected(
                         of: Array(covered), through: horizon, progress: stream.progress ?? [:],
@@ -561,7 +616,7 @@ extension NodeMachine {
             }
         }
         stream.pages += 1
-        if let next = page.next {
+        if let next {
             stream.after = next
             stream.attempts = 0
             repair.stream = stream
@@ -711,7 +766,7 @@ extension NodeMachine {
         var changed = mergeRegisters(
             snapshot.store.allModels.sorted { SnapshotPage.precedes($0.0, $1.0) }.map { address, registers in
                 (address, registers.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) })
-            })
+            }[...])
         if !held.isEmpty {
             changed.formUnion(
                 dropCollected(
@@ -782,7 +837,7 @@ extension NodeMachine {
     /// what won to live models. Each model's registers come in ascending name order, each name
     /// once (``SnapshotPage/models``). Returns the channels it changed.
     mutating func mergeRegisters(
-        _ models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])]
+        _ models: ArraySlice<(ModelAddress, [(name: String, register: ReplicaStore.Register)])>
     ) -> Set<String> {
         var changed = Set<String>()
         var deliveries: [ModelDelivery] = []

@@ -409,9 +409,11 @@ package struct NodeMachine: Sendable {
         !durability.staged.isEmpty || !durability.replies.isEmpty || !durability.heldOKs.isEmpty || watches.count > 0
     }
 
-    /// Runs what is due: durability of staged writes, heartbeat, the repair round (with
-    /// compaction), backpressure, and the watches.
+    /// Runs what is due: the next slice of a snapshot page, durability of staged writes,
+    /// heartbeat, the repair round (with compaction), backpressure, and the watches.
     mutating func tick(observerBacklog: Int) {
+        // A snapshot page being merged: its next slice (the driver ticks at once while it lasts).
+        mergePageSlice()
         // With `interval`: the OKs of the writes taken in the round that ends here.
         sendHeldOKs()
         publishReserved()
@@ -567,7 +569,7 @@ package struct NodeMachine: Sendable {
             deadline = min(deadline, durability.lastSync &+ UInt64(configuration.fsyncIntervalMilliseconds))
         }
         if watches.lagging > 0 || intakePaused { deadline = min(deadline, now &+ 5) }
-        if !durability.heldOKs.isEmpty { deadline = now }
+        if !durability.heldOKs.isEmpty || repair.stream?.merging != nil { deadline = now }
         // The next expiry, in this monotonic time (the wall clock tells how far off it is).
         if let expiry = store.nextExpiry {
             let wall = clock.wallMilliseconds()
