@@ -29,6 +29,10 @@ public enum DaemonJoin {
         /// (merging a page; the compaction of the merged state, which follows the merge, when it
         /// is written on that thread).
         public var slowestAnswerSeconds: Double
+        /// How many answers that client got: a joiner that answers between slices of its merge
+        /// answers more often, and serving it takes CPU from the merge (the client's too, on a
+        /// machine of few cores).
+        public var answers: Int
     }
 
     /// Runs the measurement with the daemon at `daemonPath`.
@@ -91,12 +95,14 @@ public enum DaemonJoin {
             defer { client.close() }
             try await Harness.waitFor("the joiner to answer", seconds: 30) { (try? await client.status()) != nil }
             var slowest = 0.0
+            var answers = 0
             while !probeEnds.isSet {
                 let asked = ContinuousClock.now
                 _ = try await client.status()
                 slowest = max(slowest, (ContinuousClock.now - asked) / .seconds(1))
+                answers += 1
             }
-            return slowest
+            return (slowest, answers)
         }
         let writer = Task {
             let client = try StateSyncClient(endpoint: "tcp://127.0.0.1:\(api[0])", requestTimeout: .seconds(10))
@@ -117,7 +123,7 @@ public enum DaemonJoin {
         snapshotIn.set()
         try await Task.sleep(for: .seconds(2))  // the probe's time after the merge (a measurement, not a wait)
         probeEnds.set()
-        let slowestAnswer = try await probe.value
+        let (slowestAnswer, answers) = try await probe.value
         let writes = try await writer.value
         try await Harness.waitFor("the joiner to hold the holder's state", seconds: 600) {
             guard let a = try? await holderClient.status(), let b = try? await joinerClient.status() else {
@@ -131,7 +137,7 @@ public enum DaemonJoin {
             snapshotSeconds: snapshotSeconds, convergedSeconds: convergedSeconds,
             holderPeakBytes: peak(holder), joinerPeakBytes: peak(joiner),
             pages: pages, writesDuringJoin: writes, fillSeconds: fillSeconds,
-            slowestAnswerSeconds: slowestAnswer)
+            slowestAnswerSeconds: slowestAnswer, answers: answers)
     }
 
     /// A daemon's peak resident memory, in bytes (0 when `/proc` does not say).

@@ -134,6 +134,7 @@ extension StateSyncCLI {
                     "snapshot_s": .double((figures.snapshotSeconds * 100).rounded() / 100),
                     "converged_s": .double((figures.convergedSeconds * 100).rounded() / 100),
                     "joiner_slowest_answer_ms": .double((figures.slowestAnswerSeconds * 10_000).rounded() / 10),
+                    "joiner_answers": .int(Int64(figures.answers)),
                     "pages": .int(Int64(figures.pages)), "writes_during_join": .int(Int64(figures.writesDuringJoin)),
                     "holder_peak_rss_mib": .double(mib(figures.holderPeakBytes)),
                     "joiner_peak_rss_mib": .double(mib(figures.joinerPeakBytes)),
