@@ -157,7 +157,7 @@ extension NodeMachine {
                 requestPage(of: stream)
                 return
             }
-            repair.stream = nil
+            abandonStream()
             repair.needsSnapshot = true
         }
         if repair.needsSnapshot, repair.snapshot == nil {
@@ -393,7 +393,7 @@ extension NodeMachine {
             // A whole snapshot in one reply (a peer that does not page), or an error (then the
             // snapshot starts over, from the next peer in turn).
             if header.kind != .ok, repair.stream != nil { repair.needsSnapshot = true }
-            repair.stream = nil
+            abandonStream()
             guard header.kind == .ok, let decoded = try? StateSnapshot.decode(frames[1]) else {
                 logger.warning("a peer's snapshot reply was unusable", metadata: ["peer.endpoint": "\(peer)"])
                 return
@@ -556,11 +556,19 @@ extension NodeMachine {
     /// A page that does not decode: the snapshot starts over.
     private mutating func pageUnusable(from peer: String) {
         counters.malformedMessages += 1
-        repair.stream = nil
+        abandonStream()
         repair.needsSnapshot = true
         warnLimited(
             "snapshot-page", "a peer's snapshot page was unusable; the snapshot starts over",
             metadata: ["peer.endpoint": "\(peer)"])
+    }
+
+    /// Gives up the snapshot being received, unfinished: the watches of the channels its pages
+    /// changed are resynced (the state merged stays, and reached no journal; merged again, it
+    /// would change nothing, and the next stream would not name those channels).
+    mutating func abandonStream() {
+        if let changed = repair.stream?.changed, !changed.isEmpty { resyncWatches(of: changed) }
+        repair.stream = nil
     }
 
     /// Reads and merges the next slice of the page being merged, about
@@ -572,14 +580,18 @@ extension NodeMachine {
     /// way (its checksum held: a faulty server) leaves what was merged of it, and the snapshot
     /// starts over.
     mutating func mergePageSlice() {
-        guard var stream = repair.stream, var (page, names) = stream.merging else { return }
-        stream.merging = nil
+        guard var stream = repair.stream, stream.merging != nil else { return }
+        // This copy is the only one while the slice is merged: the names and the channels
+        // changed grow in place, not copied at each slice.
+        repair.stream = nil
+        guard var (page, names) = stream.merging.take() else { return }
         let models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])]
         let next: ModelAddress?
         do {
             models = try page.models(registers: configuration.snapshotMergeSliceRegisters)
             next = page.isAtModelsEnd ? try page.next() : nil
         } catch {
+            repair.stream = stream
             pageUnusable(from: stream.peer)
             return
         }
