@@ -25,9 +25,9 @@ public enum DaemonJoin {
         public var fillSeconds: Double
         /// The slowest of the joiner's answers to a client of its own asking its status one
         /// request after another, from the joiner's first answer until two seconds after it
-        /// merged the snapshot: the longest the joiner's I/O thread was busy with one thing
-        /// (merging a page; the compaction of the merged state, which follows the merge, when it
-        /// is written on that thread).
+        /// merged the snapshot: the longest the joiner's I/O thread was busy with one thing (a
+        /// slice of a page's merge, or a page's checksum, since 2026-11-29; a whole page's merge,
+        /// and the compaction of the merged state when it was written on that thread, before).
         public var slowestAnswerSeconds: Double
         /// How many answers that client got: a joiner that answers between slices of its merge
         /// answers more often, and serving it takes CPU from the merge (the client's too, on a
