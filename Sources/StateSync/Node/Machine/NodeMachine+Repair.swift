@@ -580,11 +580,11 @@ extension NodeMachine {
     /// way (its checksum held: a faulty server) leaves what was merged of it, and the snapshot
     /// starts over.
     mutating func mergePageSlice() {
-        guard var stream = repair.stream, stream.merging != nil else { return }
-        // This copy is the only one while the slice is merged: the names and the channels
-        // changed grow in place, not copied at each slice.
-        repair.stream = nil
-        guard var (page, names) = stream.merging.take() else { return }
+        // Moved out while the slice is merged (the only copy: the names and the channels changed
+        // grow in place, not copied at each slice).
+        guard repair.stream?.merging != nil, var stream = repair.stream.take(),
+            var (page, names) = stream.merging.take()
+        else { return }
         let models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])]
         let next: ModelAddress?
         do {
