@@ -28,6 +28,15 @@ struct SnapshotStreamTests {
         return reply.1
     }
 
+    /// Answers `node`'s repair request `request` with OK and `body` (a page).
+    static func answer(
+        _ request: (peer: String, frames: [[UInt8]]), with body: [UInt8], on node: inout MachineRunner
+    ) throws {
+        let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
+        node.handle(
+            .repairReply(peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: body)))
+    }
+
     @Test func pagesCoverEveryModelOnceInOrderWithinTheirSize() throws {
         var server = Self.server(models: 300)
         var seen: [ModelAddress] = []
@@ -124,9 +133,7 @@ struct SnapshotStreamTests {
                     continue
                 }
                 let page = try Self.page(&server, after: paged.after, octets: paged.maximumOctets, id: 1)
-                node.handle(
-                    .repairReply(
-                        peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: page)))
+                try Self.answer(request, with: page, on: &node)
             }
             if node.machine.counters.snapshotsApplied > 0 { break }
         }
@@ -157,14 +164,11 @@ struct SnapshotStreamTests {
         node.machine.repair.needsSnapshot = true
         node.advance(NodeMachine.repairInterval)
         let request = try #require(node.repairRequests.last)
-        let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
         let paged = try #require(try SnapshotPage.decodeRequest(request.frames[1]))
         let bytes = try Self.page(&server, after: paged.after, octets: paged.maximumOctets, id: 1)
         let page = try SnapshotPage.decode(bytes)
         #expect(page.models.count == 60 && page.next == nil, "one page")
-        node.handle(
-            .repairReply(peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: bytes))
-        )
+        try Self.answer(request, with: bytes, on: &node)
         #expect(node.machine.store.allModels.count == 10, "the first slice, at once")
         #expect(node.machine.repair.stream?.merging?.page.modelsRead == 10)
         #expect(node.machine.nextDeadline() == node.now, "the next slice is due at once")
@@ -220,15 +224,12 @@ struct SnapshotStreamTests {
             while answered < node.repairRequests.count {
                 let request = node.repairRequests[answered]
                 answered += 1
-                let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
                 let paged = try #require(try SnapshotPage.decodeRequest(request.frames[1]))
                 let merging = node.machine.repair.stream?.merging != nil
                 #expect(!merging, "a page asked for while one is merged")
                 cursors.append(paged.after)
                 let page = try Self.page(&server, after: paged.after, octets: paged.maximumOctets, id: 1)
-                node.handle(
-                    .repairReply(
-                        peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: page)))
+                try Self.answer(request, with: page, on: &node)
             }
         }
         #expect(node.machine.counters.snapshotsApplied == 1)
@@ -277,10 +278,7 @@ struct SnapshotStreamTests {
         node.machine.repair.needsSnapshot = true
         node.advance(NodeMachine.repairInterval)
         let request = try #require(node.repairRequests.last)
-        let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
-        node.handle(
-            .repairReply(
-                peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: page.bytes)))
+        try Self.answer(request, with: page.bytes, on: &node)
         node.advance(0)
         #expect(node.machine.counters.malformedMessages == 0)
         node.advance(0)
