@@ -74,6 +74,37 @@ struct SimulatedRepairTests {
         #expect(cluster.run(for: 1000) { _ in model.count == 101 })
     }
 
+    /// A node restarted behind its peer's history, whose first HEARTBEATs (those with its member
+    /// list) were lost, as they are when the peer's SUB socket reconnects to it late, has the
+    /// peer's snapshot merged within two heartbeat intervals of being heard, whatever the phase
+    /// of the peer's heartbeats (the seeds move it): the peer sends its list on the HEARTBEAT
+    /// after it hears the node's new start, which lets the node take its deltas (PROTOCOL.md
+    /// 7.5), and each repair step (FETCH, SNAPSHOT) goes as soon as the one before is answered.
+    /// Before, it waited for the peer's tenth HEARTBEAT (up to a second here).
+    @Test(arguments: 1...10 as ClosedRange<UInt64>)
+    func aRestartedNodeTakesItsSnapshotWithinTwoHeartbeatsOfBeingHeard(seed: UInt64) async throws {
+        var configuration = SimulatedCluster.Configuration(nodes: 2, seed: seed)
+        configuration.historyDeltas = 5
+        let cluster = try SimulatedCluster(configuration)
+        cluster.crash(1)
+        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        for value in 1...100 { writer.count = value }
+        _ = cluster.run(for: 1000 + seed * 130)
+        let (restarted, peer) = (cluster.nodes[1].id, cluster.nodes[0].id)
+        cluster.network.setCut(true, from: restarted, to: peer)
+        try cluster.restart(1)
+        _ = cluster.run(for: 350)  // its first three HEARTBEATs are lost
+        cluster.network.setCut(false, from: restarted, to: peer)
+        let heard = cluster.now
+        #expect(
+            cluster.run(for: 5_000) { ($0.nodes[1].host?.status.counters["snapshots_applied"] ?? 0) >= 1 },
+            "seed \(seed)")
+        let took = cluster.now - heard
+        #expect(took <= 2 * UInt64(configuration.heartbeatMilliseconds), "seed \(seed): \(took) ms")
+        let late = try #require(cluster.nodes[1].host)
+        #expect(late.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == 100, "seed \(seed)")
+    }
+
     /// A late joiner merges its snapshot's pages a slice at a time (here one model each), asking
     /// for the next page once one is merged: a write reaches it between slices, then it crashes
     /// in the middle of a page's merge, which it held in memory only. After its restart it takes

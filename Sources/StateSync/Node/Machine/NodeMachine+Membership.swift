@@ -49,7 +49,10 @@ extension NodeMachine {
         }
         // It knows this node (it saved its list before sending it): its own deltas are taken;
         // not once its list says this node was forgotten.
+        let knew = peers[endpoint]?.listsThisNode ?? false
         peers[endpoint]?.listsThisNode = theirs.map { $0.state != .forgotten } ?? false
+        // What was left to repair until it knew this node is asked for at once.
+        if !knew, peers[endpoint]?.listsThisNode == true { repairsDue = true }
         // Not while a reset is unwritten: the entry would undo the forget on the peer, and a
         // restart before the reset is written would come back with what it dropped.
         guard refusal == nil, !resetUnwritten, let own = ownEntry, theirs.map({ $0.version < own.version }) ?? true

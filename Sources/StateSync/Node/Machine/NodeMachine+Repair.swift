@@ -160,26 +160,7 @@ extension NodeMachine {
             abandonStream()
             repair.needsSnapshot = true
         }
-        if repair.needsSnapshot, repair.snapshot == nil {
-            // Prefer peers whose last heartbeat shows they hold what this node lacks: a snapshot
-            // from a peer that lacks it too would cover nothing.
-            let gaps = origins.compactMapValues(\.firstGap)
-            let ownRecovered = repair.ownRecovery?.recovered
-            let holders = usable.filter { peer in
-                let progress = peers[peer]?.progress ?? [:]
-                return gaps.allSatisfy { origin, gap in (progress[origin] ?? 0) >= gap.upperBound }
-                    && ownRecovered.map { (progress[configuration.nodeID] ?? 0) > $0 } ?? true
-            }
-            let choices = holders.isEmpty ? usable : holders
-            repair.snapshotRotation += 1
-            let peer = choices[repair.snapshotRotation % choices.count]
-            repair.needsSnapshot = false
-            let stream = SnapshotStream(peer: peer)
-            repair.stream = stream
-            requestPage(of: stream)
-            logger.info("history is gone on the peers; asking for a snapshot", metadata: ["peer.endpoint": "\(peer)"])
-            return
-        }
+        if requestSnapshotIfNeeded(usable: usable) { return }
         guard repair.snapshot == nil else { return }
         requestOwnRecovery(usable: usable)
         for origin in origins.keys.sorted() where repair.fetches[origin] == nil {
@@ -219,6 +200,32 @@ extension NodeMachine {
                 "fetching missing deltas",
                 metadata: ["peer.id": "\(origin)", "delta.range": "\(range)", "peer.endpoint": "\(peer)"])
         }
+        // A gap no peer holds any more: the snapshot is asked for in this round, not the next.
+        requestSnapshotIfNeeded(usable: usable)
+    }
+
+    /// Starts a streamed SNAPSHOT when one is needed and none is in flight; whether it did.
+    @discardableResult
+    private mutating func requestSnapshotIfNeeded(usable: [String]) -> Bool {
+        guard repair.needsSnapshot, repair.snapshot == nil else { return false }
+        // Prefer peers whose last heartbeat shows they hold what this node lacks: a snapshot
+        // from a peer that lacks it too would cover nothing.
+        let gaps = origins.compactMapValues(\.firstGap)
+        let ownRecovered = repair.ownRecovery?.recovered
+        let holders = usable.filter { peer in
+            let progress = peers[peer]?.progress ?? [:]
+            return gaps.allSatisfy { origin, gap in (progress[origin] ?? 0) >= gap.upperBound }
+                && ownRecovered.map { (progress[configuration.nodeID] ?? 0) > $0 } ?? true
+        }
+        let choices = holders.isEmpty ? usable : holders
+        repair.snapshotRotation += 1
+        let peer = choices[repair.snapshotRotation % choices.count]
+        repair.needsSnapshot = false
+        let stream = SnapshotStream(peer: peer)
+        repair.stream = stream
+        requestPage(of: stream)
+        logger.info("history is gone on the peers; asking for a snapshot", metadata: ["peer.endpoint": "\(peer)"])
+        return true
     }
 
     /// After this node dropped its state (section 7.5): FETCHes back its own deltas a peer's
@@ -371,6 +378,8 @@ extension NodeMachine {
             // Refused: it never will, so its deltas are taken all the same (and the warning says
             // what that costs).
             peers[peer]?.listsThisNode = true
+            // What was left to repair until it knew this node is asked for at once.
+            repairsDue = true
             // "Taken": the peer's list holds this start's entry, as a HEARTBEAT's list holding it
             // would say (section 7.5, "Ids do not come back empty"). An empty body (an older
             // node) says nothing.
@@ -440,12 +449,14 @@ extension NodeMachine {
             ? 0 : takeVoid(origin: origin, void, within: outstanding.range)
         if deltas.isEmpty && voided == 0 {
             // This peer does not hold them (dropped, or never had them); another may, else a
-            // snapshot will do.
-            repair.exhausted[origin, default: []].insert(peer)
+            // snapshot will do: asked at once.
+            if repair.exhausted[origin, default: []].insert(peer).inserted { repairsDue = true }
             if droppedThrough < outstanding.range.lowerBound { repair.neverHeld[origin, default: []].insert(peer) }
         } else {
             repair.exhausted[origin] = nil
             repair.neverHeld[origin] = nil
+            // The rest of a gap longer than a FETCH, at once.
+            if !fresh.isEmpty || voided > 0 { repairsDue = true }
         }
     }
 

@@ -135,6 +135,13 @@ package struct NodeMachine: Sendable {
     package internal(set) var boundRepair: String
     var lastHeartbeat: UInt64?
     var lastRepairRound: UInt64?
+    /// An answer let the next repair request go (an ANNOUNCE taken or a list naming this node, a
+    /// FETCH that brought deltas or found a peer without them): the next tick asks at once
+    /// instead of at the next round, up to ``repairInterval`` later (PROTOCOL.md 11.3). Not after
+    /// an answer that changed nothing (a peer that keeps answering so would be asked again at
+    /// network speed), nor after a snapshot's end (a gap no snapshot fills would make FETCHes
+    /// and SNAPSHOTs follow each other so).
+    var repairsDue = false
     /// When the store's digest last took in the models changed since (``foldDigestsWhenDue()``).
     var lastDigestFold: UInt64?
     var intakePaused = false
@@ -433,6 +440,7 @@ package struct NodeMachine: Sendable {
         }
         if lastRepairRound.map({ now &- $0 >= Self.repairInterval }) ?? true {
             lastRepairRound = now
+            repairsDue = false
             foldDigestsWhenDue()
             updateRepairLinks()
             advanceSettling()
@@ -446,6 +454,9 @@ package struct NodeMachine: Sendable {
                 compact()
                 repair.mergedSnapshot = false
             }
+        } else if repairsDue {
+            repairsDue = false
+            if !intakePaused { requestRepairs() }
         }
         applyBackpressure(observerBacklog: observerBacklog)
         expireValues()
@@ -569,7 +580,7 @@ package struct NodeMachine: Sendable {
             deadline = min(deadline, durability.lastSync &+ UInt64(configuration.fsyncIntervalMilliseconds))
         }
         if watches.lagging > 0 || intakePaused { deadline = min(deadline, now &+ 5) }
-        if !durability.heldOKs.isEmpty || repair.stream?.merging != nil { deadline = now }
+        if !durability.heldOKs.isEmpty || repair.stream?.merging != nil || repairsDue { deadline = now }
         // The next expiry, in this monotonic time (the wall clock tells how far off it is).
         if let expiry = store.nextExpiry {
             let wall = clock.wallMilliseconds()
