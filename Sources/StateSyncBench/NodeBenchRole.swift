@@ -135,10 +135,13 @@ public enum NodeBenchRole {
         model.observe(\.done) { change in tally.lock.withLock { tally.written = change.new } }
         say("READY")
         let cpuAtStart = processCPUSeconds()
+        // The node's status is read only when its I/O thread lets go of it (``statusIfIdle``):
+        // waiting for it would spin a core away from the run measured. The run's times come from
+        // the observers, not from these reads.
         func finished() -> Bool {
             let (seen, written) = tally.lock.withLock { (tally.complete(mode: options.mode), tally.written) }
             guard !seen, written > 0 else { return seen }
-            let status = node.status
+            guard let status = node.statusIfIdle else { return false }
             // Applied: every change, and the `done` write (with live models).
             if options.mode != .models, status.counters["deltas_applied"] ?? 0 > written { return true }
             // Or held: once the `done` write (the writer's last) is applied and nothing below it
@@ -161,18 +164,18 @@ public enum NodeBenchRole {
         // all): one that shares its cores with other work falls behind the writer by minutes, yet
         // sees every change in the end (a fixed minute past the run called such runs incomplete).
         let limit = Date().addingTimeInterval(options.seconds + 600)
-        // Progress: deltas applied or received, snapshots merged, or the count of missing ones.
-        func signature() -> [Int] {
-            let status = node.status
+        // Progress: deltas applied or received, snapshots merged, or the count of missing ones
+        // (`nil` while the I/O thread holds the node's state).
+        func signature() -> [Int]? {
+            guard let status = node.statusIfIdle else { return nil }
             return [
                 status.counters["deltas_applied"] ?? 0, status.counters["deltas_received"] ?? 0,
                 status.counters["snapshots_applied"] ?? 0, status.missingDeltas,
             ]
         }
-        var progress = (signature: signature(), at: Date())
+        var progress = (signature: signature() ?? [], at: Date())
         while !finished() && Date() < limit && Date().timeIntervalSince(progress.at) < 60 {
-            let now = signature()
-            if now != progress.signature { progress = (now, Date()) }
+            if let now = signature(), now != progress.signature { progress = (now, Date()) }
             if options.mode == .models, tally.first.load(ordering: .relaxed) == 0,
                 node.status.counters["deltas_applied"] ?? 0 > baseline
             {
