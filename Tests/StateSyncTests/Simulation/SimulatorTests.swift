@@ -31,7 +31,9 @@ struct SimulatorTests {
 
     /// Every planted bug is caught, and the verdict names the node (or its watcher).
     /// (skip-settling needs a power loss of its node while writes it published are not yet
-    /// synced: seed 3 has one, seed 4 does not; skip-void needs one that met writes every peer
+    /// synced: seed 9 has one, seed 4 does not; seed 3 had one until a restarted node's peers
+    /// sent it their member list at once and repair steps stopped waiting for the next round,
+    /// which changed the run's timing; skip-void needs one that met writes every peer
     /// missed below writes they hold: seed 1 has one. The others are caught at seed 4, and the
     /// same run passes without a bug: checked. Seed 7 served until a node took a peer's deltas
     /// only once that peer knew it (PROTOCOL.md 7.5): n4 joins late in it, the run's timing
@@ -42,7 +44,7 @@ struct SimulatorTests {
     /// when a forgotten node overrides the forget before it learns of it.)
     @Test(arguments: SimulationOptions.PlantedBug.allCases)
     func aPlantedBugFailsTheVerdictAndNamesTheNode(bug: SimulationOptions.PlantedBug) throws {
-        let seed: UInt64 = bug == .skipSettling ? 3 : bug == .skipVoid ? 1 : 4
+        let seed: UInt64 = bug == .skipSettling ? 9 : bug == .skipVoid ? 1 : 4
         let report = try ClusterSimulator.run(
             Self.options(
                 seed: seed, ops: 1500, nodes: 4, bug: bug,

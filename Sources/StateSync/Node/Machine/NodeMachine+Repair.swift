@@ -119,7 +119,12 @@ extension NodeMachine {
     }
 
     /// Sends a FETCH for every origin with a gap and no request in flight; a SNAPSHOT when needed.
-    mutating func requestRepairs() {
+    /// `prompted`: run at once after an answer (``NodeMachine/repairsDue``), not at a round: it
+    /// gives nothing up (claims withdrawn, a forgotten member's numbers), which waits for the next
+    /// round, as it did when every step did. Every peer exhausted within a few round trips, a
+    /// forgotten member coming back could have its first writes given up before its entry saying
+    /// so arrived (simulator, 3 nodes × 300 operations, seed 10, with each step at once).
+    mutating func requestRepairs(prompted: Bool = false) {
         guard !faults.skipRepair else { return }
         var connected: [String: String?] = [:]  // peer → its node id
         for (peer, progress) in peers where isConnected(progress) { connected[peer] = progress.node }
@@ -170,13 +175,17 @@ extension NodeMachine {
             let candidates = usable.filter { !(repair.exhausted[origin]?.contains($0) ?? false) }
             guard !candidates.isEmpty else {
                 let neverHeld = repair.neverHeld[origin] ?? []
+                let phantom =
+                    usable.allSatisfy(neverHeld.contains) && usable.contains(where: { connected[$0] == .some(origin) })
+                let goneForgotten =
+                    membership.members[origin]?.state == .forgotten
+                    && !usable.contains(where: { (peers[$0]?.progress[origin] ?? 0) >= gap.lowerBound })
+                if prompted, phantom || goneForgotten { continue }
                 repair.exhausted[origin] = nil
                 repair.neverHeld[origin] = nil
-                if usable.allSatisfy(neverHeld.contains), usable.contains(where: { connected[$0] == .some(origin) }) {
+                if phantom {
                     withdrawUnbackedClaims(origin: origin)
-                } else if membership.members[origin]?.state == .forgotten,
-                    !usable.contains(where: { (peers[$0]?.progress[origin] ?? 0) >= gap.lowerBound })
-                {
+                } else if goneForgotten {
                     giveUpForgotten(origin: origin, gap)
                 } else {
                     repair.needsSnapshot = true

@@ -456,7 +456,7 @@ package struct NodeMachine: Sendable {
             }
         } else if repairsDue {
             repairsDue = false
-            if !intakePaused { requestRepairs() }
+            if !intakePaused { requestRepairs(prompted: true) }
         }
         applyBackpressure(observerBacklog: observerBacklog)
         expireValues()
