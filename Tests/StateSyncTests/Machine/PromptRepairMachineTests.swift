@@ -102,16 +102,18 @@ struct PromptRepairMachineTests {
         #expect(RepairMachineTests.requests(node, from: 1).map(\.command) == [.snapshot])
     }
 
-    /// A gap longer than a FETCH (2,000 numbers) is asked for piece by piece, each as soon as the
-    /// one before is answered. An answer that brings nothing new (here, what the node holds
-    /// already) asks nothing until the next round: a peer that keeps answering so is asked 20
-    /// times a second, not at network speed.
-    @Test func aLongGapIsFetchedPieceByPieceAndAUselessAnswerWaitsForTheRound() throws {
+    /// What a FETCH brings does not make the next one go at once: the rest of a gap longer than a
+    /// FETCH (2,000 numbers) waits for the round, which bounds what repair adds to a node that
+    /// fell behind; so does an answer that brings nothing new (a peer that keeps answering so is
+    /// asked 20 times a second, not at network speed).
+    @Test func aLongGapIsFetchedAPieceARound() throws {
         var node = Self.fetching(latest: 5000)
         #expect(RepairMachineTests.requests(node).map(\.fetch?.range) == [1...2000])
         let first = (1...2000 as ClosedRange<UInt64>).map { RepairMachineTests.delta("n2", $0) }
         try Self.reply(&node, at: 0, from: "n2", ClientProtocol.encodeFetched(first, droppedThrough: 0))
         node.advance(0)
+        #expect(node.repairRequests.count == 1, "the rest at the round")
+        node.advance(50)
         #expect(RepairMachineTests.requests(node, from: 1).map(\.fetch?.range) == [2001...4000])
         try Self.reply(
             &node, at: 1, from: "n2", ClientProtocol.encodeFetched(Array(first.suffix(1)), droppedThrough: 0))

@@ -462,10 +462,11 @@ extension NodeMachine {
             if repair.exhausted[origin, default: []].insert(peer).inserted { repairsDue = true }
             if droppedThrough < outstanding.range.lowerBound { repair.neverHeld[origin, default: []].insert(peer) }
         } else {
+            // The rest of a gap longer than a FETCH waits for the round, as before: 2,000 numbers
+            // per origin a round bound what repair adds to a node that dropped deltas because it
+            // was behind, and a late joiner's gaps are filled by a snapshot, not by FETCHes.
             repair.exhausted[origin] = nil
             repair.neverHeld[origin] = nil
-            // The rest of a gap longer than a FETCH, at once.
-            if !fresh.isEmpty || voided > 0 { repairsDue = true }
         }
     }
 
