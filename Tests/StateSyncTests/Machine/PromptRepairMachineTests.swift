@@ -92,12 +92,17 @@ struct PromptRepairMachineTests {
     }
 
     /// A peer that answers a FETCH with nothing (its history is gone) leaves a snapshot as the
-    /// only way: it is asked for on the next tick, in the round that finds no other peer to ask.
+    /// only way: the tick after the answer finds no other peer to ask, and the one after it asks
+    /// for the snapshot, in the same instant (a driver ticks again at once: the deadline is now),
+    /// and alone: a round that asks for a snapshot asks for nothing else.
     @Test func aFetchAnsweredWithNothingByTheLastPeerAsksForTheSnapshotAtOnce() throws {
         var node = Self.fetching(latest: 5)
         let sent = RepairMachineTests.requests(node)
         #expect(sent.count == 1 && sent[0].fetch?.range == 1...5)
         try Self.reply(&node, at: 0, from: "n2", ClientProtocol.encodeFetched([], droppedThrough: 5))
+        node.advance(0)
+        #expect(node.repairRequests.count == 1)
+        #expect(node.machine.nextDeadline() == node.now, "a snapshot is needed: the next tick is now")
         node.advance(0)
         #expect(RepairMachineTests.requests(node, from: 1).map(\.command) == [.snapshot])
     }
