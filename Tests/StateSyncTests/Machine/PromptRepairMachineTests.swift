@@ -134,15 +134,7 @@ struct PromptRepairMachineTests {
     /// within a few round trips, a forgotten member that came back had its first writes given up
     /// before its entry saying it was alive again arrived).
     @Test func aForgottenMembersNumbersAreGivenUpAtARoundNotAtOnce() throws {
-        var node = RepairMachineTests.connectedNode()
-        node.handle(
-            .peerMessage(peer: "inproc://n3", frames: PeerMessage.delta(RepairMachineTests.delta("n3", 3)).encode()))
-        let forgotten = MembershipMachineTests.member("n3", .forgotten, at: 1_800_000_000_500, by: "n1")
-        node.handle(
-            .peerMessage(
-                peer: "inproc://n1",
-                frames: MembershipMachineTests.heartbeat(
-                    "n1", members: [MembershipMachineTests.member("n1", at: 1_800_000_000_400), forgotten])))
+        var node = PhantomSequenceTests.missingAForgottenMembersDeltas()
         node.advance(60)
         var answered = 0
         for _ in 0..<3 {
