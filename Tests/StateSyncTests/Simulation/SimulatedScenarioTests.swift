@@ -82,7 +82,7 @@ struct SimulatedRepairTests {
     /// (PROTOCOL.md 7.5), and the repair steps that wait for an answer (FETCH, SNAPSHOT) go as
     /// soon as it comes; a FETCH that brings the last few deltas the peer still holds leaves the
     /// rest to the next round. Before, it waited for the peer's tenth HEARTBEAT (up to a second
-    /// here): with that rule disabled, 6 of the 10 seeds took 307–659 ms.
+    /// here): with that rule disabled, 6 of the 10 seeds took 308–660 ms.
     @Test(arguments: 1...10 as ClosedRange<UInt64>)
     func aRestartedNodeTakesItsSnapshotSoonAfterBeingHeard(seed: UInt64) async throws {
         var configuration = SimulatedCluster.Configuration(nodes: 2, seed: seed)
