@@ -210,9 +210,9 @@ extension NodeMachine {
                 metadata: ["peer.id": "\(origin)", "delta.range": "\(range)", "peer.endpoint": "\(peer)"])
         }
         // A gap no peer holds any more: the snapshot is asked for at the next tick, not the next
-        // round. Not in this one: a round that asks for a snapshot asks for nothing else (asked
-        // here, after this round's FETCHes, the simulator found a watcher that missed a change:
-        // 3 nodes × 300 operations, seed 1154; not traced further).
+        // round. Not in this one: a round that asks for a snapshot asks for nothing else. (Asked
+        // here, after this round's FETCHes, the timing showed a watch bug, since fixed: 3 nodes ×
+        // 300 operations, seed 1154; see ``resyncResumedWatches(lacking:through:held:)``.)
         if repair.needsSnapshot, repair.snapshot == nil { repairsDue = true }
     }
 

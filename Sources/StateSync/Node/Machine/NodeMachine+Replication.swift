@@ -660,6 +660,7 @@ extension NodeMachine {
     mutating func coverWithoutHistory(origin: String, through sequence: UInt64) {
         let progress = origins[origin] ?? OriginProgress()
         resetWatchesHolding(origin: origin) { $0 <= sequence && !progress.holds($0) }
+        resyncResumedWatches(lacking: origin, through: sequence, held: progress)
         origins[origin, default: OriginProgress()].cover(through: sequence)
         history[origin, default: OriginHistory()].drop(through: sequence)
         journal.markAbsent(origin: origin, through: sequence)
