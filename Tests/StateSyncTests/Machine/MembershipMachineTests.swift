@@ -408,10 +408,33 @@ struct MembershipMachineTests {
         #expect(secured.request(.forget, id: 3, body.bytes, identity: "client:op")?.0.kind == .ok)
     }
 
-    /// The list rides on the three HEARTBEATs after a change of it and on every tenth, not on
+    /// A list of at most eight entries rides on every HEARTBEAT: a node joining through this one,
+    /// which does not hear it, waits for the next one before it may ANNOUNCE (section 7.5). A
+    /// longer one rides on the three HEARTBEATs after a change of it and on every tenth, not on
     /// every one (it is O(members) octets per HEARTBEAT per link).
-    @Test func theListRidesOnTheHeartbeatsAfterAChangeAndOnEveryTenth() throws {
+    @Test func theListRidesOnEveryHeartbeatOfASmallClusterElseAfterAChangeAndOnEveryTenth() throws {
+        var small = Self.started("n1", peers: ["n2"])
+        small.handle(
+            .peerMessage(
+                peer: "inproc://n2",
+                frames: Self.heartbeat("n2", members: (2...8).map { Self.member("n\($0)", at: 100) })))
+        #expect(small.machine.membership.members.count == NodeMachine.membersOnEveryHeartbeatUpTo)
+        var withList = 0
+        for _ in 0..<25 {
+            let before = small.published.count
+            small.advance(100)
+            let beat = try #require(small.published[before...].last { $0[0] == PeerMessage.heartbeatTopic })
+            guard case .heartbeat(let decoded) = try PeerMessage.decode(beat) else { throw CancellationError() }
+            if decoded.members?.count == 8 { withList += 1 }
+        }
+        #expect(withList == 25, "eight entries: the list on every heartbeat")
+
         var node = Self.started("n1", peers: ["n2"])
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2",
+                frames: Self.heartbeat("n2", members: (2...9).map { Self.member("n\($0)", at: 100) })))
+        #expect(node.machine.membership.members.count == NodeMachine.membersOnEveryHeartbeatUpTo + 1)
         func carried(_ beats: Int) throws -> [Int] {
             var indices: [Int] = []
             for index in 0..<beats {
@@ -423,9 +446,9 @@ struct MembershipMachineTests {
             }
             return indices
         }
-        #expect(try carried(25) == [0, 1, 2, 10, 20], "three after its own entry, then every tenth")
+        #expect(try carried(25) == [0, 1, 2, 10, 20], "three after the change, then every tenth")
         node.handle(
-            .peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100)])))
+            .peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [Self.member("n2", at: 200)])))
         #expect(try carried(6) == [0, 1, 2, 5], "three after the change (heartbeats 25–27), then the 30th")
     }
 

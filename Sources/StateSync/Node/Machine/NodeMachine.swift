@@ -432,6 +432,7 @@ package struct NodeMachine: Sendable {
             let withMembers =
                 heartbeatsSent &- membershipChangedAt < Self.membersAfterChange
                 || heartbeatsSent % Self.membersEveryHeartbeats == 0
+                || membership.members.count <= Self.membersOnEveryHeartbeatUpTo
             let floor = ownFloor
             saveMembersIfChanged()
             actions.append(.publish(heartbeat(withMembers: withMembers, floor: floor).encode()))
