@@ -190,6 +190,12 @@ extension NodeMachine {
             repairEndpoint = nil
         }
         peers[endpoint, default: PeerProgress()].repairEndpoint = repairEndpoint
+        // The first repair link to a peer is made at once, not at the next round: the ANNOUNCE
+        // this HEARTBEAT's list may call for goes over it (else a joiner waits for the list on
+        // the seed's next HEARTBEAT, one interval later).
+        if repairEndpoint != nil, repair.links[endpoint] == nil, peerEndpoints.contains(endpoint) {
+            updateRepairLinks()
+        }
         var covered = beat.progress
         covered[beat.node] = max(covered[beat.node] ?? 0, beat.latestSequence)
         peers[endpoint, default: PeerProgress()].progress = covered
