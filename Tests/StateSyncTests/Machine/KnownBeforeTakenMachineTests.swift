@@ -53,6 +53,17 @@ struct KnownBeforeTakenMachineTests {
         return node.machine.status(now: now).peers.first { $0.endpoint == endpoint }
     }
 
+    /// A joiner ANNOUNCEs itself on the first list it hears from its seed: the repair link that
+    /// goes over is made on that HEARTBEAT, not at the next repair round (which left the ANNOUNCE
+    /// to the seed's next list, a heartbeat interval later).
+    @Test func theFirstListHeardIsAnsweredWithAnAnnounceOverALinkMadeAtOnce() {
+        var node = MembershipMachineTests.started("n3", peers: ["n1"])
+        node.peersKnowThisNode = false
+        node.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", members: Self.cluster)))
+        #expect(node.repairLinksConnected == ["inproc://n1"])
+        #expect(Self.announces(node, to: "inproc://n1").count == 1, "with no tick between")
+    }
+
     /// A peer's live deltas wait until its list names the node: not applied, not taken as
     /// received, counted; the peer is told the node's entry; status and readiness say so. Once
     /// its list names the node, its deltas are taken, and the one left out is repaired.

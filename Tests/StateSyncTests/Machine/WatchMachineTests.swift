@@ -366,5 +366,45 @@ struct WatchMachineTests {
         for event in delivered.events(watch: 2) { _ = try told.handle(event, from: "n3") }
         #expect(snapshots(delivered, watch: 2) == 0)
         #expect(told.replica.properties(of: "m")["n"]?.value == 2 && told.replica.cursor["n2"] == 2)
+        // A later snapshot covering what it was delivered sends it nothing more.
+        var next = delivered.repairRequests.count
+        try Self.mergeSnapshot(
+            &delivered, answered: &next, progress: ["n2": 2],
+            registers: ["n": ReplicaStore.Register(value: 2, version: second.version)])
+        #expect(snapshots(delivered, watch: 2) == 0, "it was delivered every number the snapshot covers")
+    }
+
+    /// 7.5 and 10.5.4: a forgotten member's numbers this node gives up may have written what its
+    /// state holds from a peer's snapshot page (here put in the store directly, as a page merged
+    /// while the watch's client was away would): a watch resumed from a cursor that lacks them
+    /// gets a resync snapshot, and its client ends with that write.
+    @Test func aResumedWatchIsResyncedWhenAForgottenMembersNumbersAreGivenUp() throws {
+        var node = PhantomSequenceTests.missingAForgottenMembersDeltas()
+        _ = node.request(.watch, id: 1, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        let (session, _) = try Self.replay(node.events(watch: 1))
+        let written = RepairMachineTests.delta("n3", 2).version
+        _ = node.machine.store.merge(
+            Self.address, property: "x", register: ReplicaStore.Register(value: 2, version: written))
+        _ = node.request(
+            .watch, id: 2,
+            ClientProtocol.encodeWatch(channel: "c", from: session.replica.cursor, heldAbove: session.replica.heldAbove)
+        )
+        #expect(node.events(watch: 2).allSatisfy { if case .snapshotBegin = $0 { false } else { true } })
+        var answered = 0
+        for _ in 0..<10 where node.machine.missingDeltas > 0 {
+            node.advance(60)
+            answered = try PhantomSequenceTests.answerEmpty(&node, from: answered, droppedThrough: 0)
+            for peer in ["n1", "n2"] {
+                node.handle(
+                    .peerMessage(peer: "inproc://\(peer)", frames: RepairMachineTests.heartbeat(peer, latest: 0)))
+            }
+        }
+        #expect(node.machine.missingDeltas == 0, "given up")
+        node.advance(10)
+        var resumed = session
+        var meanings: [WatchEvent] = []
+        for event in node.events(watch: 2) { meanings += try resumed.handle(event, from: "n4") }
+        #expect(meanings.contains { if case .resyncStarted(.lagged) = $0 { true } else { false } })
+        #expect(resumed.replica.properties(of: "m")["x"]?.value == 2)
     }
 }

@@ -541,12 +541,17 @@ extension NodeMachine {
     /// past them as past void ones.
     mutating func giveUpForgotten(origin: String, _ gap: ClosedRange<UInt64>) {
         guard var progress = origins[origin] else { return }
+        let held = progress
         let range = Self.limited(gap)
         var taken: [UInt64] = []
         for sequence in range where progress.receive(sequence) { taken.append(sequence) }
         origins[origin] = progress
         guard !taken.isEmpty else { return }
         rememberVoid(origin: origin, taken)
+        // What they wrote may be in this node's state from a peer's snapshot page (a peer held
+        // them there): a resumed watch that missed that merge is resynced, as when a snapshot
+        // covers numbers (section 10.5.4).
+        resyncResumedWatches(lacking: origin, through: range.upperBound, held: held)
         passVoidInWatches(origin: origin, taken)
         warnLimited(
             "forgotten-gap",

@@ -568,7 +568,8 @@ extension NodeMachine {
     }
 
     /// This node covers `origin`'s numbers through `sequence` without their deltas (a peer's
-    /// snapshot's progress), and `held` (its progress before) says which it received: a watch
+    /// snapshot's progress, a forgotten member's numbers given up), and `held` (its progress
+    /// before) says which it received: a watch
     /// resumed from a cursor (``Watch/mayLackMergedState``) not delivered one of the others gets
     /// a resync snapshot. What that one wrote may have reached this node's state in an earlier
     /// snapshot's pages, merged before the watch resumed, and will never come as a delta now:
