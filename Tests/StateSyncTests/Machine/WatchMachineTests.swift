@@ -238,29 +238,11 @@ struct WatchMachineTests {
         var covered = restarted()
         covered.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 3)))
         covered.advance(50)
-        covered.machine.repair.needsSnapshot = true
         var answered = 0
-        for _ in 0..<20 where covered.machine.counters.snapshotsApplied == 0 {
-            covered.advance(100)
-            while answered < covered.repairRequests.count {
-                let request = covered.repairRequests[answered]
-                answered += 1
-                guard (try? SnapshotPage.decodeRequest(request.frames[1])) != nil else { continue }
-                let page = SnapshotPage.encode(
-                    latestSequence: 3, progress: ["n2": 3], maximumOctets: 1 << 20,
-                    models: [
-                        (
-                            Self.address,
-                            ["n": ReplicaStore.Register(value: 1, version: RepairMachineTests.delta("n2", 1).version)]
-                        )
-                    ])
-                let id = try ClientProtocol.decodeRequestHeader(request.frames[0]).requestID
-                covered.handle(
-                    .repairReply(peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: id, body: page.bytes)))
-            }
-        }
+        try Self.mergeSnapshot(
+            &covered, answered: &answered, progress: ["n2": 3],
+            registers: ["n": ReplicaStore.Register(value: 1, version: RepairMachineTests.delta("n2", 1).version)])
         #expect(covered.machine.counters.snapshotsApplied == 1)
-        covered.advance(10)
         var after = session
         var meanings: [WatchEvent] = []
         for event in covered.events(watch: 2) { meanings += try after.handle(event, from: "n3") }
@@ -390,15 +372,7 @@ struct WatchMachineTests {
             ClientProtocol.encodeWatch(channel: "c", from: session.replica.cursor, heldAbove: session.replica.heldAbove)
         )
         #expect(node.events(watch: 2).allSatisfy { if case .snapshotBegin = $0 { false } else { true } })
-        var answered = 0
-        for _ in 0..<10 where node.machine.missingDeltas > 0 {
-            node.advance(60)
-            answered = try PhantomSequenceTests.answerEmpty(&node, from: answered, droppedThrough: 0)
-            for peer in ["n1", "n2"] {
-                node.handle(
-                    .peerMessage(peer: "inproc://\(peer)", frames: RepairMachineTests.heartbeat(peer, latest: 0)))
-            }
-        }
+        try PhantomSequenceTests.giveUpTheForgottenGap(&node)
         #expect(node.machine.missingDeltas == 0, "given up")
         node.advance(10)
         var resumed = session

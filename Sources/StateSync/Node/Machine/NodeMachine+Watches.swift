@@ -569,14 +569,13 @@ extension NodeMachine {
 
     /// This node covers `origin`'s numbers through `sequence` without their deltas (a peer's
     /// snapshot's progress, a forgotten member's numbers given up), and `held` (its progress
-    /// before) says which it received: a watch
-    /// resumed from a cursor (``Watch/mayLackMergedState``) not delivered one of the others gets
-    /// a resync snapshot. What that one wrote may have reached this node's state in an earlier
-    /// snapshot's pages, merged before the watch resumed, and will never come as a delta now:
-    /// the client would miss it (the simulator, 3 nodes × 300 operations, seed 1154, with a
-    /// snapshot asked for at the end of a round). A watch that began with a snapshot, or got one
-    /// since, holds all the state had: it is left alone; so is one that will be delivered the
-    /// numbers from the journal.
+    /// before) says which it received: a watch resumed from a cursor
+    /// (``Watch/mayLackMergedState``) not delivered one of the others gets a resync snapshot.
+    /// What that one wrote may have reached this node's state in an earlier snapshot's pages,
+    /// merged before the watch resumed, and will never come as a delta now: the client would
+    /// miss it (the simulator, 3 nodes × 300 operations, seed 1154, with a snapshot asked for at
+    /// the end of a round). A watch that began with a snapshot, or got one since, holds all the
+    /// state had: it is left alone; so is one that will be delivered the numbers from the journal.
     mutating func resyncResumedWatches(lacking origin: String, through sequence: UInt64, held: OriginProgress) {
         guard sequence > held.contiguous else { return }
         for key in watches.order {
