@@ -174,7 +174,11 @@ public enum NodeBenchRole {
             ]
         }
         var progress = (signature: signature() ?? [], at: Date())
-        while !finished() && Date() < limit && Date().timeIntervalSince(progress.at) < 60 {
+        // Asked once per turn and kept: asked again, it could say no only because the I/O thread
+        // held the node's state at that instant (``statusIfIdle``), and a finished run would be
+        // reported incomplete (once, under the whole suite's load: applied 0 of 39,680 written).
+        var done = finished()
+        while !done && Date() < limit && Date().timeIntervalSince(progress.at) < 60 {
             if let now = signature(), now != progress.signature { progress = (now, Date()) }
             if options.mode == .models, tally.first.load(ordering: .relaxed) == 0,
                 node.status.counters["deltas_applied"] ?? 0 > baseline
@@ -182,8 +186,8 @@ public enum NodeBenchRole {
                 tally.first.store(monotonicNanoseconds(), ordering: .relaxed)
             }
             try await Task.sleep(for: .milliseconds(options.mode == .models ? 1 : 5))
+            done = finished()
         }
-        let done = finished()
         if options.mode == .models, done {
             // Counted, not assumed: the deltas the node applied (fewer than written when a
             // snapshot brought the latest values instead of every delta).
