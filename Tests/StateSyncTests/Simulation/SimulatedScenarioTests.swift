@@ -110,7 +110,7 @@ struct SimulatedRepairTests {
 
     /// A node joining through a seed that does not subscribe to it (so does not hear it) may
     /// ANNOUNCE itself only once it has heard the seed's member list (PROTOCOL.md 7.5): in a
-    /// cluster of at most eight entries the list rides on every HEARTBEAT, and the repair link to
+    /// cluster of at most eight members the list rides on every HEARTBEAT, and the repair link to
     /// the seed is made on its first one, so the seed knows the joiner within a heartbeat
     /// interval (and a repair round's margin) of its start, whatever the phase of the seed's
     /// heartbeats (the seeds move it), and the joiner holds the seed's writes. The ten seeds took
