@@ -268,6 +268,7 @@ struct WatchMachineTests {
         let noted = far.machine.watches[WatchKey(client: [0x53, 1], requestID: 3)]?.clientOnly["n9"]?.count
         #expect(noted == NodeMachine.clientOnlyLimit)
     }
+
     /// Answers the snapshot `node` asks for (from `answered` on in its repair requests) with one
     /// page of `registers` of ``address`` claiming `progress`, until it is merged.
     static func mergeSnapshot(
