@@ -138,10 +138,10 @@ package struct NodeMachine: Sendable {
     /// An answer let the next repair request go (an ANNOUNCE taken or a list naming this node, a
     /// FETCH that found a peer without the deltas), or a round found a snapshot needed (it goes
     /// alone, at the next tick): the next tick asks at once instead of at the next round, up to
-    /// ``repairInterval`` later (PROTOCOL.md 11.3). Not after
-    /// an answer that changed nothing (a peer that keeps answering so would be asked again at
-    /// network speed), nor after a snapshot's end (a gap no snapshot fills would make FETCHes
-    /// and SNAPSHOTs follow each other so).
+    /// ``repairInterval`` later (PROTOCOL.md 11.3). Not after an answer that changed nothing (a
+    /// peer that keeps answering so would be asked again at network speed), nor after a
+    /// snapshot's end (a gap no snapshot fills would make FETCHes and SNAPSHOTs follow each
+    /// other so).
     var repairsDue = false
     /// When the store's digest last took in the models changed since (``foldDigestsWhenDue()``).
     var lastDigestFold: UInt64?
