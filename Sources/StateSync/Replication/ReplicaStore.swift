@@ -103,6 +103,18 @@ public struct ReplicaStore: Sendable {
         }
     }
 
+    /// A register with the name of its property (a snapshot's, as it is decoded). A struct, not
+    /// a pair: the optimiser handles a pair of these through the runtime's generic witnesses.
+    package struct NamedRegister: Sendable {
+        package var name: String
+        package var register: Register
+
+        package init(_ name: String, _ register: Register) {
+            self.name = name
+            self.register = register
+        }
+    }
+
     /// One model: its property registers, the version of its last deletion, and how many of its
     /// properties have a value.
     struct Model: Sendable {
@@ -770,14 +782,17 @@ public struct ReplicaStore: Sendable {
                 let fresh = model.registers.isEmpty && model.deletion == nil
                 if fresh { model.registers.reserveCapacity(registers.count - index) }
                 while index < registers.count, !registers[index].name.isEmpty {
-                    let (name, register) = registers[index]
+                    // Passed in place, not bound to a copy first: a copy of the pair costs a
+                    // retain and a release of its name and value, a million times a snapshot.
                     let merged =
                         fresh
-                        ? Self.mergeRegister(name, register, intoFresh: &model, context: &context)
-                        : Self.mergeRegister(name, register, into: &model, context: &context)
+                        ? Self.mergeRegister(
+                            registers[index].name, registers[index].register, intoFresh: &model, context: &context)
+                        : Self.mergeRegister(
+                            registers[index].name, registers[index].register, into: &model, context: &context)
                     if merged != nil {
                         won[index] = true
-                        newest = max(newest, register.version)
+                        newest = max(newest, registers[index].register.version)
                     }
                     index += 1
                 }
@@ -785,6 +800,56 @@ public struct ReplicaStore: Sendable {
             finish(context, newest: newest)
         }
         return won
+    }
+
+    /// Merges registers of one model as `next` gives them, until it gives `nil`: a snapshot
+    /// page's, merged as they are decoded, each moved into the store rather than gathered into an
+    /// array first and copied from it (a joiner merges a million). Exactly like
+    /// ``merge(_:property:register:)`` for each, in the order given: a name given twice merges
+    /// twice, last-writer-wins deciding. `expected`: how many registers `next` may give (room is
+    /// made for them in a model new here). Returns the newest version that won, if any.
+    package mutating func merge(
+        _ address: ModelAddress, expected: Int, from next: () -> NamedRegister?
+    ) -> Version? {
+        var newestWon: Version?
+        var entry = next()
+        while let first = entry {
+            if first.name.isEmpty {
+                if merge(address, property: "", register: first.register) != nil {
+                    newestWon = max(newestWon ?? first.register.version, first.register.version)
+                }
+                entry = next()
+                continue
+            }
+            // A run of properties up to the next deletion of the model (a snapshot has none after).
+            var context = MergeContext(channel: address.channel, model: address.model, store: self)
+            var newest: Version?
+            modify(address, &context) { model, context in
+                let liveBefore = model.live
+                defer { context.noteLiveness(before: liveBefore, after: model.live) }
+                // A model new here (a joiner's): room for all its registers at once, and no
+                // floor to look up before each write (only a name given twice has one).
+                let fresh = model.registers.isEmpty && model.deletion == nil
+                if fresh { model.registers.reserveCapacity(expected) }
+                while let named = entry.take() {
+                    // The model's deletion ends the run; it is merged on its own.
+                    guard !named.name.isEmpty else {
+                        entry = named
+                        return
+                    }
+                    let version = named.register.version
+                    let merged =
+                        fresh
+                        ? Self.mergeRegister(named.name, named.register, intoFresh: &model, context: &context)
+                        : Self.mergeRegister(named.name, named.register, into: &model, context: &context)
+                    if merged != nil { newest = max(newest ?? version, version) }
+                    entry = next()
+                }
+            }
+            finish(context, newest: newest ?? .zero)
+            if let newest { newestWon = max(newestWon ?? newest, newest) }
+        }
+        return newestWon
     }
 
     // MARK: - Expiry

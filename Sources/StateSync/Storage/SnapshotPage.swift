@@ -139,14 +139,19 @@ package struct SnapshotPage: Sendable {
 
     /// A page read a few models at a time (a page is up to megabytes, its models are parsed as
     /// they are merged): the checksum and the header are checked when it is made, the models
-    /// read by ``models(registers:)``, then the cursor by ``next()``.
+    /// read by ``models(registers:)`` (whole), or register by register with ``nextModel()`` and
+    /// ``nextRegister()``, then the cursor by ``next()``.
     package struct Reader: Sendable {
         package let latestSequence: UInt64
         package let progress: [String: UInt64]
         package let collectedThrough: UInt64?
         package let modelCount: Int
         package private(set) var modelsRead = 0
-        /// Positioned at the next model.
+        /// The registers of the model begun by ``nextModel()`` not read yet.
+        package private(set) var registersLeft = 0
+        /// The writer of the register read last, within the current model.
+        private var writer: String?
+        /// Positioned at the next model, or at the current model's next register.
         private var reader: WireReader
 
         package init(_ bytes: [UInt8]) throws(WireError) {
@@ -160,36 +165,67 @@ package struct SnapshotPage: Sendable {
             modelCount = try reader.count("model count", minimumItemSize: 3)
         }
 
-        /// Whether every model was read.
-        package var isAtModelsEnd: Bool { modelsRead == modelCount }
+        /// Whether every model was read, with all its registers.
+        package var isAtModelsEnd: Bool { modelsRead == modelCount && registersLeft == 0 }
+
+        /// Begins the next model (the one before read whole, and one left): its address and how
+        /// many registers follow, each read by ``nextRegister()``, as they come (a server writes
+        /// them in ascending name order, each name once; a reader must not rely on it).
+        package mutating func nextModel() throws(WireError) -> (address: ModelAddress, registers: Int) {
+            precondition(registersLeft == 0 && modelsRead < modelCount, "no model to begin")
+            let (address, count) = try StateSnapshot.readModelHeader(&reader)
+            modelsRead += 1
+            registersLeft = count
+            writer = nil
+            return (address, count)
+        }
+
+        /// The next register of the model begun by ``nextModel()`` (one left).
+        @inline(__always)
+        package mutating func nextRegister() throws(WireError) -> (name: String, register: ReplicaStore.Register) {
+            precondition(registersLeft > 0, "no register left in the model")
+            registersLeft -= 1
+            return try StateSnapshot.readRegister(&reader, writer: &writer)
+        }
 
         /// The next models, whole, until they hold at least `budget` registers (at least one
-        /// model while any is left).
+        /// model while any is left), each model's registers in ascending name order, each name
+        /// once.
         package mutating func models(registers budget: Int) throws(WireError) -> [(
             ModelAddress, [(name: String, register: ReplicaStore.Register)]
         )] {
             var models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])] = []
             var taken = 0
-            while modelsRead < modelCount, taken < budget || models.isEmpty {
-                // As they come: a server writes them in ascending name order (the merge relies on
-                // an order for its deliveries). Anything else is put in that order, the last of a
-                // name kept, as a dictionary of them would.
-                var registers: [(name: String, register: ReplicaStore.Register)] = []
-                var ordered = true
-                let address = try StateSnapshot.readModel(&reader) { _, name, register in
-                    if ordered, let last = registers.last?.name, !(last < name) { ordered = false }
-                    registers.append((name, register))
-                }
-                if !ordered {
-                    var byName: [String: ReplicaStore.Register] = [:]
-                    for (name, register) in registers { byName[name] = register }
-                    registers = byName.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) }
-                }
+            while !isAtModelsEnd, taken < budget || models.isEmpty {
+                let (address, _) = try nextModel()
+                let registers = try registersInNameOrder()
                 taken += registers.count
-                modelsRead += 1
                 models.append((address, registers))
             }
             return models
+        }
+
+        /// The registers left of the model begun by ``nextModel()``, in ascending name order, each
+        /// name once: as they come when a server wrote them so; anything else is put in that
+        /// order, the last of a name kept, as a dictionary of them would.
+        package mutating func registersInNameOrder() throws(WireError) -> [(
+            name: String, register: ReplicaStore.Register
+        )] {
+            var registers: [(name: String, register: ReplicaStore.Register)] = []
+            registers.reserveCapacity(registersLeft)
+            var ordered = true
+            while registersLeft > 0 {
+                let (name, register) = try nextRegister()
+                // (The last name read in place: `registers.last` would copy its register.)
+                if ordered, !registers.isEmpty, !(registers[registers.count - 1].name < name) { ordered = false }
+                registers.append((name, register))
+            }
+            if !ordered {
+                var byName: [String: ReplicaStore.Register] = [:]
+                for (name, register) in registers { byName[name] = register }
+                registers = byName.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) }
+            }
+            return registers
         }
 
         /// The cursor of the next page (`nil`: the last page), once every model was read; the

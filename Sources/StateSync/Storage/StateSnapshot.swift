@@ -161,18 +161,35 @@ extension StateSnapshot {
     static func readModel(
         _ reader: inout WireReader, _ take: (ModelAddress, String, ReplicaStore.Register) -> Void
     ) throws(WireError) -> ModelAddress {
-        let address = ModelAddress(channel: try reader.string("channel"), model: try reader.string("model"))
-        // A register holds at least a name, a value, a version and a writer: 11 octets. A
-        // model's registers mostly share their writer, compared rather than decoded again.
+        let (address, count) = try readModelHeader(&reader)
         var writer: String?
-        for _ in 0..<(try reader.count("property count", minimumItemSize: 11)) {
-            let name = try reader.string("property")
-            let value = try reader.propertyValue()
-            let version = Version(
-                timestamp: try reader.uint64("version"), node: try reader.string("version node", repeating: &writer))
-            take(address, name, ReplicaStore.Register(value, version: version))
+        for _ in 0..<count {
+            let (name, register) = try readRegister(&reader, writer: &writer)
+            take(address, name, register)
         }
         return address
+    }
+
+    /// Reads a model's address and how many registers follow it (each read by
+    /// ``readRegister(_:writer:)``).
+    static func readModelHeader(_ reader: inout WireReader) throws(WireError) -> (address: ModelAddress, count: Int) {
+        let address = ModelAddress(channel: try reader.string("channel"), model: try reader.string("model"))
+        // A register holds at least a name, a value, a version and a writer: 11 octets.
+        return (address, try reader.count("property count", minimumItemSize: 11))
+    }
+
+    /// Reads one register of a model. `writer`: the writer of the model's register read before
+    /// (`nil` at its first): a model's registers mostly share their writer, compared rather than
+    /// decoded again.
+    @inline(__always)
+    static func readRegister(
+        _ reader: inout WireReader, writer: inout String?
+    ) throws(WireError) -> (name: String, register: ReplicaStore.Register) {
+        let name = try reader.string("property")
+        let value = try reader.propertyValue()
+        let version = Version(
+            timestamp: try reader.uint64("version"), node: try reader.string("version node", repeating: &writer))
+        return (name, ReplicaStore.Register(value, version: version))
     }
 
     static func fnv1a(_ bytes: [UInt8]) -> UInt64 {

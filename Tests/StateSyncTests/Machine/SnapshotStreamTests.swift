@@ -296,6 +296,63 @@ struct SnapshotStreamTests {
         }
     }
 
+    /// A page's model is merged as it is decoded, straight into the store, when no live model
+    /// is attached to it, and read whole when one is (the live model gets what won in name
+    /// order); either way the registers whose names a DELTA could not carry are left out and
+    /// counted, and the others are merged (section 5). The empty name with a value is one of
+    /// them: it may carry only the model's deletion.
+    @Test func aPagesModelsAreMergedWithoutTheirInvalidNamesAttachedOrNot() throws {
+        let version = Version(milliseconds: 1_800_000_000_000, counter: 0, node: "n2")
+        var page = WireWriter()
+        for byte in SnapshotPage.magic { page.byte(byte) }
+        page.varint(0)
+        StateSnapshot.writeProgress(["n2": 1], to: &page)
+        let models: [(String, String, [String])] = [
+            ("c", "attached", ["", "a", "b\u{0}", "c"]), ("c", "free", ["", "a", "b\u{0}", "c"]),
+            ("bad/channel", "m", ["a"]),
+        ]
+        page.varint(UInt64(models.count))
+        for (channel, model, names) in models {
+            page.string(channel)
+            page.string(model)
+            page.varint(UInt64(names.count))
+            for name in names {
+                page.string(name)
+                page.propertyValue(PropertyWrite(name: name, value: .string("\(model).\(name)")))
+                page.uint64(version.timestamp)
+                page.string(version.node)
+            }
+        }
+        page.byte(0)  // the last page
+        page.uint64(ReplicaStore.fnv1a(page.bytes))
+        var node = MachineRunner(MachineRunner.configuration("n4", peers: ["n2"]))
+        let attached = ModelAddress(channel: "c", model: "attached")
+        node.machine.attachedModels[attached] = 7
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        node.advance(50)
+        node.machine.repair.needsSnapshot = true
+        node.advance(NodeMachine.repairInterval)
+        let request = try #require(node.repairRequests.last)
+        let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
+        let actions = node.machine.handle(
+            .repairReply(
+                peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: page.bytes)),
+            now: node.now)
+        for model in ["attached", "free"] {
+            let held = node.machine.store.properties(of: ModelAddress(channel: "c", model: model))
+            #expect(held.keys.sorted() == ["a", "c"], "\(model): \(held.keys.sorted())")
+            #expect(held["c"]?.value == .string("\(model).c"))
+        }
+        #expect(node.machine.store.properties(of: ModelAddress(channel: "bad/channel", model: "m")).isEmpty)
+        #expect(node.machine.counters.malformedMessages == 1, "the page counted once")
+        let delivered = actions.flatMap { action -> [ModelDelivery] in
+            if case .deliver(let deliveries) = action { deliveries } else { [] }
+        }
+        #expect(delivered.map(\.address) == [attached])
+        #expect(delivered.first?.sets.flatMap(\.writes).map(\.name) == ["a", "c"])
+        #expect(node.machine.counters.snapshotsApplied == 1)
+    }
+
     /// A page whose registers are out of name order, or that names one twice (not what a node
     /// sends), decodes in ascending name order, the last of a name kept: the merge relies on it.
     @Test func aPageOutOfNameOrderIsPutInOrder() throws {

@@ -205,9 +205,9 @@ struct DeletionTests {
         #expect(Set(replicas.map(\.digest)).count == 1, "seed \(seed)")
     }
 
-    /// A model's registers merged at once end in exactly the state merging them one
-    /// by one does: digest, registers, deletions held, live models, latest version; and the same
-    /// registers win. Random states and registers from fixed seeds (in every failure message),
+    /// A model's registers merged at once, or as they are given (a page merged while it is
+    /// decoded), end in exactly the state merging them one by one does: digest, registers,
+    /// deletions held, live models, latest version; and the same registers win. Random states and registers from fixed seeds (in every failure message),
     /// into models held and a model new to the store (a joiner's: written without a floor
     /// look-up), a name given twice now and then.
     @Test(arguments: 1...40 as ClosedRange<UInt64>)
@@ -254,14 +254,24 @@ struct DeletionTests {
             }
             var batched = base
             var single = base
+            var streamed = base
             let won = batched.merge(address, registers: registers)
             let wonOneByOne = registers.map { single.merge(address, property: $0.name, register: $0.register) != nil }
+            var given = registers[...]
+            let newest = streamed.merge(address, expected: registers.count) {
+                given.popFirst().map { ReplicaStore.NamedRegister($0.name, $0.register) }
+            }
             #expect(won == wonOneByOne, "seed \(seed)")
-            #expect(batched.digest == single.digest, "seed \(seed)")
-            #expect(batched.records(of: address) == single.records(of: address), "seed \(seed)")
-            #expect(batched.tombstones == single.tombstones, "seed \(seed)")
-            #expect(batched.channelModelCounts == single.channelModelCounts, "seed \(seed)")
-            #expect(batched.latestVersion == single.latestVersion, "seed \(seed)")
+            #expect(
+                newest == zip(registers, won).filter(\.1).map(\.0.register.version).max(),
+                "the newest that won, seed \(seed)")
+            for other in [single, streamed] {
+                #expect(batched.digest == other.digest, "seed \(seed)")
+                #expect(batched.records(of: address) == other.records(of: address), "seed \(seed)")
+                #expect(batched.tombstones == other.tombstones, "seed \(seed)")
+                #expect(batched.channelModelCounts == other.channelModelCounts, "seed \(seed)")
+                #expect(batched.latestVersion == other.latestVersion, "seed \(seed)")
+            }
             base = batched
         }
     }

@@ -613,19 +613,23 @@ extension NodeMachine {
         guard repair.stream?.merging != nil, var stream = repair.stream.take(),
             var (page, names) = stream.merging.take()
         else { return }
-        let models: [(ModelAddress, [(name: String, register: ReplicaStore.Register)])]
         let next: ModelAddress?
+        var refused = 0
         do {
-            models = try page.models(registers: configuration.snapshotMergeSliceRegisters)
+            var registers = 0
+            var models = 0
+            // Counted once a slice, and also when the page turns out damaged.
+            defer { if refused > 0 { refusedSnapshotNames(refused) } }
+            while !page.isAtModelsEnd, registers < configuration.snapshotMergeSliceRegisters || models == 0 {
+                registers += try mergeNextModel(
+                    of: &page, names: &names, changed: &stream.changed, refused: &refused)
+                models += 1
+            }
             next = page.isAtModelsEnd ? try page.next() : nil
         } catch {
             repair.stream = stream
             pageUnusable(from: stream.peer)
             return
-        }
-        stream.changed.formUnion(mergeRegisters(models[...]))
-        if names != nil {
-            for (address, registers) in models { names?[address] = Set(registers.map(\.name)) }
         }
         guard page.isAtModelsEnd else {
             stream.merging = (page, names)
@@ -633,6 +637,66 @@ extension NodeMachine {
             return
         }
         pageMerged(next: next, horizon: page.collectedThrough, names: names ?? [:], into: stream)
+    }
+
+    /// Merges the next model of `page`; returns how many registers it held. Decoded straight
+    /// into the store, each register moved in as it is read (a joiner's usual case: no live
+    /// model attached to it, and the names the page holds not needed); else read whole, in name
+    /// order, and merged by ``mergeRegisters(_:refused:)``, which delivers what won to the live
+    /// model in that order. The channels it changes go into `changed` as they change, also when
+    /// the page turns out damaged part of the way through the model (what was merged of it
+    /// stays); the registers left out for their names are added to `refused`.
+    private mutating func mergeNextModel(
+        of page: inout SnapshotPage.Reader, names: inout [ModelAddress: Set<String>]?, changed: inout Set<String>,
+        refused: inout Int
+    ) throws(WireError) -> Int {
+        let (address, count) = try page.nextModel()
+        let validAddress =
+            (try? Names.validateChannel(address.channel)) != nil
+            && (try? Names.validateModel(address.model)) != nil
+        guard names == nil, validAddress, attachedModels[address] == nil else {
+            let registers = try page.registersInNameOrder()
+            changed.formUnion(mergeRegisters([(address, registers)][...], refused: &refused))
+            names?[address] = Set(registers.map(\.name))
+            return count
+        }
+        var failure: WireError?
+        let newest = store.merge(address, expected: count) {
+            while page.registersLeft > 0 {
+                do throws(WireError) {
+                    let (name, register) = try page.nextRegister()
+                    guard Self.isMergeable(name, register) else {
+                        refused += 1
+                        continue
+                    }
+                    return ReplicaStore.NamedRegister(name, register)
+                } catch {
+                    failure = error
+                    return nil
+                }
+            }
+            return nil
+        }
+        if let newest {
+            clock.observe(newest)
+            changed.insert(address.channel)
+        }
+        if let failure { throw failure }
+        return count
+    }
+
+    /// Whether a snapshot's register may be merged: names a DELTA could not carry are not
+    /// (section 5), and the empty name, the model's deletion, only with a deletion.
+    private static func isMergeable(_ name: String, _ register: ReplicaStore.Register) -> Bool {
+        name.isEmpty ? register.isDeleted : (try? Names.validateProperty(name)) != nil
+    }
+
+    /// Counts registers of a peer's snapshot that were not merged for their names, and says so.
+    private mutating func refusedSnapshotNames(_ count: Int) {
+        counters.malformedMessages += 1
+        warnLimited(
+            "snapshot-names", "a peer's snapshot held registers with invalid names; they were not merged",
+            metadata: ["registers": "\(count)"])
     }
 
     /// What follows a page's merge: records the page's range collected, then the next page asked
@@ -803,10 +867,12 @@ extension NodeMachine {
     mutating func merge(_ snapshot: StateSnapshot) -> Set<String> {
         let horizon = snapshot.store.collectedThrough
         let held = horizon > 0 ? addressesInPageOrder : []
+        var refused = 0
         var changed = mergeRegisters(
             snapshot.store.allModels.sorted { SnapshotPage.precedes($0.0, $1.0) }.map { address, registers in
                 (address, registers.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) })
-            }[...])
+            }[...], refused: &refused)
+        if refused > 0 { refusedSnapshotNames(refused) }
         if !held.isEmpty {
             changed.formUnion(
                 dropCollected(
@@ -875,13 +941,13 @@ extension NodeMachine {
 
     /// Merges registers of a peer's snapshot (or page) through last-writer-wins, delivering
     /// what won to live models. Each model's registers come in ascending name order, each name
-    /// once (``SnapshotPage/models``). Returns the channels it changed.
+    /// once (``SnapshotPage/models``). Returns the channels it changed; adds to `refused` the
+    /// registers it left out for their names.
     mutating func mergeRegisters(
-        _ models: ArraySlice<(ModelAddress, [(name: String, register: ReplicaStore.Register)])>
+        _ models: ArraySlice<(ModelAddress, [(name: String, register: ReplicaStore.Register)])>, refused: inout Int
     ) -> Set<String> {
         var changed = Set<String>()
         var deliveries: [ModelDelivery] = []
-        var refused = 0
         for (address, registers) in models {
             // Names a DELTA could not carry are not merged from a snapshot either (section 5).
             do {
@@ -893,9 +959,8 @@ extension NodeMachine {
             }
             var sets: [ModelRegistrar.RemoteWriteSet] = []
             var newest: Version?
-            // The empty name is the model's deletion, which only a deletion may carry.
             func invalid(_ entry: (name: String, register: ReplicaStore.Register)) -> Bool {
-                entry.name.isEmpty ? !entry.register.isDeleted : (try? Names.validateProperty(entry.name)) == nil
+                !Self.isMergeable(entry.name, entry.register)
             }
             var valid = registers  // the usual case: no copy
             if let first = registers.firstIndex(where: invalid) {
@@ -906,11 +971,14 @@ extension NodeMachine {
             // only when one is attached.
             let won = store.merge(address, registers: valid)
             let attached = attachedModels[address] != nil
-            for ((name, register), won) in zip(valid, won) where won {
+            // By index, reading each register in place (a pair bound from the array is a copy).
+            for index in valid.indices where won[index] {
                 // A register that won but changed nothing visible (a deletion of what had no value)
                 // still moves the version a live model holds.
-                newest = max(newest ?? register.version, register.version)
+                let version = valid[index].register.version
+                newest = max(newest ?? version, version)
                 guard attached else { continue }
+                let (name, register) = valid[index]
                 let write: PropertyWrite
                 if name.isEmpty {
                     write = .modelDeletion
@@ -927,12 +995,6 @@ extension NodeMachine {
             if attached { deliveries.append(ModelDelivery(address: address, sets: sets)) }
         }
         if !deliveries.isEmpty { actions.append(.deliver(deliveries)) }
-        if refused > 0 {
-            counters.malformedMessages += 1
-            warnLimited(
-                "snapshot-names", "a peer's snapshot held registers with invalid names; they were not merged",
-                metadata: ["registers": "\(refused)"])
-        }
         return changed
     }
 
