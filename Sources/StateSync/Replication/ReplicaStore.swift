@@ -104,7 +104,8 @@ public struct ReplicaStore: Sendable {
     }
 
     /// A register with the name of its property (a snapshot's, as it is decoded). A struct, not
-    /// a pair: the optimiser handles a pair of these through the runtime's generic witnesses.
+    /// a pair: the profile of the pair showed an optional one copied and tested through the
+    /// runtime's generic tuple witnesses (what the struct saves was within the noise).
     package struct NamedRegister: Sendable {
         package var name: String
         package var register: Register
@@ -782,17 +783,14 @@ public struct ReplicaStore: Sendable {
                 let fresh = model.registers.isEmpty && model.deletion == nil
                 if fresh { model.registers.reserveCapacity(registers.count - index) }
                 while index < registers.count, !registers[index].name.isEmpty {
-                    // Passed in place, not bound to a copy first: a copy of the pair costs a
-                    // retain and a release of its name and value, a million times a snapshot.
+                    let (name, register) = registers[index]
                     let merged =
                         fresh
-                        ? Self.mergeRegister(
-                            registers[index].name, registers[index].register, intoFresh: &model, context: &context)
-                        : Self.mergeRegister(
-                            registers[index].name, registers[index].register, into: &model, context: &context)
+                        ? Self.mergeRegister(name, register, intoFresh: &model, context: &context)
+                        : Self.mergeRegister(name, register, into: &model, context: &context)
                     if merged != nil {
                         won[index] = true
-                        newest = max(newest, registers[index].register.version)
+                        newest = max(newest, register.version)
                     }
                     index += 1
                 }
