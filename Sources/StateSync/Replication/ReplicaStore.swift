@@ -103,6 +103,10 @@ public struct ReplicaStore: Sendable {
         }
     }
 
+    /// The most registers ``merge(_:expected:from:)`` makes room for at once in a model new here
+    /// (a model with more grows as they come).
+    static let mergeReservationLimit = 1 << 14
+
     /// A register with the name of its property (a snapshot's, as it is decoded). A struct, not
     /// a pair: the profile of the pair showed an optional one copied and tested through the
     /// runtime's generic tuple witnesses (what the struct saves was within the noise).
@@ -805,7 +809,8 @@ public struct ReplicaStore: Sendable {
     /// array first and copied from it (a joiner merges a million). Exactly like
     /// ``merge(_:property:register:)`` for each, in the order given: a name given twice merges
     /// twice, last-writer-wins deciding. `expected`: how many registers `next` may give (room is
-    /// made for them in a model new here). Returns the newest version that won, if any.
+    /// made for them in a model new here, up to ``mergeReservationLimit``: the count is a peer's
+    /// word, and a damaged page may hold fewer). Returns the newest version that won, if any.
     package mutating func merge(
         _ address: ModelAddress, expected: Int, from next: () -> NamedRegister?
     ) -> Version? {
@@ -828,7 +833,7 @@ public struct ReplicaStore: Sendable {
                 // A model new here (a joiner's): room for all its registers at once, and no
                 // floor to look up before each write (only a name given twice has one).
                 let fresh = model.registers.isEmpty && model.deletion == nil
-                if fresh { model.registers.reserveCapacity(expected) }
+                if fresh { model.registers.reserveCapacity(Swift.min(expected, Self.mergeReservationLimit)) }
                 while let named = entry.take() {
                     // The model's deletion ends the run; it is merged on its own.
                     guard !named.name.isEmpty else {

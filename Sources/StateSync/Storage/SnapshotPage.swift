@@ -207,7 +207,8 @@ package struct SnapshotPage: Sendable {
 
         /// The registers left of the model begun by ``nextModel()``, in ascending name order, each
         /// name once: as they come when a server wrote them so; anything else is put in that
-        /// order, the last of a name kept, as a dictionary of them would.
+        /// order, of a name given twice the register that wins (the newer version; of two equal,
+        /// the first), as merging each in turn would.
         package mutating func registersInNameOrder() throws(WireError) -> [(
             name: String, register: ReplicaStore.Register
         )] {
@@ -222,7 +223,9 @@ package struct SnapshotPage: Sendable {
             }
             if !ordered {
                 var byName: [String: ReplicaStore.Register] = [:]
-                for (name, register) in registers { byName[name] = register }
+                for (name, register) in registers where byName[name].map({ register.version > $0.version }) ?? true {
+                    byName[name] = register
+                }
                 registers = byName.sorted { $0.key < $1.key }.map { (name: $0.key, register: $0.value) }
             }
             return registers

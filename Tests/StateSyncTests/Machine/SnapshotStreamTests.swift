@@ -243,9 +243,9 @@ struct SnapshotStreamTests {
 
     /// A page read a slice at a time that turns out damaged past its first slices (its checksum
     /// held: a faulty server) is counted malformed and the snapshot starts over; what was merged
-    /// of it stays (registers a peer served merge safely in any order), and a watch of its
-    /// channel is resynced (those values reached no journal, and the next snapshot will not
-    /// change them again).
+    /// of it stays, also of the model it breaks in (registers a peer served merge safely in any
+    /// order), and a watch of its channel is resynced (those values reached no journal, and the
+    /// next snapshot will not change them again).
     @Test func aPageDamagedPastItsFirstSlicesStartsTheSnapshotOver() throws {
         var page = WireWriter()
         for byte in SnapshotPage.magic { page.byte(byte) }
@@ -255,7 +255,13 @@ struct SnapshotStreamTests {
         for model in ["m1", "m2", "m3"] {
             page.string("c")
             page.string(model)
-            page.varint(1)
+            page.varint(model == "m3" ? 2 : 1)
+            if model == "m3" {  // a sound register before the damaged one
+                page.string("o")
+                page.propertyValue(PropertyWrite(name: "o", value: .string(model)))
+                page.uint64(Version(milliseconds: 5, counter: 0, node: "n2").timestamp)
+                page.string("n2")
+            }
             page.string("p")
             if model == "m3" {
                 page.byte(0xFF)  // no value has this tag
@@ -294,40 +300,47 @@ struct SnapshotStreamTests {
                 node.machine.store.properties(of: ModelAddress(channel: "c", model: model))["p"]?.value
                     == .string(model))
         }
+        let partly = node.machine.store.properties(of: ModelAddress(channel: "c", model: "m3"))
+        #expect(partly["o"]?.value == .string("m3") && partly["p"] == nil, "what was merged of m3 stays")
     }
 
     /// A page's model is merged as it is decoded, straight into the store, when no live model
     /// is attached to it, and read whole when one is (the live model gets what won in name
     /// order); either way the registers whose names a DELTA could not carry are left out and
-    /// counted, and the others are merged (section 5). The empty name with a value is one of
-    /// them: it may carry only the model's deletion.
-    @Test func aPagesModelsAreMergedWithoutTheirInvalidNamesAttachedOrNot() throws {
-        let version = Version(milliseconds: 1_800_000_000_000, counter: 0, node: "n2")
+    /// counted, the others are merged (section 5), of a name given twice the newer wins, and
+    /// the clock observes the newest. The same page goes to a node with the model attached and
+    /// to one without.
+    @Test(arguments: [true, false])
+    func aPagesModelIsMergedWithoutItsInvalidNamesAttachedOrNot(attached: Bool) throws {
+        func version(_ milliseconds: UInt64) -> Version {
+            Version(milliseconds: 1_800_000_000_000 + milliseconds, counter: 0, node: "n2")
+        }
         var page = WireWriter()
         for byte in SnapshotPage.magic { page.byte(byte) }
         page.varint(0)
         StateSnapshot.writeProgress(["n2": 1], to: &page)
-        let models: [(String, String, [String])] = [
-            ("c", "attached", ["", "a", "b\u{0}", "c"]), ("c", "free", ["", "a", "b\u{0}", "c"]),
-            ("bad/channel", "m", ["a"]),
+        // A value under the empty name (which may carry only the model's deletion), a name with
+        // NUL, and "d" twice, the newer first (no server sends that), 30 s ahead of the wall.
+        let registers: [(String, UInt64)] = [
+            ("", 1), ("a", 1), ("b\u{0}", 1), ("c", 1), ("d", 30_000), ("d", 20_000),
         ]
-        page.varint(UInt64(models.count))
-        for (channel, model, names) in models {
+        page.varint(2)
+        for (channel, model) in [("c", "m"), ("bad/channel", "m")] {
             page.string(channel)
             page.string(model)
-            page.varint(UInt64(names.count))
-            for name in names {
+            page.varint(UInt64(registers.count))
+            for (name, milliseconds) in registers {
                 page.string(name)
-                page.propertyValue(PropertyWrite(name: name, value: .string("\(model).\(name)")))
-                page.uint64(version.timestamp)
-                page.string(version.node)
+                page.propertyValue(PropertyWrite(name: name, value: .string("\(name)@\(milliseconds)")))
+                page.uint64(version(milliseconds).timestamp)
+                page.string("n2")
             }
         }
         page.byte(0)  // the last page
         page.uint64(ReplicaStore.fnv1a(page.bytes))
         var node = MachineRunner(MachineRunner.configuration("n4", peers: ["n2"]))
-        let attached = ModelAddress(channel: "c", model: "attached")
-        node.machine.attachedModels[attached] = 7
+        let address = ModelAddress(channel: "c", model: "m")
+        if attached { node.machine.attachedModels[address] = 7 }
         node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
         node.advance(50)
         node.machine.repair.needsSnapshot = true
@@ -338,23 +351,23 @@ struct SnapshotStreamTests {
             .repairReply(
                 peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: page.bytes)),
             now: node.now)
-        for model in ["attached", "free"] {
-            let held = node.machine.store.properties(of: ModelAddress(channel: "c", model: model))
-            #expect(held.keys.sorted() == ["a", "c"], "\(model): \(held.keys.sorted())")
-            #expect(held["c"]?.value == .string("\(model).c"))
-        }
+        let held = node.machine.store.properties(of: address)
+        #expect(held.keys.sorted() == ["a", "c", "d"], "\(held.keys.sorted())")
+        #expect(held["d"]?.value == .string("d@30000"), "the newer of the two")
         #expect(node.machine.store.properties(of: ModelAddress(channel: "bad/channel", model: "m")).isEmpty)
         #expect(node.machine.counters.malformedMessages == 1, "the page counted once")
+        #expect(node.machine.counters.snapshotsApplied == 1)
+        #expect(node.machine.clock.next() > version(30_000), "the clock observed the newest merged")
         let delivered = actions.flatMap { action -> [ModelDelivery] in
             if case .deliver(let deliveries) = action { deliveries } else { [] }
         }
-        #expect(delivered.map(\.address) == [attached])
-        #expect(delivered.first?.sets.flatMap(\.writes).map(\.name) == ["a", "c"])
-        #expect(node.machine.counters.snapshotsApplied == 1)
+        #expect(delivered.map(\.address) == (attached ? [address] : []))
+        if attached { #expect(delivered.first?.sets.flatMap(\.writes).map(\.name) == ["a", "c", "d"]) }
     }
 
     /// A page whose registers are out of name order, or that names one twice (not what a node
-    /// sends), decodes in ascending name order, the last of a name kept: the merge relies on it.
+    /// sends), decodes in ascending name order, of a name given twice the newer kept: the merge
+    /// relies on the order, and merging each in turn would keep the newer.
     @Test func aPageOutOfNameOrderIsPutInOrder() throws {
         var page = WireWriter()
         for byte in SnapshotPage.magic { page.byte(byte) }
@@ -364,7 +377,7 @@ struct SnapshotStreamTests {
         page.string("c")
         page.string("m")
         page.varint(3)
-        for (name, value, milliseconds) in [("b", "1", 1), ("a", "2", 2), ("b", "3", 3)] {
+        for (name, value, milliseconds) in [("b", "1", 3), ("a", "2", 2), ("b", "3", 1)] {
             let version = Version(milliseconds: UInt64(milliseconds), counter: 0, node: "n2")
             page.string(name)
             page.propertyValue(PropertyWrite(name: name, value: .string(value)))
@@ -376,6 +389,6 @@ struct SnapshotStreamTests {
         let decoded = try SnapshotPage.decode(page.bytes)
         #expect(decoded.models.count == 1)
         #expect(decoded.models.first?.1.map(\.name) == ["a", "b"])
-        #expect(decoded.models.first?.1.last?.register.value == "3")
+        #expect(decoded.models.first?.1.last?.register.value == "1")
     }
 }
