@@ -103,7 +103,7 @@ public struct ReplicaStore: Sendable {
         }
     }
 
-    /// The most registers ``merge(_:expected:from:)`` makes room for at once in a model new here
+    /// The most registers ``merge(_:expected:from:won:)`` makes room for at once in a model new here
     /// (a model with more grows as they come).
     static let mergeReservationLimit = 1 << 14
 
@@ -763,43 +763,20 @@ public struct ReplicaStore: Sendable {
 
     /// Merges registers of one model (a snapshot's), in the order given, exactly like
     /// ``merge(_:property:register:)`` one by one, with one look-up of the model for each run of
-    /// properties (a snapshot merges a million registers). Returns, for each, whether it won. The
-    /// model's deletion (the empty name) goes through ``merge(_:property:register:)``.
+    /// properties (a snapshot merges a million registers), through
+    /// ``merge(_:expected:from:won:)``. Returns, for each, whether it won. The model's deletion
+    /// (the empty name) goes through ``merge(_:property:register:)``.
     public mutating func merge(
         _ address: ModelAddress, registers: [(name: String, register: Register)]
     ) -> [Bool] {
         var won = [Bool](repeating: false, count: registers.count)
         var index = 0
-        while index < registers.count {
-            if registers[index].name.isEmpty {
-                won[index] = merge(address, property: "", register: registers[index].register) != nil
-                index += 1
-                continue
-            }
-            // A run of properties up to the next deletion of the model (a snapshot has none after).
-            var context = MergeContext(channel: address.channel, model: address.model, store: self)
-            var newest = Version.zero
-            modify(address, &context) { model, context in
-                let liveBefore = model.live
-                defer { context.noteLiveness(before: liveBefore, after: model.live) }
-                // A model new here (a joiner's): room for all its registers at once, and no
-                // floor to look up before each write (only a name given twice has one).
-                let fresh = model.registers.isEmpty && model.deletion == nil
-                if fresh { model.registers.reserveCapacity(registers.count - index) }
-                while index < registers.count, !registers[index].name.isEmpty {
-                    let (name, register) = registers[index]
-                    let merged =
-                        fresh
-                        ? Self.mergeRegister(name, register, intoFresh: &model, context: &context)
-                        : Self.mergeRegister(name, register, into: &model, context: &context)
-                    if merged != nil {
-                        won[index] = true
-                        newest = max(newest, register.version)
-                    }
-                    index += 1
-                }
-            }
-            finish(context, newest: newest)
+        _ = merge(address, expected: registers.count) {
+            guard index < registers.count else { return nil }
+            defer { index += 1 }
+            return NamedRegister(registers[index].name, registers[index].register)
+        } won: { position in
+            won[position] = true
         }
         return won
     }
@@ -810,17 +787,21 @@ public struct ReplicaStore: Sendable {
     /// ``merge(_:property:register:)`` for each, in the order given: a name given twice merges
     /// twice, last-writer-wins deciding. `expected`: how many registers `next` may give (room is
     /// made for them in a model new here, up to ``mergeReservationLimit``: the count is a peer's
-    /// word, and a damaged page may hold fewer). Returns the newest version that won, if any.
+    /// word, and a damaged page may hold fewer). `won` is told the position (from 0, in the
+    /// order given) of each register that won. Returns the newest version that won, if any.
     package mutating func merge(
-        _ address: ModelAddress, expected: Int, from next: () -> NamedRegister?
+        _ address: ModelAddress, expected: Int, from next: () -> NamedRegister?, won: (Int) -> Void = { _ in }
     ) -> Version? {
         var newestWon: Version?
+        var position = 0
         var entry = next()
         while let first = entry {
             if first.name.isEmpty {
                 if merge(address, property: "", register: first.register) != nil {
                     newestWon = max(newestWon ?? first.register.version, first.register.version)
+                    won(position)
                 }
+                position += 1
                 entry = next()
                 continue
             }
@@ -845,7 +826,11 @@ public struct ReplicaStore: Sendable {
                         fresh
                         ? Self.mergeRegister(named.name, named.register, intoFresh: &model, context: &context)
                         : Self.mergeRegister(named.name, named.register, into: &model, context: &context)
-                    if merged != nil { newest = max(newest ?? version, version) }
+                    if merged != nil {
+                        newest = max(newest ?? version, version)
+                        won(position)
+                    }
+                    position += 1
                     entry = next()
                 }
             }
