@@ -79,6 +79,10 @@ package final class SimulatedCluster {
         case repairReply(peer: String, frames: [[UInt8]])
         /// A reply or watch event to a client, from one incarnation of a node.
         case toClient(frames: [[UInt8]], generation: Int)
+        /// A SUB link's handshake reaching the node it subscribes to (libzmq's monitor event on
+        /// that node's PUB socket): sent when a node subscribes to another, at its start and
+        /// when it links a member.
+        case subscribed
     }
 
     /// One node of the cluster.
@@ -377,6 +381,7 @@ package final class SimulatedCluster {
         node.host = host
         node.links = [:]
         node.subscribedTo = Set(node.configuration.peers.compactMap(Self.nodeID(ofEndpoint:)))
+        for peer in node.subscribedTo.sorted() { network.send(.subscribed, from: node.id, to: peer, at: now) }
         node.intakePaused = false
         node.held = []
         process(
@@ -605,6 +610,11 @@ package final class SimulatedCluster {
             }
             record("repair-reply", message.from + ">" + message.to, frames)
             process(.repairReply(peer: peer, frames: frames), at: node)
+        case .subscribed:
+            // (A real node reads its monitor while its intake is paused too.)
+            guard let node = node(named: message.to) else { return }
+            record("subscribed", message.from + ">" + message.to, [])
+            process(.subscriberConnected, at: node)
         case .toClient(let frames, let generation):
             guard let client = clients[Array([0x53] + message.to.utf8)],
                 let connection = client.connection, nodes[connection.node].id == message.from,
@@ -740,6 +750,7 @@ package final class SimulatedCluster {
         func connectPeer(endpoint: String, node id: String) {
             cluster.record("subscribe", node.id + "<" + id, [])
             node.subscribedTo.insert(id)
+            cluster.network.send(.subscribed, from: node.id, to: id, at: cluster.now)
         }
 
         /// A node that refuses to run goes down at once (the verdict then names it).

@@ -55,11 +55,12 @@ enum SocketFactory {
                 router, configuration.repairServiceEndpoint,
                 key: configuration.apiEndpoint != nil
                     ? "network.api" : configuration.repairEndpoint != nil ? "network.repair" : "the repair endpoint")
-            // With security, handshakes that fail before ZAP (no CURVE at all) are counted too.
-            var monitors: [Socket] = []
+            // The publisher's connections: a new subscriber, which may be a node this one does not
+            // hear, gets the member list on the next HEARTBEATs. With security, handshakes that
+            // fail before ZAP (no CURVE at all) are counted too.
+            var monitors = [try makePublisherMonitor(context: context, of: publisher, keyed: keys != nil)]
             if keys != nil {
-                monitors.append(try makeHandshakeMonitor(context: context, of: publisher, name: "publish"))
-                monitors.append(try makeHandshakeMonitor(context: context, of: router, name: "api"))
+                monitors.append(try makeMonitor(context: context, of: router, name: "api", kinds: .handshakeFailed))
             }
             return (context, publisher, subscribers, router, zap, keys, monitors)
         } catch let error as StateSyncError {
@@ -89,11 +90,25 @@ enum SocketFactory {
         try bind(publisher, endpoint, key: "network.publish")
     }
 
-    /// A PAIR reading `socket`'s failed handshakes (those that fail before ZAP: no CURVE at all).
-    /// Each socket gets its own inproc endpoint, also when it is replaced.
-    static func makeHandshakeMonitor(context: Context, of socket: Socket, name: String) throws(ZeroMQError) -> Socket {
+    /// A PAIR reading the publish socket's completed handshakes (a subscriber connected: the
+    /// driver tells the machine, ``NodeInput/subscriberConnected``) and, with security, its
+    /// failed ones.
+    static func makePublisherMonitor(context: Context, of publisher: Socket, keyed: Bool) throws(ZeroMQError)
+        -> Socket
+    {
+        try makeMonitor(
+            context: context, of: publisher, name: "publish",
+            kinds: keyed ? [.handshakeSucceeded, .handshakeFailed] : .handshakeSucceeded)
+    }
+
+    /// A PAIR reading `kinds` of `socket`'s connection events (failed handshakes are those that
+    /// fail before ZAP: no CURVE at all). Each socket gets its own inproc endpoint, also when it
+    /// is replaced.
+    static func makeMonitor(context: Context, of socket: Socket, name: String, kinds: MonitorEvent.Kinds)
+        throws(ZeroMQError) -> Socket
+    {
         let endpoint = "inproc://statesync-monitor-\(name)-\(monitorSerial.add(1, ordering: .relaxed).newValue)"
-        try socket.monitorHandshakeFailures(on: endpoint)
+        try socket.monitor(kinds, on: endpoint)
         let monitor = try context.socket(.pair)
         try monitor.setLinger(milliseconds: 0)
         try monitor.connect(endpoint)

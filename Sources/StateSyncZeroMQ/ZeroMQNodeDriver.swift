@@ -218,9 +218,14 @@ package final class ZeroMQNodeDriver: NodeDriver {
                         guard let refused = transport.authenticate(frames, on: socket) else { continue }
                         input = refused
                     case .monitor:
-                        // A connection that failed its handshake before ZAP: no key to name.
                         guard let event = MonitorEvent(frames: frames) else { continue }
-                        input = .authenticationRefused(fingerprint: "no-curve", address: event.endpoint)
+                        if event.isOne(of: .handshakeSucceeded) {
+                            // Only the publish socket reports these: a new subscriber.
+                            input = .subscriberConnected
+                        } else {
+                            // A connection that failed its handshake before ZAP: no key to name.
+                            input = .authenticationRefused(fingerprint: "no-curve", address: event.endpoint)
+                        }
                     }
                     node.process(input, now: MonotonicClock.milliseconds(), via: transport)
                     // A message can change the links (a member joined or left): its socket may
@@ -249,7 +254,8 @@ final class ZeroMQTransport: NodeTransport {
         case repairLink(peer: String, Socket)
         /// The ZAP handler (with security): libzmq's questions about connecting keys.
         case zap(Socket)
-        /// A monitor of a secured server socket's failed handshakes.
+        /// A monitor of a server socket's connections: the publisher's new subscribers and, with
+        /// security, failed handshakes of the publisher and the API.
         case monitor(Socket)
 
         var socket: Socket {
@@ -282,7 +288,8 @@ final class ZeroMQTransport: NodeTransport {
     private(set) var keys: NodeKeys?
     /// Which of each peer's trusted keys its links are dialled with.
     private var keyChoice: PeerKeyChoice
-    /// Monitors of the secured server sockets: the publisher's first, then the API's.
+    /// Monitors of the server sockets: the publisher's first (always), then with security the
+    /// API's.
     private var monitors: [Socket]
     /// Peer publish endpoints whose link delivered something since it was (re)connected.
     private var heardSinceConnect: Set<String> = []
@@ -292,7 +299,7 @@ final class ZeroMQTransport: NodeTransport {
 
     init(
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,
-        zap: Socket?, keys: NodeKeys?, monitors: [Socket] = [], configuration: NodeConfiguration, logger: Logger
+        zap: Socket?, keys: NodeKeys?, monitors: [Socket], configuration: NodeConfiguration, logger: Logger
     ) {
         self.zap = zap
         self.monitors = monitors
@@ -307,8 +314,8 @@ final class ZeroMQTransport: NodeTransport {
         self.logger = logger
     }
 
-    /// The poll set: the wake-up pipe, then (with security) the ZAP handler and the handshake
-    /// monitors, then (unless intake is paused) every SUB socket, then the ROUTER, then (unless
+    /// The poll set: the wake-up pipe, then (with security) the ZAP handler, then the monitors,
+    /// then (unless intake is paused) every SUB socket, then the ROUTER, then (unless
     /// paused) every repair link.
     func makePoller(wakeUp: Int32) throws(ZeroMQError) -> ReadPoller {
         polled = []
@@ -544,14 +551,12 @@ final class ZeroMQTransport: NodeTransport {
                 "cannot bind the publish socket again yet; peers receive no deltas until it is (retried every second)",
                 metadata: ["endpoint": "\(unbound.endpoint)"])
         }
-        if !monitors.isEmpty {
-            do {
-                let monitor = try SocketFactory.makeHandshakeMonitor(context: context, of: publisher, name: "publish")
-                monitors[0].close()
-                monitors[0] = monitor
-            } catch {
-                logger.error("cannot monitor the new publish socket", metadata: ["error": "\(error)"])
-            }
+        do {
+            let monitor = try SocketFactory.makePublisherMonitor(context: context, of: publisher, keyed: keys != nil)
+            monitors[0].close()
+            monitors[0] = monitor
+        } catch {
+            logger.error("cannot monitor the new publish socket", metadata: ["error": "\(error)"])
         }
         pollerChanged = true
     }

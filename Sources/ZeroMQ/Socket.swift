@@ -276,13 +276,12 @@ public final class Socket {
         try setOption(ZMQ_UNSUBSCRIBE, "ZMQ_UNSUBSCRIBE", bytes: prefix)
     }
 
-    /// Publishes this socket's failed security handshakes that never reach a ZAP handler (a
-    /// peer without the right mechanism, a broken handshake) as monitor events on `endpoint`
+    /// Publishes `kinds` of this socket's connection events as monitor events on `endpoint`
     /// (`inproc://…`), for a PAIR socket connected there (`zmq_socket_monitor`); decode them with
     /// ``MonitorEvent/init(frames:)``.
-    public func monitorHandshakeFailures(on endpoint: String) throws(ZeroMQError) {
+    public func monitor(_ kinds: MonitorEvent.Kinds, on endpoint: String) throws(ZeroMQError) {
         let handle = handleForCommands
-        let events = ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL
+        let events = Int32(kinds.rawValue)
         try zmqCheck("zmq_socket_monitor") { zmq_socket_monitor(handle, endpoint, events) }
     }
 

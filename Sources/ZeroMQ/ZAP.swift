@@ -64,21 +64,3 @@ public enum ZAP {
         return [version, frames[1], Array("500".utf8), Array("malformed ZAP request".utf8), [], []]
     }
 }
-
-/// One event of a socket monitor (``Socket/monitorHandshakeFailures(on:)``): what happened, its
-/// value (an error code for failures) and the endpoint of the monitored socket.
-public struct MonitorEvent: Sendable, Equatable {
-    public let event: UInt16
-    public let value: UInt32
-    public let endpoint: String
-
-    /// Decodes a monitor message: a 6-octet frame (event, value; native byte order), then the
-    /// endpoint. `nil` for anything else.
-    public init?(frames: [[UInt8]]) {
-        guard frames.count >= 2, frames[0].count == 6 else { return nil }
-        let bytes = frames[0]
-        event = bytes.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 0, as: UInt16.self) }
-        value = bytes.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 2, as: UInt32.self) }
-        endpoint = String(decoding: frames[1], as: UTF8.self)
-    }
-}

@@ -25,6 +25,9 @@ public struct NodeCounters: Sendable, Equatable {
     /// Sequence numbers taken as void: lost everywhere in a power loss of their origin, which
     /// declared them so after settling (its own, counted when it settles, and peers').
     public var voidSequences = 0
+    /// Subscribers that completed their handshake with this node's publish socket (peers
+    /// connecting and reconnecting, joining nodes, tools reading the stream).
+    public var subscribersConnected = 0
     /// With security: connections refused because their key is not admitted.
     public var authenticationRefusals = 0
     /// With security: deltas and heartbeats a peer sent in another node's name on its live
@@ -110,6 +113,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("delta_messages_received", deltaMessagesReceived), ("peer_link_resets", peerLinkResets),
             ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
             ("void_sequences", voidSequences),
+            ("subscribers_connected", subscribersConnected),
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
             ("deltas_before_known", deltasBeforeKnown),
             ("disk_full_episodes", diskFullEpisodes), ("foreign_repair_endpoints", foreignRepairEndpoints),

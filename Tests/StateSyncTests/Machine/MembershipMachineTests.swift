@@ -410,9 +410,10 @@ struct MembershipMachineTests {
 
     /// A list of at most eight entries rides on every HEARTBEAT: a node joining through this one,
     /// which does not hear it, waits for the next one before it may ANNOUNCE (section 7.5). A
-    /// longer one rides on the three HEARTBEATs after a change of it and on every tenth, not on
-    /// every one (it is O(members) octets per HEARTBEAT per link).
-    @Test func theListRidesOnEveryHeartbeatOfASmallClusterElseAfterAChangeAndOnEveryTenth() throws {
+    /// longer one rides on the three HEARTBEATs after a change of it or after a subscriber
+    /// connected (perhaps such a node), and on every tenth, not on every one (it is O(members)
+    /// octets per HEARTBEAT per link).
+    @Test func theListRidesOnEveryHeartbeatOfASmallClusterElseAfterAChangeOrAConnectionAndOnEveryTenth() throws {
         var small = Self.started("n1", peers: ["n2"])
         small.handle(
             .peerMessage(
@@ -450,6 +451,12 @@ struct MembershipMachineTests {
         node.handle(
             .peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: [Self.member("n2", at: 200)])))
         #expect(try carried(6) == [0, 1, 2, 5], "three after the change (heartbeats 25–27), then the 30th")
+        // A subscriber connected (heartbeat 31 went out): perhaps a node joining through this
+        // one, which it does not hear, and which may ANNOUNCE only once it has heard the list.
+        #expect(try carried(1) == [])
+        node.handle(.subscriberConnected)
+        #expect(node.machine.counters.subscribersConnected == 1)
+        #expect(try carried(6) == [0, 1, 2], "three after the connection (heartbeats 32–34), not the 35th–37th")
     }
 
     /// A node that started knowing none of its own deltas (an empty data directory) refuses to

@@ -39,6 +39,10 @@ package enum NodeInput: Sendable {
     /// With security: the clients admitted and what each may do, by identity (at start, and at a
     /// reload of the keys).
     case clientAccessChanged([String: SecurityConfiguration.ClientAccess], peers: Set<String> = [])
+    /// A subscriber completed its handshake with this node's publish socket: a peer (re)connecting,
+    /// or a node joining through this one, which this node may not subscribe to, so does not
+    /// hear. With security, only an admitted key gets here.
+    case subscriberConnected
     /// With security, a connection that presented a key this node does not admit was refused
     /// (`fingerprint`: the key's first 8 Z85 characters; `address`: where it came from).
     case authenticationRefused(fingerprint: String, address: String)

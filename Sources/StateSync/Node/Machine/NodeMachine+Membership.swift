@@ -17,6 +17,16 @@ extension NodeMachine {
     /// full mesh of eight, 10 KB/s at the default interval, 50 KB/s at 100 ms.
     static let membersOnEveryHeartbeatUpTo = 8
 
+    /// A subscriber connected to this node's publish socket: the member list rides on the
+    /// HEARTBEATs that follow, as after a change of it (section 7.5, "Spreading"). It may be a
+    /// node joining through this one, which this node does not subscribe to, and which may
+    /// ANNOUNCE itself only once it has heard the list: a list of more than
+    /// ``membersOnEveryHeartbeatUpTo`` entries otherwise came on every tenth HEARTBEAT only (up
+    /// to 5 s at the default interval before the joiner was known).
+    mutating func subscriberConnected() {
+        membershipChangedAt = heartbeatsSent
+    }
+
     /// Writes this node's own entry with a fresh version: alive when it starts (its endpoints),
     /// left when it stops cleanly.
     mutating func writeOwnEntry(_ state: Membership.State) {

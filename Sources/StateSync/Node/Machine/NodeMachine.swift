@@ -365,6 +365,9 @@ package struct NodeMachine: Sendable {
             clientAccessChanged(access)
             // Members learned before their key was trusted are linked now.
             linkKnownMembers()
+        case .subscriberConnected:
+            counters.subscribersConnected += 1
+            subscriberConnected()
         case .authenticationRefused(let fingerprint, let address):
             counters.authenticationRefusals += 1
             if refusedKeys[fingerprint] == nil, refusedKeys.count >= 32, let oldest = refusedKeyOrder.first {
