@@ -651,10 +651,7 @@ extension NodeMachine {
         refused: inout Int
     ) throws(WireError) -> Int {
         let (address, count) = try page.nextModel()
-        let validAddress =
-            (try? Names.validateChannel(address.channel)) != nil
-            && (try? Names.validateModel(address.model)) != nil
-        guard names == nil, validAddress, attachedModels[address] == nil else {
+        guard names == nil, Self.isMergeable(address), attachedModels[address] == nil else {
             let registers = try page.registersInNameOrder()
             changed.formUnion(mergeRegisters([(address, registers)][...], refused: &refused))
             names?[address] = Set(registers.map(\.name))
@@ -683,6 +680,12 @@ extension NodeMachine {
         }
         if let failure { throw failure }
         return count
+    }
+
+    /// Whether a snapshot's model may be merged: names a DELTA could not carry are not (section
+    /// 5).
+    private static func isMergeable(_ address: ModelAddress) -> Bool {
+        (try? Names.validateChannel(address.channel)) != nil && (try? Names.validateModel(address.model)) != nil
     }
 
     /// Whether a snapshot's register may be merged: names a DELTA could not carry are not
@@ -949,11 +952,7 @@ extension NodeMachine {
         var changed = Set<String>()
         var deliveries: [ModelDelivery] = []
         for (address, registers) in models {
-            // Names a DELTA could not carry are not merged from a snapshot either (section 5).
-            do {
-                try Names.validateChannel(address.channel)
-                try Names.validateModel(address.model)
-            } catch {
+            guard Self.isMergeable(address) else {
                 refused += registers.count
                 continue
             }
