@@ -26,6 +26,10 @@ enum SocketFactory {
                 zap = handler
             }
             let publisher = try makePublisher(context: context, configuration: configuration, keys: keys)
+            // Its connections, watched before it is bound: a new subscriber, which may be a node
+            // this one does not hear, gets the member list on the next HEARTBEATs. With security,
+            // handshakes that fail before ZAP (no CURVE at all) are counted too.
+            var monitors = [try makePublisherMonitor(context: context, of: publisher, keyed: keys != nil)]
             try bindPublisher(publisher, configuration.publishEndpoint)
 
             var subscribers: [(String, Socket)] = []
@@ -55,10 +59,6 @@ enum SocketFactory {
                 router, configuration.repairServiceEndpoint,
                 key: configuration.apiEndpoint != nil
                     ? "network.api" : configuration.repairEndpoint != nil ? "network.repair" : "the repair endpoint")
-            // The publisher's connections: a new subscriber, which may be a node this one does not
-            // hear, gets the member list on the next HEARTBEATs. With security, handshakes that
-            // fail before ZAP (no CURVE at all) are counted too.
-            var monitors = [try makePublisherMonitor(context: context, of: publisher, keyed: keys != nil)]
             if keys != nil {
                 monitors.append(try makeMonitor(context: context, of: router, name: "api", kinds: .handshakeFailed))
             }

@@ -222,9 +222,11 @@ package final class ZeroMQNodeDriver: NodeDriver {
                         if event.isOne(of: .handshakeSucceeded) {
                             // Only the publish socket reports these: a new subscriber.
                             input = .subscriberConnected
-                        } else {
+                        } else if event.isOne(of: .handshakeFailed) {
                             // A connection that failed its handshake before ZAP: no key to name.
                             input = .authenticationRefused(fingerprint: "no-curve", address: event.endpoint)
+                        } else {
+                            continue
                         }
                     }
                     node.process(input, now: MonotonicClock.milliseconds(), via: transport)
@@ -538,6 +540,14 @@ final class ZeroMQTransport: NodeTransport {
             logger.error("cannot make a new publish socket; keeping the old one", metadata: ["error": "\(error)"])
             return
         }
+        // Watched before it is bound, as at the start.
+        do {
+            let monitor = try SocketFactory.makePublisherMonitor(context: context, of: fresh, keyed: keys != nil)
+            monitors[0].close()
+            monitors[0] = monitor
+        } catch {
+            logger.error("cannot monitor the new publish socket", metadata: ["error": "\(error)"])
+        }
         publisher.close()
         publisher = fresh
         unboundPublishEndpoint = (endpoint, 0)
@@ -550,13 +560,6 @@ final class ZeroMQTransport: NodeTransport {
             logger.critical(
                 "cannot bind the publish socket again yet; peers receive no deltas until it is (retried every second)",
                 metadata: ["endpoint": "\(unbound.endpoint)"])
-        }
-        do {
-            let monitor = try SocketFactory.makePublisherMonitor(context: context, of: publisher, keyed: keys != nil)
-            monitors[0].close()
-            monitors[0] = monitor
-        } catch {
-            logger.error("cannot monitor the new publish socket", metadata: ["error": "\(error)"])
         }
         pollerChanged = true
     }

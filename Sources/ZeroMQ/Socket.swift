@@ -285,6 +285,13 @@ public final class Socket {
         try zmqCheck("zmq_socket_monitor") { zmq_socket_monitor(handle, endpoint, events) }
     }
 
+    /// Publishes this socket's failed security handshakes that never reach a ZAP handler as
+    /// monitor events on `endpoint`.
+    @available(*, deprecated, renamed: "monitor(_:on:)", message: "monitor(.handshakeFailed, on: endpoint)")
+    public func monitorHandshakeFailures(on endpoint: String) throws(ZeroMQError) {
+        try monitor(.handshakeFailed, on: endpoint)
+    }
+
     /// The ZAP domain this socket's handshakes are authenticated in (`ZMQ_ZAP_DOMAIN`): the ZAP
     /// handler sees it in each request, so it can admit a key on one socket and not another.
     public func setZAPDomain(_ domain: String) throws(ZeroMQError) {

@@ -125,6 +125,9 @@ struct SecurityTests {
             try await waitUntil("the connections without CURVE are counted") {
                 node1.status.refusedKeys["no-curve"] ?? 0 >= 1
             }
+            // Of the subscribers of node1's publish socket, only node2's link was admitted (a
+            // refused one does not bring the member list on node1's next heartbeats).
+            #expect(node1.status.counters["subscribers_connected"] == 1)
             // The admitted client still reads.
             #expect(try await client.get(address)["x"]?.value == .string("unique-value-20"))
         } catch {
