@@ -15,7 +15,7 @@ A list of more than eight entries rides on every tenth heartbeat and on the thre
 of it or a new subscriber of the sender's publish socket (docs/PROTOCOL.md 7.5, "Spreading"): the
 joiner may ANNOUNCE itself to node1, which does not hear it, only once it heard node1's list.
 """
-import subprocess, sys, os, time, json, random, tempfile, shutil, signal
+import subprocess, sys, time, json, random, tempfile, shutil, signal
 if len(sys.argv) != 4:
     raise SystemExit('usage: join-through-seed.py BINDIR TRIALS SEED')
 bindir, trials, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -17,20 +17,16 @@ extension NodeMachine {
     /// full mesh of eight, 10 KB/s at the default interval, 50 KB/s at 100 ms.
     static let membersOnEveryHeartbeatUpTo = 8
 
-    /// A subscriber connected to this node's publish socket: the member list rides on the
-    /// HEARTBEATs that follow, as after a change of it (section 7.5, "Spreading"). It may be a
-    /// node joining through this one, which this node does not subscribe to, and which may
-    /// ANNOUNCE itself only once it has heard the list: a list of more than
-    /// ``membersOnEveryHeartbeatUpTo`` entries otherwise came on every tenth HEARTBEAT only (up
-    /// to 5 s at the default interval before the joiner was known).
-    mutating func subscriberConnected() {
-        membershipChangedAt = heartbeatsSent
+    /// The member list rides on the next ``membersAfterChange`` HEARTBEATs (section 7.5,
+    /// "Spreading"): after a change of it, a peer's new start, a new subscriber.
+    mutating func sendListOnNextHeartbeats() {
+        listDueFrom = heartbeatsSent
     }
 
     /// Writes this node's own entry with a fresh version: alive when it starts (its endpoints),
     /// left when it stops cleanly.
     mutating func writeOwnEntry(_ state: Membership.State) {
-        membershipChangedAt = heartbeatsSent
+        sendListOnNextHeartbeats()
         membership.merge(
             Membership.Member(
                 id: configuration.nodeID, publish: boundPublish,
@@ -138,7 +134,7 @@ extension NodeMachine {
         if member.state != .forgotten, !fromItself, membership.members[member.id]?.state == .forgotten { return }
         guard membership.merge(member) else { return }
         counters.membershipUpdates += 1
-        membershipChangedAt = heartbeatsSent
+        sendListOnNextHeartbeats()
         if member.state == .alive {
             link(member, at: dialAt ?? member.publish)
         } else {

@@ -170,7 +170,7 @@ extension NodeMachine {
             // node's member list (``PeerProgress/listHeard``): the list rides on the HEARTBEATs
             // that follow, as after a change of it, not on the next tenth (up to ten intervals,
             // 5 s at the default 500 ms, before a joiner could be told or take anything).
-            if beat.node != configuration.nodeID { membershipChangedAt = heartbeatsSent }
+            if beat.node != configuration.nodeID { sendListOnNextHeartbeats() }
         }
         if beat.members == nil, peers[endpoint]?.listHeard == false { peers[endpoint]?.heartbeatsWithoutList += 1 }
         if beat.members != nil {

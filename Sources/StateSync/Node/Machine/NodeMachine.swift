@@ -91,10 +91,11 @@ package struct NodeMachine: Sendable {
     var announcesInFlight: [UInt64: Membership.Member] = [:]
     /// The HEARTBEAT saying this node left was published (it stops).
     var leftAnnounced = false
-    /// HEARTBEATs published, and how many had been when the member list last changed: the list
-    /// rides on the HEARTBEATs that follow a change and on every tenth (section 7.5).
+    /// HEARTBEATs published, and how many had been when the member list was last due on the
+    /// next ones (``sendListOnNextHeartbeats()``): it rides on those and on every tenth (section
+    /// 7.5).
     var heartbeatsSent = 0
-    var membershipChangedAt = 0
+    var listDueFrom = 0
     /// The node started knowing none of its own sequence numbers: an empty data directory (or
     /// one that never held a delta of its own — a node that refused to run leaves a snapshot
     /// without any, and must refuse again).
@@ -366,8 +367,12 @@ package struct NodeMachine: Sendable {
             // Members learned before their key was trusted are linked now.
             linkKnownMembers()
         case .subscriberConnected:
+            // Perhaps a node joining through this one, which this node does not subscribe to,
+            // and which may ANNOUNCE itself only once it has heard the list: a list of more than
+            // ``membersOnEveryHeartbeatUpTo`` entries otherwise came on every tenth HEARTBEAT
+            // only (up to 5 s at the default interval before the joiner was known).
             counters.subscribersConnected += 1
-            subscriberConnected()
+            sendListOnNextHeartbeats()
         case .authenticationRefused(let fingerprint, let address):
             counters.authenticationRefusals += 1
             if refusedKeys[fingerprint] == nil, refusedKeys.count >= 32, let oldest = refusedKeyOrder.first {
@@ -433,7 +438,7 @@ package struct NodeMachine: Sendable {
         let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
         if lastHeartbeat.map({ now &- $0 >= interval }) ?? true {
             let withMembers =
-                heartbeatsSent &- membershipChangedAt < Self.membersAfterChange
+                heartbeatsSent &- listDueFrom < Self.membersAfterChange
                 || heartbeatsSent % Self.membersEveryHeartbeats == 0
                 || membership.members.count <= Self.membersOnEveryHeartbeatUpTo
             let floor = ownFloor
