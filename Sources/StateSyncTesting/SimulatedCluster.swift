@@ -13,6 +13,13 @@ import Synchronization
 /// the peer network; clients are connected to one node at a time over reliable, in-order links
 /// (a TCP connection), which a crash of the node breaks.
 ///
+/// A SUB link's connection is modelled as libzmq makes it: the subscriber dials when it
+/// subscribes (at its start, when it links a member, when it replaces a link), again each
+/// reconnect interval while the link is cut, and again after the node it subscribes to restarts
+/// (a new socket, whatever the subscriber knew); each completed handshake is a monitor event on
+/// the publisher (``NodeInput/subscriberConnected``). A connection made stays through a
+/// partition (a cut drops packets; it resets no TCP connection).
+///
 /// Not thread-safe: one thread runs a simulation.
 package final class SimulatedCluster {
     /// What the cluster is made of.
@@ -79,11 +86,10 @@ package final class SimulatedCluster {
         case repairReply(peer: String, frames: [[UInt8]])
         /// A reply or watch event to a client, from one incarnation of a node.
         case toClient(frames: [[UInt8]], generation: Int)
-        /// A SUB link's handshake reaching the node it subscribes to (libzmq's monitor event on
-        /// that node's PUB socket): sent when a node subscribes to another, at its start and
-        /// when it links a member.
-        case subscribed
     }
+
+    /// libzmq's reconnect interval, as the node's SUB sockets set it (`ZMQ_RECONNECT_IVL`).
+    static let reconnectMilliseconds: UInt64 = 100
 
     /// One node of the cluster.
     package final class Node {
@@ -196,6 +202,8 @@ package final class SimulatedCluster {
     package private(set) var compactionsEnded = 0
     /// Whether a crash finds a compaction under way with its snapshot written already.
     private var compactionCrashes: SeededRandom
+    /// Where in its reconnect interval a subscriber is when the node it subscribes to restarts.
+    private var reconnectPhases: SeededRandom
 
     private enum Timer {
         case tick(node: Int, generation: Int)
@@ -206,6 +214,9 @@ package final class SimulatedCluster {
         case compactionEnds(node: Int, generation: Int)
         case action((SimulatedCluster) -> Void)
         case consume(client: [UInt8])
+        /// A SUB link's handshake completes (or, on a cut link, fails and is tried again): the
+        /// ends' indices and generations when it was dialled.
+        case handshake(subscriber: Int, generation: Int, publisher: Int, publisherGeneration: Int)
     }
 
     package init(_ configuration: Configuration) throws(StateSyncError) {
@@ -213,6 +224,7 @@ package final class SimulatedCluster {
         let root = SeededRandom(seed: configuration.seed)
         random = root.fork("cluster")
         compactionCrashes = root.fork("compaction-crash")
+        reconnectPhases = root.fork("reconnect-phase")
         network = SimulatedNetwork(random: root.fork("network"), defaultConditions: configuration.peerLinks)
         clientNetwork = SimulatedNetwork(
             random: root.fork("client-network"), defaultConditions: .reliable(delay: configuration.clientDelay))
@@ -346,6 +358,21 @@ package final class SimulatedCluster {
             process(.compactionWritten, at: node)
         case .action(let action):
             action(self)
+        case .handshake(let subscriberIndex, let generation, let publisherIndex, let publisherGeneration):
+            let (subscriber, publisher) = (nodes[subscriberIndex], nodes[publisherIndex])
+            guard subscriber.generation == generation, subscriber.isUp,
+                subscriber.subscribedTo.contains(publisher.id), publisher.generation == publisherGeneration,
+                publisher.isUp
+            else { return }  // that socket is gone (a restarted publisher is dialled from its start)
+            if network.isCut(from: subscriber.id, to: publisher.id)
+                || network.isCut(from: publisher.id, to: subscriber.id)
+            {
+                timers.schedule(timer, at: now + Self.reconnectMilliseconds)
+                return
+            }
+            // (A real node reads its monitor while its intake is paused too.)
+            record("subscribed", subscriber.id + ">" + publisher.id, [])
+            process(.subscriberConnected, at: publisher)
         case .consume(let routingID):
             guard let client = clients[routingID] else { return }
             consumeOne(client)
@@ -381,7 +408,13 @@ package final class SimulatedCluster {
         node.host = host
         node.links = [:]
         node.subscribedTo = Set(node.configuration.peers.compactMap(Self.nodeID(ofEndpoint:)))
-        for peer in node.subscribedTo.sorted() { network.send(.subscribed, from: node.id, to: peer, at: now) }
+        for peer in node.subscribedTo.sorted() { dial(from: node, to: peer) }
+        // Its subscribers lost their connections with its old sockets: each dials again at the
+        // end of its reconnect interval.
+        for subscriber in nodes
+        where subscriber.index != node.index && subscriber.isUp && subscriber.subscribedTo.contains(node.id) {
+            dial(from: subscriber, to: node.id, after: 1 + reconnectPhases.next() % Self.reconnectMilliseconds)
+        }
         node.intakePaused = false
         node.held = []
         process(
@@ -403,6 +436,21 @@ package final class SimulatedCluster {
         steps += 1
         host.process(input, now: now, via: Transport(cluster: self, node: node))
         touched[node.index] = true
+    }
+
+    /// `subscriber`'s SUB socket dials node `id` (`after` milliseconds from now): its handshake
+    /// completes after a round trip of the link, or is tried again each reconnect interval while
+    /// the link is cut. A node that is down is dialled again from its start.
+    private func dial(from subscriber: Node, to id: String, after delay: UInt64 = 0) {
+        guard let publisher = nodes.first(where: { $0.id == id }), publisher.isUp else { return }
+        let roundTrip =
+            network.conditions(from: subscriber.id, to: id).delay.upperBound
+            + network.conditions(from: id, to: subscriber.id).delay.upperBound
+        timers.schedule(
+            .handshake(
+                subscriber: subscriber.index, generation: subscriber.generation, publisher: publisher.index,
+                publisherGeneration: publisher.generation),
+            at: now + delay + roundTrip)
     }
 
     private func tick(_ node: Node) {
@@ -610,11 +658,6 @@ package final class SimulatedCluster {
             }
             record("repair-reply", message.from + ">" + message.to, frames)
             process(.repairReply(peer: peer, frames: frames), at: node)
-        case .subscribed:
-            // (A real node reads its monitor while its intake is paused too.)
-            guard let node = node(named: message.to) else { return }
-            record("subscribed", message.from + ">" + message.to, [])
-            process(.subscriberConnected, at: node)
         case .toClient(let frames, let generation):
             guard let client = clients[Array([0x53] + message.to.utf8)],
                 let connection = client.connection, nodes[connection.node].id == message.from,
@@ -745,12 +788,15 @@ package final class SimulatedCluster {
             }
             cluster.record("link-reset", peer.id + ">" + node.id, [])
             cluster.brokenLinks.remove(peer.id + ">" + node.id)
+            // A new SUB socket: a new connection, whose handshake the peer's monitor reports.
+            if node.subscribedTo.contains(peer.id) { cluster.dial(from: node, to: peer.id) }
         }
 
+        /// A link the node has already is kept (as the real driver keeps it).
         func connectPeer(endpoint: String, node id: String) {
             cluster.record("subscribe", node.id + "<" + id, [])
-            node.subscribedTo.insert(id)
-            cluster.network.send(.subscribed, from: node.id, to: id, at: cluster.now)
+            guard node.subscribedTo.insert(id).inserted else { return }
+            cluster.dial(from: node, to: id)
         }
 
         /// A node that refuses to run goes down at once (the verdict then names it).

@@ -144,6 +144,64 @@ struct SimulatedRepairTests {
             }, "\(nodes) nodes, seed \(seed)")
     }
 
+    /// How many SUB links' handshakes node `index` has seen in its current run.
+    static func subscribersConnected(_ cluster: SimulatedCluster, _ index: Int) -> Int {
+        cluster.nodes[index].host?.status.counters["subscribers_connected"] ?? 0
+    }
+
+    /// A node that restarts has new sockets: each node subscribed to it dials again within its
+    /// reconnect interval (libzmq's, 100 ms), and the restarted node's monitor sees each
+    /// handshake once, which puts its member list on its next HEARTBEATs (PROTOCOL.md 7.5).
+    /// Before the simulator dialled again, a restarted node saw none of them.
+    @Test(arguments: 1...5 as ClosedRange<UInt64>)
+    func aRestartedNodeSeesEachOfItsSubscribersConnectAgain(seed: UInt64) throws {
+        let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 3, seed: seed))
+        #expect(cluster.run(for: 1000) { Self.subscribersConnected($0, 2) == 2 }, "seed \(seed)")
+        cluster.crash(2)
+        _ = cluster.run(for: 200 + seed * 37)
+        try cluster.restart(2)
+        let restarted = cluster.now
+        #expect(cluster.run(for: 1000) { Self.subscribersConnected($0, 2) == 2 }, "seed \(seed)")
+        let took = cluster.now - restarted
+        let bound = SimulatedCluster.reconnectMilliseconds + 2 * cluster.configuration.peerLinks.delay.upperBound
+        #expect(took <= bound, "seed \(seed): \(took) ms")
+        cluster.run(for: 2000)
+        #expect(Self.subscribersConnected(cluster, 2) == 2, "seed \(seed): each connection once")
+    }
+
+    /// A node that dials a peer across a partition connects when the partition heals (libzmq
+    /// dials again each reconnect interval), and the peer's monitor reports it then, not before.
+    /// Before, the event was sent once at the start and lost on the cut link.
+    @Test func aLinkDialledAcrossAPartitionConnectsWhenItHeals() throws {
+        let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 3, seed: 4))
+        #expect(cluster.run(for: 1000) { Self.subscribersConnected($0, 0) == 2 })
+        cluster.crash(2)
+        cluster.partition([2], cut: true)
+        try cluster.restart(2)
+        cluster.run(for: 700)
+        #expect(Self.subscribersConnected(cluster, 0) == 2, "no handshake across the cut")
+        #expect(Self.subscribersConnected(cluster, 2) == 0, "nor from the other side")
+        cluster.partition([2], cut: false)
+        let healed = cluster.now
+        #expect(
+            cluster.run(for: 1000) { Self.subscribersConnected($0, 0) == 3 && Self.subscribersConnected($0, 2) == 2 })
+        #expect(cluster.now - healed <= SimulatedCluster.reconnectMilliseconds + 2 * 3)
+        cluster.run(for: 1000)
+        #expect(Self.subscribersConnected(cluster, 0) == 3 && Self.subscribersConnected(cluster, 2) == 2)
+    }
+
+    /// A node that replaces a silent peer link (libzmq left the connection) makes a new
+    /// connection, whose handshake the peer's monitor reports.
+    @Test func aReplacedPeerLinkIsANewConnection() throws {
+        let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 2, seed: 6))
+        #expect(cluster.run(for: 1000) { Self.subscribersConnected($0, 0) == 1 })
+        cluster.breakLink(from: 0, to: 1)
+        #expect(cluster.run(for: 5000) { ($0.nodes[1].host?.status.counters["peer_link_resets"] ?? 0) >= 1 })
+        let reset = cluster.now
+        #expect(cluster.run(for: 1000) { Self.subscribersConnected($0, 0) == 2 })
+        #expect(cluster.now - reset <= 2 * 3)
+    }
+
     /// A late joiner merges its snapshot's pages a slice at a time (here one model each), asking
     /// for the next page once one is merged: a write reaches it between slices, then it crashes
     /// in the middle of a page's merge, which it held in memory only. After its restart it takes
