@@ -106,9 +106,9 @@ package final class SimulatedCluster {
         fileprivate var intakePaused = false
         fileprivate var held: [SimulatedNetwork<Packet>.Message] = []
         fileprivate var links: [String: Int] = [:]
-        /// The peers whose publish socket this node subscribes to (its SUB links): the configured
-        /// ones at every start, then the members it learns.
-        fileprivate var subscribedTo: Set<String> = []
+        /// The peers whose publish socket this node subscribes to (its SUB links), by node id:
+        /// the configured ones at every start, then the members it learns.
+        fileprivate var subscribedTo: [String: SubscriberLink] = [:]
         fileprivate let skew: Skew
         /// Set when a live model on this node wrote: the next instant feeds the write.
         fileprivate let woken = WakeFlag()
@@ -127,6 +127,15 @@ package final class SimulatedCluster {
         fileprivate var resetsInEndedRuns = 0
         /// How far this node's wall clock is off, in milliseconds.
         package var clockSkew: Int64 { skew.milliseconds }
+    }
+
+    /// One SUB link of a node: its socket (a replaced link is a new one), and the run
+    /// (generation) of the publisher it is connected to once a handshake completed. A publisher
+    /// sends nothing to a link that is not connected to its current run, as a PUB socket drops
+    /// what no connected subscriber takes.
+    struct SubscriberLink {
+        let socket: Int
+        var connectedTo: Int?
     }
 
     /// A node's driver in the simulation: a model's write raises the flag, the cluster feeds the
@@ -204,6 +213,8 @@ package final class SimulatedCluster {
     private var compactionCrashes: SeededRandom
     /// Where in its reconnect interval a subscriber is when the node it subscribes to restarts.
     private var reconnectPhases: SeededRandom
+    /// The last SUB socket made (they are numbered across the cluster).
+    private var socketsMade = 0
 
     private enum Timer {
         case tick(node: Int, generation: Int)
@@ -216,7 +227,7 @@ package final class SimulatedCluster {
         case consume(client: [UInt8])
         /// A SUB link's handshake completes (or, on a cut link, fails and is tried again): the
         /// ends' indices and generations when it was dialled.
-        case handshake(subscriber: Int, generation: Int, publisher: Int, publisherGeneration: Int)
+        case handshake(subscriber: Int, generation: Int, socket: Int, publisher: Int, publisherGeneration: Int)
     }
 
     package init(_ configuration: Configuration) throws(StateSyncError) {
@@ -358,10 +369,10 @@ package final class SimulatedCluster {
             process(.compactionWritten, at: node)
         case .action(let action):
             action(self)
-        case .handshake(let subscriberIndex, let generation, let publisherIndex, let publisherGeneration):
+        case .handshake(let subscriberIndex, let generation, let socket, let publisherIndex, let publisherGeneration):
             let (subscriber, publisher) = (nodes[subscriberIndex], nodes[publisherIndex])
             guard subscriber.generation == generation, subscriber.isUp,
-                subscriber.subscribedTo.contains(publisher.id), publisher.generation == publisherGeneration,
+                subscriber.subscribedTo[publisher.id]?.socket == socket, publisher.generation == publisherGeneration,
                 publisher.isUp
             else { return }  // that socket is gone (a restarted publisher is dialled from its start)
             if network.isCut(from: subscriber.id, to: publisher.id)
@@ -370,6 +381,7 @@ package final class SimulatedCluster {
                 timers.schedule(timer, at: now + Self.reconnectMilliseconds)
                 return
             }
+            subscriber.subscribedTo[publisher.id]?.connectedTo = publisherGeneration
             // (A real node reads its monitor while its intake is paused too.)
             record("subscribed", subscriber.id + ">" + publisher.id, [])
             process(.subscriberConnected, at: publisher)
@@ -407,12 +419,14 @@ package final class SimulatedCluster {
         host.attach(driver: node.woken)
         node.host = host
         node.links = [:]
-        node.subscribedTo = Set(node.configuration.peers.compactMap(Self.nodeID(ofEndpoint:)))
-        for peer in node.subscribedTo.sorted() { dial(from: node, to: peer) }
+        node.subscribedTo = [:]
+        for peer in Set(node.configuration.peers.compactMap(Self.nodeID(ofEndpoint:))).sorted() {
+            subscribe(node, to: peer)
+        }
         // Its subscribers lost their connections with its old sockets: each dials again at the
         // end of its reconnect interval.
         for subscriber in nodes
-        where subscriber.index != node.index && subscriber.isUp && subscriber.subscribedTo.contains(node.id) {
+        where subscriber.index != node.index && subscriber.isUp && subscriber.subscribedTo[node.id] != nil {
             dial(from: subscriber, to: node.id, after: 1 + reconnectPhases.next() % Self.reconnectMilliseconds)
         }
         node.intakePaused = false
@@ -438,18 +452,27 @@ package final class SimulatedCluster {
         touched[node.index] = true
     }
 
-    /// `subscriber`'s SUB socket dials node `id` (`after` milliseconds from now): its handshake
-    /// completes after a round trip of the link, or is tried again each reconnect interval while
-    /// the link is cut. A node that is down is dialled again from its start.
+    /// `subscriber` makes a new SUB socket to node `id` (replacing any it had) and dials.
+    private func subscribe(_ subscriber: Node, to id: String) {
+        socketsMade += 1
+        subscriber.subscribedTo[id] = SubscriberLink(socket: socketsMade)
+        dial(from: subscriber, to: id)
+    }
+
+    /// `subscriber`'s SUB socket to node `id` dials (`after` milliseconds from now): its
+    /// handshake completes after a round trip of the link, or is tried again each reconnect
+    /// interval while the link is cut. A node that is down is dialled again from its start.
     private func dial(from subscriber: Node, to id: String, after delay: UInt64 = 0) {
-        guard let publisher = nodes.first(where: { $0.id == id }), publisher.isUp else { return }
+        guard let socket = subscriber.subscribedTo[id]?.socket,
+            let publisher = nodes.first(where: { $0.id == id }), publisher.isUp
+        else { return }
         let roundTrip =
             network.conditions(from: subscriber.id, to: id).delay.upperBound
             + network.conditions(from: id, to: subscriber.id).delay.upperBound
         timers.schedule(
             .handshake(
-                subscriber: subscriber.index, generation: subscriber.generation, publisher: publisher.index,
-                publisherGeneration: publisher.generation),
+                subscriber: subscriber.index, generation: subscriber.generation, socket: socket,
+                publisher: publisher.index, publisherGeneration: publisher.generation),
             at: now + delay + roundTrip)
     }
 
@@ -732,7 +755,11 @@ package final class SimulatedCluster {
         }
 
         func publish(_ frames: [[UInt8]]) {
-            for peer in cluster.nodes where peer.index != node.index && peer.subscribedTo.contains(node.id) {
+            // Only to links connected to this run (a PUB socket drops what no connected
+            // subscriber takes: a restarted node's first messages reach no one until its
+            // subscribers have dialled it again).
+            for peer in cluster.nodes
+            where peer.index != node.index && peer.subscribedTo[node.id]?.connectedTo == node.generation {
                 cluster.network.send(.peer(frames: frames), from: node.id, to: peer.id, at: cluster.now)
             }
         }
@@ -789,14 +816,14 @@ package final class SimulatedCluster {
             cluster.record("link-reset", peer.id + ">" + node.id, [])
             cluster.brokenLinks.remove(peer.id + ">" + node.id)
             // A new SUB socket: a new connection, whose handshake the peer's monitor reports.
-            if node.subscribedTo.contains(peer.id) { cluster.dial(from: node, to: peer.id) }
+            if node.subscribedTo[peer.id] != nil { cluster.subscribe(node, to: peer.id) }
         }
 
         /// A link the node has already is kept (as the real driver keeps it).
         func connectPeer(endpoint: String, node id: String) {
             cluster.record("subscribe", node.id + "<" + id, [])
-            guard node.subscribedTo.insert(id).inserted else { return }
-            cluster.dial(from: node, to: id)
+            guard node.subscribedTo[id] == nil else { return }
+            cluster.subscribe(node, to: id)
         }
 
         /// A node that refuses to run goes down at once (the verdict then names it).
@@ -809,7 +836,7 @@ package final class SimulatedCluster {
         func disconnectPeer(endpoint: String) {
             guard let id = SimulatedCluster.nodeID(ofEndpoint: endpoint) else { return }
             cluster.record("unsubscribe", node.id + "<" + id, [])
-            node.subscribedTo.remove(id)
+            node.subscribedTo[id] = nil
             node.links[endpoint] = nil
         }
 
