@@ -119,6 +119,9 @@ extension NodeConfiguration {
             let reason = lines.filter { !$0.isEmpty && !$0.allSatisfy({ $0 == "^" }) }.prefix(2).joined(separator: " ")
             throw StateSyncError(.invalidConfiguration, "\(path): not a valid YAML mapping: \(reason)")
         }
+        if let problem = unknownKeyProblem(yaml: yaml, source: path) ?? unknownEnvironmentProblem(environment) {
+            throw StateSyncError(.invalidConfiguration, problem)
+        }
         let reader = KeyReader(
             path: path, file: snapshot, environment: EnvironmentVariablesProvider(environmentVariables: environment))
 

@@ -101,6 +101,19 @@ struct NodeConfigurationTests {
                 + "\n  repair: tcp://127.0.0.1:7001",
             "network.repair: is the same endpoint as network.publish"
         ),
+        // A misspelt key is refused, not ignored with its default used: a misspelt `security:`
+        // would run the node without CurveZMQ.
+        (
+            valid + "\nsecurty:\n  secret_key: /etc/statesync/node1.key",
+            "'securty' is not a configuration section (did you mean 'security'?)"
+        ),
+        (valid + "\n  hartbeat_ms: 100", "network.hartbeat_ms: unknown key (did you mean 'network.heartbeat_ms'?)"),
+        (
+            valid + "\nstorage:\n  fsnc: interval",
+            "storage.fsnc: unknown key (did you mean 'storage.fsync'?) (storage has: fsync,"
+        ),
+        (valid + "\nextras:\n  a: 1", "'extras' is not a configuration section (the sections: node, network,"),
+        (valid + "\nlog: debug", "log: expected a mapping of its keys"),
     ])
     func invalidConfigNamesFileKeyAndReason(yaml: String, expected: String) throws {
         let path = try Self.write(yaml)
@@ -128,6 +141,26 @@ struct NodeConfigurationTests {
             file: try Self.write(Self.valid.replacingOccurrences(of: "  api: tcp://127.0.0.1:7101\n", with: "")),
             environment: ["STATESYNC_NETWORK_REPAIR": "tcp://127.0.0.1:7201"])
         #expect(loaded.repairEndpoint == "tcp://127.0.0.1:7201" && loaded.apiEndpoint == nil)
+    }
+
+    /// An override that names no key is refused (it would be ignored); other `STATESYNC_`
+    /// variables (the CLI's, the test hooks) and an empty section (`http:`) are left alone.
+    @Test func aMisspeltEnvironmentOverrideIsRefused() throws {
+        let error = try #require(throws: StateSyncError.self) {
+            try NodeConfiguration.load(
+                file: try Self.write(Self.valid), environment: ["STATESYNC_NETWORK_HEARTBAET_MS": "100"])
+        }
+        #expect(error.code == .invalidConfiguration)
+        #expect(
+            error.message
+                == "environment variable STATESYNC_NETWORK_HEARTBAET_MS: not a configuration key (did you mean 'STATESYNC_NETWORK_HEARTBEAT_MS'?)"
+        )
+        let config = try NodeConfiguration.load(
+            file: try Self.write(Self.valid + "\nhttp:\n"),
+            environment: [
+                "STATESYNC_DAEMON": "tcp://127.0.0.1:7101", "STATESYNC_KEY": "/k", "STATESYNC_TEST_NEVER_EXPIRE": "1",
+            ])
+        #expect(config.nodeID == "n1" && config.httpListen == nil)
     }
 
     @Test func badEnvironmentOverrideNamesTheVariable() throws {

@@ -1,0 +1,90 @@
+import Foundation
+import Yams
+
+extension NodeConfiguration {
+    /// The sections of the file (`node`, `network`, ...): the first part of every key.
+    static let sections: [String] = {
+        var seen: [String] = []
+        for key in Key.allCases {
+            let section = String(key.rawValue.prefix { $0 != "." })
+            if !seen.contains(section) { seen.append(section) }
+        }
+        return seen
+    }()
+
+    /// Why the configuration text `yaml` (from `path`) names a key the node does not read, or
+    /// `nil` when every key is known. A misspelt key would otherwise be ignored and its default
+    /// used: a misspelt `security:` section would run the node without CurveZMQ.
+    static func unknownKeyProblem(yaml: [UInt8], source path: String) -> String? {
+        // The file parsed already (as a YAML mapping): a failure here has nothing to add.
+        guard let root = try? Yams.compose(yaml: String(decoding: yaml, as: UTF8.self)), let mapping = root.mapping
+        else { return nil }
+        let known = Set(Key.allCases.map(\.rawValue))
+        for (keyNode, value) in mapping {
+            let section = keyNode.string ?? "\(keyNode)"
+            guard sections.contains(section) else {
+                return
+                    "\(path): '\(section)' is not a configuration section\(suggestion(for: section, among: sections))"
+                    + " (the sections: \(sections.joined(separator: ", ")))"
+            }
+            guard let entries = value.mapping else {
+                if value.null != nil { continue }  // `http:` alone: nothing set
+                return
+                    "\(path): \(section): expected a mapping of its keys (e.g. \(section):\\n  \(firstKey(of: section)): ...)"
+            }
+            for (entryNode, _) in entries {
+                let entry = entryNode.string ?? "\(entryNode)"
+                let name = section + "." + entry
+                guard known.contains(name) else {
+                    let siblings = Key.allCases.map(\.rawValue).filter { $0.hasPrefix(section + ".") }
+                    return "\(path): \(name): unknown key\(suggestion(for: name, among: siblings))"
+                        + " (\(section) has: \(siblings.map { String($0.dropFirst(section.count + 1)) }.joined(separator: ", ")))"
+                }
+            }
+        }
+        return nil
+    }
+
+    /// Why `environment` holds a variable that looks like an override (`STATESYNC_` and a
+    /// section's name) but names no key, or `nil`. Other `STATESYNC_` variables (the CLI's
+    /// `STATESYNC_DAEMON`, the test hooks) are not the node's to judge.
+    static func unknownEnvironmentProblem(_ environment: [String: String]) -> String? {
+        let known = Key.allCases.map(\.environmentVariable)
+        let prefixes = sections.map { "STATESYNC_" + $0.uppercased() + "_" }
+        for name in environment.keys.sorted() where prefixes.contains(where: { name.hasPrefix($0) }) {
+            guard !known.contains(name) else { continue }
+            return "environment variable \(name): not a configuration key\(suggestion(for: name, among: known))"
+        }
+        return nil
+    }
+
+    private static func firstKey(of section: String) -> String {
+        let first = Key.allCases.first { $0.rawValue.hasPrefix(section + ".") }?.rawValue ?? section + ".key"
+        return String(first.dropFirst(section.count + 1))
+    }
+
+    /// " (did you mean 'X'?)" for the candidate within two edits of `name`, else "".
+    static func suggestion(for name: String, among candidates: [String]) -> String {
+        let scored = candidates.map { ($0, editDistance(name, $0)) }.filter { $0.1 <= 2 }
+        guard let best = scored.min(by: { $0.1 < $1.1 }) else { return "" }
+        return " (did you mean '\(best.0)'?)"
+    }
+
+    /// Levenshtein distance over characters.
+    static func editDistance(_ a: String, _ b: String) -> Int {
+        let (a, b) = (Array(a), Array(b))
+        guard !a.isEmpty else { return b.count }
+        guard !b.isEmpty else { return a.count }
+        var previous = Array(0...b.count)
+        var current = [Int](repeating: 0, count: b.count + 1)
+        for i in 1...a.count {
+            current[0] = i
+            for j in 1...b.count {
+                current[j] = min(
+                    previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1))
+            }
+            swap(&previous, &current)
+        }
+        return previous[b.count]
+    }
+}
