@@ -28,6 +28,9 @@ public struct StateSyncError: Error, Sendable, Equatable, CustomStringConvertibl
         public static let protocolError = Code("protocol error")
         /// The connection to the node was lost, or the node restarted.
         public static let connectionLost = Code("connection lost")
+        /// A request too large for one message: the node would drop the connection
+        /// (``ClientProtocol/maximumFrameOctets``).
+        public static let tooLarge = Code("too large")
     }
 
     /// What kind of error this is.

@@ -115,6 +115,13 @@ final class ClientIO: Sendable {
     private var closedError: StateSyncError { StateSyncError(.stopped, "the client for \(endpoint) is closed") }
 
     func request(_ command: ClientProtocol.Command, _ body: [UInt8]) async throws -> [UInt8] {
+        guard body.count <= ClientProtocol.maximumFrameOctets else {
+            // Sent, it would cost the connection (and every request on it) and answer nothing.
+            throw StateSyncError(
+                .tooLarge,
+                "the request is \(body.count) octets, over the \(ClientProtocol.maximumFrameOctets) (64 MiB) a node takes in one message: write the data as several smaller properties or models"
+            )
+        }
         let id = nextID.add(1, ordering: .relaxed).newValue
         return try await withCheckedThrowingContinuation { (reply: Reply) in
             if !enqueue(.request(id: id, command: command, body: body, reply: reply)) {

@@ -6,7 +6,7 @@ import ZeroMQ
 /// and CURVE keys are set here and nowhere else.
 enum SocketFactory {
     /// Inbound messages larger than this are refused by libzmq (the sender is disconnected).
-    static let maximumMessageSize: Int64 = 64 << 20
+    static let maximumMessageSize = Int64(ClientProtocol.maximumFrameOctets)
 
     static func makeNodeSockets(configuration: NodeConfiguration) throws(StateSyncError) -> (
         context: Context, publisher: Socket, subscribers: [(endpoint: String, socket: Socket)], router: Socket,

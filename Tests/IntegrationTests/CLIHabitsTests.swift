@@ -212,6 +212,31 @@ struct CLIHabitsTests {
         #expect(await daemon.stop() == 0)
     }
 
+    /// A request larger than a node takes in one message (64 MiB) is refused by the client with
+    /// a clear error before it is sent: sent, libzmq would drop the connection and the writer
+    /// would wait for an answer that never comes ("no answer within 5 s", as a new user's trial
+    /// found). The client goes on: its next request is answered.
+    @Test func aRequestTooLargeForOneMessageIsRefusedBeforeItIsSent() async throws {
+        let directory = temporaryDirectory("cli-too-large")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (daemon, api) = try Self.daemon(data: "\(directory)/data")
+        do {
+            let client = try StateSyncClient(endpoint: api)
+            defer { client.close() }
+            let address = ModelAddress(channel: "big", model: "m")
+            let huge = Value.bytes([UInt8](repeating: 7, count: ClientProtocol.maximumFrameOctets + 1))
+            let error = await #expect(throws: StateSyncError.self) { try await client.set(address, ["v": huge]) }
+            #expect(error?.code == .tooLarge)
+            #expect(error?.message.contains("64 MiB") == true, "\(error?.message ?? "")")
+            let fits = Value.bytes([UInt8](repeating: 7, count: 1 << 20))
+            try await client.set(address, ["v": fits])
+            #expect(try await client.get(address)["v"]?.value == fits)
+        } catch {
+            Issue.record("\(error)\n\(daemon.stderr)")
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func shellCompletionAndKeygenJSON() async throws {
         let help = try await cli(["--daemon", "tcp://127.0.0.1:1", "--help"])
         #expect(help.status == 0 && help.stdout.contains("USAGE"), "\(help.stdout)\(help.stderr)")

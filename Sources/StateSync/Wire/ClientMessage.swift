@@ -4,6 +4,11 @@ public enum ClientProtocol {
     /// The client protocol version: the first octet of every header.
     public static let version: UInt8 = 1
 
+    /// The largest frame a node takes (its sockets' `ZMQ_MAXMSGSIZE`, 64 MiB): libzmq drops the
+    /// connection of a peer or client that sends a larger one, with every request in flight on
+    /// it, so a client refuses to send one (docs/PROTOCOL.md section 3).
+    public static let maximumFrameOctets = 64 << 20
+
     /// What a request asks for.
     public enum Command: UInt8, Sendable {
         case set = 0x01
