@@ -141,9 +141,13 @@ public final class MetricsExporter: Sendable {
                 mirrored.gauges["members.\(state)"] = gauge
                 gauge.set(Double(count))
             }
-            // Per peer: every member but this node, by id (bounded by the member list's limit).
+            // Per peer: every member but this node, by id (bounded by the member list's limit),
+            // and but those that left or were forgotten: they are not expected to be connected
+            // (readiness does not wait for them either), and a `peer_connected` of 0 kept for
+            // them would hold a peer-down alert for good. `statesync_members` counts them.
             var seen: Set<String> = []
-            for member in status.members where member.id != status.node {
+            for member in status.members
+            where member.id != status.node && member.state != "left" && member.state != "forgotten" {
                 seen.insert(member.id)
                 let gauges =
                     mirrored.peerGauges[member.id]

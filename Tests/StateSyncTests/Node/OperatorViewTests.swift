@@ -49,6 +49,31 @@ struct OperatorViewTests {
         #expect(full.notReadyReasons == ["disk nearly full: writes are refused"])
     }
 
+    /// Per-peer series exist for the members a node expects to hear, not for one that left or
+    /// was forgotten: a `statesync_peer_connected` of 0 kept for a forgotten member would hold
+    /// a peer-down alert for good (a new user's trial found it). Its series go when it is
+    /// forgotten, and come back if it is alive again.
+    @Test func aForgottenOrDepartedMemberHasNoPeerSeries() {
+        let exporter = MetricsExporter()
+        func scrape(_ members: [(String, String, Bool)]) -> String {
+            exporter.update(from: Self.status(peers: [], members: members), observerQueueDepth: 0)
+            var buffer: [UInt8] = []
+            exporter.registry.emit(into: &buffer)
+            return String(decoding: buffer, as: UTF8.self)
+        }
+        let all = scrape([("node1", "alive", false), ("node2", "alive", true), ("node3", "down", false)])
+        #expect(all.contains(#"statesync_peer_connected{peer="node2"} 1"#), "\(all)")
+        #expect(all.contains(#"statesync_peer_connected{peer="node3"} 0"#))
+        #expect(!all.contains(#"peer="node1""#), "this node is not its own peer")
+        let after = scrape([("node1", "alive", false), ("node2", "left", false), ("node3", "forgotten", false)])
+        #expect(!after.contains("statesync_peer_"), "\(after)")
+        #expect(
+            after.contains(#"statesync_members{state="forgotten"} 1"#)
+                && after.contains(#"statesync_members{state="left"} 1"#))
+        let back = scrape([("node1", "alive", false), ("node2", "alive", true), ("node3", "forgotten", false)])
+        #expect(back.contains(#"statesync_peer_connected{peer="node2"} 1"#) && !back.contains(#"peer="node3""#))
+    }
+
     @Test func theListenerAnswersOnlyItsOwnHostNamesAndAddresses() {
         for good in ["127.0.0.1:9461", "localhost:9461", "[::1]:9461", "10.0.0.7", "node1.internal:80", "LOCALHOST"] {
             #expect(ListenerHost.allows(good, listenHost: "node1.internal"), "\(good)")
