@@ -77,6 +77,9 @@ struct StateSyncDaemon: AsyncParsableCommand {
         var configuration: NodeConfiguration
         do {
             configuration = try config.map { try NodeConfiguration.load(file: $0) } ?? NodeConfiguration.loadDefaults()
+            // Key files are part of the configuration: one missing or unreadable is exit 2, as
+            // --check-config says, and found before the node locks or writes its data directory.
+            try StateSyncNode.checkKeys(of: configuration)
         } catch {
             FileHandle.standardError.write(Data("statesyncd: invalid configuration: \(error)\n".utf8))
             throw ExitCode(2)

@@ -268,6 +268,33 @@ struct ClusterTests {
         #expect(daemon.stderr.contains(path) && daemon.stderr.contains("network.publish"))
     }
 
+    /// A key file the configuration names but that is missing is a bad configuration like any
+    /// other: exit 2 and one line, as `--check-config` says, before the node locks or writes its
+    /// data directory (it exited 1 after creating LOCK and deltas.log).
+    @Test func aMissingKeyFileStopsTheDaemonWithExitTwoBeforeItTouchesItsData() async throws {
+        let directory = temporaryDirectory("missing-key")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/node.yaml"
+        try """
+        node:
+          id: node1
+          data_dir: \(directory)/data
+        network:
+          publish: tcp://127.0.0.1:\(freePort())
+          peers: [node2=tcp://127.0.0.1:\(freePort())]
+        security:
+          secret_key: \(directory)/node1.key
+          peer_keys: [node2=\(directory)/node2.key.pub]
+        """.write(toFile: path, atomically: true, encoding: .utf8)
+        for arguments in [["--config", path], ["--check-config", path]] {
+            let daemon = try ChildProcess("statesyncd", arguments)
+            #expect(await daemon.wait() == 2, "\(arguments): \(daemon.stderr)")
+            #expect(daemon.stderr.split(separator: "\n").count == 1, "\(daemon.stderr)")
+            #expect(daemon.stderr.contains("node1.key"), "\(daemon.stderr)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: directory + "/data"), "the data directory was not made")
+    }
+
     @Test func cliRejectsBadInputWithOneClearLine() async throws {
         let malformed = try await cli(["set", "demo/x", "title=hello"])
         #expect(malformed.status != 0)
