@@ -609,8 +609,11 @@ extension StateSyncCLI {
             let name = change.watchKindName(kind)
             let tag = name == "live" ? "" : " (\(name))"
             let new = change.isRemoval ? "(\(change.kind.rawValue))" : change.new.jsonText()
+            // A whole model's deletion that a watch resumed from a cursor alone cannot name the
+            // properties of (it never saw them): one line for the model.
+            let property = change.property.isEmpty && change.byModelDeletion ? "(the whole model)" : change.property
             return
-                "\(change.channel)/\(change.model) \(change.property): \(change.old?.jsonText() ?? "null") -> \(new)  [\(change.version)]\(tag)"
+                "\(change.channel)/\(change.model) \(property): \(change.old?.jsonText() ?? "null") -> \(new)  [\(change.version)]\(tag)"
         }
     }
 

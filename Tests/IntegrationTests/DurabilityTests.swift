@@ -342,7 +342,10 @@ enum SequenceReservationFile {
 }
 
 /// `statesync watch --from CURSOR` with real processes: a watcher on node1 stops, writes go on
-/// through node2, a new watcher resumes on node2 and sees exactly the later changes.
+/// through node2, a new watcher resumes on node2 and sees exactly the later changes, deletions
+/// of what was set before the cursor included (of a property, and of a whole model: one line
+/// with the empty property name); it holds nothing of the state at the cursor, so they have no
+/// old value.
 @Suite("Resumable watches")
 struct ResumableWatchTests {
     @Test func aWatchResumesOnAnotherNodeWithItsCursorExactlyOnce() async throws {
@@ -360,24 +363,36 @@ struct ResumableWatchTests {
             defer { node1.close() }
             try await waitUntil("the first watch is registered") { (try? await node1.status().watchers) == 1 }
             for i in 1...10 { try await node1.set(ModelAddress(channel: "r", model: "m"), ["n": .int(Int64(i))]) }
-            try await waitUntil("the first watch printed 10 changes") {
-                first.stdout.split(separator: "\n").count == 10
+            try await node1.set(ModelAddress(channel: "r", model: "m2"), ["a": .int(1)])
+            try await node1.set(ModelAddress(channel: "r", model: "gone"), ["g": .int(1)])
+            try await waitUntil("the first watch printed 12 changes") {
+                first.stdout.split(separator: "\n").count == 12
             }
             _ = await first.stop(SIGINT)
             let firstLines = first.stdout.split(separator: "\n").compactMap(jsonObject)
             let cursor = try #require(firstLines.last?["cursor"] as? String)
-            #expect(firstLines.map { $0["new"] as? Int } == (1...10).map { $0 })
+            #expect(firstLines.prefix(10).map { $0["new"] as? Int } == (1...10).map { $0 })
 
             let node2 = try StateSyncClient(endpoint: nodes[1].api)
             defer { node2.close() }
             for i in 11...20 { try await node2.set(ModelAddress(channel: "r", model: "m"), ["n": .int(Int64(i))]) }
+            try await node2.delete(ModelAddress(channel: "r", model: "m2"), properties: ["a"])
+            try await node2.delete(ModelAddress(channel: "r", model: "gone"))
             let resumed = try ChildProcess(
                 "statesync", ["watch", "r", "--json", "--from", cursor, "--daemon", nodes[1].api], name: "watch2")
-            try await waitUntil("the resumed watch printed the 10 later changes") {
-                resumed.stdout.split(separator: "\n").count >= 10
+            try await waitUntil("the resumed watch printed the 12 later changes") {
+                resumed.stdout.split(separator: "\n").count >= 12
             }
             _ = await resumed.stop(SIGINT)
-            let lines = resumed.stdout.split(separator: "\n").compactMap(jsonObject)
+            let all = resumed.stdout.split(separator: "\n").compactMap(jsonObject)
+            let deletions = all.filter { $0["model"] as? String != "m" }
+            #expect(deletions.count == 2, "\(resumed.stdout)")
+            for (deletion, (model, property)) in zip(deletions, [("m2", "a"), ("gone", "")]) {
+                #expect(deletion["model"] as? String == model && deletion["property"] as? String == property)
+                #expect(deletion["kind"] as? String == "deleted" && deletion["deleted"] as? Bool == true)
+                #expect(deletion["old"] is NSNull && deletion["new"] is NSNull, "\(deletion)")
+            }
+            let lines = all.filter { $0["model"] as? String == "m" }
             #expect(
                 lines.map { $0["new"] as? Int } == (11...20).map { $0 },
                 "each later change exactly once: \(resumed.stdout)")

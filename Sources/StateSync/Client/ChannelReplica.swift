@@ -31,11 +31,21 @@ public final class ChannelReplica: Sendable {
     /// kept and not yet taken.
     private let resetImages = Mutex<(keep: Bool, last: ResetImage?)>((false, nil))
 
-    /// An empty replica; with `cursor`, a watch resumes after it (old values of the first changes
-    /// of each property are then unknown: the replica does not hold them).
+    /// Whether the replica lacks the state at its cursor: made from a cursor alone (a watch
+    /// resumed without the replica it had, as `statesync watch --from` resumes), until a snapshot
+    /// fills it. A deletion of a property or model it holds no value of then still happened after
+    /// the cursor, and is reported (with no old value) instead of being taken for a no-op.
+    private let lacksStateAtCursor: Atomic<Bool>
+
+    /// An empty replica; with `cursor`, a watch resumes after it: old values of the first changes
+    /// of each property are then unknown (the replica does not hold them), and a deletion of a
+    /// property or model it holds no value of is reported with no old value (a whole model's,
+    /// whose properties it cannot name, as one change with the empty property name), until a
+    /// snapshot (a resync) gives it the whole state.
     public init(channel: String, cursor: WatchCursor = WatchCursor()) {
         self.channel = channel
         self.state = Mutex((ReplicaStore(), cursor, [:]))
+        self.lacksStateAtCursor = Atomic(!cursor.positions.isEmpty)
     }
 
     /// The sequence numbers of the deltas this replica took above its cursor (the node sent them
@@ -83,12 +93,56 @@ public final class ChannelReplica: Sendable {
             guard delta.channel == channel else { return [] }
             // Not the next one: the node's position after it covers that (no set to touch on the
             // usual path); one further up may lie above a gap the node has.
-            guard delta.sequence > state.cursor[delta.origin] &+ 1 else { return state.store.apply(delta) }
+            guard delta.sequence > state.cursor[delta.origin] &+ 1 else {
+                var changes = state.store.apply(delta)
+                if lacksStateAtCursor.load(ordering: .relaxed) {
+                    Self.addDeletionsNotHeld(of: delta, state.store, &changes)
+                }
+                return changes
+            }
             Self.hold(delta.sequence, of: delta.origin, in: &state.above)
             var changes = state.store.apply(delta)
+            if lacksStateAtCursor.load(ordering: .relaxed) {
+                Self.addDeletionsNotHeld(of: delta, state.store, &changes)
+            }
             for index in changes.indices { changes[index].takenAbove = (delta.origin, delta.sequence) }
             return changes
         }
+    }
+
+    /// Adds to `changes` the deletions of `delta` that won in `store` (just applied) but changed
+    /// no value it held: in a replica that lacks the state at its cursor, they deleted what was
+    /// there before it (a whole model's as one change with the empty property name).
+    private static func addDeletionsNotHeld(of delta: Delta, _ store: ReplicaStore, _ changes: inout [PropertyChange]) {
+        guard delta.writes.contains(where: \.isDeletion) else { return }
+        let records = store.records(of: delta.address)
+        let reportedBefore = changes.count
+        for write in delta.writes where write.isDeletion {
+            guard records[write.name]?.version == delta.version else { continue }  // it lost
+            let reported =
+                write.isModelDeletion
+                ? changes.contains { $0.byModelDeletion } : changes.contains { $0.property == write.name }
+            guard !reported else { continue }
+            var change = PropertyChange(
+                channel: delta.channel, model: delta.model, property: write.name, old: nil, new: .null,
+                version: delta.version, kind: .deleted)
+            change.byModelDeletion = write.isModelDeletion
+            changes.append(change)
+        }
+        guard changes.count > reportedBefore else { return }
+        // In the delta's order of writes, as the store reports changes.
+        let names = delta.writes.map(\.name)
+        func position(_ change: PropertyChange) -> Int {
+            names.firstIndex(of: change.byModelDeletion ? "" : change.property) ?? names.count
+        }
+        changes = changes.enumerated().sorted { (position($0.element), $0.offset) < (position($1.element), $1.offset) }
+            .map(\.element)
+    }
+
+    /// The replica holds the whole state now (a snapshot ended): a deletion of what it holds no
+    /// value of changes nothing any more.
+    package func holdsTheWholeState() {
+        lacksStateAtCursor.store(false, ordering: .relaxed)
     }
 
     /// Notes `sequence` of `origin` as taken above the cursor, unless the limit is reached.
@@ -350,6 +404,7 @@ package struct WatchSession: Sendable {
                     : dropped.map { .change($0, kind: kind, cursor: replica.cursor) }
             }
             if reset { replica.replaceCursor(with: cursor) }
+            replica.holdsTheWholeState()
             received = []
             replica.advance(to: cursor)
             if reset { replica.keepResetImageIfAsked() }
@@ -466,5 +521,6 @@ extension ChannelReplica {
             $0.store = store
             $0.above = above
         }
+        holdsTheWholeState()
     }
 }
