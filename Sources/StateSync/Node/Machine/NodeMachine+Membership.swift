@@ -86,7 +86,7 @@ extension NodeMachine {
             let ofThisStart = member.incarnation == incarnation
             if unanswered, startedWithoutOwnDeltas, !ownEntryAcknowledged, !ofThisStart {
                 refuseToRun(
-                    "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with none of its own deltas in its data directory: a forgotten id does not come back that way. Give it a new node.id (or restore the data directory it ran with)"
+                    "node id \(configuration.nodeID) was forgotten (statesync forget, by \(member.version.node)), and this node started with none of its own deltas in its data directory: a forgotten id does not come back that way (it cannot tell a node that never wrote from one whose writes are lost). Give it a new node.id (the data directory can stay: it keeps what the node took from its peers), or restore a data directory holding its own writes"
                 )
                 return
             }
