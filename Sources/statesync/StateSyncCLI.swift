@@ -89,7 +89,7 @@ struct ConnectionOptions: ParsableArguments {
 
     func validate() throws {
         guard timeout > 0, timeout <= 3600 else {
-            throw ValidationError("--timeout must be between 0 and 3600 seconds")
+            throw ValidationError("--timeout must be above 0 and at most 3600 seconds (\(timeout) given)")
         }
         if let problem = NodeConfiguration.endpointProblem(daemon) { throw ValidationError("--daemon: \(problem)") }
         if (secretKeyFile == nil) != (nodeKey == nil) {
@@ -111,6 +111,11 @@ func failingClearly(_ body: () async throws -> Void) async throws {
         try await body()
     } catch let error as ExitCode {
         throw error
+    } catch let error as ValidationError {
+        // Bad arguments found once the command runs (what --stdin held): exit 64, as the
+        // parser's own.
+        FileHandle.standardError.write(Data("statesync: \(error.message)\n".utf8))
+        throw ExitCode(64)
     } catch {
         FileHandle.standardError.write(Data("statesync: \(error)\n".utf8))
         throw ExitCode(1)
@@ -151,7 +156,10 @@ func parseDuration(_ text: String, option: String) throws -> UInt64 {
     for (unit, scale) in units where text.hasSuffix(unit) {
         let number = text.dropLast(unit.count)
         // "ms" also ends in "s": a number before it is needed for "s" to be the unit.
-        guard let value = Double(number), value.isFinite, value > 0 else { continue }
+        guard let value = Double(number), value.isFinite else { continue }
+        guard value > 0 else {
+            throw ValidationError("\(option) \(text) must be above 0 (a value that should go, delete it)")
+        }
         let milliseconds = (value * scale).rounded(.up)
         guard milliseconds <= Double(PropertyWrite.maximumTimeToLive) else {
             throw ValidationError("\(option) \(text) is too long")
@@ -223,7 +231,10 @@ extension StateSyncCLI {
         @Flag(name: .long, help: "Print one JSON object: the version and the outcome.")
         var json = false
 
+        // Unconditional: `--ttl -1s` reaches the duration's check ("must be above 0") instead of
+        // being taken for an option.
         @Option(
+            parsing: .unconditional,
             help: ArgumentHelp(
                 "Time to live of the properties written (500ms, 30s, 2m, 1h, 1d): then every node deletes them.",
                 valueName: "DURATION"))
@@ -789,6 +800,12 @@ extension StateSyncCLI {
         var json = false
 
         @OptionGroup var connection: ConnectionOptions
+
+        func validate() throws {
+            guard NodeConfiguration.isValidNodeID(nodeID) else {
+                throw ValidationError("'\(nodeID)' is not a node id (1–64 of A-Z a-z 0-9 . _ -)")
+            }
+        }
 
         func run() async throws {
             try await failingClearly {

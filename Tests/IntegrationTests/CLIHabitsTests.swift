@@ -237,6 +237,32 @@ struct CLIHabitsTests {
         #expect(await daemon.stop() == 0)
     }
 
+    /// Bad arguments exit 64 with one line saying what is wrong, also those found once the
+    /// command runs (what --stdin held), before any daemon is asked: the cases a new user's
+    /// trial found exiting 1, or with a message that did not fit.
+    @Test func badArgumentsExit64WithALineThatFits() async throws {
+        let unreachable = "tcp://127.0.0.1:\(freePort())"
+        let cases: [([String], String)] = [
+            (["forget", "bad id!"], "'bad id!' is not a node id"),
+            (["set", "demo/x", "v=1", "--ttl", "0s"], "--ttl 0s must be above 0"),
+            (["set", "demo/x", "v=1", "--ttl", "-1s"], "--ttl -1s must be above 0"),
+            (["status", "--timeout", "0"], "--timeout must be above 0 and at most 3600 seconds"),
+            (["set", "demo/x", #"b={"$bytes":"!!notbase64"}"#], "holds bytes as base64 text, and this is not base64"),
+        ]
+        for (arguments, expected) in cases {
+            let result = try await cli(arguments + ["--daemon", unreachable])
+            #expect(result.status == 64, "\(arguments): \(result.stderr)")
+            #expect(result.stderr.contains(expected), "\(arguments): \(result.stderr)")
+        }
+        for input in ["[1,2]", #"{"v": 1}"#] {
+            let piped = try ChildProcess(
+                "/bin/sh",
+                ["-c", "echo '\(input)' | '\(binaries.path)/statesync' set demo/g v=2 --stdin --daemon \(unreachable)"])
+            #expect(await piped.wait() == 64, "\(input): \(piped.stderr)")
+            #expect(piped.stderr.split(separator: "\n").count == 1, "\(piped.stderr)")
+        }
+    }
+
     @Test func shellCompletionAndKeygenJSON() async throws {
         let help = try await cli(["--daemon", "tcp://127.0.0.1:1", "--help"])
         #expect(help.status == 0 && help.stdout.contains("USAGE"), "\(help.stdout)\(help.stderr)")

@@ -231,7 +231,8 @@ extension NodeConfiguration {
         return configuration
     }
 
-    static func isValidNodeID(_ id: String) -> Bool {
+    /// Whether `id` is a node id this implementation gives a node: 1–64 of `A-Z a-z 0-9 . _ -`.
+    public static func isValidNodeID(_ id: String) -> Bool {
         id.range(of: #"^[A-Za-z0-9._-]{1,64}$"#, options: .regularExpression) != nil
     }
 

@@ -126,7 +126,15 @@ private struct JSONValue: Decodable {
         if let object = try? decoder.container(keyedBy: AnyKey.self) {
             var map: [String: Value] = [:]
             for key in object.allKeys { map[key.stringValue] = try object.decode(JSONValue.self, forKey: key).value }
-            if map.count == 1, case .string(let base64)? = map["$bytes"], let data = Data(base64Encoded: base64) {
+            if map.count == 1, let content = map["$bytes"] {
+                // The form of a bytes value: anything else under it is a mistake, not a map that
+                // would print exactly like bytes.
+                guard case .string(let base64) = content, let data = Data(base64Encoded: base64) else {
+                    throw DecodingError.dataCorrupted(
+                        .init(
+                            codingPath: decoder.codingPath,
+                            debugDescription: "{\"$bytes\": …} holds bytes as base64 text, and this is not base64"))
+                }
                 value = .bytes(Array(data))
             } else {
                 value = .map(map)
