@@ -688,7 +688,7 @@ extension StateSyncCLI {
                 let heldBy = status.collectionHeldBy.map { holder in
                     holder.contains("://")
                         ? " (held back: the peer at \(holder) was not heard from yet at the last check)"
-                        : " (held back by \(holder))"
+                        : " (as far as \(holder) allows: the member furthest behind, which is normal)"
                 }
                 emit("deletions: \(status.tombstones) held, \(horizon)\(heldBy ?? "")")
                 let alive = status.members.filter { $0.state == "alive" }.count
