@@ -39,9 +39,12 @@ public final class ChannelReplica: Sendable {
 
     /// An empty replica; with `cursor`, a watch resumes after it: old values of the first changes
     /// of each property are then unknown (the replica does not hold them), and a deletion of a
-    /// property or model it holds no value of is reported with no old value (a whole model's,
-    /// whose properties it cannot name, as one change with the empty property name), until a
-    /// snapshot (a resync) gives it the whole state.
+    /// property or model it holds no record of is reported with no old value (a whole model's,
+    /// whose properties it cannot all name, also as one change with the empty property name),
+    /// until a snapshot (a resync) gives it the whole state. Such a replica cannot tell a write
+    /// that lost on the node to one made before the cursor: that deletion is reported too (as a
+    /// set that lost is). A replica written with ``encoded()`` and read back is taken to hold its
+    /// state.
     public init(channel: String, cursor: WatchCursor = WatchCursor()) {
         self.channel = channel
         self.state = Mutex((ReplicaStore(), cursor, [:]))
@@ -91,38 +94,40 @@ public final class ChannelReplica: Sendable {
     package func apply(_ delta: Delta) -> [PropertyChange] {
         state.withLock { state in
             guard delta.channel == channel else { return [] }
+            // Lacking the state at its cursor, the replica reports the deletions of what it
+            // holds no record of: what it held before the delta tells them.
+            let before =
+                lacksStateAtCursor.load(ordering: .relaxed) && delta.writes.contains(where: \.isDeletion)
+                ? state.store.records(of: delta.address) : nil
             // Not the next one: the node's position after it covers that (no set to touch on the
             // usual path); one further up may lie above a gap the node has.
             guard delta.sequence > state.cursor[delta.origin] &+ 1 else {
                 var changes = state.store.apply(delta)
-                if lacksStateAtCursor.load(ordering: .relaxed) {
-                    Self.addDeletionsNotHeld(of: delta, state.store, &changes)
-                }
+                if let before { Self.addDeletionsNotHeld(of: delta, before: before, after: state.store, &changes) }
                 return changes
             }
             Self.hold(delta.sequence, of: delta.origin, in: &state.above)
             var changes = state.store.apply(delta)
-            if lacksStateAtCursor.load(ordering: .relaxed) {
-                Self.addDeletionsNotHeld(of: delta, state.store, &changes)
-            }
+            if let before { Self.addDeletionsNotHeld(of: delta, before: before, after: state.store, &changes) }
             for index in changes.indices { changes[index].takenAbove = (delta.origin, delta.sequence) }
             return changes
         }
     }
 
-    /// Adds to `changes` the deletions of `delta` that won in `store` (just applied) but changed
-    /// no value it held: in a replica that lacks the state at its cursor, they deleted what was
-    /// there before it (a whole model's as one change with the empty property name).
-    private static func addDeletionsNotHeld(of delta: Delta, _ store: ReplicaStore, _ changes: inout [PropertyChange]) {
-        guard delta.writes.contains(where: \.isDeletion) else { return }
+    /// Adds to `changes` the deletions of `delta` that won in `after` (the store, `delta` just
+    /// applied) of records `before` did not hold: in a replica that lacks the state at its
+    /// cursor, they deleted what was there before it. A record it held was reported already (as
+    /// the store reports, or here, once: a delta seen again changes nothing). A whole model's
+    /// deletion is always one change with the empty property name too: the properties the
+    /// replica never held are named by nothing else.
+    private static func addDeletionsNotHeld(
+        of delta: Delta, before: [String: ReplicaStore.Register], after store: ReplicaStore,
+        _ changes: inout [PropertyChange]
+    ) {
         let records = store.records(of: delta.address)
         let reportedBefore = changes.count
         for write in delta.writes where write.isDeletion {
-            guard records[write.name]?.version == delta.version else { continue }  // it lost
-            let reported =
-                write.isModelDeletion
-                ? changes.contains { $0.byModelDeletion } : changes.contains { $0.property == write.name }
-            guard !reported else { continue }
+            guard before[write.name] == nil, records[write.name]?.version == delta.version else { continue }
             var change = PropertyChange(
                 channel: delta.channel, model: delta.model, property: write.name, old: nil, new: .null,
                 version: delta.version, kind: .deleted)

@@ -38,16 +38,27 @@ struct ResumedReplicaTests {
         #expect(model.count == 1)
         #expect(model.first?.property == "" && model.first?.byModelDeletion == true && model.first?.old == nil)
         #expect(model.first?.kind == .deleted)
-        // A whole model it holds part of: its properties, as any replica reports them.
-        let held = try changes(Self.delta("m", at: 1200, sequence: 16, [.modelDeletion]))
-        #expect(held.map(\.property) == ["y"] && held[0].old == .int(2))
+        // Seen again (a watch resumed with this replica gets the deltas above its cursor once
+        // more): nothing twice.
+        #expect(
+            try changes(
+                Self.delta("m", at: 1000, sequence: 13, [.deletion(of: "x"), .init(name: "y", value: .int(2))])
+            )
+            .isEmpty)
+        #expect(try changes(Self.delta("gone", at: 1100, sequence: 15, [.modelDeletion])).isEmpty)
+        // A deletion of what it deleted already, later: nothing it held changed.
+        #expect(try changes(Self.delta("m", at: 1150, sequence: 16, [.deletion(of: "x")])).isEmpty)
+        // A whole model it holds part of: its properties, as any replica reports them, and the
+        // model's line for the properties it never held.
+        let held = try changes(Self.delta("m", at: 1200, sequence: 17, [.modelDeletion]))
+        #expect(held.map(\.property) == ["y", ""] && held[0].old == .int(2) && held[1].byModelDeletion)
 
         // A resync's snapshot gives it the whole state: from then on, deleting what it holds no
         // value of is a no-op again, as in any replica.
         _ = try session.handle(.snapshotBegin(.lagged), from: "test")
         _ = try session.handle(
-            .snapshotEnd(records: 0, digest: RegisterDigest().value, cursor: WatchCursor(["n1": 16])), from: "test")
-        #expect(try changes(Self.delta("m", at: 1300, sequence: 17, [.deletion(of: "z")])).isEmpty)
+            .snapshotEnd(records: 0, digest: RegisterDigest().value, cursor: WatchCursor(["n1": 17])), from: "test")
+        #expect(try changes(Self.delta("m", at: 1300, sequence: 18, [.deletion(of: "z")])).isEmpty)
     }
 
     /// A replica that holds the state it resumes from (a fresh watch, or one read back from its
