@@ -22,18 +22,23 @@ extension NodeConfiguration {
         let known = Set(Key.allCases.map(\.rawValue))
         for (keyNode, value) in mapping {
             let section = keyNode.string ?? "\(keyNode)"
+            // An extension field (`x-defaults: &defaults ...`), the usual place for anchors: not
+            // read, and not a misspelling.
+            if section.hasPrefix("x-") { continue }
+            guard section != "<<" else { return mergeKeyProblem(path, "the top level") }
             guard sections.contains(section) else {
                 return
                     "\(path): '\(section)' is not a configuration section\(suggestion(for: section, among: sections))"
                     + " (the sections: \(sections.joined(separator: ", ")))"
             }
             guard let entries = value.mapping else {
-                if value.null != nil { continue }  // `http:` alone: nothing set
+                if value.null != nil || value.scalar?.string.isEmpty == true { continue }  // `http:` alone
                 return
                     "\(path): \(section): expected a mapping of its keys (e.g. \(section):\\n  \(firstKey(of: section)): ...)"
             }
             for (entryNode, _) in entries {
                 let entry = entryNode.string ?? "\(entryNode)"
+                guard entry != "<<" else { return mergeKeyProblem(path, section) }
                 let name = section + "." + entry
                 guard known.contains(name) else {
                     let siblings = Key.allCases.map(\.rawValue).filter { $0.hasPrefix(section + ".") }
@@ -56,6 +61,11 @@ extension NodeConfiguration {
             return "environment variable \(name): not a configuration key\(suggestion(for: name, among: known))"
         }
         return nil
+    }
+
+    /// YAML merge keys are not read (the values they would bring would be ignored): refused.
+    private static func mergeKeyProblem(_ path: String, _ place: String) -> String {
+        "\(path): a merge key (<<) in \(place): merged values are not read; write the keys out (anchors may stay in a top-level x- field)"
     }
 
     private static func firstKey(of section: String) -> String {
