@@ -629,6 +629,17 @@ extension StateSyncCLI {
     }
 
     struct Status: AsyncParsableCommand {
+        /// What the deletions line says of the member collection waits for: some member always
+        /// has the oldest floor, which is normal while it is alive; one that is not holds
+        /// collection back until it is back or forgotten.
+        static func collectionFollows(_ holder: String, state: String?) -> String {
+            switch state {
+            case "alive", nil: " (as far as \(holder) allows: the member furthest behind, which is normal)"
+            default:
+                " (held back by \(holder), \(state ?? "unknown"): nothing newer is collected until it is back, or forgotten)"
+            }
+        }
+
         static let configuration = CommandConfiguration(
             abstract: "Print the node's id, peers, channels and latest version.",
             discussion: """
@@ -688,7 +699,7 @@ extension StateSyncCLI {
                 let heldBy = status.collectionHeldBy.map { holder in
                     holder.contains("://")
                         ? " (held back: the peer at \(holder) was not heard from yet at the last check)"
-                        : " (as far as \(holder) allows: the member furthest behind, which is normal)"
+                        : Self.collectionFollows(holder, state: status.members.first { $0.id == holder }?.state)
                 }
                 emit("deletions: \(status.tombstones) held, \(horizon)\(heldBy ?? "")")
                 let alive = status.members.filter { $0.state == "alive" }.count
