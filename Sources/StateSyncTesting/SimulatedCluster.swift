@@ -78,8 +78,9 @@ package final class SimulatedCluster {
 
     /// What travels between nodes and clients.
     package enum Packet: Sendable {
-        /// A message from a node's PUB socket.
-        case peer(frames: [[UInt8]])
+        /// A message from a node's PUB socket, on the connection of the receiver's SUB socket
+        /// `socket` to the sender's run `generation`: gone with that connection.
+        case peer(frames: [[UInt8]], socket: Int, generation: Int)
         /// A request to a node's ROUTER: from a client, or from a peer's repair link.
         case request(client: [UInt8], frames: [[UInt8]])
         /// A reply on a node's repair link; `peer` is the answering node's publish endpoint.
@@ -423,10 +424,12 @@ package final class SimulatedCluster {
         for peer in Set(node.configuration.peers.compactMap(Self.nodeID(ofEndpoint:))).sorted() {
             subscribe(node, to: peer)
         }
-        // Its subscribers lost their connections with its old sockets: each dials again at the
-        // end of its reconnect interval.
+        // Its subscribers that saw their connections close dial again at the end of their
+        // reconnect interval (a half-open one waits for its node to replace the link).
         for subscriber in nodes
-        where subscriber.index != node.index && subscriber.isUp && subscriber.subscribedTo[node.id] != nil {
+        where subscriber.index != node.index && subscriber.isUp && subscriber.subscribedTo[node.id] != nil
+            && subscriber.subscribedTo[node.id]?.connectedTo == nil
+        {
             dial(from: subscriber, to: node.id, after: 1 + reconnectPhases.next() % Self.reconnectMilliseconds)
         }
         node.intakePaused = false
@@ -505,6 +508,14 @@ package final class SimulatedCluster {
             compactionWroteSnapshot: node.disk.isCompacting
                 && (compactionWroteSnapshot ?? compactionCrashes.chance(0.5)))
         record("crash", node.id, [])
+        // Its subscribers' connections: closed (a process that ends closes its sockets: they
+        // dial again, and again once it is back) unless its host lost power or the link was cut
+        // (no FIN reaches them: the connection stays half-open, and a subscriber hears nothing
+        // until its node replaces the silent link).
+        for subscriber in nodes where subscriber.index != index && subscriber.subscribedTo[node.id] != nil {
+            let cut = network.isCut(from: node.id, to: subscriber.id) || network.isCut(from: subscriber.id, to: node.id)
+            if !powerLoss, !cut { subscriber.subscribedTo[node.id]?.connectedTo = nil }
+        }
         for routingID in clients.keys.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
             guard let client = clients[routingID], client.connection?.node == index else { continue }
             disconnect(client)
@@ -651,10 +662,12 @@ package final class SimulatedCluster {
 
     private func deliver(_ message: SimulatedNetwork<Packet>.Message) {
         switch message.payload {
-        case .peer(let frames):
-            guard let node = node(named: message.to), !brokenLinks.contains(message.from + ">" + message.to) else {
-                return
-            }
+        case .peer(let frames, let socket, let generation):
+            // Only on the connection it was sent on: a receiver that restarted or replaced its
+            // link since has another socket, a sender that restarted another run.
+            guard let node = node(named: message.to), !brokenLinks.contains(message.from + ">" + message.to),
+                let link = node.subscribedTo[message.from], link.socket == socket, link.connectedTo == generation
+            else { return }
             if node.intakePaused {
                 node.held.append(message)
                 return
@@ -758,9 +771,11 @@ package final class SimulatedCluster {
             // Only to links connected to this run (a PUB socket drops what no connected
             // subscriber takes: a restarted node's first messages reach no one until its
             // subscribers have dialled it again).
-            for peer in cluster.nodes
-            where peer.index != node.index && peer.subscribedTo[node.id]?.connectedTo == node.generation {
-                cluster.network.send(.peer(frames: frames), from: node.id, to: peer.id, at: cluster.now)
+            for peer in cluster.nodes where peer.index != node.index {
+                guard let link = peer.subscribedTo[node.id], link.connectedTo == node.generation else { continue }
+                cluster.network.send(
+                    .peer(frames: frames, socket: link.socket, generation: node.generation), from: node.id, to: peer.id,
+                    at: cluster.now)
             }
         }
 

@@ -191,6 +191,23 @@ struct SimulatedRepairTests {
         #expect(cluster.now - connected <= UInt64(cluster.configuration.heartbeatMilliseconds) + 3, "seed \(seed)")
     }
 
+    /// A node whose host lost power sends no FIN: its subscriber's connection stays half-open,
+    /// the subscriber hears nothing from the node's new run and does not dial it, until its own
+    /// node replaces the silent link (after ten heartbeat intervals, at least a second); then it
+    /// connects. A process that ends (the test above) closes its connections, and its
+    /// subscribers dial it again at once.
+    @Test func aSubscriberOfANodeThatLostPowerWaitsForItsSilentLinkToBeReplaced() throws {
+        let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 2, seed: 3))
+        #expect(cluster.run(for: 1000) { Self.subscribersConnected($0, 1) == 1 })
+        let resetsBefore = cluster.nodes[0].host?.status.counters["peer_link_resets"] ?? 0
+        cluster.crash(1, powerLoss: true)
+        try cluster.restart(1)
+        cluster.run(for: 500)
+        #expect(Self.subscribersConnected(cluster, 1) == 0, "the half-open link does not dial")
+        #expect(cluster.run(for: 3000) { Self.subscribersConnected($0, 1) == 1 })
+        #expect((cluster.nodes[0].host?.status.counters["peer_link_resets"] ?? 0) > resetsBefore)
+    }
+
     /// A node that dials a peer across a partition connects when the partition heals (libzmq
     /// dials again each reconnect interval), and the peer's monitor reports it then, not before.
     /// Before, the event was sent once at the start and lost on the cut link.
