@@ -81,6 +81,14 @@ final class FaultLog: Sendable {
 /// Injects the requested faults, one at a time, on a seeded schedule, until the workload ends
 /// (and at least once each).
 struct FaultController {
+    /// The node a fault hits: the one `drawn` picks among `running` (indices), or the next of
+    /// them when that is `avoiding`.
+    static func target(drawn: UInt64, among running: [Int], avoiding: Int?) -> Int {
+        let index = Int(drawn % UInt64(running.count))
+        guard running[index] == avoiding, running.count > 1 else { return running[index] }
+        return running[(index + 1) % running.count]
+    }
+
     let nodes: [NodeProcess]
     let relays: [String: LinkProxy]
     let lab: NetnsLab?
@@ -103,9 +111,12 @@ struct FaultController {
                 try? await Task.sleep(for: .milliseconds(150 + Int(rng.next() % 250)))
                 let at = Int(Date().timeIntervalSince(start) * 1000)
                 let hold = 300 + Int(rng.next() % 500)
-                let drawn = Int(rng.next() % UInt64(nodes.count))
-                let target =
-                    drawn == neverRestarted && [.kill, .leave].contains(fault) ? (drawn + 1) % nodes.count : drawn
+                // A late joiner that has not started is no target: a kill would start it early
+                // (and the join would never happen), a cut or a loss would hit nothing.
+                let running = nodes.indices.filter { $0 != joiner || nodes[$0].wasStarted }
+                let target = Self.target(
+                    drawn: rng.next(), among: running,
+                    avoiding: [.kill, .leave].contains(fault) ? neverRestarted : nil)
                 switch fault {
                 case .kill:
                     log.setActive("kill -9 \(names[target])")
@@ -126,10 +137,10 @@ struct FaultController {
                 case .partition:
                     var group = Set([target])
                     let extra = nodes.count > 3 ? Int(rng.next() % UInt64(nodes.count / 2)) : 0
-                    for _ in 0..<extra { group.insert(Int(rng.next() % UInt64(nodes.count))) }
-                    if group.count == nodes.count { group.remove(target == 0 ? 1 : 0) }
+                    for _ in 0..<extra { group.insert(running[Int(rng.next() % UInt64(running.count))]) }
+                    if group.count == running.count { group.remove(running.first { $0 != target } ?? target) }
                     let side = group.sorted().map { names[$0] }.joined(separator: ",")
-                    let other = nodes.indices.filter { !group.contains($0) }.map { names[$0] }.joined(separator: ",")
+                    let other = running.filter { !group.contains($0) }.map { names[$0] }.joined(separator: ",")
                     log.setActive("partition \(side) | \(other)")
                     setCut(group: group, true)
                     lab?.setPartition(group, cut: true)
