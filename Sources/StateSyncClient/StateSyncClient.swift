@@ -53,7 +53,7 @@ public final class StateSyncClient: Sendable {
         endpoint: String = "tcp://127.0.0.1:7101", requestTimeout: Duration = .seconds(5), security: Security? = nil
     ) throws {
         if let problem = NodeConfiguration.endpointProblem(endpoint) {
-            throw StateSyncError(.invalidConfiguration, "--daemon: \(problem)")
+            throw StateSyncError(.invalidConfiguration, "endpoint: \(problem)")
         }
         try self.init(endpoint: endpoint, failover: [], requestTimeout: requestTimeout, security: security)
     }

@@ -56,11 +56,13 @@ public enum CurveKeyFile {
             let permissions = info.st_mode & 0o777
             guard permissions & 0o077 == 0 else {
                 throw Problem(
-                    "the secret key file \(shown) is readable by others (mode \(String(permissions, radix: 8))); run: chmod 600 \(shown)"
+                    "the secret key file \(shown) is readable by its group or others (mode \(String(permissions, radix: 8))); run: chmod 600 \(shown) (and chown it to the user the node runs as)"
                 )
             }
             guard info.st_uid == geteuid() else {
-                throw Problem("the secret key file \(shown) belongs to another user; it must be this user's (chown it)")
+                throw Problem(
+                    "the secret key file \(shown) belongs to another user; it must be this user's (uid \(geteuid())): chown it to the user the node runs as"
+                )
             }
         }
         guard let secretKey = decodeKey(text) else {
@@ -112,7 +114,11 @@ public enum CurveKeyFile {
         let descriptor = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK)
         guard descriptor >= 0 else {
             let reason =
-                errno == ELOOP ? "it is a symbolic link (give the file itself)" : String(cString: strerror(errno))
+                switch errno {
+                case ELOOP: "it is a symbolic link (give the file itself)"
+                case EACCES: "permission denied (a secret key file must belong to the user the node runs as: chown it)"
+                default: String(cString: strerror(errno))
+                }
             throw Problem("cannot read the \(what) \(shown): \(reason)")
         }
         defer { close(descriptor) }
