@@ -224,7 +224,8 @@ package final class ZeroMQNodeDriver: NodeDriver {
                             input = .subscriberConnected
                         } else if event.isOne(of: .handshakeFailed) {
                             // A connection that failed its handshake before ZAP: no key to name.
-                            input = .authenticationRefused(fingerprint: "no-curve", address: event.endpoint)
+                            input = .authenticationRefused(
+                                fingerprint: NodeMachine.handshakeFailedKey, address: event.endpoint)
                         } else {
                             continue
                         }

@@ -383,7 +383,10 @@ package struct NodeMachine: Sendable {
             refusedKeys[fingerprint, default: 0] += 1
             warnLimited(
                 "authentication-refused",
-                "refused a connection whose key is not admitted (security.peer_keys, security.client_keys)",
+                fingerprint == Self.handshakeFailedKey
+                    // Before ZAP: the party's key is unknown, and it may be a trusted one.
+                    ? "refused a connection whose CURVE handshake failed: it has no CURVE, or it dialled this node expecting another server key (a peer still dialling this node's old key while it rotates, until its link is replaced)"
+                    : "refused a connection whose key is not admitted (security.peer_keys, security.client_keys)",
                 metadata: ["key": "\(fingerprint)", "address": "\(address)"])
         case .replyDropped:
             counters.repliesDropped += 1
@@ -627,6 +630,10 @@ package struct NodeMachine: Sendable {
         guard let last = peer.lastMessageAt else { return false }
         return now &- last <= UInt64(3 * configuration.heartbeatIntervalMilliseconds)
     }
+
+    /// The fingerprint under which refused connections whose handshake failed before ZAP are
+    /// counted (no key reached the node).
+    package static let handshakeFailedKey = "no-curve"
 
     /// The node's status at `now`.
     package mutating func status(now: UInt64) -> NodeStatus {
