@@ -15,10 +15,11 @@ import Synchronization
 ///
 /// A SUB link's connection is modelled as libzmq makes it: the subscriber dials when it
 /// subscribes (at its start, when it links a member, when it replaces a link), again each
-/// reconnect interval while the link is cut, and again after the node it subscribes to restarts
-/// (a new socket, whatever the subscriber knew); each completed handshake is a monitor event on
-/// the publisher (``NodeInput/subscriberConnected``). A connection made stays through a
-/// partition (a cut drops packets; it resets no TCP connection).
+/// reconnect interval while the link is cut, and again when the node it subscribes to comes
+/// back after its process ended; each completed handshake is a monitor event on the publisher
+/// (``NodeInput/subscriberConnected``). A connection made stays through a partition (a cut
+/// drops packets; it resets no TCP connection); after a power loss of the publisher's host it
+/// stays half-open (no FIN was sent) until the subscriber's node replaces the silent link.
 ///
 /// Not thread-safe: one thread runs a simulation.
 package final class SimulatedCluster {
@@ -508,13 +509,14 @@ package final class SimulatedCluster {
             compactionWroteSnapshot: node.disk.isCompacting
                 && (compactionWroteSnapshot ?? compactionCrashes.chance(0.5)))
         record("crash", node.id, [])
-        // Its subscribers' connections: closed (a process that ends closes its sockets: they
-        // dial again, and again once it is back) unless its host lost power or the link was cut
-        // (no FIN reaches them: the connection stays half-open, and a subscriber hears nothing
-        // until its node replaces the silent link).
-        for subscriber in nodes where subscriber.index != index && subscriber.subscribedTo[node.id] != nil {
-            let cut = network.isCut(from: node.id, to: subscriber.id) || network.isCut(from: subscriber.id, to: node.id)
-            if !powerLoss, !cut { subscriber.subscribedTo[node.id]?.connectedTo = nil }
+        // Its subscribers' connections: closed when its process ends (its kernel sends a FIN,
+        // retransmitted until a cut heals): they dial again, and connect once it is back. After
+        // a power loss of its host none is sent: the connections stay half-open, and a
+        // subscriber hears nothing of its new run until its node replaces the silent link.
+        if !powerLoss {
+            for subscriber in nodes where subscriber.index != index && subscriber.subscribedTo[node.id] != nil {
+                subscriber.subscribedTo[node.id]?.connectedTo = nil
+            }
         }
         for routingID in clients.keys.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
             guard let client = clients[routingID], client.connection?.node == index else { continue }

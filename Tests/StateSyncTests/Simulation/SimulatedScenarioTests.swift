@@ -229,6 +229,24 @@ struct SimulatedRepairTests {
         #expect(Self.subscribersConnected(cluster, 0) == 3 && Self.subscribersConnected(cluster, 2) == 2)
     }
 
+    /// A node whose process ends behind a cut still closes its connections (its kernel's FIN is
+    /// sent again until the cut heals): its subscribers dial it when it is back and connect as
+    /// soon as the cut heals, without waiting for their silent links to be replaced.
+    @Test func aNodeThatEndsBehindACutIsDialledAgainWhenTheCutHeals() throws {
+        let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 3, seed: 8))
+        #expect(cluster.run(for: 1000) { Self.subscribersConnected($0, 2) == 2 })
+        cluster.partition([2], cut: true)
+        cluster.crash(2)
+        try cluster.restart(2)
+        cluster.run(for: 400)
+        #expect(Self.subscribersConnected(cluster, 2) == 0)
+        cluster.partition([2], cut: false)
+        let healed = cluster.now
+        #expect(cluster.run(for: 2000) { Self.subscribersConnected($0, 2) == 2 })
+        #expect(cluster.now - healed <= SimulatedCluster.reconnectMilliseconds + 2 * 3)
+        #expect(cluster.nodes[0].host?.status.counters["peer_link_resets"] == 0, "no link waited for its reset")
+    }
+
     /// A node that replaces a silent peer link (libzmq left the connection) makes a new
     /// connection, whose handshake the peer's monitor reports.
     @Test func aReplacedPeerLinkIsANewConnection() throws {
