@@ -146,8 +146,7 @@ public final class MetricsExporter: Sendable {
             // (readiness does not wait for them either), and a `peer_connected` of 0 kept for
             // them would hold a peer-down alert for good. `statesync_members` counts them.
             var seen: Set<String> = []
-            for member in status.members
-            where member.id != status.node && member.state != "left" && member.state != "forgotten" {
+            for member in status.members where member.id != status.node && member.isExpected {
                 seen.insert(member.id)
                 let gauges =
                     mirrored.peerGauges[member.id]

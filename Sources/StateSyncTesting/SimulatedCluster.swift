@@ -427,10 +427,8 @@ package final class SimulatedCluster {
         }
         // Its subscribers that saw their connections close dial again at the end of their
         // reconnect interval (a half-open one waits for its node to replace the link).
-        for subscriber in nodes
-        where subscriber.index != node.index && subscriber.isUp && subscriber.subscribedTo[node.id] != nil
-            && subscriber.subscribedTo[node.id]?.connectedTo == nil
-        {
+        for subscriber in nodes where subscriber.index != node.index && subscriber.isUp {
+            guard let link = subscriber.subscribedTo[node.id], link.connectedTo == nil else { continue }
             dial(from: subscriber, to: node.id, after: 1 + reconnectPhases.next() % Self.reconnectMilliseconds)
         }
         node.intakePaused = false
@@ -467,9 +465,7 @@ package final class SimulatedCluster {
     /// handshake completes after a round trip of the link, or is tried again each reconnect
     /// interval while the link is cut. A node that is down is dialled again from its start.
     private func dial(from subscriber: Node, to id: String, after delay: UInt64 = 0) {
-        guard let socket = subscriber.subscribedTo[id]?.socket,
-            let publisher = nodes.first(where: { $0.id == id }), publisher.isUp
-        else { return }
+        guard let socket = subscriber.subscribedTo[id]?.socket, let publisher = node(named: id) else { return }
         let roundTrip =
             network.conditions(from: subscriber.id, to: id).delay.upperBound
             + network.conditions(from: id, to: subscriber.id).delay.upperBound

@@ -91,6 +91,10 @@ public struct NodeStatus: Sendable, Equatable {
         /// The entry's version (who wrote it, when).
         public var version: String
 
+        /// Whether the node expects to hear this member: not one that left or was forgotten
+        /// (readiness does not wait for those, and they have no per-peer metrics).
+        public var isExpected: Bool { state != "left" && state != "forgotten" }
+
         public init(
             id: String, publishEndpoint: String, apiEndpoint: String, state: String, lastSeenMillisecondsAgo: Int?,
             missingDeltas: Int, connected: Bool, version: String
@@ -142,7 +146,7 @@ public struct NodeStatus: Sendable, Equatable {
     /// status --ready` and the HTTP listener's `/readyz` both answer with this.
     public var notReadyReasons: [String] {
         var reasons: [String] = []
-        let gone = Set(members.filter { $0.state == "left" || $0.state == "forgotten" }.map(\.id))
+        let gone = Set(members.filter { !$0.isExpected }.map(\.id))
         var down = Set(peers.filter { !$0.connected && !gone.contains($0.node ?? "") }.map { $0.node ?? $0.endpoint })
         for member in members where member.id != node && !gone.contains(member.id) && !member.connected {
             down.insert(member.id)
