@@ -212,7 +212,8 @@ extension StateSyncCLI {
                 Each PROP=JSON assigns a JSON value: count=3, title='"hello"', tags='["a","b"]', \
                 cleared=null. PROP=@FILE reads the JSON value from FILE; --stdin reads one JSON object \
                 of properties from standard input (for values too large for an argument list). \
-                With --ttl the properties written expire that long after the write's version: every \
+                One write travels in one message, at most 64 MiB: a larger one is refused before \
+                it is sent. With --ttl the properties written expire that long after the write's version: every \
                 node deletes them then (a model whose last property expires is gone); setting them \
                 again renews it, and setting them without --ttl keeps them for good. \
                 Returns once the node has applied the write.
@@ -409,8 +410,12 @@ extension StateSyncCLI {
                 To resume after an interruption — on this node or any other — pass the last \
                 cursor printed: --from CURSOR delivers every change after it, then the live ones. \
                 A fresh process does not hold the earlier state: the first change of each \
-                property after resuming shows old as null, and a change the earlier watch got out \
-                of order (above a gap that was being repaired) can be printed again. If the \
+                property after resuming shows old as null, a deletion of what was set before the \
+                cursor is printed with old null (a whole model's also as one line with an empty \
+                property), a write that lost on the node to one made before the cursor is printed \
+                as if it won, a value set before the cursor that expires after it is not printed, \
+                and a change the earlier watch got out of order (above a gap that was being \
+                repaired) can be printed again (--state FILE has none of these caveats). If the \
                 node's history no longer reaches back to the cursor, it says so and sends the \
                 current state as a resync instead of skipping anything. If the node drops its \
                 state (it was forgotten while away and came back), it says so too, and its state \

@@ -18,11 +18,13 @@ struct StateSyncDaemon: AsyncParsableCommand {
             Runs in the foreground until SIGINT or SIGTERM, then publishes what is queued, closes \
             its sockets, writes its snapshot and exits 0. Every configuration key can be overridden \
             by an environment variable: STATESYNC_ + the key upper-cased with '.' as '_' \
-            (node.id <- STATESYNC_NODE_ID; lists comma-separated). SIGHUP re-reads the file's \
+            (node.id <- STATESYNC_NODE_ID; lists comma-separated). An unknown key, or a variable \
+            that starts like an override (STATESYNC_NETWORK_...) but names no key, is refused. SIGHUP re-reads the file's \
             security.* keys (admitted keys and client permissions) without a restart. SIGPIPE is \
             ignored: if what reads its output goes away, those log lines are lost, not the node.
 
             Exit codes: 0 clean stop, 1 runtime failure (e.g. a port in use), 2 invalid configuration \
+            (a key file missing or unreadable included, found before the data directory is touched) \
             or a data directory the node must not run with (an empty one under an id the cluster \
             knows, or that was forgotten).
             """)
