@@ -28,6 +28,21 @@ final class LineOutput: Sendable {
         }
     }
 
+    /// Keeps the line `write` appends, and a newline, for the next ``flush()`` (writes them, not
+    /// `batched`): the line goes straight into the pending octets, with no `String` between.
+    func print(writing write: (inout [UInt8]) -> Void) {
+        guard batched else {
+            var line: [UInt8] = []
+            write(&line)
+            line.append(0x0A)
+            return pending.withLock { _ in Self.writeAll(line) }
+        }
+        pending.withLock { pending in
+            write(&pending)
+            pending.append(0x0A)
+        }
+    }
+
     /// Returns once every line printed before the call is written.
     func flush() {
         pending.withLock { pending in

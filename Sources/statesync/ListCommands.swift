@@ -88,6 +88,12 @@ private func printAll(
             }
         }
         printed += page.entries.count
+        if printed == 0 && !json {
+            // Nothing on stdout (a script reads no lines); a person is told why.
+            let which = prefix.isEmpty ? "" : " whose names start with '\(prefix)'"
+            let none = channel.map { "no models\(which) in channel '\($0)'" } ?? "no channels\(which)"
+            FileHandle.standardError.write(Data("statesync: \(none)\n".utf8))
+        }
         guard page.more, let last = page.entries.last, printed < (limit ?? Int.max) else { return }
         after = last.name
     }

@@ -562,8 +562,11 @@ extension StateSyncCLI {
         func show(_ event: WatchEvent, to output: LineOutput) {
             switch event {
             case .change(let change, let kind, let cursor):
-                output.print(
-                    json ? change.watchJSONLine(kind: kind, cursor: cursor) : Self.human(change, kind: kind))
+                if json {
+                    output.print { change.writeWatchJSONLine(kind: kind, cursor: cursor, into: &$0) }
+                } else {
+                    output.print(Self.human(change, kind: kind))
+                }
             case .initialStateComplete(let records, let cursor):
                 marker(
                     output, "initial", "initial state complete: \(records) properties",

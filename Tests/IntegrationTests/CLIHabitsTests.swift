@@ -72,6 +72,13 @@ struct CLIHabitsTests {
             #expect(a1?["properties"] as? Int == 2)
             let prefixed = try await cli(["ls", "demo", "--prefix", "a", "--limit", "1", "--daemon", api])
             #expect(prefixed.stdout.hasPrefix("a1  2 properties") && prefixed.stdout.split(separator: "\n").count == 1)
+            // An empty listing prints no line (a script reads none) and says so on stderr.
+            let empty = try await cli(["ls", "demo", "--prefix", "zz", "--daemon", api])
+            #expect(empty.status == 0 && empty.stdout.isEmpty, "\(empty.stdout)")
+            #expect(empty.stderr.contains("no models whose names start with 'zz' in channel 'demo'"), "\(empty.stderr)")
+            let emptyJSON = try await cli(["ls", "nothing-here", "--json", "--daemon", api])
+            #expect(
+                emptyJSON.status == 0 && emptyJSON.stdout.isEmpty && emptyJSON.stderr.isEmpty, "\(emptyJSON.stderr)")
             let channels = try await cli(["channels", "--json", "--daemon", api])
             let counts = channels.stdout.split(separator: "\n").compactMap(jsonObject).map {
                 "\($0["name"] as? String ?? "?")=\($0["models"] as? Int ?? -1)"

@@ -3,36 +3,54 @@ extension PropertyChange {
     /// How a change is named in output: how it came (initial, resync), or what it was when it
     /// came live (live for a new value, deleted, expired).
     package func watchKindName(_ kind: WatchEvent.Kind) -> String {
-        kind == .live ? (self.kind == .set ? "live" : self.kind.rawValue) : "\(kind)"
+        "\(watchKindLiteral(kind))"
+    }
+
+    private func watchKindLiteral(_ kind: WatchEvent.Kind) -> StaticString {
+        switch (kind, self.kind) {
+        case (.live, .set): "live"
+        case (.live, .deleted): "deleted"
+        case (.live, .expired): "expired"
+        case (.initial, _): "initial"
+        case (.resync, _): "resync"
+        }
     }
 
     /// The change as one JSON object, keys in ascending order, as ``Value/jsonText()`` writes the
-    /// map ``watchJSONFields(kind:cursor:)`` — written directly, since a watch prints one per
-    /// change.
+    /// map ``watchJSONFields(kind:cursor:)``.
     package func watchJSONLine(kind: WatchEvent.Kind, cursor: WatchCursor) -> String {
-        var out = "{\"channel\":"
-        out.reserveCapacity(256)
-        Value.writeJSONString(channel, into: &out)
-        out += ",\"cursor\":"
-        Value.writeJSONString(cursor.description, into: &out)
-        out += isRemoval ? ",\"deleted\":true" : ",\"deleted\":false"
-        if let expiresAt { out += ",\"expires_at\":\(Int64(expiresAt))" }
-        out += ",\"kind\":"
-        Value.writeJSONString(watchKindName(kind), into: &out)
-        out += ",\"model\":"
-        Value.writeJSONString(model, into: &out)
-        out += ",\"new\":"
+        var out: [UInt8] = []
+        writeWatchJSONLine(kind: kind, cursor: cursor, into: &out)
+        return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Appends ``watchJSONLine(kind:cursor:)`` (without a newline) to `out` — written directly,
+    /// not through the map, since a watch prints one per change.
+    package func writeWatchJSONLine(kind: WatchEvent.Kind, cursor: WatchCursor, into out: inout [UInt8]) {
+        JSONOctets.append("{\"channel\":", to: &out)
+        JSONOctets.appendString(channel, to: &out)
+        JSONOctets.append(",\"cursor\":\"", to: &out)
+        cursor.writeText(into: &out)
+        JSONOctets.append(isRemoval ? "\",\"deleted\":true" : "\",\"deleted\":false", to: &out)
+        if let expiresAt {
+            JSONOctets.append(",\"expires_at\":", to: &out)
+            JSONOctets.appendDecimal(expiresAt, to: &out)
+        }
+        JSONOctets.append(",\"kind\":\"", to: &out)
+        JSONOctets.append(watchKindLiteral(kind), to: &out)
+        JSONOctets.append("\",\"model\":", to: &out)
+        JSONOctets.appendString(model, to: &out)
+        JSONOctets.append(",\"new\":", to: &out)
         new.writeJSON(into: &out)
-        out += ",\"old\":"
+        JSONOctets.append(",\"old\":", to: &out)
         (old ?? .null).writeJSON(into: &out)
-        out += ",\"origin\":"
-        Value.writeJSONString(origin, into: &out)
-        out += ",\"property\":"
-        Value.writeJSONString(property, into: &out)
-        out += ",\"version\":"
-        Value.writeJSONString(version.description, into: &out)
-        out += "}"
-        return out
+        JSONOctets.append(",\"origin\":", to: &out)
+        JSONOctets.appendString(origin, to: &out)
+        JSONOctets.append(",\"property\":", to: &out)
+        JSONOctets.appendString(property, to: &out)
+        JSONOctets.append(",\"version\":\"", to: &out)
+        version.writeText(into: &out)
+        JSONOctets.append("\"}", to: &out)
     }
 
     /// The fields of ``watchJSONLine(kind:cursor:)`` as a map (the definition it is tested

@@ -69,6 +69,17 @@ public struct WatchCursor: Sendable, Hashable, CustomStringConvertible {
         return text
     }
 
+    /// Appends the text form to `out`, as inside a JSON string (origins escaped as JSON does).
+    package func writeText(into out: inout [UInt8]) {
+        guard !origins.isEmpty else { return out.append(UInt8(ascii: "-")) }
+        for index in origins.indices {
+            if index > 0 { out.append(UInt8(ascii: ",")) }
+            JSONOctets.appendEscaped(origins[index], to: &out)
+            out.append(UInt8(ascii: ":"))
+            JSONOctets.appendDecimal(sequences[index], to: &out)
+        }
+    }
+
     /// Parses the text form; `nil` when it is not one.
     public init?(_ text: String) {
         if text == "-" {

@@ -50,6 +50,15 @@ public struct Version: Sendable, Hashable, Comparable, CustomStringConvertible {
 
     public var description: String { "\(milliseconds).\(counter)@\(node)" }
 
+    /// Appends the text form to `out`, as inside a JSON string (the node id escaped as JSON does).
+    package func writeText(into out: inout [UInt8]) {
+        JSONOctets.appendDecimal(milliseconds, to: &out)
+        out.append(UInt8(ascii: "."))
+        JSONOctets.appendDecimal(UInt64(counter), to: &out)
+        out.append(UInt8(ascii: "@"))
+        JSONOctets.appendEscaped(node, to: &out)
+    }
+
     /// Parses the text form `<milliseconds>.<counter>@<node>`.
     public init?(_ text: String) {
         guard let at = text.firstIndex(of: "@") else { return nil }

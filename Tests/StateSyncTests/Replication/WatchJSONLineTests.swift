@@ -53,6 +53,30 @@ struct WatchJSONLineTests {
         }
     }
 
+    /// The octets `jsonText()` writes read back as the value (JSON's own parser), and the
+    /// escapes and numbers are spelt exactly: control characters as `\u00XX` in lower-case hex
+    /// (`\n`, `\r`, `\t` short), multi-byte UTF-8 as it is, integers at both ends of their range.
+    @Test func theTextIsExactJSON() throws {
+        let cases: [(Value, String)] = [
+            (.string("\u{0}\u{8}\u{C}\u{1F}"), #""\u0000\u0008\u000c\u001f""#),
+            (.string("tab\tnl\ncr\rq\"b\\"), #""tab\tnl\ncr\rq\"b\\""#),
+            (.string("é 🙂 \u{7F}"), "\"é 🙂 \u{7F}\""),
+            (.int(0), "0"), (.int(9), "9"), (.int(10), "10"), (.int(-7), "-7"),
+            (.int(.max), "9223372036854775807"), (.int(.min), "-9223372036854775808"),
+            (.double(-1.5e-7), "-1.5e-07"), (.double(.nan), "null"), (.bytes([0, 255]), #"{"$bytes":"AP8="}"#),
+            (.map(["b": .array([.bool(true), .null]), "a": .map([:])]), #"{"a":{},"b":[true,null]}"#),
+        ]
+        for (value, text) in cases {
+            #expect(value.jsonText() == text)
+            if case .double(let d) = value, !d.isFinite { continue }
+            #expect(try Value(json: text) == value, "\(text)")
+        }
+        let version = Version(milliseconds: 1_795_000_000_123, counter: 65535, node: "n\"1")
+        var octets: [UInt8] = []
+        version.writeText(into: &octets)
+        #expect(String(decoding: octets, as: UTF8.self) == #"1795000000123.65535@n\"1"#)
+    }
+
     /// A cursor's text form (in every line): `origin:sequence` pairs sorted by origin, or `-`;
     /// it parses back to the same cursor.
     @Test func aCursorsTextIsItsSortedPairsAndParsesBack() throws {
