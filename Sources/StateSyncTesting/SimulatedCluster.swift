@@ -20,6 +20,9 @@ import Synchronization
 /// (``NodeInput/subscriberConnected``). A connection made stays through a partition (a cut
 /// drops packets; it resets no TCP connection); after a power loss of the publisher's host it
 /// stays half-open (no FIN was sent) until the subscriber's node replaces the silent link.
+/// A repair link (a DEALER to a peer's ROUTER) left half-open so loses the first request sent
+/// on it once the peer's host is back (its kernel answers with a reset, and libzmq connects
+/// again), and a reply reaches only the run of the requester that asked.
 ///
 /// Not thread-safe: one thread runs a simulation.
 package final class SimulatedCluster {
@@ -84,8 +87,9 @@ package final class SimulatedCluster {
         case peer(frames: [[UInt8]], socket: Int, generation: Int)
         /// A request to a node's ROUTER: from a client, or from a peer's repair link.
         case request(client: [UInt8], frames: [[UInt8]])
-        /// A reply on a node's repair link; `peer` is the answering node's publish endpoint.
-        case repairReply(peer: String, frames: [[UInt8]])
+        /// A reply on a node's repair link, to the requester's run `generation` (a restarted
+        /// requester has new links); `peer` is the answering node's publish endpoint.
+        case repairReply(peer: String, frames: [[UInt8]], generation: Int)
         /// A reply or watch event to a client, from one incarnation of a node.
         case toClient(frames: [[UInt8]], generation: Int)
     }
@@ -107,7 +111,7 @@ package final class SimulatedCluster {
         fileprivate var tickAt: UInt64?
         fileprivate var intakePaused = false
         fileprivate var held: [SimulatedNetwork<Packet>.Message] = []
-        fileprivate var links: [String: Int] = [:]
+        fileprivate var links: [String: RepairLink] = [:]
         /// The peers whose publish socket this node subscribes to (its SUB links), by node id:
         /// the configured ones at every start, then the members it learns.
         fileprivate var subscribedTo: [String: SubscriberLink] = [:]
@@ -138,6 +142,13 @@ package final class SimulatedCluster {
     struct SubscriberLink {
         let socket: Int
         var connectedTo: Int?
+    }
+
+    /// One repair link of a node: the node it is connected to, and whether the connection is
+    /// half-open (that node's host lost power since: no FIN closed it).
+    struct RepairLink {
+        let target: Int
+        var halfOpen = false
     }
 
     /// A node's driver in the simulation: a model's write raises the flag, the cluster feeds the
@@ -513,6 +524,13 @@ package final class SimulatedCluster {
             for subscriber in nodes where subscriber.index != index && subscriber.subscribedTo[node.id] != nil {
                 subscriber.subscribedTo[node.id]?.connectedTo = nil
             }
+        } else {
+            // So are the repair links to it (a DEALER whose connection saw a FIN dials again).
+            for requester in nodes where requester.index != index {
+                for (peer, link) in requester.links where link.target == index {
+                    requester.links[peer]?.halfOpen = true
+                }
+            }
         }
         for routingID in clients.keys.sorted(by: { $0.lexicographicallyPrecedes($1) }) {
             guard let client = clients[routingID], client.connection?.node == index else { continue }
@@ -679,13 +697,10 @@ package final class SimulatedCluster {
             record("request", message.from + ">" + message.to, frames)
             // Who the sender authenticated as (the user id ZAP would give it): a peer's repair
             // link is its node, a client is `client:sim`.
-            let link = Array("link:".utf8)
-            let identity =
-                client.starts(with: link)
-                ? "node:" + String(decoding: client.dropFirst(link.count), as: UTF8.self) : "client:sim"
+            let identity = Self.repairRequester(client).map { "node:" + $0.node } ?? "client:sim"
             process(.clientRequest(client: client, frames: frames, identity: identity), at: node)
-        case .repairReply(let peer, let frames):
-            guard let node = node(named: message.to) else { return }
+        case .repairReply(let peer, let frames, let generation):
+            guard let node = node(named: message.to), node.generation == generation else { return }
             if node.intakePaused {
                 node.held.append(message)
                 return
@@ -708,6 +723,18 @@ package final class SimulatedCluster {
                 }
             }
         }
+    }
+
+    /// The node and run of a repair link's routing id (`link:<node>@<generation>`), `nil` for a
+    /// client's.
+    static func repairRequester(_ routingID: [UInt8]) -> (node: String, generation: Int)? {
+        let prefix = Array("link:".utf8)
+        guard routingID.starts(with: prefix) else { return nil }
+        let text = String(decoding: routingID.dropFirst(prefix.count), as: UTF8.self)
+        guard let at = text.lastIndex(of: "@"), let generation = Int(text[text.index(after: at)...]) else {
+            return nil
+        }
+        return (String(text[..<at]), generation)
     }
 
     private func node(named id: String) -> Node? {
@@ -780,23 +807,32 @@ package final class SimulatedCluster {
         func connectRepairLink(peer: String, endpoint: String) {
             guard let target = cluster.nodes.firstIndex(where: { SimulatedCluster.apiEndpoint($0.id) == endpoint })
             else { return }
-            node.links[peer] = target
+            node.links[peer] = RepairLink(target: target)
         }
 
         func sendRepairRequest(peer: String, frames: [[UInt8]]) -> Bool {
-            guard let target = node.links[peer] else { return false }
+            guard let link = node.links[peer] else { return false }
+            let target = cluster.nodes[link.target]
+            if link.halfOpen {
+                // Into a connection whose other end is gone: lost. A host that is back answers
+                // with a reset, and the link connects again; one still down answers nothing.
+                cluster.record("repair-half-open", node.id + ">" + target.id, frames)
+                if target.isUp { node.links[peer]?.halfOpen = false }
+                return true
+            }
             cluster.network.send(
-                .request(client: Array("link:\(node.id)".utf8), frames: frames), from: node.id,
-                to: cluster.nodes[target].id, at: cluster.now)
+                .request(client: Array("link:\(node.id)@\(node.generation)".utf8), frames: frames), from: node.id,
+                to: target.id, at: cluster.now)
             return true
         }
 
         func reply(client: [UInt8], frames: [[UInt8]]) -> ReplyOutcome {
-            if client.starts(with: Array("link:".utf8)) {
-                let requester = String(decoding: client.dropFirst(5), as: UTF8.self)
+            if let requester = SimulatedCluster.repairRequester(client) {
                 cluster.network.send(
-                    .repairReply(peer: SimulatedCluster.publishEndpoint(node.id), frames: frames), from: node.id,
-                    to: requester, at: cluster.now)
+                    .repairReply(
+                        peer: SimulatedCluster.publishEndpoint(node.id), frames: frames,
+                        generation: requester.generation),
+                    from: node.id, to: requester.node, at: cluster.now)
                 return .sent
             }
             guard let target = cluster.clients[client], let connection = target.connection,

@@ -148,4 +148,30 @@ struct PromptRepairMachineTests {
         node.advance(50)
         #expect(node.machine.missingDeltas == 0, "given up at the round")
     }
+
+    /// A peer heard in a new incarnation restarted: its repair link is replaced, and the FETCH in
+    /// flight on the old one goes again on the new one at once, the peer not marked exhausted
+    /// (PROTOCOL.md 11.3, step 1). The old connection may be half-open (a host that lost power
+    /// sent no FIN): a request on it would be lost, and a second later the peer marked
+    /// exhausted, so its last writes, which only it holds, would come by snapshot.
+    @Test func aRestartedPeerGetsANewRepairLinkAndTheFetchInFlightGoesAgainOnIt() throws {
+        var node = Self.fetching(latest: 5)
+        #expect(node.repairLinksConnected == ["inproc://n2"])
+        #expect(RepairMachineTests.requests(node).map(\.fetch?.range) == [1...5])
+        node.handle(Self.heartbeat("n2", latest: 7, incarnation: 2))
+        node.advance(0)
+        #expect(node.repairLinksConnected == ["inproc://n2", "inproc://n2"], "replaced")
+        let sent = RepairMachineTests.requests(node)
+        #expect(sent.count == 2 && sent[1].peer == "inproc://n2" && sent[1].fetch?.range == 1...7, "at once, on it")
+        #expect(node.machine.repair.exhausted["n2"] == nil)
+        #expect(node.machine.counters.repairLinkResets == 1)
+        // A reply to the forgotten request changes nothing; the one in flight is answered.
+        try Self.reply(&node, at: 0, from: "n2", ClientProtocol.encodeFetched([], droppedThrough: 0))
+        node.advance(0)
+        #expect(node.machine.repair.exhausted["n2"] == nil && node.repairRequests.count == 2)
+        // The same run heard again replaces nothing.
+        node.handle(Self.heartbeat("n2", latest: 7, incarnation: 2))
+        node.advance(0)
+        #expect(node.repairLinksConnected.count == 2)
+    }
 }

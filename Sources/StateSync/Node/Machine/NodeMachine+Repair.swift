@@ -118,6 +118,23 @@ extension NodeMachine {
         }
     }
 
+    /// A peer heard in a new incarnation (it restarted): its repair link is replaced, and the
+    /// requests in flight on the old one are forgotten — the peer is not marked exhausted — and
+    /// go again on the new one at once (section 11.3, step 1). The old connection may be
+    /// half-open: a host that lost power sent no FIN, so the first request on it would be lost
+    /// (its new kernel answers it with a reset), time out a second later and mark the peer
+    /// exhausted, and a gap only the restarted peer could fill (its last writes) would be
+    /// filled by a snapshot, seconds later, with every watch of the channel resynchronised.
+    mutating func replaceRepairLink(ofRestarted peer: String) {
+        guard let endpoint = repair.links[peer] else { return }
+        counters.repairLinkResets += 1
+        actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
+        for (origin, fetch) in repair.fetches where fetch.peer == peer { repair.fetches[origin] = nil }
+        if repair.snapshot?.peer == peer { repair.snapshot = nil }
+        if repair.ownRecoveryFetch?.peer == peer { repair.ownRecoveryFetch = nil }
+        repairsDue = true
+    }
+
     /// Sends a FETCH for every origin with a gap and no request in flight; a SNAPSHOT when needed.
     /// `prompted`: run at once after an answer (``NodeMachine/repairsDue``), not at a round: it
     /// gives nothing up (claims withdrawn, a forgotten member's numbers), which waits for the next

@@ -159,6 +159,8 @@ extension NodeMachine {
         // What it takes (section 7.6) is said with its member list; a restart may be an older
         // version, so a new incarnation takes nothing more until it says so.
         if peers[endpoint]?.incarnation != beat.incarnation {
+            // Heard before in another incarnation: it restarted (section 11.3, step 1).
+            if peers[endpoint]?.incarnation != nil { replaceRepairLink(ofRestarted: endpoint) }
             peers[endpoint]?.incarnation = beat.incarnation
             peers[endpoint]?.takesChannelBatches = false
             peers[endpoint]?.takesPackedBatches = false
