@@ -54,6 +54,7 @@ public final class SimulatedDisk: NodeStorage {
         var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: parsed.deltas, cutBytes: parsed.cutBytes, cutReason: parsed.cutReason,
             logSize: intact)
+        recovery.logDamaged = parsed.damaged
         recovery.members = (membersBytes.flatMap { try? Membership.decodeFile($0) }) ?? []
         let (reservation, boot) = state.withLock { ($0.reservation, $0.boot) }
         if let reservation {
@@ -62,6 +63,26 @@ public final class SimulatedDisk: NodeStorage {
             recovery.voidSequences = reservation.void
         }
         return recovery
+    }
+
+    /// Flips a byte in the payload of durable record `index` (0 the first), as a bad disk may
+    /// (a crash keeps the damage: recovery finds it); `false` when the log has no such record.
+    package func damageLog(atRecord index: Int) -> Bool {
+        state.withLock { state in
+            var offset = DeltaLog.magic.count
+            var record = 0
+            while offset + 8 < state.durableLog.count {
+                let length = state.durableLog[offset..<offset + 4].reduce(0) { $0 << 8 | Int($1) }
+                guard length > 0, offset + 8 + length <= state.durableLog.count else { return false }
+                if record == index {
+                    state.durableLog[offset + 8 + length / 2] ^= 0x5A
+                    return true
+                }
+                offset += 8 + length
+                record += 1
+            }
+            return false
+        }
     }
 
     package func saveMembers(_ bytes: [UInt8]) throws(StateSyncError) {

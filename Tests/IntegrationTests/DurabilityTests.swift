@@ -228,6 +228,73 @@ struct DurabilityTests {
         _ = await daemons.stopAll()
     }
 
+    /// A log damaged where it was durable (a byte flipped in an early record, as a bad disk may)
+    /// with real daemons: node1 cuts it from there, acknowledged writes among what it cuts, and
+    /// holds a SET made at once after its restart until node2 said which of node1's deltas it
+    /// holds; it takes those back and numbers the SET after them, so node2 takes it. Before,
+    /// the SET took the number of a cut write, node2 dropped it as a duplicate, and node1 never
+    /// got the cut writes back (a helper's trial; `aLogDamagedMidwayIsRefilledBeforeANewWriteIsNumbered`
+    /// on the simulator).
+    @Test func aLogDamagedMidwayIsRefilledBeforeANewWriteIsNumbered() async throws {
+        // Heartbeats a second apart: the SET reaches node1 before it hears what its peers hold
+        // (at 100 ms their progress lists could come first and move its next number in time).
+        let nodes = Self.cluster("damaged").map { node in
+            var environment = node.environment
+            environment["STATESYNC_NETWORK_HEARTBEAT_MS"] = "1000"
+            return Node(name: node.name, environment: environment, api: node.api)
+        }
+        let daemons = ClusterTests.Daemons()
+        do {
+            // All three: the SET waits until every peer node1 links to has answered.
+            var node1 = try daemons.start(config: "Config/node1.yaml", environment: nodes[0].environment, name: "node1")
+            _ = try daemons.start(config: "Config/node2.yaml", environment: nodes[1].environment, name: "node2")
+            _ = try daemons.start(config: "Config/node3.yaml", environment: nodes[2].environment, name: "node3")
+            for node in nodes { try await Self.waitUntilAnswering(node.api) }
+            let client = try StateSyncClient(endpoint: nodes[0].api)
+            defer { client.close() }
+            let reader2 = try StateSyncClient(endpoint: nodes[1].api)
+            defer { reader2.close() }
+            let reader3 = try StateSyncClient(endpoint: nodes[2].api)
+            defer { reader3.close() }
+            for i in 1...20 {
+                try await client.set(ModelAddress(channel: "damaged", model: "m\(i)"), ["v": .int(Int64(i))])
+            }
+            try await Self.waitUntilConverged([client, reader2, reader3])
+            node1.signal(SIGKILL)
+            _ = await node1.wait()
+            // Flip a byte in the payload of the fifth record (a u32 length, a u32 checksum, the
+            // payload; docs/PROTOCOL.md Appendix B).
+            let log = nodes[0].environment["STATESYNC_NODE_DATA_DIR"]! + "/deltas.log"
+            var bytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: log)))
+            var offset = DeltaLog.magic.count
+            for _ in 0..<4 { offset += 8 + bytes[offset..<offset + 4].reduce(0) { $0 << 8 | Int($1) } }
+            let length = bytes[offset..<offset + 4].reduce(0) { $0 << 8 | Int($1) }
+            #expect(length > 0)
+            bytes[offset + 8 + length / 2] ^= 0x5A
+            try Data(bytes).write(to: URL(fileURLWithPath: log))
+
+            node1 = try daemons.start(
+                config: "Config/node1.yaml", environment: nodes[0].environment, name: "node1-restarted")
+            try await Self.waitUntilAnswering(nodes[0].api)
+            try await client.set(ModelAddress(channel: "damaged", model: "after"), ["v": 100])
+            let status = try await client.status()
+            #expect(status.counters["log_bytes_cut"] ?? 0 > 0, "the damage must be found and cut")
+            try await Self.waitUntilConverged([client, reader2, reader3])
+            for reader in [client, reader2, reader3] {
+                #expect(try await reader.get(ModelAddress(channel: "damaged", model: "after"))["v"]?.value == .int(100))
+                for i in 1...20 {
+                    #expect(
+                        try await reader.get(ModelAddress(channel: "damaged", model: "m\(i)"))["v"]?.value
+                            == .int(Int64(i)), "m\(i)")
+                }
+            }
+            #expect(daemons.logs().contains("the log is damaged where it was durable"))
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        _ = await daemons.stopAll()
+    }
+
     /// `storage.fsync: interval` with real daemons: a write reaches the peer before any sync (the
     /// interval here is 10 s). Then a power loss of node1 — staged as a SIGKILL, its log cut back
     /// to its header (the OS's page cache lost) and its sequence reservation marked as made in an

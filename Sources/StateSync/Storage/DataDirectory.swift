@@ -117,6 +117,7 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: recovered.deltas, cutBytes: recovered.cutBytes,
             cutReason: recovered.cutReason, logSize: log.size)
+        recovery.logDamaged = recovered.damaged
         let members = path + "/" + Self.membersName
         if let data = FileManager.default.contents(atPath: members) {
             do {

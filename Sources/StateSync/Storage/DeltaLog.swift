@@ -66,6 +66,11 @@ package final class DeltaLog: @unchecked Sendable {
         /// (preallocated space) is not counted.
         package var cutBytes = 0
         package var cutReason: String?
+        /// Whether what was cut reaches past the end the first bad record declares: records
+        /// were written after it, so it was damaged where the log had been durable (a bad disk,
+        /// a flipped byte), not torn by a crash in the middle of the last write, and what was
+        /// cut may hold acknowledged writes.
+        package var damaged = false
         /// Where the intact records end.
         package var end = 0
         /// Whether the log is of the first format (`SSLOG1`, CRC-32): to be converted.
@@ -140,6 +145,11 @@ package final class DeltaLog: @unchecked Sendable {
         if let last = bytes[offset...].lastIndex(where: { $0 != 0 }) {
             recovery.cutBytes = last + 1 - offset
             if recovery.cutReason == nil { recovery.cutReason = "a record has a zero length" }
+            // A torn write leaves the last record short, with nothing after it.
+            if offset + 8 <= bytes.count {
+                let declaredEnd = offset + 8 + Int(uint32(bytes, at: offset))
+                recovery.damaged = declaredEnd <= last
+            }
         }
         return recovery
     }

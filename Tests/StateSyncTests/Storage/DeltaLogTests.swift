@@ -170,6 +170,7 @@ struct DeltaLogTests {
             // indistinguishable from preallocated space (cut all the same, not counted).
             let torn = full[secondStart..<cut]
             #expect(recovery.cutBytes == torn.lastIndex { $0 != 0 }.map { $0 + 1 - secondStart } ?? 0, "cut at \(cut)")
+            #expect(!recovery.damaged, "torn, not damaged: cut at \(cut)")
             #expect(log.size == secondStart)
             // The log goes on after the cut.
             try log.append([Self.delta(3)])
@@ -186,6 +187,14 @@ struct DeltaLogTests {
         let recovery = try DeltaLog(path: path).recover()
         #expect(recovery.deltas == [Self.delta(1)])
         #expect(recovery.cutReason == "a record fails its checksum")
+        #expect(recovery.damaged, "a record follows the bad one: damaged where it was durable")
+        // The last record corrupt, nothing after it: as a torn write leaves it.
+        let last = try Self.logged([Self.delta(1), Self.delta(2, "original")])
+        var lastBytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: last)))
+        if let index = lastBytes.lastIndex(of: UInt8(ascii: "o")) { lastBytes[index] = UInt8(ascii: "O") }
+        try Data(lastBytes).write(to: URL(fileURLWithPath: last))
+        let torn = try DeltaLog(path: last).recover()
+        #expect(torn.deltas == [Self.delta(1)] && torn.cutBytes > 0 && !torn.damaged)
     }
 
     /// The file is grown ahead of its records (zero-filled): the zeros are not data and not a
@@ -212,6 +221,7 @@ struct DeltaLogTests {
         #expect(recovery.cutBytes == bytes.lastIndex { $0 != 0 }! + 1 - end, "the torn record, not the zeros after it")
         #expect(recovery.cutBytes <= torn)
         #expect(recovery.cutReason == "a record fails its checksum")
+        #expect(!recovery.damaged)
         #expect(log.size == end)
         try log.append([Self.delta(4)])
         try log.sync()
@@ -300,6 +310,7 @@ struct DeltaLogTests {
         #expect(recovery.deltas == [Self.delta(1)])
         #expect(recovery.cutBytes == 9 && recovery.end == recovered.end)
         #expect(recovery.cutReason == "a record has a zero length")
+        #expect(recovery.damaged)
     }
 
     @Test func aFileThatIsNotALogIsRefusedClearly() throws {

@@ -345,7 +345,7 @@ extension NodeMachine {
                 client, .error, id,
                 ClientProtocol.encodeError(
                     .internal,
-                    "node \(configuration.nodeID) is settling its sequence numbers after a power loss and holds too many writes already; try again"
+                    "node \(configuration.nodeID) is settling its sequence numbers after \(settling?.cause.rawValue ?? "a power loss") and holds too many writes already; try again"
                 ))
         }
         throw HeldUntilSettled()

@@ -8,9 +8,18 @@
 /// they hold, and numbers on after the highest any of them held.
 extension NodeMachine {
     struct Settling: Sendable {
+        /// Why the log may have lost own deltas.
+        enum Cause: String, Sendable {
+            /// The OS went down while the node published before syncing.
+            case powerLoss = "a power loss"
+            /// Recovery cut records where the log had been durable.
+            case damagedLog = "a damaged log"
+        }
+
         /// The own sequence numbers the log may have lost: after the greatest recovered, through
-        /// the reservation.
+        /// the reservation (after a damaged log, the next 2,000).
         let range: ClosedRange<UInt64>
+        let cause: Cause
         /// Per peer (its publish endpoint), the next number to ask it for.
         var askFrom: [String: UInt64] = [:]
         /// Per peer, the FETCH in flight.
@@ -36,7 +45,10 @@ extension NodeMachine {
         /// before then settles again, and finds the same numbers void).
         var confirming = false
 
-        init(range: ClosedRange<UInt64>) { self.range = range }
+        init(range: ClosedRange<UInt64>, after cause: Cause) {
+            self.range = range
+            self.cause = cause
+        }
     }
 
     enum Held: Sendable {
@@ -194,7 +206,7 @@ extension NodeMachine {
         guard let settled = settling, settled.confirming else { return }
         settling = nil
         logger.notice(
-            "settled after a power loss: every peer said which of this node's deltas it holds",
+            "settled after \(settled.cause.rawValue): every peer said which of this node's deltas it holds",
             metadata: [
                 "delta.range": "\(settled.range)", "deltas.taken_back": "\(settled.recovered)",
                 "next_sequence": "\(nextSequence)", "writes.held": "\(settled.held.count)",
@@ -270,7 +282,7 @@ extension NodeMachine {
                         .error, id: header.requestID,
                         body: ClientProtocol.encodeError(
                             .internal,
-                            "node \(configuration.nodeID) stopped before it settled after a power loss; the write was not made"
+                            "node \(configuration.nodeID) stopped before it settled after \(settling?.cause.rawValue ?? "a power loss"); the write was not made"
                         ))))
         }
         settling?.held = []

@@ -180,6 +180,9 @@ package struct NodeMachine: Sendable {
         /// Torn or corrupt bytes cut from the log's tail.
         package var cutBytes = 0
         package var cutReason: String?
+        /// Whether the cut reached past a damaged record into records written after it: the log
+        /// was damaged where it had been durable, and may have lost acknowledged own deltas.
+        package var logDamaged = false
         /// The log's size after recovery (its magic and its intact records).
         package var logSize = 0
         /// The member list the node saved (section 7.5), if any.
@@ -271,8 +274,9 @@ package struct NodeMachine: Sendable {
         counters.logBytesCut = recovery.cutBytes
         // Never reuse a sequence number or issue a version below what this node already wrote.
         nextSequence = latestSequence + 1
-        // A reservation says the node published deltas: its data directory is not a new one.
-        startedWithoutOwnDeltas = latestSequence == 0 && recovery.reservedSequence == 0
+        // A reservation says the node published deltas: its data directory is not a new one;
+        // nor is one whose log is damaged (its own deltas may have been cut with the damage).
+        startedWithoutOwnDeltas = latestSequence == 0 && recovery.reservedSequence == 0 && !recovery.logDamaged
         published = latestSequence
         visibleToWatches = latestSequence
         durability.durableOwnSequence = latestSequence
@@ -285,10 +289,24 @@ package struct NodeMachine: Sendable {
             // a settling cut short (a crash, a stop) may have logged numbers taken back from
             // peers above ones still missing, which a new settling must look at again.
             let first = min(latestSequence, origins[configuration.nodeID]?.contiguous ?? 0) + 1
-            settling = Settling(range: first...recovery.reservedSequence)
+            settling = Settling(range: first...recovery.reservedSequence, after: .powerLoss)
             logger.warning(
                 "the node stopped without a clean shutdown in an earlier boot of the OS (a power loss or a kernel crash) while it published before syncing (storage.fsync: interval): its log may have lost deltas it had published; it takes no writes until its peers have said which of them they hold",
                 metadata: ["delta.range": "\(first)...\(recovery.reservedSequence)"])
+        }
+        if recovery.logDamaged, settling == nil, !faults.skipSettling {
+            // Records after the damage were cut too: own deltas among them may have been
+            // acknowledged and published. Their numbers are not reused until every peer said
+            // which of this node's deltas above the log's last it holds (section 11.2): a FETCH
+            // of 2,000 numbers each; past them, the peers' progress lists move the next number.
+            let first = min(latestSequence, origins[configuration.nodeID]?.contiguous ?? 0) + 1
+            settling = Settling(range: first...(first &+ Self.maximumFetch - 1), after: .damagedLog)
+            logger.error(
+                "the log is damaged where it was durable (a bad disk?): the records from the damage on were cut, this node's acknowledged writes possibly among them; it takes no writes until its peers have said which of its deltas they hold, and takes those back",
+                metadata: [
+                    "log.bytes_cut": "\(recovery.cutBytes)", "reason": "\(recovery.cutReason ?? "-")",
+                    "delta.range": "\(first)...\(first &+ Self.maximumFetch - 1)",
+                ])
         }
         if let ownLatest { clock.advance(past: ownLatest) }
         // Peers' versions it holds are followed as if just received (within the drift bound), so a
@@ -298,7 +316,7 @@ package struct NodeMachine: Sendable {
         // The records a compaction would keep now (the last one's, replayed, among them) do not
         // count towards the next: a restart must not make a node compact again for them.
         durability.keptBytes = min(recordsAboveGaps.count, max(recovery.logSize - DeltaLog.magic.count, 0))
-        if recovery.cutBytes > 0 {
+        if recovery.cutBytes > 0, !recovery.logDamaged {
             logger.warning(
                 "cut a torn or corrupt tail from the log (a crash interrupted a write); it was never acknowledged",
                 metadata: ["log.bytes_cut": "\(recovery.cutBytes)", "reason": "\(recovery.cutReason ?? "-")"])
