@@ -55,4 +55,54 @@ struct DiskFullTests {
         }
         await node.stop()
     }
+
+    /// A write the disk cannot hold above its reserve is refused (ERROR 9) even while the disk
+    /// is not yet under the reserve, and so is a burst that would fill it between two
+    /// measurements of the free space; the node runs on and takes writes that fit. Before, such
+    /// a write's append failed and stopped the node (an own write that cannot be logged must
+    /// not be acknowledged): a helper's trial, a 2 MB SET with 1.2 MB free, a 1 MiB reserve.
+    @Test(.enabled(if: canMount, "needs root to mount a tmpfs"))
+    func aWriteLargerThanTheFreeSpaceIsRefusedAndTheNodeRunsOn() async throws {
+        let mountPoint = temporaryDirectory("tmpfs")
+        try #require(Self.run(["/usr/bin/mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", mountPoint]) == 0)
+        defer {
+            _ = Self.run(["/usr/bin/umount", mountPoint])
+            try? FileManager.default.removeItem(atPath: mountPoint)
+        }
+        var configuration = NodeConfiguration(
+            nodeID: "node1", dataDirectory: "\(mountPoint)/data", publishEndpoint: "tcp://127.0.0.1:\(freePort())",
+            peers: [], apiEndpoint: "tcp://127.0.0.1:\(freePort())", heartbeatIntervalMilliseconds: 50)
+        configuration.reserveBytes = 1 << 20
+        let node = try await StateSyncNode.start(configuration: configuration)
+        do {
+            let client = try StateSyncClient(endpoint: try #require(node.apiEndpoint), requestTimeout: .seconds(5))
+            defer { client.close() }
+            let address = ModelAddress(channel: "c", model: "m")
+            _ = try await client.set(address, [PropertyWrite(name: "x", value: 1)])
+            let big = Value.bytes([UInt8](repeating: 7, count: 8 << 20))
+            await #expect {
+                _ = try await client.set(address, [PropertyWrite(name: "big", value: big)])
+            } throws: { error in
+                "\(error)".contains("too few for this write")
+            }
+            #expect(!node.status.diskFull, "not under the reserve: only too small for that write")
+            // A burst of writes that fit one by one: those past the free space are refused.
+            let chunk = Value.bytes([UInt8](repeating: 9, count: 512 << 10))
+            var refused = 0
+            for index in 0..<12 {
+                do {
+                    _ = try await client.set(address, [PropertyWrite(name: "p\(index)", value: chunk)])
+                } catch {
+                    #expect("\(error)".contains("disk of node node1"), "\(error)")
+                    refused += 1
+                }
+            }
+            #expect(refused > 0, "12 × 512 KiB do not fit in 6 MiB with a 1 MiB reserve")
+            _ = try await client.set(address, [PropertyWrite(name: "x", value: 2)])
+            #expect(try await client.get(address)["x"]?.value == 2, "the node runs on and takes what fits")
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
 }

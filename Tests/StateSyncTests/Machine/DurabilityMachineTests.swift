@@ -441,7 +441,7 @@ struct DiskFullMachineTests {
         var node = MachineRunner(configuration)
         let address = ModelAddress(channel: "c", model: "m")
         let set = ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 1)])
-        node.handle(.diskSpace(availableBytes: 5000))
+        node.handle(.diskSpace(availableBytes: 5_000_000))
         #expect(node.request(.set, id: 1, set)?.0.kind == .ok)
         node.handle(.diskSpace(availableBytes: 999))
         let refused = node.request(.set, id: 2, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 2)]))
@@ -454,10 +454,34 @@ struct DiskFullMachineTests {
         #expect(node.machine.status(now: node.now).diskFull)
         node.handle(.diskSpace(availableBytes: 999))
         #expect(node.machine.counters.diskFullEpisodes == 1, "one episode, however many measurements")
-        node.handle(.diskSpace(availableBytes: 100_000))
+        node.handle(.diskSpace(availableBytes: 100_000_000))
         #expect(
             node.request(.set, id: 4, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: 3)]))?.0.kind
                 == .ok)
         #expect(!node.machine.status(now: node.now).diskFull)
+    }
+
+    /// Above the reserve, a write the free space cannot hold with the log's next growth is
+    /// refused (ERROR 9) rather than failing its append, which would stop the node; the writes
+    /// taken since the last measurement count against it too, until the next measurement.
+    @Test func aWriteTheFreeSpaceCannotHoldIsRefusedAboveTheReserve() {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.reserveBytes = 1000
+        var node = MachineRunner(configuration)
+        let address = ModelAddress(channel: "c", model: "m")
+        func set(_ id: UInt64, _ octets: Int) -> (ClientProtocol.ReplyKind, String?) {
+            let body = ClientProtocol.encodeSet(
+                address, [PropertyWrite(name: "p\(id)", value: .bytes([UInt8](repeating: 1, count: octets)))])
+            let reply = node.request(.set, id: id, body)
+            return (reply?.0.kind ?? .error, reply.flatMap { try? ClientProtocol.decodeError($0.1) }?.message)
+        }
+        node.handle(.diskSpace(availableBytes: 1000 + NodeMachine.logGrowthMargin + 10_000))
+        let refused = set(1, 20_000)
+        #expect(refused.0 == .error && refused.1?.contains("too few for this write") == true, "\(refused)")
+        #expect(set(2, 6_000).0 == .ok)
+        #expect(set(3, 6_000).0 == .error, "the first 6,000 octets count until the next measurement")
+        #expect(!node.machine.status(now: node.now).diskFull && node.machine.counters.diskFullEpisodes == 0)
+        node.handle(.diskSpace(availableBytes: 1000 + NodeMachine.logGrowthMargin + 10_000))
+        #expect(set(4, 6_000).0 == .ok, "measured again")
     }
 }

@@ -171,7 +171,7 @@ extension NodeMachine {
             case .set:
                 let (address, writes) = try ClientProtocol.decodeSet(body)
                 try authorize(identity, write: true, channel: address.channel)
-                try refuseWhenDiskFull(client, id)
+                try refuseWhenDiskFull(client, id, writing: body.count)
                 try holdWhileSettling(frames, client, identity, id)
                 try write(address, writes, client: client, id: id, batchedReply: takesBatchedReplies(header))
             case .delete:
@@ -181,7 +181,7 @@ extension NodeMachine {
                         .invalidName, "property name is empty (to delete the whole model, name no property)")
                 }
                 try authorize(identity, write: true, channel: address.channel)
-                try refuseWhenDiskFull(client, id)
+                try refuseWhenDiskFull(client, id, writing: body.count)
                 try holdWhileSettling(frames, client, identity, id)
                 let writes = names.isEmpty ? [PropertyWrite.modelDeletion] : names.map(PropertyWrite.deletion(of:))
                 try write(address, writes, client: client, id: id, batchedReply: takesBatchedReplies(header))
@@ -352,18 +352,32 @@ extension NodeMachine {
     }
 
     /// Answers ERROR 9 and throws ``DiskFull`` while the data directory's disk is under its
-    /// reserve: the node takes no writes until space returns.
-    private mutating func refuseWhenDiskFull(_ client: [UInt8], _ id: UInt64) throws(DiskFull) {
-        guard diskFull else { return }
+    /// reserve, or when a write of `octets` (its request body: about what its log record takes)
+    /// would take it there: the node takes no writes until space returns. The log grows a step
+    /// at a time, and the writes taken since the last measurement count too, so a write the disk
+    /// cannot hold is refused instead of failing its append (which stops the node: an own write
+    /// that cannot be logged must not be acknowledged).
+    private mutating func refuseWhenDiskFull(_ client: [UInt8], _ id: UInt64, writing octets: Int) throws(DiskFull) {
+        let needed =
+            UInt64(max(configuration.reserveBytes, 0)) + writtenSinceSpaceCheck + UInt64(octets) + Self.logGrowthMargin
+        guard diskFull || (diskFree.map { $0 < needed } ?? false) else {
+            writtenSinceSpaceCheck += UInt64(octets)
+            return
+        }
         counters.clientErrors += 1
+        let free = diskFree ?? 0
+        let why =
+            diskFull
+            ? "is full (\(free) bytes free, under storage.reserve_bytes \(configuration.reserveBytes)): it takes no writes until space returns"
+            : "has \(free) bytes free: too few for this write of \(octets) bytes above storage.reserve_bytes \(configuration.reserveBytes) and the log's growth; it takes no such write until space returns"
         reply(
-            client, .error, id,
-            ClientProtocol.encodeError(
-                .diskFull,
-                "the disk of node \(configuration.nodeID) is full (\(diskFree ?? 0) bytes free, under storage.reserve_bytes \(configuration.reserveBytes)): it takes no writes until space returns"
-            ))
+            client, .error, id, ClientProtocol.encodeError(.diskFull, "the disk of node \(configuration.nodeID) \(why)")
+        )
         throw DiskFull()
     }
+
+    /// Room kept for the log's next growth (it is grown 256 KiB ahead of its records, twice).
+    static let logGrowthMargin: UInt64 = 2 * UInt64(DeltaLog.preallocationStep)
 
     /// Makes a client's write (SET or DELETE) and answers it once durable; in an OKS message
     /// when `batchedReply` (the request's header asked for it, section 10.1.1).

@@ -125,6 +125,9 @@ package struct NodeMachine: Sendable {
     var admittedPeers: Set<String> = []
     /// The data directory's free space, when known, and whether it is under the reserve.
     var diskFree: UInt64?
+    /// Octets of client writes taken since the free space was last measured (every 200 ms):
+    /// counted against it, so that a burst between two measurements cannot fill the disk.
+    var writtenSinceSpaceCheck: UInt64 = 0
     var diskFull = false
     /// Refused connections by key fingerprint, for the 32 most recent distinct keys (status).
     var refusedKeys: [String: Int] = [:]
@@ -506,6 +509,7 @@ package struct NodeMachine: Sendable {
     /// (ERROR 9) until it is back above it; logged once per episode.
     mutating func diskSpace(_ available: UInt64) {
         diskFree = available
+        writtenSinceSpaceCheck = 0
         let full = available < UInt64(max(configuration.reserveBytes, 0))
         guard full != diskFull else { return }
         diskFull = full
