@@ -43,6 +43,37 @@ public struct HTTPListener: Sendable {
         self.liveView = LiveView(node: node, logger: logger, authority: authority)
     }
 
+    /// Binds `address` (`HOST:PORT`, as `http.listen`) once and lets it go: a port in use or an
+    /// address not of this host is said before the node starts, with the key and the address,
+    /// instead of by the HTTP server after the node started (and stopped again).
+    public static func checkBindable(_ address: String) throws(StateSyncError) {
+        guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]) else {
+            throw StateSyncError(.invalidConfiguration, "http.listen: '\(address)' is not HOST:PORT")
+        }
+        var host = String(address[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        var hints = addrinfo()
+        hints.ai_flags = AI_PASSIVE
+        hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
+        var found: UnsafeMutablePointer<addrinfo>?
+        let resolved = getaddrinfo(host.isEmpty ? nil : host, String(port), &hints, &found)
+        guard resolved == 0, let first = found else {
+            throw StateSyncError(
+                .invalidConfiguration,
+                "cannot bind http.listen \(address): \(String(cString: gai_strerror(resolved)))")
+        }
+        defer { freeaddrinfo(found) }
+        let descriptor = socket(first.pointee.ai_family, first.pointee.ai_socktype, first.pointee.ai_protocol)
+        guard descriptor >= 0 else { return }  // the server will say what is wrong
+        defer { close(descriptor) }
+        var on: Int32 = 1
+        _ = setsockopt(descriptor, SOL_SOCKET, SO_REUSEADDR, &on, socklen_t(MemoryLayout<Int32>.size))
+        guard bind(descriptor, first.pointee.ai_addr, first.pointee.ai_addrlen) == 0 else {
+            throw StateSyncError(
+                .invalidConfiguration, "cannot bind http.listen \(address): \(String(cString: strerror(errno)))")
+        }
+    }
+
     /// The Hummingbird application serving the routes: a `Service` (it ends on graceful shutdown).
     /// `onRunning` gets the port it bound (useful with port 0).
     public func application(onRunning: @escaping @Sendable (Int) async -> Void = { _ in }) -> some ApplicationProtocol {

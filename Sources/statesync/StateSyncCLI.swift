@@ -262,7 +262,8 @@ extension StateSyncCLI {
                 let name = String(assignment[..<equals])
                 var json = String(assignment[assignment.index(after: equals)...])
                 guard seen.insert(name).inserted else { throw ValidationError("property '\(name)' is given twice") }
-                if json.hasPrefix("@") {
+                let fromFile = json.hasPrefix("@")
+                if fromFile {
                     let path = String(json.dropFirst())
                     guard let text = try? String(contentsOfFile: path, encoding: .utf8) else {
                         throw ValidationError("value of '\(name)': cannot read \(path)")
@@ -272,8 +273,14 @@ extension StateSyncCLI {
                 do {
                     return PropertyWrite(name: name, value: try Value(json: json), timeToLive: timeToLive)
                 } catch {
+                    // A bare word was meant as a string: say how to quote it. JSON that is only
+                    // malformed (or a file's) gets the parser's reason alone.
+                    let bare =
+                        !fromFile && json.first.map { !"{[\"-0123456789".contains($0) } ?? false
+                        && !["true", "false", "null"].contains(json) && !json.contains("\"") && json.count <= 40
                     throw ValidationError(
-                        "value of '\(name)': \(error) (a string needs JSON quotes: \(name)='\"\(json.prefix(40))\"')")
+                        "value of '\(name)': \(error)\(bare ? " (a string needs JSON quotes: \(name)='\"\(json)\"')" : "")"
+                    )
                 }
             }
             if let standardInput {

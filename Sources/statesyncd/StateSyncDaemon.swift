@@ -72,7 +72,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 )
                 return
             } catch {
-                FileHandle.standardError.write(Data("statesyncd: invalid configuration: \(error)\n".utf8))
+                printError("statesyncd: invalid configuration: \(error)")
                 throw ExitCode(2)
             }
         }
@@ -83,7 +83,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
             // --check-config says, and found before the node locks or writes its data directory.
             try StateSyncNode.checkKeys(of: configuration)
         } catch {
-            FileHandle.standardError.write(Data("statesyncd: invalid configuration: \(error)\n".utf8))
+            printError("statesyncd: invalid configuration: \(error)")
             throw ExitCode(2)
         }
         // With security and an HTTP listener: the live view's own client key (admitted to read,
@@ -95,8 +95,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 configuration.security?.clients.append(made.viewAccess)
                 authority = made
             } catch {
-                FileHandle.standardError.write(
-                    Data("statesyncd: cannot prepare the live view's client key: \(error)\n".utf8))
+                printError("statesyncd: cannot prepare the live view's client key: \(error)")
                 throw ExitCode(1)
             }
         }
@@ -121,19 +120,27 @@ struct StateSyncDaemon: AsyncParsableCommand {
         // With `http.listen`: one Prometheus registry for the process, filled through swift-metrics.
         let exporter = configuration.httpListen.map { _ in MetricsExporter() }
         if let exporter { MetricsSystem.bootstrap(exporter.factory) }
+        if let listen = configuration.httpListen {
+            do {
+                try HTTPListener.checkBindable(listen)
+            } catch {
+                printError("statesyncd: node \(configuration.nodeID): \(error.message)")
+                throw ExitCode(1)
+            }
+        }
         let node: StateSyncNode
         do {
             node = try await StateSyncNode.start(
                 configuration: configuration, logger: logger, testHooks: Self.testHooks(logger: logger),
                 metrics: exporter.map { NodeMetrics(factory: $0.factory) } ?? NodeMetrics())
         } catch {
-            FileHandle.standardError.write(
-                Data("statesyncd: cannot start node \(configuration.nodeID): \(error)\n".utf8))
+            printError("statesyncd: cannot start node \(configuration.nodeID): \(error)")
             throw ExitCode(1)
         }
         early.attach(node)
         // kill -HUP: re-read security.* (admitted keys, client permissions) without a restart.
-        let hangUp = Self.reloadOnHangUp(node: node, configFile: config, authority: authority, logger: logger)
+        let hangUp = Self.reloadOnHangUp(
+            node: node, running: configuration, configFile: config, authority: authority, logger: logger)
         defer { hangUp.cancel() }
         // The node last: a graceful shutdown stops services in reverse order, and a SIGTERM also
         // reaches the node through EarlyStop, so the node must be the first one stopped (the
@@ -146,7 +153,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
                     address: listen, node: node, exporter: exporter, authority: authority, logger: logger)
             } catch {
                 await node.stop()
-                FileHandle.standardError.write(Data("statesyncd: node \(configuration.nodeID): \(error)\n".utf8))
+                printError("statesyncd: node \(configuration.nodeID): \(error)")
                 throw ExitCode(2)
             }
             services.append(
@@ -160,12 +167,13 @@ struct StateSyncDaemon: AsyncParsableCommand {
             try await group.run()
         } catch {
             // The HTTP listener could not bind (the node has stopped cleanly by now).
-            FileHandle.standardError.write(Data("statesyncd: node \(configuration.nodeID): \(error)\n".utf8))
+            printError(
+                "statesyncd: node \(configuration.nodeID): the HTTP listener (http.listen \(configuration.httpListen ?? "-")) stopped: \(error)"
+            )
             throw ExitCode(1)
         }
         if let refusal = node.refusal {
-            FileHandle.standardError.write(
-                Data("statesyncd: node \(configuration.nodeID) stopped: \(refusal.message)\n".utf8))
+            printError("statesyncd: node \(configuration.nodeID) stopped: \(refusal.message)")
             throw ExitCode(2)
         }
     }
@@ -173,7 +181,8 @@ struct StateSyncDaemon: AsyncParsableCommand {
     /// On SIGHUP, re-reads the configuration file and applies its `security.*` keys (the other
     /// keys need a restart); a file or key that does not load changes nothing and is logged.
     static func reloadOnHangUp(
-        node: StateSyncNode, configFile: String?, authority: ViewerAuthority?, logger: Logger
+        node: StateSyncNode, running: NodeConfiguration, configFile: String?, authority: ViewerAuthority?,
+        logger: Logger
     ) -> any DispatchSourceSignal {
         signal(SIGHUP, SIG_IGN)
         let source = DispatchSource.makeSignalSource(signal: SIGHUP, queue: .global())
@@ -193,6 +202,26 @@ struct StateSyncDaemon: AsyncParsableCommand {
                         metadata: ["variables": "\(fromEnvironment.joined(separator: ","))"])
                 }
                 let reloaded = try NodeConfiguration.load(file: configFile)
+                // What else changed takes effect at the next start: said, not silently ignored.
+                var others = reloaded
+                others.security = running.security
+                if others != running {
+                    logger.warning(
+                        "SIGHUP: keys other than security.* changed in the file; they take effect when the node restarts",
+                        metadata: ["config": "\(configFile)"])
+                }
+                guard running.security != nil else {
+                    guard reloaded.security == nil else {
+                        throw StateSyncError(
+                            .invalidConfiguration,
+                            "\(configFile): sets security.*, but this node runs without it; turning security on needs a restart"
+                        )
+                    }
+                    logger.notice(
+                        "SIGHUP: this node runs without security; nothing to reload (only security.* is reloaded)",
+                        metadata: ["config": "\(configFile)"])
+                    return
+                }
                 guard var security = reloaded.security else {
                     throw StateSyncError(
                         .invalidConfiguration,
@@ -310,5 +339,23 @@ final class EarlyStop {
 
     func cancel() {
         for source in sources { source.cancel() }
+    }
+}
+
+/// Writes `line` and a newline to standard error, whatever becomes of it: a reader that went
+/// away (EPIPE, with SIGPIPE ignored) must not turn an exit code the unit acts on (2: do not
+/// restart) into a trap, as `FileHandle.write` does when the write fails.
+func printError(_ line: String) {
+    let bytes = Array((line + "\n").utf8)
+    var written = 0
+    while written < bytes.count {
+        let result = bytes.withUnsafeBytes { write(STDERR_FILENO, $0.baseAddress! + written, $0.count - written) }
+        if result > 0 {
+            written += result
+        } else if result < 0, errno == EINTR {
+            continue
+        } else {
+            return
+        }
     }
 }

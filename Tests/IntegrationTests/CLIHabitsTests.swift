@@ -261,6 +261,17 @@ struct CLIHabitsTests {
             #expect(result.status == 64, "\(arguments): \(result.stderr)")
             #expect(result.stderr.contains(expected), "\(arguments): \(result.stderr)")
         }
+        // A bare word gets the quoting hint; malformed JSON only the parser's reason, and a long
+        // one is quoted by its start (a 5 MB --stdin was echoed whole before).
+        let bare = try await cli(["set", "demo/x", "title=hello", "--daemon", unreachable])
+        #expect(bare.stderr.contains(#"a string needs JSON quotes: title='"hello"'"#), "\(bare.stderr)")
+        let malformed = try await cli(["set", "demo/x", #"v={"a":"#, "--daemon", unreachable])
+        #expect(malformed.status == 64 && !malformed.stderr.contains("needs JSON quotes"), "\(malformed.stderr)")
+        let long = try await cli([
+            "set", "demo/x", "v=[" + String(repeating: "1,", count: 5000), "--daemon", unreachable,
+        ])
+        #expect(long.status == 64 && long.stderr.contains("(10001 bytes)"), "\(long.stderr.prefix(300))")
+        #expect(long.stderr.utf8.count < 600, "one short line, not the value: \(long.stderr.utf8.count) bytes")
         for input in ["[1,2]", #"{"v": 1}"#] {
             let piped = try ChildProcess(
                 "/bin/sh",

@@ -27,6 +27,42 @@ struct DaemonOperationsTests {
         #expect(keys.stderr.contains("security.secret_key"), "\(keys.stderr)")
     }
 
+    /// An HTTP port in use is said before the node starts: exit 1, one line naming
+    /// `http.listen` and the address, the data directory not touched. Before, the node started,
+    /// stopped again, and the HTTP server's error named neither.
+    @Test func anHTTPPortInUseIsSaidBeforeTheNodeStarts() async throws {
+        let holder = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #expect(holder >= 0)
+        defer { close(holder) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                bind(holder, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+            }
+        }
+        #expect(bound == 0 && listen(holder, 1) == 0)
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        _ = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(holder, $0, &length) }
+        }
+        let port = Int(UInt16(bigEndian: address.sin_port))
+        let directory = temporaryPath("http-in-use")
+        let daemon = try ChildProcess(
+            "statesyncd", ["--config", "Config/node1.yaml"],
+            environment: [
+                "STATESYNC_NODE_DATA_DIR": directory, "STATESYNC_HTTP_LISTEN": "127.0.0.1:\(port)",
+                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
+                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_PEERS": "",
+            ])
+        #expect(await daemon.wait(timeout: .seconds(20)) == 1)
+        #expect(
+            daemon.stderr.contains("node node1: cannot bind http.listen 127.0.0.1:\(port): Address already in use"),
+            "\(daemon.stderr)")
+        #expect(!FileManager.default.fileExists(atPath: directory), "the node never started")
+    }
+
     static let systemdAnalyze = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"].first(
         where: FileManager.default.isExecutableFile)
 

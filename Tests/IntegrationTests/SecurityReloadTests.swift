@@ -71,6 +71,50 @@ struct SecurityReloadTests {
     }
 }
 
+/// SIGHUP on a node that runs without security: nothing to reload, said as such (not as an
+/// error about turning security off); a change of another key is said to need a restart.
+@Suite("SIGHUP without security")
+struct HangUpWithoutSecurityTests {
+    @Test func aHangUpSaysWhatItDidAndWhatNeedsARestart() async throws {
+        let directory = temporaryDirectory("hup-plain")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let api = "tcp://127.0.0.1:\(freePort())"
+        func config(heartbeat: Int) -> String {
+            """
+            node:
+              id: node1
+              data_dir: \(directory)/data
+            network:
+              publish: tcp://127.0.0.1:\(freePort())
+              api: \(api)
+              heartbeat_ms: \(heartbeat)
+            """
+        }
+        let path = "\(directory)/node1.yaml"
+        try config(heartbeat: 500).write(toFile: path, atomically: true, encoding: .utf8)
+        let daemon = try ChildProcess("statesyncd", ["--config", path])
+        do {
+            let client = try StateSyncClient(endpoint: api, requestTimeout: .milliseconds(500))
+            defer { client.close() }
+            try await waitUntil("the daemon answers") { (try? await client.status()) != nil }
+            daemon.signal(SIGHUP)
+            try await waitUntil("the reload is logged") { daemon.stderr.contains("nothing to reload") }
+            #expect(!daemon.stderr.contains("turning security off"), "\(daemon.stderr)")
+            #expect(!daemon.stderr.contains("take effect when the node restarts"), "the file did not change")
+            // (The publish port drawn again: that key changed too.)
+            try config(heartbeat: 250).write(toFile: path, atomically: true, encoding: .utf8)
+            daemon.signal(SIGHUP)
+            try await waitUntil("the other keys' change is logged") {
+                daemon.stderr.contains("take effect when the node restarts")
+            }
+            #expect(daemon.isRunning)
+        } catch {
+            Issue.record("\(error)\n\(daemon.stderr)")
+        }
+        #expect(await daemon.stop() == 0)
+    }
+}
+
 /// A peer's key pair rotated without stopping the others, and a peer removed from the trusted
 /// keys cut off at once (docs/PROTOCOL.md section 14, README "Rotating keys"): three real
 /// daemons, `kill -HUP`, a restart of the rotating node with its data.

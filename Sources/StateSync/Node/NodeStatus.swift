@@ -147,7 +147,14 @@ public struct NodeStatus: Sendable, Equatable {
     public var notReadyReasons: [String] {
         var reasons: [String] = []
         let gone = Set(members.filter { !$0.isExpected }.map(\.id))
-        var down = Set(peers.filter { !$0.connected && !gone.contains($0.node ?? "") }.map { $0.node ?? $0.endpoint })
+        // A peer not heard in this run is named by its member entry's id when it has one (else the
+        // same node would be listed twice: by id as a member, by endpoint as a peer).
+        let byEndpoint = Dictionary(
+            members.map { ($0.publishEndpoint, $0.id) }, uniquingKeysWith: { first, _ in first })
+        var down = Set(
+            peers.filter { !$0.connected && !gone.contains($0.node ?? byEndpoint[$0.endpoint] ?? "") }.map {
+                $0.node ?? byEndpoint[$0.endpoint] ?? $0.endpoint
+            })
         for member in members where member.id != node && !gone.contains(member.id) && !member.connected {
             down.insert(member.id)
         }

@@ -79,6 +79,9 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
             )
         }
         lockDescriptor = fd
+        // A file written aside and never renamed into place (a stop on a full disk, a crash in
+        // the middle of a write) is of no use: the one it was to replace is still there.
+        for name in [Self.snapshotName, Self.membersName, Self.reservationName] { unlink(path + "/" + name + ".tmp") }
     }
 
     /// Releases the directory for another node. Idempotent.
@@ -376,8 +379,14 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         let fd = open(temporary, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
         guard fd >= 0 else { throw Self.ioError("open", temporary) }
         defer { Glibc.close(fd) }
-        try Self.write(bytes, to: fd, path: temporary)
-        guard fsync(fd) == 0 else { throw Self.ioError("fsync", temporary) }
+        do throws(StateSyncError) {
+            try Self.write(bytes, to: fd, path: temporary)
+            guard fsync(fd) == 0 else { throw Self.ioError("fsync", temporary) }
+        } catch {
+            // Not left behind on a full disk, where its octets are what is missing.
+            unlink(temporary)
+            throw error
+        }
         return temporary
     }
 

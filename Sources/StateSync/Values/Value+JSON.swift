@@ -8,7 +8,11 @@ extension Value {
         public let text: String
         /// Why.
         public let reason: String
-        public var description: String { "'\(text)' is not valid JSON: \(reason)" }
+        public var description: String {
+            // A long text (a file, standard input) is quoted by its start only: one line.
+            let shown = text.count <= 80 ? text : "\(text.prefix(60))… (\(text.utf8.count) bytes)"
+            return "'\(shown)' is not valid JSON: \(reason)"
+        }
     }
 
     /// Parses one JSON value (any JSON, including a bare string, number or `null`).

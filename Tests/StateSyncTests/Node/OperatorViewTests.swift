@@ -31,6 +31,14 @@ struct OperatorViewTests {
                 .notReadyReasons.isEmpty, "this node's own entry is never 'not connected'")
         let down = Self.status(peers: [("node2", false)], members: [("node3", "down", false)]).notReadyReasons
         #expect(down == ["peers not connected: node2, node3"], "a configured peer and a learned member")
+        // A configured peer not heard in this run (its id unknown to the peer list) is the member
+        // with its publish endpoint: named once, by its id (a helper saw each peer twice).
+        var unheard = Self.status(peers: [("node2", false)], members: [("node2", "down", false)])
+        unheard.peers[0].node = nil
+        unheard.members[0].publishEndpoint = "tcp://h:node2"
+        #expect(unheard.notReadyReasons == ["peers not connected: node2"])
+        unheard.members = []
+        #expect(unheard.notReadyReasons == ["peers not connected: tcp://h:node2"], "no member entry: its endpoint")
         #expect(
             Self.status(peers: [("node2", false)], members: [("node2", "left", false), ("node3", "forgotten", false)])
                 .notReadyReasons.isEmpty, "members that left or were forgotten are not waited for")

@@ -95,4 +95,22 @@ struct SequenceReservationTests {
             writer.bytes + (0..<4).reversed().map { UInt8(truncatingIfNeeded: checksum >> (8 * UInt32($0))) }
         #expect(throws: WireError.self) { try SequenceReservation.decode(disordered) }
     }
+
+    /// A file written aside and never renamed into place (a stop on a full disk: the snapshot's
+    /// write failed) is removed when a node takes the directory; the files it was to replace stay.
+    @Test func filesWrittenAsideAndNeverRenamedAreRemovedAtStart() throws {
+        let path = temporaryDirectory("aside")
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        var warnings: [String] = []
+        _ = try Self.reopened(path, warnings: &warnings)
+        for name in ["state.snapshot.tmp", "members.tmp", "sequence.reserved.tmp"] {
+            #expect(FileManager.default.createFile(atPath: path + "/" + name, contents: Data(count: 4096)))
+        }
+        _ = try Self.reopened(path, warnings: &warnings)
+        for name in ["state.snapshot.tmp", "members.tmp", "sequence.reserved.tmp"] {
+            #expect(!FileManager.default.fileExists(atPath: path + "/" + name), "\(name)")
+        }
+        #expect(FileManager.default.fileExists(atPath: path + "/deltas.log"))
+        #expect(warnings.isEmpty)
+    }
 }
