@@ -593,6 +593,9 @@ final class ZeroMQTransport: NodeTransport {
         for (_, link) in links { link.socket.close() }
         publisher.close()
         for (_, subscriber) in subscribers { subscriber.close() }
+        // The last replies (a write's OK, the ERROR that ends each watch at a stop) get a moment
+        // to leave: with linger 0 libzmq would drop what its I/O thread had not sent yet.
+        try? router.setLinger(milliseconds: 200)
         router.close()
         zap?.close()
         for monitor in monitors { monitor.close() }

@@ -170,6 +170,37 @@ struct CLIHabitsTests {
         #expect(await daemon.stop() == 0)
     }
 
+    /// A node that stops cleanly ends its watches with an ERROR saying so, after what it had to
+    /// send: `statesync watch` prints every change, then that line and where to resume, and exits
+    /// 1. Before, the watch learnt of it only when a liveness PING went unanswered (5 s later,
+    /// "no answer to a liveness ping").
+    @Test func aWatchIsToldWhenItsNodeStops() async throws {
+        let directory = temporaryDirectory("watch-node-stops")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let (daemon, api) = try Self.daemon(data: "\(directory)/data")
+        do {
+            try await waitUntil("the daemon answers") {
+                try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0
+            }
+            let watch = try ChildProcess("statesync", ["watch", "demo", "--json", "--daemon", api])
+            defer { watch.signal(SIGKILL) }
+            let client = try StateSyncClient(endpoint: api)
+            defer { client.close() }
+            try await waitUntil("the watch is registered") { (try? await client.status().watchers) == 1 }
+            for i in 1...3 {
+                try await client.set(ModelAddress(channel: "demo", model: "m\(i)"), ["v": .int(Int64(i))])
+            }
+            #expect(await daemon.stop() == 0)
+            #expect(await watch.wait(timeout: .seconds(20)) == 1)
+            #expect(watch.stdout.split(separator: "\n").count == 3, "every change first: \(watch.stdout)")
+            #expect(watch.stderr.contains("is stopping: this watch ends here; resume with --from "), "\(watch.stderr)")
+            #expect(!watch.stderr.contains("liveness ping"), "\(watch.stderr)")
+        } catch {
+            Issue.record("\(error)\n\(daemon.stderr)")
+            _ = await daemon.stop()
+        }
+    }
+
     /// A watch whose standard output is no longer read (a paused pager, a stalled pipe) still
     /// ends on SIGINT: it gives the lines it cannot write a second, then exits and says so.
     @Test func aWatchWhoseOutputIsNotReadStillEndsOnSIGINT() async throws {

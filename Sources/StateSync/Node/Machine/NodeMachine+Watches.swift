@@ -233,6 +233,23 @@ extension NodeMachine {
 
     /// Sends every watch what it is owed (as far as its client's queue takes it: see
     /// ``watchEventsSent(_:accepted:clientGone:)``).
+    /// The node stops: each watch is sent what it is owed that its client's queue takes, then an
+    /// ERROR (code 5) that ends it and says why (section 10.5.9), so that its client resumes it
+    /// elsewhere at once instead of when a PING goes unanswered (5 s).
+    mutating func endWatchesAtStop() {
+        pumpWatches()
+        for key in watches.order {
+            guard watches[key] != nil else { continue }
+            let body = ClientProtocol.encodeError(
+                .internal,
+                "node \(configuration.nodeID) is stopping: this watch ends here"
+            )
+            actions.append(
+                .reply(client: key.client, frames: ClientProtocol.encodeReply(.error, id: key.requestID, body: body)))
+            removeWatch(key)
+        }
+    }
+
     mutating func pumpWatches() {
         // A write's OK goes before its watch events, also when it waited for the round's end
         // (a pump in the middle of a round, after a sync or a reservation, sends what it holds

@@ -420,6 +420,7 @@ package struct NodeMachine: Sendable {
             publishReserved()
             requestSync(force: true)
             leaveIfDrained()
+            endWatchesAtStop()
         }
         saveMembersIfChanged()
         let result = actions
