@@ -212,6 +212,28 @@ struct MembershipMachineTests {
         #expect(node.machine.status(now: node.now).members[0].state == "down")
     }
 
+    /// A member that left and comes back (its new entry, alive) is alive from the moment this
+    /// node learns it, until its silence says otherwise; not `down` until its first HEARTBEAT,
+    /// counted from the last one before it left (a helper saw `left → down → alive` when a
+    /// stopped node restarted: a peer-down alert that blips).
+    @Test func aMemberBackFromLeavingIsAliveNotDownUntilHeard() {
+        var node = Self.hearingN2AndN3()
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2",
+                frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100), Self.member("n3", .left, at: 200)])))
+        func n3() -> String? { node.machine.status(now: node.now).members.first { $0.id == "n3" }?.state }
+        #expect(n3() == "left")
+        node.advance(10_000)
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2",
+                frames: Self.heartbeat("n2", members: [Self.member("n2", at: 100), Self.member("n3", at: 10_300)])))
+        #expect(n3() == "alive", "learned alive just now")
+        node.advance(400)
+        #expect(n3() == "suspect", "and silent since")
+    }
+
     /// A member that left loses its links, and its deltas that no remaining peer holds are no
     /// longer awaited; when it comes back alive it is linked again.
     @Test func aMemberThatLeftIsUnlinkedAndNoLongerAwaited() {

@@ -132,9 +132,11 @@ extension NodeMachine {
         // the member hears of it, and it would never drop its state (section 7.5). Back, it
         // hears this node's list, drops its state and answers with its own entry.
         if member.state != .forgotten, !fromItself, membership.members[member.id]?.state == .forgotten { return }
+        let wasAway = membership.members[member.id].map { $0.state != .alive } ?? false
         guard membership.merge(member) else { return }
         counters.membershipUpdates += 1
         sendListOnNextHeartbeats()
+        if member.state == .alive, wasAway { aliveAgainAt[member.id] = now }
         if member.state == .alive {
             link(member, at: dialAt ?? member.publish)
         } else {
@@ -428,14 +430,16 @@ extension NodeMachine {
         }
         return membership.sorted.map { member in
             let heard = lastHeard[member.id] ?? departedLastHeard[member.id]
+            // Back after it left: silent since it said so, not since its last HEARTBEAT before.
+            let silentSince = [heard, aliveAgainAt[member.id]].compactMap { $0 }.max()
             let isSelf = member.id == configuration.nodeID
             let state: String
             switch member.state {
             case .alive where isSelf: state = "alive"
             case .alive:
-                if let heard, now &- heard <= 3 * interval {
+                if let silentSince, now &- silentSince <= 3 * interval {
                     state = "alive"
-                } else if let heard, now &- heard < peerSilenceLimit {
+                } else if let silentSince, now &- silentSince < peerSilenceLimit {
                     state = "suspect"
                 } else {
                     state = "down"

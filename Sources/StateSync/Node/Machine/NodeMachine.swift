@@ -54,6 +54,10 @@ package struct NodeMachine: Sendable {
     var learnedPeerIDs: [String: String] = [:]
     /// When each member whose links were dropped (it left, or was forgotten) was last heard.
     var departedLastHeard: [String: UInt64] = [:]
+    /// When each member that had left (or was forgotten) was learned to be alive again: it counts
+    /// as alive from then until its silence says otherwise, not `down` from its last HEARTBEAT
+    /// before it left until its first one after it is back.
+    var aliveAgainAt: [String: UInt64] = [:]
     /// Configured peer endpoints whose links were dropped because their member left (not
     /// forgotten), with that member's id: dialled again if the node is left linked to no peer.
     var droppedConfiguredPeers: [String: String] = [:]
