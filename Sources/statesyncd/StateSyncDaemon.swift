@@ -120,6 +120,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
         // With `http.listen`: one Prometheus registry for the process, filled through swift-metrics.
         let exporter = configuration.httpListen.map { _ in MetricsExporter() }
         if let exporter { MetricsSystem.bootstrap(exporter.factory) }
+        Self.warnAboutUnresolvedPeers(configuration, logger: logger)
         if let listen = configuration.httpListen {
             do {
                 try HTTPListener.checkBindable(listen)
@@ -240,6 +241,34 @@ struct StateSyncDaemon: AsyncParsableCommand {
         }
         source.resume()
         return source
+    }
+
+    /// A configured peer whose host name does not resolve is dialled until it does (libzmq says
+    /// nothing meanwhile, and `status` shows it as a peer never seen): said at start, once.
+    static func warnAboutUnresolvedPeers(_ configuration: NodeConfiguration, logger: Logger) {
+        for endpoint in configuration.peers {
+            guard endpoint.hasPrefix("tcp://"), let colon = endpoint.lastIndex(of: ":") else { continue }
+            var host = String(endpoint[endpoint.index(endpoint.startIndex, offsetBy: 6)..<colon])
+            if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+            var hints = addrinfo()
+            hints.ai_flags = AI_NUMERICHOST
+            var found: UnsafeMutablePointer<addrinfo>?
+            if getaddrinfo(host, nil, &hints, &found) == 0 {
+                freeaddrinfo(found)
+                continue  // an address, not a name
+            }
+            hints.ai_flags = 0
+            let resolved = getaddrinfo(host, nil, &hints, &found)
+            if resolved == 0 {
+                freeaddrinfo(found)
+                continue
+            }
+            logger.warning(
+                "a configured peer's host name does not resolve; the node dials it until it does",
+                metadata: [
+                    "peer.endpoint": "\(endpoint)", "error": "\(String(cString: gai_strerror(resolved)))",
+                ])
+        }
     }
 
     /// The test harness's fault injection (docs/PROTOCOL.md, Appendix C): read here, by the

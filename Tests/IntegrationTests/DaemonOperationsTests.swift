@@ -63,6 +63,26 @@ struct DaemonOperationsTests {
         #expect(!FileManager.default.fileExists(atPath: directory), "the node never started")
     }
 
+    /// A configured peer whose host name does not resolve is said at start (libzmq dials it
+    /// silently, and `status` shows only a peer never seen); the node runs on and dials it.
+    @Test func aPeerHostThatDoesNotResolveIsSaid() async throws {
+        let directory = temporaryPath("unresolved-peer")
+        let daemon = try ChildProcess(
+            "statesyncd", ["--config", "Config/node1.yaml"],
+            environment: [
+                "STATESYNC_NODE_DATA_DIR": directory, "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
+                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(freePort())",
+                "STATESYNC_NETWORK_PEERS": "tcp://no-such-host.invalid:7002",
+            ])
+        try await waitUntil("the warning is logged") {
+            daemon.stderr.contains("a configured peer's host name does not resolve")
+        }
+        #expect(daemon.stderr.contains("tcp://no-such-host.invalid:7002"), "\(daemon.stderr)")
+        #expect(daemon.isRunning)
+        #expect(await daemon.stop() == 0)
+        try? FileManager.default.removeItem(atPath: directory)
+    }
+
     static let systemdAnalyze = ["/usr/bin/systemd-analyze", "/bin/systemd-analyze"].first(
         where: FileManager.default.isExecutableFile)
 
