@@ -581,7 +581,7 @@ extension StateSyncCLI {
             case .resyncStarted(let reason):
                 let why =
                     switch reason {
-                    case .lagged: "this watch fell behind the node's history"
+                    case .lagged: "this watch fell behind the node's history, or the node merged a peer's snapshot"
                     case .historyGone: "the node's history no longer reaches back to the cursor"
                     case .reset:
                         "the node dropped its state and took a peer's (it was forgotten); values can go back or away"
