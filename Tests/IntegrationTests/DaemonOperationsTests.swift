@@ -27,6 +27,17 @@ struct DaemonOperationsTests {
         #expect(keys.stderr.contains("security.secret_key"), "\(keys.stderr)")
     }
 
+    /// `statesyncd` on `Config/node1.yaml`, its data in `data`, on free loopback ports, with
+    /// `environment` on top.
+    static func node1(data: String, _ environment: [String: String]) throws -> ChildProcess {
+        try ChildProcess(
+            "statesyncd", ["--config", "Config/node1.yaml"],
+            environment: [
+                "STATESYNC_NODE_DATA_DIR": data, "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
+                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(freePort())",
+            ].merging(environment) { _, given in given })
+    }
+
     /// An HTTP port in use is said before the node starts: exit 1, one line naming
     /// `http.listen` and the address, the data directory not touched. Before, the node started,
     /// stopped again, and the HTTP server's error named neither.
@@ -49,13 +60,8 @@ struct DaemonOperationsTests {
         }
         let port = Int(UInt16(bigEndian: address.sin_port))
         let directory = temporaryPath("http-in-use")
-        let daemon = try ChildProcess(
-            "statesyncd", ["--config", "Config/node1.yaml"],
-            environment: [
-                "STATESYNC_NODE_DATA_DIR": directory, "STATESYNC_HTTP_LISTEN": "127.0.0.1:\(port)",
-                "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
-                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(freePort())", "STATESYNC_NETWORK_PEERS": "",
-            ])
+        let daemon = try Self.node1(
+            data: directory, ["STATESYNC_HTTP_LISTEN": "127.0.0.1:\(port)", "STATESYNC_NETWORK_PEERS": ""])
         #expect(await daemon.wait(timeout: .seconds(20)) == 1)
         #expect(
             daemon.stderr.contains("node node1: cannot bind http.listen 127.0.0.1:\(port): Address already in use"),
@@ -67,13 +73,7 @@ struct DaemonOperationsTests {
     /// silently, and `status` shows only a peer never seen); the node runs on and dials it.
     @Test func aPeerHostThatDoesNotResolveIsSaid() async throws {
         let directory = temporaryPath("unresolved-peer")
-        let daemon = try ChildProcess(
-            "statesyncd", ["--config", "Config/node1.yaml"],
-            environment: [
-                "STATESYNC_NODE_DATA_DIR": directory, "STATESYNC_NETWORK_PUBLISH": "tcp://127.0.0.1:\(freePort())",
-                "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(freePort())",
-                "STATESYNC_NETWORK_PEERS": "tcp://no-such-host.invalid:7002",
-            ])
+        let daemon = try Self.node1(data: directory, ["STATESYNC_NETWORK_PEERS": "tcp://no-such-host.invalid:7002"])
         try await waitUntil("the warning is logged") {
             daemon.stderr.contains("a configured peer's host name does not resolve")
         }

@@ -16,10 +16,14 @@ struct DiskFullTests {
         return ran?.status ?? -1
     }
 
-    @Test(.enabled(if: canMount, "needs root to mount a tmpfs"))
-    func writesAreRefusedWhileTheDiskIsFullAndTakenAgainAfter() async throws {
+    /// A node whose data directory is on a tmpfs of `size` (mount's form: `8m`), with
+    /// `reserveBytes`, and a client of it, given to `body`; everything is undone after.
+    static func onTmpfs(
+        size: String, reserveBytes: Int,
+        _ body: (_ node: StateSyncNode, _ client: StateSyncClient, _ mountPoint: String) async throws -> Void
+    ) async throws {
         let mountPoint = temporaryDirectory("tmpfs")
-        try #require(Self.run(["/usr/bin/mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", mountPoint]) == 0)
+        try #require(Self.run(["/usr/bin/mount", "-t", "tmpfs", "-o", "size=\(size)", "tmpfs", mountPoint]) == 0)
         defer {
             _ = Self.run(["/usr/bin/umount", mountPoint])
             try? FileManager.default.removeItem(atPath: mountPoint)
@@ -27,11 +31,21 @@ struct DiskFullTests {
         var configuration = NodeConfiguration(
             nodeID: "node1", dataDirectory: "\(mountPoint)/data", publishEndpoint: "tcp://127.0.0.1:\(freePort())",
             peers: [], apiEndpoint: "tcp://127.0.0.1:\(freePort())", heartbeatIntervalMilliseconds: 50)
-        configuration.reserveBytes = 4 << 20
+        configuration.reserveBytes = reserveBytes
         let node = try await StateSyncNode.start(configuration: configuration)
         do {
             let client = try StateSyncClient(endpoint: try #require(node.apiEndpoint), requestTimeout: .seconds(5))
             defer { client.close() }
+            try await body(node, client, mountPoint)
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
+
+    @Test(.enabled(if: canMount, "needs root to mount a tmpfs"))
+    func writesAreRefusedWhileTheDiskIsFullAndTakenAgainAfter() async throws {
+        try await Self.onTmpfs(size: "8m", reserveBytes: 4 << 20) { node, client, mountPoint in
             let address = ModelAddress(channel: "c", model: "m")
             _ = try await client.set(address, [PropertyWrite(name: "x", value: 1)])
             // Fill the file system past the reserve.
@@ -50,10 +64,7 @@ struct DiskFullTests {
             _ = try await client.set(address, [PropertyWrite(name: "x", value: 3)])
             #expect(try await client.get(address)["x"]?.value == 3)
             #expect(node.status.counters["disk_full_episodes"] == 1)
-        } catch {
-            Issue.record(error)
         }
-        await node.stop()
     }
 
     /// A write the disk cannot hold above its reserve is refused (ERROR 9) even while the disk
@@ -63,20 +74,7 @@ struct DiskFullTests {
     /// not be acknowledged): a helper's trial, a 2 MB SET with 1.2 MB free, a 1 MiB reserve.
     @Test(.enabled(if: canMount, "needs root to mount a tmpfs"))
     func aWriteLargerThanTheFreeSpaceIsRefusedAndTheNodeRunsOn() async throws {
-        let mountPoint = temporaryDirectory("tmpfs")
-        try #require(Self.run(["/usr/bin/mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", mountPoint]) == 0)
-        defer {
-            _ = Self.run(["/usr/bin/umount", mountPoint])
-            try? FileManager.default.removeItem(atPath: mountPoint)
-        }
-        var configuration = NodeConfiguration(
-            nodeID: "node1", dataDirectory: "\(mountPoint)/data", publishEndpoint: "tcp://127.0.0.1:\(freePort())",
-            peers: [], apiEndpoint: "tcp://127.0.0.1:\(freePort())", heartbeatIntervalMilliseconds: 50)
-        configuration.reserveBytes = 1 << 20
-        let node = try await StateSyncNode.start(configuration: configuration)
-        do {
-            let client = try StateSyncClient(endpoint: try #require(node.apiEndpoint), requestTimeout: .seconds(5))
-            defer { client.close() }
+        try await Self.onTmpfs(size: "6m", reserveBytes: 1 << 20) { node, client, _ in
             let address = ModelAddress(channel: "c", model: "m")
             _ = try await client.set(address, [PropertyWrite(name: "x", value: 1)])
             let big = Value.bytes([UInt8](repeating: 7, count: 8 << 20))
@@ -100,9 +98,6 @@ struct DiskFullTests {
             #expect(refused > 0, "12 × 512 KiB do not fit in 6 MiB with a 1 MiB reserve")
             _ = try await client.set(address, [PropertyWrite(name: "x", value: 2)])
             #expect(try await client.get(address)["x"]?.value == 2, "the node runs on and takes what fits")
-        } catch {
-            Issue.record(error)
         }
-        await node.stop()
     }
 }
