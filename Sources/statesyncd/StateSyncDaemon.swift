@@ -204,9 +204,14 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 }
                 let reloaded = try NodeConfiguration.load(file: configFile)
                 // What else changed takes effect at the next start: said, not silently ignored.
+                // (The peers compared as a set: a file that lists them in another order
+                // changes nothing.)
                 var others = reloaded
                 others.security = running.security
-                if others != running {
+                others.peers = others.peers.sorted()
+                var current = running
+                current.peers = current.peers.sorted()
+                if others != current {
                     logger.warning(
                         "SIGHUP: keys other than security.* changed in the file; they take effect when the node restarts",
                         metadata: ["config": "\(configFile)"])
