@@ -19,6 +19,8 @@ public final class SimulatedDisk: NodeStorage {
         var bytesAppended = 0
         var appends = 0
         var freeBytes: UInt64?
+        /// A damaged log was cut and the node has not settled since (``logDamageSettled()``).
+        var logDamageMarked = false
         /// The sequence reservation (written durably at once) and the boot it was made in.
         var reservation: SequenceReservation?
         /// The boot of the simulated OS: a power loss starts a new one.
@@ -54,7 +56,10 @@ public final class SimulatedDisk: NodeStorage {
         var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: parsed.deltas, cutBytes: parsed.cutBytes, cutReason: parsed.cutReason,
             logSize: intact)
-        recovery.logDamaged = parsed.damaged
+        recovery.logDamaged = state.withLock { state in
+            if parsed.damaged { state.logDamageMarked = true }
+            return state.logDamageMarked
+        }
         recovery.members = (membersBytes.flatMap { try? Membership.decodeFile($0) }) ?? []
         let (reservation, boot) = state.withLock { ($0.reservation, $0.boot) }
         if let reservation {
@@ -84,6 +89,13 @@ public final class SimulatedDisk: NodeStorage {
             return false
         }
     }
+
+    package func logDamageSettled() {
+        state.withLock { $0.logDamageMarked = false }
+    }
+
+    /// Whether a damaged log was cut and its node has not settled since.
+    package var logDamageMarked: Bool { state.withLock { $0.logDamageMarked } }
 
     package func saveMembers(_ bytes: [UInt8]) throws(StateSyncError) {
         state.withLock { $0.members = bytes }

@@ -662,7 +662,7 @@ extension StateSyncCLI {
                 configured peer and known member (but those that left or were forgotten) connected, \
                 every connected peer knowing this node (it takes a peer's deltas only then, \
                 docs/PROTOCOL.md 7.5), no deltas known but missing, the disk not full, and not \
-                settling after a power loss (docs/PROTOCOL.md 11.2). The HTTP listener's /readyz says \
+                settling after a power loss or a damaged log (docs/PROTOCOL.md 11.2). The HTTP listener's /readyz says \
                 the same.
                 """)
 

@@ -120,7 +120,9 @@ struct StateSyncDaemon: AsyncParsableCommand {
         // With `http.listen`: one Prometheus registry for the process, filled through swift-metrics.
         let exporter = configuration.httpListen.map { _ in MetricsExporter() }
         if let exporter { MetricsSystem.bootstrap(exporter.factory) }
-        Self.warnAboutUnresolvedPeers(configuration, logger: logger)
+        // Off the start's path: with DNS down, each look-up can take the resolver's timeout.
+        let peersToResolve = configuration
+        Task.detached { Self.warnAboutUnresolvedPeers(peersToResolve, logger: logger) }
         if let listen = configuration.httpListen {
             do {
                 try HTTPListener.checkBindable(listen)

@@ -289,6 +289,11 @@ struct DurabilityTests {
                 }
             }
             #expect(daemons.logs().contains("the log is damaged where it was durable"))
+            // The cut octets are kept aside, and no longer as the record that it must settle.
+            let files = try FileManager.default.contentsOfDirectory(
+                atPath: nodes[0].environment["STATESYNC_NODE_DATA_DIR"]!)
+            #expect(!files.contains("deltas.log.damaged"), "\(files)")
+            #expect(files.contains { $0.hasPrefix("deltas.log.damaged-") }, "\(files)")
         } catch {
             Issue.record("\(error)\n\(daemons.logs())")
         }

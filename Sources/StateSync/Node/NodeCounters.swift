@@ -38,6 +38,9 @@ public struct NodeCounters: Sendable, Equatable {
     public var deltasBeforeKnown = 0
     /// Times the data directory's free space fell under `storage.reserve_bytes`.
     public var diskFullEpisodes = 0
+    /// Client writes refused (ERROR 9) because the free space above the reserve could not hold
+    /// them, the disk not yet under its reserve.
+    public var writesRefusedForSpace = 0
     /// Peer HEARTBEATs whose API was on another host than their stream: not dialled.
     public var foreignRepairEndpoints = 0
     /// Well-formed messages from peers' live streams (HEARTBEATs and DELTA messages, a batch
@@ -116,7 +119,8 @@ public struct NodeCounters: Sendable, Equatable {
             ("subscribers_connected", subscribersConnected),
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
             ("deltas_before_known", deltasBeforeKnown),
-            ("disk_full_episodes", diskFullEpisodes), ("foreign_repair_endpoints", foreignRepairEndpoints),
+            ("disk_full_episodes", diskFullEpisodes), ("writes_refused_for_space", writesRefusedForSpace),
+            ("foreign_repair_endpoints", foreignRepairEndpoints),
             ("membership_updates", membershipUpdates), ("announces_sent", announcesSent),
             ("peer_messages_received", peerMessagesReceived), ("snapshot_pages_served", snapshotPagesServed),
             ("delta_messages_published", deltaMessagesPublished),

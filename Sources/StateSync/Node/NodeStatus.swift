@@ -149,8 +149,10 @@ public struct NodeStatus: Sendable, Equatable {
         let gone = Set(members.filter { !$0.isExpected }.map(\.id))
         // A peer not heard in this run is named by its member entry's id when it has one (else the
         // same node would be listed twice: by id as a member, by endpoint as a peer).
+        // (Members that left or were forgotten are not among them: a node replaced under a new
+        // id at the same address would hide the one configured there.)
         let byEndpoint = Dictionary(
-            members.map { ($0.publishEndpoint, $0.id) }, uniquingKeysWith: { first, _ in first })
+            members.filter(\.isExpected).map { ($0.publishEndpoint, $0.id) }, uniquingKeysWith: { first, _ in first })
         var down = Set(
             peers.filter { !$0.connected && !gone.contains($0.node ?? byEndpoint[$0.endpoint] ?? "") }.map {
                 $0.node ?? byEndpoint[$0.endpoint] ?? $0.endpoint
@@ -169,7 +171,7 @@ public struct NodeStatus: Sendable, Equatable {
         if diskFull { reasons.append("disk nearly full: writes are refused") }
         if settling {
             reasons.append(
-                "settling after a power loss: \(writesHeld) writes held until every peer said which of this node's deltas it holds"
+                "settling (after a power loss or a damaged log): \(writesHeld) writes held until every peer said which of this node's deltas it holds"
             )
         }
         return reasons

@@ -195,16 +195,18 @@ public final class StateSyncNode: Sendable {
         // Arrays stay small, and peers get the first writes of a long queue while the rest is
         // logged.
         for round in rounds { handle(.localRound(round), now: now, via: transport) }
+        handle(input, now: now, via: transport)
+        switch input {
+        case .tick, .stop: flushLog()
+        default: break
+        }
+        // Measured once what was taken is with the storage: the writes counted against the
+        // free space since the last measurement are in it now.
         if case .tick = input, now &- lastSpaceCheck.load(ordering: .relaxed) >= Self.spaceCheckInterval {
             lastSpaceCheck.store(now, ordering: .relaxed)
             if let available = storage.availableBytes() {
                 handle(.diskSpace(availableBytes: available), now: now, via: transport)
             }
-        }
-        handle(input, now: now, via: transport)
-        switch input {
-        case .tick, .stop: flushLog()
-        default: break
         }
     }
 
@@ -357,6 +359,8 @@ public final class StateSyncNode: Sendable {
                     "statesyncd: cannot record the sequence reservation (\(error)); stopping before publishing writes")
             }
             return .sequencesReserved(through: through)
+        case .logDamageSettled:
+            storage.logDamageSettled()
         case .saveMembers(let bytes):
             do {
                 try storage.saveMembers(bytes)

@@ -81,11 +81,24 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         lockDescriptor = fd
         // A file written aside and never renamed into place (a stop on a full disk, a crash in
         // the middle of a write) is of no use: the one it was to replace is still there.
-        for name in [Self.snapshotName, Self.membersName, Self.reservationName] { unlink(path + "/" + name + ".tmp") }
+        for name in [Self.snapshotName, Self.membersName, Self.reservationName, Self.logName] {
+            unlink(path + "/" + name + ".tmp")
+        }
     }
 
     /// Releases the directory for another node. Idempotent.
     package func close() { unlock() }
+
+    /// Renames the damaged log's octets aside (`deltas.log.damaged-<milliseconds>`, kept for
+    /// whoever looks into them): the next start has nothing to settle. Best effort: a failure
+    /// makes the next start settle once more.
+    package func logDamageSettled() {
+        let marker = path + "/" + Self.logName + DeltaLog.damagedSuffix
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let milliseconds = Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+        if rename(marker, "\(marker)-\(milliseconds)") == 0 { try? syncDirectory() }
+    }
 
     /// The bytes an unprivileged writer may still use on the directory's file system
     /// (`statvfs`: free blocks × fragment size), `nil` if it cannot be read.
@@ -120,7 +133,10 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         var recovery = NodeMachine.Recovery(
             snapshot: snapshot, deltas: recovered.deltas, cutBytes: recovered.cutBytes,
             cutReason: recovered.cutReason, logSize: log.size)
-        recovery.logDamaged = recovered.damaged
+        // Damage found now, or found earlier by a start that stopped before it settled.
+        recovery.logDamaged =
+            recovered.damaged
+            || FileManager.default.fileExists(atPath: path + "/" + Self.logName + DeltaLog.damagedSuffix)
         let members = path + "/" + Self.membersName
         if let data = FileManager.default.contents(atPath: members) {
             do {

@@ -59,6 +59,10 @@ package final class DeltaLog: @unchecked Sendable {
     /// One step of zeros, written to grow the file.
     private static let zeros = [UInt8](repeating: 0, count: preallocationStep)
 
+    /// The file beside the log that keeps the octets cut from a damaged log, and says that the
+    /// node has not settled since (``recover()``).
+    package static let damagedSuffix = ".damaged"
+
     /// What recovery found.
     package struct Recovery {
         package var deltas: [Delta] = []
@@ -66,10 +70,10 @@ package final class DeltaLog: @unchecked Sendable {
         /// (preallocated space) is not counted.
         package var cutBytes = 0
         package var cutReason: String?
-        /// Whether what was cut reaches past the end the first bad record declares: records
-        /// were written after it, so it was damaged where the log had been durable (a bad disk,
-        /// a flipped byte), not torn by a crash in the middle of the last write, and what was
-        /// cut may hold acknowledged writes.
+        /// Whether what was cut holds an intact record after the first bad one: records were
+        /// written after it, so it was damaged where the log had been durable (a bad disk, a
+        /// flipped byte), not torn by a crash in the middle of the last write, and what was cut
+        /// may hold acknowledged writes.
         package var damaged = false
         /// Where the intact records end.
         package var end = 0
@@ -104,6 +108,18 @@ package final class DeltaLog: @unchecked Sendable {
         let bytes = [UInt8](data)
         let recovery = try Self.parse(bytes, path: path)
         isFirstFormat = recovery.isFirstFormat
+        // Damage (not a torn tail) is kept before it is cut: its octets, for whoever looks into
+        // it, and the file as the record that the node must settle, until it has (a restart in
+        // between finds the log intact, and would not know). One already there is kept.
+        let damaged = path + Self.damagedSuffix
+        if recovery.damaged, access(damaged, F_OK) != 0 {
+            let cut = Array(bytes[recovery.end..<(recovery.end + recovery.cutBytes)])
+            let fd = open(damaged, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
+            guard fd >= 0 else { throw Self.error("create", damaged) }
+            defer { Glibc.close(fd) }
+            let written = cut.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
+            guard written == cut.count, fsync(fd) == 0 else { throw Self.error("write", damaged) }
+        }
         if recovery.end < bytes.count {
             guard ftruncate(descriptor, off_t(recovery.end)) == 0 else { throw Self.error("truncate", path) }
             size = recovery.end
@@ -145,10 +161,14 @@ package final class DeltaLog: @unchecked Sendable {
         if let last = bytes[offset...].lastIndex(where: { $0 != 0 }) {
             recovery.cutBytes = last + 1 - offset
             if recovery.cutReason == nil { recovery.cutReason = "a record has a zero length" }
-            // A torn write leaves the last record short, with nothing after it.
-            if offset + 8 <= bytes.count {
-                let declaredEnd = offset + 8 + Int(uint32(bytes, at: offset))
-                recovery.damaged = declaredEnd <= last
+            // A torn write leaves the last record short, with nothing intact after it: an intact
+            // record found past the bad one (its checksum holds) was written after it, so the
+            // log was damaged where it had been durable. (Looked for byte by byte, since the bad
+            // record's length may be what was damaged, over at most 4 MiB.)
+            let limit = min(last + 1, offset + (4 << 20))
+            var ignored: String?
+            recovery.damaged = (offset + 1..<limit).contains { start in
+                Self.record(in: bytes, at: start, checksum: checksum, reason: &ignored) != nil
             }
         }
         return recovery

@@ -23,6 +23,9 @@ package protocol NodeStorage: AnyObject, Sendable {
     /// Best effort, before the node stops on a failed sync: marks the reservation as not made in
     /// this boot (the OS may have dropped written pages), so the next start settles.
     func markReservationUnsafe()
+    /// The node settled after a damaged log (docs/PROTOCOL.md 11.2): recovery keeps reporting the
+    /// damage (``NodeMachine/Recovery/logDamaged``), also after restarts, until this is called.
+    func logDamageSettled()
     /// Releases the storage for another node. Idempotent.
     func close()
     /// The bytes still free for the log and snapshot (`nil` when unknown).

@@ -10,7 +10,8 @@ extension Value {
         public let reason: String
         public var description: String {
             // A long text (a file, standard input) is quoted by its start only: one line.
-            let shown = text.count <= 80 ? text : "\(text.prefix(60))… (\(text.utf8.count) bytes)"
+            let start = text.count <= 80 ? text : "\(text.prefix(60))… (\(text.utf8.count) bytes)"
+            let shown = start.replacingOccurrences(of: "\n", with: "\\n").replacingOccurrences(of: "\r", with: "\\r")
             return "'\(shown)' is not valid JSON: \(reason)"
         }
     }

@@ -35,6 +35,7 @@ struct DurabilityMachineTests {
             case .reserveSequences: "reserve"
             case .compact: "compact"
             case .saveMembers: "members"
+            case .logDamageSettled: "damage-settled"
             case .deliver: "deliver"
             case .connectRepairLink: "link"
             case .sendRepairRequest: "repair"
@@ -483,5 +484,6 @@ struct DiskFullMachineTests {
         #expect(!node.machine.status(now: node.now).diskFull && node.machine.counters.diskFullEpisodes == 0)
         node.handle(.diskSpace(availableBytes: 1000 + NodeMachine.logGrowthMargin + 10_000))
         #expect(set(4, 6_000).0 == .ok, "measured again")
+        #expect(node.machine.counters.writesRefusedForSpace == 2, "counted (status, /metrics), the disk not full")
     }
 }

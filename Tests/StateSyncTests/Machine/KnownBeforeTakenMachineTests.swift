@@ -223,6 +223,32 @@ struct KnownBeforeTakenMachineTests {
         #expect(RepairMachineTests.requests(node).count == asked)
     }
 
+    /// A reply from the origin to a FETCH sent while it knew the node, arriving after a later
+    /// list of the same run lacks the node (it does not know it any more), waits like its
+    /// stream: its deltas are not taken from it, and are counted.
+    @Test func aFetchReplyFromAnOriginThatNoLongerKnowsTheNodeIsNotTaken() throws {
+        var node = MembershipMachineTests.started("n3", peers: ["n1", "n2"])
+        node.peersKnowThisNode = false
+        let own = try #require(node.machine.ownEntry)
+        node.handle(.peerMessage(peer: "inproc://n2", frames: Self.heartbeat("n2", members: Self.cluster + [own])))
+        node.handle(
+            .peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", latest: 2, members: Self.cluster + [own])))
+        node.advance(100)
+        let requests = RepairMachineTests.requests(node)
+        let fetch = try #require(requests.lastIndex { $0.command == .fetch && $0.fetch?.origin == "n1" })
+        #expect(requests[fetch].peer == "inproc://n1", "the origin, which knows n3")
+        node.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", latest: 2, members: Self.cluster)))
+        let deltas = [RepairMachineTests.delta("n1", 1), RepairMachineTests.delta("n1", 2)]
+        let id = try RepairMachineTests.requestID(node, at: fetch)
+        node.handle(
+            .repairReply(
+                peer: "inproc://n1",
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: id, body: ClientProtocol.encodeFetched(deltas, droppedThrough: 0))))
+        #expect(node.machine.counters.deltasBeforeKnown == 2)
+        #expect(node.machine.missingDeltas == 2, "not taken from an origin that does not know the node")
+    }
+
     /// A node answers an ANNOUNCE only once the list holding the entry is saved: the sender takes
     /// its deltas from then on, and it must still know the sender after a power loss.
     @Test func anAnnounceIsSavedBeforeItIsAnswered() throws {

@@ -36,6 +36,7 @@ struct MachineRunner {
     var failedCompactions = 0
     /// The member list the machine last asked to save.
     var savedMembers: [UInt8]?
+    var damageSettled = false
     /// How many watch events a client takes per batch (its queue space).
     var clientCapacity = Int.max
     var intakePaused = false
@@ -142,6 +143,7 @@ struct MachineRunner {
                     if failsCompactions { failedCompactions += 1 }
                     inputs.append(failsCompactions ? .compactionFailed("the disk is full") : .compactionWritten)
                 case .saveMembers(let bytes): savedMembers = bytes
+                case .logDamageSettled: damageSettled = true
                 case .deliver: break
                 case .connectRepairLink(let peer, _): repairLinksConnected.append(peer)
                 case .sendRepairRequest(let peer, _, let frames): repairRequests.append((peer, frames))

@@ -144,6 +144,60 @@ struct SnapshotStreamTests {
         #expect(node.machine.origins["n2"]?.contiguous == 200, "the first page's progress is covered")
     }
 
+    /// A streamed snapshot whose peer restarts (a HEARTBEAT of a new incarnation) starts over:
+    /// the new run would serve the later pages from a fresh list, with the progress of now, not
+    /// of the first page (PROTOCOL.md 11.3, step 1). Continued at its cursor, the stream would
+    /// cover the first page's progress with pages of another state.
+    @Test func aStreamWhosePeerRestartsStartsOver() throws {
+        var server = Self.server(models: 200)
+        var configuration = MachineRunner.configuration("n4", peers: ["n1", "n2", "n3"])
+        configuration.snapshotPageOctets = 2048
+        var node = MachineRunner(configuration)
+        var incarnation: [String: UInt64] = ["n1": 1, "n2": 1, "n3": 1]
+        func beats() {
+            for peer in ["n1", "n2", "n3"] {
+                node.handle(
+                    .peerMessage(
+                        peer: "inproc://\(peer)",
+                        frames: PeerMessage.heartbeat(
+                            PeerMessage.Heartbeat(
+                                node: peer, latestSequence: 0, clock: 0, incarnation: incarnation[peer]!,
+                                api: "inproc://\(peer).api", progress: [:])
+                        ).encode()))
+            }
+        }
+        beats()
+        node.advance(50)
+        node.machine.repair.needsSnapshot = true
+        var answered = node.repairRequests.count
+        var asked: [(peer: String, after: ModelAddress?)] = []
+        for _ in 0..<20 {
+            beats()
+            node.advance(100)
+            while answered < node.repairRequests.count {
+                let request = node.repairRequests[answered]
+                answered += 1
+                let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
+                guard header.command == ClientProtocol.Command.snapshot.rawValue,
+                    let paged = try SnapshotPage.decodeRequest(request.frames[1])
+                else { continue }
+                asked.append((request.peer, paged.after))
+                guard asked.count == 1 else { continue }  // the second page stays unanswered
+                let page = try Self.page(&server, after: paged.after, octets: paged.maximumOctets, id: 1)
+                try Self.answer(request, with: page, on: &node)
+            }
+            if asked.count >= 3 { break }
+            if asked.count == 2 {
+                // The peer serving the stream restarts while the second page is asked of it.
+                let serving = String(asked[1].peer.dropFirst("inproc://".count))
+                incarnation[serving] = 2
+            }
+        }
+        try #require(asked.count >= 3, "\(asked.count) pages asked")
+        #expect(asked[1].after != nil, "the second page continues the stream")
+        #expect(asked[2].after == nil, "the restarted peer's stream is given up: a new snapshot from its first page")
+    }
+
     /// A page is merged a slice at a time, the first when it comes, one more at each tick
     /// (the deadline is "now" while one is left), whole models; what comes between slices is
     /// merged as usual and wins by its version, the repair round asks for nothing meanwhile, and

@@ -188,6 +188,15 @@ struct DeltaLogTests {
         #expect(recovery.deltas == [Self.delta(1)])
         #expect(recovery.cutReason == "a record fails its checksum")
         #expect(recovery.damaged, "a record follows the bad one: damaged where it was durable")
+        // The bad record's length field damaged: the intact record after it is still found.
+        let lengthDamaged = try Self.logged([Self.delta(1), Self.delta(2, "original"), Self.delta(3)])
+        var lengthBytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: lengthDamaged)))
+        var writer = WireWriter()
+        DeltaLog.appendRecord(Self.delta(1), to: &writer)
+        lengthBytes[DeltaLog.magic.count + writer.bytes.count] ^= 0x40  // the second record's length
+        try Data(lengthBytes).write(to: URL(fileURLWithPath: lengthDamaged))
+        let lengthRecovery = try DeltaLog(path: lengthDamaged).recover()
+        #expect(lengthRecovery.deltas == [Self.delta(1)] && lengthRecovery.damaged)
         // The last record corrupt, nothing after it: as a torn write leaves it.
         let last = try Self.logged([Self.delta(1), Self.delta(2, "original")])
         var lastBytes = [UInt8](try Data(contentsOf: URL(fileURLWithPath: last)))
@@ -310,7 +319,7 @@ struct DeltaLogTests {
         #expect(recovery.deltas == [Self.delta(1)])
         #expect(recovery.cutBytes == 9 && recovery.end == recovered.end)
         #expect(recovery.cutReason == "a record has a zero length")
-        #expect(recovery.damaged)
+        #expect(!recovery.damaged, "no intact record after it: nothing durable was cut")
     }
 
     @Test func aFileThatIsNotALogIsRefusedClearly() throws {

@@ -31,6 +31,10 @@ package enum NodeAction: Sendable {
     /// Write the member list (a members file, ``Membership/encodeFile(_:)``) durably, before
     /// the actions that follow. A failure is logged: the list is relearned from peers.
     case saveMembers([UInt8])
+    /// The node settled after its log was found damaged: the storage's record of the damage
+    /// (``NodeStorage/logDamageSettled()``), which makes a restart settle again until then, is
+    /// set aside.
+    case logDamageSettled
     /// Apply writes to the live models at their addresses (the node's host does; observers run
     /// on its observer executor).
     case deliver([ModelDelivery])

@@ -1,3 +1,5 @@
+import Logging
+
 /// The client API on the node's ROUTER (docs/PROTOCOL.md section 10): requests in, replies and
 /// watch events out. Without `network.api` the same socket is the repair endpoint, which serves
 /// only peers (FETCH, SNAPSHOT, PING).
@@ -366,6 +368,17 @@ extension NodeMachine {
         }
         counters.clientErrors += 1
         let free = diskFree ?? 0
+        if !diskFull {
+            counters.writesRefusedForSpace += 1
+            let metadata: Logger.Metadata = [
+                "write.bytes": "\(octets)", "disk.free_bytes": "\(free)",
+                "storage.reserve_bytes": "\(configuration.reserveBytes)",
+            ]
+            warnLimited(
+                "write-refused-for-space",
+                "refused a write the disk's free space above storage.reserve_bytes cannot hold (with the log's growth)",
+                metadata: metadata)
+        }
         let why =
             diskFull
             ? "is full (\(free) bytes free, under storage.reserve_bytes \(configuration.reserveBytes)): it takes no writes until space returns"

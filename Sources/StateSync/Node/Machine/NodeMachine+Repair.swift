@@ -125,13 +125,26 @@ extension NodeMachine {
     /// (its new kernel answers it with a reset), time out a second later and mark the peer
     /// exhausted, and a gap only the restarted peer could fill (its last writes) would be
     /// filled by a snapshot, seconds later, with every watch of the channel resynchronised.
+    ///
+    /// A streamed snapshot from it is given up: its new run serves later pages from a fresh
+    /// list, with the progress of now, not of the first page (after a power loss under
+    /// `interval` it may hold less than that page said), so the snapshot starts over.
     mutating func replaceRepairLink(ofRestarted peer: String) {
-        guard let endpoint = repair.links[peer] else { return }
+        guard let old = repair.links[peer] else { return }
+        // Where its new run serves (a restart may move its API; a link to the old address would
+        // lose what is asked on it).
+        let endpoint = peers[peer]?.repairEndpoint ?? old
+        repair.links[peer] = endpoint
         counters.repairLinkResets += 1
         actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
         for (origin, fetch) in repair.fetches where fetch.peer == peer { repair.fetches[origin] = nil }
         if repair.snapshot?.peer == peer { repair.snapshot = nil }
+        if repair.stream?.peer == peer {
+            abandonStream()
+            repair.needsSnapshot = true
+        }
         if repair.ownRecoveryFetch?.peer == peer { repair.ownRecoveryFetch = nil }
+        settling?.fetches[peer] = nil
         repairsDue = true
     }
 

@@ -154,13 +154,15 @@ extension NodeMachine {
 
     /// A HEARTBEAT (section 7.3): liveness, the peer's repair endpoint, and what exists.
     mutating func receiveHeartbeat(_ beat: PeerMessage.Heartbeat, from endpoint: String) {
+        var restarted = false
         peers[endpoint, default: PeerProgress()].lastMessageAt = now
         peers[endpoint, default: PeerProgress()].node = beat.node
         // What it takes (section 7.6) is said with its member list; a restart may be an older
         // version, so a new incarnation takes nothing more until it says so.
         if peers[endpoint]?.incarnation != beat.incarnation {
-            // Heard before in another incarnation: it restarted (section 11.3, step 1).
-            if peers[endpoint]?.incarnation != nil { replaceRepairLink(ofRestarted: endpoint) }
+            // Heard before in another incarnation: it restarted (section 11.3, step 1); its
+            // repair link is replaced below, once the endpoint this HEARTBEAT advertises is known.
+            restarted = peers[endpoint]?.incarnation != nil
             peers[endpoint]?.incarnation = beat.incarnation
             peers[endpoint]?.takesChannelBatches = false
             peers[endpoint]?.takesPackedBatches = false
@@ -192,6 +194,7 @@ extension NodeMachine {
             repairEndpoint = nil
         }
         peers[endpoint, default: PeerProgress()].repairEndpoint = repairEndpoint
+        if restarted { replaceRepairLink(ofRestarted: endpoint) }
         // The first repair link to a peer is made at once, not at the next round: the ANNOUNCE
         // this HEARTBEAT's list may call for goes over it (else a joiner waits for the list on
         // the seed's next HEARTBEAT, one interval later).

@@ -205,6 +205,7 @@ extension NodeMachine {
     mutating func completeSettling() {
         guard let settled = settling, settled.confirming else { return }
         settling = nil
+        if settled.cause == .damagedLog { actions.append(.logDamageSettled) }
         logger.notice(
             "settled after \(settled.cause.rawValue): every peer said which of this node's deltas it holds",
             metadata: [
@@ -242,7 +243,7 @@ extension NodeMachine {
         rememberVoid(origin: own, sequences)
         passVoidInWatches(origin: own, sequences)
         logger.warning(
-            "own deltas that were published before the power loss are held by no peer below ones a peer holds: lost everywhere, declared void",
+            "own deltas that were published before \(settled.cause.rawValue) are held by no peer below ones a peer holds: lost everywhere, declared void",
             metadata: [
                 "delta.ranges":
                     "\([].merged(adding: sequences).map { "\($0.lowerBound)...\($0.upperBound)" }.joined(separator: ","))",

@@ -309,7 +309,7 @@ package struct NodeMachine: Sendable {
             let first = min(latestSequence, origins[configuration.nodeID]?.contiguous ?? 0) + 1
             settling = Settling(range: first...(first &+ Self.maximumFetch - 1), after: .damagedLog)
             logger.error(
-                "the log is damaged where it was durable (a bad disk?): the records from the damage on were cut, this node's acknowledged writes possibly among them; it takes no writes until its peers have said which of its deltas they hold, and takes those back",
+                "the log is damaged where it was durable (a bad disk, or a power loss that kept a later part of a write and not an earlier one): the records from the damage on were cut (kept in deltas.log.damaged), this node's acknowledged writes possibly among them; it takes no writes until every peer has said which of its deltas it holds (a peer that is down holds them back until it is up or forgotten), and takes those back",
                 metadata: [
                     "log.bytes_cut": "\(recovery.cutBytes)", "reason": "\(recovery.cutReason ?? "-")",
                     "delta.range": "\(first)...\(first &+ Self.maximumFetch - 1)",
