@@ -231,8 +231,6 @@ extension NodeMachine {
 
     // MARK: - Sending
 
-    /// Sends every watch what it is owed (as far as its client's queue takes it: see
-    /// ``watchEventsSent(_:accepted:clientGone:)``).
     /// The node stops: each watch is sent what it is owed that its client's queue takes, then an
     /// ERROR (code 5) that ends it and says why (section 10.5.9), so that its client resumes it
     /// elsewhere at once instead of when a PING goes unanswered (5 s).
@@ -250,6 +248,8 @@ extension NodeMachine {
         }
     }
 
+    /// Sends every watch what it is owed (as far as its client's queue takes it: see
+    /// ``watchEventsSent(_:accepted:clientGone:)``).
     mutating func pumpWatches() {
         // A write's OK goes before its watch events, also when it waited for the round's end
         // (a pump in the middle of a round, after a sync or a reservation, sends what it holds

@@ -187,8 +187,9 @@ package struct NodeMachine: Sendable {
         /// Torn or corrupt bytes cut from the log's tail.
         package var cutBytes = 0
         package var cutReason: String?
-        /// Whether the cut reached past a damaged record into records written after it: the log
-        /// was damaged where it had been durable, and may have lost acknowledged own deltas.
+        /// Whether the log was damaged where it had been durable (an intact record was cut after
+        /// the bad one), now or at an earlier start that did not settle since: it may have lost
+        /// acknowledged own deltas (section 11.2, "Settling after a damaged log").
         package var logDamaged = false
         /// The log's size after recovery (its magic and its intact records).
         package var logSize = 0
