@@ -37,6 +37,25 @@ struct SnapshotStreamTests {
             .repairReply(peer: request.peer, frames: ClientProtocol.encodeReply(.ok, id: header.requestID, body: body)))
     }
 
+    /// The SNAPSHOT page requests `node` sent since `answered` (moved past them), with what each
+    /// asks for.
+    static func snapshotRequests(_ node: MachineRunner, since answered: inout Int) throws -> [(
+        request: (peer: String, frames: [[UInt8]]), paged: (after: ModelAddress?, maximumOctets: Int)
+    )] {
+        var found: [(request: (peer: String, frames: [[UInt8]]), paged: (after: ModelAddress?, maximumOctets: Int))] =
+            []
+        while answered < node.repairRequests.count {
+            let request = node.repairRequests[answered]
+            answered += 1
+            let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
+            guard header.command == ClientProtocol.Command.snapshot.rawValue,
+                let paged = try SnapshotPage.decodeRequest(request.frames[1])
+            else { continue }
+            found.append((request, (paged.after, paged.maximumOctets)))
+        }
+        return found
+    }
+
     @Test func pagesCoverEveryModelOnceInOrderWithinTheirSize() throws {
         var server = Self.server(models: 300)
         var seen: [ModelAddress] = []
@@ -119,13 +138,7 @@ struct SnapshotStreamTests {
         for _ in 0..<400 {
             beats()
             node.advance(100)
-            while answered < node.repairRequests.count {
-                let request = node.repairRequests[answered]
-                answered += 1
-                let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
-                guard header.command == ClientProtocol.Command.snapshot.rawValue,
-                    let paged = try SnapshotPage.decodeRequest(request.frames[1])
-                else { continue }
+            for (request, paged) in try Self.snapshotRequests(node, since: &answered) {
                 cursors.append(paged.after)
                 // The third page is lost on the way back, once.
                 if cursors.count == 3 && dropped == 0 {
@@ -156,14 +169,7 @@ struct SnapshotStreamTests {
         var incarnation: [String: UInt64] = ["n1": 1, "n2": 1, "n3": 1]
         func beats() {
             for peer in ["n1", "n2", "n3"] {
-                node.handle(
-                    .peerMessage(
-                        peer: "inproc://\(peer)",
-                        frames: PeerMessage.heartbeat(
-                            PeerMessage.Heartbeat(
-                                node: peer, latestSequence: 0, clock: 0, incarnation: incarnation[peer]!,
-                                api: "inproc://\(peer).api", progress: [:])
-                        ).encode()))
+                node.handle(PromptRepairMachineTests.heartbeat(peer, incarnation: incarnation[peer]!))
             }
         }
         beats()
@@ -174,13 +180,7 @@ struct SnapshotStreamTests {
         for _ in 0..<20 {
             beats()
             node.advance(100)
-            while answered < node.repairRequests.count {
-                let request = node.repairRequests[answered]
-                answered += 1
-                let header = try ClientProtocol.decodeRequestHeader(request.frames[0])
-                guard header.command == ClientProtocol.Command.snapshot.rawValue,
-                    let paged = try SnapshotPage.decodeRequest(request.frames[1])
-                else { continue }
+            for (request, paged) in try Self.snapshotRequests(node, since: &answered) {
                 asked.append((request.peer, paged.after))
                 guard asked.count == 1 else { continue }  // the second page stays unanswered
                 let page = try Self.page(&server, after: paged.after, octets: paged.maximumOctets, id: 1)
