@@ -30,13 +30,7 @@ public struct HTTPListener: Sendable {
         address: String, node: StateSyncNode, exporter: MetricsExporter, authority: ViewerAuthority? = nil,
         logger: Logger
     ) throws {
-        guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]) else {
-            throw StateSyncError(.invalidConfiguration, "http.listen: '\(address)' is not HOST:PORT")
-        }
-        var host = String(address[..<colon])
-        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
-        self.host = host
-        self.port = port
+        (host, port) = try Self.hostAndPort(address)
         self.node = node
         self.exporter = exporter
         self.logger = logger
@@ -47,11 +41,7 @@ public struct HTTPListener: Sendable {
     /// address not of this host is said before the node starts, with the key and the address,
     /// instead of by the HTTP server after the node started (and stopped again).
     public static func checkBindable(_ address: String) throws(StateSyncError) {
-        guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]) else {
-            throw StateSyncError(.invalidConfiguration, "http.listen: '\(address)' is not HOST:PORT")
-        }
-        var host = String(address[..<colon])
-        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        let (host, port) = try hostAndPort(address)
         var hints = addrinfo()
         hints.ai_flags = AI_PASSIVE
         hints.ai_socktype = Int32(SOCK_STREAM.rawValue)
@@ -72,6 +62,16 @@ public struct HTTPListener: Sendable {
             throw StateSyncError(
                 .invalidConfiguration, "cannot bind http.listen \(address): \(String(cString: strerror(errno)))")
         }
+    }
+
+    /// The host (without an IPv6 address's brackets) and port of `http.listen`'s `HOST:PORT`.
+    private static func hostAndPort(_ address: String) throws(StateSyncError) -> (host: String, port: Int) {
+        guard let colon = address.lastIndex(of: ":"), let port = Int(address[address.index(after: colon)...]) else {
+            throw StateSyncError(.invalidConfiguration, "http.listen: '\(address)' is not HOST:PORT")
+        }
+        var host = String(address[..<colon])
+        if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+        return (host, port)
     }
 
     /// The Hummingbird application serving the routes: a `Service` (it ends on graceful shutdown).

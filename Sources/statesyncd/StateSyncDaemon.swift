@@ -254,8 +254,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
     /// nothing meanwhile, and `status` shows it as a peer never seen): said at start, once.
     static func warnAboutUnresolvedPeers(_ configuration: NodeConfiguration, logger: Logger) {
         for endpoint in configuration.peers {
-            guard endpoint.hasPrefix("tcp://"), let colon = endpoint.lastIndex(of: ":") else { continue }
-            var host = String(endpoint[endpoint.index(endpoint.startIndex, offsetBy: 6)..<colon])
+            guard var host = tcpHost(of: endpoint).map(String.init) else { continue }
             if host.hasPrefix("["), host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
             var hints = addrinfo()
             hints.ai_flags = AI_NUMERICHOST

@@ -153,10 +153,8 @@ public struct NodeStatus: Sendable, Equatable {
         // id at the same address would hide the one configured there.)
         let byEndpoint = Dictionary(
             members.filter(\.isExpected).map { ($0.publishEndpoint, $0.id) }, uniquingKeysWith: { first, _ in first })
-        var down = Set(
-            peers.filter { !$0.connected && !gone.contains($0.node ?? byEndpoint[$0.endpoint] ?? "") }.map {
-                $0.node ?? byEndpoint[$0.endpoint] ?? $0.endpoint
-            })
+        let unheard = peers.filter { !$0.connected }.map { $0.node ?? byEndpoint[$0.endpoint] ?? $0.endpoint }
+        var down = Set(unheard.filter { !gone.contains($0) })
         for member in members where member.id != node && !gone.contains(member.id) && !member.connected {
             down.insert(member.id)
         }

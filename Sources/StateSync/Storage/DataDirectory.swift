@@ -48,6 +48,9 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     static let membersName = "members"
     static let logName = "deltas.log"
     static let reservationName = "sequence.reserved"
+    /// The octets cut from a damaged log, kept beside it; while the file is there the node has
+    /// not settled since (docs/PROTOCOL.md 11.2).
+    static let damagedLogName = "deltas.log.damaged"
 
     /// The running boot of the OS (Linux: `/proc/sys/kernel/random/boot_id`), "" when unknown.
     package static let currentBootID: String = {
@@ -93,10 +96,8 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     /// whoever looks into them): the next start has nothing to settle. Best effort: a failure
     /// makes the next start settle once more.
     package func logDamageSettled() {
-        let marker = path + "/" + Self.logName + DeltaLog.damagedSuffix
-        var now = timespec()
-        clock_gettime(CLOCK_REALTIME, &now)
-        let milliseconds = Int64(now.tv_sec) * 1000 + Int64(now.tv_nsec) / 1_000_000
+        let marker = path + "/" + Self.damagedLogName
+        let milliseconds = Int64(Date().timeIntervalSince1970 * 1000)
         if rename(marker, "\(marker)-\(milliseconds)") == 0 { try? syncDirectory() }
     }
 
@@ -124,7 +125,14 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         let snapshot = loadSnapshot(onCorrupt: onCorruptSnapshot)
         var log = try openLog()
         self.log.withLock { $0 = log }
-        let recovered = try log.recover()
+        // Damage (not a torn tail) is kept before it is cut: its octets, for whoever looks into
+        // them, and the file as the record that the node must settle, until it has (a restart in
+        // between finds the log intact). One already there is kept.
+        let damagedLog = path + "/" + Self.damagedLogName
+        let recovered = try log.recover { cut throws(StateSyncError) in
+            guard !FileManager.default.fileExists(atPath: damagedLog) else { return }
+            try writeFileAtomically(Array(cut), named: Self.damagedLogName)
+        }
         if recovered.isFirstFormat { log = try convertLog(through: recovered.end) }
         // A rename of the log (a conversion, or a compaction) not yet durable when the last
         // process stopped must be before the node appends to the file it found: a power loss
@@ -136,7 +144,7 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         // Damage found now, or found earlier by a start that stopped before it settled.
         recovery.logDamaged =
             recovered.damaged
-            || FileManager.default.fileExists(atPath: path + "/" + Self.logName + DeltaLog.damagedSuffix)
+            || FileManager.default.fileExists(atPath: damagedLog)
         let members = path + "/" + Self.membersName
         if let data = FileManager.default.contents(atPath: members) {
             do {

@@ -59,10 +59,6 @@ package final class DeltaLog: @unchecked Sendable {
     /// One step of zeros, written to grow the file.
     private static let zeros = [UInt8](repeating: 0, count: preallocationStep)
 
-    /// The file beside the log that keeps the octets cut from a damaged log, and says that the
-    /// node has not settled since (``recover()``).
-    package static let damagedSuffix = ".damaged"
-
     /// What recovery found.
     package struct Recovery {
         package var deltas: [Delta] = []
@@ -102,24 +98,16 @@ package final class DeltaLog: @unchecked Sendable {
     }
 
     /// Reads every intact record; cuts a torn or corrupt tail and the preallocated space after
-    /// the records (truncate + fsync; it is allocated again as the log grows).
-    func recover() throws(StateSyncError) -> Recovery {
+    /// the records (truncate + fsync; it is allocated again as the log grows). Damage (not a
+    /// torn tail: ``Recovery/damaged``) is given to `keepDamage` before it is cut.
+    func recover(
+        keepingDamage keepDamage: (ArraySlice<UInt8>) throws(StateSyncError) -> Void = { _ in }
+    ) throws(StateSyncError) -> Recovery {
         guard let data = FileManager.default.contents(atPath: path) else { throw Self.error("read", path) }
         let bytes = [UInt8](data)
         let recovery = try Self.parse(bytes, path: path)
         isFirstFormat = recovery.isFirstFormat
-        // Damage (not a torn tail) is kept before it is cut: its octets, for whoever looks into
-        // it, and the file as the record that the node must settle, until it has (a restart in
-        // between finds the log intact, and would not know). One already there is kept.
-        let damaged = path + Self.damagedSuffix
-        if recovery.damaged, access(damaged, F_OK) != 0 {
-            let cut = Array(bytes[recovery.end..<(recovery.end + recovery.cutBytes)])
-            let fd = open(damaged, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644)
-            guard fd >= 0 else { throw Self.error("create", damaged) }
-            defer { Glibc.close(fd) }
-            let written = cut.withUnsafeBytes { Glibc.write(fd, $0.baseAddress, $0.count) }
-            guard written == cut.count, fsync(fd) == 0 else { throw Self.error("write", damaged) }
-        }
+        if recovery.damaged { try keepDamage(bytes[recovery.end..<(recovery.end + recovery.cutBytes)]) }
         if recovery.end < bytes.count {
             guard ftruncate(descriptor, off_t(recovery.end)) == 0 else { throw Self.error("truncate", path) }
             size = recovery.end
