@@ -94,9 +94,7 @@ struct HangUpWithoutSecurityTests {
         try config(heartbeat: 500).write(toFile: path, atomically: true, encoding: .utf8)
         let daemon = try ChildProcess("statesyncd", ["--config", path])
         do {
-            let client = try StateSyncClient(endpoint: api, requestTimeout: .milliseconds(500))
-            defer { client.close() }
-            try await waitUntil("the daemon answers") { (try? await client.status()) != nil }
+            try await DurabilityTests.waitUntilAnswering(api)
             daemon.signal(SIGHUP)
             try await waitUntil("the reload is logged") { daemon.stderr.contains("nothing to reload") }
             #expect(!daemon.stderr.contains("turning security off"), "\(daemon.stderr)")
