@@ -10,8 +10,9 @@ extension StateSyncCLI {
             abstract: "List the models of a channel: names, property counts, newest versions.",
             discussion: """
                 Asks the node page by page (at most 1000 models per reply, in name order) and \
-                prints every model, or the first --limit. With security, needs read permission \
-                on the channel.
+                prints every model, or the first --limit. None prints no line (without --json, \
+                stderr says so; the exit status is 0). With security, needs read permission on \
+                the channel.
                 """)
 
         @Argument(help: "The channel.")

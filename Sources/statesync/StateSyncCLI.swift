@@ -435,6 +435,9 @@ extension StateSyncCLI {
                 marker, and on SIGINT/SIGTERM; after a kill -9 the lines of up to the last second \
                 can print again, none is skipped.
 
+                If the node stops (it says so at once), the connection is lost or the node \
+                restarts, the watch ends with exit 1 and prints the cursor to resume from.
+
                 SIGINT and SIGTERM end the watch after printing the lines it holds; if standard \
                 output is not being read (a paused pager), it waits at most a second for it, then \
                 says on stderr what was not written and exits (130 or 143).

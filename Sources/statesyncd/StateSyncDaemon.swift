@@ -20,7 +20,8 @@ struct StateSyncDaemon: AsyncParsableCommand {
             by an environment variable: STATESYNC_ + the key upper-cased with '.' as '_' \
             (node.id <- STATESYNC_NODE_ID; lists comma-separated). An unknown key, or a variable \
             that starts like an override (STATESYNC_NETWORK_...) but names no key, is refused. SIGHUP re-reads the file's \
-            security.* keys (admitted keys and client permissions) without a restart. SIGPIPE is \
+            security.* keys (admitted keys and client permissions) without a restart, and logs \
+            that a change of any other key waits for the next start. SIGPIPE is \
             ignored: if what reads its output goes away, those log lines are lost, not the node.
 
             Exit codes: 0 clean stop, 1 runtime failure (e.g. a port in use), 2 invalid configuration \
