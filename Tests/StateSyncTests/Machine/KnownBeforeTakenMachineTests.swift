@@ -212,12 +212,8 @@ struct KnownBeforeTakenMachineTests {
         let again = try #require(RepairMachineTests.requests(node).last { $0.fetch?.origin == "n1" })
         #expect(again.peer == "inproc://n2" && again.fetch?.range == 3...4, "asked again at once, of n2")
         let later = [RepairMachineTests.delta("n1", 3), RepairMachineTests.delta("n1", 4)]
-        let id = try RepairMachineTests.requestID(node, at: second)
-        node.handle(
-            .repairReply(
-                peer: "inproc://n1",
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: id, body: ClientProtocol.encodeFetched(later, droppedThrough: 0))))
+        try PromptRepairMachineTests.reply(
+            &node, at: second, from: "n1", ClientProtocol.encodeFetched(later, droppedThrough: 0))
         #expect(node.machine.store.properties(of: Self.address)["n"]?.value == 2, "the forgotten request's reply")
         #expect(node.machine.missingDeltas == 2)
         #expect(RepairMachineTests.requests(node).count == asked)
@@ -239,12 +235,8 @@ struct KnownBeforeTakenMachineTests {
         #expect(requests[fetch].peer == "inproc://n1", "the origin, which knows n3")
         node.handle(.peerMessage(peer: "inproc://n1", frames: Self.heartbeat("n1", latest: 2, members: Self.cluster)))
         let deltas = [RepairMachineTests.delta("n1", 1), RepairMachineTests.delta("n1", 2)]
-        let id = try RepairMachineTests.requestID(node, at: fetch)
-        node.handle(
-            .repairReply(
-                peer: "inproc://n1",
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: id, body: ClientProtocol.encodeFetched(deltas, droppedThrough: 0))))
+        try PromptRepairMachineTests.reply(
+            &node, at: fetch, from: "n1", ClientProtocol.encodeFetched(deltas, droppedThrough: 0))
         #expect(node.machine.counters.deltasBeforeKnown == 2)
         #expect(node.machine.missingDeltas == 2, "not taken from an origin that does not know the node")
     }
