@@ -116,6 +116,10 @@ public final class MetricsExporter: Sendable {
                 "statesync_published_sequence", "The highest of this node's sequence numbers published.",
                 Double(status.publishedSequence))
             gauge(
+                "statesync_duplicate_node_ids",
+                "Node ids this node hears two nodes run under (they number writes over each other's).",
+                Double(status.duplicateNodeIDs.count))
+            gauge(
                 "statesync_disk_full", "1 while writes are refused because the disk is nearly full.",
                 status.diskFull ? 1 : 0)
             gauge(

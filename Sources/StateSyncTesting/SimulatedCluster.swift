@@ -71,6 +71,13 @@ package final class SimulatedCluster {
         /// seed), and the others do not know it: it joins through membership when
         /// ``SimulatedCluster/join(_:)`` starts it (PROTOCOL.md 7.5).
         package var lateJoiner = false
+        /// Nodes (by index) run under another node's id (the index given): a node added with a
+        /// copied configuration whose `node.id` was left unchanged (PROTOCOL.md 7.5, "Two nodes
+        /// under one id"). It keeps its own endpoints (`sim://nX/…`, X its index + 1); it has
+        /// every other node as a peer, and they have it. It starts only when
+        /// ``SimulatedCluster/join(_:)`` starts it. (The convergence checker knows nothing of
+        /// it: a run with one makes no verdict.)
+        package var copies: [Int: Int] = [:]
         /// Where nodes log (nothing, by default: a simulation makes many).
         package var logger = Logger(label: "statesync-sim", factory: { _ in SwiftLogNoOpLogHandler() })
 
@@ -100,6 +107,8 @@ package final class SimulatedCluster {
     /// One node of the cluster.
     package final class Node {
         package let index: Int
+        /// `nX` (X its index + 1), in its endpoints: its node id, but for a copy
+        /// (``Configuration/copies``), which runs under another's.
         package let id: String
         /// Its configuration (a restart may change what it takes: ``Configuration/flipChannelBatchesOnRestart``).
         package fileprivate(set) var configuration: NodeConfiguration
@@ -119,14 +128,16 @@ package final class SimulatedCluster {
         /// Set when a live model on this node wrote: the next instant feeds the write.
         fileprivate let woken = WakeFlag()
 
-        init(index: Int, configuration: NodeConfiguration, skew: Int64) {
+        init(index: Int, name: String, configuration: NodeConfiguration, skew: Int64) {
             self.index = index
-            self.id = configuration.nodeID
+            self.id = name
             self.configuration = configuration
             self.skew = Skew(skew)
         }
 
         package var isUp: Bool { host != nil }
+        /// Why it refused to run, each time it did (it went down then), over all its runs.
+        package fileprivate(set) var refusals: [String] = []
         /// Times this node dropped its state after a forget (its `resyncs`), over all its runs:
         /// a restart's counters start at 0.
         package var resets: Int { resetsInEndedRuns + (host?.status.counters["resyncs"] ?? 0) }
@@ -253,14 +264,16 @@ package final class SimulatedCluster {
         clientNetwork = SimulatedNetwork(
             random: root.fork("client-network"), defaultConditions: .reliable(delay: configuration.clientDelay))
         touched = Array(repeating: false, count: configuration.nodes)
+        // Nodes are named by their endpoints; a copy runs under another's node id.
         let ids = (1...configuration.nodes).map { "n\($0)" }
+        let nodeIDs = ids.indices.map { ids[configuration.copies[$0] ?? $0] }
         let joiner = configuration.lateJoiner ? ids.last : nil
         for (index, id) in ids.enumerated() {
             // Each node's configured peers: all the others, but a late joiner knows only the
             // first node, and no one knows it.
             let known = id == joiner ? [ids[0]] : ids.filter { $0 != id && $0 != joiner }
             var node = NodeConfiguration(
-                nodeID: id, dataDirectory: "sim://\(id)", publishEndpoint: Self.publishEndpoint(id),
+                nodeID: nodeIDs[index], dataDirectory: "sim://\(id)", publishEndpoint: Self.publishEndpoint(id),
                 peers: known.map(Self.publishEndpoint), apiEndpoint: Self.apiEndpoint(id),
                 heartbeatIntervalMilliseconds: configuration.heartbeatMilliseconds, fsync: configuration.fsync,
                 fsyncIntervalMilliseconds: configuration.fsyncIntervalMilliseconds,
@@ -275,16 +288,18 @@ package final class SimulatedCluster {
             // Links are authenticated as with CURVE keys: each peer's live stream is bound to its
             // node id (PROTOCOL.md 14). The machine reads no key; the simulated network is the
             // authentication, and only the forge fault sends in another node's name.
-            node.peerNodeIDs = Dictionary(uniqueKeysWithValues: known.map { (Self.publishEndpoint($0), $0) })
+            node.peerNodeIDs = Dictionary(
+                uniqueKeysWithValues: known.map { (Self.publishEndpoint($0), nodeIDs[ids.firstIndex(of: $0)!]) })
             // Clients are admitted as entry 0, which may read and write every channel.
             node.security = SecurityConfiguration(
                 secretKeyFile: "sim://\(id)/key", peerKeys: [:], clients: [.init(key: "sim")])
-            nodes.append(Node(index: index, configuration: node, skew: configuration.clockSkew[index] ?? 0))
+            nodes.append(Node(index: index, name: id, configuration: node, skew: configuration.clockSkew[index] ?? 0))
         }
-        for node in nodes where node.id != joiner { try start(node) }
+        for node in nodes where node.id != joiner && configuration.copies[node.index] == nil { try start(node) }
     }
 
-    /// Starts a node that was never started (a late joiner, ``Configuration/lateJoiner``).
+    /// Starts a node that was never started (a late joiner, ``Configuration/lateJoiner``, or a
+    /// copy, ``Configuration/copies``).
     package func join(_ index: Int) throws(StateSyncError) {
         let node = nodes[index]
         guard node.host == nil, node.generation == 0 else { return }
@@ -294,7 +309,8 @@ package final class SimulatedCluster {
 
     package static func publishEndpoint(_ id: String) -> String { "sim://\(id)/pub" }
     package static func apiEndpoint(_ id: String) -> String { "sim://\(id)/api" }
-    /// The node id in a simulated endpoint (`sim://ID/pub`).
+    /// The node named in a simulated endpoint (`sim://nX/pub`): its node id, but for a copy
+    /// (``Configuration/copies``).
     static func nodeID(ofEndpoint endpoint: String) -> String? {
         guard endpoint.hasPrefix("sim://"), let slash = endpoint.dropFirst(6).firstIndex(of: "/") else { return nil }
         return String(endpoint[endpoint.index(endpoint.startIndex, offsetBy: 6)..<slash])
@@ -425,7 +441,8 @@ package final class SimulatedCluster {
         let host = try StateSyncNode(
             configuration: node.configuration, storage: node.disk,
             clock: HybridLogicalClock(
-                node: node.id, maximumDriftMilliseconds: UInt64(node.configuration.maximumClockDriftMilliseconds),
+                node: node.configuration.nodeID,
+                maximumDriftMilliseconds: UInt64(node.configuration.maximumClockDriftMilliseconds),
                 wallClock: wallClock),
             monotonicNow: { clock.now }, incarnation: random.next() | 1, observers: InlineObserverExecutor(),
             faults: configuration.faults[node.index] ?? NodeFaults(), logger: configuration.logger)
@@ -449,7 +466,9 @@ package final class SimulatedCluster {
         // Its clients are admitted with one key that may read and write everything (the ZAP
         // user id a real node would give them).
         process(
-            .clientAccessChanged(["client:sim": .init(key: "sim")], peers: Set(nodes.map(\.id)).subtracting([node.id])),
+            .clientAccessChanged(
+                ["client:sim": .init(key: "sim")],
+                peers: Set(nodes.map(\.configuration.nodeID)).subtracting([node.configuration.nodeID])),
             at: node)
         touched[node.index] = true
         // Its first tick (heartbeat, repair round) comes at once, whatever else happens.
@@ -697,7 +716,11 @@ package final class SimulatedCluster {
             record("request", message.from + ">" + message.to, frames)
             // Who the sender authenticated as (the user id ZAP would give it): a peer's repair
             // link is its node, a client is `client:sim`.
-            let identity = Self.repairRequester(client).map { "node:" + $0.node } ?? "client:sim"
+            let identity =
+                Self.repairRequester(client).map {
+                    "node:" + (self.node(named: $0.node)?.configuration.nodeID ?? $0.node)
+                }
+                ?? "client:sim"
             process(.clientRequest(client: client, frames: frames, identity: identity), at: node)
         case .repairReply(let peer, let frames, let generation):
             guard let node = node(named: message.to), node.generation == generation else { return }
@@ -868,8 +891,10 @@ package final class SimulatedCluster {
             if node.subscribedTo[peer.id] != nil { cluster.subscribe(node, to: peer.id) }
         }
 
-        /// A link the node has already is kept (as the real driver keeps it).
-        func connectPeer(endpoint: String, node id: String) {
+        /// A link the node has already is kept (as the real driver keeps it). The node is the one
+        /// at `endpoint` (a copy runs under another's id).
+        func connectPeer(endpoint: String, node nodeID: String) {
+            let id = SimulatedCluster.nodeID(ofEndpoint: endpoint) ?? nodeID
             cluster.record("subscribe", node.id + "<" + id, [])
             guard node.subscribedTo[id] == nil else { return }
             cluster.subscribe(node, to: id)
@@ -878,6 +903,7 @@ package final class SimulatedCluster {
         /// A node that refuses to run goes down at once (the verdict then names it).
         func refuseToRun(_ reason: String) {
             cluster.record("refused", node.id, [])
+            node.refusals.append(reason)
             let index = node.index
             cluster.schedule(at: cluster.now) { cluster in cluster.crash(index) }
         }

@@ -252,12 +252,26 @@ extension StateSyncCLI {
             _ = try parseAssignments()  // the arguments; --stdin is read and checked in run()
         }
 
+        /// When the argument before `argument` looks like an option this command does not take
+        /// (`--tll 30s`): the parser reads the value as an assignment and this check runs first.
+        static func unknownOptionHint(before argument: String) -> String {
+            let arguments = CommandLine.arguments
+            guard let index = arguments.firstIndex(of: argument), index > 1 else { return "" }
+            let previous = arguments[index - 1]
+            guard previous.hasPrefix("-"), previous != "--", !["--stdin", "--json"].contains(previous) else {
+                return ""
+            }
+            return "; '\(previous)' before it is not an option of statesync set (see statesync set --help)"
+        }
+
         func parseAssignments(standardInput: String? = nil) throws -> [PropertyWrite] {
             let timeToLive = try ttl.map { try parseDuration($0, option: "--ttl") } ?? 0
             var seen = Swift.Set<String>()
             var writes = try assignments.map { assignment in
                 guard let equals = assignment.firstIndex(of: "="), equals != assignment.startIndex else {
-                    throw ValidationError("'\(assignment)' is not PROP=JSON (e.g. count=3 or title='\"hello\"')")
+                    throw ValidationError(
+                        "'\(assignment)' is not PROP=JSON (e.g. count=3 or title='\"hello\"')"
+                            + Self.unknownOptionHint(before: assignment))
                 }
                 let name = String(assignment[..<equals])
                 var json = String(assignment[assignment.index(after: equals)...])
@@ -746,7 +760,12 @@ extension StateSyncCLI {
                 }
                 if status.settling {
                     emit(
-                        "settling:  after a power loss: \(status.writesHeld) writes held until every peer has said which of this node's deltas it holds (docs/PROTOCOL.md 11.2)"
+                        "settling:  after a power loss or a damaged log: \(status.writesHeld) writes held until every peer has said which of this node's deltas it holds (docs/PROTOCOL.md 11.2)"
+                    )
+                }
+                for (id, endpoints) in status.duplicateNodeIDs.sorted(by: { $0.key < $1.key }) {
+                    emit(
+                        "DUPLICATE: two nodes run under node id \(id) (publishing at \(endpoints.joined(separator: ", "))): they number writes over each other's, and writes may be lost; give one of them another node.id"
                     )
                 }
                 if !status.refusedKeys.isEmpty {

@@ -286,6 +286,9 @@ struct CLIHabitsTests {
             (["set", "demo/x", "v=1", "--ttl", "-1s"], "--ttl -1s must be above 0"),
             (["status", "--timeout", "0"], "--timeout must be above 0 and at most 3600 seconds"),
             (["set", "demo/x", #"b={"$bytes":"!!notbase64"}"#], "holds bytes as base64 text, and this is not base64"),
+            (["set", "demo/x", "v=1e400"], "a number out of range"),
+            // A misspelled option's value is read as an assignment, and its check runs first.
+            (["set", "demo/x", "--tll", "30s", "v=1"], "'--tll' before it is not an option of statesync set"),
         ]
         for (arguments, expected) in cases {
             let result = try await cli(arguments + ["--daemon", unreachable])

@@ -43,6 +43,9 @@ public struct NodeCounters: Sendable, Equatable {
     public var writesRefusedForSpace = 0
     /// Peer HEARTBEATs whose API was on another host than their stream: not dialled.
     public var foreignRepairEndpoints = 0
+    /// Times two nodes were found running under one node id (section 7.5, "Two nodes under one
+    /// id"): by a peer hearing both, or by one of them, which then refuses to run.
+    public var duplicateNodeIDs = 0
     /// Well-formed messages from peers' live streams (HEARTBEATs and DELTA messages, a batch
     /// counting once): with the node count, the cost of the full mesh.
     public var peerMessagesReceived = 0
@@ -120,7 +123,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
             ("deltas_before_known", deltasBeforeKnown),
             ("disk_full_episodes", diskFullEpisodes), ("writes_refused_for_space", writesRefusedForSpace),
-            ("foreign_repair_endpoints", foreignRepairEndpoints),
+            ("foreign_repair_endpoints", foreignRepairEndpoints), ("duplicate_node_ids", duplicateNodeIDs),
             ("membership_updates", membershipUpdates), ("announces_sent", announcesSent),
             ("peer_messages_received", peerMessagesReceived), ("snapshot_pages_served", snapshotPagesServed),
             ("delta_messages_published", deltaMessagesPublished),

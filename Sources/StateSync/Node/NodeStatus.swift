@@ -72,6 +72,10 @@ public struct NodeStatus: Sendable, Equatable {
     /// The member (or peer endpoint never heard) holding collection back: it has no stable floor
     /// yet, or its floor is the least. `nil` before the first HEARTBEAT.
     public var collectionHeldBy: String?
+    /// Node ids this node hears two nodes run under (their HEARTBEATs alternate between two
+    /// incarnations), with the publish endpoints heard: they number their writes over each
+    /// other's (docs/PROTOCOL.md 7.5, "Two nodes under one id"). Empty when there are none.
+    public var duplicateNodeIDs: [String: [String]] = [:]
 
     /// One member of the cluster, as this node sees it.
     public struct Member: Sendable, Equatable {
@@ -213,6 +217,7 @@ public struct NodeStatus: Sendable, Equatable {
         // The text form of a version's clock part (section 6.3), without a node.
         map["collected_through"] = .string("\(collectedThrough >> 16).\(collectedThrough & 0xFFFF)")
         map["collection_held_by"] = collectionHeldBy.map(Value.string) ?? .null
+        map["duplicate_node_ids"] = .map(duplicateNodeIDs.mapValues { .array($0.map(Value.string)) })
         return .map(map)
     }
 
@@ -274,6 +279,12 @@ public struct NodeStatus: Sendable, Equatable {
             self.collectedThrough = version.timestamp  // (parsed as a version of a placeholder node)
         }
         self.collectionHeldBy = string("collection_held_by")
+        if case .map(let duplicates)? = map["duplicate_node_ids"] {
+            self.duplicateNodeIDs = duplicates.mapValues { endpoints in
+                guard case .array(let list) = endpoints else { return [] }
+                return list.compactMap { if case .string(let s) = $0 { s } else { nil } }
+            }
+        }
     }
 
     init(

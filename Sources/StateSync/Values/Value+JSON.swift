@@ -200,8 +200,16 @@ private struct JSONValue: Decodable {
             value = .int(i)
         } else if let d = try? single.decode(Double.self) {
             value = .double(d)
+        } else if let string = try? single.decode(String.self) {
+            value = .string(string)
         } else {
-            value = .string(try single.decode(String.self))
+            // Not null, a bool, an integer, a double or a string: a number no value holds (the
+            // decoder would say only that it expected a string).
+            throw DecodingError.dataCorrupted(
+                .init(
+                    codingPath: decoder.codingPath,
+                    debugDescription:
+                        "a number out of range (a value holds a 64-bit integer or a finite double)"))
         }
     }
 }

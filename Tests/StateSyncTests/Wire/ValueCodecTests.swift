@@ -156,6 +156,14 @@ struct ValueCodecTests {
         #expect(try Value(json: "{\"$bytes\":\"AP8=\"}") == .bytes([0, 255]))
         #expect(Value.map(["b": [1, 2.5], "a": "x\"y\n"]).jsonText() == #"{"a":"x\"y\n","b":[1,2.5]}"#)
         #expect(throws: Value.JSONError.self) { try Value(json: "hello") }
+        // A number no value holds is said to be one (the decoder alone says it expected a string).
+        for number in ["1e400", "-1e400", "[1, 1e400]"] {
+            #expect {
+                try Value(json: number)
+            } throws: { error in
+                "\(error)".contains("a number out of range") && !"\(error)".contains("String")
+            }
+        }
     }
 }
 

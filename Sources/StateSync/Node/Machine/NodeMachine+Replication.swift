@@ -204,7 +204,13 @@ extension NodeMachine {
         var covered = beat.progress
         covered[beat.node] = max(covered[beat.node] ?? 0, beat.latestSequence)
         peers[endpoint, default: PeerProgress()].progress = covered
+        if beat.node == configuration.nodeID, beat.incarnation != incarnation,
+            refuseIfAnotherStartSpeaks(beat.incarnation, at: endpoint)
+        {
+            return
+        }
         guard beat.node != configuration.nodeID else { return }
+        noteIncarnation(beat.incarnation, of: beat.node, at: endpoint)
         // Its floor (section 8.4): for collection, and followed like a version, so that what this
         // node writes from now on is above every deletion anyone may have collected.
         noteReport(

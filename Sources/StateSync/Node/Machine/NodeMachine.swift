@@ -106,6 +106,11 @@ package struct NodeMachine: Sendable {
     var startedWithoutOwnDeltas = false
     /// Why it refuses to run, once it does.
     package internal(set) var refusal: String?
+    /// Signs that other incarnations of this node's id run, by incarnation: their live entries
+    /// this start superseded, their HEARTBEATs (``refuseIfAnotherStartRuns(_:)``).
+    var signsOfOtherStarts: [UInt64: Int] = [:]
+    /// The incarnations heard under each peer's node id (``noteIncarnation(_:of:at:)``).
+    var incarnationTrails: [String: IncarnationTrail] = [:]
     package var counters = NodeCounters()
     /// Latencies measured while handling inputs, for the host's metrics (drained by it).
     package var latencySamples = LatencySamples()
@@ -698,6 +703,7 @@ package struct NodeMachine: Sendable {
         status.tombstones = store.tombstones
         status.collectedThrough = store.collectedThrough
         status.collectionHeldBy = collection.heldBy
+        status.duplicateNodeIDs = duplicateNodeIDs
         return status
     }
 

@@ -1,0 +1,84 @@
+import Testing
+
+@testable import StateSync
+@testable import StateSyncTesting
+
+/// Two nodes under one id (PROTOCOL.md 7.5, "Two nodes under one id") on the simulator: a fourth
+/// node added with a copy of n2's configuration, its `node.id` unchanged, and listed as a peer by
+/// every node (as a new node is).
+@Suite("Two nodes under one id, simulated")
+struct DuplicateIDSimulationTests {
+    static func cluster(seed: UInt64) throws -> SimulatedCluster {
+        var configuration = SimulatedCluster.Configuration(nodes: 4, seed: seed)
+        configuration.copies = [3: 1]
+        return try SimulatedCluster(configuration)
+    }
+
+    /// The nodes that run, all caught up, hold one state.
+    static func runningAgree(_ cluster: SimulatedCluster) -> Bool {
+        let running = cluster.nodes.compactMap { $0.host?.status }
+        return running.allSatisfy { $0.missingDeltas == 0 } && Set(running.map(\.stateDigest)).count == 1
+    }
+
+    /// The copy starts after n2 wrote: it stops (at n2's progress, or at the second sign of
+    /// n2's start), n2 goes on, and what n2 acknowledged is everywhere.
+    @Test(arguments: 1...5 as ClosedRange<UInt64>)
+    func aCopyStartedUnderTheIDOfANodeWithDataStops(seed: UInt64) async throws {
+        let cluster = try Self.cluster(seed: seed)
+        let original = try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "m")
+        for value in 1...50 { original.count = value }
+        cluster.run(for: 1_000)
+        try cluster.join(3)
+        let copy = try await #require(cluster.nodes[3].host).model(Counter.self, channel: "c", id: "copy")
+        copy.count = 1
+        let stopped = cluster.run(for: 10_000) { $0.nodes[3].host == nil }
+        #expect(stopped, "seed \(seed): the copy still runs")
+        #expect(cluster.nodes[1].isUp && cluster.nodes[1].refusals.isEmpty, "seed \(seed): n2 goes on")
+        let reason = try #require(cluster.nodes[3].refusals.first, "seed \(seed)")
+        #expect(reason.contains("n2"), "seed \(seed): \(reason)")
+        original.count = 51
+        #expect(cluster.run(for: 10_000, stoppingWhen: Self.runningAgree), "seed \(seed)")
+        for index in [0, 2] {
+            let host = try #require(cluster.nodes[index].host)
+            #expect(host.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == 51, "seed \(seed)")
+        }
+    }
+
+    /// Both start at once with empty data directories. Without writes, exactly one stops,
+    /// within a few heartbeat intervals (100 ms here), and the other goes on with the cluster.
+    /// With writes on both, each may also stop at the other's numbers its peers report (section
+    /// 7.5, "Ids do not come back empty"): at least one stops, each saying why, and one that goes
+    /// on has its next write taken everywhere.
+    @Test(arguments: [false, true], 1...10 as ClosedRange<UInt64>)
+    func twoNewNodesUnderOneID(writing: Bool, seed: UInt64) async throws {
+        let cluster = try Self.cluster(seed: seed)
+        try cluster.join(3)
+        let models = [
+            1: try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "a"),
+            3: try await #require(cluster.nodes[3].host).model(Counter.self, channel: "c", id: "b"),
+        ]
+        var written = 0
+        let oneStopped = cluster.run(for: 5_000) { cluster in
+            if writing {
+                written += 1
+                for (index, model) in models where cluster.nodes[index].isUp { model.count = written }
+            }
+            return !cluster.nodes[1].isUp || !cluster.nodes[3].isUp
+        }
+        #expect(oneStopped, "seed \(seed): both still run after 5 s")
+        cluster.run(for: 2_000)
+        let stopped = [1, 3].filter { !cluster.nodes[$0].isUp }
+        if !writing { #expect(stopped.count == 1, "seed \(seed): exactly one stops") }
+        for index in stopped {
+            let reason = try #require(cluster.nodes[index].refusals.first, "seed \(seed)")
+            #expect(reason.contains("n2"), "seed \(seed): \(reason)")
+        }
+        guard let survivor = [1, 3].first(where: { cluster.nodes[$0].isUp }) else { return }
+        models[survivor]!.count = 1_000_000
+        let address = ModelAddress(channel: "c", model: survivor == 1 ? "a" : "b")
+        let everywhere = cluster.run(for: 10_000) { cluster in
+            [0, 2].allSatisfy { cluster.nodes[$0].host?.properties(of: address)["count"]?.value == 1_000_000 }
+        }
+        #expect(everywhere, "seed \(seed): the survivor's write reaches n1 and n3")
+    }
+}
