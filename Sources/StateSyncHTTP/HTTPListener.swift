@@ -39,7 +39,9 @@ public struct HTTPListener: Sendable {
 
     /// Binds `address` (`HOST:PORT`, as `http.listen`) once and lets it go: a port in use or an
     /// address not of this host is said before the node starts, with the key and the address,
-    /// instead of by the HTTP server after the node started (and stopped again).
+    /// instead of by the HTTP server after the node started (and stopped again). It binds the
+    /// first address `getaddrinfo` gives, which is the one the server binds (SwiftNIO's
+    /// `SocketAddress.makeAddressResolvingHost` takes the first result too).
     public static func checkBindable(_ address: String) throws(StateSyncError) {
         let (host, port) = try hostAndPort(address)
         var hints = addrinfo()

@@ -116,7 +116,7 @@ public final class MetricsExporter: Sendable {
                 "statesync_published_sequence", "The highest of this node's sequence numbers published.",
                 Double(status.publishedSequence))
             gauge(
-                "statesync_duplicate_node_ids",
+                "statesync_ids_heard_twice",
                 "Node ids this node hears two nodes run under (they number writes over each other's).",
                 Double(status.duplicateNodeIDs.count))
             gauge(

@@ -78,6 +78,9 @@ package final class SimulatedCluster {
         /// ``SimulatedCluster/join(_:)`` starts it. (The convergence checker knows nothing of
         /// it: a run with one makes no verdict.)
         package var copies: [Int: Int] = [:]
+        /// A copy lists only the first node, and no node lists it: it joins through membership,
+        /// and no peer links to it (a node links one endpoint per member id).
+        package var copiesJoinThroughSeed = false
         /// Where nodes log (nothing, by default: a simulation makes many).
         package var logger = Logger(label: "statesync-sim", factory: { _ in SwiftLogNoOpLogHandler() })
 
@@ -271,7 +274,10 @@ package final class SimulatedCluster {
         for (index, id) in ids.enumerated() {
             // Each node's configured peers: all the others, but a late joiner knows only the
             // first node, and no one knows it.
-            let known = id == joiner ? [ids[0]] : ids.filter { $0 != id && $0 != joiner }
+            let hidden = Set(configuration.copiesJoinThroughSeed ? configuration.copies.keys.map { ids[$0] } : [])
+            let known =
+                id == joiner || hidden.contains(id)
+                ? [ids[0]] : ids.filter { $0 != id && $0 != joiner && !hidden.contains($0) }
             var node = NodeConfiguration(
                 nodeID: nodeIDs[index], dataDirectory: "sim://\(id)", publishEndpoint: Self.publishEndpoint(id),
                 peers: known.map(Self.publishEndpoint), apiEndpoint: Self.apiEndpoint(id),

@@ -66,6 +66,24 @@ struct DuplicateIDMachineTests {
         }
     }
 
+    /// A node started empty holds the id's writes once it has numbered some and run for a
+    /// minute (the cluster started empty: its nodes are the ids' holders); before that minute
+    /// it is a newcomer, whatever it wrote, and stops at the second sign.
+    @Test(arguments: [false, true])
+    func aNodeStartedEmptyHoldsTheIDOnceItWroteAndRanAMinute(ranAMinute: Bool) throws {
+        var node = MembershipMachineTests.started("n1", peers: ["n2"])
+        let set = ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: 1)])
+        #expect(node.request(.set, id: 1, set)?.0.kind == .ok)
+        if ranAMinute { node.advance(NodeMachine.newcomerMilliseconds) }
+        for heard in 1...8 {
+            let own = try #require(node.machine.ownEntry)
+            Self.hear(
+                Self.entry("n1", incarnation: 0x5EC0_0D00_0000_0000, publish: "inproc://n1-copy", after: own.version),
+                at: &node)
+            #expect(node.refusals.count == (heard >= (ranAMinute ? 8 : 2) ? 1 : 0), "entry \(heard), \(ranAMinute)")
+        }
+    }
+
     /// Between two alike, the higher incarnation takes more signs: the lower stops first.
     @Test func theHigherIncarnationWaitsForMoreSigns() throws {
         var node = MembershipMachineTests.started("n1", peers: ["n2"])
@@ -77,17 +95,20 @@ struct DuplicateIDMachineTests {
         }
     }
 
-    /// A node that lists every node of a copied configuration among its peers, itself included,
-    /// hears the other start's HEARTBEATs in its own id: the second one stops it.
-    @Test func heartbeatsInItsOwnIDFromAnotherStartStopIt() throws {
+    /// A node that lists the other start's endpoint among its peers hears its HEARTBEATs in its
+    /// own id: the first is a sign, once (one each interval would outpace the entries' signs);
+    /// with an entry of that start, two.
+    @Test func aHeartbeatInItsOwnIDFromAnotherStartIsOneSign() throws {
         var node = MembershipMachineTests.started("n1", peers: ["n1", "n1-copy"])
         Self.hearBeats([("inproc://n1", node.machine.incarnation)], of: "n1", at: &node)
         #expect(node.refusals.isEmpty, "its own HEARTBEAT")
-        Self.hearBeats([("inproc://n1-copy", 0xC0B1_0000_0000_0000)], of: "n1", at: &node)
-        #expect(node.refusals.isEmpty, "one could be a stopped start's, late")
-        Self.hearBeats([("inproc://n1-copy", 0xC0B1_0000_0000_0000)], of: "n1", at: &node)
+        let other: UInt64 = 0xC0B1_0000_0000_0000
+        Self.hearBeats([("inproc://n1-copy", other), ("inproc://n1-copy", other)], of: "n1", at: &node)
+        #expect(node.refusals.isEmpty, "one sign: it could be a stopped start's, late")
+        let own = try #require(node.machine.ownEntry)
+        Self.hear(Self.entry("n1", incarnation: other, publish: "inproc://n1-copy", after: own.version), at: &node)
         let refusal = try #require(node.refusals.first)
-        #expect(refusal.contains("publishing at inproc://n1-copy") && refusal.contains("HEARTBEATs are heard"))
+        #expect(refusal.contains("publishing at inproc://n1-copy"), "\(refusal)")
     }
 
     /// What a restart leaves behind is not another node: an earlier start's entries (its leave
@@ -156,6 +177,19 @@ struct DuplicateIDMachineTests {
         // And said again if it comes back.
         Self.hearBeats([b, a, b, a, b], of: "n2", at: &node)
         #expect(node.machine.counters.duplicateNodeIDs == 2)
+    }
+
+    /// Two nodes that beat eight times slower than the one hearing them (its window of three of
+    /// its own intervals would lose each between two beats) are still two nodes.
+    @Test func twoSlowerNodesUnderOneIDAreSaidToo() {
+        var node = MembershipMachineTests.started("n1", peers: ["n2"])
+        let a = (endpoint: "inproc://n2", incarnation: UInt64(0xA))
+        let b = (endpoint: "inproc://n2-copy", incarnation: UInt64(0xB))
+        for beat in [a, b, a, b, a, b, a] {
+            Self.hearBeats([beat], of: "n2", at: &node)
+            node.advance(300)  // each beats every 800 ms, the two 400 ms apart
+        }
+        #expect(node.machine.counters.duplicateNodeIDs == 1)
     }
 
     /// A node restarted (at another endpoint: its port was chosen at bind), with the last

@@ -8,9 +8,10 @@ import Testing
 /// every node (as a new node is).
 @Suite("Two nodes under one id, simulated")
 struct DuplicateIDSimulationTests {
-    static func cluster(seed: UInt64) throws -> SimulatedCluster {
+    static func cluster(seed: UInt64, throughSeed: Bool = false) throws -> SimulatedCluster {
         var configuration = SimulatedCluster.Configuration(nodes: 4, seed: seed)
         configuration.copies = [3: 1]
+        configuration.copiesJoinThroughSeed = throughSeed
         return try SimulatedCluster(configuration)
     }
 
@@ -80,5 +81,31 @@ struct DuplicateIDSimulationTests {
             [0, 2].allSatisfy { cluster.nodes[$0].host?.properties(of: address)["count"]?.value == 1_000_000 }
         }
         #expect(everywhere, "seed \(seed): the survivor's write reaches n1 and n3")
+    }
+
+    /// The copy knows only n1 and no node lists it: it joins through membership, and no peer
+    /// links to it (one endpoint per id), so neither hears the other's HEARTBEATs. Without
+    /// writes, their entries alone, each superseding the other's as n1 relays them, stop one of
+    /// them. When n2 has written, the copy stops (at n2's progress, section 7.5 "Ids do not come
+    /// back empty", or at the entries' second sign), and n2 goes on.
+    @Test(arguments: [false, true], 1...10 as ClosedRange<UInt64>)
+    func aCopyJoiningThroughASeedIsStoppedByTheEntriesAlone(originalWrote: Bool, seed: UInt64) async throws {
+        let cluster = try Self.cluster(seed: seed, throughSeed: true)
+        let original = try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "m")
+        if originalWrote {
+            original.count = 1
+            cluster.run(for: 1_000)
+        }
+        try cluster.join(3)
+        let oneStopped = cluster.run(for: 10_000) { !$0.nodes[1].isUp || !$0.nodes[3].isUp }
+        #expect(oneStopped, "seed \(seed): both still run after 10 s")
+        cluster.run(for: 2_000)
+        #expect(cluster.nodes[1].isUp != cluster.nodes[3].isUp, "seed \(seed): exactly one stops")
+        if originalWrote { #expect(cluster.nodes[1].isUp, "seed \(seed): the node holding the id's writes goes on") }
+        let stopped = cluster.nodes[1].isUp ? cluster.nodes[3] : cluster.nodes[1]
+        let reason = try #require(stopped.refusals.first, "seed \(seed)")
+        #expect(
+            reason.contains("member entry was written again") || reason.contains("already published deltas"),
+            "seed \(seed): \(reason)")
     }
 }

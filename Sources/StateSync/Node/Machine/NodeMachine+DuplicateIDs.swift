@@ -7,24 +7,35 @@
 ///   the other's (a node supersedes an entry about itself written by another start, section
 ///   7.5). A start that supersedes a live entry of another incarnation, and then hears a newer
 ///   live entry of that same incarnation, knows that incarnation runs: it refuses to run — at
-///   once if it started without deltas of its own, else only after several more, so that a
-///   new node started under the id of one with data is the one that stops (between two alike,
-///   the higher incarnation waits for more). A HEARTBEAT in its
-///   own id from another incarnation (it lists its own endpoint among its peers, as a copied
-///   configuration does, and hears the other there) counts the same.
+///   once if it holds no write of the id (or was just started empty), else only after several
+///   more, so that a node added under the id of one with writes is the one that stops
+///   (between two alike, the higher incarnation waits for more). The first HEARTBEAT heard in its own id from
+///   another incarnation (it lists the other's endpoint among its peers) counts the same.
 /// - A peer hears the id's HEARTBEATs alternate between incarnations, going back to one it had
 ///   heard before: a stopped incarnation never speaks again. It counts and logs that, and
 ///   says so in its status, while both are heard.
 extension NodeMachine {
-    /// Signs of the start `other` of its id a node takes before it refuses to run: 2 when it
-    /// started without deltas of its own, 8 when it started with some (the new node stops
-    /// first, and the node that holds the id's writes goes on), 4 more for the higher
-    /// incarnation: two alike take signs of each other at the same pace, and signs come in
-    /// bursts (a HEARTBEAT of the other start, and its entry relayed by every peer), so the
-    /// lower is gone before the higher has taken its own. (A higher one that never sees the
-    /// other go, which does not take signs of it, still stops.)
+    /// Signs of the start `other` of its id a node takes before it refuses to run: 8 when it
+    /// holds writes of the id, 2 when it does not — it has numbered none, or it started with an
+    /// empty data directory less than ``newcomerMilliseconds`` ago (a copy just added, whatever
+    /// it took since: the node it copies has held the id for longer) — and 4 more for the
+    /// higher incarnation. Entry signs alternate — each start writes a newer entry only to
+    /// supersede one of the other's — and a HEARTBEAT counts once, so of two alike the lower
+    /// has stopped before the higher has taken its own. (A higher one whose other does not
+    /// take signs, an older version, still stops.)
     func signsBeforeRefusing(against other: UInt64) -> Int {
-        (startedWithoutOwnDeltas ? 2 : 8) + (incarnation > other ? 4 : 0)
+        let newcomer = startedWithoutOwnDeltas && boundAt.map { now &- $0 < Self.newcomerMilliseconds } ?? true
+        let holdsWrites = nextSequence > 1 && !newcomer
+        return (holdsWrites ? 8 : 2) + (incarnation > other ? 4 : 0)
+    }
+
+    /// How long a node started with an empty data directory counts as just added.
+    static let newcomerMilliseconds: UInt64 = 60_000
+
+    /// How recently an incarnation must have been heard to count as running: 3 heartbeat
+    /// intervals, of this node's or of the id's as heard (its nodes may beat slower).
+    func incarnationWindow(_ trail: IncarnationTrail) -> UInt64 {
+        3 * max(UInt64(configuration.heartbeatIntervalMilliseconds), trail.interval)
     }
 
     /// The incarnations of one node id a peer remembers, most recent last.
@@ -48,6 +59,8 @@ extension NodeMachine {
         var returns = 0
         /// Whether the duplicate was logged (again once it ended and came back).
         var reported = false
+        /// The last time between two HEARTBEATs of one incarnation (at most a minute).
+        var interval: UInt64 = 0
     }
 
     /// A start that supersedes another incarnation's live entry about this node's id: if that
@@ -63,19 +76,23 @@ extension NodeMachine {
             of: other, publishingAt: member.publish, "its member entry was written again after this node superseded it")
     }
 
-    /// A HEARTBEAT in this node's id from another incarnation at `endpoint`; `true` when it
-    /// refused.
+    /// A HEARTBEAT in this node's id from another incarnation at `endpoint`: the first of that
+    /// incarnation is a sign (one each interval would outpace the entries' signs, and the node
+    /// that hears the other would stop first whatever it holds). `true` when it refused.
     mutating func refuseIfAnotherStartSpeaks(_ other: UInt64, at endpoint: String) -> Bool {
-        refuseAtSign(of: other, publishingAt: endpoint, "its HEARTBEATs are heard")
+        guard refusal == nil else { return true }
+        guard startsHeardSpeaking.insert(other).inserted else { return false }
+        return refuseAtSign(of: other, publishingAt: endpoint, "its HEARTBEATs are heard")
     }
 
     private mutating func refuseAtSign(of other: UInt64, publishingAt endpoint: String, _ sign: String) -> Bool {
+        guard refusal == nil else { return true }
         let signs = (signsOfOtherStarts[other] ?? 0) + 1
         signsOfOtherStarts[other] = signs
         guard signs >= signsBeforeRefusing(against: other) else { return false }
         counters.duplicateNodeIDs += 1
         refuseToRun(
-            "another node runs with this node's id \(configuration.nodeID), publishing at \(endpoint) (incarnation \(String(other, radix: 16))): \(sign). Two nodes under one id number their writes over each other's, and peers keep only one write per number: writes either acknowledged may be lost. Give one of them another node.id"
+            "another node runs with this node's id \(configuration.nodeID), publishing at \(endpoint) (incarnation \(String(other, radix: 16))): \(sign). Two nodes under one id number their writes over each other's, and peers keep only one write per number: writes either acknowledged may be lost. Give one of them another node.id (a node copied from another keeps its own)"
         )
         return true
     }
@@ -84,7 +101,10 @@ extension NodeMachine {
     /// it lasts) when two nodes run under the id.
     mutating func noteIncarnation(_ incarnation: UInt64, of id: String, at endpoint: String) {
         var trail = incarnationTrails[id] ?? IncarnationTrail()
-        let window = UInt64(3 * configuration.heartbeatIntervalMilliseconds)
+        if let previous = trail.heard.last(where: { $0.incarnation == incarnation }) {
+            trail.interval = min(now &- previous.at, 60_000)
+        }
+        let window = incarnationWindow(trail)
         if let last = trail.heard.last, last.incarnation != incarnation,
             trail.heard.contains(where: { $0.incarnation == incarnation })
         {
@@ -114,9 +134,9 @@ extension NodeMachine {
 
     /// The node ids two live incarnations are heard under, with their publish endpoints.
     var duplicateNodeIDs: [String: [String]] {
-        let window = UInt64(3 * configuration.heartbeatIntervalMilliseconds)
         var found: [String: [String]] = [:]
         for (id, trail) in incarnationTrails where trail.reported {
+            let window = incarnationWindow(trail)
             let live = trail.heard.filter { now &- $0.at <= window }
             if live.count >= 2 { found[id] = Set(live.map(\.endpoint)).sorted() }
         }

@@ -120,8 +120,8 @@ extension NodeMachine {
                 own.version < member.version || (own.version == member.version && (own != member || otherStart))
             else { return }
             // Written again by a start it superseded: that start runs (section 7.5, "Two nodes
-            // under one id").
-            if refuseIfAnotherStartRuns(member) { return }
+            // under one id"). A node that refused says nothing more about itself.
+            if refuseIfAnotherStartRuns(member) || refusal != nil { return }
             clock.advance(past: member.version)
             // Not before a reset is written: once peers hear it is alive the forget is gone from
             // the cluster, and a restart would come back with what it dropped.

@@ -240,7 +240,7 @@ extension NodeMachine {
             // life of the id. With nothing on disk, the node would number new writes over them.
             if startedWithoutOwnDeltas, own >= nextSequence {
                 refuseToRun(
-                    "node id \(configuration.nodeID) already published deltas 1…\(own) in this cluster (peer \(beat.node) holds them), and this node started with none of its own in its data directory (a new or emptied one): it would reuse their sequence numbers. Restore the node's data directory, or give it a new node.id\(membership.members[configuration.nodeID]?.state == .forgotten ? "" : " (and statesync forget \(configuration.nodeID) on a member)")"
+                    "node id \(configuration.nodeID) already published deltas 1…\(own) in this cluster (peer \(beat.node) holds them), and this node started with none of its own in its data directory (a new or emptied one): it would reuse their sequence numbers. Restore the node's data directory, or give it a new node.id\(membership.members[configuration.nodeID]?.state == .forgotten ? "" : " (and statesync forget \(configuration.nodeID) on a member, if the node that wrote them is gone; if it runs, this is a second node under its id: give this one its own)")"
                 )
                 return
             }

@@ -109,6 +109,10 @@ package struct NodeMachine: Sendable {
     /// Signs that other incarnations of this node's id run, by incarnation: their live entries
     /// this start superseded, their HEARTBEATs (``refuseIfAnotherStartRuns(_:)``).
     var signsOfOtherStarts: [UInt64: Int] = [:]
+    /// When this start bound its endpoints (its age, for ``signsBeforeRefusing(against:)``).
+    var boundAt: UInt64?
+    /// Other incarnations of this node's id whose HEARTBEATs it heard (each is one sign).
+    var startsHeardSpeaking: Set<UInt64> = []
     /// The incarnations heard under each peer's node id (``noteIncarnation(_:of:at:)``).
     var incarnationTrails: [String: IncarnationTrail] = [:]
     package var counters = NodeCounters()
@@ -350,6 +354,7 @@ package struct NodeMachine: Sendable {
         case .endpointsBound(let publish, let repair):
             boundPublish = publish
             boundRepair = repair
+            boundAt = now
             writeOwnEntry(.alive)
             // The members an earlier run saved are dialled now, not only the configured peers:
             // a node that joined through a seed which is away (leaving, restarting) when it
