@@ -475,6 +475,10 @@ struct ResumableWatchTests {
 
             let bad = try await cli(["watch", "r", "--from", "1795305830695.0@node1", "--daemon", nodes[1].api])
             #expect(bad.status != 0 && bad.stderr.contains("takes a cursor"), "\(bad.stderr)")
+            // A cursor ahead of node2's own writes (another cluster's, an earlier life's) would
+            // skip them: refused, saying why.
+            let ahead = try await cli(["watch", "r", "--from", "node2:99999999", "--daemon", nodes[1].api])
+            #expect(ahead.status == 1 && ahead.stderr.contains("node2:99999999"), "\(ahead.stderr)")
         } catch {
             Issue.record("\(error)\n\(daemons.logs())")
         }

@@ -382,4 +382,23 @@ struct WatchMachineTests {
         #expect(meanings.contains { if case .resyncStarted(.lagged) = $0 { true } else { false } })
         #expect(resumed.replica.properties(of: "m")["x"]?.value == 2)
     }
+
+    /// 10.5.1: a cursor naming more of this node's own writes than it numbered (another
+    /// cluster's, an earlier life of its id) is refused with ERROR 3 — resumed, it would skip
+    /// this node's writes up to that number. Its own last number, and another origin ahead (this
+    /// node may be behind), are taken.
+    @Test func aCursorAheadOfTheNodesOwnWritesIsRefused() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        for id in 1...3 as ClosedRange<UInt64> { Self.set(&node, id, ["x": .int(Int64(id))]) }
+        let ahead = node.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: WatchCursor(["n1": 30])))
+        let refused = try #require(ahead)
+        #expect(refused.0.kind == .error)
+        let error = try ClientProtocol.decodeError(refused.1)
+        #expect(error.code == ClientProtocol.ErrorCode.invalidArgument.rawValue)
+        #expect(error.message.contains("n1:30") && error.message.contains("numbered only 3"), "\(error.message)")
+        #expect(node.events(watch: 7).isEmpty, "no watch was registered")
+        for cursor in [WatchCursor(["n1": 3]), WatchCursor(["n1": 3, "n2": 500])] {
+            #expect(node.request(.watch, id: 8, ClientProtocol.encodeWatch(channel: "c", from: cursor))?.0.kind == .ok)
+        }
+    }
 }

@@ -197,6 +197,7 @@ extension NodeMachine {
                 let watch = try ClientProtocol.decodeWatchRequest(body)
                 try Names.validateChannel(watch.channel)
                 try authorize(identity, write: false, channel: watch.channel)
+                if let cursor = watch.cursor { try refuseCursorAheadOfOwnWrites(cursor) }
                 // OK first: the watch's events (snapshot, deltas, markers) follow it.
                 reply(client, .ok, id, [])
                 addWatch(
@@ -326,6 +327,21 @@ extension NodeMachine {
             counters.clientErrors += 1
             reply(client, .error, id, ClientProtocol.encodeError(.internal, "\(error)"))
         }
+    }
+
+    /// A WATCH cursor naming more of this node's own writes than it ever numbered (section
+    /// 10.5.1) comes from another cluster, or from an earlier life of this node's id (its data
+    /// directory emptied, in a cluster where no peer held its writes): resumed, it would skip
+    /// this node's writes up to that number, and say it is caught up. Refused, with ERROR 3.
+    /// (Not while settling: the node takes back the numbers its peers hold, and a cursor from a
+    /// peer may name them.)
+    func refuseCursorAheadOfOwnWrites(_ cursor: WatchCursor) throws(StateSyncError) {
+        let own = configuration.nodeID
+        guard settling == nil, cursor[own] > nextSequence - 1 else { return }
+        throw StateSyncError(
+            .protocolError,
+            "the cursor names \(own):\(cursor[own]), but node \(own) has numbered only \(nextSequence - 1) writes: it comes from another cluster or from an earlier life of this node (its data directory emptied). Resuming would skip this node's writes; watch without a cursor (and drop what the cursor's state held)"
+        )
     }
 
     /// Thrown once a write was answered with ERROR 9.
