@@ -57,21 +57,25 @@ final class LineOutput: Sendable {
     /// not take it within `limit` (its reader stopped reading: a paused pager, a stalled pipe).
     /// Then the process must still end — the lock may be held by a write that never returns —
     /// so this gives up and says how much was not written.
-    func flushBeforeExit(within limit: Duration) {
+    /// Returns whether everything queued was written.
+    @discardableResult
+    func flushBeforeExit(within limit: Duration) -> Bool {
         let deadline = ContinuousClock.now + limit
         while ContinuousClock.now < deadline {
-            let flushed: Void? = pending.withLockIfAvailable { pending in
-                guard !pending.isEmpty else { return }
+            let flushed: Bool? = pending.withLockIfAvailable { pending in
+                guard !pending.isEmpty else { return true }
                 // Non-blocking from here: a full pipe must not hold the exit up.
                 let flags = fcntl(STDOUT_FILENO, F_GETFL)
                 if flags >= 0 { _ = fcntl(STDOUT_FILENO, F_SETFL, flags | O_NONBLOCK) }
                 let written = Self.writeAll(pending, until: deadline)
                 if written < pending.count { Self.reportUnwritten(pending.count - written) }
+                return written == pending.count
             }
-            if flushed != nil { return }
+            if let flushed { return flushed }
             usleep(5_000)  // a write in progress holds the lock: look again until the deadline
         }
         Self.reportUnwritten(nil)
+        return false
     }
 
     private static func reportUnwritten(_ octets: Int?) {

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import StateSync
 import StateSyncClient
+import Synchronization
 
 /// `statesync`: the command-line client of a StateSync node.
 @main
@@ -452,7 +453,8 @@ extension StateSyncCLI {
                 If the node stops (it says so at once), the connection is lost or the node \
                 restarts, the watch ends with exit 1 and prints the cursor to resume from.
 
-                SIGINT and SIGTERM end the watch after printing the lines it holds; if standard \
+                SIGINT and SIGTERM end the watch after printing the lines it holds and (without \
+                --state) "resume with --from CURSOR" on stderr; if standard \
                 output is not being read (a paused pager), it waits at most a second for it, then \
                 says on stderr what was not written and exits (130 or 143).
                 """)
@@ -542,16 +544,22 @@ extension StateSyncCLI {
                 // Without --state, the lines of the events that arrived together are written at
                 // once; with it, a line counts as printed once written (WatchState).
                 let output = LineOutput(batched: saved == nil)
+                // The cursor after the last line shown (not the replica's: it may be past lines
+                // still to be shown when a signal comes).
+                let shownThrough = Mutex<WatchCursor?>(nil)
                 // SIGINT and SIGTERM: with --state, save what was printed; without, print what is
                 // queued (for at most a second: a reader that stopped reading must not keep the
-                // watch from ending); then the process ends.
+                // watch from ending) and, if all of it went, the cursor to resume from; then the
+                // process ends.
                 var signals: [any DispatchSourceSignal] = []
                 for number in [SIGINT, SIGTERM] {
                     signal(number, SIG_IGN)
                     let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
                     source.setEventHandler {
                         saved?.saveAndExit()
-                        output.flushBeforeExit(within: .seconds(1))
+                        if output.flushBeforeExit(within: .seconds(1)), let cursor = shownThrough.withLock({ $0 }) {
+                            FileHandle.standardError.write(Data("statesync: resume with --from \(cursor)\n".utf8))
+                        }
                         _exit(128 + number)
                     }
                     source.resume()
@@ -565,6 +573,9 @@ extension StateSyncCLI {
                                 saved.printing(event) { show(event, to: output) }
                             } else {
                                 show(event, to: output)
+                                if let cursor = Self.resumeCursor(after: event) {
+                                    shownThrough.withLock { $0 = cursor }
+                                }
                             }
                         }
                         output.flush()
@@ -578,6 +589,18 @@ extension StateSyncCLI {
                         saved.map { "resume with --state \($0.path)" } ?? "resume with --from \(watched.cursor)"
                     throw StateSyncError(.connectionLost, "\(error); \(resume)")
                 }
+            }
+        }
+
+        /// The cursor a watch shown through `event` resumes from, when the event moves it: a live
+        /// change, or the end of a snapshot or a caught-up marker (initial and resync lines carry
+        /// the cursor from before their snapshot).
+        static func resumeCursor(after event: WatchEvent) -> WatchCursor? {
+            switch event {
+            case .change(_, let kind, let cursor): kind == .live ? cursor : nil
+            case .initialStateComplete(_, let cursor), .resyncComplete(_, let cursor), .caughtUp(let cursor, _, _):
+                cursor
+            case .resyncStarted: nil
             }
         }
 

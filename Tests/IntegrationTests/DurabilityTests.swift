@@ -444,6 +444,8 @@ struct ResumableWatchTests {
             let firstLines = first.stdout.split(separator: "\n").compactMap(jsonObject)
             let cursor = try #require(firstLines.last?["cursor"] as? String)
             #expect(firstLines.prefix(10).map { $0["new"] as? Int } == (1...10).map { $0 })
+            // Interrupted, it says where to resume: after its last line.
+            #expect(first.stderr.contains("statesync: resume with --from \(cursor)\n"), "\(first.stderr)")
 
             let node2 = try StateSyncClient(endpoint: nodes[1].api)
             defer { node2.close() }
