@@ -157,11 +157,28 @@ public final class ChannelReplica: Sendable {
         above[origin] = held
     }
 
-    /// Applies one snapshot record; returns the changes it made.
+    /// Applies one snapshot record; returns the changes it made. In a replica that lacks the
+    /// state at its cursor (a watch resumed with a cursor alone), a deletion or an expired value
+    /// it held no record of is a change too, with no old value: it may have removed what the
+    /// client holds from before the cursor (a resync would otherwise leave a deleted model with
+    /// the client for good). A whole model's deletion is one change with the empty property name.
     package func apply(model: String, property: String, register: ReplicaStore.Register) -> [PropertyChange] {
         state.withLock { state in
-            state.store.merge(ModelAddress(channel: channel, model: model), property: property, register: register)
-                ?? []
+            let address = ModelAddress(channel: channel, model: model)
+            let unheld =
+                register.isDeleted && lacksStateAtCursor.load(ordering: .relaxed)
+                && state.store.records(of: address)[property] == nil
+            var changes = state.store.merge(address, property: property, register: register) ?? []
+            if unheld, changes.isEmpty, state.store.records(of: address)[property]?.version == register.version {
+                let expired = register.timeToLive > 0
+                var change = PropertyChange(
+                    channel: channel, model: model, property: property, old: nil, new: .null,
+                    version: expired ? register.expiryVersion ?? register.version : register.version,
+                    kind: expired ? .expired : .deleted)
+                change.byModelDeletion = property.isEmpty
+                changes.append(change)
+            }
+            return changes
         }
     }
 
@@ -335,10 +352,19 @@ package struct WatchSession: Sendable {
     {
         switch event {
         case .delta(let delta, let position):
+            // What expired at or before this write's version expired before it (section 8.3: a
+            // value lives its time to live from its own version). The node's CAUGHT-UPs say so
+            // live; a resumed watch, whose deltas the node replays at once, gets them only after
+            // the last: without this it would print a later write over an expired value as if
+            // the value were still there, and the expiries after it.
+            let before = replica.cursor
+            let expired = replica.expire(through: delta.version.milliseconds).map {
+                WatchEvent.change($0, kind: .live, cursor: before)
+            }
             let changes = replica.apply(delta)
             replica.advance(to: position)
             let cursor = replica.cursor
-            return changes.map { .change($0, kind: .live, cursor: cursor) }
+            return expired + changes.map { .change($0, kind: .live, cursor: cursor) }
         case .snapshotBegin(let reason):
             snapshotReason = reason
             digest = RegisterDigest()

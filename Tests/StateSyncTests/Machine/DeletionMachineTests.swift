@@ -123,6 +123,42 @@ struct DeletionMachineTests {
         #expect(changes.map(\.kind) == [.expired])
     }
 
+    /// 10.5.8: a watch resumed after values expired and were written or deleted again gets the
+    /// node's deltas replayed before any CAUGHT-UP: each expiry is told before the later write
+    /// (old value, then null, then the new one), not after it — with exact old values (the
+    /// client's replica held the values: `--state`), as a live watch tells it. (An operator
+    /// trial saw `1 → 2` over an expired value, a deletion of an expired one, and the expiries
+    /// after the later writes.)
+    @Test func aResumedWatchTellsExpiriesBeforeTheWritesAfterThem() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        _ = node.request(.watch, id: 1, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        _ = try Self.changes(&session, node.events(watch: 1))
+        _ = node.request(
+            .unwatch, id: 2,
+            {
+                var w = WireWriter()
+                w.uint64(1)
+                return w.bytes
+            }())
+        Self.set(&node, 3, ["v": 1, "w": 1], ttl: 1000)
+        node.advance(1500)  // both expired on the node
+        Self.set(&node, 4, ["v": 2])
+        _ = node.request(.delete, id: 5, ClientProtocol.encodeDelete(Self.address, properties: ["w"]))
+        // The client resumes with what it held (the state before the writes).
+        let from = node.sent.count
+        _ = node.request(.watch, id: 6, ClientProtocol.encodeWatch(channel: "c", from: session.replica.cursor))
+        for _ in 0..<3 { node.advance(100) }
+        let told = try Self.changes(&session, node.events(watch: 6, from: from)).map {
+            "\($0.property) \($0.kind) \($0.old?.jsonText() ?? "nil")→\($0.new.jsonText())"
+        }
+        #expect(
+            told == [
+                "v set nil→1", "w set nil→1", "v expired 1→null", "w expired 1→null", "v set nil→2",
+            ], "\(told)")
+        #expect(session.replica.properties(of: "m").mapValues(\.value) == ["v": 2])
+    }
+
     /// 10.9 and 10.5.4: a peer's snapshot carries deletions, the model's included: the
     /// receiver deletes what it held, and a new watch's snapshot carries them to a client whose
     /// replica is behind.

@@ -401,4 +401,35 @@ struct WatchMachineTests {
             #expect(node.request(.watch, id: 8, ClientProtocol.encodeWatch(channel: "c", from: cursor))?.0.kind == .ok)
         }
     }
+
+    /// 10.5.8: a watch resumed with its cursor alone (`statesync watch --from`) past the node's
+    /// history gets a resync; a model deleted meanwhile is in it as a deletion (one change, the
+    /// empty property name, no old value), not left out: the client holds it from before the
+    /// cursor. (An operator trial saw `--state` print it and `--from` keep the model for good.)
+    @Test func aResyncTellsACursorOnlyWatchOfADeletedModel() throws {
+        var configuration = MachineRunner.configuration("n1")
+        configuration.historyDeltas = 5
+        var node = MachineRunner(configuration)
+        Self.set(&node, 1, ["x": 1], model: "kept")
+        Self.set(&node, 2, ["x": 1], model: "gone")
+        _ = node.request(.watch, id: 3, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        let (first, _) = try Self.replay(node.events(watch: 3))
+        let cursor = first.replica.cursor
+        for id in 4...20 as ClosedRange<UInt64> { Self.set(&node, id, ["x": .int(Int64(id))], model: "kept") }
+        _ = node.request(
+            .delete, id: 21, ClientProtocol.encodeDelete(ModelAddress(channel: "c", model: "gone"), properties: []))
+        let from = node.sent.count
+        _ = node.request(.watch, id: 22, ClientProtocol.encodeWatch(channel: "c", from: cursor))
+        var resumed = WatchSession(replica: ChannelReplica(channel: "c", cursor: cursor))
+        var meanings: [WatchEvent] = []
+        for event in node.events(watch: 22, from: from) { meanings += try resumed.handle(event, from: "n1") }
+        #expect(meanings.contains { if case .resyncStarted(.historyGone) = $0 { true } else { false } })
+        let deletions = meanings.compactMap { meaning -> PropertyChange? in
+            guard case .change(let change, .resync, _) = meaning, change.kind == .deleted else { return nil }
+            return change
+        }
+        #expect(
+            deletions.map(\.model) == ["gone"] && deletions.first?.property == "" && deletions.first?.old == nil,
+            "\(meanings)")
+    }
 }
