@@ -1,3 +1,4 @@
+import Logging
 import Testing
 
 @testable import StateSync
@@ -34,6 +35,22 @@ struct OriginBindingTests {
         plain.handle(
             .peerMessage(peer: "inproc://n2", frames: PeerMessage.delta(RepairMachineTests.delta("n3", 1)).encode()))
         #expect(plain.machine.counters.forgedOrigins == 0 && !plain.machine.store.properties(of: address).isEmpty)
+    }
+
+    /// A HEARTBEAT in another id's name on a bound stream is most often a node whose
+    /// configuration was copied, node.id unchanged: the warning says so and what to do (the two
+    /// signs of PROTOCOL.md 7.5 "Two nodes under one id" cannot be seen through the binding).
+    @Test func aHeartbeatInAnotherIDsNameSuggestsACopiedConfiguration() throws {
+        let logs = CapturedLogs()
+        var configuration = MachineRunner.configuration("n1", peers: ["n2", "n4"])
+        configuration.peerNodeIDs = ["inproc://n2": "n2", "inproc://n4": "n4"]
+        configuration.security = SecurityConfiguration(secretKeyFile: "unused", peerKeys: [:])
+        var node = MachineRunner(configuration, logger: logs.logger)
+        node.handle(.peerMessage(peer: "inproc://n4", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        let warning = try #require(logs.all.first { $0.message.contains("in another node's name") })
+        #expect(
+            warning.message.contains("configured with node.id n2 by mistake")
+                && warning.message.contains("give it node.id n4"))
     }
 
     /// A stream from an endpoint that is neither configured nor a learned member carries no

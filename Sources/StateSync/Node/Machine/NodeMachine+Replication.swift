@@ -145,8 +145,14 @@ extension NodeMachine {
     /// Drops what a peer sent in another node's name on its live stream: counted and logged.
     mutating func refuseForged(origin: String, count: Int, from endpoint: String, bound: String, what: String) {
         counters.forgedOrigins += count
+        // A HEARTBEAT speaks for its sender: one in another id's name is most often a node whose
+        // configuration was copied from that node's, node.id unchanged (section 7.5).
+        let hint =
+            what == "a HEARTBEAT" && !bound.isEmpty
+            ? " (a node configured with node.id \(origin) by mistake? its key is \(bound)'s: give it node.id \(bound))"
+            : ""
         warnLimited(
-            "forged-origin", "a peer sent \(what) in another node's name on its live stream; dropped",
+            "forged-origin", "a peer sent \(what) in another node's name on its live stream; dropped\(hint)",
             metadata: [
                 "peer.endpoint": "\(endpoint)", "peer.id": "\(bound)", "origin": "\(origin)",
             ])
