@@ -20,6 +20,18 @@ struct DeletionMachineTests {
         return (try? ClientProtocol.decodeVersion(Array(reply.1.dropLast())), reply.1.last)
     }
 
+    /// A client that watched the channel on `node` (request `watch`), took what it was sent,
+    /// and unwatched (request `unwatch`): its session holds the state and the cursor.
+    static func watchedAndLeft(_ node: inout MachineRunner, watch: UInt64, unwatch: UInt64) throws -> WatchSession {
+        _ = node.request(.watch, id: watch, ClientProtocol.encodeWatch(channel: "c", from: nil))
+        var session = WatchSession(replica: ChannelReplica(channel: "c"))
+        _ = try changes(&session, node.events(watch: watch))
+        var body = WireWriter()
+        body.uint64(watch)
+        _ = node.request(.unwatch, id: unwatch, body.bytes)
+        return session
+    }
+
     static func changes(_ session: inout WatchSession, _ events: [ClientProtocol.WatchEventBody]) throws
         -> [PropertyChange]
     {
@@ -131,16 +143,7 @@ struct DeletionMachineTests {
     /// after the later writes.)
     @Test func aResumedWatchTellsExpiriesBeforeTheWritesAfterThem() throws {
         var node = MachineRunner(MachineRunner.configuration("n1"))
-        _ = node.request(.watch, id: 1, ClientProtocol.encodeWatch(channel: "c", from: nil))
-        var session = WatchSession(replica: ChannelReplica(channel: "c"))
-        _ = try Self.changes(&session, node.events(watch: 1))
-        _ = node.request(
-            .unwatch, id: 2,
-            {
-                var w = WireWriter()
-                w.uint64(1)
-                return w.bytes
-            }())
+        var session = try Self.watchedAndLeft(&node, watch: 1, unwatch: 2)
         Self.set(&node, 3, ["v": 1, "w": 1], ttl: 1000)
         node.advance(1500)  // both expired on the node
         Self.set(&node, 4, ["v": 2])
@@ -165,16 +168,7 @@ struct DeletionMachineTests {
     @Test func snapshotsCarryDeletionsToPeersAndWatches() throws {
         var holder = MachineRunner(MachineRunner.configuration("n1"))
         Self.set(&holder, 1, ["a": 1, "b": 2])
-        _ = holder.request(.watch, id: 7, ClientProtocol.encodeWatch(channel: "c", from: nil))
-        var behind = WatchSession(replica: ChannelReplica(channel: "c"))
-        _ = try Self.changes(&behind, holder.events(watch: 7))
-        _ = holder.request(
-            .unwatch, id: 8,
-            {
-                var w = WireWriter()
-                w.uint64(7)
-                return w.bytes
-            }())
+        var behind = try Self.watchedAndLeft(&holder, watch: 7, unwatch: 8)
         _ = holder.request(.delete, id: 2, ClientProtocol.encodeDelete(Self.address, properties: []))
         Self.set(&holder, 3, ["c": 3])
         _ = holder.request(.delete, id: 4, ClientProtocol.encodeDelete(Self.address, properties: ["c"]))
