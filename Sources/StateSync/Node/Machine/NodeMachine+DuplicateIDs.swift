@@ -9,8 +9,9 @@
 ///   live entry of that same incarnation, knows that incarnation runs: it refuses to run — at
 ///   once if it holds no write of the id (or was just started empty), else only after several
 ///   more, so that a node added under the id of one with writes is the one that stops
-///   (between two alike, the higher incarnation waits for more). The first HEARTBEAT heard in its own id from
-///   another incarnation (it lists the other's endpoint among its peers) counts the same.
+///   (between two alike, the higher incarnation waits for more). The first HEARTBEAT heard in
+///   its own id from another incarnation (it lists the other's endpoint among its peers) counts
+///   the same.
 /// - A peer hears the id's HEARTBEATs alternate between incarnations, going back to one it had
 ///   heard before: a stopped incarnation never speaks again. It counts and logs that, and
 ///   says so in its status, while both are heard.
