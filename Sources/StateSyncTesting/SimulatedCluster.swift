@@ -304,6 +304,13 @@ package final class SimulatedCluster {
         for node in nodes where node.id != joiner && configuration.copies[node.index] == nil { try start(node) }
     }
 
+    /// Gives node `index`, never started, what node `source` holds durably now (a copy made with
+    /// its data directory: ``Configuration/copies``).
+    package func copyDisk(of source: Int, to index: Int) {
+        guard nodes[index].generation == 0, nodes[index].host == nil else { return }
+        nodes[index].disk.copyDurableState(of: nodes[source].disk)
+    }
+
     /// Starts a node that was never started (a late joiner, ``Configuration/lateJoiner``, or a
     /// copy, ``Configuration/copies``).
     package func join(_ index: Int) throws(StateSyncError) {

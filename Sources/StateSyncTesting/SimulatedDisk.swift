@@ -37,6 +37,18 @@ public final class SimulatedDisk: NodeStorage {
     /// An empty disk (recovery creates the log).
     public init() {}
 
+    /// Takes what `other` holds durably (its snapshot, member list, log and reservation), as
+    /// `cp -a` of a running node's data directory does: a copy of a node started elsewhere.
+    package func copyDurableState(of other: SimulatedDisk) {
+        let source = other.state.withLock { $0 }
+        state.withLock { state in
+            state.snapshot = source.snapshot
+            state.members = source.members
+            state.durableLog = source.durableLog
+            state.reservation = source.reservation
+        }
+    }
+
     package func recover(onCorruptSnapshot: (String) -> Void) throws(StateSyncError) -> NodeMachine.Recovery {
         let (snapshotBytes, log, membersBytes) = state.withLock { state in
             state.pendingLog = []

@@ -58,11 +58,30 @@ struct DuplicateIDMachineTests {
         recovery.deltas = [RepairMachineTests.delta("n1", 1)]
         var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), recovery: recovery)
         node.handle(.endpointsBound(publish: "inproc://n1", repair: "inproc://n1.api"))
+        node.handle(.subscriberConnected)  // its peers take its stream
         let other: UInt64 = 0x5EC0_0D00_0000_0000
         for heard in 1...8 {
             let own = try #require(node.machine.ownEntry)
             Self.hear(Self.entry("n1", incarnation: other, publish: "inproc://n1-copy", after: own.version), at: &node)
             #expect(node.refusals.count == (heard == 8 ? 1 : 0), "entry \(heard)")
+        }
+    }
+
+    /// A node with writes of its own that no peer ever subscribed to (a copy of a node's data
+    /// directory that joined through a seed: the peers link the other's endpoint for the id)
+    /// holds nothing its peers take: it stops at the second sign. (An operator trial saw the
+    /// long-running node stop and such a copy run on, linked by no one, its writes lost.)
+    @Test func aNodeNoPeerSubscribesToStopsAtTheSecondSign() throws {
+        var recovery = NodeMachine.Recovery()
+        recovery.deltas = [RepairMachineTests.delta("n1", 1)]
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), recovery: recovery)
+        node.handle(.endpointsBound(publish: "inproc://n1-copy", repair: "inproc://n1-copy.api"))
+        for heard in 1...2 {
+            let own = try #require(node.machine.ownEntry)
+            Self.hear(
+                Self.entry("n1", incarnation: 0x5EC0_0D00_0000_0000, publish: "inproc://n1", after: own.version),
+                at: &node)
+            #expect(node.refusals.count == (heard == 2 ? 1 : 0), "entry \(heard)")
         }
     }
 
@@ -72,6 +91,7 @@ struct DuplicateIDMachineTests {
     @Test(arguments: [false, true])
     func aNodeStartedEmptyHoldsTheIDOnceItWroteAndRanAMinute(ranAMinute: Bool) throws {
         var node = MembershipMachineTests.started("n1", peers: ["n2"])
+        node.handle(.subscriberConnected)
         let set = ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: 1)])
         #expect(node.request(.set, id: 1, set)?.0.kind == .ok)
         if ranAMinute { node.advance(NodeMachine.newcomerMilliseconds) }

@@ -108,4 +108,33 @@ struct DuplicateIDSimulationTests {
             reason.contains("member entry was written again") || reason.contains("already published deltas"),
             "seed \(seed): \(reason)")
     }
+
+    /// A copy made with n2's data directory (`cp -a`), joining through n1 while n2 runs: both
+    /// hold writes of the id, but no peer subscribes to the copy (they link n2's endpoint for
+    /// the id), so what it takes reaches no one: it is the one that stops, and n2 goes on. (An
+    /// operator trial saw n2, the long-running node, stop, and the copy run on linked by no one.)
+    @Test(arguments: 1...10 as ClosedRange<UInt64>)
+    func aCopyOfANodesDataDirectoryJoiningThroughASeedStops(seed: UInt64) async throws {
+        let cluster = try Self.cluster(seed: seed, throughSeed: true)
+        let original = try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "m")
+        original.count = 1
+        // n2 has run for over a minute: it is no newcomer (it started empty, as every node here).
+        cluster.run(for: NodeMachine.newcomerMilliseconds + 1_000)
+        cluster.copyDisk(of: 1, to: 3)
+        try cluster.join(3)
+        let copy = try await #require(cluster.nodes[3].host).model(Counter.self, channel: "c", id: "copy")
+        copy.count = 1
+        let oneStopped = cluster.run(for: 20_000) { !$0.nodes[1].isUp || !$0.nodes[3].isUp }
+        #expect(oneStopped, "seed \(seed): both still run after 20 s")
+        #expect(
+            cluster.nodes[1].isUp && !cluster.nodes[3].isUp,
+            "seed \(seed): the copy stops, n2 goes on: \(cluster.nodes[1].refusals) \(cluster.nodes[3].refusals)")
+        original.count = 2
+        let everywhere = cluster.run(for: 10_000) { cluster in
+            [0, 2].allSatisfy {
+                cluster.nodes[$0].host?.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == 2
+            }
+        }
+        #expect(everywhere, "seed \(seed): n2's writes reach n1 and n3")
+    }
 }

@@ -17,17 +17,23 @@
 ///   says so in its status, while both are heard.
 extension NodeMachine {
     /// Signs of the start `other` of its id a node takes before it refuses to run: 8 when it
-    /// holds writes of the id, 2 when it does not — it has numbered none, or it started with an
-    /// empty data directory less than ``newcomerMilliseconds`` ago (a copy just added, whatever
-    /// it took since: the node it copies has held the id for longer) — and 4 more for the
-    /// higher incarnation. Entry signs alternate — each start writes a newer entry only to
-    /// supersede one of the other's — and a HEARTBEAT counts once, so of two alike the lower
-    /// has stopped before the higher has taken its own. (A higher one whose other does not
-    /// take signs, an older version, still stops.)
+    /// holds writes of the id that its peers take, 2 when it does not — it has numbered none; or
+    /// it started with an empty data directory less than ``newcomerMilliseconds`` ago (a copy
+    /// just added, whatever it took since: the node it copies has held the id for longer); or no
+    /// peer ever subscribed to it (a copy that joined through a seed: its peers link one endpoint
+    /// per member id, the other's, and what it takes reaches no one) — and 4 more for the higher
+    /// incarnation. Entry signs alternate — each start writes a newer entry only to supersede
+    /// one of the other's — and a HEARTBEAT counts once, so of two alike the lower has stopped
+    /// before the higher has taken its own. (A higher one whose other does not take signs, an
+    /// older version, still stops.)
     func signsBeforeRefusing(against other: UInt64) -> Int {
+        (holdsWritesPeersTake ? 8 : 2) + (incarnation > other ? 4 : 0)
+    }
+
+    /// Whether this start holds writes of its id that its peers take (``signsBeforeRefusing(against:)``).
+    var holdsWritesPeersTake: Bool {
         let newcomer = startedWithoutOwnDeltas && boundAt.map { now &- $0 < Self.newcomerMilliseconds } ?? true
-        let holdsWrites = nextSequence > 1 && !newcomer
-        return (holdsWrites ? 8 : 2) + (incarnation > other ? 4 : 0)
+        return nextSequence > 1 && !newcomer && counters.subscribersConnected > 0
     }
 
     /// How long a node started with an empty data directory counts as just added.

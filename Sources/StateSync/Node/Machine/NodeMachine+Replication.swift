@@ -244,7 +244,10 @@ extension NodeMachine {
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
             // A peer holds more of this id's deltas than this run numbered: deltas of an earlier
             // life of the id. With nothing on disk, the node would number new writes over them.
-            if startedWithoutOwnDeltas, own >= nextSequence {
+            // Not once it holds writes its peers take: then they are another start's under its
+            // id (section 7.5, "Two nodes under one id"), whose signs decide which stops; as a
+            // node with data, it numbers past them and takes them back.
+            if startedWithoutOwnDeltas, !holdsWritesPeersTake, own >= nextSequence {
                 refuseToRun(
                     "node id \(configuration.nodeID) already published deltas 1…\(own) in this cluster (peer \(beat.node) holds them), and this node started with none of its own in its data directory (a new or emptied one): it would reuse their sequence numbers. Restore the node's data directory, or give it a new node.id\(membership.members[configuration.nodeID]?.state == .forgotten ? "" : " (and statesync forget \(configuration.nodeID) on a member, if the node that wrote them is gone; if it runs, this is a second node under its id: give this one its own)")"
                 )
