@@ -64,6 +64,15 @@ extension StateSyncNode {
         _ = try NodeKeys(security)
     }
 
+    /// Checks that this process can create and write `node.data_dir` and the files in it
+    /// (`statesyncd --check-config`, and before a daemon starts: a directory its user may not
+    /// write is a configuration the node must not start with).
+    ///
+    /// - Throws: ``StateSyncError`` with one line naming the directory, the user and the fix.
+    public static func checkDataDirectory(of configuration: NodeConfiguration) throws {
+        try DataDirectory.checkWritable(configuration.dataDirectory)
+    }
+
     /// Faults the test harness plants in a daemon (docs/PROTOCOL.md, Appendix C); never in
     /// production.
     package struct TestHooks: Sendable {

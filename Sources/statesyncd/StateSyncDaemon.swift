@@ -68,6 +68,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
             do {
                 let configuration = try NodeConfiguration.load(file: checkConfig)
                 try StateSyncNode.checkKeys(of: configuration)
+                try StateSyncNode.checkDataDirectory(of: configuration)
                 print(
                     "\(checkConfig): ok — node \(configuration.nodeID), publish \(configuration.publishEndpoint), api \(configuration.apiEndpoint ?? "none"), http \(configuration.httpListen ?? "off"), \(configuration.peers.count) peers, security \(configuration.security == nil ? "off" : "on")"
                 )
@@ -82,7 +83,9 @@ struct StateSyncDaemon: AsyncParsableCommand {
             configuration = try config.map { try NodeConfiguration.load(file: $0) } ?? NodeConfiguration.loadDefaults()
             // Key files are part of the configuration: one missing or unreadable is exit 2, as
             // --check-config says, and found before the node locks or writes its data directory.
+            // So is a data directory this user may not write.
             try StateSyncNode.checkKeys(of: configuration)
+            try StateSyncNode.checkDataDirectory(of: configuration)
         } catch {
             printError("statesyncd: invalid configuration: \(error)")
             throw ExitCode(2)

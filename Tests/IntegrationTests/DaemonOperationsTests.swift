@@ -69,6 +69,40 @@ struct DaemonOperationsTests {
         #expect(!FileManager.default.fileExists(atPath: directory), "the node never started")
     }
 
+    /// A data directory the daemon's user may not write is a configuration it must not run with:
+    /// `--check-config` says so, and the daemon exits 2 (no restart loop under the unit's
+    /// `RestartPreventExitStatus=2`) with one line naming the directory and the user. Before,
+    /// `--check-config` said ok and the daemon exited 1 with "You don't have permission." (an
+    /// operator trial). Run as `nobody` (the tests run as root, which may write anything).
+    @Test(.enabled(if: getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")))
+    func aDataDirectoryItsUserMayNotWriteIsExit2() async throws {
+        let directory = temporaryDirectory("unwritable")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        chmod(directory, 0o755)
+        let config = "\(directory)/node.yaml"
+        try """
+        node:
+          id: nobodys
+          data_dir: \(directory)/data
+        network:
+          publish: tcp://127.0.0.1:\(freePort())
+          api: tcp://127.0.0.1:\(freePort())
+        """.write(toFile: config, atomically: true, encoding: .utf8)
+        chmod(config, 0o644)
+        let asNobody = [
+            "--reuid=65534", "--regid=65534", "--clear-groups", binaries.appendingPathComponent("statesyncd").path,
+        ]
+        for arguments in [["--check-config", config], ["--config", config]] {
+            let run = try ChildProcess("/usr/bin/setpriv", asNobody + arguments)
+            #expect(await run.wait() == 2, "\(arguments): \(run.stderr)")
+            #expect(
+                run.stderr.contains(
+                    "node.data_dir \(directory)/data: its parent \(directory) is not writable by this user (uid 65534)"),
+                "\(run.stderr)")
+        }
+        #expect(!FileManager.default.fileExists(atPath: "\(directory)/data"))
+    }
+
     /// A configured peer whose host name does not resolve is said at start (libzmq dials it
     /// silently, and `status` shows only a peer never seen); the node runs on and dials it.
     @Test func aPeerHostThatDoesNotResolveIsSaid() async throws {

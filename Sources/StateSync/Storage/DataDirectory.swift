@@ -60,6 +60,40 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         return text.trimmingCharacters(in: .whitespacesAndNewlines)
     }()
 
+    /// Checks that this process can create (when missing) and write the data directory at
+    /// `path` and the files a node keeps in it: a directory this user may not write is a
+    /// configuration the node must not start with (restarting would not help), said before
+    /// anything is touched, with the path and the user.
+    package static func checkWritable(_ path: String) throws(StateSyncError) {
+        func refuse(_ what: String) -> StateSyncError {
+            StateSyncError(
+                .invalidConfiguration,
+                "node.data_dir \(path): \(what) is not writable by this user (uid \(getuid())): \(String(cString: strerror(errno))); give the user the directory (chown) or choose another node.data_dir"
+            )
+        }
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            // Missing: created in the nearest existing parent.
+            var parent = (path as NSString).deletingLastPathComponent
+            while !parent.isEmpty, stat(parent, &info) != 0 {
+                let up = (parent as NSString).deletingLastPathComponent
+                if up == parent { return }
+                parent = up
+            }
+            if parent.isEmpty { parent = "." }
+            guard access(parent, W_OK | X_OK) == 0 else { throw refuse("its parent \(parent)") }
+            return
+        }
+        guard info.st_mode & S_IFMT == S_IFDIR else {
+            throw StateSyncError(.invalidConfiguration, "node.data_dir \(path) is not a directory")
+        }
+        guard access(path, W_OK | X_OK) == 0 else { throw refuse("the directory") }
+        for name in ["LOCK", logName, snapshotName, membersName, reservationName] {
+            let file = path + "/" + name
+            if access(file, F_OK) == 0, access(file, R_OK | W_OK) != 0 { throw refuse(file) }
+        }
+    }
+
     /// Creates the directory when missing and takes its lock.
     package init(path: String) throws(StateSyncError) {
         self.path = path
