@@ -81,6 +81,9 @@ package final class SimulatedCluster {
         /// A copy lists only the first node, and no node lists it: it joins through membership,
         /// and no peer links to it (a node links one endpoint per member id).
         package var copiesJoinThroughSeed = false
+        /// Per node (by index), a heartbeat interval other than ``heartbeatMilliseconds``: a node
+        /// configured with another `network.heartbeat_ms`.
+        package var heartbeatOverrides: [Int: Int] = [:]
         /// Where nodes log (nothing, by default: a simulation makes many).
         package var logger = Logger(label: "statesync-sim", factory: { _ in SwiftLogNoOpLogHandler() })
 
@@ -281,7 +284,9 @@ package final class SimulatedCluster {
             var node = NodeConfiguration(
                 nodeID: nodeIDs[index], dataDirectory: "sim://\(id)", publishEndpoint: Self.publishEndpoint(id),
                 peers: known.map(Self.publishEndpoint), apiEndpoint: Self.apiEndpoint(id),
-                heartbeatIntervalMilliseconds: configuration.heartbeatMilliseconds, fsync: configuration.fsync,
+                heartbeatIntervalMilliseconds: configuration.heartbeatOverrides[index]
+                    ?? configuration.heartbeatMilliseconds,
+                fsync: configuration.fsync,
                 fsyncIntervalMilliseconds: configuration.fsyncIntervalMilliseconds,
                 compactBytes: configuration.compactBytes, historyDeltas: configuration.historyDeltas)
             node.clientHighWaterMark = configuration.clientHighWaterMark

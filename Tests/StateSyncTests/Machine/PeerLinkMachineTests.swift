@@ -20,6 +20,36 @@ struct PeerLinkMachineTests {
         #expect(node.machine.now == node.now)
     }
 
+    /// A peer that beats five times slower than this node (its `network.heartbeat_ms` is 500,
+    /// this node's 100) is connected and alive between its HEARTBEATs, and its link is not
+    /// replaced while it keeps its pace: liveness follows each peer's pace, and the difference is
+    /// logged once. Its silence is still found, at its own pace. (An operator trial saw every
+    /// other node's readiness flap between its HEARTBEATs, with nothing logged.)
+    @Test func aPeerThatBeatsSlowerIsLiveBetweenItsHeartbeats() throws {
+        let logs = CapturedLogs()
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), logger: logs.logger)
+        let beat = MembershipMachineTests.heartbeat("n2", members: [MembershipMachineTests.member("n2", at: 100)])
+        // Its pace is known from its second HEARTBEAT.
+        node.handle(.peerMessage(peer: "inproc://n2", frames: beat))
+        node.advance(500)
+        for _ in 0..<6 {
+            node.handle(.peerMessage(peer: "inproc://n2", frames: beat))
+            for _ in 0..<5 {
+                node.advance(99)
+                let status = node.machine.status(now: node.now)
+                #expect(status.peers.first?.connected == true, "at \(node.now)")
+                #expect(status.members.first { $0.id == "n2" }?.state == "alive", "at \(node.now)")
+            }
+            node.advance(5)
+        }
+        #expect(node.linkResets.isEmpty, "no link replaced while it keeps its pace")
+        #expect(logs.all.filter { $0.message.contains("sends HEARTBEATs every") }.count == 1)
+        node.advance(5 * 500 + 1)
+        #expect(node.machine.status(now: node.now).peers.first?.connected == false, "silent: no longer connected")
+        node.advance(5 * 500)
+        #expect(node.linkResets == ["inproc://n2"], "silent for ten of its intervals: link replaced")
+    }
+
     @Test func aSilentPeerGetsANewLinkOncePerSilentPeriod() {
         var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2", "n3"]))
         let limit = node.machine.peerSilenceLimit

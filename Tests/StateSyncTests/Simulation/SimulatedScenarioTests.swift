@@ -267,6 +267,41 @@ struct SimulatedRepairTests {
         #expect(Self.subscribersConnected(cluster, 0) == 3 && Self.subscribersConnected(cluster, 2) == 2)
     }
 
+    /// A node configured with a heartbeat five times longer than the others' (500 ms, they 100):
+    /// once its pace is heard, no peer takes it for down between its HEARTBEATs — no link of it
+    /// replaced, connected and alive at every instant sampled — and writes on every node
+    /// converge. When it crashes, its silence is still found. (An operator trial saw the others'
+    /// readiness flap with every one of its HEARTBEATs.)
+    @Test(arguments: 1...5 as ClosedRange<UInt64>)
+    func aNodeThatBeatsSlowerIsNotTakenForDown(seed: UInt64) async throws {
+        var configuration = SimulatedCluster.Configuration(nodes: 3, seed: seed)
+        configuration.heartbeatOverrides = [2: 500]
+        let cluster = try SimulatedCluster(configuration)
+        cluster.run(for: 2_000)
+        let resetsBefore = [0, 1].map { cluster.nodes[$0].host?.status.counters["peer_link_resets"] ?? -1 }
+        for index in 0..<3 {
+            let model = try await #require(cluster.nodes[index].host).model(Counter.self, channel: "c", id: "m\(index)")
+            model.count = index + 1
+        }
+        for _ in 0..<100 {
+            cluster.run(for: 37)
+            for index in [0, 1] {
+                let status = try #require(cluster.nodes[index].host?.status)
+                let slow = status.peers.first { $0.node == "n3" }
+                #expect(slow?.connected == true, "seed \(seed): n\(index + 1) at \(cluster.now)")
+                #expect(status.members.first { $0.id == "n3" }?.state == "alive", "seed \(seed) at \(cluster.now)")
+            }
+        }
+        let resetsAfter = [0, 1].map { cluster.nodes[$0].host?.status.counters["peer_link_resets"] ?? -1 }
+        #expect(resetsAfter == resetsBefore, "seed \(seed): no link replaced")
+        #expect(cluster.run(for: 5_000, stoppingWhen: SimulatedRepairTests.quiet), "seed \(seed)")
+        cluster.crash(2)
+        let down = cluster.run(for: 10_000) { cluster in
+            cluster.nodes[0].host?.status.members.first { $0.id == "n3" }?.state == "down"
+        }
+        #expect(down, "seed \(seed): its silence is found")
+    }
+
     /// A node whose process ends behind a cut still closes its connections (its kernel's FIN is
     /// sent again until the cut heals): its subscribers dial it when it is back and connect as
     /// soon as the cut heals, without waiting for their silent links to be replaced.

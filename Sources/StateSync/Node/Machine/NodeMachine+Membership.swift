@@ -425,10 +425,11 @@ extension NodeMachine {
 
     /// Every member as this node sees it (status, `statesync members`).
     func memberStatus() -> [NodeStatus.Member] {
-        let interval = UInt64(configuration.heartbeatIntervalMilliseconds)
         var lastHeard: [String: UInt64] = [:]
+        var heardAt: [String: PeerProgress] = [:]
         for (_, progress) in peers {
             guard let node = progress.node, let at = progress.lastMessageAt else { continue }
+            if at >= lastHeard[node] ?? 0 { heardAt[node] = progress }
             lastHeard[node] = max(lastHeard[node] ?? 0, at)
         }
         return membership.sorted.map { member in
@@ -436,13 +437,14 @@ extension NodeMachine {
             // Back after it left: silent since it said so, not since its last HEARTBEAT before.
             let silentSince = [heard, aliveAgainAt[member.id]].compactMap { $0 }.max()
             let isSelf = member.id == configuration.nodeID
+            let interval = interval(of: heardAt[member.id])
             let state: String
             switch member.state {
             case .alive where isSelf: state = "alive"
             case .alive:
                 if let silentSince, now &- silentSince <= 3 * interval {
                     state = "alive"
-                } else if let silentSince, now &- silentSince < peerSilenceLimit {
+                } else if let silentSince, now &- silentSince < silenceLimit(of: heardAt[member.id]) {
                     state = "suspect"
                 } else {
                     state = "down"

@@ -133,6 +133,28 @@ extension NodeMachine {
         }
     }
 
+    /// Notes when a HEARTBEAT of the peer at `endpoint` came: its pace (``PeerProgress/pace``),
+    /// and, once, that it beats much slower than this node (liveness follows each peer's pace,
+    /// but `network.heartbeat_ms` should be one value in a cluster).
+    mutating func notePace(of endpoint: String, incarnation: UInt64) {
+        var peer = peers[endpoint] ?? PeerProgress()
+        if let last = peer.lastHeartbeatAt, peer.incarnation == incarnation {
+            peer.heartbeatGaps.append(now &- last)
+            if peer.heartbeatGaps.count > 4 { peer.heartbeatGaps.removeFirst() }
+        } else if peer.incarnation != incarnation {
+            peer.heartbeatGaps = []
+        }
+        peer.lastHeartbeatAt = now
+        let own = UInt64(configuration.heartbeatIntervalMilliseconds)
+        if !peer.paceLogged, peer.heartbeatGaps.count == 4, let pace = peer.pace, pace > 2 * own {
+            peer.paceLogged = true
+            logger.warning(
+                "a peer sends HEARTBEATs every \(pace) ms or so, this node every \(own) ms (network.heartbeat_ms): liveness follows the peer's pace, but give every node the same heartbeat_ms",
+                metadata: ["peer.endpoint": "\(endpoint)", "peer.id": "\(peer.node ?? "?")"])
+        }
+        peers[endpoint] = peer
+    }
+
     /// With security, the node id the peer at `endpoint` authenticated as (its CURVE key is that
     /// node's): its live stream may carry only that origin (section 14); a stream from an
     /// endpoint that is neither configured nor a learned member may carry none (empty id).
@@ -161,6 +183,7 @@ extension NodeMachine {
     /// A HEARTBEAT (section 7.3): liveness, the peer's repair endpoint, and what exists.
     mutating func receiveHeartbeat(_ beat: PeerMessage.Heartbeat, from endpoint: String) {
         var restarted = false
+        notePace(of: endpoint, incarnation: beat.incarnation)
         peers[endpoint, default: PeerProgress()].lastMessageAt = now
         peers[endpoint, default: PeerProgress()].node = beat.node
         // What it takes (section 7.6) is said with its member list; a restart may be an older

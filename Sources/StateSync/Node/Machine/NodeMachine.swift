@@ -551,8 +551,9 @@ package struct NodeMachine: Sendable {
     }
 
     /// How long a peer that was heard from may stay silent before its link is replaced: 10
-    /// heartbeat intervals, at least a second.
-    var peerSilenceLimit: UInt64 { max(10 * UInt64(configuration.heartbeatIntervalMilliseconds), 1000) }
+    /// heartbeat intervals (this node's, or the peer's when it beats slower), at least a second.
+    var peerSilenceLimit: UInt64 { silenceLimit(of: nil) }
+    func silenceLimit(of peer: PeerProgress?) -> UInt64 { max(10 * interval(of: peer), 1000) }
 
     /// Replaces the link of every peer that has been silent for ``peerSilenceLimit`` (and again
     /// every such period while it stays silent): libzmq drops a connection for good after some
@@ -569,7 +570,7 @@ package struct NodeMachine: Sendable {
                     unheardLinkSince[endpoint] = now
                     continue
                 }
-                if now &- since >= peerSilenceLimit {
+                if now &- since >= silenceLimit(of: nil) {
                     unheardLinkSince[endpoint] = now
                     counters.peerLinkResets += 1
                     actions.append(.resetPeerLink(endpoint: endpoint))
@@ -577,7 +578,7 @@ package struct NodeMachine: Sendable {
                 continue
             }
             let since = max(last, progress.linkResetAt ?? 0)
-            guard now &- since >= peerSilenceLimit else { continue }
+            guard now &- since >= silenceLimit(of: progress) else { continue }
             peers[endpoint]?.linkResetAt = now
             counters.peerLinkResets += 1
             actions.append(.resetPeerLink(endpoint: endpoint))
@@ -666,7 +667,14 @@ package struct NodeMachine: Sendable {
     /// Whether the peer at `endpoint` sent a message within 3 heartbeat intervals.
     func isConnected(_ peer: PeerProgress) -> Bool {
         guard let last = peer.lastMessageAt else { return false }
-        return now &- last <= UInt64(3 * configuration.heartbeatIntervalMilliseconds)
+        return now &- last <= 3 * interval(of: peer)
+    }
+
+    /// The heartbeat interval liveness expects of `peer`: this node's, or the peer's pace as
+    /// heard when it beats slower (a node with a longer `network.heartbeat_ms` would otherwise be
+    /// suspect, down and its link replaced between two of its HEARTBEATs). At most a minute.
+    func interval(of peer: PeerProgress?) -> UInt64 {
+        max(UInt64(configuration.heartbeatIntervalMilliseconds), min(peer?.pace ?? 0, 60_000))
     }
 
     /// The fingerprint under which refused connections whose handshake failed before ZAP are
@@ -768,6 +776,15 @@ struct PeerProgress: Sendable {
     var heartbeatsWithoutList = 0
     /// Since when, in this incarnation, the peer was heard without knowing this node.
     var unknownSince: UInt64?
+    /// When its last HEARTBEAT came, and the times between its last four of one incarnation:
+    /// the least is its pace (a stall or a partition only lengthens some).
+    var lastHeartbeatAt: UInt64?
+    var heartbeatGaps: [UInt64] = []
+    /// Whether a pace unlike this node's was logged.
+    var paceLogged = false
+
+    /// The interval the peer's HEARTBEATs come at, as heard (`nil` before two of them).
+    var pace: UInt64? { heartbeatGaps.min() }
 }
 
 /// Faults a test can plant in a node on purpose, to prove its checkers catch them. Never set in
