@@ -50,6 +50,20 @@ struct PeerLinkMachineTests {
         #expect(node.linkResets == ["inproc://n2"], "silent for ten of its intervals: link replaced")
     }
 
+    /// A configured peer never heard from in three silence periods (down, or an endpoint that is
+    /// not a node's publish socket: libzmq connects to an API's ROUTER and nothing ever comes) is
+    /// logged once, saying what to check. (An operator trial pointed a peer at an API port and
+    /// saw nothing but "never seen".)
+    @Test func aPeerNeverHeardFromIsLoggedOnceWithWhatToCheck() {
+        let logs = CapturedLogs()
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), logger: logs.logger)
+        let limit = node.machine.peerSilenceLimit
+        for _ in 0..<10 { node.advance(limit) }
+        let said = logs.all.filter { $0.message.contains("no message ever came from a configured peer") }
+        #expect(said.count == 1 && said.first?.message.contains("network.publish endpoint (not its api") == true)
+        #expect(said.first?.metadata["peer.endpoint"] == "inproc://n2")
+    }
+
     @Test func aSilentPeerGetsANewLinkOncePerSilentPeriod() {
         var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2", "n3"]))
         let limit = node.machine.peerSilenceLimit

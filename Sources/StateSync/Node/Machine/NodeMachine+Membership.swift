@@ -276,6 +276,7 @@ extension NodeMachine {
             peers[endpoint] = nil
             learnedPeerIDs[endpoint] = nil
             unheardLinkSince[endpoint] = nil
+            unheardLinkResets[endpoint] = nil
             repair.links[endpoint] = nil
             repair.withdrawn[endpoint] = nil
             lastAnnounce[endpoint] = nil

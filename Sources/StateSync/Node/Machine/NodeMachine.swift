@@ -45,8 +45,10 @@ package struct NodeMachine: Sendable {
     var isNewScratch: [Bool] = []
     /// Per configured peer endpoint, what this node has heard from it.
     var peers: [String: PeerProgress] = [:]
-    /// When the link of each peer never heard from was made (or last replaced).
+    /// When the link of each peer never heard from was made (or last replaced), and how many
+    /// times it was replaced so.
     var unheardLinkSince: [String: UInt64] = [:]
+    var unheardLinkResets: [String: Int] = [:]
     /// Every peer publish endpoint the node links to: the configured ones, then the members it
     /// learned (section 7.5).
     package internal(set) var peerEndpoints: [String] = []
@@ -574,6 +576,15 @@ package struct NodeMachine: Sendable {
                     unheardLinkSince[endpoint] = now
                     counters.peerLinkResets += 1
                     actions.append(.resetPeerLink(endpoint: endpoint))
+                    // Said once, after three periods: a peer that is down says nothing either,
+                    // but an endpoint that is not a node's publish socket (its API, say) is
+                    // connected to and never speaks, which nothing else tells.
+                    unheardLinkResets[endpoint, default: 0] += 1
+                    if unheardLinkResets[endpoint] == 3 {
+                        logger.warning(
+                            "no message ever came from a configured peer: check that it runs and that this is its network.publish endpoint (not its api or http.listen)",
+                            metadata: ["peer.endpoint": "\(endpoint)", "silent.ms": "\(3 * silenceLimit(of: nil))"])
+                    }
                 }
                 continue
             }
