@@ -65,32 +65,53 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     /// configuration the node must not start with (restarting would not help), said before
     /// anything is touched, with the path and the user.
     package static func checkWritable(_ path: String) throws(StateSyncError) {
-        func refuse(_ what: String) -> StateSyncError {
+        func refuse(_ what: String, _ error: Int32) -> StateSyncError {
             StateSyncError(
                 .invalidConfiguration,
-                "node.data_dir \(path): \(what) is not writable by this user (uid \(getuid())): \(String(cString: strerror(errno))); give the user the directory (chown) or choose another node.data_dir"
+                "node.data_dir \(path): \(what) is not writable by this user (uid \(geteuid())): \(String(cString: strerror(error))); give the user the directory (chown) or choose another node.data_dir"
             )
         }
-        var info = stat()
-        guard stat(path, &info) == 0 else {
-            // Missing: created in the nearest existing parent.
+        func isDirectory(_ candidate: String) -> Bool? {
+            var info = stat()
+            guard stat(candidate, &info) == 0 else { return nil }
+            return info.st_mode & S_IFMT == S_IFDIR
+        }
+        guard let exists = isDirectory(path) else {
+            // Missing (else the daemon says why it cannot create it): created in the nearest
+            // existing parent, which must be a directory this user may write.
+            guard errno == ENOENT else { return }
             var parent = (path as NSString).deletingLastPathComponent
-            while !parent.isEmpty, stat(parent, &info) != 0 {
+            if parent.isEmpty { parent = FileManager.default.currentDirectoryPath }
+            while isDirectory(parent) == nil, errno == ENOENT {
                 let up = (parent as NSString).deletingLastPathComponent
-                if up == parent { return }
+                if up == parent || up.isEmpty { return }
                 parent = up
             }
-            if parent.isEmpty { parent = "." }
-            guard access(parent, W_OK | X_OK) == 0 else { throw refuse("its parent \(parent)") }
+            guard isDirectory(parent) == true else {
+                throw StateSyncError(
+                    .invalidConfiguration, "node.data_dir \(path): \(parent) is in its path and is not a directory")
+            }
+            if faccessat(AT_FDCWD, parent, W_OK | X_OK, AT_EACCESS) != 0 { throw refuse("its parent \(parent)", errno) }
             return
         }
-        guard info.st_mode & S_IFMT == S_IFDIR else {
-            throw StateSyncError(.invalidConfiguration, "node.data_dir \(path) is not a directory")
-        }
-        guard access(path, W_OK | X_OK) == 0 else { throw refuse("the directory") }
-        for name in ["LOCK", logName, snapshotName, membersName, reservationName] {
+        guard exists else { throw StateSyncError(.invalidConfiguration, "node.data_dir \(path) is not a directory") }
+        if faccessat(AT_FDCWD, path, W_OK | X_OK, AT_EACCESS) != 0 { throw refuse("the directory", errno) }
+        // The lock and the log are opened for writing; the other files are read, and replaced
+        // by renaming a new one over them (which needs only the directory).
+        for name in ["LOCK", logName] {
             let file = path + "/" + name
-            if access(file, F_OK) == 0, access(file, R_OK | W_OK) != 0 { throw refuse(file) }
+            if access(file, F_OK) == 0, faccessat(AT_FDCWD, file, R_OK | W_OK, AT_EACCESS) != 0 {
+                throw refuse(file, errno)
+            }
+        }
+        for name in [snapshotName, membersName, reservationName] {
+            let file = path + "/" + name
+            if access(file, F_OK) == 0, faccessat(AT_FDCWD, file, R_OK, AT_EACCESS) != 0 {
+                throw StateSyncError(
+                    .invalidConfiguration,
+                    "node.data_dir \(path): \(file) is not readable by this user (uid \(geteuid())): \(String(cString: strerror(errno)))"
+                )
+            }
         }
     }
 

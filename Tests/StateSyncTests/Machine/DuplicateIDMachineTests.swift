@@ -104,6 +104,31 @@ struct DuplicateIDMachineTests {
         }
     }
 
+    /// A node started empty that holds writes its peers take (it wrote, ran a minute, is
+    /// subscribed to) is not stopped by a peer's progress past its numbers once a peer's progress
+    /// covered its numbering: those are another start's (the signs decide), and it numbers past
+    /// them. Without that cover — a node wiped and cut off for a minute, whose first HEARTBEAT
+    /// heard reports its earlier life's numbers — it stops as "Ids do not come back empty" says.
+    /// (A review found the first version let the wiped node run on over its earlier numbers.)
+    @Test(arguments: [false, true])
+    func anEmptyStartStopsAtItsEarlierLifeUnlessPeersTookItsNumbering(taken: Bool) throws {
+        var node = MembershipMachineTests.started("n1", peers: ["n2"])
+        let set = ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: 1)])
+        #expect(node.request(.set, id: 1, set)?.0.kind == .ok)
+        node.advance(NodeMachine.newcomerMilliseconds + 1_000)
+        node.handle(.subscriberConnected)
+        if taken {
+            node.handle(
+                .peerMessage(
+                    peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0, progress: ["n1": 1])))
+        }
+        node.handle(
+            .peerMessage(
+                peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0, progress: ["n1": 5])))
+        #expect(node.refusals.count == (taken ? 0 : 1), "\(node.refusals)")
+        if taken { #expect(node.machine.nextSequence == 6, "numbers past the other start's") }
+    }
+
     /// Between two alike, the higher incarnation takes more signs: the lower stops first.
     @Test func theHigherIncarnationWaitsForMoreSigns() throws {
         var node = MembershipMachineTests.started("n1", peers: ["n2"])

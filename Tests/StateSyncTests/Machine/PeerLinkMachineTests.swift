@@ -59,7 +59,7 @@ struct PeerLinkMachineTests {
         var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), logger: logs.logger)
         let limit = node.machine.peerSilenceLimit
         for _ in 0..<10 { node.advance(limit) }
-        let said = logs.all.filter { $0.message.contains("no message ever came from a configured peer") }
+        let said = logs.all.filter { $0.message.contains("no message ever came from a peer this node links to") }
         #expect(said.count == 1 && said.first?.message.contains("network.publish endpoint (not its api") == true)
         #expect(said.first?.metadata["peer.endpoint"] == "inproc://n2")
     }

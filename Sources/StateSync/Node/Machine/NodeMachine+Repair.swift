@@ -834,7 +834,7 @@ extension NodeMachine {
                 // others asking this node for snapshots that cover nothing, and the recovery from
                 // ending.
                 if let last = peer.lastMessageAt, !isConnected(peer) {
-                    return now &- last < Self.ownRecoveryWaitLimits * peerSilenceLimit
+                    return now &- last < Self.ownRecoveryWaitLimits * silenceLimit(of: peer)
                 }
                 return isConnected(peer) && repair.links[endpoint] != nil
                     && (repair.ownRecoverySwept[endpoint] ?? 0) < recovery.through

@@ -138,14 +138,15 @@ extension NodeMachine {
     /// but `network.heartbeat_ms` should be one value in a cluster).
     mutating func notePace(of endpoint: String, incarnation: UInt64) {
         var peer = peers[endpoint] ?? PeerProgress()
-        if let last = peer.lastHeartbeatAt, peer.incarnation == incarnation {
+        let own = UInt64(configuration.heartbeatIntervalMilliseconds)
+        // Not across a restart (the gap holds its downtime); the pace heard before it stays until
+        // new gaps come (else a slow peer's link would be replaced before its second HEARTBEAT).
+        // Nor a gap under half this node's interval: HEARTBEATs read together after a pause.
+        if let last = peer.lastHeartbeatAt, peer.incarnation == incarnation, now &- last >= own / 2 {
             peer.heartbeatGaps.append(now &- last)
             if peer.heartbeatGaps.count > 4 { peer.heartbeatGaps.removeFirst() }
-        } else if peer.incarnation != incarnation {
-            peer.heartbeatGaps = []
         }
         peer.lastHeartbeatAt = now
-        let own = UInt64(configuration.heartbeatIntervalMilliseconds)
         if !peer.paceLogged, peer.heartbeatGaps.count == 4, let pace = peer.pace, pace > 2 * own {
             peer.paceLogged = true
             logger.warning(
@@ -267,15 +268,18 @@ extension NodeMachine {
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
             // A peer holds more of this id's deltas than this run numbered: deltas of an earlier
             // life of the id. With nothing on disk, the node would number new writes over them.
-            // Not once it holds writes its peers take: then they are another start's under its
-            // id (section 7.5, "Two nodes under one id"), whose signs decide which stops; as a
-            // node with data, it numbers past them and takes them back.
-            if startedWithoutOwnDeltas, !holdsWritesPeersTake, own >= nextSequence {
+            // Not once it holds writes its peers take, and a peer's progress has covered this
+            // start's numbering without going past it: then the numbers past it are another
+            // start's under its id (section 7.5, "Two nodes under one id"), whose signs decide
+            // which stops; as a node with data, it numbers past them and takes them back. (A node
+            // wiped and cut off for a minute hears its earlier life's numbers first: it stops.)
+            if startedWithoutOwnDeltas, !(holdsWritesPeersTake && ownNumberingTaken), own >= nextSequence {
                 refuseToRun(
                     "node id \(configuration.nodeID) already published deltas 1…\(own) in this cluster (peer \(beat.node) holds them), and this node started with none of its own in its data directory (a new or emptied one): it would reuse their sequence numbers. Restore the node's data directory, or give it a new node.id\(membership.members[configuration.nodeID]?.state == .forgotten ? "" : " (and statesync forget \(configuration.nodeID) on a member, if the node that wrote them is gone; if it runs, this is a second node under its id: give this one its own)")"
                 )
                 return
             }
+            if own >= 1, own < nextSequence { ownNumberingTaken = true }
             nextSequence = max(nextSequence, own + 1)
         }
     }
@@ -431,7 +435,7 @@ extension NodeMachine {
         let since = peers[endpoint]?.unknownSince ?? now
         peers[endpoint]?.unknownSince = since
         let unknownFor = now &- since
-        if unknownFor > 30 * UInt64(configuration.heartbeatIntervalMilliseconds) {
+        if unknownFor > 30 * interval(of: peers[endpoint]) {
             warnLimited(
                 "unknown-to-peer",
                 "a peer still does not know this node, so its deltas are not taken: it has not named this node in its member list nor answered its ANNOUNCE (is its API reachable from here?)",

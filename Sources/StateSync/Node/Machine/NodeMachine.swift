@@ -108,6 +108,9 @@ package struct NodeMachine: Sendable {
     var startedWithoutOwnDeltas = false
     /// Why it refuses to run, once it does.
     package internal(set) var refusal: String?
+    /// A peer's HEARTBEAT said it holds some of this start's own numbers and none past them
+    /// (``holdsWritesPeersTake``, section 7.5).
+    var ownNumberingTaken = false
     /// Signs that other incarnations of this node's id run, by incarnation: their live entries
     /// this start superseded, their HEARTBEATs (``refuseIfAnotherStartRuns(_:)``).
     var signsOfOtherStarts: [UInt64: Int] = [:]
@@ -582,7 +585,7 @@ package struct NodeMachine: Sendable {
                     unheardLinkResets[endpoint, default: 0] += 1
                     if unheardLinkResets[endpoint] == 3 {
                         logger.warning(
-                            "no message ever came from a configured peer: check that it runs and that this is its network.publish endpoint (not its api or http.listen)",
+                            "no message ever came from a peer this node links to: check that it runs and, if it is in network.peers, that this is its network.publish endpoint (not its api or http.listen)",
                             metadata: ["peer.endpoint": "\(endpoint)", "silent.ms": "\(3 * silenceLimit(of: nil))"])
                     }
                 }
