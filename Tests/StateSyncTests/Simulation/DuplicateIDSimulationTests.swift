@@ -5,7 +5,8 @@ import Testing
 
 /// Two nodes under one id (PROTOCOL.md 7.5, "Two nodes under one id") on the simulator: a fourth
 /// node added with a copy of n2's configuration, its `node.id` unchanged, and listed as a peer by
-/// every node (as a new node is).
+/// every node (as a new node is) — or, in the runs that say so, joining through n1 and listed by
+/// no one.
 @Suite("Two nodes under one id, simulated")
 struct DuplicateIDSimulationTests {
     static func cluster(seed: UInt64, throughSeed: Bool = false) throws -> SimulatedCluster {
