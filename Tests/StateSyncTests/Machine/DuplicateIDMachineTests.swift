@@ -19,6 +19,31 @@ struct DuplicateIDMachineTests {
             version: Version(milliseconds: version.milliseconds + 10, counter: 0, node: id), incarnation: incarnation)
     }
 
+    /// `node` hears, one at a time, `signs` live entries of its id n1 written by `incarnation`,
+    /// each newer than its own answer to the last: it refuses to run at the `refusesAt`th, not
+    /// before (0: never).
+    static func hearSigns(
+        _ node: inout MachineRunner, of incarnation: UInt64, publish: String = "inproc://n1-copy", signs: Int,
+        refusesAt: Int, sourceLocation: SourceLocation = #_sourceLocation
+    ) throws {
+        for heard in 1...signs {
+            let own = try #require(node.machine.ownEntry, sourceLocation: sourceLocation)
+            hear(entry("n1", incarnation: incarnation, publish: publish, after: own.version), at: &node)
+            #expect(
+                node.refusals.count == (refusesAt > 0 && heard >= refusesAt ? 1 : 0), "entry \(heard)",
+                sourceLocation: sourceLocation)
+        }
+    }
+
+    /// n1, started with its own delta 1 in its log, publishing at `publish`.
+    static func startedWithAnOwnDelta(publish: String = "inproc://n1") -> MachineRunner {
+        var recovery = NodeMachine.Recovery()
+        recovery.deltas = [RepairMachineTests.delta("n1", 1)]
+        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), recovery: recovery)
+        node.handle(.endpointsBound(publish: publish, repair: "\(publish).api"))
+        return node
+    }
+
     /// `node` hears, in a HEARTBEAT of n2, a member list holding `member`.
     static func hear(_ member: Member, at node: inout MachineRunner) {
         node.handle(
@@ -54,17 +79,9 @@ struct DuplicateIDMachineTests {
     /// other start's entries (which stops first, if it started without), and refuses at the
     /// eighth.
     @Test func aNodeWithItsOwnDeltasIsTheLastToRefuse() throws {
-        var recovery = NodeMachine.Recovery()
-        recovery.deltas = [RepairMachineTests.delta("n1", 1)]
-        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), recovery: recovery)
-        node.handle(.endpointsBound(publish: "inproc://n1", repair: "inproc://n1.api"))
+        var node = Self.startedWithAnOwnDelta()
         node.handle(.subscriberConnected)  // its peers take its stream
-        let other: UInt64 = 0x5EC0_0D00_0000_0000
-        for heard in 1...8 {
-            let own = try #require(node.machine.ownEntry)
-            Self.hear(Self.entry("n1", incarnation: other, publish: "inproc://n1-copy", after: own.version), at: &node)
-            #expect(node.refusals.count == (heard == 8 ? 1 : 0), "entry \(heard)")
-        }
+        try Self.hearSigns(&node, of: 0x5EC0_0D00_0000_0000, signs: 8, refusesAt: 8)
     }
 
     /// A node with writes of its own that no peer ever subscribed to (a copy of a node's data
@@ -72,17 +89,8 @@ struct DuplicateIDMachineTests {
     /// holds nothing its peers take: it stops at the second sign. (An operator trial saw the
     /// long-running node stop and such a copy run on, linked by no one, its writes lost.)
     @Test func aNodeNoPeerSubscribesToStopsAtTheSecondSign() throws {
-        var recovery = NodeMachine.Recovery()
-        recovery.deltas = [RepairMachineTests.delta("n1", 1)]
-        var node = MachineRunner(MachineRunner.configuration("n1", peers: ["n2"]), recovery: recovery)
-        node.handle(.endpointsBound(publish: "inproc://n1-copy", repair: "inproc://n1-copy.api"))
-        for heard in 1...2 {
-            let own = try #require(node.machine.ownEntry)
-            Self.hear(
-                Self.entry("n1", incarnation: 0x5EC0_0D00_0000_0000, publish: "inproc://n1", after: own.version),
-                at: &node)
-            #expect(node.refusals.count == (heard == 2 ? 1 : 0), "entry \(heard)")
-        }
+        var node = Self.startedWithAnOwnDelta(publish: "inproc://n1-copy")
+        try Self.hearSigns(&node, of: 0x5EC0_0D00_0000_0000, publish: "inproc://n1", signs: 2, refusesAt: 2)
     }
 
     /// A node started empty holds the id's writes once it has numbered some and run for a
@@ -95,13 +103,7 @@ struct DuplicateIDMachineTests {
         let set = ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [PropertyWrite(name: "x", value: 1)])
         #expect(node.request(.set, id: 1, set)?.0.kind == .ok)
         if ranAMinute { node.advance(NodeMachine.newcomerMilliseconds) }
-        for heard in 1...8 {
-            let own = try #require(node.machine.ownEntry)
-            Self.hear(
-                Self.entry("n1", incarnation: 0x5EC0_0D00_0000_0000, publish: "inproc://n1-copy", after: own.version),
-                at: &node)
-            #expect(node.refusals.count == (heard >= (ranAMinute ? 8 : 2) ? 1 : 0), "entry \(heard), \(ranAMinute)")
-        }
+        try Self.hearSigns(&node, of: 0x5EC0_0D00_0000_0000, signs: 8, refusesAt: ranAMinute ? 8 : 2)
     }
 
     /// A node started empty that holds writes its peers take (it wrote, ran a minute, is
@@ -132,12 +134,7 @@ struct DuplicateIDMachineTests {
     /// Between two alike, the higher incarnation takes more signs: the lower stops first.
     @Test func theHigherIncarnationWaitsForMoreSigns() throws {
         var node = MembershipMachineTests.started("n1", peers: ["n2"])
-        let lower: UInt64 = 1
-        for heard in 1...6 {
-            let own = try #require(node.machine.ownEntry)
-            Self.hear(Self.entry("n1", incarnation: lower, publish: "inproc://n1-copy", after: own.version), at: &node)
-            #expect(node.refusals.count == (heard == 6 ? 1 : 0), "entry \(heard)")
-        }
+        try Self.hearSigns(&node, of: 1, signs: 6, refusesAt: 6)
     }
 
     /// A node that lists the other start's endpoint among its peers hears its HEARTBEATs in its
