@@ -44,6 +44,7 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     /// fail, as an `fsync` returning EIO would.
     let failingDirectorySyncs = Atomic<Int>(0)
 
+    static let lockName = "LOCK"
     static let snapshotName = "state.snapshot"
     static let membersName = "members"
     static let logName = "deltas.log"
@@ -98,7 +99,7 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         if faccessat(AT_FDCWD, path, W_OK | X_OK, AT_EACCESS) != 0 { throw refuse("the directory", errno) }
         // The lock and the log are opened for writing; the other files are read, and replaced
         // by renaming a new one over them (which needs only the directory).
-        for name in ["LOCK", logName] {
+        for name in [lockName, logName] {
             let file = path + "/" + name
             if access(file, F_OK) == 0, faccessat(AT_FDCWD, file, R_OK | W_OK, AT_EACCESS) != 0 {
                 throw refuse(file, errno)
@@ -124,7 +125,7 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
             throw StateSyncError(
                 .dataDirectory, "cannot create data directory \(path): \((error as NSError).localizedDescription)")
         }
-        let lockPath = path + "/LOCK"
+        let lockPath = path + "/" + Self.lockName
         let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
         guard fd >= 0 else {
             throw StateSyncError(.dataDirectory, "cannot open \(lockPath): \(String(cString: strerror(errno)))")
