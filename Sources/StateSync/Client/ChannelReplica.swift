@@ -88,12 +88,18 @@ public final class ChannelReplica: Sendable {
     /// CAUGHT-UP events told it).
     public var expiredThrough: UInt64 { state.withLock { $0.store.expiredThrough } }
 
-    /// Applies a delta; returns the changes it made (old from this replica). The cursor is moved
-    /// by the node's own account of the watch's position (``advance(to:)``), not from the delta:
-    /// deltas come in apply order, not in each origin's sequence order.
-    package func apply(_ delta: Delta) -> [PropertyChange] {
+    /// Applies a delta; returns the changes it made (old from this replica), after those of the
+    /// values that expired at or before its version: they had expired when it was written (a
+    /// value lives its time to live from its own version, PROTOCOL.md 8.3). The node's
+    /// CAUGHT-UPs tell expiries live; a resumed watch, whose deltas the node replays at once,
+    /// gets them only after the last, and would otherwise print a later write over an expired
+    /// value as if it were still there, and the expiry after it. The cursor is moved by the
+    /// node's own account of the watch's position (``advance(to:)``), not from the delta: deltas
+    /// come in apply order, not in each origin's sequence order.
+    package func apply(_ delta: Delta) -> (expired: [PropertyChange], changes: [PropertyChange]) {
         state.withLock { state in
-            guard delta.channel == channel else { return [] }
+            guard delta.channel == channel else { return ([], []) }
+            let expired = state.store.expire(through: delta.version.milliseconds)
             // Lacking the state at its cursor, the replica reports the deletions of what it
             // holds no record of: what it held before the delta tells them.
             let before =
@@ -104,13 +110,13 @@ public final class ChannelReplica: Sendable {
             guard delta.sequence > state.cursor[delta.origin] &+ 1 else {
                 var changes = state.store.apply(delta)
                 if let before { Self.addDeletionsNotHeld(of: delta, before: before, after: state.store, &changes) }
-                return changes
+                return (expired, changes)
             }
             Self.hold(delta.sequence, of: delta.origin, in: &state.above)
             var changes = state.store.apply(delta)
             if let before { Self.addDeletionsNotHeld(of: delta, before: before, after: state.store, &changes) }
             for index in changes.indices { changes[index].takenAbove = (delta.origin, delta.sequence) }
-            return changes
+            return (expired, changes)
         }
     }
 
@@ -352,19 +358,13 @@ package struct WatchSession: Sendable {
     {
         switch event {
         case .delta(let delta, let position):
-            // What expired at or before this write's version expired before it (section 8.3: a
-            // value lives its time to live from its own version). The node's CAUGHT-UPs say so
-            // live; a resumed watch, whose deltas the node replays at once, gets them only after
-            // the last: without this it would print a later write over an expired value as if
-            // the value were still there, and the expiries after it.
+            // What expired before the delta was written is told first, at the cursor before it.
             let before = replica.cursor
-            let expired = replica.expire(through: delta.version.milliseconds).map {
-                WatchEvent.change($0, kind: .live, cursor: before)
-            }
-            let changes = replica.apply(delta)
+            let (expired, changes) = replica.apply(delta)
             replica.advance(to: position)
             let cursor = replica.cursor
-            return expired + changes.map { .change($0, kind: .live, cursor: cursor) }
+            return expired.map { .change($0, kind: .live, cursor: before) }
+                + changes.map { .change($0, kind: .live, cursor: cursor) }
         case .snapshotBegin(let reason):
             snapshotReason = reason
             digest = RegisterDigest()

@@ -44,7 +44,7 @@ struct ChannelReplicaFileTests {
             let delta = Delta(
                 channel: "c", model: "m", version: Version(milliseconds: 1_000 + sequence, counter: 0, node: "n2"),
                 sequence: sequence, properties: [PropertyWrite(name: "p\(sequence)", value: .int(Int64(sequence)))])
-            for change in live.apply(delta) {
+            for change in live.apply(delta).changes {
                 #expect(change.takenAbove?.origin == "n2" && change.takenAbove?.sequence == sequence)
                 var plain = change
                 plain.takenAbove = nil

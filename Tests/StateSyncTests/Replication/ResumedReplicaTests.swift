@@ -65,10 +65,10 @@ struct ResumedReplicaTests {
     /// file) reports no deletion of what it never held: nothing anyone saw changed.
     @Test func aReplicaHoldingItsStateReportsNoDeletionOfWhatItNeverHeld() throws {
         let fresh = ChannelReplica(channel: "c")
-        #expect(fresh.apply(Self.delta("m", at: 1000, sequence: 1, [.deletion(of: "x")])).isEmpty)
+        #expect(fresh.apply(Self.delta("m", at: 1000, sequence: 1, [.deletion(of: "x")])).changes.isEmpty)
         let resumed = ChannelReplica(channel: "c", cursor: WatchCursor(["n1": 3]))
         let back = try ChannelReplica(decoding: resumed.encoded())
-        #expect(back.apply(Self.delta("m", at: 1000, sequence: 4, [.deletion(of: "x")])).isEmpty)
-        #expect(resumed.apply(Self.delta("m", at: 1000, sequence: 4, [.deletion(of: "x")])).count == 1)
+        #expect(back.apply(Self.delta("m", at: 1000, sequence: 4, [.deletion(of: "x")])).changes.isEmpty)
+        #expect(resumed.apply(Self.delta("m", at: 1000, sequence: 4, [.deletion(of: "x")])).changes.count == 1)
     }
 }
