@@ -25,9 +25,10 @@ struct StateSyncDaemon: AsyncParsableCommand {
             ignored: if what reads its output goes away, those log lines are lost, not the node.
 
             Exit codes: 0 clean stop, 1 runtime failure (e.g. a port in use), 2 invalid configuration \
-            (a key file missing or unreadable included, found before the data directory is touched) \
-            or a data directory the node must not run with (an empty one under an id the cluster \
-            knows, or that was forgotten).
+            (a key file missing or unreadable, or a data directory this user may not write, \
+            included: found before the data directory is touched), a data directory the node must \
+            not run with (an empty one under an id the cluster knows, or that was forgotten), or \
+            another node found running under this node's id.
             """)
 
     @Option(name: .long, help: ArgumentHelp("The node's YAML configuration file.", valueName: "FILE"))
@@ -39,7 +40,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
     @Option(
         name: .long,
         help: ArgumentHelp(
-            "Check a configuration file (and its environment overrides and key files) and exit: 0 and one summary line, or 2 and the one-line error.",
+            "Check a configuration file (its environment overrides, its key files, and whether this user may write its node.data_dir) and exit: 0 and one summary line, or 2 and the one-line error.",
             valueName: "FILE"))
     var checkConfig: String?
 
