@@ -439,7 +439,10 @@ extension StateSyncCLI {
                 and a change the earlier watch got out of order (above a gap that was being \
                 repaired) can be printed again (--state FILE has none of these caveats). If the \
                 node's history no longer reaches back to the cursor, it says so and sends the \
-                current state as a resync instead of skipping anything. If the node drops its \
+                current state as a resync instead of skipping anything (deletions and expiries it \
+                holds included, with old null). A cursor naming more of the node's own writes \
+                than it has numbered (another cluster's, or from before its data directory was \
+                emptied) is refused: exit 1. If the node drops its \
                 state (it was forgotten while away and came back), it says so too, and its state \
                 replaces what the watch printed: resync lines, values going back to older ones or \
                 away included.
