@@ -55,13 +55,15 @@ enum SocketFactory {
             try router.setRouterHandover(true)
             try router.setMaximumMessageSize(maximumMessageSize)
             try router.setSendHighWaterMark(Int32(clamping: configuration.clientHighWaterMark))
+            // Watched before it is bound, like the publisher: an event with no reader would stop
+            // libzmq's I/O thread (see `Socket.monitor`).
+            if keys != nil {
+                monitors.append(try makeMonitor(context: context, of: router, name: "api", kinds: .handshakeFailed))
+            }
             try bind(
                 router, configuration.repairServiceEndpoint,
                 key: configuration.apiEndpoint != nil
                     ? "network.api" : configuration.repairEndpoint != nil ? "network.repair" : "the repair endpoint")
-            if keys != nil {
-                monitors.append(try makeMonitor(context: context, of: router, name: "api", kinds: .handshakeFailed))
-            }
             return (context, publisher, subscribers, router, zap, keys, monitors)
         } catch let error as StateSyncError {
             throw error
@@ -103,16 +105,22 @@ enum SocketFactory {
 
     /// A PAIR reading `kinds` of `socket`'s connection events (failed handshakes are those that
     /// fail before ZAP: no CURVE at all). Each socket gets its own inproc endpoint, also when it
-    /// is replaced.
+    /// is replaced. Call it before `socket` binds, and stop the monitor before closing the
+    /// reader (``Socket/stopMonitoring()``): an event with no reader blocks libzmq's I/O thread.
     static func makeMonitor(context: Context, of socket: Socket, name: String, kinds: MonitorEvent.Kinds)
         throws(ZeroMQError) -> Socket
     {
         let endpoint = "inproc://statesync-monitor-\(name)-\(monitorSerial.add(1, ordering: .relaxed).newValue)"
         try socket.monitor(kinds, on: endpoint)
-        let monitor = try context.socket(.pair)
-        try monitor.setLinger(milliseconds: 0)
-        try monitor.connect(endpoint)
-        return monitor
+        do {
+            let monitor = try context.socket(.pair)
+            try monitor.setLinger(milliseconds: 0)
+            try monitor.connect(endpoint)
+            return monitor
+        } catch {
+            socket.stopMonitoring()
+            throw error
+        }
     }
 
     private static let monitorSerial = Atomic<Int>(0)

@@ -541,9 +541,12 @@ final class ZeroMQTransport: NodeTransport {
             logger.error("cannot make a new publish socket; keeping the old one", metadata: ["error": "\(error)"])
             return
         }
-        // Watched before it is bound, as at the start.
+        // Watched before it is bound, as at the start. The old socket's monitor stops before its
+        // reader closes: an event sent to no reader would stop libzmq's I/O thread for good (no
+        // delta would leave, and the old socket would never release the port).
         do {
             let monitor = try SocketFactory.makePublisherMonitor(context: context, of: fresh, keyed: keys != nil)
+            publisher.stopMonitoring()
             monitors[0].close()
             monitors[0] = monitor
         } catch {
@@ -590,6 +593,9 @@ final class ZeroMQTransport: NodeTransport {
     /// Closes every socket and terminates the context (releasing the endpoints at once: a
     /// restart may bind them).
     func close() {
+        // Monitors stop before their readers close (see `Socket.monitor`).
+        publisher.stopMonitoring()
+        router.stopMonitoring()
         for (_, link) in links { link.socket.close() }
         publisher.close()
         for (_, subscriber) in subscribers { subscriber.close() }

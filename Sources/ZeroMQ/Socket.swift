@@ -25,6 +25,8 @@ public final class Socket {
     /// socket, twice per wait, two system calls each). The `zmq_poll` of ``Poller`` processes
     /// commands without setting it: poll one socket with one kind of poller, not both.
     public private(set) var mayHoldUnsignalledMessages = true
+    /// Whether ``monitor(_:on:)`` started a monitor that ``stopMonitoring()`` has not stopped.
+    private var isMonitored = false
 
     init(context: Context, type: SocketType) throws(ZeroMQError) {
         guard let handle = zmq_socket(context.handle, type.rawValue) else {
@@ -42,8 +44,10 @@ public final class Socket {
         message.deallocate()
     }
 
-    /// Closes the socket. Further calls throw `ENOTSOCK`; closing twice is harmless.
+    /// Closes the socket (stopping its monitor first: see ``monitor(_:on:)``). Further calls
+    /// throw `ENOTSOCK`; closing twice is harmless.
     public func close() {
+        stopMonitoring()
         if let handle {
             zmq_close(handle)
             self.handle = nil
@@ -279,10 +283,28 @@ public final class Socket {
     /// Publishes `kinds` of this socket's connection events as monitor events on `endpoint`
     /// (`inproc://…`), for a PAIR socket connected there (`zmq_socket_monitor`); decode them with
     /// ``MonitorEvent/init(frames:)``.
+    ///
+    /// Connect the reading PAIR before this socket can have events (before it binds or
+    /// connects), and call ``stopMonitoring()`` before closing the reader. libzmq sends each
+    /// event from its I/O thread with a blocking send: an event with no reader connected blocks
+    /// that thread for good, and with it every connection of the context (nothing is sent or
+    /// received any more, a closed socket never releases its port, terminating the context
+    /// hangs). ``close()`` stops the monitor first, so events of a closing socket's last
+    /// connections are dropped.
     public func monitor(_ kinds: MonitorEvent.Kinds, on endpoint: String) throws(ZeroMQError) {
         let handle = handleForCommands
         let events = Int32(kinds.rawValue)
         try zmqCheck("zmq_socket_monitor") { zmq_socket_monitor(handle, endpoint, events) }
+        isMonitored = true
+    }
+
+    /// Stops the monitor started by ``monitor(_:on:)``: later events are dropped, so its reader
+    /// may then be closed. Does nothing on a socket that is not monitored or is closed.
+    public func stopMonitoring() {
+        guard isMonitored, let handle else { return }
+        // Fails only for a closed socket or a bad handle, neither of which is the case here.
+        _ = zmq_socket_monitor(handle, nil, 0)
+        isMonitored = false
     }
 
     /// Publishes this socket's failed security handshakes that never reach a ZAP handler as

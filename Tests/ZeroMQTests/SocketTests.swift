@@ -267,6 +267,63 @@ struct SocketTests {
         #expect(quietRounds > 0, "no round had a reply waiting behind a quiet descriptor: the test proved nothing")
     }
 
+    /// libzmq sends monitor events from its I/O thread with a blocking send: once the reader is
+    /// closed, the next event stops that thread for good (no message leaves, a closed socket never
+    /// releases its port). A monitor stopped before its reader closes drops later events instead.
+    /// (A node replaces its publish socket when a peer key is removed; its second replacement
+    /// within a second, while peers were still handshaking with the first, hit this.)
+    @Test func aMonitorStoppedBeforeItsReaderClosesLeavesTheConnectionsWorking() throws {
+        let context = try Context()
+        let publisher = try context.socket(.pub)
+        try publisher.monitor(.handshakeSucceeded, on: "inproc://stopped-monitor")
+        let reader = try context.socket(.pair)
+        try reader.connect("inproc://stopped-monitor")
+        try publisher.bind("tcp://127.0.0.1:*")
+        let endpoint = try publisher.lastEndpoint()
+        let first = try context.socket(.sub)
+        try first.subscribe()
+        try first.connect(endpoint)
+        #expect(try receive(reader) != nil, "the first subscriber's handshake was not reported")
+
+        publisher.stopMonitoring()
+        reader.close()
+        // Handshakes after the reader closed: the events they make must be dropped. (The first
+        // may still go into the closing reader's pipe, so there are several.)
+        var later: [Socket] = []
+        var delivered = true
+        for subscriber in 0..<5 where delivered {
+            let next = try context.socket(.sub)
+            try next.subscribe()
+            try next.connect(endpoint)
+            later.append(next)
+            delivered = false
+            for _ in 0..<100 where !delivered {
+                try publisher.send([Array("after".utf8)])
+                delivered = try receive(next, within: 20) == [Array("after".utf8)]
+            }
+            #expect(
+                delivered,
+                "subscriber \(subscriber) after the reader closed got nothing: libzmq's I/O thread is blocked")
+        }
+        guard delivered else {
+            // Closing the publisher (its monitor's lock is held by the blocked thread) and
+            // terminating the context would hang: keep both, so that the test fails instead.
+            _ = Unmanaged.passRetained(publisher)
+            _ = Unmanaged.passRetained(context)
+            return
+        }
+        publisher.close()
+        var rebound = false
+        for _ in 0..<250 where !rebound {
+            let fresh = try context.socket(.pub)
+            rebound = (try? fresh.bind(endpoint)) != nil
+            if !rebound { _ = try receive(first, within: 20) }
+        }
+        #expect(rebound, "the closed publisher never released \(endpoint)")
+        // Terminating a context whose I/O thread is blocked hangs: keep it, so the test fails.
+        if !rebound { _ = Unmanaged.passRetained(context) }
+    }
+
     @Test func libraryVersionIsFour() {
         #expect(Context.libraryVersion.major == 4)
     }
