@@ -46,6 +46,9 @@ public struct NodeCounters: Sendable, Equatable {
     /// Times two nodes were found running under one node id (section 7.5, "Two nodes under one
     /// id"): by a peer hearing both, or by one of them, which then refuses to run.
     public var duplicateNodeIDs = 0
+    /// Writes published again under new numbers because a peer held another write under one of
+    /// this node's numbers (section 7.5, "Mending split writes"): the other start's, and its own.
+    public var splitWritesReissued = 0
     /// Well-formed messages from peers' live streams (HEARTBEATs and DELTA messages, a batch
     /// counting once): with the node count, the cost of the full mesh.
     public var peerMessagesReceived = 0
@@ -124,6 +127,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("deltas_before_known", deltasBeforeKnown),
             ("disk_full_episodes", diskFullEpisodes), ("writes_refused_for_space", writesRefusedForSpace),
             ("foreign_repair_endpoints", foreignRepairEndpoints), ("duplicate_node_ids", duplicateNodeIDs),
+            ("split_writes_reissued", splitWritesReissued),
             ("membership_updates", membershipUpdates), ("announces_sent", announcesSent),
             ("peer_messages_received", peerMessagesReceived), ("snapshot_pages_served", snapshotPagesServed),
             ("delta_messages_published", deltaMessagesPublished),

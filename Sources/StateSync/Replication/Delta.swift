@@ -222,7 +222,7 @@ extension Delta: CustomReflectable {
 /// A write with the empty name is the deletion of the whole model
 /// (``PropertyWrite/modelDeletion``): every property whose version is lower than the delta's is
 /// deleted (docs/PROTOCOL.md 8.2). It is a delta's only property.
-public struct PropertyWrite: Sendable, Equatable {
+public struct PropertyWrite: Sendable, Hashable {
     /// The property's name; empty for the deletion of the whole model.
     public var name: String
     /// Its new value (`.null` for a deletion).

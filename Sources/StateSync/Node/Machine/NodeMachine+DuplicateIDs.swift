@@ -96,7 +96,11 @@ extension NodeMachine {
         guard refusal == nil else { return true }
         let signs = (signsOfOtherStarts[other] ?? 0) + 1
         signsOfOtherStarts[other] = signs
-        guard signs >= signsBeforeRefusing(against: other) else { return false }
+        guard signs >= signsBeforeRefusing(against: other) else {
+            // Should the other stop, what peers took of each under the same numbers is mended.
+            scheduleSplitWritesCheck()
+            return false
+        }
         counters.duplicateNodeIDs += 1
         refuseToRun(
             "another node runs with this node's id \(configuration.nodeID), publishing at \(endpoint) (incarnation \(String(other, radix: 16))): \(sign). Two nodes under one id number their writes over each other's, and peers keep only one write per number: writes either acknowledged may be lost. Give one of them another node.id (a node copied from another keeps its own)"

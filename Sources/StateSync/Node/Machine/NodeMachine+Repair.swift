@@ -198,6 +198,7 @@ extension NodeMachine {
         if requestSnapshotIfNeeded(usable: usable) { return }
         guard repair.snapshot == nil else { return }
         requestOwnRecovery(usable: usable)
+        requestSplitWritesCheck(usable: usable)
         for origin in origins.keys.sorted() where repair.fetches[origin] == nil {
             guard let gap = origins[origin]?.firstGap else { continue }
             // Prefer the origin itself; otherwise rotate through the connected peers that may
@@ -355,7 +356,7 @@ extension NodeMachine {
     }
 
     /// Sends `peer` a FETCH of `origin`'s deltas in `range`; returns it as in flight.
-    private mutating func sendFetch(origin: String, range: ClosedRange<UInt64>, to peer: String) -> Outstanding {
+    mutating func sendFetch(origin: String, range: ClosedRange<UInt64>, to peer: String) -> Outstanding {
         let id = nextRepairID()
         counters.repairRequests += 1
         actions.append(
@@ -404,6 +405,8 @@ extension NodeMachine {
             counters.repairRequests -= 1
         } else if repair.ownRecoveryFetch?.requestID == requestID {
             repair.ownRecoveryFetch = nil
+            counters.repairRequests -= 1
+        } else if splitWritesRequestUnsent(requestID) {
             counters.repairRequests -= 1
         }
     }
@@ -462,6 +465,7 @@ extension NodeMachine {
             takeRecoveredOwn(kind: header.kind, body: frames[1], asked: fetch, from: peer)
             return
         }
+        if splitWritesReply(header.requestID, kind: header.kind, body: frames[1], from: peer) { return }
         guard let (origin, outstanding) = repair.fetches.first(where: { $0.value.requestID == header.requestID }) else {
             return  // a late answer to a request already retried
         }

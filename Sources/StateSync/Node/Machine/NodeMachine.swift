@@ -120,6 +120,9 @@ package struct NodeMachine: Sendable {
     var startsHeardSpeaking: Set<UInt64> = []
     /// The incarnations heard under each peer's node id (``noteIncarnation(_:of:at:)``).
     var incarnationTrails: [String: IncarnationTrail] = [:]
+    /// Own numbers to check against peers after signs of another start under this id
+    /// (``scheduleSplitWritesCheck()``).
+    var splitWritesCheck: SplitWritesCheck?
     package var counters = NodeCounters()
     /// Latencies measured while handling inputs, for the host's metrics (drained by it).
     package var latencySamples = LatencySamples()

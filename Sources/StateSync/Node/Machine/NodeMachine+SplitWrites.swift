@@ -1,0 +1,218 @@
+import Logging
+
+/// Split writes after two nodes ran under one id (docs/PROTOCOL.md section 7.5, "Mending split
+/// writes"). While both ran, each numbered its writes from the same sequence numbers, and each
+/// peer kept the first delta it received under a number: a peer may hold the other start's
+/// write where this node holds its own, and another peer this node's. Once the signs of the
+/// other start stop (it refused to run), the node that goes on asks each peer for its own
+/// numbers of that time (FETCH) and compares: under a number where a peer holds another write,
+/// it takes that write and publishes it again under a new number, and its own too, both with
+/// their versions. Every replica then holds both, and the last-writer-wins merge gives each the
+/// same state.
+extension NodeMachine {
+    /// The check of own numbers the other start may have taken too.
+    struct SplitWritesCheck: Sendable {
+        /// The first own number checked: the first this node numbered within
+        /// ``NodeMachine/splitWritesLookBack`` before the first sign.
+        var from: UInt64
+        /// Peers are asked once no sign came for ``NodeMachine/splitWritesQuiet``.
+        var lastSign: UInt64
+        /// Set when peers are first asked: the last own number checked.
+        var through: UInt64?
+        /// Per peer still to answer, the next own number to ask it for.
+        var cursors: [String: UInt64] = [:]
+        /// Unanswered or refused FETCHes, per peer; one that reaches ``NodeMachine/splitWritesAttempts`` is left out.
+        var failures: [String: Int] = [:]
+        var fetch: Outstanding?
+        /// When peers were first asked: peers not reachable within ``NodeMachine/splitWritesPatience`` are left out.
+        var startedAt: UInt64 = 0
+        /// The writes published again, so that one held by several peers goes out once.
+        var reissued: Set<ReissuedWrite> = []
+        /// Numbers under which a peer held another write.
+        var splitNumbers = 0
+        /// Peers left out (unreachable, or refusing).
+        var leftOut: [String] = []
+    }
+
+    /// One write published again: its model, version and properties.
+    struct ReissuedWrite: Hashable, Sendable {
+        let channel: String
+        let model: String
+        let version: Version
+        let writes: [PropertyWrite]
+
+        init(_ delta: Delta) {
+            channel = delta.channel
+            model = delta.model
+            version = delta.version
+            writes = Array(delta.writes)
+        }
+    }
+
+    /// How far back before the first sign of another start own numbers are checked: the other
+    /// may have run that long before it was seen (signs come within a few heartbeats when it is
+    /// linked, within the spreading of member entries when it joined through a seed).
+    static let splitWritesLookBack: UInt64 = 60_000
+    /// Peers are asked once no sign came for this long (the other start has stopped): five
+    /// heartbeat intervals, at least this.
+    static let splitWritesQuiet: UInt64 = 2_000
+    static let splitWritesAttempts = 3
+    static let splitWritesPatience: UInt64 = 60_000
+
+    /// A sign of another start under this node's id, which it did not refuse at: own numbers
+    /// from a minute before on are checked against its peers once the signs stop.
+    mutating func scheduleSplitWritesCheck() {
+        if var check = splitWritesCheck, check.through == nil {
+            check.lastSign = now
+            splitWritesCheck = check
+            return
+        }
+        // A check under way goes on; the numbers after its end are checked by a new one.
+        let cutoff = (clock.lastTimestamp >> 16) &- Self.splitWritesLookBack
+        let from = firstOwnNumber(writtenAtOrAfter: cutoff)
+        if let check = splitWritesCheck, let through = check.through {
+            splitWritesCheck = SplitWritesCheck(from: min(from, through + 1), lastSign: now)
+        } else {
+            splitWritesCheck = SplitWritesCheck(from: from, lastSign: now)
+        }
+    }
+
+    /// The first own number whose delta this node holds that was written at or after `cutoff`
+    /// (milliseconds since 1970), or the next it will number. Own deltas are numbered in version
+    /// order: a binary search over the history.
+    private func firstOwnNumber(writtenAtOrAfter cutoff: UInt64) -> UInt64 {
+        let own = configuration.nodeID
+        guard let history = history[own], nextSequence > 1 else { return nextSequence }
+        var low = max(history.droppedThrough + 1, 1)
+        var high = nextSequence  // the answer lies in low...high
+        while low < high {
+            let middle = low + (high - low) / 2
+            if let delta = history.deltas(in: middle...middle).first, delta.version.milliseconds < cutoff {
+                low = middle + 1
+            } else {
+                high = middle
+            }
+        }
+        return low
+    }
+
+    /// At a repair round: once the signs stopped, asks the next peer for the next own numbers,
+    /// one FETCH at a time.
+    mutating func requestSplitWritesCheck(usable: [String]) {
+        guard var check = splitWritesCheck else { return }
+        let quiet = max(Self.splitWritesQuiet, 5 * UInt64(configuration.heartbeatIntervalMilliseconds))
+        if check.through == nil {
+            guard now &- check.lastSign >= quiet else { return }
+            let through = nextSequence - 1
+            guard check.from <= through else {
+                splitWritesCheck = nil
+                return
+            }
+            check.through = through
+            check.startedAt = now
+            for peer in repair.links.keys { check.cursors[peer] = check.from }
+            logger.notice(
+                "another node ran under this node's id: checking which of its own writes of that time each peer holds",
+                metadata: ["delta.range": "\(check.from)...\(through)", "peers": "\(check.cursors.count)"])
+        }
+        if let fetch = check.fetch {
+            guard fetch.deadline <= now else {
+                splitWritesCheck = check
+                return
+            }
+            check.fetch = nil
+            check.failures[fetch.peer, default: 0] += 1
+        }
+        for (peer, failures) in check.failures where failures >= Self.splitWritesAttempts {
+            if check.cursors.removeValue(forKey: peer) != nil { check.leftOut.append(peer) }
+        }
+        if now &- check.startedAt >= Self.splitWritesPatience {
+            for peer in check.cursors.keys.sorted() where !usable.contains(peer) {
+                check.cursors[peer] = nil
+                check.leftOut.append(peer)
+            }
+        }
+        guard let peer = usable.first(where: { check.cursors[$0] != nil }), let through = check.through else {
+            splitWritesCheck = check
+            if check.cursors.isEmpty { finishSplitWritesCheck() }
+            return
+        }
+        let range = Self.limited(check.cursors[peer]!...through)
+        check.fetch = sendFetch(origin: configuration.nodeID, range: range, to: peer)
+        splitWritesCheck = check
+    }
+
+    /// The answer to a check's FETCH (`true` if it was one): each own number under which the
+    /// peer holds another write is mended.
+    mutating func splitWritesReply(
+        _ requestID: UInt64, kind: ClientProtocol.ReplyKind, body: [UInt8], from peer: String
+    ) -> Bool {
+        guard var check = splitWritesCheck, let fetch = check.fetch, fetch.requestID == requestID else { return false }
+        check.fetch = nil
+        guard kind == .ok, let (deltas, _, _) = try? ClientProtocol.decodeFetched(body) else {
+            check.failures[peer, default: 0] += 1
+            splitWritesCheck = check
+            return true
+        }
+        let own = configuration.nodeID
+        var round = LocalWriteRound(capacity: 0)
+        for delta in deltas where delta.origin == own && fetch.range.contains(delta.sequence) {
+            let held = history[own]?.deltas(in: delta.sequence...delta.sequence).first
+            guard held.map({ !Self.sameWrite($0, delta) }) ?? (delta.sequence < nextSequence) else { continue }
+            check.splitNumbers += 1
+            // The peer's write, then this node's (if it still holds it): both again, under new
+            // numbers, with their versions; merged here as any write is.
+            for write in [delta, held].compactMap({ $0 }) where check.reissued.insert(ReissuedWrite(write)).inserted {
+                round.append(
+                    LocalWrite(
+                        address: write.address, version: write.version, writes: Array(write.writes), emitter: 0))
+            }
+        }
+        if fetch.range.upperBound >= check.through ?? 0 {
+            check.cursors[peer] = nil
+        } else {
+            check.cursors[peer] = fetch.range.upperBound + 1
+        }
+        splitWritesCheck = check
+        if !round.isEmpty {
+            counters.splitWritesReissued += round.count
+            logger.warning(
+                "a peer holds other writes under this node's own sequence numbers (another node ran under its id): publishing both again under new numbers",
+                metadata: [
+                    "peer.endpoint": "\(peer)", "delta.range": "\(fetch.range)", "writes": "\(round.count)",
+                ])
+            takeLocalWrites(round)
+        }
+        repairsDue = true
+        return true
+    }
+
+    /// Whether two deltas under one number are the same write.
+    private static func sameWrite(_ a: Delta, _ b: Delta) -> Bool {
+        a.version == b.version && a.channel == b.channel && a.model == b.model && a.writes == b.writes
+    }
+
+    private mutating func finishSplitWritesCheck() {
+        guard let check = splitWritesCheck else { return }
+        splitWritesCheck = nil
+        let metadata: Logger.Metadata = [
+            "delta.range": "\(check.from)...\(check.through ?? 0)", "numbers.split": "\(check.splitNumbers)",
+            "writes.republished": "\(check.reissued.count)",
+            "peers.left.out": "\(check.leftOut.sorted().joined(separator: ", "))",
+        ]
+        if !check.leftOut.isEmpty {
+            logger.warning(
+                "checked own writes against the peers that answered; the others could not be asked, and may hold the other node's writes instead of this node's",
+                metadata: metadata)
+        } else {
+            logger.notice("checked own writes of the time another node ran under this node's id", metadata: metadata)
+        }
+    }
+
+    /// A check's FETCH the driver could not queue: asked again at the next round.
+    mutating func splitWritesRequestUnsent(_ requestID: UInt64) -> Bool {
+        guard splitWritesCheck?.fetch?.requestID == requestID else { return false }
+        splitWritesCheck?.fetch = nil
+        return true
+    }
+}

@@ -1,0 +1,136 @@
+import Testing
+
+@testable import StateSync
+
+/// Mending split writes (PROTOCOL.md 7.5, "Mending split writes") on the node machine alone: after
+/// signs of another start under its id, and once they stop, a node asks its peers for its own
+/// numbers of that time, and publishes again, under new numbers, each write a peer holds under
+/// one of them in place of its own, and its own.
+@Suite("Split writes on the node machine")
+struct SplitWritesMachineTests {
+    static let address = ModelAddress(channel: "c", model: "m")
+
+    /// n1, linked to n2 (its repair endpoint known), with its own writes x = 1, 2, 3 (numbers
+    /// 1 to 3), having taken one sign of another start under its id.
+    static func nodeAfterASign() throws -> MachineRunner {
+        var node = MembershipMachineTests.started("n1", peers: ["n2"])
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        for value in 1...3 {
+            node.handle(
+                .localWrites([
+                    LocalWrite(
+                        address: address, version: node.machine.clock.next(),
+                        writes: [PropertyWrite(name: "x", value: .int(Int64(value)))])
+                ]))
+            node.advance(1)
+        }
+        #expect(node.machine.nextSequence == 4)
+        let own = try #require(node.machine.ownEntry)
+        DuplicateIDMachineTests.hear(
+            DuplicateIDMachineTests.entry("n1", incarnation: 0xC0FF, publish: "inproc://n1-copy", after: own.version),
+            at: &node)
+        #expect(node.refusals.isEmpty)
+        return node
+    }
+
+    /// Advances in heartbeat steps (n2 keeps beating) until the node sends a FETCH of its own
+    /// numbers, at most `milliseconds`; returns the request's index and range.
+    static func awaitOwnFetch(_ node: inout MachineRunner, within milliseconds: UInt64 = 5_000) -> (
+        index: Int, range: ClosedRange<UInt64>
+    )? {
+        let before = node.repairRequests.count
+        var waited: UInt64 = 0
+        while waited < milliseconds {
+            node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+            node.advance(100)
+            waited += 100
+            let sent = RepairMachineTests.requests(node, from: before)
+            if let position = sent.firstIndex(where: { $0.fetch?.origin == "n1" }) {
+                return (before + position, sent[position].fetch!.range)
+            }
+        }
+        return nil
+    }
+
+    static func publishedDeltas(_ node: MachineRunner, from: Int) -> [Delta] {
+        node.published[from...].flatMap { frames in
+            ((try? PeerMessage.decodeAll(frames)) ?? []).compactMap { message in
+                if case .delta(let delta) = message { delta } else { nil }
+            }
+        }
+    }
+
+    /// The peer holds another write under number 2: both it and the node's own are published
+    /// again under new numbers with their versions; the later of the two wins here; the numbers
+    /// the peer holds as the node does change nothing.
+    @Test func aPeersOtherWriteUnderAnOwnNumberIsPublishedAgainWithTheNodesOwn() throws {
+        var node = try Self.nodeAfterASign()
+        let ownSecond = try #require(node.machine.history["n1"]?.deltas(in: 2...2).first)
+        let fetch = try #require(Self.awaitOwnFetch(&node), "no FETCH of own numbers after the signs stopped")
+        #expect(fetch.range == 1...3)
+        #expect(node.repairRequests[fetch.index].peer == "inproc://n2")
+
+        // The other start's write under number 2: a later version, another value and property.
+        let other = Delta(
+            channel: "c", model: "m",
+            version: Version(
+                milliseconds: ownSecond.version.milliseconds + 5, counter: 0, node: "n1"),
+            sequence: 2, properties: [PropertyWrite(name: "y", value: "copy")])
+        let held = [1, 3].compactMap { node.machine.history["n1"]?.deltas(in: $0...$0).first }
+        let publishedBefore = node.published.count
+        node.handle(
+            .repairReply(
+                peer: "inproc://n2",
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: try RepairMachineTests.requestID(node, at: fetch.index),
+                    body: ClientProtocol.encodeFetched([held[0], other, held[1]], droppedThrough: 0))))
+        node.advance(1)
+        let again = Self.publishedDeltas(node, from: publishedBefore)
+        #expect(again.map(\.sequence) == [4, 5], "\(again)")
+        #expect(again.map(\.version) == [other.version, ownSecond.version])
+        #expect(again.map(\.properties) == [other.properties, ownSecond.properties])
+        let state = node.machine.store.properties(of: Self.address)
+        #expect(state["y"]?.value == "copy" && state["x"]?.value == 3)
+        #expect(node.machine.counters.splitWritesReissued == 2)
+        #expect(node.machine.splitWritesCheck == nil, "the one peer answered for the whole range: the check is over")
+    }
+
+    /// A peer holding exactly the node's writes: nothing is published again, and the check ends.
+    @Test func aPeerHoldingTheNodesOwnWritesChangesNothing() throws {
+        var node = try Self.nodeAfterASign()
+        let fetch = try #require(Self.awaitOwnFetch(&node))
+        let held = (1...3).compactMap { node.machine.history["n1"]?.deltas(in: UInt64($0)...UInt64($0)).first }
+        let publishedBefore = node.published.count
+        node.handle(
+            .repairReply(
+                peer: "inproc://n2",
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: try RepairMachineTests.requestID(node, at: fetch.index),
+                    body: ClientProtocol.encodeFetched(held, droppedThrough: 0))))
+        node.advance(1)
+        #expect(Self.publishedDeltas(node, from: publishedBefore).isEmpty)
+        #expect(node.machine.counters.splitWritesReissued == 0)
+        #expect(node.machine.splitWritesCheck == nil)
+        #expect(Self.awaitOwnFetch(&node, within: 3_000) == nil, "asked again")
+    }
+
+    /// While signs keep coming (the other start still runs and numbers over this one), the
+    /// peers are not asked: a write published again now could be numbered over too.
+    @Test func peersAreNotAskedWhileSignsKeepComing() throws {
+        var node = try Self.nodeAfterASign()
+        let before = node.repairRequests.count
+        for _ in 0..<30 {
+            // A sign each 300 ms: another entry of the other start, newer than this one's answer.
+            for _ in 0..<3 {
+                node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+                node.advance(100)
+            }
+            guard node.refusals.isEmpty, let own = node.machine.ownEntry else { break }
+            DuplicateIDMachineTests.hear(
+                DuplicateIDMachineTests.entry(
+                    "n1", incarnation: 0xC0FF, publish: "inproc://n1-copy", after: own.version),
+                at: &node)
+        }
+        #expect(!RepairMachineTests.requests(node, from: before).contains { $0.fetch?.origin == "n1" })
+    }
+}
