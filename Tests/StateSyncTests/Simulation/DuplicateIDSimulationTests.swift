@@ -76,6 +76,7 @@ struct DuplicateIDSimulationTests {
             let reason = try #require(cluster.nodes[index].refusals.first, "seed \(seed)")
             #expect(reason.contains("n2"), "seed \(seed): \(reason)")
         }
+        // Both may stop (a known issue of section 7.5: then no one mends what they took).
         guard let survivor = [1, 3].first(where: { cluster.nodes[$0].isUp }) else { return }
         models[survivor]!.count = 1_000_000
         let address = ModelAddress(channel: "c", model: survivor == 1 ? "a" : "b")
@@ -86,6 +87,38 @@ struct DuplicateIDSimulationTests {
         // Under numbers both took, each peer kept the first write it got (section 7.5, "Mending
         // split writes"): once the other stopped, the survivor publishes both again.
         #expect(cluster.run(for: 10_000, stoppingWhen: Self.runningAgree), "seed \(seed): the running nodes differ")
+    }
+
+    /// Both start empty and write, each to its own model, and an operator stops both before
+    /// either stops by itself: peers kept, under each number both took, the write they got
+    /// first. n2 restarted with its data holds its own writes in its snapshot, not as deltas it
+    /// could compare with its peers', and nothing mends them (section 7.5, "Mending split
+    /// writes", known issue): the running nodes differ. Recorded as a known issue, so that a fix
+    /// shows (seeds 1 to 10 in one test; the writes split in each).
+    @Test func bothStoppedAndOneRestartedUnderTheIDIsNotMended() async throws {
+        var differing: [UInt64] = []
+        for seed: UInt64 in 1...10 {
+            let cluster = try Self.cluster(seed: seed)
+            try cluster.join(3)
+            let models = [
+                1: try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "a"),
+                3: try await #require(cluster.nodes[3].host).model(Counter.self, channel: "c", id: "b"),
+            ]
+            var written = 0
+            cluster.run(for: 150) { cluster in
+                written += 1
+                for (index, model) in models where cluster.nodes[index].isUp { model.count = written }
+                return false
+            }
+            cluster.stopCleanly(1)
+            cluster.stopCleanly(3)
+            cluster.run(for: 1_000)
+            try cluster.restart(1)
+            if !cluster.run(for: 10_000, stoppingWhen: Self.runningAgree) { differing.append(seed) }
+        }
+        withKnownIssue("two starts under one id that both stopped: their split writes are not mended") {
+            #expect(differing.isEmpty, "the running nodes differ in seeds \(differing)")
+        }
     }
 
     /// The copy knows only n1 and no node lists it: it joins through membership, and no peer

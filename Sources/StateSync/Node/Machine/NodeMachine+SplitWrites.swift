@@ -21,6 +21,8 @@ extension NodeMachine {
         var through: UInt64?
         /// Per peer still to answer, the next own number to ask it for.
         var cursors: [String: UInt64] = [:]
+        /// Peers that answered for the whole range.
+        var done: Set<String> = []
         /// Unanswered or refused FETCHes, per peer; one that reaches ``NodeMachine/splitWritesAttempts`` is left out.
         var failures: [String: Int] = [:]
         var fetch: Outstanding?
@@ -64,18 +66,21 @@ extension NodeMachine {
     mutating func scheduleSplitWritesCheck() {
         if var check = splitWritesCheck, check.through == nil {
             check.lastSign = now
+            check.from = min(check.from, firstOwnNumber(writtenAtOrAfter: lookBackCutoff))
             splitWritesCheck = check
             return
         }
         // A check under way goes on; the numbers after its end are checked by a new one.
-        let cutoff = (clock.lastTimestamp >> 16) &- Self.splitWritesLookBack
-        let from = firstOwnNumber(writtenAtOrAfter: cutoff)
+        let from = firstOwnNumber(writtenAtOrAfter: lookBackCutoff)
         if let check = splitWritesCheck, let through = check.through {
             splitWritesCheck = SplitWritesCheck(from: min(from, through + 1), lastSign: now)
         } else {
             splitWritesCheck = SplitWritesCheck(from: from, lastSign: now)
         }
     }
+
+    /// A minute before now on the node's clock (milliseconds since 1970).
+    private var lookBackCutoff: UInt64 { (clock.lastTimestamp >> 16) &- Self.splitWritesLookBack }
 
     /// The first own number whose delta this node holds that was written at or after `cutoff`
     /// (milliseconds since 1970), or the next it will number. Own deltas are numbered in version
@@ -102,7 +107,8 @@ extension NodeMachine {
         guard var check = splitWritesCheck else { return }
         let quiet = max(Self.splitWritesQuiet, 5 * UInt64(configuration.heartbeatIntervalMilliseconds))
         if check.through == nil {
-            guard now &- check.lastSign >= quiet else { return }
+            // Not while settling (section 11.2): it numbers no write until then.
+            guard now &- check.lastSign >= quiet, settling == nil, refusal == nil else { return }
             let through = nextSequence - 1
             guard check.from <= through else {
                 splitWritesCheck = nil
@@ -110,10 +116,15 @@ extension NodeMachine {
             }
             check.through = through
             check.startedAt = now
-            for peer in repair.links.keys { check.cursors[peer] = check.from }
             logger.notice(
                 "another node ran under this node's id: checking which of its own writes of that time each peer holds",
-                metadata: ["delta.range": "\(check.from)...\(through)", "peers": "\(check.cursors.count)"])
+                metadata: ["delta.range": "\(check.from)...\(through)"])
+        }
+        // Every peer with a link is asked, also one linked after the check began.
+        for peer in usable where check.cursors[peer] == nil && !check.done.contains(peer) {
+            if !check.leftOut.contains(peer), peers[peer]?.node != configuration.nodeID {
+                check.cursors[peer] = check.from
+            }
         }
         if let fetch = check.fetch {
             guard fetch.deadline <= now else {
@@ -126,15 +137,21 @@ extension NodeMachine {
         for (peer, failures) in check.failures where failures >= Self.splitWritesAttempts {
             if check.cursors.removeValue(forKey: peer) != nil { check.leftOut.append(peer) }
         }
-        if now &- check.startedAt >= Self.splitWritesPatience {
-            for peer in check.cursors.keys.sorted() where !usable.contains(peer) {
-                check.cursors[peer] = nil
-                check.leftOut.append(peer)
-            }
-        }
+        // The peers known to this node that have not answered: asked while the check lasts,
+        // left out after ``splitWritesPatience`` (down, or without a repair endpoint). Not the
+        // other start's endpoint (its HEARTBEATs named this node's id): it stopped.
+        let others = Set(peers.filter { $0.value.node != configuration.nodeID }.keys)
+        let unanswered = others.union(check.cursors.keys).subtracting(check.done).subtracting(check.leftOut)
+        let patient = now &- check.startedAt < Self.splitWritesPatience
         guard let peer = usable.first(where: { check.cursors[$0] != nil }), let through = check.through else {
-            splitWritesCheck = check
-            if check.cursors.isEmpty { finishSplitWritesCheck() }
+            if !patient || unanswered.isEmpty {
+                check.leftOut += unanswered.sorted()
+                check.cursors = [:]
+                splitWritesCheck = check
+                finishSplitWritesCheck()
+            } else {
+                splitWritesCheck = check
+            }
             return
         }
         let range = Self.limited(check.cursors[peer]!...through)
@@ -157,12 +174,14 @@ extension NodeMachine {
         let own = configuration.nodeID
         var round = LocalWriteRound(capacity: 0)
         for delta in deltas where delta.origin == own && fetch.range.contains(delta.sequence) {
-            let held = history[own]?.deltas(in: delta.sequence...delta.sequence).first
-            guard held.map({ !Self.sameWrite($0, delta) }) ?? (delta.sequence < nextSequence) else { continue }
+            // A number this node no longer holds a delta of cannot be compared.
+            guard let held = history[own]?.deltas(in: delta.sequence...delta.sequence).first,
+                !Self.sameWrite(held, delta)
+            else { continue }
             check.splitNumbers += 1
-            // The peer's write, then this node's (if it still holds it): both again, under new
-            // numbers, with their versions; merged here as any write is.
-            for write in [delta, held].compactMap({ $0 }) where check.reissued.insert(ReissuedWrite(write)).inserted {
+            // The peer's write, then this node's: both again, under new numbers, with their
+            // versions; merged here as any write is.
+            for write in [delta, held] where check.reissued.insert(ReissuedWrite(write)).inserted {
                 round.append(
                     LocalWrite(
                         address: write.address, version: write.version, writes: Array(write.writes), emitter: 0))
@@ -170,6 +189,7 @@ extension NodeMachine {
         }
         if fetch.range.upperBound >= check.through ?? 0 {
             check.cursors[peer] = nil
+            check.done.insert(peer)
         } else {
             check.cursors[peer] = fetch.range.upperBound + 1
         }
@@ -202,10 +222,10 @@ extension NodeMachine {
         ]
         if !check.leftOut.isEmpty {
             logger.warning(
-                "checked own writes against the peers that answered; the others could not be asked, and may hold the other node's writes instead of this node's",
+                "checked own writes against the peers that answered; the others could not be asked, and may hold another node's writes under this node's numbers",
                 metadata: metadata)
         } else {
-            logger.notice("checked own writes of the time another node ran under this node's id", metadata: metadata)
+            logger.notice("checked own writes against every peer", metadata: metadata)
         }
     }
 
