@@ -14,6 +14,10 @@ enum SocketFactory {
     ) {
         // Keys first: a bad key file stops the node before it binds anything.
         let keys = try configuration.security.map { (security) throws(StateSyncError) in try NodeKeys(security) }
+        // The sockets monitored so far: on an error, their monitors stop before anything is
+        // released (the readers could be released first, see `Socket.monitor`).
+        var monitored: [Socket] = []
+        defer { for socket in monitored { socket.stopMonitoring() } }
         do {
             let context = try Context()
             // With security, the ZAP handler is bound before any secured socket can accept a
@@ -30,6 +34,7 @@ enum SocketFactory {
             // this one does not hear, gets the member list on the next HEARTBEATs. With security,
             // handshakes that fail before ZAP (no CURVE at all) are counted too.
             var monitors = [try makePublisherMonitor(context: context, of: publisher, keyed: keys != nil)]
+            monitored.append(publisher)
             try bindPublisher(publisher, configuration.publishEndpoint)
 
             var subscribers: [(String, Socket)] = []
@@ -59,11 +64,13 @@ enum SocketFactory {
             // libzmq's I/O thread (see `Socket.monitor`).
             if keys != nil {
                 monitors.append(try makeMonitor(context: context, of: router, name: "api", kinds: .handshakeFailed))
+                monitored.append(router)
             }
             try bind(
                 router, configuration.repairServiceEndpoint,
                 key: configuration.apiEndpoint != nil
                     ? "network.api" : configuration.repairEndpoint != nil ? "network.repair" : "the repair endpoint")
+            monitored = []
             return (context, publisher, subscribers, router, zap, keys, monitors)
         } catch let error as StateSyncError {
             throw error
@@ -115,6 +122,11 @@ enum SocketFactory {
         do {
             let monitor = try context.socket(.pair)
             try monitor.setLinger(milliseconds: 0)
+            // No high-water mark on the reader: an inproc pipe with none on one side has none, so
+            // libzmq's blocking send of an event never waits, whatever arrives while the driver
+            // does not read (a flood of failed handshakes during a socket's replacement), and
+            // `stopMonitoring` never waits on the monitor's lock held by that send.
+            try monitor.setReceiveHighWaterMark(0)
             try monitor.connect(endpoint)
             return monitor
         } catch {

@@ -114,23 +114,94 @@ struct SplitWritesMachineTests {
         #expect(Self.awaitOwnFetch(&node, within: 3_000) == nil, "asked again")
     }
 
-    /// While signs keep coming (the other start still runs and numbers over this one), the
-    /// peers are not asked: a write published again now could be numbered over too.
-    @Test func peersAreNotAskedWhileSignsKeepComing() throws {
+    /// n1, linked to n2 and listing the other start's endpoint (n1-copy) as a peer, with its own
+    /// writes 1 to 3: it hears the other start's HEARTBEATs in its own id (the first is a sign).
+    static func nodeHearingTheOtherStart() -> MachineRunner {
+        var node = MembershipMachineTests.started("n1", peers: ["n2", "n1-copy"])
+        for value in 1...3 {
+            node.handle(
+                .localWrites([
+                    LocalWrite(
+                        address: address, version: node.machine.clock.next(),
+                        writes: [PropertyWrite(name: "x", value: .int(Int64(value)))])
+                ]))
+        }
+        return node
+    }
+
+    /// One step of 100 ms in which n2 beats and, if `copyBeats`, the other start too.
+    static func step(_ node: inout MachineRunner, copyBeats: Bool) {
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        if copyBeats {
+            node.handle(
+                .peerMessage(
+                    peer: "inproc://n1-copy",
+                    frames: PeerMessage.heartbeat(
+                        PeerMessage.Heartbeat(
+                            node: "n1", latestSequence: 0, clock: 0, incarnation: 0xC0B1, api: "inproc://n1-copy.api")
+                    ).encode()))
+        }
+        node.advance(100)
+    }
+
+    /// While the other start's HEARTBEATs are heard (it still runs and may number over this
+    /// node's new writes), the peers are not asked; once they stop, they are, and never the
+    /// other start's endpoint.
+    @Test func peersAreNotAskedWhileTheOtherStartIsHeard() throws {
+        var node = Self.nodeHearingTheOtherStart()
+        let before = node.repairRequests.count
+        for _ in 0..<60 { Self.step(&node, copyBeats: true) }
+        #expect(node.refusals.isEmpty, "one sign only: \(node.refusals)")
+        #expect(node.machine.splitWritesCheck != nil, "the first HEARTBEAT was a sign")
+        #expect(!RepairMachineTests.requests(node, from: before).contains { $0.fetch?.origin == "n1" })
+        for _ in 0..<30 { Self.step(&node, copyBeats: false) }
+        let asked = RepairMachineTests.requests(node, from: before).filter { $0.fetch?.origin == "n1" }
+        #expect(!asked.isEmpty && asked.allSatisfy { $0.peer == "inproc://n2" }, "\(asked.map(\.peer))")
+        #expect(asked.first?.fetch?.range == 1...3)
+    }
+
+    /// A FETCH unanswered in time has its peer's link made again and is asked again; after
+    /// three, the peer is left out and the check ends.
+    @Test func anUnansweredPeerHasItsLinkMadeAgainAndIsLeftOutAfterThree() throws {
         var node = try Self.nodeAfterASign()
         let before = node.repairRequests.count
-        for _ in 0..<30 {
-            // A sign each 300 ms: another entry of the other start, newer than this one's answer.
-            for _ in 0..<3 {
-                node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
-                node.advance(100)
-            }
-            guard node.refusals.isEmpty, let own = node.machine.ownEntry else { break }
-            DuplicateIDMachineTests.hear(
-                DuplicateIDMachineTests.entry(
-                    "n1", incarnation: 0xC0FF, publish: "inproc://n1-copy", after: own.version),
-                at: &node)
+        let linksBefore = node.repairLinksConnected.count
+        for _ in 0..<80 where node.machine.splitWritesCheck != nil {
+            node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+            node.advance(100)
         }
-        #expect(!RepairMachineTests.requests(node, from: before).contains { $0.fetch?.origin == "n1" })
+        let asked = RepairMachineTests.requests(node, from: before).filter { $0.fetch?.origin == "n1" }
+        #expect(asked.count == 3, "\(asked.count) FETCHes")
+        #expect(node.repairLinksConnected[linksBefore...].filter { $0 == "inproc://n2" }.count >= 3)
+        #expect(node.machine.splitWritesCheck == nil, "the check ends with the peer left out")
+        #expect(node.machine.counters.splitWritesReissued == 0)
+    }
+
+    /// A sign during a check under way (here of a third start, so that the node does not stop)
+    /// starts it over: the late answer to its FETCH is not taken, and the peers are asked again
+    /// from the same first number.
+    @Test func aSignDuringACheckStartsItOver() throws {
+        var node = try Self.nodeAfterASign()
+        let first = try #require(Self.awaitOwnFetch(&node))
+        let own = try #require(node.machine.ownEntry)
+        DuplicateIDMachineTests.hear(
+            DuplicateIDMachineTests.entry("n1", incarnation: 0xC0FE, publish: "inproc://n1-copy", after: own.version),
+            at: &node)
+        #expect(node.refusals.isEmpty)
+        // The late answer to the first FETCH is not taken.
+        let held = try #require(node.machine.history["n1"]?.deltas(in: 2...2).first)
+        let other = Delta(
+            channel: "c", model: "m",
+            version: Version(milliseconds: held.version.milliseconds + 5, counter: 0, node: "n1"),
+            sequence: 2, properties: [PropertyWrite(name: "y", value: 1)])
+        node.handle(
+            .repairReply(
+                peer: "inproc://n2",
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: try RepairMachineTests.requestID(node, at: first.index),
+                    body: ClientProtocol.encodeFetched([other], droppedThrough: 0))))
+        #expect(node.machine.counters.splitWritesReissued == 0)
+        let again = try #require(Self.awaitOwnFetch(&node), "asked again after the new sign")
+        #expect(again.range.lowerBound == first.range.lowerBound)
     }
 }

@@ -145,6 +145,7 @@ extension NodeMachine {
         }
         if repair.ownRecoveryFetch?.peer == peer { repair.ownRecoveryFetch = nil }
         settling?.fetches[peer] = nil
+        splitWritesPeerRestarted(peer)
         repairsDue = true
     }
 

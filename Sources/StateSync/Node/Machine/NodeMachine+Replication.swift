@@ -234,10 +234,9 @@ extension NodeMachine {
         var covered = beat.progress
         covered[beat.node] = max(covered[beat.node] ?? 0, beat.latestSequence)
         peers[endpoint, default: PeerProgress()].progress = covered
-        if beat.node == configuration.nodeID, beat.incarnation != incarnation,
-            refuseIfAnotherStartSpeaks(beat.incarnation, at: endpoint)
-        {
-            return
+        if beat.node == configuration.nodeID, beat.incarnation != incarnation {
+            if refuseIfAnotherStartSpeaks(beat.incarnation, at: endpoint) { return }
+            otherStartStillHeard()
         }
         guard beat.node != configuration.nodeID else { return }
         noteIncarnation(beat.incarnation, of: beat.node, at: endpoint)

@@ -31,7 +31,7 @@ extension NodeMachine {
         /// The writes published again, so that one held by several peers goes out once.
         var reissued: Set<ReissuedWrite> = []
         /// Numbers under which a peer held another write.
-        var splitNumbers = 0
+        var splitNumbers: Set<UInt64> = []
         /// Peers left out (unreachable, or refusing).
         var leftOut: [String] = []
     }
@@ -62,53 +62,60 @@ extension NodeMachine {
     static let splitWritesPatience: UInt64 = 60_000
 
     /// A sign of another start under this node's id, which it did not refuse at: own numbers
-    /// from a minute before on are checked against its peers once the signs stop.
+    /// from a minute before the first sign on are checked against its peers once the signs stop.
+    /// A sign during a check under way starts the wait again, over the numbers from the first
+    /// sign's on (the other start may have taken more meanwhile); what was published again is
+    /// not published twice.
     mutating func scheduleSplitWritesCheck() {
-        if var check = splitWritesCheck, check.through == nil {
-            check.lastSign = now
-            check.from = min(check.from, firstOwnNumber(writtenAtOrAfter: lookBackCutoff))
-            splitWritesCheck = check
+        let from = firstOwnNumber(writtenAtOrAfter: lookBackCutoff)
+        guard var check = splitWritesCheck else {
+            splitWritesCheck = SplitWritesCheck(from: from, lastSign: now)
             return
         }
-        // A check under way goes on; the numbers after its end are checked by a new one.
-        let from = firstOwnNumber(writtenAtOrAfter: lookBackCutoff)
-        if let check = splitWritesCheck, let through = check.through {
-            splitWritesCheck = SplitWritesCheck(from: min(from, through + 1), lastSign: now)
-        } else {
-            splitWritesCheck = SplitWritesCheck(from: from, lastSign: now)
+        check.lastSign = now
+        check.from = min(check.from, from)
+        if check.through != nil {
+            check.through = nil
+            check.cursors = [:]
+            check.done = []
+            check.failures = [:]
+            check.fetch = nil
         }
+        splitWritesCheck = check
     }
 
-    /// A minute before now on the node's clock (milliseconds since 1970).
-    private var lookBackCutoff: UInt64 { (clock.lastTimestamp >> 16) &- Self.splitWritesLookBack }
+    /// A HEARTBEAT in this node's id from another start, after the first (which is a sign): the
+    /// other still runs, so the check waits on.
+    mutating func otherStartStillHeard() {
+        guard splitWritesCheck != nil else { return }
+        scheduleSplitWritesCheck()
+    }
+
+    /// A minute before now, by the earlier of the wall clock and the node's clock (which follows
+    /// peers that run ahead: the window would shrink).
+    private var lookBackCutoff: UInt64 {
+        min(clock.wallMilliseconds(), clock.lastTimestamp >> 16) &- Self.splitWritesLookBack
+    }
 
     /// The first own number whose delta this node holds that was written at or after `cutoff`
-    /// (milliseconds since 1970), or the next it will number. Own deltas are numbered in version
-    /// order: a binary search over the history.
+    /// (milliseconds since 1970), or the next it will number. A scan of the retained own deltas:
+    /// their versions need not rise with their numbers (writes published again keep theirs,
+    /// numbers fetched back carry the other start's clock).
     private func firstOwnNumber(writtenAtOrAfter cutoff: UInt64) -> UInt64 {
         let own = configuration.nodeID
         guard let history = history[own], nextSequence > 1 else { return nextSequence }
-        var low = max(history.droppedThrough + 1, 1)
-        var high = nextSequence  // the answer lies in low...high
-        while low < high {
-            let middle = low + (high - low) / 2
-            if let delta = history.deltas(in: middle...middle).first, delta.version.milliseconds < cutoff {
-                low = middle + 1
-            } else {
-                high = middle
-            }
-        }
-        return low
+        let held = history.deltas(in: max(history.droppedThrough + 1, 1)...(nextSequence - 1))
+        return held.first { $0.version.milliseconds >= cutoff }?.sequence ?? nextSequence
     }
 
     /// At a repair round: once the signs stopped, asks the next peer for the next own numbers,
     /// one FETCH at a time.
     mutating func requestSplitWritesCheck(usable: [String]) {
-        guard var check = splitWritesCheck else { return }
+        guard var check = splitWritesCheck, refusal == nil else { return }
         let quiet = max(Self.splitWritesQuiet, 5 * UInt64(configuration.heartbeatIntervalMilliseconds))
         if check.through == nil {
             // Not while settling (section 11.2): it numbers no write until then.
-            guard now &- check.lastSign >= quiet, settling == nil, refusal == nil else { return }
+            guard now &- check.lastSign >= quiet, settling == nil else { return }
             let through = nextSequence - 1
             guard check.from <= through else {
                 splitWritesCheck = nil
@@ -133,6 +140,12 @@ extension NodeMachine {
             }
             check.fetch = nil
             check.failures[fetch.peer, default: 0] += 1
+            // As for any FETCH unanswered in time: libzmq may have dropped the connection for
+            // good (a reply over 64 MiB), so the link is made again.
+            if let endpoint = repair.links[fetch.peer] {
+                counters.repairLinkResets += 1
+                actions.append(.connectRepairLink(peer: fetch.peer, endpoint: endpoint))
+            }
         }
         for (peer, failures) in check.failures where failures >= Self.splitWritesAttempts {
             if check.cursors.removeValue(forKey: peer) != nil { check.leftOut.append(peer) }
@@ -166,11 +179,14 @@ extension NodeMachine {
     ) -> Bool {
         guard var check = splitWritesCheck, let fetch = check.fetch, fetch.requestID == requestID else { return false }
         check.fetch = nil
+        // A node that refused to run writes nothing more.
+        guard refusal == nil else { return true }
         guard kind == .ok, let (deltas, _, _) = try? ClientProtocol.decodeFetched(body) else {
             check.failures[peer, default: 0] += 1
             splitWritesCheck = check
             return true
         }
+        counters.deltasFetched += deltas.count
         let own = configuration.nodeID
         var round = LocalWriteRound(capacity: 0)
         for delta in deltas where delta.origin == own && fetch.range.contains(delta.sequence) {
@@ -178,7 +194,7 @@ extension NodeMachine {
             guard let held = history[own]?.deltas(in: delta.sequence...delta.sequence).first,
                 !Self.sameWrite(held, delta)
             else { continue }
-            check.splitNumbers += 1
+            check.splitNumbers.insert(delta.sequence)
             // The peer's write, then this node's: both again, under new numbers, with their
             // versions; merged here as any write is.
             for write in [delta, held] where check.reissued.insert(ReissuedWrite(write)).inserted {
@@ -216,7 +232,7 @@ extension NodeMachine {
         guard let check = splitWritesCheck else { return }
         splitWritesCheck = nil
         let metadata: Logger.Metadata = [
-            "delta.range": "\(check.from)...\(check.through ?? 0)", "numbers.split": "\(check.splitNumbers)",
+            "delta.range": "\(check.from)...\(check.through ?? 0)", "numbers.split": "\(check.splitNumbers.count)",
             "writes.republished": "\(check.reissued.count)",
             "peers.left.out": "\(check.leftOut.sorted().joined(separator: ", "))",
         ]
@@ -229,10 +245,18 @@ extension NodeMachine {
         }
     }
 
-    /// A check's FETCH the driver could not queue: asked again at the next round.
+    /// A check's FETCH the driver could not queue: asked again at the next round, counted as
+    /// a failure of that peer (one that can never be asked is left out, not asked forever).
     mutating func splitWritesRequestUnsent(_ requestID: UInt64) -> Bool {
-        guard splitWritesCheck?.fetch?.requestID == requestID else { return false }
+        guard let fetch = splitWritesCheck?.fetch, fetch.requestID == requestID else { return false }
         splitWritesCheck?.fetch = nil
+        splitWritesCheck?.failures[fetch.peer, default: 0] += 1
         return true
+    }
+
+    /// A peer restarted, and its repair link was made again: a check's FETCH to it is asked
+    /// again, not counted as unanswered.
+    mutating func splitWritesPeerRestarted(_ peer: String) {
+        if splitWritesCheck?.fetch?.peer == peer { splitWritesCheck?.fetch = nil }
     }
 }
