@@ -114,6 +114,29 @@ struct SplitWritesMachineTests {
         #expect(Self.awaitOwnFetch(&node, within: 3_000) == nil, "asked again")
     }
 
+    /// A node whose own deltas a snapshot covered (its history dropped through its last number)
+    /// has none to compare: a sign asks nothing. (A release sweep trapped here on a range whose
+    /// lower bound passed its upper one: 3 nodes × 300 operations, seed 386.)
+    @Test func aNodeWhoseOwnHistoryWasDroppedAsksNothing() throws {
+        var node = MembershipMachineTests.started("n1", peers: ["n2"])
+        node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
+        node.handle(
+            .localWrites([
+                LocalWrite(
+                    address: Self.address, version: node.machine.clock.next(),
+                    writes: [PropertyWrite(name: "x", value: 1)])
+            ]))
+        node.advance(1)
+        node.machine.coverWithoutHistory(origin: "n1", through: node.machine.nextSequence - 1)
+        let own = try #require(node.machine.ownEntry)
+        DuplicateIDMachineTests.hear(
+            DuplicateIDMachineTests.entry("n1", incarnation: 0xC0FF, publish: "inproc://n1-copy", after: own.version),
+            at: &node)
+        #expect(node.refusals.isEmpty)
+        #expect(Self.awaitOwnFetch(&node, within: 3_000) == nil)
+        #expect(node.machine.splitWritesCheck == nil)
+    }
+
     /// n1, linked to n2 and listing the other start's endpoint (n1-copy) as a peer, with its own
     /// writes 1 to 3: it hears the other start's HEARTBEATs in its own id (the first is a sign).
     static func nodeHearingTheOtherStart() -> MachineRunner {

@@ -103,8 +103,11 @@ extension NodeMachine {
     /// numbers fetched back carry the other start's clock).
     private func firstOwnNumber(writtenAtOrAfter cutoff: UInt64) -> UInt64 {
         let own = configuration.nodeID
-        guard let history = history[own], nextSequence > 1 else { return nextSequence }
-        let held = history.deltas(in: max(history.droppedThrough + 1, 1)...(nextSequence - 1))
+        // (Its history may be dropped through its last number: a snapshot covered them.)
+        guard let history = history[own], nextSequence > 1, history.droppedThrough < nextSequence - 1 else {
+            return nextSequence
+        }
+        let held = history.deltas(in: (history.droppedThrough + 1)...(nextSequence - 1))
         return held.first { $0.version.milliseconds >= cutoff }?.sequence ?? nextSequence
     }
 
