@@ -87,8 +87,13 @@ extension NodeMachine {
     /// A HEARTBEAT in this node's id from another start, after the first (which is a sign): the
     /// other still runs, so the check waits on.
     mutating func otherStartStillHeard() {
-        guard splitWritesCheck != nil else { return }
-        scheduleSplitWritesCheck()
+        guard let check = splitWritesCheck else { return }
+        // Waiting: only the wait starts again (no scan of the history at every HEARTBEAT).
+        if check.through == nil {
+            splitWritesCheck?.lastSign = now
+        } else {
+            scheduleSplitWritesCheck()
+        }
     }
 
     /// A minute before now, by the earlier of the wall clock and the node's clock (which follows
