@@ -10,20 +10,25 @@ import Testing
 struct SplitWritesMachineTests {
     static let address = ModelAddress(channel: "c", model: "m")
 
+    /// Local writes of `x` at the model, one value each, each its own delta.
+    static func write(_ node: inout MachineRunner, x values: ClosedRange<Int64>) {
+        for value in values {
+            node.handle(
+                .localWrites([
+                    LocalWrite(
+                        address: address, version: node.machine.clock.next(),
+                        writes: [PropertyWrite(name: "x", value: .int(value))])
+                ]))
+            node.advance(1)
+        }
+    }
+
     /// n1, linked to n2 (its repair endpoint known), with its own writes x = 1, 2, 3 (numbers
     /// 1 to 3), having taken one sign of another start under its id.
     static func nodeAfterASign() throws -> MachineRunner {
         var node = MembershipMachineTests.started("n1", peers: ["n2"])
         node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
-        for value in 1...3 {
-            node.handle(
-                .localWrites([
-                    LocalWrite(
-                        address: address, version: node.machine.clock.next(),
-                        writes: [PropertyWrite(name: "x", value: .int(Int64(value)))])
-                ]))
-            node.advance(1)
-        }
+        write(&node, x: 1...3)
         #expect(node.machine.nextSequence == 4)
         let own = try #require(node.machine.ownEntry)
         DuplicateIDMachineTests.hear(
@@ -52,6 +57,17 @@ struct SplitWritesMachineTests {
         return nil
     }
 
+    /// n2 answers the node's request at `request` (an index into its repair requests) with
+    /// `deltas`.
+    static func answer(_ node: inout MachineRunner, request: Int, with deltas: [Delta]) throws {
+        node.handle(
+            .repairReply(
+                peer: "inproc://n2",
+                frames: ClientProtocol.encodeReply(
+                    .ok, id: try RepairMachineTests.requestID(node, at: request),
+                    body: ClientProtocol.encodeFetched(deltas, droppedThrough: 0))))
+    }
+
     static func publishedDeltas(_ node: MachineRunner, from: Int) -> [Delta] {
         node.published[from...].flatMap { frames in
             ((try? PeerMessage.decodeAll(frames)) ?? []).compactMap { message in
@@ -78,12 +94,7 @@ struct SplitWritesMachineTests {
             sequence: 2, properties: [PropertyWrite(name: "y", value: "copy")])
         let held = [1, 3].compactMap { node.machine.history["n1"]?.deltas(in: $0...$0).first }
         let publishedBefore = node.published.count
-        node.handle(
-            .repairReply(
-                peer: "inproc://n2",
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: try RepairMachineTests.requestID(node, at: fetch.index),
-                    body: ClientProtocol.encodeFetched([held[0], other, held[1]], droppedThrough: 0))))
+        try Self.answer(&node, request: fetch.index, with: [held[0], other, held[1]])
         node.advance(1)
         let again = Self.publishedDeltas(node, from: publishedBefore)
         #expect(again.map(\.sequence) == [4, 5], "\(again)")
@@ -101,12 +112,7 @@ struct SplitWritesMachineTests {
         let fetch = try #require(Self.awaitOwnFetch(&node))
         let held = (1...3).compactMap { node.machine.history["n1"]?.deltas(in: UInt64($0)...UInt64($0)).first }
         let publishedBefore = node.published.count
-        node.handle(
-            .repairReply(
-                peer: "inproc://n2",
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: try RepairMachineTests.requestID(node, at: fetch.index),
-                    body: ClientProtocol.encodeFetched(held, droppedThrough: 0))))
+        try Self.answer(&node, request: fetch.index, with: held)
         node.advance(1)
         #expect(Self.publishedDeltas(node, from: publishedBefore).isEmpty)
         #expect(node.machine.counters.splitWritesReissued == 0)
@@ -120,13 +126,7 @@ struct SplitWritesMachineTests {
     @Test func aNodeWhoseOwnHistoryWasDroppedAsksNothing() throws {
         var node = MembershipMachineTests.started("n1", peers: ["n2"])
         node.handle(.peerMessage(peer: "inproc://n2", frames: RepairMachineTests.heartbeat("n2", latest: 0)))
-        node.handle(
-            .localWrites([
-                LocalWrite(
-                    address: Self.address, version: node.machine.clock.next(),
-                    writes: [PropertyWrite(name: "x", value: 1)])
-            ]))
-        node.advance(1)
+        Self.write(&node, x: 1...1)
         node.machine.coverWithoutHistory(origin: "n1", through: node.machine.nextSequence - 1)
         let own = try #require(node.machine.ownEntry)
         DuplicateIDMachineTests.hear(
@@ -141,14 +141,7 @@ struct SplitWritesMachineTests {
     /// writes 1 to 3: it hears the other start's HEARTBEATs in its own id (the first is a sign).
     static func nodeHearingTheOtherStart() -> MachineRunner {
         var node = MembershipMachineTests.started("n1", peers: ["n2", "n1-copy"])
-        for value in 1...3 {
-            node.handle(
-                .localWrites([
-                    LocalWrite(
-                        address: address, version: node.machine.clock.next(),
-                        writes: [PropertyWrite(name: "x", value: .int(Int64(value)))])
-                ]))
-        }
+        write(&node, x: 1...3)
         return node
     }
 
@@ -217,12 +210,7 @@ struct SplitWritesMachineTests {
             channel: "c", model: "m",
             version: Version(milliseconds: held.version.milliseconds + 5, counter: 0, node: "n1"),
             sequence: 2, properties: [PropertyWrite(name: "y", value: 1)])
-        node.handle(
-            .repairReply(
-                peer: "inproc://n2",
-                frames: ClientProtocol.encodeReply(
-                    .ok, id: try RepairMachineTests.requestID(node, at: first.index),
-                    body: ClientProtocol.encodeFetched([other], droppedThrough: 0))))
+        try Self.answer(&node, request: first.index, with: [other])
         #expect(node.machine.counters.splitWritesReissued == 0)
         let again = try #require(Self.awaitOwnFetch(&node), "asked again after the new sign")
         #expect(again.range.lowerBound == first.range.lowerBound)

@@ -16,6 +16,14 @@ struct DuplicateIDSimulationTests {
         return try SimulatedCluster(configuration)
     }
 
+    /// A model on n2 ("a") and one on its copy ("b"), by node index.
+    static func modelsOfBoth(_ cluster: SimulatedCluster) async throws -> [Int: Counter] {
+        [
+            1: try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "a"),
+            3: try await #require(cluster.nodes[3].host).model(Counter.self, channel: "c", id: "b"),
+        ]
+    }
+
     /// The nodes that run, all caught up, hold one state.
     static func runningAgree(_ cluster: SimulatedCluster) -> Bool {
         let running = cluster.nodes.compactMap { $0.host?.status }
@@ -56,10 +64,7 @@ struct DuplicateIDSimulationTests {
     func twoNewNodesUnderOneID(writing: Bool, seed: UInt64) async throws {
         let cluster = try Self.cluster(seed: seed)
         try cluster.join(3)
-        let models = [
-            1: try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "a"),
-            3: try await #require(cluster.nodes[3].host).model(Counter.self, channel: "c", id: "b"),
-        ]
+        let models = try await Self.modelsOfBoth(cluster)
         var written = 0
         let oneStopped = cluster.run(for: 5_000) { cluster in
             if writing {
@@ -100,10 +105,7 @@ struct DuplicateIDSimulationTests {
         for seed: UInt64 in 1...10 {
             let cluster = try Self.cluster(seed: seed)
             try cluster.join(3)
-            let models = [
-                1: try await #require(cluster.nodes[1].host).model(Counter.self, channel: "c", id: "a"),
-                3: try await #require(cluster.nodes[3].host).model(Counter.self, channel: "c", id: "b"),
-            ]
+            let models = try await Self.modelsOfBoth(cluster)
             var written = 0
             cluster.run(for: 150) { cluster in
                 written += 1
