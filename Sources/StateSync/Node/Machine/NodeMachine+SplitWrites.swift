@@ -198,9 +198,9 @@ extension NodeMachine {
         let own = configuration.nodeID
         var round = LocalWriteRound(capacity: 0)
         for delta in deltas where delta.origin == own && fetch.range.contains(delta.sequence) {
-            // A number this node no longer holds a delta of cannot be compared.
-            guard let held = history[own]?.deltas(in: delta.sequence...delta.sequence).first,
-                !Self.sameWrite(held, delta)
+            // A number this node no longer holds a delta of cannot be compared. (Under one number,
+            // `==` compares the writes: version, model and properties.)
+            guard let held = history[own]?.deltas(in: delta.sequence...delta.sequence).first, held != delta
             else { continue }
             check.splitNumbers.insert(delta.sequence)
             // The peer's write, then this node's: both again, under new numbers, with their
@@ -229,11 +229,6 @@ extension NodeMachine {
         }
         repairsDue = true
         return true
-    }
-
-    /// Whether two deltas under one number are the same write.
-    private static func sameWrite(_ a: Delta, _ b: Delta) -> Bool {
-        a.version == b.version && a.channel == b.channel && a.model == b.model && a.writes == b.writes
     }
 
     private mutating func finishSplitWritesCheck() {

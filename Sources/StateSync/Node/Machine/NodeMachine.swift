@@ -558,8 +558,9 @@ package struct NodeMachine: Sendable {
         return host == "localhost" || host == "::1" || host.hasPrefix("127.")
     }
 
-    /// How long a peer that was heard from may stay silent before its link is replaced: 10
-    /// heartbeat intervals (this node's, or the peer's when it beats slower), at least a second.
+    /// How long a peer may stay silent before its link is replaced: 10 heartbeat intervals (this
+    /// node's, or the peer's when it beats slower), at least a second; ``peerSilenceLimit`` for
+    /// one never heard from (this node's interval).
     var peerSilenceLimit: UInt64 { silenceLimit(of: nil) }
     func silenceLimit(of peer: PeerProgress?) -> UInt64 { max(10 * interval(of: peer), 1000) }
 
@@ -578,7 +579,7 @@ package struct NodeMachine: Sendable {
                     unheardLinkSince[endpoint] = now
                     continue
                 }
-                if now &- since >= silenceLimit(of: nil) {
+                if now &- since >= peerSilenceLimit {
                     unheardLinkSince[endpoint] = now
                     counters.peerLinkResets += 1
                     actions.append(.resetPeerLink(endpoint: endpoint))
@@ -589,7 +590,7 @@ package struct NodeMachine: Sendable {
                     if unheardLinkResets[endpoint] == 3 {
                         logger.warning(
                             "no message ever came from a peer this node links to: check that it runs and, if it is in network.peers, that this is its network.publish endpoint (not its api or http.listen)",
-                            metadata: ["peer.endpoint": "\(endpoint)", "silent.ms": "\(3 * silenceLimit(of: nil))"])
+                            metadata: ["peer.endpoint": "\(endpoint)", "silent.ms": "\(3 * peerSilenceLimit)"])
                     }
                 }
                 continue
