@@ -259,4 +259,34 @@ struct VoidSequenceMachineTests {
         for _ in 0..<5 { restarted.advance(60) }
         #expect(restarted.compactions == 0, "the kept records alone do not make it compact")
     }
+
+    /// The kept records follow the runs held above the gaps, origin by origin and in sequence
+    /// order, and stop once past the budget (a quarter of `storage.compact_bytes`, at least 64
+    /// KiB), not at the end of a long run.
+    @Test func keptRecordsFollowTheRunsInOrderUpToTheBudget() throws {
+        var configuration = MachineRunner.configuration("n4", peers: ["n1", "n2"])
+        configuration.compactBytes = 4096
+        configuration.historyDeltas = 10_000
+        var node = MachineRunner(configuration)
+        for peer in ["n1", "n2"] {
+            node.handle(.peerMessage(peer: "inproc://\(peer)", frames: RepairMachineTests.heartbeat(peer, latest: 0)))
+        }
+        for sequence: UInt64 in [1, 3, 4, 5, 8, 9] { Self.live(&node, sequence) }
+        for sequence: UInt64 in 2...4_000 {
+            node.handle(
+                .peerMessage(
+                    peer: "inproc://n2", frames: PeerMessage.delta(RepairMachineTests.delta("n2", sequence)).encode()))
+        }
+        #expect(node.machine.origins["n1"]?.above.runs == [3...5, 8...9])
+        #expect(node.machine.origins["n2"]?.above.runs == [2...4_000])
+        let records = node.machine.recordsAboveGaps
+        let kept = try DeltaLog.parse(DeltaLog.magic + records, path: "kept").deltas
+        #expect(kept.prefix(5).map { "\($0.origin):\($0.sequence)" } == ["n1:3", "n1:4", "n1:5", "n1:8", "n1:9"])
+        let fromN2 = kept.dropFirst(5)
+        #expect(fromN2.allSatisfy { $0.origin == "n2" })
+        #expect(fromN2.map(\.sequence) == Array(2..<(2 + UInt64(fromN2.count))), "n2's run from its lowest number")
+        #expect(fromN2.count > 100 && fromN2.count < 3_999, "stopped at the budget: \(fromN2.count) of n2's 3,999")
+        let last = DeltaLog.encodePayload(kept.last!).count + 8
+        #expect(records.count >= 64 << 10 && records.count - last < 64 << 10, "\(records.count) octets")
+    }
 }

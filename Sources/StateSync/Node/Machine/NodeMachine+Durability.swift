@@ -484,9 +484,13 @@ extension NodeMachine {
         for origin in origins.keys.sorted() where origin != configuration.nodeID {
             if membership.members[origin]?.state == .forgotten { continue }
             guard let progress = origins[origin], !progress.above.isEmpty, let held = history[origin] else { continue }
-            for sequence in progress.above.sorted() {
-                guard batch.bytes.count < budget else { return batch.bytes }
-                if let delta = held[sequence] { batch.add(delta) }
+            // Number by number from the history's lowest (below it nothing is held), so the walk
+            // ends at the budget, not at the end of a long run.
+            for run in progress.above.runs where run.upperBound > held.droppedThrough {
+                for sequence in max(run.lowerBound, held.droppedThrough + 1)...run.upperBound {
+                    guard batch.bytes.count < budget else { return batch.bytes }
+                    if let delta = held[sequence] { batch.add(delta) }
+                }
             }
         }
         return batch.bytes

@@ -10,7 +10,7 @@ extension NodeMachine {
     struct WatchPosition: Sendable {
         var journalIndex: Int
         var cursor: WatchCursor
-        var above: [String: Set<UInt64>] = [:]
+        var above: [String: SequenceRuns] = [:]
 
         /// Whether the delta of `origin`/`sequence` was already delivered.
         func covers(_ origin: String, _ sequence: UInt64) -> Bool {
@@ -20,10 +20,10 @@ extension NodeMachine {
         mutating func deliver(_ origin: String, _ sequence: UInt64) {
             if sequence == cursor[origin] + 1 {
                 var position = sequence
-                while !above.isEmpty, above[origin]?.remove(position + 1) != nil { position += 1 }
+                if !above.isEmpty, let end = above[origin]?.removeRun(startingAt: position + 1) { position = end }
                 cursor[origin] = position
                 if above[origin]?.isEmpty == true { above[origin] = nil }
-            } else {
+            } else if sequence > cursor[origin] {
                 above[origin, default: []].insert(sequence)
             }
         }
@@ -597,12 +597,17 @@ extension NodeMachine {
         guard sequence > held.contiguous else { return }
         for key in watches.order {
             guard var watch = watches[key], watch.mayLackMergedState, !watch.resetDue else { continue }
-            // The first number neither received nor delivered; the walk passes only numbers held
-            // above a gap or delivered above the cursor (both bounded sets).
-            let from = max(watch.position.cursor[origin], held.contiguous)
-            guard sequence > from,
-                (from + 1...sequence).contains(where: { !held.holds($0) && !watch.position.covers(origin, $0) })
-            else { continue }
+            // The first number neither received nor delivered: above both marks, a number is
+            // either in a run held above the gap, or in a run delivered above the cursor, or it
+            // is that number. The walk jumps run by run.
+            var first = max(watch.position.cursor[origin], held.contiguous) + 1
+            while first <= sequence {
+                let pastHeld = held.above.firstAbsent(from: first)
+                let past = watch.position.above[origin]?.firstAbsent(from: pastHeld) ?? pastHeld
+                if past == first { break }
+                first = past
+            }
+            guard first <= sequence else { continue }
             // (One with a snapshot on its way is not marked: that snapshot holds the state.)
             if watch.pendingSnapshot == nil { watch.pendingSnapshot = .lagged }
             watch.mayLackMergedState = false

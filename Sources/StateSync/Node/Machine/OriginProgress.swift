@@ -2,8 +2,8 @@
 struct OriginProgress: Sendable, Equatable {
     /// Every sequence number in 1...contiguous has been received.
     var contiguous: UInt64 = 0
-    /// Received sequence numbers above `contiguous` (there is a gap below them).
-    var above: Set<UInt64> = []
+    /// Received sequence numbers above `contiguous` (there is a gap below them), as runs.
+    var above = SequenceRuns()
     /// The highest sequence number known to exist (from deltas and heartbeats).
     var announced: UInt64 = 0
     var incarnation: UInt64 = 0
@@ -14,9 +14,9 @@ struct OriginProgress: Sendable, Equatable {
         if sequence == contiguous + 1 {
             // The usual case, in order: no set to touch unless a gap is being closed.
             contiguous = sequence
-            if !above.isEmpty { while above.remove(contiguous + 1) != nil { contiguous += 1 } }
+            if !above.isEmpty, let end = above.removeRun(startingAt: contiguous + 1) { contiguous = end }
         } else {
-            guard above.insert(sequence).inserted else { return false }
+            guard above.insert(sequence) else { return false }
         }
         announced = max(announced, sequence)
         return true
@@ -33,8 +33,8 @@ struct OriginProgress: Sendable, Equatable {
     mutating func cover(through sequence: UInt64) {
         guard sequence > contiguous, sequence < UInt64.max else { return }
         contiguous = sequence
-        above = above.filter { $0 > sequence }
-        while above.remove(contiguous + 1) != nil { contiguous += 1 }
+        above.removeAll(through: sequence)
+        if let end = above.removeRun(startingAt: contiguous + 1) { contiguous = end }
         announced = max(announced, sequence)
     }
 
@@ -47,19 +47,19 @@ struct OriginProgress: Sendable, Equatable {
     func holds(_ sequence: UInt64) -> Bool { sequence <= contiguous || above.contains(sequence) }
 
     /// The highest sequence number received.
-    var highestReceived: UInt64 { max(contiguous, above.max() ?? 0) }
+    var highestReceived: UInt64 { max(contiguous, above.highest ?? 0) }
 
     /// How many sequence numbers through `announced` are missing.
     var missing: UInt64 {
         let gap = announced > contiguous ? announced - contiguous : 0
-        return gap > UInt64(above.count) ? gap - UInt64(above.count) : 0
+        return gap > above.count ? gap - above.count : 0
     }
 
     /// The first run of missing sequence numbers, if any.
     var firstGap: ClosedRange<UInt64>? {
         guard announced > contiguous else { return nil }
         let next = contiguous + 1
-        let end = (above.min().map { $0 - 1 }) ?? announced
+        let end = above.lowest.map { $0 - 1 } ?? announced
         return end >= next ? next...end : nil
     }
 }
