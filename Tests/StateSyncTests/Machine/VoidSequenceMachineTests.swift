@@ -286,7 +286,7 @@ struct VoidSequenceMachineTests {
         #expect(fromN2.allSatisfy { $0.origin == "n2" })
         #expect(fromN2.map(\.sequence) == Array(2..<(2 + UInt64(fromN2.count))), "n2's run from its lowest number")
         #expect(fromN2.count > 100 && fromN2.count < 3_999, "stopped at the budget: \(fromN2.count) of n2's 3,999")
-        let last = DeltaLog.encodePayload(kept.last!).count + 8
+        let last = DeltaLog.encodePayload(try #require(kept.last)).count + 8
         #expect(records.count >= 64 << 10 && records.count - last < 64 << 10, "\(records.count) octets")
     }
 }

@@ -600,7 +600,9 @@ extension NodeMachine {
             // The first number neither received nor delivered: above both marks, a number is
             // either in a run held above the gap, or in a run delivered above the cursor, or it
             // is that number. The walk jumps run by run.
-            var first = max(watch.position.cursor[origin], held.contiguous) + 1
+            let from = max(watch.position.cursor[origin], held.contiguous)
+            guard sequence > from else { continue }
+            var first = from + 1  // (below `sequence`: no overflow, whatever cursor a client sent)
             while first <= sequence {
                 let pastHeld = held.above.firstAbsent(from: first)
                 let past = watch.position.above[origin]?.firstAbsent(from: pastHeld) ?? pastHeld
