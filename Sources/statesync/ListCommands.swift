@@ -71,6 +71,7 @@ extension StateSyncCLI {
 private func printAll(
     _ client: StateSyncClient, channel: String?, prefix: String, limit: Int?, json: Bool, what: String
 ) async throws {
+    let singular = what == "properties" ? "property" : String(what.dropLast())
     var after = ""
     var printed = 0
     while true {
@@ -85,7 +86,7 @@ private func printAll(
                         "latest_version": .string(entry.latest.description),
                     ]).jsonText())
             } else {
-                emit("\(entry.name)  \(entry.count) \(what)  [\(entry.latest)]")
+                emit("\(entry.name)  \(entry.count) \(entry.count == 1 ? singular : what)  [\(entry.latest)]")
             }
         }
         printed += page.entries.count

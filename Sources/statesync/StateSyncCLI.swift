@@ -676,8 +676,9 @@ extension StateSyncCLI {
 
         static func human(_ change: PropertyChange, kind: WatchEvent.Kind) -> String {
             let name = change.watchKindName(kind)
-            let tag = name == "live" ? "" : " (\(name))"
             let new = change.isRemoval ? "(\(change.kind.rawValue))" : change.new.jsonText()
+            // (A live deletion or expiry says so once, as its new value.)
+            let tag = name == "live" || "(\(name))" == new ? "" : " (\(name))"
             // A whole model's deletion that a watch resumed from a cursor alone cannot name the
             // properties of (it never saw them): one line for the model.
             let property = change.property.isEmpty && change.byModelDeletion ? "(the whole model)" : change.property
@@ -688,11 +689,17 @@ extension StateSyncCLI {
 
     struct Status: AsyncParsableCommand {
         /// What the deletions line says of the member collection waits for: some member always
-        /// has the oldest floor, which is normal while it is alive; one that is not holds
-        /// collection back until it is back or forgotten.
-        static func collectionFollows(_ holder: String, state: String?) -> String {
+        /// has the oldest floor, which is normal while it is alive (and not worth a word while no
+        /// deletion is held); one that is not holds collection back until it is back or
+        /// forgotten.
+        static func collectionFollows(_ holder: String, state: String?, node: String, tombstones: Int) -> String {
             switch state {
-            case "alive", nil: " (as far as \(holder) allows: the member furthest behind, which is normal)"
+            case "alive", nil:
+                tombstones == 0
+                    ? ""
+                    : holder == node
+                        ? " (as far as this node allows: it is the member furthest behind, which is normal)"
+                        : " (as far as \(holder) allows: the member furthest behind, which is normal)"
             default:
                 " (held back by \(holder), \(state ?? "unknown"): nothing newer is collected until it is back, or forgotten)"
             }
@@ -757,7 +764,9 @@ extension StateSyncCLI {
                 let heldBy = status.collectionHeldBy.map { holder in
                     holder.contains("://")
                         ? " (held back: the peer at \(holder) was not heard from yet at the last check)"
-                        : Self.collectionFollows(holder, state: status.members.first { $0.id == holder }?.state)
+                        : Self.collectionFollows(
+                            holder, state: status.members.first { $0.id == holder }?.state, node: status.node,
+                            tombstones: status.tombstones)
                 }
                 emit("deletions: \(status.tombstones) held, \(horizon)\(heldBy ?? "")")
                 let alive = status.members.filter { $0.state == "alive" }.count

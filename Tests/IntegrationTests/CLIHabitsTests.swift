@@ -32,6 +32,10 @@ struct CLIHabitsTests {
             try await waitUntil("the daemon answers") {
                 try await cli(["status", "--daemon", api, "--timeout", "0.3"]).status == 0
             }
+            // With no deletion held, the deletions line names no member that collection waits for.
+            let fresh = try await cli(["status", "--daemon", api]).stdout.split(separator: "\n")
+            let deletions = fresh.first { $0.hasPrefix("deletions:") } ?? ""
+            #expect(deletions.hasPrefix("deletions: 0 held") && !deletions.contains("("), "\(deletions)")
             // --daemon before the subcommand, both spellings; set --json says version and outcome.
             let set = try await cli(["--daemon", api, "set", "demo/g", "n=1", "--json"])
             #expect(set.status == 0, "\(set.stderr)")
@@ -84,6 +88,20 @@ struct CLIHabitsTests {
                 "\($0["name"] as? String ?? "?")=\($0["models"] as? Int ?? -1)"
             }
             #expect(counts == ["demo=4", "other=1"], "\(channels.stdout)")
+            // In words: "1 model", not "1 models".
+            let worded = try await cli(["channels", "--daemon", api]).stdout.split(separator: "\n")
+            #expect(
+                worded.map { $0.split(separator: "[")[0] } == ["demo  4 models  ", "other  1 model  "], "\(worded)")
+            // A live deletion says so once in a watch's line, as its new value.
+            let human = try ChildProcess("statesync", ["watch", "other", "--daemon", api])
+            defer { human.signal(SIGKILL) }
+            try await waitUntil("the initial state printed") { human.stdout.contains("other/m x: null -> 1") }
+            #expect(try await cli(["delete", "other/m", "x", "--daemon", api]).status == 0)
+            try await waitUntil("the deletion printed") { human.stdout.contains("-> (deleted)") }
+            let deletion = human.stdout.split(separator: "\n").first { $0.contains("-> (deleted)") } ?? ""
+            #expect(deletion.hasPrefix("other/m x: 1 -> (deleted)  [") && deletion.hasSuffix("]"), "\(deletion)")
+            human.signal(SIGTERM)
+            _ = await human.wait(timeout: .seconds(20))
 
             // A filtered watch: models a*, property x, no initial state.
             let filtered = try ChildProcess(
