@@ -550,6 +550,14 @@ public final class StateSyncNode: Sendable {
         state.withLock { $0.machine.firstGaps }
     }
 
+    /// Per origin with numbers received above a gap: how many runs and how many numbers they
+    /// hold (tests: what a gap costs follows the gaps, not the deltas above them).
+    package var heldAboveGaps: [String: (runs: Int, numbers: UInt64)] {
+        state.withLock { state in
+            state.machine.origins.compactMapValues { $0.above.isEmpty ? nil : ($0.above.runs.count, $0.above.count) }
+        }
+    }
+
     /// Whether a page of a peer's snapshot is being merged, a slice at a time (tests).
     package var isMergingSnapshotPage: Bool {
         state.withLock { $0.machine.repair.stream?.merging != nil }

@@ -401,6 +401,40 @@ struct SimulatedRepairTests {
             seen.value.last == 500 && seen.value == seen.value.sorted(), "one increasing chain: \(seen.value.count)")
     }
 
+    /// A node cut off from a writer's stream while it writes on, then healed, receives the live
+    /// stream above the gap while repair fills it: what it holds above the gap is one run of
+    /// numbers however many arrive (PROTOCOL.md 11.5 item 2), and the gap closes.
+    @Test func whatArrivesAboveAGapWhileRepairFillsItIsOneRun() async throws {
+        let cluster = try SimulatedCluster(SimulatedCluster.Configuration(nodes: 3, seed: 5))
+        cluster.run(for: 300)
+        let writer = try await #require(cluster.nodes[0].host).model(Counter.self, channel: "c", id: "m")
+        let reader = try #require(cluster.nodes[2].host)
+        for value in 1...200 {
+            writer.count = value
+            cluster.run(for: 1)
+        }
+        cluster.network.setCut(true, from: "n1", to: "n3")
+        // 6,000 missed: three FETCHes of at most 2,000 (a repair round apart) fill the gap.
+        for value in 201...6_200 {
+            writer.count = value
+            cluster.run(for: 1)
+        }
+        cluster.network.setCut(false, from: "n1", to: "n3")
+        var most = (runs: 0, numbers: UInt64(0))
+        for step in 0..<400 {
+            for value in 6_201 + step * 3...6_203 + step * 3 { writer.count = value }
+            cluster.run(for: 1)
+            if let held = reader.heldAboveGaps["n1"] {
+                most = (max(most.runs, held.runs), max(most.numbers, held.numbers))
+            }
+        }
+        #expect(cluster.run(for: 10_000, stoppingWhen: Self.quiet))
+        #expect(most.numbers >= 100, "numbers held above the gap at most: \(most.numbers)")
+        #expect(most.runs <= 2, "runs at most: \(most.runs) for \(most.numbers) numbers")
+        #expect(reader.heldAboveGaps.isEmpty && reader.status.missingDeltas == 0)
+        #expect(reader.properties(of: ModelAddress(channel: "c", model: "m"))["count"]?.value == 7_400)
+    }
+
     /// A live watch sees state its node merged from a peer's snapshot (no deltas to show it):
     /// it is resynced, never silently skipped.
     @Test func aLiveWatchSeesStateMergedFromAPeersSnapshot() async throws {
