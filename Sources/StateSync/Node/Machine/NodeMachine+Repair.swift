@@ -129,6 +129,14 @@ extension NodeMachine {
     /// A streamed snapshot from it is given up: its new run serves later pages from a fresh
     /// list, with the progress of now, not of the first page (after a power loss under
     /// `interval` it may hold less than that page said), so the snapshot starts over.
+    /// A link that let a request go unanswered is made again: libzmq drops a connection for
+    /// good after some input (a reply over 64 MiB), and would keep queueing requests on it.
+    mutating func remakeRepairLink(ofUnanswering peer: String) {
+        guard let endpoint = repair.links[peer] else { return }
+        counters.repairLinkResets += 1
+        actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
+    }
+
     mutating func replaceRepairLink(ofRestarted peer: String) {
         guard let old = repair.links[peer] else { return }
         // Where its new run serves (a restart may move its API; a link to the old address would
@@ -173,13 +181,7 @@ extension NodeMachine {
             repair.snapshot = nil
             timedOut.insert(snapshot.peer)
         }
-        // A link that let a request go unanswered is replaced: libzmq drops a connection for good
-        // after some input (a reply over 64 MiB), and would keep queueing requests on it.
-        for peer in timedOut.sorted() {
-            guard let endpoint = repair.links[peer] else { continue }
-            counters.repairLinkResets += 1
-            actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
-        }
+        for peer in timedOut.sorted() { remakeRepairLink(ofUnanswering: peer) }
 
         // A page being merged asks nothing meanwhile (as a page request in flight would not).
         if repair.stream?.merging != nil { return }

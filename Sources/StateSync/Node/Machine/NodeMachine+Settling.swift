@@ -95,10 +95,7 @@ extension NodeMachine {
         guard var settling, !settling.confirming else { return }
         for (peer, fetch) in settling.fetches.sorted(by: { $0.key < $1.key }) where fetch.deadline <= now {
             settling.fetches[peer] = nil
-            if let endpoint = repair.links[peer] {
-                counters.repairLinkResets += 1
-                actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
-            }
+            remakeRepairLink(ofUnanswering: peer)
         }
         var waiting: [String] = []
         var unreachable: [String] = []

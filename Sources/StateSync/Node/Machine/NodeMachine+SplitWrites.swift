@@ -136,10 +136,11 @@ extension NodeMachine {
                 metadata: ["delta.range": "\(check.from)...\(through)"])
         }
         // Every peer with a link is asked, also one linked after the check began.
-        for peer in usable where check.cursors[peer] == nil && !check.done.contains(peer) {
-            if !check.leftOut.contains(peer), peers[peer]?.node != configuration.nodeID {
-                check.cursors[peer] = check.from
-            }
+        for peer in usable
+        where check.cursors[peer] == nil && !check.done.contains(peer) && !check.leftOut.contains(peer)
+            && peers[peer]?.node != configuration.nodeID
+        {
+            check.cursors[peer] = check.from
         }
         if let fetch = check.fetch {
             guard fetch.deadline <= now else {
@@ -148,12 +149,7 @@ extension NodeMachine {
             }
             check.fetch = nil
             check.failures[fetch.peer, default: 0] += 1
-            // As for any FETCH unanswered in time: libzmq may have dropped the connection for
-            // good (a reply over 64 MiB), so the link is made again.
-            if let endpoint = repair.links[fetch.peer] {
-                counters.repairLinkResets += 1
-                actions.append(.connectRepairLink(peer: fetch.peer, endpoint: endpoint))
-            }
+            remakeRepairLink(ofUnanswering: fetch.peer)  // as for any FETCH unanswered in time
         }
         for (peer, failures) in check.failures where failures >= Self.splitWritesAttempts {
             if check.cursors.removeValue(forKey: peer) != nil { check.leftOut.append(peer) }
@@ -200,8 +196,7 @@ extension NodeMachine {
         for delta in deltas where delta.origin == own && fetch.range.contains(delta.sequence) {
             // A number this node no longer holds a delta of cannot be compared. (Under one number,
             // `==` compares the writes: version, model and properties.)
-            guard let held = history[own]?.deltas(in: delta.sequence...delta.sequence).first, held != delta
-            else { continue }
+            guard let held = history[own]?[delta.sequence], held != delta else { continue }
             check.splitNumbers.insert(delta.sequence)
             // The peer's write, then this node's: both again, under new numbers, with their
             // versions; merged here as any write is.
