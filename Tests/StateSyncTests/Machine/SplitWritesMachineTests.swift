@@ -81,7 +81,7 @@ struct SplitWritesMachineTests {
     /// the peer holds as the node does change nothing.
     @Test func aPeersOtherWriteUnderAnOwnNumberIsPublishedAgainWithTheNodesOwn() throws {
         var node = try Self.nodeAfterASign()
-        let ownSecond = try #require(node.machine.history["n1"]?.deltas(in: 2...2).first)
+        let ownSecond = try #require(node.machine.history["n1"]?[2])
         let fetch = try #require(Self.awaitOwnFetch(&node), "no FETCH of own numbers after the signs stopped")
         #expect(fetch.range == 1...3)
         #expect(node.repairRequests[fetch.index].peer == "inproc://n2")
@@ -92,7 +92,7 @@ struct SplitWritesMachineTests {
             version: Version(
                 milliseconds: ownSecond.version.milliseconds + 5, counter: 0, node: "n1"),
             sequence: 2, properties: [PropertyWrite(name: "y", value: "copy")])
-        let held = [1, 3].compactMap { node.machine.history["n1"]?.deltas(in: $0...$0).first }
+        let held = [1, 3].compactMap { node.machine.history["n1"]?[$0] }
         let publishedBefore = node.published.count
         try Self.answer(&node, request: fetch.index, with: [held[0], other, held[1]])
         node.advance(1)
@@ -110,7 +110,7 @@ struct SplitWritesMachineTests {
     @Test func aPeerHoldingTheNodesOwnWritesChangesNothing() throws {
         var node = try Self.nodeAfterASign()
         let fetch = try #require(Self.awaitOwnFetch(&node))
-        let held = (1...3).compactMap { node.machine.history["n1"]?.deltas(in: UInt64($0)...UInt64($0)).first }
+        let held = (1...3).compactMap { node.machine.history["n1"]?[UInt64($0)] }
         let publishedBefore = node.published.count
         try Self.answer(&node, request: fetch.index, with: held)
         node.advance(1)
@@ -205,7 +205,7 @@ struct SplitWritesMachineTests {
             at: &node)
         #expect(node.refusals.isEmpty)
         // The late answer to the first FETCH is not taken.
-        let held = try #require(node.machine.history["n1"]?.deltas(in: 2...2).first)
+        let held = try #require(node.machine.history["n1"]?[2])
         let other = Delta(
             channel: "c", model: "m",
             version: Version(milliseconds: held.version.milliseconds + 5, counter: 0, node: "n1"),

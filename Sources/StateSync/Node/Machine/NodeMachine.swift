@@ -558,10 +558,11 @@ package struct NodeMachine: Sendable {
         return host == "localhost" || host == "::1" || host.hasPrefix("127.")
     }
 
-    /// How long a peer may stay silent before its link is replaced: 10 heartbeat intervals (this
-    /// node's, or the peer's when it beats slower), at least a second; ``peerSilenceLimit`` for
-    /// one never heard from (this node's interval).
+    /// How long a peer never heard from may stay silent before its link is replaced: 10 of this
+    /// node's heartbeat intervals, at least a second.
     var peerSilenceLimit: UInt64 { silenceLimit(of: nil) }
+    /// How long a peer may stay silent before its link is replaced: 10 heartbeat intervals (this
+    /// node's, or the peer's when it beats slower), at least a second.
     func silenceLimit(of peer: PeerProgress?) -> UInt64 { max(10 * interval(of: peer), 1000) }
 
     /// Replaces the link of every peer that has been silent for ``peerSilenceLimit`` (and again
