@@ -11,7 +11,10 @@ import Synchronization
 /// that every line of the delta was printed. A watch resumed from the file is sent that delta
 /// again, and the replica skips the properties already printed. A change of a delta the node sent
 /// above a gap is recorded with the delta's number, which the file keeps as held above its cursor
-/// until the cursor covers it, and a resumed watch names (PROTOCOL.md 10.5.8); a `reset` snapshot
+/// until the cursor covers it, and a resumed watch names (PROTOCOL.md 10.5.8); what a delta or a
+/// snapshot changed without a line (the deletion of a property or a model the watch never saw with
+/// a value) is recorded once the cursor covers it, so that a resumed watch takes an older write that
+/// lost to it as the live one did, without a line; a `reset` snapshot
 /// replaces the file's cursor as it does the watch's. The file is replaced atomically
 /// (a new file renamed over it) at most every 200 ms while changes arrive, at the next marker
 /// after a change (markers come about once a second), and on SIGINT or SIGTERM; after a crash
@@ -54,6 +57,7 @@ package final class WatchState: Sendable {
             Printed(replica: try bytes.map { try Self.decode($0, path, channel) } ?? ChannelReplica(channel: channel)))
         liveReplica = try bytes.map { try Self.decode($0, path, channel) } ?? ChannelReplica(channel: channel)
         liveReplica.keepResetImages()
+        liveReplica.keepSilentRecords()
     }
 
     private static func read(_ path: String) throws -> [UInt8]? {
@@ -112,8 +116,11 @@ package final class WatchState: Sendable {
                     // and brings its own), the cursor at least is the node's.
                     if let image = liveReplica.takeResetImage(at: cursor) {
                         state.replica.replace(with: image)
+                        liveReplica.dropSilentRecords(through: image.silentSerial)
                     } else {
                         state.replica.replaceCursor(with: cursor)
+                        // A later reset's image, which will replace this copy, holds them.
+                        liveReplica.dropSilentRecords(through: liveReplica.silentSerialAtLastReset)
                     }
                     state.resetting = false
                 }
@@ -126,11 +133,15 @@ package final class WatchState: Sendable {
         }
     }
 
-    /// Every line of the delta before `cursor` was printed: the replica moves past it.
+    /// Every line of the delta before `cursor` was printed: the replica moves past it, with what
+    /// the deltas and snapshots it covers changed without a line (``ChannelReplica/SilentRecord``).
     private func commit(_ state: inout Printed, through cursor: WatchCursor) {
         if let deletion = state.pendingModelDeletion {
             state.replica.recordModelDeletion(of: deletion.model, at: deletion.version)
             state.pendingModelDeletion = nil
+        }
+        for record in liveReplica.takeSilentRecords(coveredBy: cursor) {
+            _ = state.replica.apply(model: record.model, property: record.property, register: record.register)
         }
         state.replica.advance(to: cursor)
     }

@@ -110,4 +110,111 @@ struct WatchStateFileTests {
         #expect(file.records(of: "m") == ["a": a], "the file holds what the node and the watch hold")
         #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
     }
+
+    /// What a delta or a snapshot changes without a line to print (the deletion of a property or
+    /// a model the watch never saw with a value) is in the file too, once the watch's cursor is
+    /// past it: a watch resumed from the file then takes an older write as the live one does
+    /// (it lost to the deletion, no line) instead of printing it as the property's value. Before,
+    /// the file held only what was printed, and the resumed watch printed `b: 5` although the
+    /// node (and the live watch) held `b` deleted.
+    @Test func whatChangesWithoutALineIsInTheFileToo() throws {
+        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/watch.state"
+        let state = try WatchState(path: path, channel: "c")
+        var session = WatchSession(replica: state.liveReplica)
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
+        }
+        func version(_ milliseconds: UInt64, _ node: String = "n2") -> Version {
+            Version(milliseconds: milliseconds, counter: 0, node: node)
+        }
+        func saved() throws -> ChannelReplica {
+            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        }
+        func delta(
+            _ model: String, _ writes: [PropertyWrite], at milliseconds: UInt64, _ origin: String, _ sequence: UInt64
+        )
+            -> Delta
+        {
+            Delta(
+                channel: "c", model: model, version: version(milliseconds, origin), sequence: sequence,
+                properties: writes)
+        }
+
+        // The initial snapshot: a = 1, and the record of x's deletion (x never had a value here).
+        let a = ReplicaStore.Register(value: .int(1), version: version(1_000))
+        let x = ReplicaStore.Register.tombstone(version(1_050))
+        var digest = RegisterDigest()
+        digest.add(channel: "c", model: "m", property: "a", register: a)
+        digest.add(channel: "c", model: "m", property: "x", register: x)
+        try deliver(.snapshotBegin(.initial))
+        try deliver(.records([(model: "m", properties: [("a", a), ("x", x)])]))
+        try deliver(.snapshotEnd(records: 2, digest: digest.value, cursor: WatchCursor(["n2": 1])))
+        // n2's 2 deletes b of m and sets a (one line); its 3 deletes model z (never seen); its 5
+        // (above a gap: 4 is missing) deletes y.
+        try deliver(
+            .delta(
+                delta("m", [.deletion(of: "b"), PropertyWrite(name: "a", value: .int(2))], at: 1_200, "n2", 2),
+                cursor: WatchCursor(["n2": 2])))
+        try deliver(.delta(delta("z", [.modelDeletion], at: 1_300, "n2", 3), cursor: WatchCursor(["n2": 3])))
+        try deliver(.delta(delta("m", [.deletion(of: "y")], at: 1_500, "n2", 5), cursor: WatchCursor(["n2": 3])))
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 1))
+        var file = try saved()
+        #expect(file.cursor == WatchCursor(["n2": 3]))
+        #expect(file.records(of: "m")["b"] == .tombstone(version(1_200)), "a deletion with no line, its delta covered")
+        #expect(file.records(of: "m")["x"] == x, "a snapshot's record with no line")
+        #expect(file.records(of: "z")[""] == .tombstone(version(1_300)), "a model's deletion with no line")
+        #expect(file.records(of: "m")["y"] == nil, "5 lies above the cursor: not yet")
+
+        // 4 fills the gap: the cursor covers 5 now, and its deletion is in the file.
+        try deliver(
+            .delta(
+                delta("m", [PropertyWrite(name: "c", value: .int(4))], at: 1_400, "n2", 4),
+                cursor: WatchCursor(["n2": 5])))
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 5]), latest: nil, missing: 0))
+        file = try saved()
+        #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
+        #expect(file.records(of: "z") == state.liveReplica.records(of: "z"))
+
+        // Resumed from the file, older writes of n3 that lost to those deletions print nothing,
+        // as they print nothing on the live watch.
+        var resumed = WatchSession(replica: file)
+        var live = session
+        for (sequence, model, property, at) in [
+            (UInt64(1), "m", "b", UInt64(1_150)), (2, "m", "x", 1_040), (3, "z", "q", 1_250), (4, "m", "y", 1_450),
+        ] {
+            let older = delta(model, [PropertyWrite(name: property, value: .int(5))], at: at, "n3", sequence)
+            let position = WatchCursor(["n2": 5, "n3": sequence])
+            let fromFile = try resumed.handle(.delta(older, cursor: position), from: "test")
+            let fromLive = try live.handle(.delta(older, cursor: position), from: "test")
+            #expect(fromLive.isEmpty)
+            #expect(fromFile.isEmpty, "\(model).\(property) = 5 at \(at) lost to a deletion the file holds")
+        }
+    }
+
+    /// A `reset` snapshot's end gives the file the watch's whole replica: the silent records taken
+    /// before it are in that image, and are not applied again later (the reset may have taken
+    /// them back: the node no longer holds what they recorded).
+    @Test func aResetsImageTakesTheSilentRecordsBeforeIt() throws {
+        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let state = try WatchState(path: directory + "/watch.state", channel: "c")
+        var session = WatchSession(replica: state.liveReplica)
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
+        }
+        let version = Version(milliseconds: 1_500, counter: 0, node: "n2")
+        try deliver(.snapshotBegin(.initial))
+        try deliver(.snapshotEnd(records: 0, digest: RegisterDigest().value, cursor: WatchCursor(["n2": 3])))
+        // 5 (above the gap at 4) deletes y, which had no value: silent, not yet covered.
+        let deletion = Delta(channel: "c", model: "m", version: version, sequence: 5, properties: [.deletion(of: "y")])
+        try deliver(.delta(deletion, cursor: WatchCursor(["n2": 3])))
+        // The node was reset to n2's 1, with nothing: its image replaces the file's copy.
+        try deliver(.snapshotBegin(.reset))
+        try deliver(.snapshotEnd(records: 0, digest: RegisterDigest().value, cursor: WatchCursor(["n2": 1])))
+        #expect(state.liveReplica.takeSilentRecords(coveredBy: WatchCursor(["n2": 10])).isEmpty)
+    }
 }

@@ -25,11 +25,35 @@ public final class ChannelReplica: Sendable {
         fileprivate var store: ReplicaStore
         package var cursor: WatchCursor
         fileprivate var above: [String: Set<UInt64>]
+        /// The serial of the last silent record taken before it (``keepSilentRecords()``).
+        package var silentSerial: UInt64 = 0
     }
 
     /// Whether a reset's end keeps a ``ResetImage`` for ``takeResetImage(at:)``, and the last one
     /// kept and not yet taken.
     private let resetImages = Mutex<(keep: Bool, last: ResetImage?)>((false, nil))
+
+    /// A record the replica took without a change to report: the deletion of a property or of a
+    /// whole model it held no value of, from a delta or a snapshot (``keepSilentRecords()``).
+    package struct SilentRecord: Sendable {
+        package let model: String
+        /// The empty name: the model's own deletion.
+        package let property: String
+        package let register: ReplicaStore.Register
+        /// In the order taken: a reset's image covers those up to its own (``ResetImage``).
+        fileprivate let serial: UInt64
+        /// The replica's cursor once its delta or snapshot was applied (nil until then).
+        fileprivate var cursor: WatchCursor?
+        /// Its delta's own number when the node sent it above a gap: the cursor covers it only
+        /// once it passes that number.
+        fileprivate let above: (origin: String, sequence: UInt64)?
+    }
+
+    /// Whether ``apply(_:)`` and snapshot records keep what they take without a change to report.
+    private let keepsSilentRecords = Atomic<Bool>(false)
+    /// The silent records not yet taken, in the order taken; the serial of the last one; the
+    /// serial at the end of the last `reset` snapshot.
+    private let silentRecords = Mutex<(records: [SilentRecord], serial: UInt64, atLastReset: UInt64)>(([], 0, 0))
 
     /// Whether the replica lacks the state at its cursor: made from a cursor alone (a watch
     /// resumed without the replica it had, as `statesync watch --from` resumes), until a snapshot
@@ -97,28 +121,114 @@ public final class ChannelReplica: Sendable {
     /// node's own account of the watch's position (``advance(to:)``), not from the delta: deltas
     /// come in apply order, not in each origin's sequence order.
     package func apply(_ delta: Delta) -> (expired: [PropertyChange], changes: [PropertyChange]) {
-        state.withLock { state in
-            guard delta.channel == channel else { return ([], []) }
+        let keepSilent = keepsSilentRecords.load(ordering: .relaxed)
+        let (expired, changes, silent, above) = state.withLock {
+            state -> ([PropertyChange], [PropertyChange], [(String, ReplicaStore.Register)], Bool) in
+            guard delta.channel == channel else { return ([], [], [], false) }
             let expired = state.store.expire(through: delta.version.milliseconds)
             // Lacking the state at its cursor, the replica reports the deletions of what it
-            // holds no record of: what it held before the delta tells them.
+            // holds no record of: what it held before the delta tells them. Keeping silent
+            // records, it tells what a deletion took without a change.
+            let lacks = lacksStateAtCursor.load(ordering: .relaxed)
             let before =
-                lacksStateAtCursor.load(ordering: .relaxed) && delta.writes.contains(where: \.isDeletion)
+                (lacks || keepSilent) && delta.writes.contains(where: \.isDeletion)
                 ? state.store.records(of: delta.address) : nil
             // Not the next one: the node's position after it covers that (no set to touch on the
             // usual path); one further up may lie above a gap the node has.
-            guard delta.sequence > state.cursor[delta.origin] &+ 1 else {
-                var changes = state.store.apply(delta)
-                if let before { Self.addDeletionsNotHeld(of: delta, before: before, after: state.store, &changes) }
-                return (expired, changes)
-            }
-            Self.hold(delta.sequence, of: delta.origin, in: &state.above)
+            let above = delta.sequence > state.cursor[delta.origin] &+ 1
+            if above { Self.hold(delta.sequence, of: delta.origin, in: &state.above) }
             var changes = state.store.apply(delta)
-            if let before { Self.addDeletionsNotHeld(of: delta, before: before, after: state.store, &changes) }
-            for index in changes.indices { changes[index].takenAbove = (delta.origin, delta.sequence) }
-            return (expired, changes)
+            if lacks, let before { Self.addDeletionsNotHeld(of: delta, before: before, after: state.store, &changes) }
+            if above {
+                for index in changes.indices { changes[index].takenAbove = (delta.origin, delta.sequence) }
+            }
+            let silent =
+                keepSilent && before != nil
+                ? Self.silentDeletions(of: delta, before: before ?? [:], after: state.store, reported: changes) : []
+            return (expired, changes, silent, above)
+        }
+        if !silent.isEmpty {
+            noteSilent(silent, model: delta.model, above: above ? (delta.origin, delta.sequence) : nil)
+        }
+        return (expired, changes)
+    }
+
+    /// The deletions of `delta` that won in `after` (the store, `delta` just applied) and changed
+    /// a record without a change in `reported`: a property's deletion where there was no value,
+    /// and always the model's own deletion record (its properties' changes, if any, do not
+    /// record it).
+    private static func silentDeletions(
+        of delta: Delta, before: [String: ReplicaStore.Register], after store: ReplicaStore,
+        reported: [PropertyChange]
+    ) -> [(String, ReplicaStore.Register)] {
+        let records = store.records(of: delta.address)
+        var silent: [(String, ReplicaStore.Register)] = []
+        for write in delta.writes where write.isDeletion {
+            guard let record = records[write.name], record.version == delta.version, before[write.name] != record else {
+                continue
+            }
+            if !write.isModelDeletion,
+                reported.contains(where: { $0.property == write.name && !$0.byModelDeletion })
+            {
+                continue
+            }
+            silent.append((write.name, record))
+        }
+        return silent
+    }
+
+    /// Keeps `records` of `model` as silent records, to be sealed with the cursor at the next
+    /// ``advance(to:)``.
+    private func noteSilent(
+        _ records: [(String, ReplicaStore.Register)], model: String, above: (origin: String, sequence: UInt64)?
+    ) {
+        silentRecords.withLock { silent in
+            for (property, register) in records {
+                silent.serial += 1
+                silent.records.append(
+                    SilentRecord(
+                        model: model, property: property, register: register, serial: silent.serial, cursor: nil,
+                        above: above))
+            }
         }
     }
+
+    /// From now on, what the replica takes without a change to report (the deletion of a
+    /// property or a model it held no value of, from a delta or a snapshot) is kept, until
+    /// ``takeSilentRecords(coveredBy:)`` takes it: for a copy of the replica that follows the
+    /// printed changes (`statesync watch --state`), which would otherwise lack those records,
+    /// and, resumed from that copy, take an older write that lost to one of them for a change.
+    package func keepSilentRecords() {
+        keepsSilentRecords.store(true, ordering: .relaxed)
+    }
+
+    /// Takes the silent records whose delta or snapshot `cursor` covers: applied before it (at a
+    /// cursor it covers) and, for a delta taken above a gap, its own number covered too.
+    package func takeSilentRecords(coveredBy cursor: WatchCursor) -> [SilentRecord] {
+        silentRecords.withLock { silent in
+            guard !silent.records.isEmpty else { return [] }
+            var taken: [SilentRecord] = []
+            silent.records.removeAll { record in
+                guard let at = record.cursor else { return false }
+                var covered = true
+                at.forEachPosition { origin, sequence in
+                    if sequence > cursor[origin] { covered = false }
+                }
+                if let above = record.above, above.sequence > cursor[above.origin] { covered = false }
+                if covered { taken.append(record) }
+                return covered
+            }
+            return taken
+        }
+    }
+
+    /// Drops the silent records taken at or before `serial`: a reset's image holds them.
+    package func dropSilentRecords(through serial: UInt64) {
+        silentRecords.withLock { $0.records.removeAll { $0.serial <= serial } }
+    }
+
+    /// The serial of the last silent record taken before the end of the last `reset` snapshot.
+    package var silentSerialAtLastReset: UInt64 { silentRecords.withLock { $0.atLastReset } }
 
     /// Adds to `changes` the deletions of `delta` that won in `after` (the store, `delta` just
     /// applied) of records `before` did not hold: in a replica that lacks the state at its
@@ -169,12 +279,15 @@ public final class ChannelReplica: Sendable {
     /// client holds from before the cursor (a resync would otherwise leave a deleted model with
     /// the client for good). A whole model's deletion is one change with the empty property name.
     package func apply(model: String, property: String, register: ReplicaStore.Register) -> [PropertyChange] {
-        state.withLock { state in
+        let (changes, taken) = state.withLock { state -> ([PropertyChange], Bool) in
             let address = ModelAddress(channel: channel, model: model)
             let unheld =
                 register.isDeleted && lacksStateAtCursor.load(ordering: .relaxed)
                 && state.store.records(of: address)[property] == nil
-            var changes = state.store.merge(address, property: property, register: register) ?? []
+            // nil: the record lost, or was held already (a record seen twice is not taken twice).
+            let merged = state.store.merge(address, property: property, register: register)
+            let taken = merged != nil
+            var changes = merged ?? []
             if unheld, changes.isEmpty, state.store.records(of: address)[property]?.version == register.version {
                 let expired = register.timeToLive > 0
                 var change = PropertyChange(
@@ -184,8 +297,12 @@ public final class ChannelReplica: Sendable {
                 change.byModelDeletion = property.isEmpty
                 changes.append(change)
             }
-            return changes
+            return (changes, taken)
         }
+        if keepsSilentRecords.load(ordering: .relaxed), changes.isEmpty, register.isDeleted, taken {
+            noteSilent([(property, register)], model: model, above: nil)
+        }
+        return changes
     }
 
     /// Records a change as the register it left (``PropertyChange/register``): what a copy of a
@@ -242,7 +359,12 @@ public final class ChannelReplica: Sendable {
         resetImages.withLock { images in
             guard images.keep else { return }
             // A copy on write: the store is copied once, when the replica next changes.
-            images.last = state.withLock { ResetImage(store: $0.store, cursor: $0.cursor, above: $0.above) }
+            var image = state.withLock { ResetImage(store: $0.store, cursor: $0.cursor, above: $0.above) }
+            image.silentSerial = silentRecords.withLock { silent in
+                silent.atLastReset = silent.serial
+                return silent.serial
+            }
+            images.last = image
         }
     }
 
@@ -272,7 +394,7 @@ public final class ChannelReplica: Sendable {
     /// Moves the cursor to cover `cursor` (per origin, never backwards); what it took above the
     /// cursor and the cursor now covers is no longer held above it.
     package func advance(to cursor: WatchCursor) {
-        state.withLock { state in
+        let moved = state.withLock { state -> WatchCursor in
             cursor.forEachPosition { origin, sequence in
                 state.cursor[origin] = max(state.cursor[origin], sequence)
                 if !state.above.isEmpty, let above = state.above[origin] {
@@ -282,6 +404,15 @@ public final class ChannelReplica: Sendable {
                         state.above[origin] = kept.isEmpty ? nil : kept
                     }
                 }
+            }
+            return state.cursor
+        }
+        // What the delta or snapshot before this took in silence is sealed with the cursor after it.
+        guard keepsSilentRecords.load(ordering: .relaxed) else { return }
+        silentRecords.withLock { silent in
+            for index in silent.records.indices.reversed() {
+                guard silent.records[index].cursor == nil else { break }
+                silent.records[index].cursor = moved
             }
         }
     }
