@@ -486,6 +486,13 @@ public enum ClusterSimulator {
                 node: options.nodes - 1, channel: channel, name: "watch-filtered",
                 capacity: configuration.clientHighWaterMark,
                 filter: .init(prefix: "m1", properties: ["p0", "p2"]), batchedEvents: true))
+        // And `statesync watch --state FILE` on the second node, stopped as by a crash every 0.5
+        // to 2.5 simulated seconds while the workload runs, and started again from its file.
+        let stateFileWatcher = SimulatedWatcher(
+            node: 1 % options.nodes, channel: channel, name: "watch-state-file",
+            capacity: configuration.clientHighWaterMark, batchedEvents: true, stateFile: true,
+            random: root.fork("state-file watcher's printing"))
+        watchers.append(stateFileWatcher)
         for watcher in watchers { watcher.start(in: cluster) }
 
         // The workload: writers issue one write at a time until the operations are used up.
@@ -511,6 +518,13 @@ public enum ClusterSimulator {
         schedule.onPowerLossRestart = { node, cluster in workload.writeOnce(to: node, in: cluster) }
         schedule.onBlackoutWrite = { node, cluster in workload.writeOnce(to: node, in: cluster) }
         schedule.start(in: cluster, until: { workload.isDone })
+        var restarts = root.fork("state-file watcher")
+        func restartStateFileWatcher(_ cluster: SimulatedCluster) {
+            guard !workload.isDone else { return }
+            stateFileWatcher.restartFromStateFile(in: cluster)
+            cluster.schedule(at: cluster.now + UInt64(restarts.inRange(500...2500)), restartStateFileWatcher)
+        }
+        cluster.schedule(at: cluster.now + UInt64(restarts.inRange(500...2500)), restartStateFileWatcher)
         let recorder = options.recordTimeline ? TimelineRecorder(binMilliseconds: 100) : nil
         var nextSample: UInt64 = 0
         func sample(_ cluster: SimulatedCluster, force: Bool = false) {
@@ -594,8 +608,8 @@ public enum ClusterSimulator {
             writes: writes, nodes: states,
             watches: watchers.map { watcher in
                 ConvergenceChecker.WatchHistory(
-                    node: cluster.nodes[watcher.nodeIndex].id, sessions: [watcher.changes],
-                    finalState: watcher.finalState, filter: watcher.filter, resetStarts: [watcher.resetStarts])
+                    node: cluster.nodes[watcher.nodeIndex].id, sessions: watcher.sessions.changes,
+                    finalState: watcher.finalState(), filter: watcher.filter, resetStarts: watcher.sessions.resetStarts)
             }, expiredThrough: cluster.nodes.indices.map { cluster.wallMilliseconds(of: $0) }.max() ?? 0)
         findings.chainViolations += watchers.flatMap { $0.violations }
         findings.replyViolations = workload.replyViolations

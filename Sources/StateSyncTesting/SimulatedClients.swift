@@ -1,4 +1,5 @@
 import StateSync
+import Synchronization
 
 /// A client that writes: one SET at a time to a node of its choosing, recording what it wrote and
 /// whether (and with which version) the node acknowledged it.
@@ -145,8 +146,46 @@ final class SimulatedWriter {
 /// crashes it resumes with its replica once the node is back, so one chain runs through the run.
 /// It also checks what a client cannot see through its replica: within one connection a node
 /// sends each delta at most once.
+///
+/// With a state file, it is `statesync watch --state FILE`: every change it is told of is
+/// "printed" through a ``WatchState``, which keeps the file (here in memory), and
+/// ``restartFromStateFile(in:)`` stops it as a crash would (nothing saved) and starts it again
+/// from the file. Each run must continue from what the file held (the first change of each
+/// property has the file's value as its old), and the file must end as the nodes' state.
 final class SimulatedWatcher {
-    let client: SimulatedCluster.Client
+    /// The state file's bytes and the clock its saves are timed by: the simulated one.
+    final class StateFile: Sendable {
+        let saved = Mutex<[UInt8]?>(nil)
+        let now = Atomic<UInt64>(0)
+
+        func open(channel: String) -> WatchState {
+            // The bytes are always the state's own: decoding them cannot fail but for a bug.
+            do {
+                return try WatchState(
+                    path: "(simulated)", channel: channel, saved: saved.withLock { $0 },
+                    milliseconds: { [self] in now.load(ordering: .relaxed) },
+                    write: { [self] bytes in saved.withLock { $0 = bytes } })
+            } catch {
+                fatalError("the simulated watch state file does not read back: \(error)")
+            }
+        }
+    }
+    private let stateFile: StateFile?
+    private var watchState: WatchState?
+    /// Per run from the state file: where in ``changes`` it began, and the values the file held
+    /// then (`model.property`).
+    private(set) var runs: [(start: Int, file: [String: Value])] = [(0, [:])]
+    /// The properties whose first change of the current run was checked against the file.
+    private var checkedInRun: Set<String> = []
+    /// What the events of the messages handled meant, not yet printed.
+    private var unprinted: [WatchEvent] = []
+    /// How many messages are handled before what they meant is printed (1 to 4, drawn).
+    private var printLag: SeededRandom
+    private var printEvery = 1
+    private var messagesUnprinted = 0
+
+    private(set) var client: SimulatedCluster.Client
+    let name: String
     let nodeIndex: Int
     let channel: String
     private(set) var session: WatchSession
@@ -180,16 +219,28 @@ final class SimulatedWatcher {
 
     init(
         node: Int, channel: String, name: String, capacity: Int, filter: ClientProtocol.WatchFilter? = nil,
-        batchedEvents: Bool = false
+        batchedEvents: Bool = false, stateFile: Bool = false, random: SeededRandom = SeededRandom(seed: 0)
     ) {
+        self.printLag = random
         self.nodeIndex = node
         self.channel = channel
         self.filter = filter
         self.batchedEvents = batchedEvents
-        self.session = WatchSession(replica: ChannelReplica(channel: channel), filter: filter)
+        let file = stateFile ? StateFile() : nil
+        let state = file?.open(channel: channel)
+        self.stateFile = file
+        self.watchState = state
+        self.session = WatchSession(replica: state?.liveReplica ?? ChannelReplica(channel: channel), filter: filter)
+        self.name = name
         client = SimulatedCluster.Client(name: name, capacity: capacity)
+        client = makeClient(name: name, capacity: capacity)
+    }
+
+    private func makeClient(name: String, capacity: Int) -> SimulatedCluster.Client {
+        let client = SimulatedCluster.Client(name: name, capacity: capacity)
         client.onReceive = { [unowned self] frames, cluster in self.received(frames, in: cluster) }
         client.onConnectionLost = { [unowned self] cluster in self.connectionLost(in: cluster) }
+        return client
     }
 
     var replica: ChannelReplica { session.replica }
@@ -236,6 +287,13 @@ final class SimulatedWatcher {
         case .event:
             largestMessage = max(largestMessage, frames.count - 1)
             for body in frames[1...] { receivedEvent(body, in: cluster) }
+            // `statesync watch` prints behind its client's I/O thread, by up to many messages.
+            messagesUnprinted += 1
+            if messagesUnprinted >= printEvery {
+                printUnprinted(in: cluster)
+                messagesUnprinted = 0
+                printEvery = 1 + printLag.below(4)
+            }
         case .oks:
             // A watcher's requests never ask for them (PROTOCOL.md 10.1.1).
             violations.append("\(cluster.nodes[nodeIndex].id)'s watcher: an OKS message it did not ask for")
@@ -262,8 +320,11 @@ final class SimulatedWatcher {
         }
         do {
             for meaning in try session.handle(event, from: cluster.nodes[nodeIndex].id) {
+                if stateFile != nil { unprinted.append(meaning) }
                 switch meaning {
-                case .change(let change, _, _): changes.append(change)
+                case .change(let change, _, _):
+                    if stateFile != nil { checkAgainstTheFile(change, in: cluster) }
+                    changes.append(change)
                 case .caughtUp(_, let latest, let missing): lastCaughtUp = (cluster.now, latest, missing)
                 default: break
                 }
@@ -273,6 +334,99 @@ final class SimulatedWatcher {
         }
     }
 
+    /// With a state file: prints what the messages' events meant, once all of them were applied
+    /// to the watch's replica, as `statesync watch` prints behind its client's I/O thread. When
+    /// the last message ended with a caught-up marker at the replica's cursor, every line is printed
+    /// and recorded: the file's copy must then hold every record the replica holds, deletions
+    /// that printed no line included, or a watch resumed from it would not go on as this one.
+    private func printUnprinted(in cluster: SimulatedCluster) {
+        guard let watchState, let stateFile, !unprinted.isEmpty else { return }
+        stateFile.now.store(cluster.now, ordering: .relaxed)
+        for meaning in unprinted { watchState.printing(meaning) {} }
+        defer { unprinted = [] }
+        guard case .caughtUp(let cursor, _, _) = unprinted.last, watchState.liveReplica.cursor == cursor else { return }
+        let live = watchState.liveReplica
+        let printed = watchState.printedReplica
+        // The file names only numbers the watch took (not all: one that changed nothing is not
+        // worth naming, the node sends it again). Each keeps at most the first 1,024 of an origin
+        // it takes, each in its order: past that, they can differ.
+        let (takenAbove, namedAbove) = (live.heldAbove, printed.heldAbove)
+        if namedAbove.contains(where: { origin, numbers in
+            let taken = takenAbove[origin] ?? []
+            return taken.count < ChannelReplica.heldAboveLimit && !Set(numbers).isSubset(of: taken)
+        }) {
+            violations.append(
+                "\(cluster.nodes[nodeIndex].id)'s state-file watcher at \(cursor): the file names \(namedAbove) as held above its cursor, the watch took \(takenAbove)"
+            )
+        }
+        for model in Set(live.models(holdingRecords: true) + printed.models(holdingRecords: true)).sorted() {
+            let (held, copied) = (live.records(of: model), printed.records(of: model))
+            // The same values, and every deletion the watch holds decides in the copy too (which
+            // may hold more: deletions the watch collected since it took them, and a model's
+            // deletion per property as well as its own).
+            let unheld = held.filter { name, register in
+                register.isDeleted
+                    && max(copied[name]?.version ?? .zero, copied[""]?.version ?? .zero) < register.version
+            }
+            guard held.filter({ !$0.value.isDeleted }) != copied.filter({ !$0.value.isDeleted }) || !unheld.isEmpty
+            else { continue }
+            violations.append(
+                "\(cluster.nodes[nodeIndex].id)'s state-file watcher at \(cursor): the file's copy of \(model) is \(copied), the watch's \(held)"
+            )
+        }
+    }
+
+    /// The first change of a property in a run from the state file continues from what the file
+    /// held: its old is the file's value (none when the file held none). (Nearly always so: the
+    /// run's replica is read from the file. What it lacks shows in the file's copy at rest,
+    /// ``printUnprinted(in:)``, and in its state at the end.)
+    private func checkAgainstTheFile(_ change: PropertyChange, in cluster: SimulatedCluster) {
+        let key = "\(change.model).\(change.property)"
+        guard checkedInRun.insert(key).inserted, let file = runs.last?.file else { return }
+        if change.old != file[key] {
+            violations.append(
+                "\(cluster.nodes[nodeIndex].id)'s state-file watcher, run \(runs.count): \(key) old \(change.old?.description ?? "none") at \(change.version), but the file held \(file[key]?.description ?? "none")"
+            )
+        }
+    }
+
+    /// Stops the watch as a crash of `statesync watch --state` would (what was not saved is
+    /// lost) and starts it again from the file.
+    func restartFromStateFile(in cluster: SimulatedCluster) {
+        guard let stateFile else { return }
+        // A new process: a new connection (routing id); the node finds the old one gone.
+        cluster.disconnect(client)
+        client = makeClient(name: "\(name)#\(runs.count)", capacity: client.capacity)
+        isWatching = false
+        lastCaughtUp = nil
+        unprinted = []
+        messagesUnprinted = 0
+        let state = stateFile.open(channel: channel)
+        watchState = state
+        session = WatchSession(replica: state.liveReplica, filter: filter)
+        var file: [String: Value] = [:]
+        for model in state.liveReplica.models {
+            for (name, register) in state.liveReplica.properties(of: model) {
+                file["\(model).\(name)"] = register.value
+            }
+        }
+        runs.append((changes.count, file))
+        checkedInRun = []
+        start(in: cluster)
+    }
+
+    /// The changes per run from the state file (one run without one), and where in each a reset
+    /// snapshot began.
+    var sessions: (changes: [[PropertyChange]], resetStarts: [Set<Int>]) {
+        let bounds = runs.map(\.start) + [changes.count]
+        return (
+            (0..<runs.count).map { Array(changes[bounds[$0]..<bounds[$0 + 1]]) },
+            (0..<runs.count).map { run in
+                Set(resetStarts.filter { $0 >= bounds[run] && $0 < bounds[run + 1] }.map { $0 - bounds[run] })
+            }
+        )
+    }
+
     private func connectionLost(in cluster: SimulatedCluster) {
         isWatching = false
         cluster.schedule(at: cluster.now + 100) { [weak self] cluster in self?.retry(in: cluster) }
@@ -280,9 +434,17 @@ final class SimulatedWatcher {
 
     private func retry(in cluster: SimulatedCluster) { start(in: cluster) }
 
-    /// The watcher's copy of the channel: model → property → register.
-    var finalState: [String: [String: ReplicaStore.Register]] {
-        Dictionary(uniqueKeysWithValues: replica.models.map { ($0, replica.properties(of: $0)) })
+    /// The watcher's copy of the channel: model → property → register. With a state file, what
+    /// the file holds once what is left is printed and saved (the end of the watch), read back.
+    func finalState() -> [String: [String: ReplicaStore.Register]] {
+        var copy = replica
+        if let watchState, let stateFile {
+            for meaning in unprinted { watchState.printing(meaning) {} }
+            unprinted = []
+            watchState.saveNow()
+            copy = stateFile.open(channel: channel).liveReplica
+        }
+        return Dictionary(uniqueKeysWithValues: copy.models.map { ($0, copy.properties(of: $0)) })
     }
 }
 

@@ -1,9 +1,10 @@
 import Foundation
 import StateSync
 import StateSyncClient
+import Synchronization
 import Testing
 
-/// `statesync watch --state FILE`'s record of what it printed (`WatchState`, in StateSyncClient),
+/// `statesync watch --state FILE`'s record of what it printed (`WatchState`, in StateSync),
 /// fed the events a watch prints, read back from its file.
 @Suite("Watch state file")
 struct WatchStateFileTests {
@@ -166,9 +167,10 @@ struct WatchStateFileTests {
         #expect(file.records(of: "m")["b"] == .tombstone(version(1_200)), "a deletion with no line, its delta covered")
         #expect(file.records(of: "m")["x"] == x, "a snapshot's record with no line")
         #expect(file.records(of: "z")[""] == .tombstone(version(1_300)), "a model's deletion with no line")
-        #expect(file.records(of: "m")["y"] == nil, "5 lies above the cursor: not yet")
+        #expect(file.records(of: "m")["y"] == .tombstone(version(1_500)), "5, above the gap, with 3 (its cursor)")
+        #expect(file.heldAbove == ["n2": [5]], "and the file names 5: a watch resumed from it is not sent 5 again")
 
-        // 4 fills the gap: the cursor covers 5 now, and its deletion is in the file.
+        // 4 fills the gap: the cursor covers 5 now.
         try deliver(
             .delta(
                 delta("m", [PropertyWrite(name: "c", value: .int(4))], at: 1_400, "n2", 4),
@@ -195,26 +197,250 @@ struct WatchStateFileTests {
     }
 
     /// A `reset` snapshot's end gives the file the watch's whole replica: the silent records taken
-    /// before it are in that image, and are not applied again later (the reset may have taken
-    /// them back: the node no longer holds what they recorded).
-    @Test func aResetsImageTakesTheSilentRecordsBeforeIt() throws {
+    /// before it are in that image and are dropped; one taken after it is recorded, even when the
+    /// watch applied it before the lines of the reset (and of a delta before it) were printed,
+    /// whose cursors cover the reset's (it moved the cursor back). Printing lags the watch's
+    /// replica, as in `statesync watch`: all the events are applied first, then printed.
+    @Test func aSilentRecordAfterAResetIsRecordedAfterItsImage() throws {
         let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
         try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let state = try WatchState(path: directory + "/watch.state", channel: "c")
+        let path = directory + "/watch.state"
+        let state = try WatchState(path: path, channel: "c")
+        var session = WatchSession(replica: state.liveReplica)
+        var unprinted: [WatchEvent] = []
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+            unprinted += try session.handle(event, from: "test")
+        }
+        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
+        func delta(_ sequence: UInt64, _ write: PropertyWrite, at milliseconds: UInt64) -> ClientProtocol.WatchEventBody
+        {
+            .delta(
+                Delta(
+                    channel: "c", model: "m", version: version(milliseconds), sequence: sequence, properties: [write]),
+                cursor: WatchCursor(["n2": sequence]))
+        }
+        try deliver(.snapshotBegin(.initial))
+        try deliver(.snapshotEnd(records: 0, digest: RegisterDigest().value, cursor: WatchCursor(["n2": 1])))
+        // 2 deletes x (no value: silent), 3 sets a.
+        try deliver(delta(2, .deletion(of: "x"), at: 1_200))
+        try deliver(delta(3, PropertyWrite(name: "a", value: .int(1)), at: 1_300))
+        // The node was reset to n2's 1, with nothing: a goes, x's deletion with it.
+        try deliver(.snapshotBegin(.reset))
+        try deliver(.snapshotEnd(records: 0, digest: RegisterDigest().value, cursor: WatchCursor(["n2": 1])))
+        // Its new 2 deletes y (no value: silent).
+        try deliver(delta(2, .deletion(of: "y"), at: 1_400))
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 2]), latest: nil, missing: 0))
+        for event in unprinted { state.printing(event) {} }
+        state.saveNow()
+        let file = try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        #expect(file.cursor == WatchCursor(["n2": 2]))
+        #expect(file.records(of: "m") == ["y": .tombstone(version(1_400))])
+        #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
+    }
+
+    /// An expiry printed is in the file (before, the file kept the value: an expiry keeps its
+    /// write's version, and did not win over it), so a watch resumed from the file does not print
+    /// it again at its first caught-up marker. And a resync snapshot that deletes several models
+    /// leaves all their deletions in the file, not only the last one's.
+    @Test func expiriesAndSeveralModelsDeletedInOneSnapshotAreInTheFile() throws {
+        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/watch.state"
+        let state = try WatchState(path: path, channel: "c")
         var session = WatchSession(replica: state.liveReplica)
         func deliver(_ event: ClientProtocol.WatchEventBody) throws {
             for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
         }
-        let version = Version(milliseconds: 1_500, counter: 0, node: "n2")
+        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
+        func saved() throws -> ChannelReplica {
+            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        }
+        func snapshot(
+            _ reason: ClientProtocol.SnapshotReason, _ models: [(String, [(String, ReplicaStore.Register)])],
+            cursor: UInt64
+        ) throws {
+            var digest = RegisterDigest()
+            for (model, records) in models {
+                for (name, register) in records {
+                    digest.add(channel: "c", model: model, property: name, register: register)
+                }
+            }
+            try deliver(.snapshotBegin(reason))
+            try deliver(.records(models.map { (model: $0.0, properties: $0.1) }))
+            try deliver(
+                .snapshotEnd(
+                    records: models.reduce(0) { $0 + $1.1.count }, digest: digest.value,
+                    cursor: WatchCursor(["n2": cursor])))
+        }
+
+        // a and b of models m and n, and t of m with a time to live of 100 ms.
+        let value = { (milliseconds: UInt64) in ReplicaStore.Register(value: .int(1), version: version(milliseconds)) }
+        let t = ReplicaStore.Register(value: .int(7), version: version(1_000), timeToLive: 100)
+        try snapshot(.initial, [("m", [("a", value(1_000)), ("t", t)]), ("n", [("b", value(1_000))])], cursor: 1)
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 1]), latest: nil, missing: 0, expiredThrough: 1_200))
+        #expect(try saved().records(of: "m")["t"]?.isDeleted == true, "t expired, and the file says so")
+
+        // Resumed from the file, the first marker expires nothing more: t's expiry was printed.
+        var resumed = WatchSession(replica: try saved())
+        let again = try resumed.handle(
+            .caughtUp(cursor: WatchCursor(["n2": 1]), latest: nil, missing: 0, expiredThrough: 1_300), from: "test")
+        #expect(again.count == 1, "only the marker: \(again)")
+
+        // The watch lagged: its resync snapshot has both models deleted at 1,500.
+        try snapshot(
+            .lagged, [("m", [("", .tombstone(version(1_500)))]), ("n", [("", .tombstone(version(1_500)))])], cursor: 5)
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 5]), latest: nil, missing: 0, expiredThrough: 1_300))
+        let file = try saved()
+        #expect(file.records(of: "m")[""] == .tombstone(version(1_500)))
+        #expect(file.records(of: "n")[""] == .tombstone(version(1_500)))
+    }
+
+    /// A delta the node sent above a gap is named by the file (held above its cursor) only once
+    /// every line of it is printed, and with what it changed without a line (a model's own
+    /// deletion): a watch resumed from a file that names it is not sent it again. Saved while its
+    /// lines were being printed (a save every 200 ms, here at every line), the file does not name
+    /// it, and a resumed watch gets it again.
+    @Test func aDeltaAboveAGapIsNamedOnlyWhenAllOfItIsInTheFile() throws {
+        let saves = Mutex<[[UInt8]]>([])
+        let clock = Mutex<UInt64>(0)
+        let state = try WatchState(
+            path: "(memory)", channel: "c", saved: nil,
+            milliseconds: {
+                clock.withLock {
+                    $0 += 300
+                    return $0
+                }
+            },
+            write: { bytes in saves.withLock { $0.append(bytes) } })
+        var session = WatchSession(replica: state.liveReplica)
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
+        }
+        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
+        let (a, b) = (
+            ReplicaStore.Register(value: .int(1), version: version(1_000)),
+            ReplicaStore.Register(value: .int(2), version: version(1_000))
+        )
+        var digest = RegisterDigest()
+        digest.add(channel: "c", model: "m", property: "a", register: a)
+        digest.add(channel: "c", model: "m", property: "b", register: b)
         try deliver(.snapshotBegin(.initial))
-        try deliver(.snapshotEnd(records: 0, digest: RegisterDigest().value, cursor: WatchCursor(["n2": 3])))
-        // 5 (above the gap at 4) deletes y, which had no value: silent, not yet covered.
-        let deletion = Delta(channel: "c", model: "m", version: version, sequence: 5, properties: [.deletion(of: "y")])
-        try deliver(.delta(deletion, cursor: WatchCursor(["n2": 3])))
-        // The node was reset to n2's 1, with nothing: its image replaces the file's copy.
+        try deliver(.records([(model: "m", properties: [("a", a), ("b", b)])]))
+        try deliver(.snapshotEnd(records: 2, digest: digest.value, cursor: WatchCursor(["n2": 3])))
+        // 5 (4 is missing) deletes model m: two lines, a and b deleted, and m's own deletion.
+        let deletion = Delta(
+            channel: "c", model: "m", version: version(1_500), sequence: 5, properties: [.modelDeletion])
+        let events = try session.handle(.delta(deletion, cursor: WatchCursor(["n2": 3])), from: "test")
+        #expect(events.count == 2)
+        state.printing(events[0]) {}
+        let midway = try ChannelReplica(decoding: try #require(saves.withLock { $0.last }))
+        #expect(midway.heldAbove.isEmpty, "saved with a line of 5 still to print: the file does not name 5")
+        state.printing(events[1]) {}
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 1))
+        let file = try ChannelReplica(decoding: try #require(saves.withLock { $0.last }))
+        #expect(file.heldAbove == ["n2": [5]])
+        #expect(file.records(of: "m")[""] == .tombstone(version(1_500)), "named, 5 is in the file whole")
+    }
+
+    /// What a snapshot drops without a line leaves the file too: a `reset` snapshot's page drops a
+    /// deletion the node no longer holds, and the reset is then replaced by a `lagged` snapshot
+    /// (no reset image to take); a collected deletion drops a value written at the horizon
+    /// itself (its removal carries the horizon as version, which would lose to that value).
+    @Test func whatASnapshotDropsWithoutALineLeavesTheFile() throws {
+        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/watch.state"
+        let state = try WatchState(path: path, channel: "c")
+        var session = WatchSession(replica: state.liveReplica)
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
+        }
+        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
+        func saved() throws -> ChannelReplica {
+            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        }
+        func page(_ records: [(String, ReplicaStore.Register)]) -> ClientProtocol.WatchEventBody {
+            .records([(model: "m", properties: records)])
+        }
+        func digest(_ records: [(String, ReplicaStore.Register)]) -> RegisterDigest {
+            var digest = RegisterDigest()
+            for (name, register) in records { digest.add(channel: "c", model: "m", property: name, register: register) }
+            return digest
+        }
+        let x = ReplicaStore.Register.tombstone(version(1_200))
+        let b = ReplicaStore.Register(value: .int(2), version: Version(timestamp: 5_000 << 16, node: "n2"))
+        try deliver(.snapshotBegin(.initial))
+        try deliver(page([("x", x), ("b", b)]))
+        try deliver(
+            .snapshotEnd(records: 2, digest: digest([("x", x), ("b", b)]).value, cursor: WatchCursor(["n2": 3])))
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 0))
+        #expect(try saved().records(of: "m")["x"] == x)
+
+        // A reset's page has b alone: the watch drops x's deletion (no line). The reset is
+        // replaced by a lagged snapshot (b alone too), and then n3 writes x, older than that
+        // deletion: the watch takes it (a line), and so must the file.
         try deliver(.snapshotBegin(.reset))
-        try deliver(.snapshotEnd(records: 0, digest: RegisterDigest().value, cursor: WatchCursor(["n2": 1])))
-        #expect(state.liveReplica.takeSilentRecords(coveredBy: WatchCursor(["n2": 10])).isEmpty)
+        try deliver(page([("b", b)]))
+        try deliver(.snapshotBegin(.lagged))
+        try deliver(page([("b", b)]))
+        try deliver(.snapshotEnd(records: 1, digest: digest([("b", b)]).value, cursor: WatchCursor(["n2": 6])))
+        let older = Delta(
+            channel: "c", model: "m", version: Version(milliseconds: 1_100, counter: 0, node: "n3"), sequence: 1,
+            properties: [PropertyWrite(name: "x", value: .int(9))])
+        try deliver(.delta(older, cursor: WatchCursor(["n2": 6, "n3": 1])))
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 6, "n3": 1]), latest: nil, missing: 0))
+        #expect(try saved().records(of: "m")["x"]?.value == .int(9))
+        // A lagged snapshot whose end collects through b's own time: b goes (a line whose
+        // version is the horizon, no writer's), from the file too.
+        let x9 = try #require(state.liveReplica.records(of: "m")["x"])
+        try deliver(.snapshotBegin(.lagged))
+        try deliver(page([("x", x9)]))
+        try deliver(
+            .snapshotEnd(
+                records: 1, digest: digest([("x", x9)]).value, cursor: WatchCursor(["n2": 6, "n3": 1]),
+                collectedThrough: b.version.timestamp))
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 6, "n3": 1]), latest: nil, missing: 0))
+        let file = try saved()
+        #expect(file.records(of: "m") == ["x": x9], "x as the node holds it, b collected")
+        #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
+    }
+
+    /// A line of a `reset` snapshot's page replaces what the file holds of that property, as the
+    /// watch dropped what it held first: an older value of the node's replaces the deletion the
+    /// watch held (merged, it would lose to it), also when the reset is then replaced by a
+    /// `lagged` snapshot and its image never comes.
+    @Test func aResetsLineReplacesWhatTheFileHolds() throws {
+        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/watch.state"
+        let state = try WatchState(path: path, channel: "c")
+        var session = WatchSession(replica: state.liveReplica)
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
+        }
+        func snapshot(_ reason: ClientProtocol.SnapshotReason, _ records: [(String, ReplicaStore.Register)], end: Bool)
+            throws
+        {
+            var digest = RegisterDigest()
+            for (name, register) in records { digest.add(channel: "c", model: "m", property: name, register: register) }
+            try deliver(.snapshotBegin(reason))
+            try deliver(.records([(model: "m", properties: records)]))
+            if end {
+                try deliver(.snapshotEnd(records: records.count, digest: digest.value, cursor: WatchCursor(["n2": 6])))
+            }
+        }
+        let deletion = ReplicaStore.Register.tombstone(Version(milliseconds: 1_200, counter: 0, node: "n2"))
+        let older = ReplicaStore.Register(value: .int(9), version: Version(milliseconds: 1_100, counter: 0, node: "n2"))
+        try snapshot(.initial, [("x", deletion)], end: true)
+        try snapshot(.reset, [("x", older)], end: false)
+        try snapshot(.lagged, [("x", older)], end: true)
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 6]), latest: nil, missing: 0))
+        let file = try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        #expect(file.records(of: "m") == ["x": older])
+        #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
     }
 }

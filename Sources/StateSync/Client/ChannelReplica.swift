@@ -18,42 +18,47 @@ public final class ChannelReplica: Sendable {
 
     /// At most this many deltas above the cursor are remembered per origin (the first taken):
     /// enough for the gaps a watch sees.
-    static let heldAboveLimit = 1024
+    package static let heldAboveLimit = 1024
 
     /// What the replica held at the end of a `reset` snapshot (``keepResetImages()``).
     package struct ResetImage: Sendable {
         fileprivate var store: ReplicaStore
         package var cursor: WatchCursor
         fileprivate var above: [String: Set<UInt64>]
-        /// The serial of the last silent record taken before it (``keepSilentRecords()``).
-        package var silentSerial: UInt64 = 0
     }
 
     /// Whether a reset's end keeps a ``ResetImage`` for ``takeResetImage(at:)``, and the last one
     /// kept and not yet taken.
     private let resetImages = Mutex<(keep: Bool, last: ResetImage?)>((false, nil))
 
-    /// A record the replica took without a change to report: the deletion of a property or of a
-    /// whole model it held no value of, from a delta or a snapshot (``keepSilentRecords()``).
+    /// A record the replica took or dropped without a change to report: the deletion of a
+    /// property or of a whole model it held no value of, from a delta or a snapshot, or a deletion
+    /// a snapshot dropped (``keepSilentRecords()``).
     package struct SilentRecord: Sendable {
         package let model: String
         /// The empty name: the model's own deletion.
         package let property: String
+        /// The record the replica took, or the one it dropped (``removed``).
         package let register: ReplicaStore.Register
-        /// In the order taken: a reset's image covers those up to its own (``ResetImage``).
-        fileprivate let serial: UInt64
+        /// Whether the replica dropped the record (a `reset` snapshot's page, or a deletion
+        /// collected): a copy drops it too if it holds the same.
+        package let removed: Bool
+        /// How many `reset` snapshots had ended when it was taken: a reset's end replaces what the
+        /// copy that takes these holds with the replica's image (``ResetImage``), which holds
+        /// those taken before it, and only those taken after it may be taken after it.
+        fileprivate let resets: Int
         /// The replica's cursor once its delta or snapshot was applied (nil until then).
         fileprivate var cursor: WatchCursor?
-        /// Its delta's own number when the node sent it above a gap: the cursor covers it only
-        /// once it passes that number.
-        fileprivate let above: (origin: String, sequence: UInt64)?
+        /// Its delta's own number when the node sent it above a gap: a copy that takes the record
+        /// holds that number above its cursor, as it does for a change of that delta.
+        package let above: (origin: String, sequence: UInt64)?
     }
 
     /// Whether ``apply(_:)`` and snapshot records keep what they take without a change to report.
     private let keepsSilentRecords = Atomic<Bool>(false)
-    /// The silent records not yet taken, in the order taken; the serial of the last one; the
-    /// serial at the end of the last `reset` snapshot.
-    private let silentRecords = Mutex<(records: [SilentRecord], serial: UInt64, atLastReset: UInt64)>(([], 0, 0))
+    /// The silent records not yet taken, in the order taken, and how many `reset` snapshots have
+    /// ended.
+    private let silentRecords = Mutex<(records: [SilentRecord], resets: Int)>(([], 0))
 
     /// Whether the replica lacks the state at its cursor: made from a cursor alone (a watch
     /// resumed without the replica it had, as `statesync watch --from` resumes), until a snapshot
@@ -90,6 +95,12 @@ public final class ChannelReplica: Sendable {
         state.withLock { state in
             state.store.models(in: channel).filter { state.store.isLive(ModelAddress(channel: channel, model: $0)) }
         }
+    }
+
+    /// The ids of the models that hold any record (deletions too), or, by default, a property
+    /// with a value.
+    package func models(holdingRecords: Bool) -> [String] {
+        holdingRecords ? state.withLock { $0.store.models(in: channel) } : models
     }
 
     /// A model's properties that have a value, as held.
@@ -155,8 +166,8 @@ public final class ChannelReplica: Sendable {
 
     /// The deletions of `delta` that won in `after` (the store, `delta` just applied) and changed
     /// a record without a change in `reported`: a property's deletion where there was no value,
-    /// and always the model's own deletion record (its properties' changes, if any, do not
-    /// record it).
+    /// and always the model's own deletion record: the changes of its properties record theirs,
+    /// not the model's (which only this way reaches a copy that follows printed changes).
     private static func silentDeletions(
         of delta: Delta, before: [String: ReplicaStore.Register], after store: ReplicaStore,
         reported: [PropertyChange]
@@ -180,15 +191,15 @@ public final class ChannelReplica: Sendable {
     /// Keeps `records` of `model` as silent records, to be sealed with the cursor at the next
     /// ``advance(to:)``.
     private func noteSilent(
-        _ records: [(String, ReplicaStore.Register)], model: String, above: (origin: String, sequence: UInt64)?
+        _ records: [(String, ReplicaStore.Register)], model: String, above: (origin: String, sequence: UInt64)?,
+        removed: Bool = false
     ) {
         silentRecords.withLock { silent in
             for (property, register) in records {
-                silent.serial += 1
                 silent.records.append(
                     SilentRecord(
-                        model: model, property: property, register: register, serial: silent.serial, cursor: nil,
-                        above: above))
+                        model: model, property: property, register: register, removed: removed, resets: silent.resets,
+                        cursor: nil, above: above))
             }
         }
     }
@@ -202,33 +213,29 @@ public final class ChannelReplica: Sendable {
         keepsSilentRecords.store(true, ordering: .relaxed)
     }
 
-    /// Takes the silent records whose delta or snapshot `cursor` covers: applied before it (at a
-    /// cursor it covers) and, for a delta taken above a gap, its own number covered too.
-    package func takeSilentRecords(coveredBy cursor: WatchCursor) -> [SilentRecord] {
+    /// Takes the silent records whose delta or snapshot `cursor` covers, among those taken after
+    /// the first `resets` `reset` snapshots ended and before the next one ended: applied at a
+    /// cursor it covers (a delta the node sent above a gap does not move the cursor: its records
+    /// come with the delta before it, and name its number, ``SilentRecord/above``). (A reset
+    /// moves the cursor back: one taken after it may lie below a cursor printed before it.) Those
+    /// taken before the `resets`th reset ended are dropped: its image holds them.
+    package func takeSilentRecords(coveredBy cursor: WatchCursor, resets: Int) -> [SilentRecord] {
         silentRecords.withLock { silent in
             guard !silent.records.isEmpty else { return [] }
             var taken: [SilentRecord] = []
             silent.records.removeAll { record in
-                guard let at = record.cursor else { return false }
+                if record.resets < resets { return true }
+                guard record.resets == resets, let at = record.cursor else { return false }
                 var covered = true
                 at.forEachPosition { origin, sequence in
                     if sequence > cursor[origin] { covered = false }
                 }
-                if let above = record.above, above.sequence > cursor[above.origin] { covered = false }
                 if covered { taken.append(record) }
                 return covered
             }
             return taken
         }
     }
-
-    /// Drops the silent records taken at or before `serial`: a reset's image holds them.
-    package func dropSilentRecords(through serial: UInt64) {
-        silentRecords.withLock { $0.records.removeAll { $0.serial <= serial } }
-    }
-
-    /// The serial of the last silent record taken before the end of the last `reset` snapshot.
-    package var silentSerialAtLastReset: UInt64 { silentRecords.withLock { $0.atLastReset } }
 
     /// Adds to `changes` the deletions of `delta` that won in `after` (the store, `delta` just
     /// applied) of records `before` did not hold: in a replica that lacks the state at its
@@ -299,7 +306,8 @@ public final class ChannelReplica: Sendable {
             }
             return (changes, taken)
         }
-        if keepsSilentRecords.load(ordering: .relaxed), changes.isEmpty, register.isDeleted, taken {
+        // A model's own deletion is kept whatever it deleted, as a delta's is (``silentDeletions``).
+        if keepsSilentRecords.load(ordering: .relaxed), changes.isEmpty || property.isEmpty, register.isDeleted, taken {
             noteSilent([(property, register)], model: model, above: nil)
         }
         return changes
@@ -307,36 +315,91 @@ public final class ChannelReplica: Sendable {
 
     /// Records a change as the register it left (``PropertyChange/register``): what a copy of a
     /// replica that follows printed changes one by one needs (`statesync watch --state`). The
-    /// deletion of a whole model is recorded per property here; ``recordModelDeletion(of:at:)``
-    /// records the model's own deletion once all its changes are.
+    /// deletion of a whole model is recorded per property here; the model's own deletion comes
+    /// with the silent records (``takeSilentRecords(coveredBy:resets:)``) once all its changes
+    /// are.
     package func record(_ change: PropertyChange) {
+        // An expiry keeps its write's version: merged, it would not win over the value it expired.
+        if change.kind == .expired, let written = change.writtenVersion,
+            state.withLock({
+                $0.store.expireValue(
+                    of: ModelAddress(channel: channel, model: change.model), property: change.property,
+                    writtenAt: written)
+            })
+        {
+            return
+        }
         _ = apply(model: change.model, property: change.property, register: change.register)
-        guard let (origin, sequence) = change.takenAbove else { return }
+    }
+
+    /// Notes `sequence` of `origin` as taken above the cursor (unless the cursor covers it): for
+    /// a copy that follows printed changes, once every line of that delta was printed.
+    package func holdAbove(_ sequence: UInt64, of origin: String) {
         state.withLock { state in
             if sequence > state.cursor[origin] { Self.hold(sequence, of: origin, in: &state.above) }
         }
     }
 
-    /// Records the deletion of `model` at `version` (see ``record(_:)``).
-    package func recordModelDeletion(of model: String, at version: Version) {
-        _ = apply(model: model, property: "", register: .tombstone(version))
+    /// Records a silent record (``SilentRecord``): what the replica it came from took, or dropped
+    /// (where this one holds the same: a later line may have replaced it here already).
+    package func record(_ silent: SilentRecord) {
+        guard silent.removed else {
+            _ = apply(model: silent.model, property: silent.property, register: silent.register)
+            return
+        }
+        guard records(of: silent.model)[silent.property] == silent.register else { return }
+        removeRecord(of: silent.model, property: silent.property)
+    }
+
+    /// Records a change of a `reset` snapshot's page: the replica it came from dropped what it held
+    /// of that property first (``WatchSession``), so the register replaces what this one holds,
+    /// whatever its version.
+    package func recordReplacing(_ change: PropertyChange) {
+        removeRecord(of: change.model, property: change.property)
+        record(change)
     }
 
     /// Drops every record (a deletion of a model included) whose version's timestamp is at or
     /// below `horizon` and that `keeping` does not keep; returns the changes (kind deleted) for
     /// those that had a value.
     package func drop(through horizon: UInt64, keeping: (ReplicaStore.RecordKey) -> Bool) -> [PropertyChange] {
-        state.withLock { $0.store.drop(channel: channel, through: horizon, keeping: keeping) }
+        let keepSilent = keepsSilentRecords.load(ordering: .relaxed)
+        let (changes, dropped) = state.withLock {
+            state -> ([PropertyChange], [(model: String, property: String, register: ReplicaStore.Register)]) in
+            // The deletions it drops change nothing anyone sees: kept as silent records.
+            var dropped: [(model: String, property: String, register: ReplicaStore.Register)] = []
+            if keepSilent {
+                for model in state.store.models(in: channel) {
+                    for (name, register) in state.store.records(of: ModelAddress(channel: channel, model: model))
+                    where register.isDeleted && register.version.timestamp <= horizon
+                        && !keeping(ReplicaStore.RecordKey(model: model, property: name))
+                    {
+                        dropped.append((model, name, register))
+                    }
+                }
+            }
+            return (state.store.drop(channel: channel, through: horizon, keeping: keeping), dropped)
+        }
+        for record in dropped {
+            noteSilent([(record.property, record.register)], model: record.model, above: nil, removed: true)
+        }
+        return changes
     }
 
-    /// Drops the record of `property` of `model`, whatever its version: what a `reset`
-    /// snapshot's removal (``WatchSession/resetRemoval(_:)``, version zero) did to the replica
-    /// that printed it, recorded by a copy that follows printed changes one by one.
-    package func recordResetRemoval(_ change: PropertyChange) {
+    /// Drops the record of the change's property, whatever its version: what a removal no write
+    /// made did to the replica that printed it (a `reset` snapshot's, ``WatchSession/resetRemoval(_:)``,
+    /// version zero; a collected deletion's, with the horizon as version and no writer), recorded
+    /// by a copy that follows printed changes one by one.
+    package func recordRemoval(_ change: PropertyChange) {
+        removeRecord(of: change.model, property: change.property)
+    }
+
+    /// Drops the record of `property` (empty: the model's deletion) of `model`, whatever its
+    /// version.
+    private func removeRecord(of model: String, property: String) {
         state.withLock { state in
             _ = state.store.drop(
-                ModelAddress(channel: channel, model: change.model), through: .max,
-                keeping: { name, _ in name != change.property })
+                ModelAddress(channel: channel, model: model), through: .max, keeping: { name, _ in name != property })
         }
     }
 
@@ -354,17 +417,14 @@ public final class ChannelReplica: Sendable {
         resetImages.withLock { $0.keep = true }
     }
 
-    /// The end of a `reset` snapshot: keeps what the replica holds, if asked to.
+    /// The end of a `reset` snapshot: counted for the silent records, and what the replica holds
+    /// kept, if asked to.
     func keepResetImageIfAsked() {
+        silentRecords.withLock { $0.resets += 1 }
         resetImages.withLock { images in
             guard images.keep else { return }
             // A copy on write: the store is copied once, when the replica next changes.
-            var image = state.withLock { ResetImage(store: $0.store, cursor: $0.cursor, above: $0.above) }
-            image.silentSerial = silentRecords.withLock { silent in
-                silent.atLastReset = silent.serial
-                return silent.serial
-            }
-            images.last = image
+            images.last = state.withLock { ResetImage(store: $0.store, cursor: $0.cursor, above: $0.above) }
         }
     }
 

@@ -877,6 +877,28 @@ public struct ReplicaStore: Sendable {
         return changes
     }
 
+    /// Expires the value `property` of `address` holds if it was written at `written`, as
+    /// ``expire(through:)`` does when its time comes: for a copy that follows the expiries another
+    /// replica reported (`statesync watch --state`), whose clock of expiry is that replica's.
+    /// Returns whether it held that value.
+    package mutating func expireValue(of address: ModelAddress, property: String, writtenAt written: Version) -> Bool {
+        var expired = false
+        var context = MergeContext(channel: address.channel, model: address.model, store: self)
+        modify(address, &context) { model, context in
+            guard let register = model.registers[property], register.version == written, !register.isDeleted,
+                register.expiresAt != nil
+            else { return }
+            let liveBefore = model.live
+            model.registers[property] = register.expired
+            model.live -= 1
+            context.account(property, old: register, new: register.expired)
+            context.noteLiveness(before: liveBefore, after: model.live)
+            expired = true
+        }
+        finish(context, newest: .zero)
+        return expired
+    }
+
     /// When the next value expires (milliseconds since 1970), if one is waiting.
     public var nextExpiry: UInt64? { expiries.earliest }
 

@@ -34,9 +34,10 @@ struct ChannelReplicaFileTests {
 
     /// What a replica took above its cursor (a delta the node sent above a gap, PROTOCOL.md
     /// 10.5.1 bit 5) goes into its file and comes back, also through a copy that records the
-    /// printed changes one by one as `statesync watch --state` does: a watch resumed from the
-    /// file names it, so that a node that lost it sends a `reset` rather than leave the file
-    /// holding a write no node holds (the simulator's seed 1794, with the client restarted).
+    /// printed changes one by one as `statesync watch --state` does (it holds the number once
+    /// every line of the delta is printed): a watch resumed from the file names it, so that a node
+    /// that lost it sends a `reset` rather than leave the file holding a write no node holds (the
+    /// simulator's seed 1794, with the client restarted).
     @Test func whatAReplicaHoldsAboveItsCursorIsKeptInItsFile() throws {
         let live = ChannelReplica(channel: "c", cursor: WatchCursor(["n2": 1]))
         let printed = ChannelReplica(channel: "c", cursor: WatchCursor(["n2": 1]))
@@ -50,6 +51,7 @@ struct ChannelReplicaFileTests {
                 plain.takenAbove = nil
                 #expect(plain == change, "how a change was taken is not part of what changed")
                 printed.record(change)
+                if let (origin, sequence) = change.takenAbove { printed.holdAbove(sequence, of: origin) }
             }
         }
         #expect(live.heldAbove == ["n2": [3, 5]])

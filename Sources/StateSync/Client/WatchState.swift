@@ -1,5 +1,4 @@
 import Foundation
-import StateSync
 import Synchronization
 
 /// `statesync watch --state FILE`: what the watch has printed, kept in a file, so that a watch
@@ -9,13 +8,16 @@ import Synchronization
 /// The file holds a replica of exactly what was printed: a change's register is recorded as its
 /// line is printed; the cursor moves past a delta only once the next delta (or a marker) shows
 /// that every line of the delta was printed. A watch resumed from the file is sent that delta
-/// again, and the replica skips the properties already printed. A change of a delta the node sent
-/// above a gap is recorded with the delta's number, which the file keeps as held above its cursor
-/// until the cursor covers it, and a resumed watch names (PROTOCOL.md 10.5.8); what a delta or a
-/// snapshot changed without a line (the deletion of a property or a model the watch never saw with
-/// a value) is recorded once the cursor covers it, so that a resumed watch takes an older write that
-/// lost to it as the live one did, without a line; a `reset` snapshot
-/// replaces the file's cursor as it does the watch's. The file is replaced atomically
+/// again, and the replica skips the properties already printed. What a delta or a snapshot
+/// changed without a line (the deletion of a property or a model the watch never saw with a
+/// value, a deletion a snapshot dropped) is recorded with it, once every line before it is
+/// printed (``ChannelReplica/SilentRecord``), so that a resumed watch takes an older write that
+/// lost to it as the live one did, without a line. A delta the node sent above a gap does not
+/// move the cursor: once every line of it is printed, the file keeps its number as held above the
+/// cursor until the cursor covers it, and a resumed watch names it (PROTOCOL.md 10.5.8), so the
+/// file holds all of a delta it names or none. An expiry printed expires the value recorded (a
+/// resumed watch does not print it again). A `reset` snapshot replaces the file's cursor as it
+/// does the watch's, and its end replaces the copy with what the watch then held. The file is replaced atomically
 /// (a new file renamed over it) at most every 200 ms while changes arrive, at the next marker
 /// after a change (markers come about once a second), and on SIGINT or SIGTERM; after a crash
 /// (kill -9) the lines printed since the last save (up to about a second) can print again, none
@@ -28,14 +30,18 @@ package final class WatchState: Sendable {
         /// The cursor after the last change printed, not yet in the replica (its delta may have
         /// more properties to print).
         var pending: WatchCursor?
-        /// The deletion of a model whose changes are being printed: recorded with the cursor, once
-        /// every property it deleted was printed.
-        var pendingModelDeletion: (model: String, version: Version)?
         /// A `reset` snapshot is being printed: its end replaces the cursor (backwards too), as it
         /// does the client's replica's; moved only forwards, the file's cursor would skip what
         /// the node no longer holds and sends again later.
         var resetting = false
-        var lastSave = ContinuousClock.now
+        /// How many `reset` snapshots were printed to their end (``ChannelReplica/SilentRecord``).
+        var resets = 0
+        /// The numbers of the deltas the node sent above a gap whose lines are being printed: the
+        /// copy holds them above its cursor at the commit, when every line of them is printed (a
+        /// file that names one does not get it again, so it must hold all of it).
+        var heldOnCommit: [(origin: String, sequence: UInt64)] = []
+        /// When it was last saved (``milliseconds``).
+        var lastSave: UInt64 = 0
         /// Printed since the last save.
         var dirty = false
     }
@@ -48,11 +54,32 @@ package final class WatchState: Sendable {
     /// one takes what this one held then (see ``ChannelReplica/keepResetImages()``).
     package let liveReplica: ChannelReplica
 
+    /// The clock the 200 ms between saves is measured with, in milliseconds.
+    private let milliseconds: @Sendable () -> UInt64
+    /// Writes the printed copy's bytes where they are kept, replacing what was there.
+    private let write: @Sendable ([UInt8]) throws -> Void
+
     /// Opens `path` (a new file if it does not exist) for `channel`.
-    package init(path: String, channel: String) throws {
+    package convenience init(path: String, channel: String) throws {
+        try self.init(
+            path: path, channel: channel, saved: try Self.read(path),
+            milliseconds: { [opened = ContinuousClock.now] in
+                let elapsed = opened.duration(to: .now).components
+                return UInt64(elapsed.seconds) * 1000 + UInt64(elapsed.attoseconds / 1_000_000_000_000_000)
+            },
+            write: { try Data($0).write(to: URL(fileURLWithPath: path), options: .atomic) })
+    }
+
+    /// A watch state kept by `write` (the cluster simulator keeps it in memory), starting from
+    /// `saved` (what `write` was last given; nil: nothing yet), with `milliseconds` for its clock.
+    package init(
+        path: String, channel: String, saved bytes: [UInt8]?, milliseconds: @escaping @Sendable () -> UInt64,
+        write: @escaping @Sendable ([UInt8]) throws -> Void
+    ) throws {
         self.path = path
         self.channel = channel
-        let bytes = try Self.read(path)
+        self.milliseconds = milliseconds
+        self.write = write
         printed = Mutex(
             Printed(replica: try bytes.map { try Self.decode($0, path, channel) } ?? ChannelReplica(channel: channel)))
         liveReplica = try bytes.map { try Self.decode($0, path, channel) } ?? ChannelReplica(channel: channel)
@@ -92,19 +119,24 @@ package final class WatchState: Sendable {
         print()
         printed.withLock { state in
             switch event {
-            case .change(let change, _, let cursor):
+            case .change(let change, let kind, let cursor):
                 if let pending = state.pending, pending != cursor { commit(&state, through: pending) }
                 // A reset's removal carries no version (it undoes what the node no longer
-                // holds, whatever its version): recorded as a write, it would lose to the value.
-                if state.resetting, change.isRemoval, change.version == .zero {
-                    state.replica.recordResetRemoval(change)
+                // holds, whatever its version), a collected deletion's the horizon, no writer's:
+                // recorded as a write, either could lose to the value. A reset's page line
+                // replaces what the copy holds, as the watch dropped what it held first.
+                if change.isRemoval, change.version.node.isEmpty {
+                    state.replica.recordRemoval(change)
+                } else if state.resetting, kind == .resync {
+                    state.replica.recordReplacing(change)
                 } else {
                     state.replica.record(change)
                 }
-                if change.byModelDeletion { state.pendingModelDeletion = (change.model, change.version) }
+                // Its delta's number is held above the cursor once all of its lines are printed.
+                if let above = change.takenAbove { state.heldOnCommit.append(above) }
                 state.pending = cursor
                 state.dirty = true
-                if ContinuousClock.now - state.lastSave >= .milliseconds(200) { save(&state) }
+                if milliseconds() &- state.lastSave >= 200 { save(&state) }
             case .initialStateComplete(_, let cursor), .resyncComplete(_, let cursor), .caughtUp(let cursor, _, _):
                 if state.pending != nil || cursor != state.replica.cursor { state.dirty = true }
                 commit(&state, through: cursor)
@@ -116,19 +148,18 @@ package final class WatchState: Sendable {
                     // and brings its own), the cursor at least is the node's.
                     if let image = liveReplica.takeResetImage(at: cursor) {
                         state.replica.replace(with: image)
-                        liveReplica.dropSilentRecords(through: image.silentSerial)
                     } else {
                         state.replica.replaceCursor(with: cursor)
-                        // A later reset's image, which will replace this copy, holds them.
-                        liveReplica.dropSilentRecords(through: liveReplica.silentSerialAtLastReset)
                     }
                     state.resetting = false
+                    state.resets += 1
                 }
                 state.pending = nil
                 // Markers come about once a second: an idle watch does not rewrite its file.
                 if state.dirty { save(&state) }
             case .resyncStarted(let reason):
-                if reason == .reset { state.resetting = true }
+                // A snapshot begun replaces one the node had not ended (PROTOCOL.md 10.5.8).
+                state.resetting = reason == .reset
             }
         }
     }
@@ -136,15 +167,17 @@ package final class WatchState: Sendable {
     /// Every line of the delta before `cursor` was printed: the replica moves past it, with what
     /// the deltas and snapshots it covers changed without a line (``ChannelReplica/SilentRecord``).
     private func commit(_ state: inout Printed, through cursor: WatchCursor) {
-        if let deletion = state.pendingModelDeletion {
-            state.replica.recordModelDeletion(of: deletion.model, at: deletion.version)
-            state.pendingModelDeletion = nil
+        for record in liveReplica.takeSilentRecords(coveredBy: cursor, resets: state.resets) {
+            state.replica.record(record)
+            if let above = record.above { state.heldOnCommit.append(above) }
         }
-        for record in liveReplica.takeSilentRecords(coveredBy: cursor) {
-            _ = state.replica.apply(model: record.model, property: record.property, register: record.register)
-        }
+        for (origin, sequence) in state.heldOnCommit { state.replica.holdAbove(sequence, of: origin) }
+        state.heldOnCommit = []
         state.replica.advance(to: cursor)
     }
+
+    /// The copy of what was printed (for tests: the file holds it once saved).
+    package var printedReplica: ChannelReplica { printed.withLock { $0.replica } }
 
     /// Saves what was printed (the end of the watch).
     package func saveNow() {
@@ -162,10 +195,10 @@ package final class WatchState: Sendable {
     }
 
     private func save(_ state: inout Printed) {
-        state.lastSave = .now
+        state.lastSave = milliseconds()
         state.dirty = false
         do {
-            try Data(state.replica.encoded()).write(to: URL(fileURLWithPath: path), options: .atomic)
+            try write(state.replica.encoded())
         } catch {
             FileHandle.standardError.write(Data("statesync: --state \(path): cannot save: \(error)\n".utf8))
         }
