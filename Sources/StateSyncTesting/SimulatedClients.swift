@@ -361,14 +361,14 @@ final class SimulatedWatcher {
         }
         for model in Set(live.models(holdingRecords: true) + printed.models(holdingRecords: true)).sorted() {
             let (held, copied) = (live.records(of: model), printed.records(of: model))
-            // The same values, and every deletion the watch holds decides in the copy too (which
-            // may hold more: deletions the watch collected since it took them, and a model's
-            // deletion per property as well as its own).
-            let unheld = held.filter { name, register in
-                register.isDeleted
-                    && max(copied[name]?.version ?? .zero, copied[""]?.version ?? .zero) < register.version
+            // The same values, and the same deletions deciding what a later write does: for each
+            // property, the newer of its own deletion and the model's (the copy records a model's
+            // deletion per property too while its lines print).
+            func floor(_ records: [String: ReplicaStore.Register], _ name: String) -> Version {
+                max(records[name].map { $0.isDeleted ? $0.version : .zero } ?? .zero, records[""]?.version ?? .zero)
             }
-            guard held.filter({ !$0.value.isDeleted }) != copied.filter({ !$0.value.isDeleted }) || !unheld.isEmpty
+            let deciding = Set(held.keys).union(copied.keys).contains { floor(held, $0) != floor(copied, $0) }
+            guard held.filter({ !$0.value.isDeleted }) != copied.filter({ !$0.value.isDeleted }) || deciding
             else { continue }
             violations.append(
                 "\(cluster.nodes[nodeIndex].id)'s state-file watcher at \(cursor): the file's copy of \(model) is \(copied), the watch's \(held)"

@@ -443,4 +443,47 @@ struct WatchStateFileTests {
         #expect(file.records(of: "m") == ["x": older])
         #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
     }
+
+    /// A `reset` given up (another snapshot begins before its end) ends there for the file too:
+    /// the file takes what the watch then held. Here the watch held model m deleted; the reset's
+    /// page drops that deletion (no line) and brings an older p (a line, which the deletion held
+    /// by the file would otherwise keep out), and a lagged snapshot replaces the reset.
+    @Test func aResetGivenUpLeavesTheFileAsTheWatch() throws {
+        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let path = directory + "/watch.state"
+        let state = try WatchState(path: path, channel: "c")
+        var session = WatchSession(replica: state.liveReplica)
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
+        }
+        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
+        func snapshot(
+            _ reason: ClientProtocol.SnapshotReason, _ records: [(String, ReplicaStore.Register)], end: UInt64?
+        )
+            throws
+        {
+            var digest = RegisterDigest()
+            for (name, register) in records { digest.add(channel: "c", model: "m", property: name, register: register) }
+            try deliver(.snapshotBegin(reason))
+            try deliver(.records([(model: "m", properties: records)]))
+            if let end {
+                try deliver(
+                    .snapshotEnd(records: records.count, digest: digest.value, cursor: WatchCursor(["n2": end])))
+            }
+        }
+        try snapshot(.initial, [("p", ReplicaStore.Register(value: .int(1), version: version(1_000)))], end: 1)
+        let deletion = Delta(
+            channel: "c", model: "m", version: version(1_500), sequence: 2, properties: [.modelDeletion])
+        try deliver(.delta(deletion, cursor: WatchCursor(["n2": 2])))
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 2]), latest: nil, missing: 0))
+        let older = ReplicaStore.Register(value: .int(9), version: version(1_200))
+        try snapshot(.reset, [("p", older)], end: nil)
+        try snapshot(.lagged, [("p", older)], end: 6)
+        try deliver(.caughtUp(cursor: WatchCursor(["n2": 6]), latest: nil, missing: 0))
+        let file = try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        #expect(file.records(of: "m") == ["p": older])
+        #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
+    }
 }

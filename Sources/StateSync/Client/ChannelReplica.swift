@@ -25,10 +25,12 @@ public final class ChannelReplica: Sendable {
         fileprivate var store: ReplicaStore
         package var cursor: WatchCursor
         fileprivate var above: [String: Set<UInt64>]
+        /// How many resets had ended (or were given up, ``WatchSession``) with this one.
+        package var number: Int
     }
 
-    /// Whether a reset's end keeps a ``ResetImage`` for ``takeResetImage(at:)``, and the last one
-    /// kept and not yet taken.
+    /// Whether a reset's end keeps a ``ResetImage`` for ``takeResetImage(number:)``, and the last
+    /// one kept and not yet taken.
     private let resetImages = Mutex<(keep: Bool, last: ResetImage?)>((false, nil))
 
     /// A record the replica took or dropped without a change to report: the deletion of a
@@ -345,6 +347,14 @@ public final class ChannelReplica: Sendable {
     package func record(_ silent: SilentRecord) {
         guard silent.removed else {
             _ = apply(model: silent.model, property: silent.property, register: silent.register)
+            // A model's deletion: the deletions of its properties it covers (a copy records a
+            // model's deletion per property as its lines are printed) say nothing more.
+            if silent.property.isEmpty, silent.register.isDeleted {
+                for (name, register) in records(of: silent.model)
+                where !name.isEmpty && register.isDeleted && register.version <= silent.register.version {
+                    removeRecord(of: silent.model, property: name)
+                }
+            }
             return
         }
         guard records(of: silent.model)[silent.property] == silent.register else { return }
@@ -386,6 +396,31 @@ public final class ChannelReplica: Sendable {
         return changes
     }
 
+    /// Drops the records `keys` names, whatever their versions (a `reset` snapshot's page drops
+    /// what it does not say the same); returns the changes for those that had a value, by model.
+    package func drop(_ keys: Set<ReplicaStore.RecordKey>) -> [PropertyChange] {
+        let keepSilent = keepsSilentRecords.load(ordering: .relaxed)
+        let byModel = Dictionary(grouping: keys, by: \.model)
+        var changes: [PropertyChange] = []
+        for model in byModel.keys.sorted() {
+            let names = Set(byModel[model, default: []].map(\.property))
+            let address = ModelAddress(channel: channel, model: model)
+            let (dropped, silent) = state.withLock { state -> ([PropertyChange], [(String, ReplicaStore.Register)]) in
+                let silent =
+                    keepSilent
+                    ? state.store.records(of: address).filter { names.contains($0.key) && $0.value.isDeleted }
+                        .map { ($0.key, $0.value) } : []
+                return (
+                    state.store.drop(address, through: .max, keeping: { name, _ in !names.contains(name) }).changes,
+                    silent
+                )
+            }
+            changes += dropped
+            if !silent.isEmpty { noteSilent(silent, model: model, above: nil, removed: true) }
+        }
+        return changes
+    }
+
     /// Drops the record of the change's property, whatever its version: what a removal no write
     /// made did to the replica that printed it (a `reset` snapshot's, ``WatchSession/resetRemoval(_:)``,
     /// version zero; a collected deletion's, with the horizon as version and no writer), recorded
@@ -409,7 +444,7 @@ public final class ChannelReplica: Sendable {
     }
 
     /// From now on, the end of every `reset` snapshot keeps what the replica then holds, until
-    /// ``takeResetImage(at:)`` takes it: for a copy of the replica that follows the printed
+    /// ``takeResetImage(number:)`` takes it: for a copy of the replica that follows the printed
     /// changes (`statesync watch --state`), which cannot tell from them what a reset dropped
     /// without a change to print (a deletion's record, a model's own deletion) or kept of its own
     /// over the node's older record.
@@ -417,22 +452,27 @@ public final class ChannelReplica: Sendable {
         resetImages.withLock { $0.keep = true }
     }
 
-    /// The end of a `reset` snapshot: counted for the silent records, and what the replica holds
-    /// kept, if asked to.
+    /// The end of a `reset` snapshot, or a reset given up (another snapshot began before its end):
+    /// counted for the silent records, and what the replica holds kept, if asked to.
     func keepResetImageIfAsked() {
-        silentRecords.withLock { $0.resets += 1 }
+        let number = silentRecords.withLock { silent in
+            silent.resets += 1
+            return silent.resets
+        }
         resetImages.withLock { images in
             guard images.keep else { return }
             // A copy on write: the store is copied once, when the replica next changes.
-            images.last = state.withLock { ResetImage(store: $0.store, cursor: $0.cursor, above: $0.above) }
+            images.last = state.withLock {
+                ResetImage(store: $0.store, cursor: $0.cursor, above: $0.above, number: number)
+            }
         }
     }
 
-    /// What the replica held at the end of the `reset` snapshot whose cursor was `cursor`; nil if
+    /// What the replica held at the end of its `number`th reset (or when it gave it up); nil if
     /// none was kept or a later reset's replaced it (whose end then gives its own).
-    package func takeResetImage(at cursor: WatchCursor) -> ResetImage? {
+    package func takeResetImage(number: Int) -> ResetImage? {
         resetImages.withLock { images in
-            guard let image = images.last, image.cursor == cursor else { return nil }
+            guard let image = images.last, image.number == number else { return nil }
             images.last = nil
             return image
         }
@@ -557,6 +597,8 @@ package struct WatchSession: Sendable {
             return expired.map { .change($0, kind: .live, cursor: before) }
                 + changes.map { .change($0, kind: .live, cursor: cursor) }
         case .snapshotBegin(let reason):
+            // A reset given up: what the replica holds now is what it holds, as at a reset's end.
+            if snapshotReason == .reset { replica.keepResetImageIfAsked() }
             snapshotReason = reason
             digest = RegisterDigest()
             received = []
@@ -583,7 +625,7 @@ package struct WatchSession: Sendable {
                     }
                 }
                 if !replaced.isEmpty {
-                    events += replica.drop(through: .max, keeping: { !replaced.contains($0) }).map {
+                    events += replica.drop(replaced).map {
                         .change(Self.resetRemoval($0), kind: kind, cursor: cursor)
                     }
                 }

@@ -10,14 +10,15 @@ import Synchronization
 /// that every line of the delta was printed. A watch resumed from the file is sent that delta
 /// again, and the replica skips the properties already printed. What a delta or a snapshot
 /// changed without a line (the deletion of a property or a model the watch never saw with a
-/// value, a deletion a snapshot dropped) is recorded with it, once every line before it is
-/// printed (``ChannelReplica/SilentRecord``), so that a resumed watch takes an older write that
+/// value, a deletion a snapshot dropped) is recorded when the cursor moves past it (the commit
+/// after its delta's lines, ``ChannelReplica/SilentRecord``), so that a resumed watch takes an older write that
 /// lost to it as the live one did, without a line. A delta the node sent above a gap does not
 /// move the cursor: once every line of it is printed, the file keeps its number as held above the
 /// cursor until the cursor covers it, and a resumed watch names it (PROTOCOL.md 10.5.8), so the
 /// file holds all of a delta it names or none. An expiry printed expires the value recorded (a
 /// resumed watch does not print it again). A `reset` snapshot replaces the file's cursor as it
-/// does the watch's, and its end replaces the copy with what the watch then held. The file is replaced atomically
+/// does the watch's, and its end (or the start of a snapshot that replaces it before its end)
+/// replaces the copy with what the watch then held. The file is replaced atomically
 /// (a new file renamed over it) at most every 200 ms while changes arrive, at the next marker
 /// after a change (markers come about once a second), and on SIGINT or SIGTERM; after a crash
 /// (kill -9) the lines printed since the last save (up to about a second) can print again, none
@@ -140,28 +141,38 @@ package final class WatchState: Sendable {
             case .initialStateComplete(_, let cursor), .resyncComplete(_, let cursor), .caughtUp(let cursor, _, _):
                 if state.pending != nil || cursor != state.replica.cursor { state.dirty = true }
                 commit(&state, through: cursor)
-                if state.resetting, case .resyncComplete = event {
-                    // Every line of the reset is printed: the printed copy holds what the live
-                    // one held at its end, including what the reset changed with no line to
-                    // print (a deletion's record dropped, or one of its own the watch held over
-                    // the node's older record). Without that image (a later reset replaced it,
-                    // and brings its own), the cursor at least is the node's.
-                    if let image = liveReplica.takeResetImage(at: cursor) {
-                        state.replica.replace(with: image)
-                    } else {
-                        state.replica.replaceCursor(with: cursor)
-                    }
-                    state.resetting = false
-                    state.resets += 1
-                }
+                if state.resetting, case .resyncComplete = event { endReset(&state, cursor: cursor) }
                 state.pending = nil
                 // Markers come about once a second: an idle watch does not rewrite its file.
                 if state.dirty { save(&state) }
             case .resyncStarted(let reason):
-                // A snapshot begun replaces one the node had not ended (PROTOCOL.md 10.5.8).
+                // Every line before the snapshot is printed.
+                if let pending = state.pending {
+                    commit(&state, through: pending)
+                    state.pending = nil
+                }
+                // A snapshot begun replaces one the node had not ended (PROTOCOL.md 10.5.8): a
+                // reset given up ends here.
+                if state.resetting { endReset(&state, cursor: nil) }
                 state.resetting = reason == .reset
             }
         }
+    }
+
+    /// Every line of a `reset` snapshot is printed (it ended at `cursor`, or was given up): the
+    /// printed copy holds what the live one held then, including what the reset changed with no
+    /// line to print (a deletion's record dropped, or one of its own the watch held over the
+    /// node's older record). Without that image (a later reset replaced it, and brings its own),
+    /// the cursor at least is the node's.
+    private func endReset(_ state: inout Printed, cursor: WatchCursor?) {
+        if let image = liveReplica.takeResetImage(number: state.resets + 1) {
+            state.replica.replace(with: image)
+            state.heldOnCommit = []
+        } else if let cursor {
+            state.replica.replaceCursor(with: cursor)
+        }
+        state.resetting = false
+        state.resets += 1
     }
 
     /// Every line of the delta before `cursor` was printed: the replica moves past it, with what
