@@ -232,6 +232,8 @@ final class SimulatedWatcher {
         self.watchState = state
         self.session = WatchSession(replica: state?.liveReplica ?? ChannelReplica(channel: channel), filter: filter)
         self.name = name
+        // A placeholder until every stored property is set: the client the watch uses takes
+        // callbacks on self.
         client = SimulatedCluster.Client(name: name, capacity: capacity)
         client = makeClient(name: name, capacity: capacity)
     }

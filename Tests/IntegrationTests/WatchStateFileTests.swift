@@ -21,22 +21,16 @@ struct WatchStateFileTests {
     /// removals, which carry no version, were recorded as writes that lost to the values they
     /// removed (the file kept writes the node no longer holds).
     @Test func aResetMovesTheFilesCursorBackAsTheWatchsOwn() throws {
-        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let path = directory + "/watch.state"
-        let state = try WatchState(path: path, channel: "c")
+        let watch = try WatchedFile()
+        let state = watch.state
         let printed = { (event: WatchEvent) in state.printing(event) {} }
 
-        func saved() throws -> ChannelReplica {
-            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
-        }
         let before = WatchCursor(["n2": 5])
         printed(.initialStateComplete(records: 0, cursor: WatchCursor(["n2": 0])))
         printed(.change(Self.change("a", 1, at: 1_000, by: "n2"), kind: .live, cursor: WatchCursor(["n2": 4])))
         printed(.change(Self.change("b", 2, at: 1_001, by: "n2"), kind: .live, cursor: before))
         printed(.caughtUp(cursor: before, latest: nil, nodeMissing: 0))
-        #expect(try saved().cursor["n2"] == 5)
+        #expect(try watch.saved().cursor["n2"] == 5)
 
         // The node lost n2's 4 and 5 (it holds 3, where a was 0 and b unset): its reset
         // snapshot (what differs removed first, with no version; then its records), its cursor.
@@ -48,16 +42,18 @@ struct WatchStateFileTests {
         }
         printed(.change(Self.change("a", 0, at: 900, by: "n2"), kind: .resync, cursor: before))
         printed(.resyncComplete(records: 1, cursor: WatchCursor(["n2": 3])))
-        #expect(try saved().cursor["n2"] == 3, "resumed, the watch is sent 4 and 5 again when the node has them back")
         #expect(
-            try saved().properties(of: "m").mapValues(\.value) == ["a": .int(0)], "the file holds what the node holds")
+            try watch.saved().cursor["n2"] == 3, "resumed, the watch is sent 4 and 5 again when the node has them back")
+        #expect(
+            try watch.saved().properties(of: "m").mapValues(\.value) == ["a": .int(0)],
+            "the file holds what the node holds")
 
         // A lagged snapshot's end moves the cursor only forwards, as every marker does.
         printed(.resyncStarted(.lagged))
         printed(.resyncComplete(records: 1, cursor: WatchCursor(["n2": 2])))
         printed(.caughtUp(cursor: WatchCursor(["n2": 2]), latest: nil, nodeMissing: 0))
         state.saveNow()
-        #expect(try saved().cursor["n2"] == 3)
+        #expect(try watch.saved().cursor["n2"] == 3)
     }
 
     /// What a `reset` changes without a line to print is in the file too: a deletion the watch
@@ -66,47 +62,24 @@ struct WatchStateFileTests {
     /// The file takes what the watch's replica held at the reset's end. Events pass through the
     /// `WatchSession` the client runs, on the file's live replica, as `statesync watch` does.
     @Test func aResetsSilentRemovalsLeaveTheFileToo() throws {
-        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let path = directory + "/watch.state"
-        let state = try WatchState(path: path, channel: "c")
-        var session = WatchSession(replica: state.liveReplica)
-        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
-            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
-        }
-        func snapshot(
-            _ reason: ClientProtocol.SnapshotReason, _ records: [(String, ReplicaStore.Register)], cursor: WatchCursor
-        ) throws {
-            var digest = RegisterDigest()
-            for (name, register) in records {
-                digest.add(channel: "c", model: "m", property: name, register: register)
-            }
-            try deliver(.snapshotBegin(reason))
-            try deliver(.records([(model: "m", properties: records)]))
-            try deliver(.snapshotEnd(records: records.count, digest: digest.value, cursor: cursor))
-        }
-        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
-        func saved() throws -> ChannelReplica {
-            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
-        }
-
+        let watch = try WatchedFile()
+        let state = watch.state
         let a = ReplicaStore.Register(value: .int(1), version: version(1_000))
-        try snapshot(.initial, [("a", a)], cursor: WatchCursor(["n2": 1]))
+        try watch.snapshot(.initial, [("a", a)], end: WatchCursor(["n2": 1]))
         // n2's 2 deletes a, its 3 deletes b (which never had a value here).
         for (sequence, property, at) in [(UInt64(2), "a", UInt64(1_100)), (3, "b", 1_200)] {
             let deletion = Delta(
                 channel: "c", model: "m", version: version(at), sequence: sequence,
                 properties: [.deletion(of: property)])
-            try deliver(.delta(deletion, cursor: WatchCursor(["n2": sequence])))
+            try watch.deliver(.delta(deletion, cursor: WatchCursor(["n2": sequence])))
         }
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 0))
-        #expect(try saved().records(of: "m")["a"]?.isDeleted == true)
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 0))
+        #expect(try watch.saved().records(of: "m")["a"]?.isDeleted == true)
 
         // The node lost n2's 2 and 3: it holds a = 1 again, and nothing of b.
-        try snapshot(.reset, [("a", a)], cursor: WatchCursor(["n2": 1]))
+        try watch.snapshot(.reset, [("a", a)], end: WatchCursor(["n2": 1]))
         state.saveNow()
-        let file = try saved()
+        let file = try watch.saved()
         #expect(file.cursor == WatchCursor(["n2": 1]))
         #expect(file.records(of: "m") == ["a": a], "the file holds what the node and the watch hold")
         #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
@@ -119,21 +92,8 @@ struct WatchStateFileTests {
     /// the file held only what was printed, and the resumed watch printed `b: 5` although the
     /// node (and the live watch) held `b` deleted.
     @Test func whatChangesWithoutALineIsInTheFileToo() throws {
-        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let path = directory + "/watch.state"
-        let state = try WatchState(path: path, channel: "c")
-        var session = WatchSession(replica: state.liveReplica)
-        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
-            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
-        }
-        func version(_ milliseconds: UInt64, _ node: String = "n2") -> Version {
-            Version(milliseconds: milliseconds, counter: 0, node: node)
-        }
-        func saved() throws -> ChannelReplica {
-            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
-        }
+        let watch = try WatchedFile()
+        let state = watch.state
         func delta(
             _ model: String, _ writes: [PropertyWrite], at milliseconds: UInt64, _ origin: String, _ sequence: UInt64
         )
@@ -147,22 +107,17 @@ struct WatchStateFileTests {
         // The initial snapshot: a = 1, and the record of x's deletion (x never had a value here).
         let a = ReplicaStore.Register(value: .int(1), version: version(1_000))
         let x = ReplicaStore.Register.tombstone(version(1_050))
-        var digest = RegisterDigest()
-        digest.add(channel: "c", model: "m", property: "a", register: a)
-        digest.add(channel: "c", model: "m", property: "x", register: x)
-        try deliver(.snapshotBegin(.initial))
-        try deliver(.records([(model: "m", properties: [("a", a), ("x", x)])]))
-        try deliver(.snapshotEnd(records: 2, digest: digest.value, cursor: WatchCursor(["n2": 1])))
+        try watch.snapshot(.initial, [("a", a), ("x", x)], end: WatchCursor(["n2": 1]))
         // n2's 2 deletes b of m and sets a (one line); its 3 deletes model z (never seen); its 5
         // (above a gap: 4 is missing) deletes y.
-        try deliver(
+        try watch.deliver(
             .delta(
                 delta("m", [.deletion(of: "b"), PropertyWrite(name: "a", value: .int(2))], at: 1_200, "n2", 2),
                 cursor: WatchCursor(["n2": 2])))
-        try deliver(.delta(delta("z", [.modelDeletion], at: 1_300, "n2", 3), cursor: WatchCursor(["n2": 3])))
-        try deliver(.delta(delta("m", [.deletion(of: "y")], at: 1_500, "n2", 5), cursor: WatchCursor(["n2": 3])))
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 1))
-        var file = try saved()
+        try watch.deliver(.delta(delta("z", [.modelDeletion], at: 1_300, "n2", 3), cursor: WatchCursor(["n2": 3])))
+        try watch.deliver(.delta(delta("m", [.deletion(of: "y")], at: 1_500, "n2", 5), cursor: WatchCursor(["n2": 3])))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 1))
+        var file = try watch.saved()
         #expect(file.cursor == WatchCursor(["n2": 3]))
         #expect(file.records(of: "m")["b"] == .tombstone(version(1_200)), "a deletion with no line, its delta covered")
         #expect(file.records(of: "m")["x"] == x, "a snapshot's record with no line")
@@ -171,19 +126,19 @@ struct WatchStateFileTests {
         #expect(file.heldAbove == ["n2": [5]], "and the file names 5: a watch resumed from it is not sent 5 again")
 
         // 4 fills the gap: the cursor covers 5 now.
-        try deliver(
+        try watch.deliver(
             .delta(
                 delta("m", [PropertyWrite(name: "c", value: .int(4))], at: 1_400, "n2", 4),
                 cursor: WatchCursor(["n2": 5])))
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 5]), latest: nil, missing: 0))
-        file = try saved()
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 5]), latest: nil, missing: 0))
+        file = try watch.saved()
         #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
         #expect(file.records(of: "z") == state.liveReplica.records(of: "z"))
 
         // Resumed from the file, older writes of n3 that lost to those deletions print nothing,
         // as they print nothing on the live watch.
         var resumed = WatchSession(replica: file)
-        var live = session
+        var live = watch.session
         for (sequence, model, property, at) in [
             (UInt64(1), "m", "b", UInt64(1_150)), (2, "m", "x", 1_040), (3, "z", "q", 1_250), (4, "m", "y", 1_450),
         ] {
@@ -202,17 +157,10 @@ struct WatchStateFileTests {
     /// whose cursors cover the reset's (it moved the cursor back). Printing lags the watch's
     /// replica, as in `statesync watch`: all the events are applied first, then printed.
     @Test func aSilentRecordAfterAResetIsRecordedAfterItsImage() throws {
-        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let path = directory + "/watch.state"
-        let state = try WatchState(path: path, channel: "c")
-        var session = WatchSession(replica: state.liveReplica)
+        let watch = try WatchedFile()
+        let state = watch.state
         var unprinted: [WatchEvent] = []
-        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
-            unprinted += try session.handle(event, from: "test")
-        }
-        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
+        func deliver(_ event: ClientProtocol.WatchEventBody) throws { unprinted += try watch.apply(event) }
         func delta(_ sequence: UInt64, _ write: PropertyWrite, at milliseconds: UInt64) -> ClientProtocol.WatchEventBody
         {
             .delta(
@@ -233,7 +181,7 @@ struct WatchStateFileTests {
         try deliver(.caughtUp(cursor: WatchCursor(["n2": 2]), latest: nil, missing: 0))
         for event in unprinted { state.printing(event) {} }
         state.saveNow()
-        let file = try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        let file = try watch.saved()
         #expect(file.cursor == WatchCursor(["n2": 2]))
         #expect(file.records(of: "m") == ["y": .tombstone(version(1_400))])
         #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
@@ -244,55 +192,30 @@ struct WatchStateFileTests {
     /// it again at its first caught-up marker. And a resync snapshot that deletes several models
     /// leaves all their deletions in the file, not only the last one's.
     @Test func expiriesAndSeveralModelsDeletedInOneSnapshotAreInTheFile() throws {
-        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let path = directory + "/watch.state"
-        let state = try WatchState(path: path, channel: "c")
-        var session = WatchSession(replica: state.liveReplica)
-        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
-            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
-        }
-        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
-        func saved() throws -> ChannelReplica {
-            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
-        }
-        func snapshot(
-            _ reason: ClientProtocol.SnapshotReason, _ models: [(String, [(String, ReplicaStore.Register)])],
-            cursor: UInt64
-        ) throws {
-            var digest = RegisterDigest()
-            for (model, records) in models {
-                for (name, register) in records {
-                    digest.add(channel: "c", model: model, property: name, register: register)
-                }
-            }
-            try deliver(.snapshotBegin(reason))
-            try deliver(.records(models.map { (model: $0.0, properties: $0.1) }))
-            try deliver(
-                .snapshotEnd(
-                    records: models.reduce(0) { $0 + $1.1.count }, digest: digest.value,
-                    cursor: WatchCursor(["n2": cursor])))
-        }
+        let watch = try WatchedFile()
+        let state = watch.state
 
         // a and b of models m and n, and t of m with a time to live of 100 ms.
         let value = { (milliseconds: UInt64) in ReplicaStore.Register(value: .int(1), version: version(milliseconds)) }
         let t = ReplicaStore.Register(value: .int(7), version: version(1_000), timeToLive: 100)
-        try snapshot(.initial, [("m", [("a", value(1_000)), ("t", t)]), ("n", [("b", value(1_000))])], cursor: 1)
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 1]), latest: nil, missing: 0, expiredThrough: 1_200))
-        #expect(try saved().records(of: "m")["t"]?.isDeleted == true, "t expired, and the file says so")
+        try watch.snapshot(
+            .initial, models: [("m", [("a", value(1_000)), ("t", t)]), ("n", [("b", value(1_000))])],
+            end: WatchCursor(["n2": 1]))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 1]), latest: nil, missing: 0, expiredThrough: 1_200))
+        #expect(try watch.saved().records(of: "m")["t"]?.isDeleted == true, "t expired, and the file says so")
 
         // Resumed from the file, the first marker expires nothing more: t's expiry was printed.
-        var resumed = WatchSession(replica: try saved())
+        var resumed = WatchSession(replica: try watch.saved())
         let again = try resumed.handle(
             .caughtUp(cursor: WatchCursor(["n2": 1]), latest: nil, missing: 0, expiredThrough: 1_300), from: "test")
         #expect(again.count == 1, "only the marker: \(again)")
 
         // The watch lagged: its resync snapshot has both models deleted at 1,500.
-        try snapshot(
-            .lagged, [("m", [("", .tombstone(version(1_500)))]), ("n", [("", .tombstone(version(1_500)))])], cursor: 5)
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 5]), latest: nil, missing: 0, expiredThrough: 1_300))
-        let file = try saved()
+        try watch.snapshot(
+            .lagged, models: [("m", [("", .tombstone(version(1_500)))]), ("n", [("", .tombstone(version(1_500)))])],
+            end: WatchCursor(["n2": 5]))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 5]), latest: nil, missing: 0, expiredThrough: 1_300))
+        let file = try watch.saved()
         #expect(file.records(of: "m")[""] == .tombstone(version(1_500)))
         #expect(file.records(of: "n")[""] == .tombstone(version(1_500)))
     }
@@ -314,31 +237,22 @@ struct WatchStateFileTests {
                 }
             },
             write: { bytes in saves.withLock { $0.append(bytes) } })
-        var session = WatchSession(replica: state.liveReplica)
-        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
-            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
-        }
-        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
+        let watch = try WatchedFile(state)
         let (a, b) = (
             ReplicaStore.Register(value: .int(1), version: version(1_000)),
             ReplicaStore.Register(value: .int(2), version: version(1_000))
         )
-        var digest = RegisterDigest()
-        digest.add(channel: "c", model: "m", property: "a", register: a)
-        digest.add(channel: "c", model: "m", property: "b", register: b)
-        try deliver(.snapshotBegin(.initial))
-        try deliver(.records([(model: "m", properties: [("a", a), ("b", b)])]))
-        try deliver(.snapshotEnd(records: 2, digest: digest.value, cursor: WatchCursor(["n2": 3])))
+        try watch.snapshot(.initial, [("a", a), ("b", b)], end: WatchCursor(["n2": 3]))
         // 5 (4 is missing) deletes model m: two lines, a and b deleted, and m's own deletion.
         let deletion = Delta(
             channel: "c", model: "m", version: version(1_500), sequence: 5, properties: [.modelDeletion])
-        let events = try session.handle(.delta(deletion, cursor: WatchCursor(["n2": 3])), from: "test")
+        let events = try watch.apply(.delta(deletion, cursor: WatchCursor(["n2": 3])))
         #expect(events.count == 2)
         state.printing(events[0]) {}
         let midway = try ChannelReplica(decoding: try #require(saves.withLock { $0.last }))
         #expect(midway.heldAbove.isEmpty, "saved with a line of 5 still to print: the file does not name 5")
         state.printing(events[1]) {}
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 1))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 1))
         let file = try ChannelReplica(decoding: try #require(saves.withLock { $0.last }))
         #expect(file.heldAbove == ["n2": [5]])
         #expect(file.records(of: "m")[""] == .tombstone(version(1_500)), "named, 5 is in the file whole")
@@ -349,61 +263,32 @@ struct WatchStateFileTests {
     /// (no reset image to take); a collected deletion drops a value written at the horizon
     /// itself (its removal carries the horizon as version, which would lose to that value).
     @Test func whatASnapshotDropsWithoutALineLeavesTheFile() throws {
-        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let path = directory + "/watch.state"
-        let state = try WatchState(path: path, channel: "c")
-        var session = WatchSession(replica: state.liveReplica)
-        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
-            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
-        }
-        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
-        func saved() throws -> ChannelReplica {
-            try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
-        }
-        func page(_ records: [(String, ReplicaStore.Register)]) -> ClientProtocol.WatchEventBody {
-            .records([(model: "m", properties: records)])
-        }
-        func digest(_ records: [(String, ReplicaStore.Register)]) -> RegisterDigest {
-            var digest = RegisterDigest()
-            for (name, register) in records { digest.add(channel: "c", model: "m", property: name, register: register) }
-            return digest
-        }
+        let watch = try WatchedFile()
+        let state = watch.state
         let x = ReplicaStore.Register.tombstone(version(1_200))
         let b = ReplicaStore.Register(value: .int(2), version: Version(timestamp: 5_000 << 16, node: "n2"))
-        try deliver(.snapshotBegin(.initial))
-        try deliver(page([("x", x), ("b", b)]))
-        try deliver(
-            .snapshotEnd(records: 2, digest: digest([("x", x), ("b", b)]).value, cursor: WatchCursor(["n2": 3])))
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 0))
-        #expect(try saved().records(of: "m")["x"] == x)
+        try watch.snapshot(.initial, [("x", x), ("b", b)], end: WatchCursor(["n2": 3]))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 3]), latest: nil, missing: 0))
+        #expect(try watch.saved().records(of: "m")["x"] == x)
 
         // A reset's page has b alone: the watch drops x's deletion (no line). The reset is
         // replaced by a lagged snapshot (b alone too), and then n3 writes x, older than that
         // deletion: the watch takes it (a line), and so must the file.
-        try deliver(.snapshotBegin(.reset))
-        try deliver(page([("b", b)]))
-        try deliver(.snapshotBegin(.lagged))
-        try deliver(page([("b", b)]))
-        try deliver(.snapshotEnd(records: 1, digest: digest([("b", b)]).value, cursor: WatchCursor(["n2": 6])))
+        try watch.snapshot(.reset, [("b", b)], end: nil)
+        try watch.snapshot(.lagged, [("b", b)], end: WatchCursor(["n2": 6]))
         let older = Delta(
             channel: "c", model: "m", version: Version(milliseconds: 1_100, counter: 0, node: "n3"), sequence: 1,
             properties: [PropertyWrite(name: "x", value: .int(9))])
-        try deliver(.delta(older, cursor: WatchCursor(["n2": 6, "n3": 1])))
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 6, "n3": 1]), latest: nil, missing: 0))
-        #expect(try saved().records(of: "m")["x"]?.value == .int(9))
+        try watch.deliver(.delta(older, cursor: WatchCursor(["n2": 6, "n3": 1])))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 6, "n3": 1]), latest: nil, missing: 0))
+        #expect(try watch.saved().records(of: "m")["x"]?.value == .int(9))
         // A lagged snapshot whose end collects through b's own time: b goes (a line whose
         // version is the horizon, no writer's), from the file too.
         let x9 = try #require(state.liveReplica.records(of: "m")["x"])
-        try deliver(.snapshotBegin(.lagged))
-        try deliver(page([("x", x9)]))
-        try deliver(
-            .snapshotEnd(
-                records: 1, digest: digest([("x", x9)]).value, cursor: WatchCursor(["n2": 6, "n3": 1]),
-                collectedThrough: b.version.timestamp))
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 6, "n3": 1]), latest: nil, missing: 0))
-        let file = try saved()
+        try watch.snapshot(
+            .lagged, [("x", x9)], end: WatchCursor(["n2": 6, "n3": 1]), collectedThrough: b.version.timestamp)
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 6, "n3": 1]), latest: nil, missing: 0))
+        let file = try watch.saved()
         #expect(file.records(of: "m") == ["x": x9], "x as the node holds it, b collected")
         #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
     }
@@ -413,33 +298,15 @@ struct WatchStateFileTests {
     /// watch held (merged, it would lose to it), also when the reset is then replaced by a
     /// `lagged` snapshot and its image never comes.
     @Test func aResetsLineReplacesWhatTheFileHolds() throws {
-        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let path = directory + "/watch.state"
-        let state = try WatchState(path: path, channel: "c")
-        var session = WatchSession(replica: state.liveReplica)
-        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
-            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
-        }
-        func snapshot(_ reason: ClientProtocol.SnapshotReason, _ records: [(String, ReplicaStore.Register)], end: Bool)
-            throws
-        {
-            var digest = RegisterDigest()
-            for (name, register) in records { digest.add(channel: "c", model: "m", property: name, register: register) }
-            try deliver(.snapshotBegin(reason))
-            try deliver(.records([(model: "m", properties: records)]))
-            if end {
-                try deliver(.snapshotEnd(records: records.count, digest: digest.value, cursor: WatchCursor(["n2": 6])))
-            }
-        }
+        let watch = try WatchedFile()
+        let state = watch.state
         let deletion = ReplicaStore.Register.tombstone(Version(milliseconds: 1_200, counter: 0, node: "n2"))
         let older = ReplicaStore.Register(value: .int(9), version: Version(milliseconds: 1_100, counter: 0, node: "n2"))
-        try snapshot(.initial, [("x", deletion)], end: true)
-        try snapshot(.reset, [("x", older)], end: false)
-        try snapshot(.lagged, [("x", older)], end: true)
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 6]), latest: nil, missing: 0))
-        let file = try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        try watch.snapshot(.initial, [("x", deletion)], end: WatchCursor(["n2": 6]))
+        try watch.snapshot(.reset, [("x", older)], end: nil)
+        try watch.snapshot(.lagged, [("x", older)], end: WatchCursor(["n2": 6]))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 6]), latest: nil, missing: 0))
+        let file = try watch.saved()
         #expect(file.records(of: "m") == ["x": older])
         #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
     }
@@ -449,41 +316,99 @@ struct WatchStateFileTests {
     /// page drops that deletion (no line) and brings an older p (a line, which the deletion held
     /// by the file would otherwise keep out), and a lagged snapshot replaces the reset.
     @Test func aResetGivenUpLeavesTheFileAsTheWatch() throws {
-        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        defer { try? FileManager.default.removeItem(atPath: directory) }
-        let path = directory + "/watch.state"
-        let state = try WatchState(path: path, channel: "c")
-        var session = WatchSession(replica: state.liveReplica)
-        func deliver(_ event: ClientProtocol.WatchEventBody) throws {
-            for printed in try session.handle(event, from: "test") { state.printing(printed) {} }
-        }
-        func version(_ milliseconds: UInt64) -> Version { Version(milliseconds: milliseconds, counter: 0, node: "n2") }
-        func snapshot(
-            _ reason: ClientProtocol.SnapshotReason, _ records: [(String, ReplicaStore.Register)], end: UInt64?
-        )
-            throws
-        {
-            var digest = RegisterDigest()
-            for (name, register) in records { digest.add(channel: "c", model: "m", property: name, register: register) }
-            try deliver(.snapshotBegin(reason))
-            try deliver(.records([(model: "m", properties: records)]))
-            if let end {
-                try deliver(
-                    .snapshotEnd(records: records.count, digest: digest.value, cursor: WatchCursor(["n2": end])))
-            }
-        }
-        try snapshot(.initial, [("p", ReplicaStore.Register(value: .int(1), version: version(1_000)))], end: 1)
+        let watch = try WatchedFile()
+        let state = watch.state
+        try watch.snapshot(
+            .initial, [("p", ReplicaStore.Register(value: .int(1), version: version(1_000)))],
+            end: WatchCursor(["n2": 1]))
         let deletion = Delta(
             channel: "c", model: "m", version: version(1_500), sequence: 2, properties: [.modelDeletion])
-        try deliver(.delta(deletion, cursor: WatchCursor(["n2": 2])))
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 2]), latest: nil, missing: 0))
+        try watch.deliver(.delta(deletion, cursor: WatchCursor(["n2": 2])))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 2]), latest: nil, missing: 0))
         let older = ReplicaStore.Register(value: .int(9), version: version(1_200))
-        try snapshot(.reset, [("p", older)], end: nil)
-        try snapshot(.lagged, [("p", older)], end: 6)
-        try deliver(.caughtUp(cursor: WatchCursor(["n2": 6]), latest: nil, missing: 0))
-        let file = try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: path))))
+        try watch.snapshot(.reset, [("p", older)], end: nil)
+        try watch.snapshot(.lagged, [("p", older)], end: WatchCursor(["n2": 6]))
+        try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 6]), latest: nil, missing: 0))
+        let file = try watch.saved()
         #expect(file.records(of: "m") == ["p": older])
         #expect(file.records(of: "m") == state.liveReplica.records(of: "m"))
+    }
+}
+
+/// A watch's version of `node` (n2 unless said) at `milliseconds`.
+private func version(_ milliseconds: UInt64, _ node: String = "n2") -> Version {
+    Version(milliseconds: milliseconds, counter: 0, node: node)
+}
+
+/// `statesync watch --state FILE` in a test: the file in a directory of its own (removed at the
+/// end), and the watch's session, on the file's live replica as the client's, whose events are
+/// printed as they come (``deliver(_:)``) or later (``apply(_:)``).
+private final class WatchedFile {
+    let directory: String?
+    let state: WatchState
+    var session: WatchSession
+
+    /// A new file of channel `c`.
+    init() throws {
+        let directory = NSTemporaryDirectory() + "statesync-watch-state-\(UUID().uuidString.prefix(8))"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        self.directory = directory
+        state = try WatchState(path: directory + "/watch.state", channel: "c")
+        session = WatchSession(replica: state.liveReplica)
+    }
+
+    /// A watch on `state`, kept where it says.
+    init(_ state: WatchState) throws {
+        directory = nil
+        self.state = state
+        session = WatchSession(replica: state.liveReplica)
+    }
+
+    deinit {
+        if let directory { try? FileManager.default.removeItem(atPath: directory) }
+    }
+
+    /// Applies `event` to the watch's replica and prints what it means.
+    func deliver(_ event: ClientProtocol.WatchEventBody) throws {
+        for printed in try apply(event) { state.printing(printed) {} }
+    }
+
+    /// Applies `event` to the watch's replica; returns what it means, not printed.
+    func apply(_ event: ClientProtocol.WatchEventBody) throws -> [WatchEvent] {
+        try session.handle(event, from: "test")
+    }
+
+    /// Delivers a snapshot of model `m`'s `records` (see ``snapshot(_:models:end:collectedThrough:)``).
+    func snapshot(
+        _ reason: ClientProtocol.SnapshotReason, _ records: [(String, ReplicaStore.Register)], end: WatchCursor?,
+        collectedThrough: UInt64 = 0
+    ) throws {
+        try snapshot(reason, models: [("m", records)], end: end, collectedThrough: collectedThrough)
+    }
+
+    /// Delivers a snapshot of `models`: its start, one page, and its end at `end`, with its count
+    /// and digest (nil: the snapshot is left without an end).
+    func snapshot(
+        _ reason: ClientProtocol.SnapshotReason, models: [(String, [(String, ReplicaStore.Register)])],
+        end: WatchCursor?, collectedThrough: UInt64 = 0
+    ) throws {
+        var digest = RegisterDigest()
+        for (model, records) in models {
+            for (name, register) in records {
+                digest.add(channel: "c", model: model, property: name, register: register)
+            }
+        }
+        try deliver(.snapshotBegin(reason))
+        try deliver(.records(models.map { (model: $0.0, properties: $0.1) }))
+        guard let end else { return }
+        try deliver(
+            .snapshotEnd(
+                records: models.reduce(0) { $0 + $1.1.count }, digest: digest.value, cursor: end,
+                collectedThrough: collectedThrough))
+    }
+
+    /// The file, read back.
+    func saved() throws -> ChannelReplica {
+        try ChannelReplica(decoding: Array(try Data(contentsOf: URL(fileURLWithPath: state.path))))
     }
 }

@@ -208,7 +208,7 @@ public final class ChannelReplica: Sendable {
 
     /// From now on, what the replica takes without a change to report (the deletion of a
     /// property or a model it held no value of, from a delta or a snapshot) is kept, until
-    /// ``takeSilentRecords(coveredBy:)`` takes it: for a copy of the replica that follows the
+    /// ``takeSilentRecords(coveredBy:resets:)`` takes it: for a copy of the replica that follows the
     /// printed changes (`statesync watch --state`), which would otherwise lack those records,
     /// and, resumed from that copy, take an older write that lost to one of them for a change.
     package func keepSilentRecords() {
