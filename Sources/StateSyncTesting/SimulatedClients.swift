@@ -150,8 +150,9 @@ final class SimulatedWriter {
 /// With a state file, it is `statesync watch --state FILE`: every change it is told of is
 /// "printed" through a ``WatchState``, which keeps the file (here in memory), and
 /// ``restartFromStateFile(in:)`` stops it as a crash would (nothing saved) and starts it again
-/// from the file. Each run must continue from what the file held (the first change of each
-/// property has the file's value as its old), and the file must end as the nodes' state.
+/// from the file; half the times a `reset` snapshot is being printed, it is saved and crashes
+/// there. Each run must continue from what the file held (the first change of each property has
+/// the file's value as its old), and the file must end as the nodes' state.
 final class SimulatedWatcher {
     /// The state file's bytes and the clock its saves are timed by: the simulated one.
     final class StateFile: Sendable {
@@ -346,6 +347,13 @@ final class SimulatedWatcher {
         stateFile.now.store(cluster.now, ordering: .relaxed)
         for meaning in unprinted { watchState.printing(meaning) {} }
         defer { unprinted = [] }
+        // Half the time a reset is being printed, the file is saved (as every 200 ms) and the
+        // watch crashes there: resumed from part of a reset, it must still end as the nodes.
+        if resetBeingPrinted(), printLag.chance(0.5) {
+            watchState.saveNow()
+            cluster.schedule(at: cluster.now) { [weak self] cluster in self?.restartFromStateFile(in: cluster) }
+            return
+        }
         guard case .caughtUp(let cursor, _, _) = unprinted.last, watchState.liveReplica.cursor == cursor else { return }
         let live = watchState.liveReplica
         let printed = watchState.printedReplica
@@ -376,6 +384,19 @@ final class SimulatedWatcher {
                 "\(cluster.nodes[nodeIndex].id)'s state-file watcher at \(cursor): the file's copy of \(model) is \(copied), the watch's \(held)"
             )
         }
+    }
+
+    /// Whether the events about to be printed start a `reset` snapshot and do not end it.
+    private func resetBeingPrinted() -> Bool {
+        var resetting = false
+        for meaning in unprinted {
+            switch meaning {
+            case .resyncStarted(let reason): resetting = reason == .reset
+            case .resyncComplete: resetting = false
+            default: continue
+            }
+        }
+        return resetting
     }
 
     /// The first change of a property in a run from the state file continues from what the file
