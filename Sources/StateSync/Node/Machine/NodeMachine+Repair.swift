@@ -118,6 +118,14 @@ extension NodeMachine {
         }
     }
 
+    /// A link that let a request go unanswered is made again: libzmq drops a connection for
+    /// good after some input (a reply over 64 MiB), and would keep queueing requests on it.
+    mutating func remakeRepairLink(ofUnanswering peer: String) {
+        guard let endpoint = repair.links[peer] else { return }
+        counters.repairLinkResets += 1
+        actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
+    }
+
     /// A peer heard in a new incarnation (it restarted): its repair link is replaced, and the
     /// requests in flight on the old one are forgotten — the peer is not marked exhausted — and
     /// go again on the new one at once (section 11.3, step 1). The old connection may be
@@ -129,14 +137,6 @@ extension NodeMachine {
     /// A streamed snapshot from it is given up: its new run serves later pages from a fresh
     /// list, with the progress of now, not of the first page (after a power loss under
     /// `interval` it may hold less than that page said), so the snapshot starts over.
-    /// A link that let a request go unanswered is made again: libzmq drops a connection for
-    /// good after some input (a reply over 64 MiB), and would keep queueing requests on it.
-    mutating func remakeRepairLink(ofUnanswering peer: String) {
-        guard let endpoint = repair.links[peer] else { return }
-        counters.repairLinkResets += 1
-        actions.append(.connectRepairLink(peer: peer, endpoint: endpoint))
-    }
-
     mutating func replaceRepairLink(ofRestarted peer: String) {
         guard let old = repair.links[peer] else { return }
         // Where its new run serves (a restart may move its API; a link to the old address would
