@@ -675,10 +675,9 @@ extension StateSyncCLI {
         }
 
         static func human(_ change: PropertyChange, kind: WatchEvent.Kind) -> String {
-            let name = change.watchKindName(kind)
             let new = change.isRemoval ? "(\(change.kind.rawValue))" : change.new.jsonText()
-            // (A live deletion or expiry says so once, as its new value.)
-            let tag = name == "live" || "(\(name))" == new ? "" : " (\(name))"
+            // A live change has no tag: a live deletion or expiry says so once, as its new value.
+            let tag = kind == .live ? "" : " (\(change.watchKindName(kind)))"
             // A whole model's deletion that a watch resumed from a cursor alone cannot name the
             // properties of (it never saw them): one line for the model.
             let property = change.property.isEmpty && change.byModelDeletion ? "(the whole model)" : change.property
