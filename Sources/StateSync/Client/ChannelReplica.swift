@@ -99,11 +99,8 @@ public final class ChannelReplica: Sendable {
         }
     }
 
-    /// The ids of the models that hold any record (deletions too), or, by default, a property
-    /// with a value.
-    package func models(holdingRecords: Bool) -> [String] {
-        holdingRecords ? state.withLock { $0.store.models(in: channel) } : models
-    }
+    /// The ids of the models that hold any record, deletions too (``models``: a value).
+    package var modelsHoldingRecords: [String] { state.withLock { $0.store.models(in: channel) } }
 
     /// A model's properties that have a value, as held.
     public func properties(of model: String) -> [String: ReplicaStore.Register] {
@@ -326,7 +323,7 @@ public final class ChannelReplica: Sendable {
             state.withLock({
                 $0.store.expireValue(
                     of: ModelAddress(channel: channel, model: change.model), property: change.property,
-                    writtenAt: written)
+                    writtenAt: written) != nil
             })
         {
             return

@@ -856,33 +856,27 @@ public struct ReplicaStore: Sendable {
         while let entry = expiries.popDue(through: expiredThrough) {
             // (An entry names the register its write made: one replaced since is not expired.)
             let address = ModelAddress(channel: entry.channel, model: entry.model)
-            var context = MergeContext(channel: entry.channel, model: entry.model, store: self)
-            modify(address, &context) { model, context in
-                guard let register = model.registers[entry.property], register.version == entry.version,
-                    !register.isDeleted
-                else { return }
-                let liveBefore = model.live
-                model.registers[entry.property] = register.expired
-                model.live -= 1
-                context.account(entry.property, old: register, new: register.expired)
-                context.noteLiveness(before: liveBefore, after: model.live)
-                var change = PropertyChange(
-                    channel: entry.channel, model: entry.model, property: entry.property, old: register.value,
-                    new: .null, version: register.expiryVersion!, kind: .expired)
-                change.writtenVersion = register.version
-                changes.append((change, register.version))
+            guard let register = expireValue(of: address, property: entry.property, writtenAt: entry.version) else {
+                continue
             }
-            finish(context, newest: .zero)
+            var change = PropertyChange(
+                channel: entry.channel, model: entry.model, property: entry.property, old: register.value,
+                new: .null, version: register.expiryVersion!, kind: .expired)
+            change.writtenVersion = register.version
+            changes.append((change, register.version))
         }
         return changes
     }
 
-    /// Expires the value `property` of `address` holds if it was written at `written`, as
-    /// ``expire(through:)`` does when its time comes: for a copy that follows the expiries another
-    /// replica reported (`statesync watch --state`), whose clock of expiry is that replica's.
-    /// Returns whether it held that value.
-    package mutating func expireValue(of address: ModelAddress, property: String, writtenAt written: Version) -> Bool {
-        var expired = false
+    /// Expires the value `property` of `address` holds if it was written at `written` (one
+    /// replaced since is not expired): ``expire(through:)`` when its time comes, and a copy that
+    /// follows the expiries another replica reported (`statesync watch --state`), whose clock of
+    /// expiry is that replica's. Returns the value's register as it was, if it held it.
+    @discardableResult
+    package mutating func expireValue(of address: ModelAddress, property: String, writtenAt written: Version)
+        -> Register?
+    {
+        var expired: Register?
         var context = MergeContext(channel: address.channel, model: address.model, store: self)
         modify(address, &context) { model, context in
             guard let register = model.registers[property], register.version == written, !register.isDeleted,
@@ -893,7 +887,7 @@ public struct ReplicaStore: Sendable {
             model.live -= 1
             context.account(property, old: register, new: register.expired)
             context.noteLiveness(before: liveBefore, after: model.live)
-            expired = true
+            expired = register
         }
         finish(context, newest: .zero)
         return expired
