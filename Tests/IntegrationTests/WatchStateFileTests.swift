@@ -11,7 +11,7 @@ struct WatchStateFileTests {
     static func change(_ property: String, _ value: Int64, at milliseconds: UInt64, by node: String) -> PropertyChange {
         PropertyChange(
             channel: "c", model: "m", property: property, old: nil, new: .int(value),
-            version: Version(milliseconds: milliseconds, counter: 0, node: node))
+            version: version(milliseconds, node))
     }
 
     /// A `reset` snapshot replaces what the watch holds with the node's state, and moves its
@@ -277,7 +277,7 @@ struct WatchStateFileTests {
         try watch.snapshot(.reset, [("b", b)], end: nil)
         try watch.snapshot(.lagged, [("b", b)], end: WatchCursor(["n2": 6]))
         let older = Delta(
-            channel: "c", model: "m", version: Version(milliseconds: 1_100, counter: 0, node: "n3"), sequence: 1,
+            channel: "c", model: "m", version: version(1_100, "n3"), sequence: 1,
             properties: [PropertyWrite(name: "x", value: .int(9))])
         try watch.deliver(.delta(older, cursor: WatchCursor(["n2": 6, "n3": 1])))
         try watch.deliver(.caughtUp(cursor: WatchCursor(["n2": 6, "n3": 1]), latest: nil, missing: 0))
@@ -300,8 +300,8 @@ struct WatchStateFileTests {
     @Test func aResetsLineReplacesWhatTheFileHolds() throws {
         let watch = try WatchedFile()
         let state = watch.state
-        let deletion = ReplicaStore.Register.tombstone(Version(milliseconds: 1_200, counter: 0, node: "n2"))
-        let older = ReplicaStore.Register(value: .int(9), version: Version(milliseconds: 1_100, counter: 0, node: "n2"))
+        let deletion = ReplicaStore.Register.tombstone(version(1_200))
+        let older = ReplicaStore.Register(value: .int(9), version: version(1_100))
         try watch.snapshot(.initial, [("x", deletion)], end: WatchCursor(["n2": 6]))
         try watch.snapshot(.reset, [("x", older)], end: nil)
         try watch.snapshot(.lagged, [("x", older)], end: WatchCursor(["n2": 6]))
