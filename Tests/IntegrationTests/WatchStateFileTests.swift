@@ -193,7 +193,6 @@ struct WatchStateFileTests {
     /// leaves all their deletions in the file, not only the last one's.
     @Test func expiriesAndSeveralModelsDeletedInOneSnapshotAreInTheFile() throws {
         let watch = try WatchedFile()
-        let state = watch.state
 
         // a and b of models m and n, and t of m with a time to live of 100 ms.
         let value = { (milliseconds: UInt64) in ReplicaStore.Register(value: .int(1), version: version(milliseconds)) }
