@@ -24,6 +24,8 @@ public enum PeerMessage: Sendable, Equatable {
     public static let packedBatchTopicPrefix: UInt8 = UInt8(ascii: "P")
     /// The capability bit of a node that takes packed batches (HEARTBEAT `capabilities`).
     package static let packedBatchesCapability: UInt64 = 2
+    /// The HEARTBEAT octet that says a state digest follows (section 7.3).
+    static let stateDigestFollows: UInt8 = 1
     /// The fewest octets an entry of a packed batch takes, its length included (section 7.7).
     package static let packedEntryMinimumOctets = 18
     /// The largest entry a packed batch carries: with the count and the entry's length it stays
@@ -64,6 +66,11 @@ public enum PeerMessage: Sendable, Equatable {
         /// What the sender takes beyond version 1 (bits, section 7.3), carried only with a
         /// member list; `nil` when absent (a node older than capabilities, or no member list).
         package var capabilities: UInt64?
+        /// The sender's state digest (section 9.2), carried only with a member list and only when
+        /// the sender's state is exactly what its progress list says and was so at its previous
+        /// HEARTBEAT (section 11.4, "Anti-entropy"): a peer at the same progress compares it with
+        /// its own. `nil` when absent.
+        package var stateDigest: UInt64?
 
         /// A heartbeat with these fields.
         public init(
@@ -81,13 +88,15 @@ public enum PeerMessage: Sendable, Equatable {
         /// A heartbeat that carries the sender's member list.
         package init(
             node: String, latestSequence: UInt64, clock: UInt64, incarnation: UInt64, api: String,
-            progress: [String: UInt64], members: [Membership.Member]?, capabilities: UInt64? = nil
+            progress: [String: UInt64], members: [Membership.Member]?, capabilities: UInt64? = nil,
+            stateDigest: UInt64? = nil
         ) {
             self.init(
                 node: node, latestSequence: latestSequence, clock: clock, incarnation: incarnation, api: api,
                 progress: progress)
             self.members = members
             self.capabilities = members == nil ? nil : capabilities
+            self.stateDigest = members == nil ? nil : stateDigest
         }
     }
 
@@ -113,12 +122,17 @@ public enum PeerMessage: Sendable, Equatable {
                 body.varint(UInt64(members.count))
                 for member in members { Membership.write(member, to: &body) }
                 // Which start each entry is about, when any says (section 7.5), after the
-                // capabilities (0 when the sender takes nothing more: the same as none).
-                if members.contains(where: { $0.incarnation != nil }) {
+                // capabilities (0 when the sender takes nothing more: the same as none); then the
+                // state digest, after both (each field present when a later one is).
+                if beat.stateDigest != nil || members.contains(where: { $0.incarnation != nil }) {
                     body.varint(beat.capabilities ?? 0)
                     Membership.writeIncarnations(members, to: &body)
                 } else if let capabilities = beat.capabilities {
                     body.varint(capabilities)
+                }
+                if let digest = beat.stateDigest {
+                    body.byte(Self.stateDigestFollows)
+                    body.uint64(digest)
                 }
             }
             return [Self.heartbeatTopic, body.bytes]
@@ -468,14 +482,20 @@ public enum PeerMessage: Sendable, Equatable {
                 members = list
             }
             let capabilities = members != nil && !body.isAtEnd ? try body.varint("capabilities") : nil
+            var stateDigest: UInt64?
             if capabilities != nil, !body.isAtEnd, var list = members {
                 try Membership.readIncarnations(&body, into: &list)
                 members = list
+                // The state digest's presence octet: 01 a digest follows, 00 none; others are
+                // reserved (a later version's), and the rest of the body is passed over.
+                if !body.isAtEnd, try body.byte("state digest presence") == Self.stateDigestFollows {
+                    stateDigest = try body.uint64("state digest")
+                }
             }
             return .heartbeat(
                 Heartbeat(
                     node: node, latestSequence: sequence, clock: clock, incarnation: incarnation, api: api,
-                    progress: progress, members: members, capabilities: capabilities))
+                    progress: progress, members: members, capabilities: capabilities, stateDigest: stateDigest))
         }
         guard topic.first == deltaTopicPrefix else {
             throw .unsupported("topic 0x\(String(topic.first ?? 0, radix: 16))")

@@ -245,6 +245,57 @@ struct PeerMessageTests {
         #expect(try decoded(beat(nil, 1)) == beat(nil, nil))
     }
 
+    /// 7.3: the state digest travels after the incarnations section (written, with count 0 if
+    /// need be, to make room for it), only with a member list; a node of an earlier version
+    /// passes it over, and a reserved presence octet is passed over with the rest of the body.
+    @Test func theStateDigestTravelsAfterTheIncarnations() throws {
+        let member = Membership.Member(
+            id: "n2", publish: "tcp://127.0.0.1:7102", api: "", state: .alive,
+            version: Version(milliseconds: 5, counter: 0, node: "n2"))
+        func beat(_ members: [Membership.Member]?, _ digest: UInt64?, incarnation: UInt64? = nil)
+            -> PeerMessage.Heartbeat
+        {
+            var list = members
+            if let incarnation {
+                list = list?.map {
+                    var m = $0
+                    m.incarnation = incarnation
+                    return m
+                }
+            }
+            return PeerMessage.Heartbeat(
+                node: "n2", latestSequence: 4, clock: 7 << 16, incarnation: 9, api: "", progress: ["n1": 3],
+                members: list, capabilities: nil, stateDigest: digest)
+        }
+        func decoded(_ frames: [[UInt8]]) throws -> PeerMessage.Heartbeat? {
+            guard case .heartbeat(let decoded) = try PeerMessage.decode(frames) else { return nil }
+            return decoded
+        }
+        let digest: UInt64 = 0xFEED_FACE_CAFE_BEEF
+        #expect(try decoded(PeerMessage.heartbeat(beat([member], digest)).encode())?.stateDigest == digest)
+        let named = try decoded(PeerMessage.heartbeat(beat([member], digest, incarnation: 77)).encode())
+        #expect(named?.stateDigest == digest && named?.members?.first?.incarnation == 77)
+        #expect(try decoded(PeerMessage.heartbeat(beat([member], nil)).encode())?.stateDigest == nil)
+        #expect(beat(nil, digest).stateDigest == nil, "only with a member list")
+        // The body of a node without the digest is a prefix of the one with it.
+        let with = PeerMessage.heartbeat(beat([member], digest)).encode()
+        var without = with
+        without[1].removeLast(9)
+        let older = try decoded(without)
+        #expect(older?.stateDigest == nil && older?.members == [member] && older?.progress == ["n1": 3])
+        // Presence 00: none; a reserved octet: none, and what follows is passed over.
+        var none = without
+        none[1] += [0x00]
+        #expect(try decoded(none)?.stateDigest == nil)
+        var reserved = without
+        reserved[1] += [0x07, 1, 2, 3]
+        #expect(try decoded(reserved)?.stateDigest == nil)
+        // A digest cut short is malformed.
+        for cut in 1..<9 {
+            #expect(throws: WireError.self) { try PeerMessage.decode([with[0], Array(with[1].dropLast(cut))]) }
+        }
+    }
+
     @Test func heartbeatRoundTrips() throws {
         let beat = PeerMessage.heartbeat(.init(node: "n2", latestSequence: 42, clock: 7 << 16, incarnation: 99))
         #expect(try PeerMessage.decode(beat.encode()) == beat)
