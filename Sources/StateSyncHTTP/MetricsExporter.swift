@@ -120,6 +120,10 @@ public final class MetricsExporter: Sendable {
                 "Node ids this node hears two nodes run under (they number writes over each other's).",
                 Double(status.duplicateNodeIDs.count))
             gauge(
+                "statesync_diverged_peers",
+                "Peers whose state differs from this node's although both hold the same deltas of every origin (PROTOCOL.md 11.4).",
+                Double(status.divergedPeers.count))
+            gauge(
                 "statesync_disk_full", "1 while writes are refused because the disk is nearly full.",
                 status.diskFull ? 1 : 0)
             gauge(

@@ -802,6 +802,11 @@ extension StateSyncCLI {
                         "DUPLICATE: two nodes run under node id \(id) (publishing at \(endpoints.joined(separator: ", "))): they number writes over each other's, and writes may be lost; give one of them another node.id"
                     )
                 }
+                if !status.divergedPeers.isEmpty {
+                    emit(
+                        "DIVERGED:  this node's state differs from \(status.divergedPeers.joined(separator: ", "))'s although both hold the same deltas of every origin (docs/PROTOCOL.md 11.4); see both nodes' logs"
+                    )
+                }
                 if !status.refusedKeys.isEmpty {
                     emit(
                         "refused:   "

@@ -29,8 +29,9 @@ struct ClusterTests {
 
         /// Starts three daemons from the example configs on free loopback ports, each with the
         /// other two as peers and a 100 ms heartbeat, data in fresh directories named after
-        /// `label`; returns their API endpoints once each sees both peers connected.
-        func startThree(_ label: String) async throws -> [String] {
+        /// `label`; returns their API endpoints once each sees both peers connected. `extra`:
+        /// more environment for some of them, by index.
+        func startThree(_ label: String, extra: [Int: [String: String]] = [:]) async throws -> [String] {
             let ports = (0..<3).map { _ in (publish: freePort(), api: freePort()) }
             for i in 0..<3 {
                 let peers = ports.enumerated().filter { $0.offset != i }.map { "tcp://127.0.0.1:\($0.element.publish)" }
@@ -42,7 +43,7 @@ struct ClusterTests {
                         "STATESYNC_NETWORK_API": "tcp://127.0.0.1:\(ports[i].api)",
                         "STATESYNC_NETWORK_PEERS": peers.joined(separator: ","),
                         "STATESYNC_NETWORK_HEARTBEAT_MS": "100",
-                    ], name: "node\(i + 1)")
+                    ].merging(extra[i] ?? [:]) { $1 }, name: "node\(i + 1)")
             }
             let apis = ports.map { "tcp://127.0.0.1:\($0.api)" }
             for api in apis { try await ClusterTests.waitUntilReady(api, peers: 2) }
@@ -227,6 +228,37 @@ struct ClusterTests {
                 #expect(views[0].count == 2)
                 #expect(views[0] == views[1] && views[1] == views[2], "\(model) differs: \(views)")
             }
+        } catch {
+            Issue.record("\(error)\n\(daemons.logs())")
+        }
+        #expect(await daemons.stopAll() == [0, 0, 0])
+    }
+
+    /// PROTOCOL.md 11.4 between real daemons: node3 takes its peers' deltas without applying
+    /// them (the harness's drop-deltas fault, every one), so its progress is theirs and its
+    /// state is not. Their state digests, on the HEARTBEATs of nodes at rest, show it: node1 and
+    /// node2 report node3 diverged (and not each other), node3 reports both, and `statesync
+    /// status` says so.
+    @Test func aNodeWhoseStateDiffersAtEqualProgressIsReportedDiverged() async throws {
+        let daemons = Daemons()
+        do {
+            let apis = try await daemons.startThree(
+                "diverged", extra: [2: ["STATESYNC_TEST_DROP_REMOTE_DELTAS": "1"]])
+            let set = try await cli(["set", "demo/greeting", "text=\"hello\"", "--daemon", apis[0]])
+            #expect(set.status == 0, "\(set.stderr)")
+            let clients = try apis.map { try StateSyncClient(endpoint: $0) }
+            defer { for client in clients { client.close() } }
+            try await waitUntil("node1 and node2 report node3, node3 reports both") {
+                let diverged = try await clients.asyncMap { try await $0.status().divergedPeers }
+                return diverged == [["node3"], ["node3"], ["node1", "node2"]]
+            }
+            let node3 = try await clients[2].status()
+            #expect(node3.missingDeltas == 0 && node3.counters["digest_comparisons", default: 0] >= 3)
+            #expect(node3.stateDigest != (try await clients[0].status().stateDigest))
+            #expect((try await clients[0].status().counters["state_divergences"]) == 1)
+            let text = try await cli(["status", "--daemon", apis[0]])
+            #expect(text.stdout.contains("DIVERGED:  this node's state differs from node3's"), "\(text.stdout)")
+            #expect(daemons.logs().contains("state differs from a peer's at equal progress"))
         } catch {
             Issue.record("\(error)\n\(daemons.logs())")
         }

@@ -111,6 +111,11 @@ public struct NodeCounters: Sendable, Equatable {
     public var tombstonesCollected = 0
     /// Times this node dropped its state for a peer's snapshot, having been forgotten while away.
     public var resyncs = 0
+    /// Peers' state digests compared with this node's at equal progress (docs/PROTOCOL.md 11.4).
+    public var digestComparisons = 0
+    /// Times a peer's state was found to differ from this node's at equal progress, comparison
+    /// after comparison (docs/PROTOCOL.md 11.4): replicas that should be equal are not.
+    public var stateDivergences = 0
 
     /// All counters at zero.
     public init() {}
@@ -145,6 +150,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("encoding_failures", encodingFailures), ("observer_backpressure_pauses", observerBackpressurePauses),
             ("observer_backpressure_ms", observerBackpressureMilliseconds), ("values_expired", valuesExpired),
             ("tombstones_collected", tombstonesCollected), ("resyncs", resyncs),
+            ("digest_comparisons", digestComparisons), ("state_divergences", stateDivergences),
         ]
     }
 }

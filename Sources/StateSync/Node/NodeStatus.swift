@@ -76,6 +76,9 @@ public struct NodeStatus: Sendable, Equatable {
     /// incarnations), with the publish endpoints heard: they number their writes over each
     /// other's (docs/PROTOCOL.md 7.5, "Two nodes under one id"). Empty when there are none.
     public var duplicateNodeIDs: [String: [String]] = [:]
+    /// Peers (node ids) whose state differs from this node's although both hold the same deltas
+    /// of every origin, comparison after comparison (docs/PROTOCOL.md 11.4). Empty when none does.
+    public var divergedPeers: [String] = []
 
     /// One member of the cluster, as this node sees it.
     public struct Member: Sendable, Equatable {
@@ -218,6 +221,7 @@ public struct NodeStatus: Sendable, Equatable {
         map["collected_through"] = .string("\(collectedThrough >> 16).\(collectedThrough & 0xFFFF)")
         map["collection_held_by"] = collectionHeldBy.map(Value.string) ?? .null
         map["duplicate_node_ids"] = .map(duplicateNodeIDs.mapValues { .array($0.map(Value.string)) })
+        map["diverged_peers"] = .array(divergedPeers.map(Value.string))
         return .map(map)
     }
 
@@ -279,6 +283,9 @@ public struct NodeStatus: Sendable, Equatable {
             self.collectedThrough = version.timestamp  // (parsed as a version of a placeholder node)
         }
         self.collectionHeldBy = string("collection_held_by")
+        if case .array(let list)? = map["diverged_peers"] {
+            self.divergedPeers = list.compactMap { if case .string(let s) = $0 { s } else { nil } }
+        }
         if case .map(let duplicates)? = map["duplicate_node_ids"] {
             self.duplicateNodeIDs = duplicates.mapValues { endpoints in
                 guard case .array(let list) = endpoints else { return [] }

@@ -420,6 +420,8 @@ public struct ReplicaStore: Sendable {
         var tombstoneDelta = 0
         var expiries: [TimedQueue.Entry] = []
         var deletions: [TimedQueue.Entry] = []
+        /// The latest expiry of a value that is now held expired (``ReplicaStore/latestExpired``).
+        var latestExpired: UInt64 = 0
         let wrongTieBreak: Bool
         let ignoreDeletions: Bool
 
@@ -444,6 +446,7 @@ public struct ReplicaStore: Sendable {
             guard let new else { return }
             if new.isDeleted {
                 noteDeletion(property, at: new.version)
+                if let expiresAt = new.expiresAt, expiresAt > latestExpired { latestExpired = expiresAt }
                 return
             }
             if eagerDigest {
@@ -542,6 +545,7 @@ public struct ReplicaStore: Sendable {
     private mutating func finish(_ context: MergeContext, newest: Version) {
         for entry in context.expiries { expiries.push(entry) }
         for entry in context.deletions { tombstoneQueue.push(entry) }
+        if context.latestExpired > latestExpired { latestExpired = context.latestExpired }
         tombstones += context.tombstoneDelta
         if context.liveModelDelta != 0 {
             let count = liveModels[context.channel, default: 0] + context.liveModelDelta
@@ -895,6 +899,11 @@ public struct ReplicaStore: Sendable {
 
     /// When the next value expires (milliseconds since 1970), if one is waiting.
     public var nextExpiry: UInt64? { expiries.earliest }
+
+    /// The latest expiry (milliseconds since 1970) of a value this replica came to hold expired:
+    /// expired here, or merged so from a peer's snapshot (0: none). Another replica's clock
+    /// expires it a moment apart.
+    package private(set) var latestExpired: UInt64 = 0
 
     // MARK: - Collection
 

@@ -263,6 +263,7 @@ extension NodeMachine {
     /// that no remaining peer reports holding (its deltas already received stay).
     mutating func unlink(_ id: String, publishingAt publish: String, because state: Membership.State) {
         guard id != configuration.nodeID else { return }
+        forgetDigests(of: id, publishingAt: publish)
         // Its endpoint, and any other where it was heard or configured by id.
         let endpoints = peerEndpoints.filter { $0 == publish || linkedID(of: $0) == id }
         // A configured peer that left may come back (a forgotten one is gone for good).

@@ -455,6 +455,7 @@ extension NodeMachine {
                 return
             }
             let channels = merge(decoded)
+            noteSnapshotMerged(from: peer)
             repair.mergedSnapshot = true
             logger.info(
                 "merged a peer's snapshot",
@@ -769,6 +770,7 @@ extension NodeMachine {
         }
         repair.stream = nil
         coverSnapshotProgress(stream.progress ?? [:])
+        noteSnapshotMerged(from: stream.peer)
         // What the peer lacked at or below its horizon, this node lacks too now (it may hold
         // more: its own writes, a writer the peer did not count, what came after each page).
         if let horizon = stream.horizon { store.markCollected(through: horizon) }

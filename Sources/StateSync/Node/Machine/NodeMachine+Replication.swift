@@ -263,6 +263,7 @@ extension NodeMachine {
             if refusal != nil { return }
             peers[endpoint]?.listHeard = true
         }
+        compareDigest(of: beat, from: endpoint)
         tellIfUnknown(endpoint)
         if let own = beat.progress[configuration.nodeID], own < UInt64.max {
             // A peer holds more of this id's deltas than this run numbered: deltas of an earlier
@@ -753,22 +754,16 @@ extension NodeMachine {
         return bits == 0 ? nil : bits
     }
 
-    /// This node's heartbeat (section 7.3), with its member list or without. Its own deltas count
-    /// as received once published: a
-    /// peer told of one still waiting for its fsync would see a gap that is not there, and with
-    /// a long queue ahead of it could even give up on it (FETCH too late for the history) and
-    /// take a snapshot instead.
-    func heartbeat(withMembers: Bool = true, floor: UInt64? = nil) -> PeerMessage {
-        var progress: [String: UInt64] = [:]
-        for (origin, state) in origins where state.contiguous > 0 {
-            progress[origin] = origin == configuration.nodeID ? min(state.contiguous, published) : state.contiguous
-        }
-        if progress[configuration.nodeID] == 0 { progress[configuration.nodeID] = nil }
-        return .heartbeat(
+    /// This node's heartbeat (section 7.3), with its member list or without, and with the state
+    /// digest when given (section 11.4): its progress is ``heartbeatProgress`` unless given.
+    func heartbeat(
+        withMembers: Bool = true, floor: UInt64? = nil, progress: [String: UInt64]? = nil, stateDigest: UInt64? = nil
+    ) -> PeerMessage {
+        .heartbeat(
             PeerMessage.Heartbeat(
                 node: configuration.nodeID, latestSequence: published, clock: floor ?? ownFloor,
-                incarnation: incarnation, api: boundRepair, progress: progress,
+                incarnation: incarnation, api: boundRepair, progress: progress ?? heartbeatProgress,
                 members: withMembers ? membership.sorted : nil,
-                capabilities: ownCapabilities))
+                capabilities: ownCapabilities, stateDigest: stateDigest))
     }
 }

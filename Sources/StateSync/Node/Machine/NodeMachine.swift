@@ -170,6 +170,8 @@ package struct NodeMachine: Sendable {
     var repairsDue = false
     /// When the store's digest last took in the models changed since (``foldDigestsWhenDue()``).
     var lastDigestFold: UInt64?
+    /// Digests compared with peers' (section 11.4).
+    var antiEntropy = AntiEntropy()
     var intakePaused = false
     var pausedSince: UInt64 = 0
     package internal(set) var stopping = false
@@ -491,7 +493,12 @@ package struct NodeMachine: Sendable {
                 || membership.members.count <= Self.membersOnEveryHeartbeatUpTo
             let floor = ownFloor
             saveMembersIfChanged()
-            actions.append(.publish(heartbeat(withMembers: withMembers, floor: floor).encode()))
+            let progress = heartbeatProgress
+            let digest = digestForHeartbeat(progress: progress, withMembers: withMembers)
+            actions.append(
+                .publish(
+                    heartbeat(withMembers: withMembers, floor: floor, progress: progress, stateDigest: digest).encode())
+            )
             heartbeatsSent += 1
             lastHeartbeat = now
             collectDeletions(ownFloor: floor)
@@ -736,6 +743,7 @@ package struct NodeMachine: Sendable {
         status.collectedThrough = store.collectedThrough
         status.collectionHeldBy = collection.heldBy
         status.duplicateNodeIDs = duplicateNodeIDs
+        status.divergedPeers = divergedPeers
         return status
     }
 
