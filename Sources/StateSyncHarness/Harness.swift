@@ -305,10 +305,17 @@ public enum Harness {
         // What each node used, before anything else runs on it.
         var resources: [String: ProcessResources] = [:]
         var peerMessages: [String: Int] = [:]
+        var antiEntropy = HarnessReport.AntiEntropy()
         for (index, node) in nodes.enumerated() {
             if let pid = node.pid, let used = ProcessResources.read(pid: pid) { resources[node.name] = used }
             if let status = try? await clients[index].status() {
                 peerMessages[node.name] = status.counters["peer_messages_received"] ?? 0
+                antiEntropy.comparisons += status.counters["digest_comparisons"] ?? 0
+                antiEntropy.divergences += status.counters["state_divergences"] ?? 0
+                if !status.divergedPeers.isEmpty {
+                    antiEntropy.divergedAtEnd.append(
+                        "\(node.name) differs from \(status.divergedPeers.joined(separator: ", "))")
+                }
             }
         }
 
@@ -376,6 +383,7 @@ public enum Harness {
         report.expiringWrites = acknowledged.filter { $0.timeToLive > 0 }.count
         report.resources = resources
         report.peerMessagesReceived = peerMessages
+        report.antiEntropy = antiEntropy
         report.timeline = runTimeline
         for node in nodes { report.exitStatuses[node.name] = node.stop() }
         for relay in relays.values { relay.stop() }

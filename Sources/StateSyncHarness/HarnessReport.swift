@@ -39,7 +39,19 @@ public struct HarnessReport: Sendable {
     /// Writes, acknowledgements and each node's lag over time (for ``html``).
     public var timeline: RunTimeline?
 
-    public var passed: Bool { converged && findings.passed && strangersRefused != false }
+    /// What the nodes' state digests said (PROTOCOL.md 11.4), as their last starts counted it.
+    public struct AntiEntropy: Sendable {
+        /// Peers' digests compared at equal progress, and divergences reported, over all nodes.
+        public var comparisons = 0
+        public var divergences = 0
+        /// The nodes that still reported a peer diverged at the end.
+        public var divergedAtEnd: [String] = []
+        /// No node found a divergence.
+        public var clean: Bool { divergences == 0 && divergedAtEnd.isEmpty }
+    }
+    public var antiEntropy = AntiEntropy()
+
+    public var passed: Bool { converged && findings.passed && strangersRefused != false && antiEntropy.clean }
 
     public var value: Value {
         var map: [String: Value] = [
@@ -75,6 +87,9 @@ public struct HarnessReport: Sendable {
                 ])
             })
         map["peer_messages_received"] = .map(peerMessagesReceived.mapValues { .int(Int64($0)) })
+        map["digest_comparisons"] = .int(Int64(antiEntropy.comparisons))
+        map["state_divergences"] = .int(Int64(antiEntropy.divergences))
+        map["diverged_at_end"] = .array(antiEntropy.divergedAtEnd.map(Value.string))
         map["work_dir"] = workDirectory.map(Value.string) ?? .null
         return .map(map)
     }
@@ -104,6 +119,12 @@ public struct HarnessReport: Sendable {
         lines.append(
             "  [\(mark(findings.chainViolations.isEmpty))] watchers' old/new chains unbroken, no duplicates (\(notifications) notifications, \(findings.chainViolations.count) violations)"
         )
+        lines.append(
+            "  [\(mark(antiEntropy.clean))] no node found its state differing from a peer's at equal progress (\(antiEntropy.comparisons) digests compared, \(antiEntropy.divergences) divergences)"
+        )
+        if !antiEntropy.divergedAtEnd.isEmpty {
+            lines.append("         at the end: \(antiEntropy.divergedAtEnd.joined(separator: "; "))")
+        }
         if let strangersRefused {
             lines.append(
                 "  [\(mark(strangersRefused))] security: every node refused a client with an unknown key and one without CURVE"

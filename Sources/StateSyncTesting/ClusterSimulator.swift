@@ -220,11 +220,16 @@ public struct SimulationReport: Sendable {
     /// Messages the nodes dropped as malformed, over all nodes (a forged or mangled message, or a
     /// channel batch reaching a node that does not take them, in a rolling upgrade).
     public var malformedMessages = 0
+    /// State digests compared at equal progress, and divergences found so (PROTOCOL.md 11.4),
+    /// over all nodes; and which nodes still reported one at the end.
+    public var digestComparisons = 0
+    public var stateDivergences = 0
+    public var divergedAtEnd: [String] = []
     /// Writes and each node's lag over simulated time (with ``SimulationOptions/recordTimeline``).
     public var timeline: RunTimeline?
 
     /// Whether every check passed.
-    public var passed: Bool { converged && findings.passed }
+    public var passed: Bool { converged && findings.passed && stateDivergences == 0 && divergedAtEnd.isEmpty }
 
     /// The report as a value (`--json`).
     public var value: Value {
@@ -256,6 +261,9 @@ public struct SimulationReport: Sendable {
             "channel_batches_published": .int(Int64(channelBatchesPublished)),
             "packed_batches_published": .int(Int64(packedBatchesPublished)),
             "malformed_messages": .int(Int64(malformedMessages)),
+            "digest_comparisons": .int(Int64(digestComparisons)),
+            "state_divergences": .int(Int64(stateDivergences)),
+            "diverged_at_end": .array(divergedAtEnd.map(Value.string)),
             "parameters": .map(parameters.mapValues(Value.string)),
             "faults": .array(
                 faults.map { fault in
@@ -341,6 +349,10 @@ public struct SimulationReport: Sendable {
         lines.append(
             "  [\(mark(findings.resetViolations.isEmpty))] every node forgotten while cut off dropped its state when it came back (\(forgottenNodeResets) resets seen, \(findings.resetViolations.count) violations)"
         )
+        lines.append(
+            "  [\(mark(stateDivergences == 0 && divergedAtEnd.isEmpty))] no node found its state differing from a peer's at equal progress (\(digestComparisons) digests compared, \(stateDivergences) divergences)"
+        )
+        if !divergedAtEnd.isEmpty { lines.append("         at the end: \(divergedAtEnd.joined(separator: "; "))") }
         for detail in details { lines.append("         \(detail)") }
         lines.append("trace digest: \(String(traceDigest, radix: 16))")
         lines.append(passed ? "PASSED" : "FAILED — replay: \(options.replayCommand)")
@@ -669,7 +681,12 @@ public enum ClusterSimulator {
             report.packedBatchesPublished += status.counters["packed_batches_published"] ?? 0
             report.malformedMessages += status.counters["malformed_messages"] ?? 0
             report.tombstonesHeld += status.tombstones
+            if !status.divergedPeers.isEmpty {
+                report.divergedAtEnd.append("\(node.id) differs from \(status.divergedPeers.joined(separator: ", "))")
+            }
         }
+        report.digestComparisons = cluster.nodes.reduce(0) { $0 + $1.digestComparisons }
+        report.stateDivergences = cluster.nodes.reduce(0) { $0 + $1.stateDivergences }
         sample(cluster, force: true)  // the last acknowledgements, whatever the sampling gate
         report.timeline = recorder?.timeline(
             healed: Int(healed), converged: convergedAt.map(Int.init), end: Int(cluster.now))

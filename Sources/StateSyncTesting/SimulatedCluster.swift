@@ -148,6 +148,16 @@ package final class SimulatedCluster {
         /// a restart's counters start at 0.
         package var resets: Int { resetsInEndedRuns + (host?.status.counters["resyncs"] ?? 0) }
         fileprivate var resetsInEndedRuns = 0
+        /// State digests it compared with its peers', and divergences it reported (PROTOCOL.md
+        /// 11.4), over all its runs.
+        package var digestComparisons: Int {
+            comparisonsInEndedRuns + (host?.status.counters["digest_comparisons"] ?? 0)
+        }
+        package var stateDivergences: Int {
+            divergencesInEndedRuns + (host?.status.counters["state_divergences"] ?? 0)
+        }
+        fileprivate var comparisonsInEndedRuns = 0
+        fileprivate var divergencesInEndedRuns = 0
         /// How far this node's wall clock is off, in milliseconds.
         package var clockSkew: Int64 { skew.milliseconds }
     }
@@ -544,7 +554,10 @@ package final class SimulatedCluster {
     {
         let node = nodes[index]
         guard let host = node.host else { return }
-        node.resetsInEndedRuns += host.status.counters["resyncs"] ?? 0
+        let counters = host.status.counters
+        node.resetsInEndedRuns += counters["resyncs"] ?? 0
+        node.comparisonsInEndedRuns += counters["digest_comparisons"] ?? 0
+        node.divergencesInEndedRuns += counters["state_divergences"] ?? 0
         node.host = nil
         node.generation += 1
         node.tickAt = nil
