@@ -7,12 +7,13 @@
 ///
 /// Only at rest: a node sends its digest on a HEARTBEAT with a member list when its state is
 /// exactly what its progress list says (no gap, all of its own writes published, no snapshot
-/// being merged, none merged since its server was last heard at rest) and its list is the one
-/// its previous HEARTBEAT sent; a node compares it when it is at rest in the same sense, its own
-/// list is the same, no value it holds expires, nor expired, within `clock.max_drift_ms` (and a
-/// heartbeat interval) of its clock (replicas expire a value by their own clocks, a moment
-/// apart), and no split writes of its own id are being mended. A node that writes or takes
-/// deltas all the time compares nothing, and folds nothing more than before.
+/// being merged, none merged since its server was last heard at rest, for 20 intervals at
+/// most) and its list is the one its previous HEARTBEAT sent; a node compares it when it is at
+/// rest in the same sense, its own list is the same, no value it holds expires, nor expired,
+/// within `clock.max_drift_ms` (and a heartbeat interval) of its clock (replicas expire a value
+/// by their own clocks, a moment apart), and no split writes of its own id are being mended. A
+/// node that writes or takes deltas all the time compares nothing, and folds nothing more than
+/// before.
 extension NodeMachine {
     /// What this node learned from comparing its digest with its peers'.
     struct AntiEntropy: Sendable {
@@ -20,15 +21,16 @@ extension NodeMachine {
         var lastProgress: [String: UInt64]?
         /// Per peer node id, while its digests differ from this node's (none once they agree).
         var peers: [String: PeerDigests] = [:]
-        /// The peer (publish endpoint) whose snapshot this node merged last, and when, until it is heard at rest or
-        /// ``NodeMachine/snapshotServerWait`` has passed: its pages hold everything it held, also
-        /// what it held above a gap of an origin, beyond the marks it gave; at rest it has no
-        /// gap, and its progress list tells this node of every number its state may hold.
+        /// The peer (publish endpoint) whose snapshot this node merged last, and when, until it
+        /// is heard at rest or ``NodeMachine/snapshotServerWait`` has passed: its pages hold
+        /// everything it held, also what it held above a gap of an origin, beyond the marks it
+        /// gave; at rest it has no gap, and its progress list tells this node of every number
+        /// its state may hold.
         var snapshotServer: (endpoint: String, mergedAt: UInt64)?
     }
 
     /// How a peer's digests compared with this node's, at equal progress, since they last agreed.
-    struct PeerDigests: Sendable, Equatable {
+    struct PeerDigests: Sendable {
         /// Comparisons in a row that differed.
         var mismatches = 0
         /// When the last one was made (one a heartbeat interval at most: a HEARTBEAT delivered
