@@ -67,9 +67,9 @@ public enum PeerMessage: Sendable, Equatable {
         /// member list; `nil` when absent (a node older than capabilities, or no member list).
         package var capabilities: UInt64?
         /// The sender's state digest (section 9.2), carried only with a member list and only when
-        /// the sender's state is exactly what its progress list says and was so at its previous
-        /// HEARTBEAT (section 11.4, "Anti-entropy"): a peer at the same progress compares it with
-        /// its own. `nil` when absent.
+        /// the sender's state is exactly what its progress list says and that list is the one its
+        /// previous HEARTBEAT sent (section 11.4, "Anti-entropy"): a peer at the same progress
+        /// compares it with its own. `nil` when absent.
         package var stateDigest: UInt64?
 
         /// A heartbeat with these fields.

@@ -181,6 +181,56 @@ struct AntiEntropyMachineTests {
         #expect(pair.n1.machine.status(now: pair.n1.now).divergedPeers == ["n2"], "a difference that lasts")
     }
 
+    /// A streamed snapshot given up after a page keeps what the page merged, and so the wait
+    /// for its server; one given up before any page has nothing to wait for.
+    @Test(arguments: [0, 1])
+    func aSnapshotStreamGivenUpAfterAPageWaitsToo(pages: Int) {
+        var pair = Pair()
+        pair.take(Self.delta(1, value: 1))
+        var stream = NodeMachine.SnapshotStream(peer: "inproc://n4")
+        stream.pages = pages
+        pair.n1.machine.repair.stream = stream
+        pair.n1.machine.abandonStream()
+        pair.run(20)
+        #expect((pair.n1.machine.counters.digestComparisons == 0) == (pages > 0))
+    }
+
+    /// Split writes: peers hold one start's write or the other's under one number until the
+    /// start that goes on mends them (PROTOCOL.md 7.5). Nothing is compared meanwhile, by the
+    /// node mending them, nor by one that hears two starts of an id take turns (for the quiet
+    /// time and the minute mending may take).
+    @Test(arguments: ["mending", "hearing two starts"])
+    func nothingIsComparedWhileSplitWritesMayBeHeld(what: String) {
+        var pair = Pair()
+        pair.take(Self.delta(1, value: 1), n2: Self.delta(1, value: 99))
+        if what == "mending" {
+            pair.n1.machine.splitWritesCheck = NodeMachine.SplitWritesCheck(from: 1, lastSign: pair.n1.now)
+        } else {
+            for incarnation in [5, 6, 5] as [UInt64] {
+                pair.n1.handle(PromptRepairMachineTests.heartbeat("n4", incarnation: incarnation))
+            }
+        }
+        pair.run(10)
+        #expect(pair.n1.machine.counters.digestComparisons == 0)
+        #expect(pair.n1.machine.status(now: pair.n1.now).divergedPeers.isEmpty)
+    }
+
+    /// A node that dropped its state (forgotten while away) or recovers its own deltas after it
+    /// is not at rest: its state is not yet what its list says.
+    @Test(arguments: ["reset unwritten", "recovering own deltas"])
+    func aNodeRecoveringFromAResetSendsNoDigest(what: String) {
+        var pair = Pair()
+        pair.take(Self.delta(1, value: 1))
+        if what == "reset unwritten" {
+            pair.n1.machine.resetUnwritten = true
+        } else {
+            pair.n1.machine.repair.ownRecovery = StateSnapshot.OwnRecovery(through: 3, recovered: nil)
+        }
+        pair.run(6)
+        #expect(Self.digests(pair.n1).allSatisfy { $0 == nil })
+        #expect(pair.n1.machine.counters.digestComparisons == 0)
+    }
+
     /// A gap is not at rest either: a number known to exist and not held (here, 2 of n3's,
     /// with 3 held above it) keeps the digest off the HEARTBEATs until repair fills it.
     @Test func aNodeWithAGapSendsNoDigest() {

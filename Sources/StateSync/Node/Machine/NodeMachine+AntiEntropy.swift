@@ -7,13 +7,13 @@
 ///
 /// Only at rest: a node sends its digest on a HEARTBEAT with a member list when its state is
 /// exactly what its progress list says (no gap, all of its own writes published, no snapshot
-/// being merged, none merged since its server was last heard at rest, for 20 intervals at
-/// most) and its list is the one its previous HEARTBEAT sent; a node compares it when it is at
-/// rest in the same sense, its own list is the same, no value it holds expires, nor expired,
+/// being merged, none merged since its server was last heard at rest, for 20 intervals and 10 s
+/// at most) and its list is the one its previous HEARTBEAT sent; a node compares it when it is
+/// at rest in the same sense, its own list is the same, no value it holds expires, nor expired,
 /// within `clock.max_drift_ms` (and a heartbeat interval) of its clock (replicas expire a value
-/// by their own clocks, a moment apart), and no split writes of its own id are being mended. A
-/// node that writes or takes deltas all the time compares nothing, and folds nothing more than
-/// before.
+/// by their own clocks, a moment apart), and no split writes are being mended: of its own id,
+/// or of an id it hears two starts under, until a minute after it last did. A node that writes
+/// or takes deltas all the time compares nothing, and folds nothing more than before.
 extension NodeMachine {
     /// What this node learned from comparing its digest with its peers'.
     struct AntiEntropy: Sendable {
@@ -27,14 +27,18 @@ extension NodeMachine {
         /// gave; at rest it has no gap, and its progress list tells this node of every number
         /// its state may hold.
         var snapshotServer: (endpoint: String, mergedAt: UInt64)?
+        /// Until when nothing is compared: two starts were heard under one id (section 7.5),
+        /// whose split writes peers hold one or the other of until the one that goes on mends
+        /// them.
+        var pausedUntil: UInt64 = 0
     }
 
     /// How a peer's digests compared with this node's, at equal progress, since they last agreed.
     struct PeerDigests: Sendable {
         /// Comparisons in a row that differed.
         var mismatches = 0
-        /// When the last one was made (one a heartbeat interval at most: a HEARTBEAT delivered
-        /// twice counts once).
+        /// When the last one was made (one per half heartbeat interval at most: a HEARTBEAT
+        /// delivered twice counts once).
         var comparedAt: UInt64 = 0
         /// Whether a difference lasted ``NodeMachine/divergenceComparisons`` comparisons.
         var diverged = false
@@ -108,7 +112,7 @@ extension NodeMachine {
         // Its server at rest: every number this node's state may hold is in its progress list.
         if antiEntropy.snapshotServer?.endpoint == endpoint { antiEntropy.snapshotServer = nil }
         guard stateMatchesProgress, heartbeatProgress == beat.progress, !expiryNearby, splitWritesCheck == nil,
-            duplicateNodeIDs.isEmpty
+            duplicateNodeIDs.isEmpty, now >= antiEntropy.pausedUntil
         else { return }
         var peer = antiEntropy.peers[beat.node] ?? PeerDigests()
         if peer.mismatches > 0, now &- peer.comparedAt < UInt64(configuration.heartbeatIntervalMilliseconds) / 2 {
@@ -154,8 +158,17 @@ extension NodeMachine {
         }
     }
 
-    /// A peer's snapshot was merged: until it is heard at rest, this node is not at rest.
+    /// A peer's snapshot was merged, whole or in part (a stream given up keeps the pages it
+    /// merged): until it is heard at rest, this node is not at rest.
     mutating func noteSnapshotMerged(from endpoint: String) {
         antiEntropy.snapshotServer = (endpoint, now)
+    }
+
+    /// Two starts of one id were heard taking turns (section 7.5): peers may hold one's write or
+    /// the other's under one number until the start that goes on mends them (it waits for quiet,
+    /// then asks for a minute at most). Nothing is compared until then.
+    mutating func pauseDigestsForSplitWrites() {
+        let quiet = max(Self.splitWritesQuiet, 5 * UInt64(configuration.heartbeatIntervalMilliseconds))
+        antiEntropy.pausedUntil = max(antiEntropy.pausedUntil, now + quiet + Self.splitWritesPatience)
     }
 }

@@ -120,6 +120,7 @@ extension NodeMachine {
             trail.heard.contains(where: { $0.incarnation == incarnation })
         {
             trail.returns += 1
+            pauseDigestsForSplitWrites()
         }
         trail.heard.removeAll { $0.incarnation == incarnation }
         trail.heard.append(IncarnationTrail.Heard(incarnation: incarnation, endpoint: endpoint, at: now))

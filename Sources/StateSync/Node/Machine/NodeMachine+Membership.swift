@@ -171,6 +171,7 @@ extension NodeMachine {
         origins = [:]
         history = [:]
         journal.dropAll()
+        antiEntropy = AntiEntropy()  // what was compared was the state dropped
         coverWithoutHistory(origin: own, through: latest)
         ownHeldByPeers(through: latest)
         durability.staged = []

@@ -634,6 +634,10 @@ extension NodeMachine {
     /// would change nothing, and the next stream would not name those channels).
     mutating func abandonStream() {
         if let changed = repair.stream?.changed, !changed.isEmpty { resyncWatches(of: changed) }
+        // The pages merged stay: what they brought beyond the marks too (section 11.4).
+        if let stream = repair.stream, stream.pages > 0 || stream.merging != nil {
+            noteSnapshotMerged(from: stream.peer)
+        }
         repair.stream = nil
     }
 
