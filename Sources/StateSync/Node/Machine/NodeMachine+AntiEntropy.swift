@@ -168,7 +168,7 @@ extension NodeMachine {
     /// the other's under one number until the start that goes on mends them (it waits for quiet,
     /// then asks for a minute at most). Nothing is compared until then.
     mutating func pauseDigestsForSplitWrites() {
-        let quiet = max(Self.splitWritesQuiet, 5 * UInt64(configuration.heartbeatIntervalMilliseconds))
-        antiEntropy.pausedUntil = max(antiEntropy.pausedUntil, now + quiet + Self.splitWritesPatience)
+        antiEntropy.pausedUntil = max(
+            antiEntropy.pausedUntil, now + splitWritesQuietTime + Self.splitWritesPatience)
     }
 }

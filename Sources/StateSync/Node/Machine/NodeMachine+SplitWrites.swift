@@ -58,6 +58,10 @@ extension NodeMachine {
     /// Peers are asked once no sign came for this long (the other start has stopped): five
     /// heartbeat intervals, at least this.
     static let splitWritesQuiet: UInt64 = 2_000
+    /// ``splitWritesQuiet``, or five of this node's heartbeat intervals when that is longer.
+    var splitWritesQuietTime: UInt64 {
+        max(Self.splitWritesQuiet, 5 * UInt64(configuration.heartbeatIntervalMilliseconds))
+    }
     static let splitWritesAttempts = 3
     static let splitWritesPatience: UInt64 = 60_000
 
@@ -120,10 +124,9 @@ extension NodeMachine {
     /// one FETCH at a time.
     mutating func requestSplitWritesCheck(usable: [String]) {
         guard var check = splitWritesCheck, refusal == nil else { return }
-        let quiet = max(Self.splitWritesQuiet, 5 * UInt64(configuration.heartbeatIntervalMilliseconds))
         if check.through == nil {
             // Not while settling (section 11.2): it numbers no write until then.
-            guard now &- check.lastSign >= quiet, settling == nil else { return }
+            guard now &- check.lastSign >= splitWritesQuietTime, settling == nil else { return }
             let through = nextSequence - 1
             guard check.from <= through else {
                 splitWritesCheck = nil
