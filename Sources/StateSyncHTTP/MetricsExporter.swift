@@ -38,7 +38,7 @@ public final class MetricsExporter: Sendable {
         NodeMetrics.Name.writeDurable:
             "From a batch of this node's writes appended to the log to the log being durable through them.",
         NodeMetrics.Name.writePublished:
-            "From a batch of this node's writes appended to the log to their DELTA messages handed to the PUB socket.",
+            "From a batch of this node's writes appended to the log to their DELTA messages handed to the PUB socket (recorded with storage.fsync always and storage.publish synced; otherwise writes are published as appended).",
         NodeMetrics.Name.remoteApplyLag:
             "From a remote write's version (its origin's clock) to this node applying it, per DELTA message received live.",
         NodeMetrics.Name.watchLag:

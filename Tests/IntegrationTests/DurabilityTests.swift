@@ -300,21 +300,27 @@ struct DurabilityTests {
         _ = await daemons.stopAll()
     }
 
-    /// `storage.fsync: interval` with real daemons: a write reaches the peer before any sync (the
-    /// interval here is 10 s). Then a power loss of node1 — staged as a SIGKILL, its log cut back
-    /// to its header (the OS's page cache lost) and its sequence reservation marked as made in an
-    /// earlier boot — while node2 is down: node1 restarts settling, holds a SET until node2 is
-    /// back and has said what it holds, and numbers it after the 50 writes node2 holds, so node2
-    /// takes it instead of dropping it as a duplicate.
-    @Test func afterAPowerLossTheNodeSettlesAndReusesNoPublishedNumber() async throws {
+    /// Publishing before the sync with real daemons — `storage.fsync: interval` (a write reaches
+    /// the peer before any sync: the interval here is 10 s), or `always` with `storage.publish:
+    /// written` (while its sync runs): node1 reserves its sequence numbers durably first. Then
+    /// a power loss of node1 — staged as a SIGKILL, its log cut back to its header (the OS's page
+    /// cache lost; with `always` that takes more than a power loss would, the synced writes too)
+    /// and its sequence reservation marked as made in an earlier boot — while node2 is down:
+    /// node1 restarts settling, holds a SET until node2 is back and has said what it holds, and
+    /// numbers it after the 50 writes node2 holds, so node2 takes it instead of dropping it as
+    /// a duplicate.
+    @Test(arguments: [
+        ["STATESYNC_STORAGE_FSYNC": "interval", "STATESYNC_STORAGE_FSYNC_INTERVAL_MS": "10000"],
+        ["STATESYNC_STORAGE_FSYNC": "always", "STATESYNC_STORAGE_PUBLISH": "written"],
+    ])
+    func afterAPowerLossTheNodeSettlesAndReusesNoPublishedNumber(policy: [String: String]) async throws {
         // Two nodes: a settling node waits for every peer it is configured with.
-        let three = Self.cluster("settle")
+        let three = Self.cluster("settle-\(policy["STATESYNC_STORAGE_FSYNC"]!)")
         let http = freePort()
         let nodes = three.prefix(2).enumerated().map { index, node in
             var environment = node.environment
             environment["STATESYNC_NETWORK_PEERS"] = three[1 - index].environment["STATESYNC_NETWORK_PUBLISH"]
-            environment["STATESYNC_STORAGE_FSYNC"] = "interval"
-            environment["STATESYNC_STORAGE_FSYNC_INTERVAL_MS"] = "10000"
+            environment.merge(policy) { $1 }
             if index == 0 { environment["STATESYNC_HTTP_LISTEN"] = "127.0.0.1:\(http)" }
             return Node(name: node.name, environment: environment, api: node.api)
         }
@@ -332,7 +338,7 @@ struct DurabilityTests {
                 (try? await reader2.status().peers.contains { $0.connected }) == true
             }
             for i in 1...50 { try await client.set(address, ["v": .int(Int64(i))]) }
-            try await waitUntil("node2 holds the 50th write, published before any sync") {
+            try await waitUntil("node2 holds the 50th write, published before its sync") {
                 (try? await reader2.get(address)["v"]?.value) == .int(50)
             }
             node1.signal(SIGKILL)

@@ -19,6 +19,7 @@ extension NodeConfiguration {
         case httpListen = "http.listen"
         case fsync = "storage.fsync"
         case fsyncInterval = "storage.fsync_interval_ms"
+        case publishAt = "storage.publish"
         case compactBytes = "storage.compact_bytes"
         case historyDeltas = "history.deltas_per_origin"
         case highWaterMark = "network.hwm"
@@ -191,6 +192,16 @@ extension NodeConfiguration {
         guard (1...10_000).contains(fsyncInterval) else {
             throw reader.invalid(.fsyncInterval, "\(fsyncInterval) is outside 1…10000 milliseconds")
         }
+        let publishText = try reader.string(.publishAt) ?? (fsync == .interval ? "written" : "synced")
+        guard ["synced", "written"].contains(publishText) else {
+            throw reader.invalid(.publishAt, "'\(publishText)' is not one of synced, written")
+        }
+        if fsync == .interval, publishText == "synced" {
+            throw reader.invalid(
+                .publishAt,
+                "'synced' does not go with storage.fsync: interval, which publishes writes once written (set written, or remove the key)"
+            )
+        }
         let compactBytes = try reader.int(.compactBytes) ?? 64 << 20
         guard compactBytes >= 4096 else { throw reader.invalid(.compactBytes, "\(compactBytes) is below 4096 bytes") }
         let reserveBytes = try reader.int(.reserveBytes) ?? 64 << 20
@@ -220,6 +231,7 @@ extension NodeConfiguration {
             logLevel: level, fsync: fsync, fsyncIntervalMilliseconds: fsyncInterval, compactBytes: compactBytes,
             historyDeltas: historyDeltas, highWaterMark: hwm)
         configuration.repairEndpoint = repair
+        configuration.publishBeforeSync = publishText == "written" && fsync == .always
         configuration.clientHighWaterMark = clientHWM
         configuration.batchMaximumDeltas = batch
         configuration.peerNodeIDs = peerNodeIDs

@@ -59,6 +59,17 @@ public struct NodeConfiguration: Sendable, Equatable {
     public var fsync: FsyncPolicy
     /// With ``FsyncPolicy/interval``: how often the log is synced.
     public var fsyncIntervalMilliseconds: Int
+    /// With ``FsyncPolicy/always``: publish each round of local writes once it is written to the
+    /// OS, while its `fdatasync` runs, instead of after it (`storage.publish: written`). A write
+    /// is still acknowledged only once durable; peers see it a sync sooner. The node then
+    /// reserves sequence numbers durably ahead, as with ``FsyncPolicy/interval``, and after a
+    /// power loss it settles with its peers before it takes writes (docs/PROTOCOL.md 11.2).
+    /// Off by default. With ``FsyncPolicy/interval`` writes are always published so.
+    public var publishBeforeSync = false
+
+    /// Whether local writes are published before they are durable: always with
+    /// ``FsyncPolicy/interval``, with ``FsyncPolicy/always`` when ``publishBeforeSync`` is set.
+    public var publishesBeforeSync: Bool { fsync == .interval || publishBeforeSync }
     /// The log is compacted into the snapshot when it grew by more than this many bytes since
     /// the last compaction (the records that compaction kept do not count).
     public var compactBytes: Int

@@ -25,6 +25,9 @@ public struct NodeCounters: Sendable, Equatable {
     /// Sequence numbers taken as void: lost everywhere in a power loss of their origin, which
     /// declared them so after settling (its own, counted when it settles, and peers').
     public var voidSequences = 0
+    /// Own deltas this node took back from its peers while settling (docs/PROTOCOL.md 11.2):
+    /// published before they were durable, then lost from its log in a power loss or a damage.
+    public var ownDeltasTakenBack = 0
     /// Subscribers that completed their handshake with this node's publish socket (peers
     /// connecting and reconnecting, joining nodes, tools reading the stream).
     public var subscribersConnected = 0
@@ -126,7 +129,7 @@ public struct NodeCounters: Sendable, Equatable {
             ("deltas_published", deltasPublished), ("deltas_received", deltasReceived),
             ("delta_messages_received", deltaMessagesReceived), ("peer_link_resets", peerLinkResets),
             ("repair_link_resets", repairLinkResets), ("phantom_sequences", phantomSequences),
-            ("void_sequences", voidSequences),
+            ("void_sequences", voidSequences), ("own_deltas_taken_back", ownDeltasTakenBack),
             ("subscribers_connected", subscribersConnected),
             ("authentication_refusals", authenticationRefusals), ("forged_origins", forgedOrigins),
             ("deltas_before_known", deltasBeforeKnown),

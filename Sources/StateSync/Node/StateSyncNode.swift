@@ -267,10 +267,11 @@ public final class StateSyncNode: Sendable {
 
     /// Records write → durable, and with `storage.fsync: always` write → published, for the own
     /// writes the log is now durable through (their DELTA messages were just handed to the
-    /// transport). With `interval` a write is published as it is appended, not at the sync.
+    /// transport). With `interval` or `storage.publish: written` a write is published as it is
+    /// appended, not at the sync.
     private func recordPublished(through position: UInt64) {
         let now = ContinuousClock.now
-        let publishedAtSync = configuration.fsync == .always
+        let publishedAtSync = !configuration.publishesBeforeSync
         let done = writeTimes.withLock { $0.takeDurable(through: position) }
         for (appendedAt, durableAt) in done {
             metrics.writeDurable.record(appendedAt.duration(to: durableAt))

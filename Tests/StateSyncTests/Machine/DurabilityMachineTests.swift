@@ -7,9 +7,12 @@ import Testing
 /// publish and acknowledgement, seen action by action.
 @Suite("Durability on the node machine")
 struct DurabilityMachineTests {
-    static func machine(_ fsync: NodeConfiguration.FsyncPolicy = .always, compactBytes: Int = 64 << 20) -> NodeMachine {
+    static func machine(
+        _ fsync: NodeConfiguration.FsyncPolicy = .always, publishBeforeSync: Bool = false, compactBytes: Int = 64 << 20
+    ) -> NodeMachine {
         var configuration = MachineRunner.configuration("n1", peers: ["n2"])
         configuration.fsync = fsync
+        configuration.publishBeforeSync = publishBeforeSync
         configuration.fsyncIntervalMilliseconds = 50
         configuration.compactBytes = compactBytes
         let clock = HybridLogicalClock(node: "n1", wallClock: { 1_800_000_000_000 })
@@ -63,6 +66,41 @@ struct DurabilityMachineTests {
         #expect(!atOnce, "a running node lets a host sync in the background")
         #expect(Self.kinds(machine.handle(.logDurable(through: position), now: 3)) == ["publish", "reply"])
         #expect(machine.published == 1)
+    }
+
+    /// With `always` and `storage.publish: written`, a SET is logged at once and published when
+    /// the driver's turn ends, before the sync that turn asks for (the write travels while the
+    /// sync runs), within sequence numbers reserved durably ahead (the first write waits for the
+    /// first reservation, not for its sync); it is acknowledged, and shown to this node's
+    /// watches, only once the log reported it durable.
+    @Test func publishWrittenPublishesBeforeTheSyncAndAcknowledgesAfterIt() {
+        func syncPosition(_ actions: [NodeAction]) -> UInt64? {
+            for action in actions { if case .syncLog(let position, _) = action { return position } }
+            return nil
+        }
+        func kinds(_ actions: [NodeAction]) -> [String] { Self.kinds(actions).filter { $0 != "heartbeat" } }
+        var machine = Self.machine(.always, publishBeforeSync: true)
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        let first = machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)
+        #expect(kinds(first) == ["append", "reserve"])
+        guard case .reserveSequences(let through, _)? = first.last else { return }
+        #expect(through == 1 + NodeMachine.reservationBlock)
+        let firstTick = machine.handle(.tick(observerBacklog: 0), now: 2)
+        #expect(kinds(firstTick) == ["sync"], "not published before its reservation is durable")
+        #expect(kinds(machine.handle(.sequencesReserved(through: through), now: 3)) == ["publish"])
+        #expect(machine.published == 1)
+        #expect(machine.visibleToWatches == 0, "a watch here waits for the sync")
+        guard let firstSync = syncPosition(firstTick) else { return }
+        #expect(kinds(machine.handle(.logDurable(through: firstSync), now: 3)) == ["reply"])
+        #expect(machine.visibleToWatches == 1)
+
+        #expect(kinds(machine.handle(.clientRequest(client: [1], frames: Self.set2), now: 4)) == ["append"])
+        let tick = machine.handle(.tick(observerBacklog: 0), now: 4)
+        #expect(kinds(tick) == ["publish", "sync"], "published first, then synced; not acknowledged")
+        #expect(machine.published == 2 && machine.visibleToWatches == 1)
+        guard let sync = syncPosition(tick) else { return }
+        #expect(kinds(machine.handle(.logDurable(through: sync), now: 5)) == ["reply"])
+        #expect(machine.visibleToWatches == 2)
     }
 
     /// A stopping node asks for its last sync at once: a host that syncs in the background must
@@ -206,6 +244,17 @@ struct DurabilityMachineTests {
         var interval = Self.machine(.interval)
         _ = interval.handle(.tick(observerBacklog: 0), now: 1)
         #expect(Self.kinds(interval.handle(.localWrites(writes(full)), now: 2)) == ["append", "reserve"])
+
+        // Published while it may be (`storage.publish: written`): before the sync it asks for.
+        var written = Self.machine(.always, publishBeforeSync: true)
+        _ = written.handle(.tick(observerBacklog: 0), now: 1)
+        #expect(Self.kinds(written.handle(.localWrites(writes(3)), now: 2)) == ["append", "reserve"])
+        _ = written.handle(.sequencesReserved(through: 3 + NodeMachine.reservationBlock), now: 2)
+        #expect(written.published == 3)
+        let writtenRound = Self.kinds(written.handle(.localWrites(writes(full)), now: 3))
+        #expect(writtenRound.first == "append" && writtenRound.last == "sync", "\(writtenRound)")
+        #expect(writtenRound.count > 2 && writtenRound.dropFirst().dropLast().allSatisfy { $0 == "publish" })
+        #expect(written.published == UInt64(3 + full))
     }
 
     /// `storage.compact_bytes`: once the log grows past it, the state is compacted.

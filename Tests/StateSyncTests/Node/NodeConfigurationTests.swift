@@ -73,6 +73,29 @@ struct NodeConfigurationTests {
                 "environment variable STATESYNC_STORAGE_FSYNC: storage.fsync: 'sometimes' is not one of"))
     }
 
+    /// `storage.publish`: `synced` by default with `always`; `written` publishes while the sync
+    /// runs; `synced` does not go with `interval`, which always publishes once written.
+    @Test func whenWritesArePublishedIsReadAndChecked() throws {
+        let file = try Self.write(Self.valid)
+        #expect(try !NodeConfiguration.load(file: file, environment: [:]).publishesBeforeSync)
+        let written = try NodeConfiguration.load(file: file, environment: ["STATESYNC_STORAGE_PUBLISH": "written"])
+        #expect(written.fsync == .always && written.publishBeforeSync && written.publishesBeforeSync)
+        let interval = try NodeConfiguration.load(file: file, environment: ["STATESYNC_STORAGE_FSYNC": "interval"])
+        #expect(interval.publishesBeforeSync && !interval.publishBeforeSync)
+        let mismatch = try #require(throws: StateSyncError.self) {
+            try NodeConfiguration.load(
+                file: file, environment: ["STATESYNC_STORAGE_FSYNC": "interval", "STATESYNC_STORAGE_PUBLISH": "synced"])
+        }
+        #expect(
+            mismatch.message.hasPrefix(
+                "environment variable STATESYNC_STORAGE_PUBLISH: storage.publish: 'synced' does not go with storage.fsync: interval"
+            ))
+        let unknown = try #require(throws: StateSyncError.self) {
+            try NodeConfiguration.load(file: file, environment: ["STATESYNC_STORAGE_PUBLISH": "early"])
+        }
+        #expect(unknown.message.hasSuffix("storage.publish: 'early' is not one of synced, written"))
+    }
+
     @Test func builtInDefaultsLoad() throws {
         let config = try NodeConfiguration.loadDefaults(environment: ["STATESYNC_NODE_ID": "solo"])
         #expect(config.nodeID == "solo" && config.apiEndpoint == "tcp://127.0.0.1:7101" && config.peers.isEmpty)

@@ -15,7 +15,8 @@ package enum NodeAction: Sendable {
     /// that could sync in the background (the simulator's slow disk) syncs before going on.
     case syncLog(through: UInt64, atOnce: Bool)
     /// Record durably, with the OS's boot id, that this node may publish its deltas through
-    /// sequence number `through` before they are durable (`storage.fsync: interval`), then report
+    /// sequence number `through` before they are durable (`storage.fsync: interval`, or
+    /// `storage.publish: written`), then report
     /// ``NodeInput/sequencesReserved(through:)``. With it, every own number settling declared
     /// void (section 11.2), which a restart must still know. A failure stops the node, as a
     /// failed sync does.

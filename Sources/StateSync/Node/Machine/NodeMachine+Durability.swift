@@ -3,9 +3,11 @@
 /// acknowledged — only once the log is durable through them. Group commit: all writes staged
 /// before a sync share it, and a sync is asked for as soon as a round of local writes is taken
 /// (and at every tick), so a lone write never waits for a timer. With `storage.fsync: interval`
-/// a write is published once it is written to the OS, at the end of the driver's turn that took
-/// it, within sequence numbers reserved durably ahead (``NodeMachine+Settling`` covers a power
-/// loss), and the log is synced every `storage.fsync_interval_ms`.
+/// — and with `always` under `storage.publish: written` — a write is published once it is
+/// written to the OS, at the end of the driver's turn that took it, within sequence numbers
+/// reserved durably ahead (``NodeMachine+Settling`` covers a power loss); with `interval` the
+/// log is synced every `storage.fsync_interval_ms`, with `always` at once, while the write
+/// travels, and the write is acknowledged once that sync ends.
 extension NodeMachine {
     /// Where a staged own write's bytes lie: in the log records it was appended with, which
     /// every write of its round shares — its DELTA body is encoded once, for the log record and
@@ -102,12 +104,12 @@ extension NodeMachine {
         var resetWaitsForSync = false
         /// The log position after the last own write appended.
         var lastOwnPosition: UInt64 = 0
-        /// With `storage.fsync: interval`: the own sequence numbers reserved durably, which may
-        /// be published before the log is durable through them (section 11.2).
+        /// The own sequence numbers reserved durably, which may be published before the log is
+        /// durable through them (section 11.2; ``NodeConfiguration/publishesBeforeSync``).
         var reserved: UInt64 = 0
         /// The reservation asked for and not yet reported.
         var reservationRequested: UInt64?
-        /// With `storage.fsync: interval`: per round of own writes not yet durable, its last
+        /// Published before their sync: per round of own writes not yet durable, its last
         /// sequence number and the log position after it; and the highest own sequence number
         /// durable.
         var unsyncedRounds: [(sequence: UInt64, position: UInt64)] = []
@@ -192,7 +194,7 @@ extension NodeMachine {
         }
         if stagedAny { durability.stagedRecords.rounds.append(bytes) }
         durability.lastOwnPosition = durability.appended
-        if configuration.fsync == .interval, let last = durability.staged.last?.sequence {
+        if configuration.publishesBeforeSync, let last = durability.staged.last?.sequence {
             durability.unsyncedRounds.append((last, durability.appended))
             reserveAhead()
         }
@@ -208,18 +210,20 @@ extension NodeMachine {
 
     /// Lets watches go on to own deltas that are published and durable.
     private mutating func updateVisibleToWatches() {
-        let durable = configuration.fsync == .always ? published : min(published, durability.durableOwnSequence)
+        let durable =
+            configuration.publishesBeforeSync ? min(published, durability.durableOwnSequence) : published
         visibleToWatches = max(visibleToWatches, durable)
     }
 
-    /// With `storage.fsync: interval`: publishes the staged writes whose sequence numbers are
+    /// When writes are published before their sync (`storage.fsync: interval`, or `always` with
+    /// `storage.publish: written`): publishes the staged writes whose sequence numbers are
     /// reserved (they are written to the OS: a process crash keeps them), and asks for the next
     /// reservation before the block runs out. A write beyond the reservation waits for it, and
     /// every write after it too (deltas are published in sequence order). Called when the
     /// driver's turn ends (``tick(observerBacklog:)``), not per write: the writes a busy turn
     /// took go out as one batch, and a lone write waits for no timer.
     mutating func publishReserved() {
-        guard configuration.fsync == .interval, !durability.staged.isEmpty else { return }
+        guard configuration.publishesBeforeSync, !durability.staged.isEmpty else { return }
         reserveAhead()
         var ready = 0
         while ready < durability.staged.count, durability.staged[ready].sequence <= durability.reserved { ready += 1 }
@@ -258,7 +262,7 @@ extension NodeMachine {
         if let requested = durability.reservationRequested, requested <= through {
             durability.reservationRequested = nil
         }
-        guard configuration.fsync == .interval else { return }
+        guard configuration.publishesBeforeSync else { return }
         publishReserved()
         pumpWatches()
         if stopping { leaveIfDrained() }
@@ -366,8 +370,8 @@ extension NodeMachine {
             durability.resetWaitsForSync = false
             compact()
         }
-        // With `interval`, what is staged waits for its reservation, not for the sync.
-        if configuration.fsync == .always {
+        // Published before its sync, what is staged waits for its reservation, not for the sync.
+        if !configuration.publishesBeforeSync {
             var ready = 0
             while ready < durability.stagedPositions.count, durability.stagedPositions[ready] <= position { ready += 1 }
             publishStaged(ready)

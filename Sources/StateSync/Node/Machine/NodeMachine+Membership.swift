@@ -180,7 +180,7 @@ extension NodeMachine {
         durability.stagedRecords = NodeMachine.StagedRecords()
         // Writes waiting to be acknowledged are given up with the rest: their clients are told
         // (also those whose OK, with `interval`, waited for the end of the round). Such a write
-        // may have been published already (with `interval`, at its reservation) and be kept by a
+        // may have been published already (before its sync, at its reservation) and be kept by a
         // peer after all: the ERROR says it may be lost, not that it is.
         let givenUp =
             durability.heldOKs.map { ($0.client, $0.ok.id) }

@@ -614,8 +614,9 @@ extension NodeMachine {
         // A smaller round waits for the tick that ends the driver's turn, sharing its sync with
         // whatever else the turn took (one per turn, not one per peer message).
         if writes.count >= Self.localWritesPerRound {
-            requestSync(force: false)
+            // Published first where it may go before its sync: it travels while the sync runs.
             publishReserved()
+            requestSync(force: false)
         }
     }
 

@@ -1,11 +1,12 @@
-/// Settling after a power loss (docs/PROTOCOL.md section 11.2). With `storage.fsync: interval`
-/// a node publishes its writes before they are durable, within sequence numbers it reserved
-/// durably. When the OS went down while it ran (a power loss, a kernel crash), its log may lack
-/// deltas it had published: peers may hold them, and a new write under one of their numbers
-/// would be dropped by those peers as a duplicate. So the node numbers no local write until
-/// every peer it links to, and every member that left (it may come back holding them), has
-/// answered a FETCH of its own origin over the numbers the log may have lost; it takes back what
-/// they hold, and numbers on after the highest any of them held.
+/// Settling after a power loss (docs/PROTOCOL.md section 11.2). With `storage.fsync: interval`,
+/// or `always` with `storage.publish: written`, a node publishes its writes before they are
+/// durable, within sequence numbers it reserved durably. When the OS went down while it ran (a
+/// power loss, a kernel crash), its log may lack deltas it had published: peers may hold them,
+/// and a new write under one of their numbers would be dropped by those peers as a duplicate.
+/// So the node numbers no local write until every peer it links to, and every member that left
+/// (it may come back holding them), has answered a FETCH of its own origin over the numbers the
+/// log may have lost; it takes back what they hold, and numbers on after the highest any of
+/// them held.
 extension NodeMachine {
     struct Settling: Sendable {
         /// Why the log may have lost own deltas.
@@ -202,6 +203,7 @@ extension NodeMachine {
     mutating func completeSettling() {
         guard let settled = settling, settled.confirming else { return }
         settling = nil
+        counters.ownDeltasTakenBack += settled.recovered
         if settled.cause == .damagedLog { actions.append(.logDamageSettled) }
         logger.notice(
             "settled after \(settled.cause.rawValue): every peer said which of this node's deltas it holds",

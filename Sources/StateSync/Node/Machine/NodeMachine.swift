@@ -128,12 +128,13 @@ package struct NodeMachine: Sendable {
     package var latencySamples = LatencySamples()
     /// The sequence number the next local write gets.
     package internal(set) var nextSequence: UInt64 = 1
-    /// The highest own sequence number published (sent; with `storage.fsync: always` durable).
+    /// The highest own sequence number published (sent; with `storage.fsync: always` and
+    /// `storage.publish: synced`, durable).
     package internal(set) var published: UInt64 = 0
     /// The highest own sequence number a watch on this node may be sent: published and durable
-    /// (with `storage.fsync: interval` a write is published before its sync, but this node's
-    /// watches see it only once a power loss of this node can no longer take it), or held by a
-    /// peer.
+    /// (with `storage.fsync: interval` or `storage.publish: written` a write is published before
+    /// its sync, but this node's watches see it only once a power loss of this node can no longer
+    /// take it), or held by a peer.
     var visibleToWatches: UInt64 = 0
     /// Addresses that have a live model on this node, with that instance's id: only their
     /// changes are delivered, and not to the instance that wrote them (it holds them already).
@@ -318,7 +319,7 @@ package struct NodeMachine: Sendable {
             let first = min(latestSequence, origins[configuration.nodeID]?.contiguous ?? 0) + 1
             settling = Settling(range: first...recovery.reservedSequence, after: .powerLoss)
             logger.warning(
-                "the node stopped without a clean shutdown in an earlier boot of the OS (a power loss or a kernel crash) while it published before syncing (storage.fsync: interval): its log may have lost deltas it had published; it takes no writes until its peers have said which of them they hold",
+                "the node stopped without a clean shutdown in an earlier boot of the OS (a power loss or a kernel crash) while it published before syncing (storage.fsync: interval, or storage.publish: written): its log may have lost deltas it had published; it takes no writes until its peers have said which of them they hold",
                 metadata: ["delta.range": "\(first)...\(recovery.reservedSequence)"])
         }
         if recovery.logDamaged, settling == nil, !faults.skipSettling {
