@@ -114,6 +114,10 @@ public struct SimulationOptions: Sendable {
     public var channelBatches: ChannelBatches?
     /// Every node with `storage.fsync: interval` at this period (milliseconds); `nil`: drawn.
     public var intervalSyncMilliseconds: Int?
+    /// Every node with `storage.fsync: always`, publishing its writes while their sync runs
+    /// (`storage.publish: written`) or after it; `nil`: drawn by the seed (for nodes drawn
+    /// `always`).
+    public var publishBeforeSync: Bool?
     /// How long a sync of a node's log takes (simulated milliseconds; 0: at once); `nil`: drawn.
     public var diskSyncMilliseconds: Int?
 
@@ -142,6 +146,7 @@ public struct SimulationOptions: Sendable {
         if writers != 4 { parts.append("--writers \(writers)") }
         if let channelBatches { parts.append("--channel-batches \(channelBatches.rawValue)") }
         if let intervalSyncMilliseconds { parts.append("--interval-sync-ms \(intervalSyncMilliseconds)") }
+        if let publishBeforeSync { parts.append("--publish \(publishBeforeSync ? "written" : "synced")") }
         if let diskSyncMilliseconds { parts.append("--disk-sync-ms \(diskSyncMilliseconds)") }
         return parts.joined(separator: " ")
     }
@@ -225,6 +230,10 @@ public struct SimulationReport: Sendable {
     public var digestComparisons = 0
     public var stateDivergences = 0
     public var divergedAtEnd: [String] = []
+    /// Own deltas the nodes took back from their peers when settling after a power loss, over
+    /// all nodes and runs: published before their sync (`storage.fsync: interval`, or
+    /// `storage.publish: written`) and lost from their node's log (PROTOCOL.md 11.2).
+    public var ownDeltasTakenBack = 0
     /// Writes and each node's lag over simulated time (with ``SimulationOptions/recordTimeline``).
     public var timeline: RunTimeline?
 
@@ -264,6 +273,7 @@ public struct SimulationReport: Sendable {
             "digest_comparisons": .int(Int64(digestComparisons)),
             "state_divergences": .int(Int64(stateDivergences)),
             "diverged_at_end": .array(divergedAtEnd.map(Value.string)),
+            "own_deltas_taken_back": .int(Int64(ownDeltasTakenBack)),
             "parameters": .map(parameters.mapValues(Value.string)),
             "faults": .array(
                 faults.map { fault in
@@ -408,6 +418,18 @@ public enum ClusterSimulator {
         configuration.tombstoneGraceMilliseconds = draw("tombstone_grace_ms", [10_000, 20_000])
         configuration.fsync = draw("fsync", [NodeConfiguration.FsyncPolicy.always, .always, .interval])
         configuration.fsyncIntervalMilliseconds = draw("fsync_interval_ms", [5, 20, 50])
+        // Drawn apart, so that every other draw of a seed is what it was before this choice.
+        var publishDraw = root.fork("publish")
+        let drawnPublish = publishDraw.below(2) == 1
+        if let publishBeforeSync = options.publishBeforeSync {
+            configuration.fsync = .always
+            parameters["fsync"] = "always"
+            configuration.publishBeforeSync = publishBeforeSync
+        } else {
+            configuration.publishBeforeSync = configuration.fsync == .always && drawnPublish
+        }
+        parameters["publish"] =
+            configuration.fsync == .interval || configuration.publishBeforeSync ? "written" : "synced"
         let baseDelay = UInt64(draw("delay_ms", [1, 2, 5]))
         let jitter = UInt64(draw("jitter_ms", [0, 3, 10]))
         let baseLinks = SimulatedNetwork<SimulatedCluster.Packet>.LinkConditions(
@@ -423,7 +445,9 @@ public enum ClusterSimulator {
         {
             configuration.fsync = .interval
             configuration.fsyncIntervalMilliseconds = period
+            configuration.publishBeforeSync = false
             parameters["fsync"] = "interval"
+            parameters["publish"] = "written"
             parameters["fsync_interval_ms"] = "\(period)"
         }
         // A cluster in the middle of an upgrade: some nodes older than channel batches (PROTOCOL.md
@@ -687,6 +711,7 @@ public enum ClusterSimulator {
         }
         report.digestComparisons = cluster.nodes.reduce(0) { $0 + $1.digestComparisons }
         report.stateDivergences = cluster.nodes.reduce(0) { $0 + $1.stateDivergences }
+        report.ownDeltasTakenBack = cluster.nodes.reduce(0) { $0 + $1.counter("own_deltas_taken_back") }
         sample(cluster, force: true)  // the last acknowledgements, whatever the sampling gate
         report.timeline = recorder?.timeline(
             healed: Int(healed), converged: convergedAt.map(Int.init), end: Int(cluster.now))
@@ -1067,7 +1092,7 @@ final class FaultSchedule {
             // durability only against process crashes: its power losses are noted, and the
             // writes they may take (acknowledged, not yet synced) are not held against it.
             let powerLoss = random.chance(0.5) || forcePowerLoss || forcedCompaction
-            if powerLoss, cluster.configuration.fsync == .interval,
+            if powerLoss, cluster.configuration.fsync == .interval || cluster.configuration.publishBeforeSync,
                 forceBlackout || forcedCompaction || blackoutRandom.chance(0.5)
             {
                 // Under `interval` the node publishes before it syncs: first every peer misses

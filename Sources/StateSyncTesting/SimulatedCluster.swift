@@ -44,6 +44,9 @@ package final class SimulatedCluster {
         package var tombstoneGraceMilliseconds = 5000
         package var fsync: NodeConfiguration.FsyncPolicy = .always
         package var fsyncIntervalMilliseconds = 20
+        /// With `fsync` always: publish own writes while their sync runs (`storage.publish:
+        /// written`), acknowledging them once it ends.
+        package var publishBeforeSync = false
         /// How long a sync of a node's log takes (simulated milliseconds). 0: at once, in the
         /// node's own step. Above 0, the node goes on while it runs — writes it takes meanwhile
         /// wait for the next one (group commit) — and a crash before it ends loses what it was
@@ -144,20 +147,18 @@ package final class SimulatedCluster {
         package var isUp: Bool { host != nil }
         /// Why it refused to run, each time it did (it went down then), over all its runs.
         package fileprivate(set) var refusals: [String] = []
-        /// Times this node dropped its state after a forget (its `resyncs`), over all its runs:
-        /// a restart's counters start at 0.
-        package var resets: Int { resetsInEndedRuns + (host?.status.counters["resyncs"] ?? 0) }
-        fileprivate var resetsInEndedRuns = 0
+        /// Counter `name` of this node (``NodeCounters/all``) over all its runs: a restart's
+        /// counters start at 0.
+        package func counter(_ name: String) -> Int {
+            (countersInEndedRuns[name] ?? 0) + (host?.status.counters[name] ?? 0)
+        }
+        fileprivate var countersInEndedRuns: [String: Int] = [:]
+        /// Times this node dropped its state after a forget (its `resyncs`), over all its runs.
+        package var resets: Int { counter("resyncs") }
         /// State digests it compared with its peers', and divergences it reported (PROTOCOL.md
         /// 11.4), over all its runs.
-        package var digestComparisons: Int {
-            comparisonsInEndedRuns + (host?.status.counters["digest_comparisons"] ?? 0)
-        }
-        package var stateDivergences: Int {
-            divergencesInEndedRuns + (host?.status.counters["state_divergences"] ?? 0)
-        }
-        fileprivate var comparisonsInEndedRuns = 0
-        fileprivate var divergencesInEndedRuns = 0
+        package var digestComparisons: Int { counter("digest_comparisons") }
+        package var stateDivergences: Int { counter("state_divergences") }
         /// How far this node's wall clock is off, in milliseconds.
         package var clockSkew: Int64 { skew.milliseconds }
     }
@@ -299,6 +300,7 @@ package final class SimulatedCluster {
                 fsync: configuration.fsync,
                 fsyncIntervalMilliseconds: configuration.fsyncIntervalMilliseconds,
                 compactBytes: configuration.compactBytes, historyDeltas: configuration.historyDeltas)
+            node.publishBeforeSync = configuration.publishBeforeSync
             node.clientHighWaterMark = configuration.clientHighWaterMark
             node.batchMaximumDeltas = configuration.batchMaximumDeltas
             node.channelBatches = !configuration.withoutChannelBatches.contains(index)
@@ -555,9 +557,7 @@ package final class SimulatedCluster {
         let node = nodes[index]
         guard let host = node.host else { return }
         let counters = host.status.counters
-        node.resetsInEndedRuns += counters["resyncs"] ?? 0
-        node.comparisonsInEndedRuns += counters["digest_comparisons"] ?? 0
-        node.divergencesInEndedRuns += counters["state_divergences"] ?? 0
+        node.countersInEndedRuns.merge(counters, uniquingKeysWith: +)
         node.host = nil
         node.generation += 1
         node.tickAt = nil

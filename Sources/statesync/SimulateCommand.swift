@@ -90,6 +90,12 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
+                "Every node with storage.fsync: always, publishing its writes synced (after their sync) or written (while it runs: storage.publish: written); drawn by the seed by default.",
+                valueName: "WHEN"))
+        var publish: String?
+
+        @Option(
+            help: ArgumentHelp(
                 "How long a sync of a node's log takes, in simulated ms (0: at once; drawn by the seed by default).",
                 valueName: "MS"))
         var diskSyncMs: Int?
@@ -137,6 +143,13 @@ extension StateSyncCLI {
             if let intervalSyncMs, !(1...10_000).contains(intervalSyncMs) {
                 throw ValidationError("--interval-sync-ms must be between 1 and 10000")
             }
+            if let publish, !["synced", "written"].contains(publish) {
+                throw ValidationError("--publish takes synced or written")
+            }
+            if publish != nil, intervalSyncMs != nil {
+                throw ValidationError(
+                    "--publish sets storage.fsync: always; --interval-sync-ms sets interval: give one")
+            }
             if let diskSyncMs, !(0...1000).contains(diskSyncMs) {
                 throw ValidationError("--disk-sync-ms must be between 0 and 1000")
             }
@@ -163,6 +176,7 @@ extension StateSyncCLI {
             options.writers = writers
             options.channelBatches = channelBatches.flatMap(SimulationOptions.ChannelBatches.init)
             options.intervalSyncMilliseconds = intervalSyncMs
+            options.publishBeforeSync = publish.map { $0 == "written" }
             options.diskSyncMilliseconds = diskSyncMs
             options.recordTimeline = report != nil
             if let logLevel, let level = Logger.Level(rawValue: logLevel) {
