@@ -35,6 +35,8 @@ public enum NodeBenchRole {
         public var keyDirectory: String?
         /// `storage.fsync` of the node.
         public var fsync: NodeConfiguration.FsyncPolicy = .always
+        /// `storage.publish: written` (with `always`: published while the sync runs).
+        public var publishBeforeSync = false
         /// How many models the writer writes round-robin in ``Mode/models``.
         public var models = 100_000
 
@@ -61,6 +63,7 @@ public enum NodeBenchRole {
             nodeID: options.id, dataDirectory: options.dataDirectory, publishEndpoint: options.publish,
             peers: options.peers, heartbeatIntervalMilliseconds: 50)
         configuration.fsync = options.fsync
+        configuration.publishBeforeSync = options.publishBeforeSync
         if let keys = options.keyDirectory, let peer = options.peers.first {
             let other = options.id == "reader" ? "writer" : "reader"
             configuration.peerNodeIDs = [peer: other]
@@ -77,6 +80,20 @@ public enum NodeBenchRole {
         if options.reader {
             try await read(options, model: model, node: node)
         } else {
+            if options.mode == .latency {
+                // One write first, published before the run: the first write after a start runs
+                // every path cold and, with `storage.publish: written`, waits for the node's first
+                // sequence reservation (a durable file write). The run measures the writes after
+                // it; the reader counts it out (``read(_:model:node:)``).
+                model.value = -1
+                let published = Date().addingTimeInterval(20)
+                while node.status.publishedSequence < 1 {
+                    guard Date() < published else {
+                        throw StateSyncError(.timeout, "bench: the warm-up write was never published")
+                    }
+                    try await Task.sleep(for: .milliseconds(1))
+                }
+            }
             say("READY")
             _ = readLine()  // GO
             try await write(options, model: model, node: node, cpuAtStart: processCPUSeconds())
@@ -142,8 +159,10 @@ public enum NodeBenchRole {
             let (seen, written) = tally.lock.withLock { (tally.complete(mode: options.mode), tally.written) }
             guard !seen, written > 0 else { return seen }
             guard let status = node.statusIfIdle else { return false }
-            // Applied: every change, and the `done` write (with live models).
-            if options.mode != .models, status.counters["deltas_applied"] ?? 0 > written { return true }
+            // Applied: every change, and the `done` write (with live models), and in a latency
+            // run the writer's warm-up write.
+            let extra = options.mode == .latency ? 1 : 0
+            if options.mode != .models, status.counters["deltas_applied"] ?? 0 > written + extra { return true }
             // Or held: once the `done` write (the writer's last) is applied and nothing below it
             // is missing, the node holds every change, though its observers may not have seen
             // them all. A reader whose subscription dropped messages at the high-water mark gets

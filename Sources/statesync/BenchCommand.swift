@@ -15,7 +15,8 @@ extension StateSyncCLI {
                 and 8-property transactions, observers fired) with the CPU both processes spent per \
                 change, and set → remote observer latency at \
                 10,000 changes/s (storage.fsync always and interval) and at 1,000 changes/s (always: \
-                a write that finds the disk idle), each next to its limit (raw \
+                a write that finds the disk idle), also with storage.publish: written (published \
+                while its sync runs), each next to its limit (raw \
                 one-way at the same rate, plus fdatasync when durable); then a late joiner taking a snapshot \
                 of 1,000,000 properties, and resident bytes per property held. Build with \
                 -c release for real numbers.
@@ -182,6 +183,7 @@ extension StateSyncCLI {
         @Option var rate: Int
         @Option var keys: String?
         @Option var fsync: String = "always"
+        @Option var publishWhen: String = "synced"
         @Option var models: Int = 100_000
 
         func run() async throws {
@@ -193,7 +195,11 @@ extension StateSyncCLI {
                 reader: role == "reader", mode: mode, id: id, publish: publish, peers: peer, dataDirectory: data,
                 seconds: seconds, rate: rate)
             options.keyDirectory = keys
+            guard ["synced", "written"].contains(publishWhen) else {
+                throw ValidationError("--publish-when takes synced or written")
+            }
             options.fsync = policy
+            options.publishBeforeSync = publishWhen == "written"
             options.models = models
             try await NodeBenchRole.run(options)
         }
