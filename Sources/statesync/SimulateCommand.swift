@@ -146,6 +146,11 @@ extension StateSyncCLI {
             if let publish, !["synced", "written"].contains(publish) {
                 throw ValidationError("--publish takes synced or written")
             }
+            if publish != nil, let plantBug,
+                ["skip-settling", "skip-void", "forget-held-above-gaps"].contains(plantBug)
+            {
+                throw ValidationError("--plant-bug \(plantBug) runs with storage.fsync: interval; leave out --publish")
+            }
             if publish != nil, intervalSyncMs != nil {
                 throw ValidationError(
                     "--publish sets storage.fsync: always; --interval-sync-ms sets interval: give one")

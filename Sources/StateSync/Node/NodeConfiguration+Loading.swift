@@ -199,7 +199,7 @@ extension NodeConfiguration {
         if fsync == .interval, publishText == "synced" {
             throw reader.invalid(
                 .publishAt,
-                "'synced' does not go with storage.fsync: interval, which publishes writes once written (set written, or remove the key)"
+                "'synced' does not go with storage.fsync: interval (from \(reader.origin(of: .fsync))), which publishes writes once written (set written, or remove the key)"
             )
         }
         let compactBytes = try reader.int(.compactBytes) ?? 64 << 20
@@ -331,9 +331,12 @@ extension NodeConfiguration {
         }
 
         func invalid(_ key: Key, _ reason: String, source: String? = nil) -> StateSyncError {
-            let origin =
-                source ?? (fromEnvironment.contains(key) ? "environment variable \(key.environmentVariable)" : path)
-            return StateSyncError(.invalidConfiguration, "\(origin): \(key.rawValue): \(reason)")
+            StateSyncError(.invalidConfiguration, "\(source ?? origin(of: key)): \(key.rawValue): \(reason)")
+        }
+
+        /// Where `key`'s value came from: its environment variable, or the file.
+        func origin(of key: Key) -> String {
+            fromEnvironment.contains(key) ? "environment variable \(key.environmentVariable)" : path
         }
 
         private func lookup(_ key: Key, _ type: ConfigType) throws(StateSyncError) -> ConfigContent? {

@@ -54,7 +54,7 @@ public struct NodeStatus: Sendable, Equatable {
     /// the most recent distinct keys (at most 32).
     public var refusedKeys: [String: Int] = [:]
     /// Whether the node is settling its sequence numbers after a power loss (it publishes before
-    /// syncing, `storage.fsync: interval`): it takes no writes until its peers said which of its
+    /// syncing: `storage.fsync: interval`, or `storage.publish: written`): it takes no writes until its peers said which of its
     /// deltas they hold (docs/PROTOCOL.md 11.2); `writesHeld` wait meanwhile.
     public var settling = false
     public var writesHeld = 0

@@ -1,6 +1,6 @@
-/// The sequence numbers a node may publish before they are durable (`storage.fsync: interval`),
-/// and the boot of the OS in which it reserved them: the file `sequence.reserved` of the data
-/// directory (docs/PROTOCOL.md Appendix A).
+/// The sequence numbers a node may publish before they are durable (`storage.fsync: interval`, or
+/// `storage.publish: written`), and the boot of the OS in which it reserved them: the file
+/// `sequence.reserved` of the data directory (docs/PROTOCOL.md Appendix A).
 ///
 /// Encoding, in order: the magic `SSRV`, format version (`01`, or `02` when it lists void
 /// numbers), the reserved sequence number (uint64), the boot id (string: the OS's

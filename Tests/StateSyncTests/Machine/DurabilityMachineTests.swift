@@ -103,6 +103,28 @@ struct DurabilityMachineTests {
         #expect(machine.visibleToWatches == 2)
     }
 
+    /// With `always` and `storage.publish: written`, a write's OK still goes after its DELTA
+    /// (PROTOCOL.md 10.3) when a sync runs before the tick that would publish it: a snapshot a
+    /// peer asks for forces one at once. The sync publishes what it made durable, which needs
+    /// no reservation (the first write's is not back yet here), then answers.
+    @Test func publishWrittenSendsAnOKAfterItsDeltaWhenASyncComesFirst() {
+        var machine = Self.machine(.always, publishBeforeSync: true)
+        _ = machine.handle(.tick(observerBacklog: 0), now: 1)
+        #expect(
+            Self.kinds(machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)) == ["append", "reserve"])
+        let snapshot = ClientProtocol.encodeRequest(.snapshot, id: 7, body: [])
+        let forced = machine.handle(.clientRequest(client: [2], frames: snapshot), now: 2)
+        guard case .syncLog(let position, _)? = forced.first(where: { if case .syncLog = $0 { true } else { false } })
+        else {
+            Issue.record("no sync forced by the snapshot: \(Self.kinds(forced))")
+            return
+        }
+        #expect(machine.published == 0)
+        let durable = Self.kinds(machine.handle(.logDurable(through: position), now: 3))
+        #expect(durable.first == "publish" && durable.filter { $0 == "reply" }.count == 2, "\(durable)")
+        #expect(machine.published == 1)
+    }
+
     /// A stopping node asks for its last sync at once: a host that syncs in the background must
     /// sync before the round ends, so that the node stops with every write durable and published.
     @Test func aStoppingNodeAsksForItsLastSyncAtOnce() {
@@ -413,9 +435,9 @@ struct DurabilityMachineTests {
         let whole = ClientProtocol.encodeRequest(.snapshot, id: 7, body: [])
         let paged = ClientProtocol.encodeRequest(
             .snapshot, id: 8, body: SnapshotPage.encodeRequest(after: nil, maximumOctets: 4096))
-        for fsync in [NodeConfiguration.FsyncPolicy.always, .interval] {
+        for (fsync, written) in [(NodeConfiguration.FsyncPolicy.always, false), (.always, true), (.interval, false)] {
             for request in [whole, paged] {
-                var machine = Self.machine(fsync)
+                var machine = Self.machine(fsync, publishBeforeSync: written)
                 _ = machine.handle(.tick(observerBacklog: 0), now: 1)
                 #expect(Self.kinds(machine.handle(.clientRequest(client: [2], frames: request), now: 1)) == ["reply"])
                 _ = machine.handle(.clientRequest(client: [1], frames: Self.set), now: 2)

@@ -3,7 +3,8 @@ import Testing
 @testable import StateSync
 
 /// Settling after a power loss on the node machine alone (PROTOCOL.md section 11.2): a node that
-/// published before syncing (`storage.fsync: interval`) and whose OS went down since numbers no
+/// published before syncing (`storage.fsync: interval`, or `always` with `storage.publish:
+/// written`) and whose OS went down since numbers no
 /// write until every peer said which of its possibly lost deltas it holds.
 @Suite("Settling after a power loss on the node machine")
 struct SettlingMachineTests {
@@ -13,14 +14,21 @@ struct SettlingMachineTests {
 
     /// Node n1, which had reserved 1…`reserved` in an earlier boot and recovered `recovered` own
     /// deltas, with peers n2 and n3.
-    static func restarted(reserved: UInt64, inThisBoot: Bool = false, recovered: UInt64 = 2) -> MachineRunner {
+    static func restarted(
+        reserved: UInt64, inThisBoot: Bool = false, recovered: UInt64 = 2, policy: Policy = .interval
+    ) -> MachineRunner {
         var configuration = MachineRunner.configuration("n1", peers: ["n2", "n3"])
-        configuration.fsync = .interval
+        configuration.fsync = policy == .interval ? .interval : .always
+        configuration.publishBeforeSync = policy == .alwaysWritten
         var recovery = NodeMachine.Recovery(deltas: (1...recovered).map { RepairMachineTests.delta("n1", $0) })
         recovery.reservedSequence = reserved
         recovery.reservedInThisBoot = inThisBoot
         return MachineRunner(configuration, recovery: recovery)
     }
+
+    /// How the node publishes now: the reservation, not the setting, says whether it settles
+    /// (a node restarted with `synced` after a power loss while it ran with `written` settles).
+    enum Policy: CaseIterable, Sendable { case interval, alwaysWritten, alwaysSynced }
 
     static func status(_ node: inout MachineRunner) -> NodeStatus {
         let now = node.now
@@ -61,8 +69,9 @@ struct SettlingMachineTests {
     /// A SET waits while the node settles; every peer is asked for 3…reservation, page by page;
     /// the deltas they hold come back (also one above a gap, which no contiguous mark shows); the
     /// SET is then numbered after the highest any of them held.
-    @Test func aSetWaitsUntilEveryPeerSaidWhatItHolds() throws {
-        var node = Self.restarted(reserved: 2 + 2500)
+    @Test(arguments: Policy.allCases)
+    func aSetWaitsUntilEveryPeerSaidWhatItHolds(policy: Policy) throws {
+        var node = Self.restarted(reserved: 2 + 2500, policy: policy)
         #expect(Self.status(&node).settling)
         node.handle(.clientRequest(client: [9], frames: Self.set))
         #expect(node.sent.isEmpty && node.logBytes.isEmpty, "held: not logged, not answered")
@@ -82,11 +91,13 @@ struct SettlingMachineTests {
         #expect(node.sent.isEmpty)
         Self.answer(&node, fetches[1], holding: [])
         #expect(!Self.status(&node).settling)
+        node.advance(1)  // with `always`, the OK waits for the sync of the turn's end
         let reply = try #require(node.sent.first)
         #expect(reply.client == [9])
         let header = try ClientProtocol.decodeReplyHeader(reply.frames[0])
         #expect(header.kind == .ok && header.requestID == 7)
         #expect(node.machine.nextSequence == 8, "numbered 7, after the 6 a peer held")
+        #expect(Self.status(&node).counters["own_deltas_taken_back"] == 3, "3, 4 and 6")
         #expect(node.machine.store.properties(of: ModelAddress(channel: "c", model: "m"))["n"]?.value == 100)
     }
 

@@ -88,7 +88,7 @@ struct NodeConfigurationTests {
         }
         #expect(
             mismatch.message.hasPrefix(
-                "environment variable STATESYNC_STORAGE_PUBLISH: storage.publish: 'synced' does not go with storage.fsync: interval"
+                "environment variable STATESYNC_STORAGE_PUBLISH: storage.publish: 'synced' does not go with storage.fsync: interval (from environment variable STATESYNC_STORAGE_FSYNC)"
             ))
         let unknown = try #require(throws: StateSyncError.self) {
             try NodeConfiguration.load(file: file, environment: ["STATESYNC_STORAGE_PUBLISH": "early"])

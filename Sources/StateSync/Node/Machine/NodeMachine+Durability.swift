@@ -383,6 +383,19 @@ extension NodeMachine {
                 synced += 1
             }
             durability.unsyncedRounds.removeFirst(synced)
+            // With `always`, a write's OK goes after its DELTA (section 10.3): a sync that ran
+            // before the tick that publishes (one forced by a snapshot reply) publishes what it
+            // made durable — a durable write needs no reservation — and what is reserved.
+            if configuration.fsync == .always {
+                var ready = 0
+                while ready < durability.staged.count,
+                    durability.stagedPositions[ready] <= position
+                        || durability.staged[ready].sequence <= durability.reserved
+                {
+                    ready += 1
+                }
+                publishStaged(ready)
+            }
             updateVisibleToWatches()
         }
         var answered = 0

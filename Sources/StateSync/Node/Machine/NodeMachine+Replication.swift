@@ -609,8 +609,8 @@ extension NodeMachine {
         guard !writes.isEmpty else { return }
         _ = applyLocal(writes)
         // Group commit: a full round means a long queue (the host feeds it in rounds of this
-        // size): its sync is asked for now (with `interval`, it is published now), so it is
-        // published before the host feeds the next.
+        // size): its sync is asked for now (where it may go before its sync, it is published
+        // now, first), so it is published before the host feeds the next.
         // A smaller round waits for the tick that ends the driver's turn, sharing its sync with
         // whatever else the turn took (one per turn, not one per peer message).
         if writes.count >= Self.localWritesPerRound {

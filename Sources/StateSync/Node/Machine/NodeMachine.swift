@@ -216,7 +216,8 @@ package struct NodeMachine: Sendable {
         /// The member list the node saved (section 7.5), if any.
         package var members: [Membership.Member] = []
         /// The sequence numbers the node had reserved for publishing before they were durable
-        /// (`storage.fsync: interval`, section 11.2): 0 when it reserved none.
+        /// (`storage.fsync: interval`, or `storage.publish: written`, section 11.2): 0 when it
+        /// reserved none.
         package var reservedSequence: UInt64 = 0
         /// Own numbers an earlier settling declared void (kept with the reservation).
         package var voidSequences: [ClosedRange<UInt64>] = []
