@@ -663,7 +663,7 @@ class Cluster:
                 process.wait()
 
 
-def start_statesync(cluster, args, fsync):
+def start_statesync(cluster, args, fsync, publish=None):
     for i in (1, 2, 3):
         env = dict(os.environ)
         env.update(
@@ -673,6 +673,8 @@ def start_statesync(cluster, args, fsync):
                 "STATESYNC_LOG_LEVEL": "warning",
             }
         )
+        if publish:
+            env["STATESYNC_STORAGE_PUBLISH"] = publish
         cluster.spawn(f"node{i}", [os.path.join(args.bin, "statesyncd"), "--config", f"Config/node{i}.yaml"], env)
     statesync = os.path.join(args.bin, "statesync")
     for i in (1, 2, 3):
@@ -764,6 +766,11 @@ def start_nats(cluster, args):
 SYSTEMS = {
     "statesync-always": ("statesync", lambda c, a: start_statesync(c, a, "always"), "fsync: always"),
     "statesync-interval": ("statesync", lambda c, a: start_statesync(c, a, "interval"), "fsync: interval (50 ms)"),
+    "statesync-written": (
+        "statesync",
+        lambda c, a: start_statesync(c, a, "always", "written"),
+        "fsync: always, publish: written",
+    ),
     "redis-always": ("redis", lambda c, a: start_redis(c, a, "always"), "appendfsync always, 2 replicas"),
     "redis-everysec": ("redis", lambda c, a: start_redis(c, a, "everysec"), "appendfsync everysec, 2 replicas"),
     "nats-kv": ("nats", start_nats, "JetStream KV, R3, file storage"),
