@@ -286,7 +286,7 @@ final class ClientIO: Sendable {
         let expired = state.pending.filter { $0.value.deadline <= now }
         for (id, pending) in expired {
             state.pending[id] = nil
-            pending.reply.resume(throwing: timeoutError())
+            pending.reply.resume(throwing: timeoutError(for: pending.command))
             if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
                 watch.events.finish(throwing: timeoutError())
             }
@@ -302,10 +302,17 @@ final class ClientIO: Sendable {
         }
     }
 
-    private func timeoutError() -> StateSyncError {
-        StateSyncError(
+    /// A request that got no answer in time. A write's outcome is then unknown: a node that is
+    /// settling after a power loss holds writes until its peers answer, and applies them then.
+    private func timeoutError(for command: ClientProtocol.Command? = nil) -> StateSyncError {
+        let write = command == .set || command == .delete
+        return StateSyncError(
             .timeout,
-            "no answer from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s; is statesyncd running there?"
+            "no answer from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s; "
+                + (write
+                    ? "the write may still be applied (a node settling after a power loss holds writes until its peers answer: see statesync status); "
+                    : "")
+                + "is statesyncd running there?"
                 + (secured
                     ? " (with security: is this client's public key in its security.client_keys, and --server-key its key?)"
                     : " (a node with security answers only clients with an admitted key: --key, --server-key)"))

@@ -71,7 +71,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
                 try StateSyncNode.checkKeys(of: configuration)
                 try StateSyncNode.checkDataDirectory(of: configuration)
                 print(
-                    "\(checkConfig): ok — node \(configuration.nodeID), publish \(configuration.publishEndpoint), api \(configuration.apiEndpoint ?? "none"), http \(configuration.httpListen ?? "off"), \(configuration.peers.count) peers, security \(configuration.security == nil ? "off" : "on")"
+                    "\(checkConfig): ok — node \(configuration.nodeID), publish \(configuration.publishEndpoint), api \(configuration.apiEndpoint ?? "none"), http \(configuration.httpListen ?? "off"), \(configuration.peers.count) peers, storage \(configuration.fsync.rawValue) (publish \(configuration.publishesBeforeSync ? "written" : "synced")), security \(configuration.security == nil ? "off" : "on")"
                 )
                 return
             } catch {

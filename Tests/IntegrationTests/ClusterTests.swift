@@ -345,6 +345,11 @@ struct ClusterTests {
         #expect(unreachable.status == 1)
         #expect(unreachable.stderr.split(separator: "\n").count == 1)
         #expect(unreachable.stderr.contains("no answer from tcp://127.0.0.1:\(port)"), "\(unreachable.stderr)")
+        #expect(!unreachable.stderr.contains("may still be applied"), "a read says nothing of writes")
+        // A write with no answer may still be applied (a settling node holds it): the message says so.
+        let unanswered = try await cli(["set", "c/m", "x=1", "--daemon", "tcp://127.0.0.1:\(port)", "--timeout", "0.3"])
+        #expect(unanswered.status == 1)
+        #expect(unanswered.stderr.contains("the write may still be applied"), "\(unanswered.stderr)")
     }
 }
 

@@ -10,6 +10,7 @@ struct DaemonOperationsTests {
         let good = try ChildProcess("statesyncd", ["--check-config", "Config/node1.yaml"])
         #expect(await good.wait() == 0)
         #expect(good.stdout.contains("Config/node1.yaml: ok — node node1"), "\(good.stdout)")
+        #expect(good.stdout.contains("storage always (publish synced)"), "\(good.stdout)")
 
         let directory = temporaryDirectory("check-config")
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -74,6 +74,7 @@ extension NodeConfiguration {
         storage:
           fsync: always
           fsync_interval_ms: 50
+          # publish: written   # peers get a write while it is fsynced, not after (README: storage.publish)
           compact_bytes: 67108864
         history:
           deltas_per_origin: 100000
@@ -197,9 +198,12 @@ extension NodeConfiguration {
             throw reader.invalid(.publishAt, "'\(publishText)' is not one of synced, written")
         }
         if fsync == .interval, publishText == "synced" {
+            let publishFix =
+                reader.origin(of: .publishAt) == path
+                ? "set written or remove the key" : "unset \(Key.publishAt.environmentVariable) or set it to written"
             throw reader.invalid(
                 .publishAt,
-                "'synced' does not go with storage.fsync: interval (from \(reader.origin(of: .fsync))), which publishes writes once written (set written, or remove the key)"
+                "'synced' does not go with storage.fsync: interval (from \(reader.origin(of: .fsync))), which publishes writes once written (\(publishFix), or set storage.fsync: always)"
             )
         }
         let compactBytes = try reader.int(.compactBytes) ?? 64 << 20

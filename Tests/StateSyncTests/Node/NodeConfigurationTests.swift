@@ -87,9 +87,9 @@ struct NodeConfigurationTests {
                 file: file, environment: ["STATESYNC_STORAGE_FSYNC": "interval", "STATESYNC_STORAGE_PUBLISH": "synced"])
         }
         #expect(
-            mismatch.message.hasPrefix(
-                "environment variable STATESYNC_STORAGE_PUBLISH: storage.publish: 'synced' does not go with storage.fsync: interval (from environment variable STATESYNC_STORAGE_FSYNC)"
-            ))
+            mismatch.message
+                == "environment variable STATESYNC_STORAGE_PUBLISH: storage.publish: 'synced' does not go with storage.fsync: interval (from environment variable STATESYNC_STORAGE_FSYNC), which publishes writes once written (unset STATESYNC_STORAGE_PUBLISH or set it to written, or set storage.fsync: always)"
+        )
         let unknown = try #require(throws: StateSyncError.self) {
             try NodeConfiguration.load(file: file, environment: ["STATESYNC_STORAGE_PUBLISH": "early"])
         }
