@@ -225,9 +225,21 @@ extension NodeMachine {
     mutating func publishReserved() {
         guard configuration.publishesBeforeSync, !durability.staged.isEmpty else { return }
         reserveAhead()
+        publishStaged(publishablePrefix(orReserved: true))
+    }
+
+    /// How many staged writes, from the first, may go out now (deltas go out in sequence order):
+    /// those the log is durable through `position` (0: none), and with `orReserved` those within
+    /// the reservation (section 11.2).
+    private func publishablePrefix(durableThrough position: UInt64 = 0, orReserved: Bool) -> Int {
         var ready = 0
-        while ready < durability.staged.count, durability.staged[ready].sequence <= durability.reserved { ready += 1 }
-        publishStaged(ready)
+        while ready < durability.staged.count,
+            durability.stagedPositions[ready] <= position
+                || (orReserved && durability.staged[ready].sequence <= durability.reserved)
+        {
+            ready += 1
+        }
+        return ready
     }
 
     /// Asks for the next reservation ahead of need while writes come (half a block before it
@@ -372,9 +384,7 @@ extension NodeMachine {
         }
         // Published before its sync, what is staged waits for its reservation, not for the sync.
         if !configuration.publishesBeforeSync {
-            var ready = 0
-            while ready < durability.stagedPositions.count, durability.stagedPositions[ready] <= position { ready += 1 }
-            publishStaged(ready)
+            publishStaged(publishablePrefix(durableThrough: position, orReserved: false))
         } else {
             var synced = 0
             while synced < durability.unsyncedRounds.count, durability.unsyncedRounds[synced].position <= position {
@@ -387,14 +397,7 @@ extension NodeMachine {
             // before the tick that publishes (one forced by a snapshot reply) publishes what it
             // made durable — a durable write needs no reservation — and what is reserved.
             if configuration.fsync == .always {
-                var ready = 0
-                while ready < durability.staged.count,
-                    durability.stagedPositions[ready] <= position
-                        || durability.staged[ready].sequence <= durability.reserved
-                {
-                    ready += 1
-                }
-                publishStaged(ready)
+                publishStaged(publishablePrefix(durableThrough: position, orReserved: true))
             }
             updateVisibleToWatches()
         }
