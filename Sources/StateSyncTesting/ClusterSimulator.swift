@@ -91,6 +91,10 @@ public struct SimulationOptions: Sendable {
         /// The node never drops its state when it learns it was forgotten (PROTOCOL.md 7.5): it
         /// says it is alive with what it held. The run's forgets all take the node.
         case skipReset = "skip-reset"
+
+        /// Whether the run plants it with `storage.fsync: interval` (1 s) whatever was asked:
+        /// the bugs of settling after a power loss.
+        public var runsWithIntervalSync: Bool { [.skipSettling, .skipVoid, .forgetHeldAboveGaps].contains(self) }
     }
 
     /// How many nodes (2–256).
@@ -441,7 +445,7 @@ public enum ClusterSimulator {
         let conflictRate = options.plantedBug == .wrongTieBreak ? 0.3 : draw("conflicts", [0.0, 0.02, 0.1])
         let slowWatcher = draw("slow_watcher_ms", [0, 0, 1])
         if let period = options.intervalSyncMilliseconds
-            ?? ([.skipSettling, .skipVoid, .forgetHeldAboveGaps].contains(options.plantedBug) ? 1000 : nil)
+            ?? (options.plantedBug?.runsWithIntervalSync == true ? 1000 : nil)
         {
             configuration.fsync = .interval
             configuration.fsyncIntervalMilliseconds = period

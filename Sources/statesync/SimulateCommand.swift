@@ -147,7 +147,7 @@ extension StateSyncCLI {
                 throw ValidationError("--publish takes synced or written")
             }
             if publish != nil, let plantBug,
-                ["skip-settling", "skip-void", "forget-held-above-gaps"].contains(plantBug)
+                SimulationOptions.PlantedBug(rawValue: plantBug)?.runsWithIntervalSync == true
             {
                 throw ValidationError("--plant-bug \(plantBug) runs with storage.fsync: interval; leave out --publish")
             }
