@@ -228,6 +228,7 @@ struct AntiEntropyMachineTests {
         }
         pair.run(6)
         #expect(Self.digests(pair.n1).allSatisfy { $0 == nil })
+        #expect(!Self.digests(pair.n2).allSatisfy { $0 == nil }, "n2, at rest, sends its digest meanwhile")
         #expect(pair.n1.machine.counters.digestComparisons == 0)
     }
 
@@ -239,6 +240,7 @@ struct AntiEntropyMachineTests {
         pair.n1.handle(.peerMessage(peer: "inproc://n3", frames: PeerMessage.delta(Self.delta(3, value: 3)).encode()))
         pair.run(5)
         #expect(Self.digests(pair.n1).allSatisfy { $0 == nil })
+        #expect(!Self.digests(pair.n2).allSatisfy { $0 == nil }, "n2, at rest, sends its digest meanwhile")
         #expect(pair.n1.machine.counters.digestComparisons == 0)
     }
 
