@@ -754,6 +754,7 @@ extension StateSyncCLI {
                     "version:   \(status.latestVersion?.description ?? "none yet")  (sequence \(status.latestSequence))"
                 )
                 emit("digest:    \(String(status.stateDigest, radix: 16))")
+                if let storage = status.storage { emit("storage:   fsync \(storage.description)") }
                 let horizon =
                     status.collectedThrough == 0
                     ? "none collected yet"
@@ -794,7 +795,7 @@ extension StateSyncCLI {
                 }
                 if status.settling {
                     emit(
-                        "settling:  after a power loss or a damaged log: \(status.writesHeld) writes held until every peer has said which of this node's deltas it holds (docs/PROTOCOL.md 11.2)"
+                        "settling:  after a power loss or a damaged log: \(status.writesHeld) writes held until every peer has said which of this node's deltas it holds (docs/PROTOCOL.md 11.2)\(status.settlingWaitsText)"
                     )
                 }
                 for (id, endpoints) in status.duplicateNodeIDs.sorted(by: { $0.key < $1.key }) {

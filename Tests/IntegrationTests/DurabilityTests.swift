@@ -361,10 +361,21 @@ struct DurabilityTests {
             try await waitUntil("node1 holds the write") { (try? await client.status().writesHeld) == 1 }
             let status = try await client.status()
             #expect(status.notReadyReasons.contains { $0.contains("settling") }, "\(status.notReadyReasons)")
+            // It names the peer it waits for, down: node2.
+            let node2Publish = try #require(nodes[1].environment["STATESYNC_NETWORK_PUBLISH"])
+            #expect(status.settlingWaitsFor?.map(\.endpoint) == [node2Publish], "\(status.settlingWaitsFor ?? [])")
+            #expect(status.settlingWaitsFor?.first?.reachable == false)
+            let policyShown =
+                policy["STATESYNC_STORAGE_FSYNC"] == "interval"
+                ? "storage:   fsync interval (every 10000 ms), publish written"
+                : "storage:   fsync always, publish written"
             let shown = try await cli(["status", "--daemon", nodes[0].api])
             #expect(
                 shown.stdout.contains("settling:  after a power loss or a damaged log: 1 writes held"),
                 "\(shown.stdout)")
+            #expect(
+                shown.stdout.contains("; waiting for ") && shown.stdout.contains(" (not reachable)"), "\(shown.stdout)")
+            #expect(shown.stdout.contains(policyShown), "\(shown.stdout)")
             let probe = try await cli(["status", "--ready", "--daemon", nodes[0].api])
             #expect(probe.status == 3, "not ready while settling: \(probe.stdout) \(probe.stderr)")
             let scrape = try await HTTPListenerTests.get("http://127.0.0.1:\(http)/metrics").body

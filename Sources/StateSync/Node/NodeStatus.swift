@@ -58,6 +58,55 @@ public struct NodeStatus: Sendable, Equatable {
     /// deltas they hold (docs/PROTOCOL.md 11.2); `writesHeld` wait meanwhile.
     public var settling = false
     public var writesHeld = 0
+    /// While settling: the peers whose answer the node still waits for (empty once every one
+    /// answered, while it makes its new reservation durable; empty when not settling). `nil` in
+    /// the status of a node that does not say (an older version).
+    public var settlingWaitsFor: [SettlingPeer]? = []
+    /// How the node makes writes durable (`storage.fsync`, `storage.publish`); `nil` in the
+    /// status of a node that does not say (an older version).
+    public var storage: Storage?
+
+    /// A peer a settling node waits for (docs/PROTOCOL.md 11.2).
+    public struct SettlingPeer: Sendable, Equatable {
+        /// The peer's publish endpoint.
+        public var endpoint: String
+        /// Its node id, when known.
+        public var node: String?
+        /// Whether the node can ask it now: connected, with a repair link (an API endpoint it
+        /// may dial). One that is not is down, left, or advertises no API this node may dial.
+        public var reachable: Bool
+
+        public init(endpoint: String, node: String?, reachable: Bool) {
+            self.endpoint = endpoint
+            self.node = node
+            self.reachable = reachable
+        }
+
+        /// Its id, or its endpoint when the id is not known.
+        public var name: String { node ?? endpoint }
+    }
+
+    /// The node's storage policy, as configured.
+    public struct Storage: Sendable, Equatable {
+        /// `always` or `interval` (`storage.fsync`).
+        public var fsync: String
+        /// `synced` or `written` (`storage.publish`): whether peers get an own write after it
+        /// is durable, or once written to the OS while it is synced.
+        public var publish: String
+        /// With `interval`: the milliseconds between syncs (`storage.fsync_interval_ms`).
+        public var intervalMilliseconds: Int?
+
+        public init(fsync: String, publish: String, intervalMilliseconds: Int? = nil) {
+            self.fsync = fsync
+            self.publish = publish
+            self.intervalMilliseconds = intervalMilliseconds
+        }
+
+        /// One line for people: `always, publish synced`, `interval (every 50 ms), publish written`.
+        public var description: String {
+            "\(fsync)\(intervalMilliseconds.map { " (every \($0) ms)" } ?? ""), publish \(publish)"
+        }
+    }
     /// Whether the node refuses writes because its disk is nearly full, and the free bytes it last
     /// measured (`nil`: unknown).
     public var diskFull = false
@@ -176,10 +225,24 @@ public struct NodeStatus: Sendable, Equatable {
         if diskFull { reasons.append("disk nearly full: writes are refused") }
         if settling {
             reasons.append(
-                "settling (after a power loss or a damaged log): \(writesHeld) writes held until every peer said which of this node's deltas it holds"
+                "settling (after a power loss or a damaged log): \(writesHeld) writes held until every peer said which of this node's deltas it holds\(settlingWaitsText)"
             )
         }
         return reasons
+    }
+
+    /// What a settling node waits for, as the end of a sentence: `; waiting for n2, n3 (not
+    /// reachable)`, or that it makes its reservation durable. Empty when not settling, or when a
+    /// node did not say (an older version).
+    public var settlingWaitsText: String {
+        guard settling, let settlingWaitsFor else { return "" }
+        guard !settlingWaitsFor.isEmpty else { return "; every peer answered: making its new reservation durable" }
+        let names = settlingWaitsFor.map { $0.reachable ? $0.name : "\($0.name) (not reachable)" }
+        let hint =
+            settlingWaitsFor.allSatisfy(\.reachable)
+            ? ""
+            : " (one not reachable is down, left, or advertises no API this node may dial; a peer gone for good: statesync forget it)"
+        return "; waiting for \(names.joined(separator: ", "))\(hint)"
     }
 
     /// The status as a ``Value`` map (its wire and JSON form).
@@ -222,6 +285,20 @@ public struct NodeStatus: Sendable, Equatable {
         map["collection_held_by"] = collectionHeldBy.map(Value.string) ?? .null
         map["duplicate_node_ids"] = .map(duplicateNodeIDs.mapValues { .array($0.map(Value.string)) })
         map["diverged_peers"] = .array(divergedPeers.map(Value.string))
+        map["settling_waits_for"] = settlingWaitsFor.map { waits in
+            .array(
+                waits.map { peer in
+                    .map([
+                        "endpoint": .string(peer.endpoint), "node": peer.node.map(Value.string) ?? .null,
+                        "reachable": .bool(peer.reachable),
+                    ])
+                })
+        }
+        if let storage {
+            var policy: [String: Value] = ["fsync": .string(storage.fsync), "publish": .string(storage.publish)]
+            if let interval = storage.intervalMilliseconds { policy["interval_ms"] = .int(Int64(interval)) }
+            map["storage"] = .map(policy)
+        }
         return .map(map)
     }
 
@@ -285,6 +362,22 @@ public struct NodeStatus: Sendable, Equatable {
         self.collectionHeldBy = string("collection_held_by")
         if case .array(let list)? = map["diverged_peers"] {
             self.divergedPeers = list.compactMap { if case .string(let s) = $0 { s } else { nil } }
+        }
+        self.settlingWaitsFor = nil
+        if case .array(let list)? = map["settling_waits_for"] {
+            self.settlingWaitsFor = list.compactMap { entry in
+                guard case .map(let peer) = entry, case .string(let endpoint)? = peer["endpoint"] else { return nil }
+                var node: String?
+                if case .string(let id)? = peer["node"] { node = id }
+                var reachable = false
+                if case .bool(let r)? = peer["reachable"] { reachable = r }
+                return SettlingPeer(endpoint: endpoint, node: node, reachable: reachable)
+            }
+        }
+        if case .map(let policy)? = map["storage"], case .string(let fsync)? = policy["fsync"],
+            case .string(let publish)? = policy["publish"]
+        {
+            self.storage = Storage(fsync: fsync, publish: publish, intervalMilliseconds: int(policy["interval_ms"]))
         }
         if case .map(let duplicates)? = map["duplicate_node_ids"] {
             self.duplicateNodeIDs = duplicates.mapValues { endpoints in

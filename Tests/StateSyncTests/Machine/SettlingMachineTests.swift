@@ -73,6 +73,13 @@ struct SettlingMachineTests {
     func aSetWaitsUntilEveryPeerSaidWhatItHolds(policy: Policy) throws {
         var node = Self.restarted(reserved: 2 + 2500, policy: policy)
         #expect(Self.status(&node).settling)
+        let storage = Self.status(&node).storage
+        switch policy {
+        case .interval:
+            #expect(storage == NodeStatus.Storage(fsync: "interval", publish: "written", intervalMilliseconds: 50))
+        case .alwaysWritten: #expect(storage == NodeStatus.Storage(fsync: "always", publish: "written"))
+        case .alwaysSynced: #expect(storage == NodeStatus.Storage(fsync: "always", publish: "synced"))
+        }
         node.handle(.clientRequest(client: [9], frames: Self.set))
         #expect(node.sent.isEmpty && node.logBytes.isEmpty, "held: not logged, not answered")
         #expect(Self.status(&node).writesHeld == 1)
@@ -149,9 +156,28 @@ struct SettlingMachineTests {
     @Test func aPeerThatDoesNotAnswerHoldsWritesBack() throws {
         var node = Self.restarted(reserved: 40)
         node.handle(.clientRequest(client: [9], frames: Self.set))
+        #expect(
+            Self.status(&node).settlingWaitsFor == [
+                .init(endpoint: "inproc://n2", node: nil, reachable: false),
+                .init(endpoint: "inproc://n3", node: nil, reachable: false),
+            ], "configured, not heard yet")
         Self.connect(&node, ["n2", "n3"])
         node.advance(60)
         for fetch in Self.ownFetches(node) where fetch.peer.hasSuffix("n2") { Self.answer(&node, fetch, holding: []) }
+        let waiting = Self.status(&node)
+        #expect(waiting.settlingWaitsFor == [.init(endpoint: "inproc://n3", node: "n3", reachable: true)])
+        #expect(NodeStatus(waiting.value) == waiting, "read back from its wire form")
+        #expect(waiting.notReadyReasons.last?.hasSuffix("; waiting for n3") == true, "\(waiting.notReadyReasons)")
+        // An older node's status has neither key: it says nothing of what it waits for.
+        guard case .map(var older) = waiting.value else {
+            Issue.record("not a map")
+            return
+        }
+        older["settling_waits_for"] = nil
+        older["storage"] = nil
+        let read = try #require(NodeStatus(.map(older)))
+        #expect(read.settlingWaitsFor == nil && read.storage == nil && read.settlingWaitsText.isEmpty)
+        #expect(read.notReadyReasons.last?.hasSuffix("this node's deltas it holds") == true)
         let asked = Self.ownFetches(node).count
         for _ in 0..<11 {
             Self.connect(&node, ["n2", "n3"])  // alive: heartbeats, but no answer
@@ -164,6 +190,7 @@ struct SettlingMachineTests {
         let retry = try #require(again.first)
         Self.answer(&node, retry, holding: [])
         #expect(!Self.status(&node).settling && node.sent.count == 1)
+        #expect(Self.status(&node).settlingWaitsFor == [])
     }
 
     /// A reservation made in this boot (a process crash: what the node wrote survived it), or
@@ -205,6 +232,9 @@ struct SettlingMachineTests {
         for fetch in Self.ownFetches(node) { Self.answer(&node, fetch, holding: []) }
         node.advance(60)
         #expect(Self.status(&node).settling, "n3 left and has not said what it holds")
+        let waits = try #require(Self.status(&node).settlingWaitsFor)
+        #expect(
+            waits.map(\.name) == ["n3"] && waits.allSatisfy { !$0.reachable }, "named by its member entry: \(waits)")
         #expect(node.sent.isEmpty)
         // n3 comes back (a newer alive entry), is linked, asked, and answers: it holds 2 and 3.
         let back = MembershipMachineTests.member("n3", at: 1_800_000_000_000)

@@ -88,6 +88,14 @@ extension NodeMachine {
         return endpoints.sorted()
     }
 
+    /// The ``settlingPeers`` that have not answered for the whole range yet, by publish endpoint,
+    /// and whether each can be asked now: connected, with a repair link.
+    func settlingWaits(_ settling: Settling) -> [(peer: String, reachable: Bool)] {
+        settlingPeers.filter { !settling.done.contains($0) }.map { peer in
+            (peer, repair.links[peer] != nil && (peers[peer].map { isConnected($0) } ?? false))
+        }
+    }
+
     /// At every repair round: asks each peer that has not answered for the next part of the
     /// range; once every one of ``settlingPeers`` has answered all of it, numbers the held
     /// writes. A FETCH unanswered for 1000 ms is sent again on a new link (libzmq drops a
@@ -98,16 +106,9 @@ extension NodeMachine {
             settling.fetches[peer] = nil
             remakeRepairLink(ofUnanswering: peer)
         }
-        var waiting: [String] = []
-        var unreachable: [String] = []
-        for peer in settlingPeers {
-            guard !settling.done.contains(peer) else { continue }
+        let waits = settlingWaits(settling)
+        for (peer, reachable) in waits where reachable {
             let from = settling.askFrom[peer] ?? settling.range.lowerBound
-            waiting.append(peer)
-            guard repair.links[peer] != nil, peers[peer].map({ isConnected($0) }) ?? false else {
-                unreachable.append(peer)
-                continue
-            }
             guard settling.fetches[peer] == nil else { continue }
             let range = Self.limited(from...settling.range.upperBound)
             let id = nextRepairID()
@@ -120,7 +121,7 @@ extension NodeMachine {
                         .fetch, id: id,
                         body: ClientProtocol.encodeFetch(origin: configuration.nodeID, range: range))))
         }
-        guard !waiting.isEmpty else {
+        guard !waits.isEmpty else {
             self.settling = settling
             finishSettling()
             return
@@ -130,8 +131,8 @@ extension NodeMachine {
             logger.warning(
                 "holding writes until these peers say which of this node's possibly lost deltas they hold; those unreachable are down, left, or advertise no API this node may dial (a peer that is gone for good: statesync forget it)",
                 metadata: [
-                    "peers": "\(waiting.joined(separator: ", "))",
-                    "peers.unreachable": "\(unreachable.joined(separator: ", "))",
+                    "peers": "\(waits.map(\.peer).joined(separator: ", "))",
+                    "peers.unreachable": "\(waits.filter { !$0.reachable }.map(\.peer).joined(separator: ", "))",
                     "delta.range": "\(settling.range)", "writes.held": "\(settling.held.count)",
                 ])
         }
