@@ -705,9 +705,10 @@ extension StateSyncCLI {
         }
 
         static let configuration = CommandConfiguration(
-            abstract: "Print the node's id, peers, channels and latest version.",
+            abstract: "Print the node's id, storage policy, peers, channels and latest version.",
             discussion: """
-                Exits 0 when the node answers. With --ready, exits 3 unless the node is ready: every \
+                A node settling after a power loss names the peers whose answer it still waits for, \
+                and which of them it cannot reach. Exits 0 when the node answers. With --ready, exits 3 unless the node is ready: every \
                 configured peer and known member (but those that left or were forgotten) connected, \
                 every connected peer knowing this node (it takes a peer's deltas only then, \
                 docs/PROTOCOL.md 7.5), no deltas known but missing, the disk not full, and not \

@@ -374,10 +374,13 @@ struct DurabilityTests {
                 shown.stdout.contains("settling:  after a power loss or a damaged log: 1 writes held"),
                 "\(shown.stdout)")
             #expect(
-                shown.stdout.contains("; waiting for ") && shown.stdout.contains(" (not reachable)"), "\(shown.stdout)")
+                shown.stdout.contains(" — waiting for ") && shown.stdout.contains(" (not reachable: "),
+                "\(shown.stdout)")
+            #expect(status.settlingWaitsFor?.first?.name == "node2", "\(status.settlingWaitsFor ?? [])")
             #expect(shown.stdout.contains(policyShown), "\(shown.stdout)")
             let probe = try await cli(["status", "--ready", "--daemon", nodes[0].api])
             #expect(probe.status == 3, "not ready while settling: \(probe.stdout) \(probe.stderr)")
+            #expect(probe.stderr.contains(" — waiting for "), "the peers it waits for: \(probe.stderr)")
             let scrape = try await HTTPListenerTests.get("http://127.0.0.1:\(http)/metrics").body
             #expect(HTTPListenerTests.sample("statesync_settling", in: scrape) == 1, "\(scrape)")
             #expect(HTTPListenerTests.sample("statesync_writes_held", in: scrape) == 1)

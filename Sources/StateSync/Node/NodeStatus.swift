@@ -90,8 +90,8 @@ public struct NodeStatus: Sendable, Equatable {
     public struct Storage: Sendable, Equatable {
         /// `always` or `interval` (`storage.fsync`).
         public var fsync: String
-        /// `synced` or `written` (`storage.publish`): whether peers get an own write after it
-        /// is durable, or once written to the OS while it is synced.
+        /// `synced` or `written` (`storage.publish`): whether peers get an own write once it is
+        /// durable, or once written to the OS (before its sync, or while it runs).
         public var publish: String
         /// With `interval`: the milliseconds between syncs (`storage.fsync_interval_ms`).
         public var intervalMilliseconds: Int?
@@ -231,18 +231,21 @@ public struct NodeStatus: Sendable, Equatable {
         return reasons
     }
 
-    /// What a settling node waits for, as the end of a sentence: `; waiting for n2, n3 (not
-    /// reachable)`, or that it makes its reservation durable. Empty when not settling, or when a
-    /// node did not say (an older version).
+    /// What a settling node waits for, as the end of a sentence (with no semicolon: readiness
+    /// reasons are joined with them): ` — waiting for n2, n3 (not reachable: n3, …)`, or that
+    /// no peer is left to hear from. Empty when not settling, or when a node did not say (an
+    /// older version).
     public var settlingWaitsText: String {
         guard settling, let settlingWaitsFor else { return "" }
-        guard !settlingWaitsFor.isEmpty else { return "; every peer answered: making its new reservation durable" }
-        let names = settlingWaitsFor.map { $0.reachable ? $0.name : "\($0.name) (not reachable)" }
+        guard !settlingWaitsFor.isEmpty else {
+            return " — no peer left to hear from: making its new reservation durable"
+        }
+        let unreachable = settlingWaitsFor.filter { !$0.reachable }.map(\.name)
         let hint =
-            settlingWaitsFor.allSatisfy(\.reachable)
+            unreachable.isEmpty
             ? ""
-            : " (one not reachable is down, left, or advertises no API this node may dial; a peer gone for good: statesync forget it)"
-        return "; waiting for \(names.joined(separator: ", "))\(hint)"
+            : " (not reachable: \(unreachable.joined(separator: ", ")), down, left or advertising no API this node may dial: statesync forget a peer gone for good)"
+        return " — waiting for \(settlingWaitsFor.map(\.name).joined(separator: ", "))\(hint)"
     }
 
     /// The status as a ``Value`` map (its wire and JSON form).

@@ -167,7 +167,7 @@ struct SettlingMachineTests {
         let waiting = Self.status(&node)
         #expect(waiting.settlingWaitsFor == [.init(endpoint: "inproc://n3", node: "n3", reachable: true)])
         #expect(NodeStatus(waiting.value) == waiting, "read back from its wire form")
-        #expect(waiting.notReadyReasons.last?.hasSuffix("; waiting for n3") == true, "\(waiting.notReadyReasons)")
+        #expect(waiting.notReadyReasons.last?.hasSuffix(" — waiting for n3") == true, "\(waiting.notReadyReasons)")
         // An older node's status has neither key: it says nothing of what it waits for.
         guard case .map(var older) = waiting.value else {
             Issue.record("not a map")
@@ -278,6 +278,20 @@ struct SettlingMachineTests {
         node.advance(60)
         for fetch in Self.ownFetches(node) { Self.answer(&node, fetch, holding: []) }
         #expect(!Self.status(&node).settling)
+        #expect(node.reservations == [40])
+    }
+
+    /// Every peer answered, the new reservation not yet durable: still settling, and waiting for
+    /// no peer (not even one linked since, which is not asked); STATUS says so.
+    @Test func onceEveryPeerAnsweredItWaitsOnlyForItsReservation() {
+        var node = Self.restarted(reserved: 40)
+        node.reportsReservations = false
+        Self.connect(&node, ["n2", "n3"])
+        node.advance(60)
+        for fetch in Self.ownFetches(node) { Self.answer(&node, fetch, holding: []) }
+        let status = Self.status(&node)
+        #expect(status.settling && status.settlingWaitsFor == [])
+        #expect(status.settlingWaitsText == " — no peer left to hear from: making its new reservation durable")
         #expect(node.reservations == [40])
     }
 }

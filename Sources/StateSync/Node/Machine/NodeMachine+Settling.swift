@@ -96,6 +96,25 @@ extension NodeMachine {
         }
     }
 
+    /// The peers a settling node still waits for, as STATUS names them: by the id it links
+    /// the endpoint to, else by the member entry at that endpoint (not heard since the start:
+    /// one alive, suspect or down, or one that left, as ``settlingPeers`` added it; a forgotten
+    /// member does not lend its name, as in ``NodeStatus/notReadyReasons``). Once every peer
+    /// answered it waits for no one (a peer linked since is not asked).
+    func settlingStatus(_ settling: Settling) -> [NodeStatus.SettlingPeer] {
+        guard !settling.confirming else { return [] }
+        let waits = settlingWaits(settling)
+        guard !waits.isEmpty else { return [] }
+        let members = Dictionary(
+            membership.sorted.filter { $0.state != .forgotten && $0.id != configuration.nodeID }.map {
+                ($0.publish, $0.id)
+            },
+            uniquingKeysWith: { first, _ in first })
+        return waits.map { peer, reachable in
+            NodeStatus.SettlingPeer(endpoint: peer, node: linkedID(of: peer) ?? members[peer], reachable: reachable)
+        }
+    }
+
     /// At every repair round: asks each peer that has not answered for the next part of the
     /// range; once every one of ``settlingPeers`` has answered all of it, numbers the held
     /// writes. A FETCH unanswered for 1000 ms is sent again on a new link (libzmq drops a

@@ -736,18 +736,7 @@ package struct NodeMachine: Sendable {
         status.diskFull = diskFull
         status.diskFreeBytes = diskFree
         status.settling = settling != nil
-        status.settlingWaitsFor =
-            settling.map { settling in
-                // Once every peer answered it waits for no one (a peer linked since is not asked).
-                settling.confirming
-                    ? []
-                    : settlingWaits(settling).map { peer, reachable in
-                        NodeStatus.SettlingPeer(
-                            endpoint: peer,
-                            node: linkedID(of: peer) ?? membership.sorted.first { $0.publish == peer }?.id,
-                            reachable: reachable)
-                    }
-            } ?? []
+        status.settlingWaitsFor = settling.map(settlingStatus) ?? []
         status.storage = NodeStatus.Storage(
             fsync: configuration.fsync.rawValue, publish: configuration.publishesBeforeSync ? "written" : "synced",
             intervalMilliseconds: configuration.fsync == .interval ? configuration.fsyncIntervalMilliseconds : nil)
