@@ -209,10 +209,12 @@ package final class ZeroMQNodeDriver: NodeDriver {
                     switch source {
                     case .subscriber(let peer, _): input = .peerMessage(peer: peer, frames: frames)
                     case .router:
-                        // [client routing id][header][body]; anything else is malformed.
+                        // [client routing id][header][body]; anything else is malformed. The
+                        // routing id is taken off in place: no array per request.
+                        var request = frames
+                        let client = request.isEmpty ? [] : request.removeFirst()
                         input = .clientRequest(
-                            client: frames.first ?? [], frames: frames.count == 3 ? Array(frames[1...]) : [],
-                            identity: userID)
+                            client: client, frames: request.count == 2 ? request : [], identity: userID)
                     case .repairLink(let peer, _): input = .repairReply(peer: peer, frames: frames)
                     case .zap(let socket):
                         guard let refused = transport.authenticate(frames, on: socket) else { continue }

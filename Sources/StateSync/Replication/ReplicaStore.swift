@@ -1017,6 +1017,15 @@ public struct ReplicaStore: Sendable {
         return model.registers.filter { !$0.value.isDeleted }
     }
 
+    /// One property of one model, when it has a value (`nil` when unknown or deleted): a client's
+    /// single-property SET looks up only what it writes, with no copy of the model's registers.
+    public func property(_ name: String, of address: ModelAddress) -> Register? {
+        guard let register = channels[address.channel]?[address.model]?.registers[name], !register.isDeleted else {
+            return nil
+        }
+        return register
+    }
+
     /// Every record of one model as replicas exchange them: its registers, deletions included,
     /// and — under the empty name, as a deletion — the model's own deletion.
     public func records(of address: ModelAddress) -> [String: Register] {

@@ -194,6 +194,8 @@ public enum ClientProtocol {
         let address = ModelAddress(channel: try r.string("channel"), model: try r.string("model"))
         let n = try r.count("property count", minimumItemSize: 2)
         var writes: [PropertyWrite] = []
+        // Bounded by the body's size (each property takes at least two octets).
+        writes.reserveCapacity(n)
         for _ in 0..<n {
             let name = try r.string("property name")
             writes.append(try r.propertyWrite(named: name))
@@ -223,9 +225,19 @@ public enum ClientProtocol {
 
     /// The start of the OK body of a SET: a version (the node appends a changed flag byte).
     public static func encodeVersion(_ version: Version) -> [UInt8] {
-        var w = WireWriter()
+        var w = WireWriter(capacity: 8 + 10 + version.node.utf8.count)
         w.uint64(version.timestamp)
         w.string(version.node)
+        return w.bytes
+    }
+
+    /// A version followed by one octet (the OK body of a SET or DELETE: the version and the
+    /// outcome, section 10.3), in one allocation of its size.
+    static func encodeVersion(_ version: Version, then octet: UInt8) -> [UInt8] {
+        var w = WireWriter(capacity: 8 + 10 + version.node.utf8.count + 1)
+        w.uint64(version.timestamp)
+        w.string(version.node)
+        w.byte(octet)
         return w.bytes
     }
 

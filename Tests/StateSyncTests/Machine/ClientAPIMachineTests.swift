@@ -28,6 +28,60 @@ struct ClientAPIMachineTests {
         #expect(try ClientProtocol.decodeVersion(Array(reply.1.dropLast())) == future.version)
         #expect(node.machine.store.properties(of: address)["x"]?.value == 5)
     }
+
+    /// A SET of several properties writes those it changes, at one new version, and leaves the
+    /// others at theirs; unchanged, it reports the newest of theirs. A deleted property holds no
+    /// value: setting it to null changes it, also in a single-property SET (looked up alone).
+    @Test func aSetWritesOnlyThePropertiesItChanges() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        let address = ModelAddress(channel: "c", model: "m")
+        func set(_ id: UInt64, _ writes: [PropertyWrite]) throws -> (version: Version, result: UInt8) {
+            let answer = node.request(.set, id: id, ClientProtocol.encodeSet(address, writes))
+            let reply = try #require(answer)
+            #expect(reply.0.kind == .ok)
+            return (try ClientProtocol.decodeVersion(Array(reply.1.dropLast())), try #require(reply.1.last))
+        }
+        let first = try set(1, [PropertyWrite(name: "x", value: 1), PropertyWrite(name: "y", value: 1)])
+        #expect(first.result == 1)
+        let second = try set(2, [PropertyWrite(name: "x", value: 1), PropertyWrite(name: "y", value: 2)])
+        #expect(second.result == 1)
+        #expect(second.version > first.version)
+        let held = node.machine.store.properties(of: address)
+        #expect(held["x"]?.version == first.version, "x did not change: it keeps its version")
+        #expect(held["y"]?.version == second.version && held["y"]?.value == 2)
+        let again = try set(3, [PropertyWrite(name: "x", value: 1), PropertyWrite(name: "y", value: 2)])
+        #expect(again.result == 0 && again.version == second.version)
+        let single = try set(4, [PropertyWrite(name: "x", value: 1)])
+        #expect(single.result == 0 && single.version == first.version)
+
+        let deletion = node.request(.delete, id: 5, ClientProtocol.encodeDelete(address, properties: ["y"]))
+        #expect(try #require(deletion).0.kind == .ok)
+        // Null is a value: set on a deleted property (whose record holds null), it changes it.
+        let back = try set(6, [PropertyWrite(name: "y", value: .null)])
+        #expect(back.result == 1 && back.version > second.version)
+        #expect(node.machine.store.properties(of: address)["y"]?.value == .null)
+    }
+
+    /// A write larger than a delta may carry is refused with ERROR 3, naming the limit, and
+    /// changes nothing (its size is counted only when its request is that large).
+    @Test func aWriteLargerThanADeltaMayCarryIsRefused() throws {
+        var node = MachineRunner(MachineRunner.configuration("n1"))
+        let address = ModelAddress(channel: "c", model: "m")
+        let large = [UInt8](repeating: 7, count: NodeMachine.maximumWriteBytes)
+        let answer = node.request(
+            .set, id: 1, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: .bytes(large))]))
+        let reply = try #require(answer)
+        #expect(reply.0.kind == .error)
+        let error = try ClientProtocol.decodeError(reply.1)
+        #expect(error.code == ClientProtocol.ErrorCode.invalidArgument.rawValue)
+        #expect(error.message.contains("a delta may carry at most \(NodeMachine.maximumWriteBytes)"))
+        #expect(node.machine.store.channelModelCounts.isEmpty, "nothing was written")
+        // Just under the limit (the name and the value's tag and length count too), it is taken.
+        let fits = [UInt8](repeating: 7, count: NodeMachine.maximumWriteBytes - 8)
+        let taken = node.request(
+            .set, id: 2, ClientProtocol.encodeSet(address, [PropertyWrite(name: "x", value: .bytes(fits))]))
+        #expect(try #require(taken).0.kind == .ok)
+    }
 }
 
 /// Bad requests get a clear error and change nothing (PROTOCOL.md sections 10.1, 10.10, 12).

@@ -175,7 +175,9 @@ extension NodeMachine {
                 try authorize(identity, write: true, channel: address.channel)
                 try refuseWhenDiskFull(client, id, writing: body.count)
                 try holdWhileSettling(frames, client, identity, id)
-                try write(address, writes, client: client, id: id, batchedReply: takesBatchedReplies(header))
+                try write(
+                    address, writes, encodedIn: body.count, client: client, id: id,
+                    batchedReply: takesBatchedReplies(header))
             case .delete:
                 let (address, names) = try ClientProtocol.decodeDelete(body)
                 if names.contains(where: \.isEmpty) {
@@ -186,7 +188,9 @@ extension NodeMachine {
                 try refuseWhenDiskFull(client, id, writing: body.count)
                 try holdWhileSettling(frames, client, identity, id)
                 let writes = names.isEmpty ? [PropertyWrite.modelDeletion] : names.map(PropertyWrite.deletion(of:))
-                try write(address, writes, client: client, id: id, batchedReply: takesBatchedReplies(header))
+                try write(
+                    address, writes, encodedIn: body.count, client: client, id: id,
+                    batchedReply: takesBatchedReplies(header))
             case .get:
                 let address = try ClientProtocol.decodeAddress(body)
                 try Names.validateChannel(address.channel)
@@ -409,13 +413,14 @@ extension NodeMachine {
     static let logGrowthMargin: UInt64 = 2 * UInt64(DeltaLog.preallocationStep)
 
     /// Makes a client's write (SET or DELETE) and answers it once durable; in an OKS message
-    /// when `batchedReply` (the request's header asked for it, section 10.1.1).
+    /// when `batchedReply` (the request's header asked for it, section 10.1.1). `encodedIn` is
+    /// the size of the request body that carried the writes.
     mutating func write(
-        _ address: ModelAddress, _ writes: [PropertyWrite], client: [UInt8], id: UInt64, batchedReply: Bool
+        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int, client: [UInt8], id: UInt64,
+        batchedReply: Bool
     ) throws(StateSyncError) {
-        let (version, result) = try clientSet(address, writes)
-        var answer = ClientProtocol.encodeVersion(version)
-        answer.append(result.rawValue)
+        let (version, result) = try clientSet(address, writes, encodedIn: octets)
+        let answer = ClientProtocol.encodeVersion(version, then: result.rawValue)
         // Answered once durable: an acknowledged write survives a crash.
         replyWhenDurable(
             client: client,
@@ -436,19 +441,28 @@ extension NodeMachine {
     /// removed; a deletion is always written (an older write of what it deletes, still on its
     /// way, must lose to it on every replica). Returns the version to report (the
     /// write's, or when nothing changed the newest of the named properties) and what happened.
-    mutating func clientSet(_ address: ModelAddress, _ writes: [PropertyWrite]) throws(StateSyncError) -> (
-        version: Version, result: SetResult
-    ) {
-        try validateWrite(address, writes)
-        let current = store.properties(of: address)
+    ///
+    /// `encodedIn` is the size of the request body that carried the writes: when it is within
+    /// ``maximumWriteBytes``, so are the writes, and their size is not counted again.
+    mutating func clientSet(
+        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int
+    ) throws(StateSyncError) -> (version: Version, result: SetResult) {
+        try validateWrite(address, writes, encodedIn: octets)
+        // One property (the usual SET) is looked up alone; several, in one copy of the model's.
+        let current = writes.count == 1 ? [:] : store.properties(of: address)
+        func held(_ name: String) -> ReplicaStore.Register? {
+            writes.count == 1 ? store.property(name, of: address) : current[name]
+        }
         // A deletion is always written: whatever this node holds, a write older than it may still
         // be on its way, and must lose to it everywhere.
-        let effective = writes.filter { write in
-            guard !write.isDeletion, let held = current[write.name] else { return true }
-            return held.value != write.value || held.timeToLive != 0 || write.timeToLive != 0
+        func changes(_ write: PropertyWrite) -> Bool {
+            guard !write.isDeletion, let register = held(write.name) else { return true }
+            return register.value != write.value || register.timeToLive != 0 || write.timeToLive != 0
         }
+        // Usually every write changes something: the request's array is taken as it is.
+        let effective = writes.allSatisfy(changes) ? writes : writes.filter(changes)
         guard !effective.isEmpty else {
-            return (writes.compactMap { current[$0.name]?.version }.max() ?? .zero, .unchanged)
+            return (writes.compactMap { held($0.name)?.version }.max() ?? .zero, .unchanged)
         }
         let version = clock.next()
         let applied = applyLocal(LocalWriteRound([LocalWrite(address: address, version: version, writes: effective)]))
@@ -460,21 +474,27 @@ extension NodeMachine {
     }
 
     /// Checks a SET or DELETE (ERROR 3): names, no property twice, the model's deletion alone,
-    /// the size.
-    func validateWrite(_ address: ModelAddress, _ writes: [PropertyWrite]) throws(StateSyncError) {
+    /// the size. `encodedIn`: the size of the request body that carried the writes, which is
+    /// at least theirs (each name with its length, each value as it came: decoded and encoded
+    /// again, a value never grows).
+    func validateWrite(
+        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int
+    ) throws(StateSyncError) {
         try Names.validateChannel(address.channel)
         try Names.validateModel(address.model)
         guard !writes.isEmpty else { throw StateSyncError(.invalidName, "a set needs at least one property") }
         if writes.contains(where: \.isModelDeletion), writes.count > 1 {
             throw StateSyncError(.invalidName, "the deletion of a model is a write of its own")
         }
-        var seen = Set<String>()
+        // No set for the usual single write.
+        var seen = writes.count > 1 ? Set<String>(minimumCapacity: writes.count) : []
         for write in writes {
             try Names.validateWrite(write)
-            guard seen.insert(write.name).inserted else {
+            guard writes.count == 1 || seen.insert(write.name).inserted else {
                 throw StateSyncError(.invalidName, "property '\(write.name)' is given twice")
             }
         }
+        guard octets > Self.maximumWriteBytes else { return }
         let size = writes.reduce(0) { total, write in
             var w = WireWriter()
             w.propertyValue(write)
