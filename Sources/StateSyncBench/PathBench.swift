@@ -40,6 +40,11 @@ public enum PathBench {
         public var setNanoseconds = 0.0
         public var writerNanoseconds = 0.0
         public var readerNanoseconds = 0.0
+        /// Of the writer's and the reader's figures, the CPU their log syncs took (the kernel's
+        /// `fdatasync` work, most of it): what moves with the disk rather than with the node's
+        /// code, so a build is compared by the figures without it.
+        public var writerSyncNanoseconds = 0.0
+        public var readerSyncNanoseconds = 0.0
         /// Messages the writer published (DELTA batches and heartbeats).
         public var messages = 0
 
@@ -48,12 +53,17 @@ public enum PathBench {
         /// Counts one measured turn of `changes` changes and `messages` messages, from the
         /// thread's CPU clock at its start, after the setters, after the writer's turn and after
         /// the reader's (sums: divided by the changes at the end).
-        mutating func add(_ changes: Int, messages: Int, started: UInt64, set: UInt64, wrote: UInt64, read: UInt64) {
+        mutating func add(
+            _ changes: Int, messages: Int, started: UInt64, set: UInt64, wrote: UInt64, read: UInt64,
+            synced: (writer: UInt64, reader: UInt64)
+        ) {
             self.changes += changes
             self.messages += messages
             setNanoseconds += Double(set - started)
             writerNanoseconds += Double(wrote - set)
             readerNanoseconds += Double(read - wrote)
+            writerSyncNanoseconds += Double(synced.writer)
+            readerSyncNanoseconds += Double(synced.reader)
         }
 
         /// The sums of ``add(_:messages:started:set:wrote:read:)`` divided by the changes counted.
@@ -63,6 +73,8 @@ public enum PathBench {
             figures.setNanoseconds /= count
             figures.writerNanoseconds /= count
             figures.readerNanoseconds /= count
+            figures.writerSyncNanoseconds /= count
+            figures.readerSyncNanoseconds /= count
             return figures
         }
 
@@ -73,6 +85,10 @@ public enum PathBench {
                 "messages": .int(Int64(messages)),
                 "set_ns_per_change": rounded(setNanoseconds), "writer_ns_per_change": rounded(writerNanoseconds),
                 "reader_ns_per_change": rounded(readerNanoseconds), "total_ns_per_change": rounded(totalNanoseconds),
+                "writer_sync_ns_per_change": rounded(writerSyncNanoseconds),
+                "reader_sync_ns_per_change": rounded(readerSyncNanoseconds),
+                "writer_ns_per_change_without_sync": rounded(writerNanoseconds - writerSyncNanoseconds),
+                "reader_ns_per_change_without_sync": rounded(readerNanoseconds - readerSyncNanoseconds),
             ]
         }
     }
@@ -143,9 +159,14 @@ public enum PathBench {
                 }
             }
             let set = threadCPUNanoseconds()
+            let syncedBefore = pair.synced
             let (messages, wrote, read) = pair.turns()
             done += turn
-            if measured { figures.add(turn, messages: messages, started: started, set: set, wrote: wrote, read: read) }
+            if measured {
+                figures.add(
+                    turn, messages: messages, started: started, set: set, wrote: wrote, read: read,
+                    synced: pair.synced(since: syncedBefore))
+            }
         }
         writer.detachModels()
         reader.detachModels()
@@ -205,10 +226,12 @@ public enum PathBench {
                         .set, id: UInt64(index + 1), body: body, flags: ClientProtocol.RequestFlags.batchedReplies))
             }
             let started = threadCPUNanoseconds()
+            let syncedBefore = pair.synced
             for frames in requests {
                 writer.process(.clientRequest(client: client, frames: frames, identity: nil), now: now(), via: toReader)
             }
             let (messages, wrote, read) = pair.turns()
+            let synced = pair.synced(since: syncedBefore)
             for frames in toReader.replies where frames.count == 2 {
                 guard (try? ClientProtocol.decodeReplyHeader(frames[0]))?.kind == .oks,
                     let oks = try? ClientProtocol.decodeBatchedOKs(frames[1])
@@ -225,7 +248,8 @@ public enum PathBench {
             toWriter.watchEvents.removeAll(keepingCapacity: true)
             done += turn
             if measured {
-                figures.add(turn, messages: messages, started: started, set: started, wrote: wrote, read: read)
+                figures.add(
+                    turn, messages: messages, started: started, set: started, wrote: wrote, read: read, synced: synced)
             }
         }
         writer.finishStop()
@@ -248,6 +272,9 @@ public enum PathBench {
         static let now: @Sendable () -> UInt64 = { monotonicNanoseconds() / 1_000_000 }
         let writer: StateSyncNode
         let reader: StateSyncNode
+        /// Their data directories, which count the CPU their syncs take.
+        let writerStorage: TimedStorage
+        let readerStorage: TimedStorage
         let toReader = CapturingTransport()
         let toWriter = CapturingTransport()
 
@@ -257,19 +284,21 @@ public enum PathBench {
             var logger = Logger(label: "bench")
             logger.logLevel = .error
             let apis = ["tcp://127.0.0.1:3", "tcp://127.0.0.1:4"]
-            func node(_ index: Int) throws -> StateSyncNode {
+            func node(_ index: Int) throws -> (StateSyncNode, TimedStorage) {
                 let id = index == 0 ? "writer" : "reader"
                 let configuration = NodeConfiguration(
                     nodeID: id, dataDirectory: "\(work)/\(id)", publishEndpoint: Self.endpoints[index],
                     peers: [Self.endpoints[1 - index]], apiEndpoint: withAPI ? apis[index] : nil,
                     heartbeatIntervalMilliseconds: 50)
-                return try StateSyncNode(
-                    configuration: configuration, storage: try DataDirectory(path: configuration.dataDirectory),
+                let storage = try TimedStorage(path: configuration.dataDirectory)
+                let node = try StateSyncNode(
+                    configuration: configuration, storage: storage,
                     clock: HybridLogicalClock(node: id), monotonicNow: Self.now,
                     incarnation: UInt64.random(in: 1...UInt64.max), observers: InlineObserverExecutor(), logger: logger)
+                return (node, storage)
             }
-            writer = try node(0)
-            reader = try node(1)
+            (writer, writerStorage) = try node(0)
+            (reader, readerStorage) = try node(1)
             let now = Self.now
             let repair = withAPI ? apis : ["inproc://writer", "inproc://reader"]
             writer.process(.endpointsBound(publish: Self.endpoints[0], repair: repair[0]), now: now(), via: toReader)
@@ -291,6 +320,17 @@ public enum PathBench {
                     writer.process(.peerMessage(peer: Self.endpoints[1], frames: frames), now: now(), via: toReader)
                 }
             }
+        }
+
+        /// The CPU the writer's and the reader's syncs took so far, in nanoseconds.
+        var synced: (writer: UInt64, reader: UInt64) {
+            (writerStorage.syncedNanoseconds, readerStorage.syncedNanoseconds)
+        }
+
+        /// The CPU their syncs took since `before` (a ``synced`` read earlier).
+        func synced(since before: (writer: UInt64, reader: UInt64)) -> (writer: UInt64, reader: UInt64) {
+            let now = synced
+            return (now.writer &- before.writer, now.reader &- before.reader)
         }
 
         /// The writer's tick (what it took is logged, synced and published), then the reader's
