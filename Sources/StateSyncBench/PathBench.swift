@@ -52,7 +52,8 @@ public enum PathBench {
 
         /// Counts one measured turn of `changes` changes and `messages` messages, from the
         /// thread's CPU clock at its start, after the setters, after the writer's turn and after
-        /// the reader's (sums: divided by the changes at the end).
+        /// the reader's, with the CPU the writer's and the reader's syncs took in the turn (sums:
+        /// divided by the changes at the end).
         mutating func add(
             _ changes: Int, messages: Int, started: UInt64, set: UInt64, wrote: UInt64, read: UInt64,
             synced: (writer: UInt64, reader: UInt64)
@@ -66,7 +67,7 @@ public enum PathBench {
             readerSyncNanoseconds += Double(synced.reader)
         }
 
-        /// The sums of ``add(_:messages:started:set:wrote:read:)`` divided by the changes counted.
+        /// The sums of ``add(_:messages:started:set:wrote:read:synced:)`` divided by the changes counted.
         func perChange() -> Figures {
             var figures = self
             let count = Double(max(changes, 1))

@@ -60,7 +60,7 @@ extension StateSyncCLI {
 
         @Option(
             help: ArgumentHelp(
-                "Only measure the CPU one change costs along the delta path (single sets, 8-property tx, or a client's SETs on a node with a client API and a watch on its peer), in one thread: a writer and a reader node in this process, no sockets between them. Steadier than a rate: compare builds by it.",
+                "Only measure the CPU one change costs along the delta path (single sets, 8-property tx, or a client's SETs on a node with a client API and a watch on its peer), in one thread: a writer and a reader node in this process, no sockets between them. Steadier than a rate: compare builds by it (the log syncs' CPU, which moves with the disk, is also given apart).",
                 valueName: "single|tx|client"))
         var path: String?
 
