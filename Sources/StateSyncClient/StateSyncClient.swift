@@ -154,7 +154,8 @@ public final class StateSyncClient: Sendable {
     /// Writes properties of one model as one delta. Returns once the node has applied it (with
     /// `storage.fsync: always`, once it is durable). A write may carry a time to live
     /// (``PropertyWrite/init(name:value:timeToLive:)``) or delete its property
-    /// (``PropertyWrite/deletion(of:)``).
+    /// (``PropertyWrite/deletion(of:)``). The whole model is deleted by ``delete(_:properties:)``
+    /// naming no property: a set of ``PropertyWrite/modelDeletion`` is refused (ERROR 3).
     @discardableResult
     public func set(_ address: ModelAddress, _ properties: [PropertyWrite]) async throws -> SetResult {
         try setResult(try await io.request(.set, ClientProtocol.encodeSet(address, properties)))

@@ -194,8 +194,9 @@ public enum ClientProtocol {
         let address = ModelAddress(channel: try r.string("channel"), model: try r.string("model"))
         let n = try r.count("property count", minimumItemSize: 2)
         var writes: [PropertyWrite] = []
-        // Bounded by the body's size (each property takes at least two octets).
-        writes.reserveCapacity(n)
+        // No more than a first batch: a count within a 64 MiB body's bound may still claim
+        // millions of properties that are not there (WireReader.maximumReservation).
+        writes.reserveCapacity(Swift.min(n, WireReader.maximumReservation))
         for _ in 0..<n {
             let name = try r.string("property name")
             writes.append(try r.propertyWrite(named: name))

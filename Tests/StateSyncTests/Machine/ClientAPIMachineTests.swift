@@ -108,8 +108,14 @@ struct BadRequestMachineTests {
             ModelAddress(channel: "c", model: "m"),
             [PropertyWrite(name: "x", value: 1), PropertyWrite(name: "x", value: 2)])
         #expect(Self.error(node.request(.set, id: 8, repeated)) == ClientProtocol.ErrorCode.invalidArgument.rawValue)
+        // The empty name is the model's deletion in a DELETE only: in a SET it is invalid, also as
+        // a deletion (section 10.3).
+        let modelDeletion = ClientProtocol.encodeSet(ModelAddress(channel: "c", model: "m"), [.modelDeletion])
+        let refused = node.request(.set, id: 9, modelDeletion)
+        #expect(Self.error(refused) == ClientProtocol.ErrorCode.invalidArgument.rawValue)
+        #expect(refused.flatMap { try? ClientProtocol.decodeError($0.1).message }?.contains("DELETE") == true)
         #expect(node.machine.store.channelModelCounts.isEmpty, "nothing was written")
-        #expect(node.machine.counters.clientErrors == 4)
+        #expect(node.machine.counters.clientErrors == 5)
     }
 
     /// 10.1: a header of another protocol version gets ERROR 4 with request id 0; frames that

@@ -176,7 +176,7 @@ extension NodeMachine {
                 try refuseWhenDiskFull(client, id, writing: body.count)
                 try holdWhileSettling(frames, client, identity, id)
                 try write(
-                    address, writes, encodedIn: body.count, client: client, id: id,
+                    address, writes, encodedIn: body.count, deletesModelAllowed: false, client: client, id: id,
                     batchedReply: takesBatchedReplies(header))
             case .delete:
                 let (address, names) = try ClientProtocol.decodeDelete(body)
@@ -189,7 +189,7 @@ extension NodeMachine {
                 try holdWhileSettling(frames, client, identity, id)
                 let writes = names.isEmpty ? [PropertyWrite.modelDeletion] : names.map(PropertyWrite.deletion(of:))
                 try write(
-                    address, writes, encodedIn: body.count, client: client, id: id,
+                    address, writes, encodedIn: body.count, deletesModelAllowed: true, client: client, id: id,
                     batchedReply: takesBatchedReplies(header))
             case .get:
                 let address = try ClientProtocol.decodeAddress(body)
@@ -414,12 +414,14 @@ extension NodeMachine {
 
     /// Makes a client's write (SET or DELETE) and answers it once durable; in an OKS message
     /// when `batchedReply` (the request's header asked for it, section 10.1.1). `encodedIn` is
-    /// the size of the request body that carried the writes.
+    /// the size of the request body that carried the writes; `deletesModelAllowed`: whether
+    /// they may be the model's deletion (a DELETE's, not a SET's: section 10.3).
     mutating func write(
-        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int, client: [UInt8], id: UInt64,
-        batchedReply: Bool
+        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int, deletesModelAllowed: Bool,
+        client: [UInt8], id: UInt64, batchedReply: Bool
     ) throws(StateSyncError) {
-        let (version, result) = try clientSet(address, writes, encodedIn: octets)
+        let (version, result) = try clientSet(
+            address, writes, encodedIn: octets, deletesModelAllowed: deletesModelAllowed)
         let answer = ClientProtocol.encodeVersion(version, then: result.rawValue)
         // Answered once durable: an acknowledged write survives a crash.
         replyWhenDurable(
@@ -445,9 +447,9 @@ extension NodeMachine {
     /// `encodedIn` is the size of the request body that carried the writes: when it is within
     /// ``maximumWriteBytes``, so are the writes, and their size is not counted again.
     mutating func clientSet(
-        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int
+        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int, deletesModelAllowed: Bool
     ) throws(StateSyncError) -> (version: Version, result: SetResult) {
-        try validateWrite(address, writes, encodedIn: octets)
+        try validateWrite(address, writes, encodedIn: octets, deletesModelAllowed: deletesModelAllowed)
         // One property (the usual SET) is looked up alone; several, in one copy of the model's.
         let current = writes.count == 1 ? [:] : store.properties(of: address)
         func held(_ name: String) -> ReplicaStore.Register? {
@@ -476,19 +478,25 @@ extension NodeMachine {
     /// Checks a SET or DELETE (ERROR 3): names, no property twice, the model's deletion alone,
     /// the size. `encodedIn`: the size of the request body that carried the writes, which is
     /// at least theirs (each name with its length, each value as it came: decoded and encoded
-    /// again, a value never grows).
+    /// again, a value never grows). Without `deletesModelAllowed` (a SET), the empty name is
+    /// invalid also as a deletion (section 10.3: the model's deletion is for DELETE).
     func validateWrite(
-        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int
+        _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int, deletesModelAllowed: Bool
     ) throws(StateSyncError) {
         try Names.validateChannel(address.channel)
         try Names.validateModel(address.model)
         guard !writes.isEmpty else { throw StateSyncError(.invalidName, "a set needs at least one property") }
-        if writes.contains(where: \.isModelDeletion), writes.count > 1 {
+        if deletesModelAllowed, writes.contains(where: \.isModelDeletion), writes.count > 1 {
             throw StateSyncError(.invalidName, "the deletion of a model is a write of its own")
         }
         // No set for the usual single write.
         var seen = writes.count > 1 ? Set<String>(minimumCapacity: writes.count) : []
         for write in writes {
+            if !deletesModelAllowed, write.isModelDeletion {
+                throw StateSyncError(
+                    .invalidName,
+                    "property name is empty (a SET cannot delete the whole model: a DELETE naming no property does)")
+            }
             try Names.validateWrite(write)
             guard writes.count == 1 || seen.insert(write.name).inserted else {
                 throw StateSyncError(.invalidName, "property '\(write.name)' is given twice")
