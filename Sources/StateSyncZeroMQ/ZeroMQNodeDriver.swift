@@ -210,7 +210,8 @@ package final class ZeroMQNodeDriver: NodeDriver {
                     case .subscriber(let peer, _): input = .peerMessage(peer: peer, frames: frames)
                     case .router:
                         // [client routing id][header][body]; anything else is malformed. The
-                        // routing id is taken off in place: no array per request.
+                        // routing id is taken off the received array (no new array built for
+                        // the rest, unless the array is still shared).
                         var request = frames
                         let client = request.isEmpty ? [] : request.removeFirst()
                         input = .clientRequest(

@@ -225,20 +225,11 @@ public enum ClientProtocol {
     }
 
     /// The start of the OK body of a SET: a version (the node appends a changed flag byte).
+    /// Its buffer has room for the outcome octet the node appends (section 10.3): one allocation.
     public static func encodeVersion(_ version: Version) -> [UInt8] {
-        var w = WireWriter(capacity: 8 + 10 + version.node.utf8.count)
-        w.uint64(version.timestamp)
-        w.string(version.node)
-        return w.bytes
-    }
-
-    /// A version followed by one octet (the OK body of a SET or DELETE: the version and the
-    /// outcome, section 10.3), in one allocation of its size.
-    static func encodeVersion(_ version: Version, then octet: UInt8) -> [UInt8] {
         var w = WireWriter(capacity: 8 + 10 + version.node.utf8.count + 1)
         w.uint64(version.timestamp)
         w.string(version.node)
-        w.byte(octet)
         return w.bytes
     }
 

@@ -422,7 +422,8 @@ extension NodeMachine {
     ) throws(StateSyncError) {
         let (version, result) = try clientSet(
             address, writes, encodedIn: octets, deletesModelAllowed: deletesModelAllowed)
-        let answer = ClientProtocol.encodeVersion(version, then: result.rawValue)
+        var answer = ClientProtocol.encodeVersion(version)
+        answer.append(result.rawValue)
         // Answered once durable: an acknowledged write survives a crash.
         replyWhenDurable(
             client: client,
@@ -475,20 +476,18 @@ extension NodeMachine {
         return (version, .changed)
     }
 
-    /// Checks a SET or DELETE (ERROR 3): names, no property twice, the model's deletion alone,
-    /// the size. `encodedIn`: the size of the request body that carried the writes, which is
-    /// at least theirs (each name with its length, each value as it came: decoded and encoded
-    /// again, a value never grows). Without `deletesModelAllowed` (a SET), the empty name is
-    /// invalid also as a deletion (section 10.3: the model's deletion is for DELETE).
+    /// Checks a SET or DELETE (ERROR 3): names, no property twice, the size. Without
+    /// `deletesModelAllowed` (a SET), the empty name is invalid also as a deletion (section 10.3:
+    /// the model's deletion is for DELETE, whose writes are then the node's own
+    /// `[.modelDeletion]`). `encodedIn`: the size of the request body that carried the writes,
+    /// which is at least theirs (each name with its length, each value as it came: decoded and
+    /// encoded again, a value never grows).
     func validateWrite(
         _ address: ModelAddress, _ writes: [PropertyWrite], encodedIn octets: Int, deletesModelAllowed: Bool
     ) throws(StateSyncError) {
         try Names.validateChannel(address.channel)
         try Names.validateModel(address.model)
         guard !writes.isEmpty else { throw StateSyncError(.invalidName, "a set needs at least one property") }
-        if deletesModelAllowed, writes.contains(where: \.isModelDeletion), writes.count > 1 {
-            throw StateSyncError(.invalidName, "the deletion of a model is a write of its own")
-        }
         // No set for the usual single write.
         var seen = writes.count > 1 ? Set<String>(minimumCapacity: writes.count) : []
         for write in writes {
