@@ -66,8 +66,80 @@ enum DiskBench {
             }
             timings.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1000)
         }
-        timings.sort()
-        func percentile(_ p: Double) -> Double { timings[min(timings.count - 1, Int(Double(timings.count) * p))] }
-        return Latency(p50: percentile(0.50), p99: percentile(0.99), samples: samples)
+        return Latency(timings)
+    }
+
+    /// The disk's limit on a stream of durable writes: writes of `size` octets arriving `rate`
+    /// times a second for `seconds`, on a steady schedule, made durable as a node's log makes
+    /// them (group commit): one `fdatasync` at a time, each covering every write that arrived
+    /// before it started. A write's latency runs from its arrival to the end of the sync that
+    /// covered it, so it includes the wait for the sync in progress when it arrived, and a write
+    /// that arrives while the disk stalls is counted with the whole wait, as a node's writes are
+    /// (they keep coming). ``fdatasyncLatency(directory:samples:size:preallocated:rate:)`` times
+    /// each sync from its own start instead: it leaves out the writes a stall delays (coordinated
+    /// omission), so its p99 misses the stalls that set a node's. Into preallocated space, as
+    /// the log writes. The write the loop slept for counts from when it woke (as a node's writer
+    /// stamps a change when it runs, not when its timer was due). `sync` is `fdatasync` but in
+    /// tests (a stall planted).
+    static func fdatasyncStream(
+        directory: String, rate: Int, seconds: Double, size: Int = 64, sync: (Int32) -> Int32 = { fdatasync($0) }
+    ) throws -> Latency {
+        let count = max(1, Int(Double(rate) * seconds))
+        let interval = 1_000_000_000 / UInt64(max(rate, 1))
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let path = "\(directory)/fdatasync-stream-\(getpid())"
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        guard fd >= 0 else {
+            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
+        }
+        defer {
+            close(fd)
+            unlink(path)
+        }
+        func fail() -> CocoaError {
+            CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
+        }
+        let zeros = [UInt8](repeating: 0, count: count * size)
+        guard zeros.withUnsafeBytes({ write(fd, $0.baseAddress, zeros.count) }) == zeros.count, fsync(fd) == 0 else {
+            throw fail()
+        }
+        let records = [UInt8](repeating: 0x5A, count: count * size)
+        var timings: [Double] = []
+        timings.reserveCapacity(count)
+        let start = monotonicNanoseconds() + 1_000_000
+        var next = 0  // the first write not yet made durable
+        while next < count {
+            var now = monotonicNanoseconds()
+            var sleptFor: Int?
+            let due = start + UInt64(next) * interval
+            if due > now {
+                var until = timespec(tv_sec: Int(due / 1_000_000_000), tv_nsec: Int(due % 1_000_000_000))
+                while clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &until, nil) == EINTR {}
+                now = monotonicNanoseconds()
+                sleptFor = next
+            }
+            // Every write due by now goes in this sync.
+            let end = min(count, Int((now - start) / interval) + 1)
+            let written = records.withUnsafeBytes {
+                pwrite(fd, $0.baseAddress! + next * size, (end - next) * size, off_t(next * size))
+            }
+            guard written == (end - next) * size, sync(fd) == 0 else { throw fail() }
+            let synced = monotonicNanoseconds()
+            for index in next..<end {
+                let arrived = index == sleptFor ? now : start + UInt64(index) * interval
+                timings.append(Double(synced - arrived) / 1000)
+            }
+            next = end
+        }
+        return Latency(timings)
+    }
+}
+
+extension DiskBench.Latency {
+    /// The percentiles of `timings` (microseconds, in any order; at least one).
+    init(_ timings: [Double]) {
+        let sorted = timings.sorted()
+        func percentile(_ p: Double) -> Double { sorted[min(sorted.count - 1, Int(Double(sorted.count) * p))] }
+        self.init(p50: percentile(0.50), p99: percentile(0.99), samples: sorted.count)
     }
 }

@@ -1,3 +1,5 @@
+import Foundation
+import Synchronization
 import Testing
 
 @testable import StateSyncBench
@@ -37,7 +39,7 @@ struct BenchReportTests {
         #expect(report["latency_p50_interval_ratio_raw"] == 1500)
         guard case .map(let json) = report.value else { throw CancellationError() }
         #expect(json["latency_p50_ratio_limit"] == .double(1.25))
-        #expect(report.humanText.contains("(limit 200 µs: 1.25×, +50 µs) raw+fsync"))
+        #expect(report.humanText.contains("(limit 200 µs: 1.25×, +50 µs) raw+disk"))
         // The one-context raw latency is a reference beside the limit, not part of it.
         var reference = Bench.Report()
         reference.figures =
@@ -70,13 +72,49 @@ struct BenchReportTests {
         #expect(lone["limit_durable_lone_p50_us"] == 210 && lone["limit_durable_lone_p99_us"] == 420)
         #expect(lone["latency_lone_p50_ratio_limit"] == 1.5 && lone["latency_lone_p99_ratio_limit"] == 2)
         #expect(lone["limit_durable_p50_us"] == 200, "the 10k/s limit stays on the 10k/s raw latency")
-        #expect(lone.humanText.contains("(limit 210 µs: 1.50×, +105 µs) raw at 1k/s+fsync"))
+        #expect(lone.humanText.contains("(limit 210 µs: 1.50×, +105 µs) raw+disk at 1k/s"))
         #expect(report["limit_durable_lone_p50_us"] == nil, "no lone limit without the 1k/s raw latency")
+        // The disk's part of a limit is, when measured, a stream of writes at the phase's rate
+        // (group-committed, open loop): it takes the place of the syncs timed one by one.
+        var stream = lone
+        stream.figures = lone.figures.filter { !$0.key.hasPrefix("limit_") && !$0.key.contains("_ratio_") }
+        stream.figures += [
+            ("fsync_stream_p50_us", 250), ("fsync_stream_p99_us", 2_000), ("fsync_stream_lone_p50_us", 180),
+            ("fsync_stream_lone_p99_us", 1_000),
+        ]
+        stream.addLimitsAndRatios()
+        #expect(stream["limit_durable_p50_us"] == 280 && stream["limit_durable_p99_us"] == 2_070)
+        #expect(stream["limit_durable_lone_p50_us"] == 220 && stream["limit_durable_lone_p99_us"] == 1_090)
+        #expect(stream["latency_p99_ratio_limit"] == 800.0 / 2_070)
+        #expect(stream.humanText.contains("durable writes at 10k/s, disk alone, p99"))
         // Without the disk figure, no durable limit is made up.
         var partial = Bench.Report()
         partial.figures = [("raw_latency_p50_us", 30), ("raw_latency_p99_us", 70), ("latency_p50_us", 250)]
         partial.addLimitsAndRatios()
         #expect(partial["limit_durable_p50_us"] == nil && partial["latency_p50_ratio_limit"] == nil)
+    }
+
+    /// The disk's limit on a stream of durable writes is open loop: writes keep arriving while a
+    /// sync stalls, and each counts from its arrival (a loop that timed each sync from its own
+    /// start would count the stall once). A real file and real writes; the stall is planted.
+    @Test func aStallOfTheDiskCountsForEveryWriteThatArrivesDuringIt() throws {
+        let directory = NSTemporaryDirectory() + "statesync-disk-stream-\(UUID().uuidString.prefix(8))"
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let syncs = Mutex(0)
+        // 200 writes at 1k/s; the first sync takes 50 ms: the ~50 writes due meanwhile wait for it.
+        let latency = try DiskBench.fdatasyncStream(directory: directory, rate: 1_000, seconds: 0.2) { fd in
+            if syncs.withLock({
+                $0 += 1
+                return $0
+            }) == 1 {
+                usleep(50_000)
+            }
+            return fdatasync(fd)
+        }
+        #expect(latency.samples == 200, "every write is counted once")
+        #expect(latency.p99 >= 40_000, "the writes that arrived during the stall waited for it: p99 \(latency.p99) µs")
+        #expect(syncs.withLock { $0 } < 200, "writes that arrived during a sync share the next one")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory).isEmpty, "the probe file is removed")
     }
 
     /// The CPU per change both node processes report (`cpu_us_per_delta`, `cpu_us_per_tx`): their
