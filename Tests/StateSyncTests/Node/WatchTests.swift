@@ -198,6 +198,88 @@ struct WatchTests {
         await node.stop()
     }
 
+    /// A consumer that stops taking its events does not make the client hold them all: past the
+    /// bound of its stream the client reads nothing more, ZeroMQ's queue and then the node's fill,
+    /// and the node holds the watch back. Taken again, every change arrives, in order, with its
+    /// exact old value. (Before, the client read on and held every event: 120 MB for 300,000
+    /// changes of a stalled `statesync watch`, and the node saw a watcher that kept up.)
+    /// Both ways of reading a watch: one event at a time, and in batches (`statesync watch`).
+    @Test(arguments: [false, true])
+    func aConsumerThatStopsTakingEventsHoldsTheNodeBackNotTheClientsMemory(batched: Bool) async throws {
+        var configs = meshConfigurations(1, label: "backlog", api: true)
+        configs[0].clientHighWaterMark = 10
+        configs[0].fsync = .interval
+        let node = try await StateSyncNode.start(configuration: configs[0])
+        do {
+            let endpoint = try #require(node.apiEndpoint)
+            let writer = try StateSyncClient(endpoint: endpoint)
+            defer { writer.close() }
+            let watcher = try StateSyncClient(endpoint: endpoint, watchBacklog: 64, receiveQueue: 4)
+            defer { watcher.close() }
+            let address = ModelAddress(channel: "c", model: "m")
+            try await writer.set(address, ["n": 0])
+            // Read one way or the other, the same events (aWatchReadInBatchesGetsTheSameEventsInOrder).
+            var events: AsyncThrowingStream<WatchEvent, any Error>?
+            var batches: AsyncThrowingStream<[WatchEvent], any Error>?
+            let replica: ChannelReplica
+            if batched {
+                (batches, replica) = try await watcher.watchInBatches(channel: "c")
+            } else {
+                (events, replica) = try await watcher.watch(channel: "c")
+            }
+            // Nobody takes the events: write until the node holds the watch back (8 writers at
+            // once, 400 writes a round, at most 200 rounds; a new kilobyte each fills the
+            // kernel's socket buffers sooner).
+            let pad = String(repeating: "x", count: 1_000)
+            var written = 0
+            for _ in 0..<200 where node.status.laggingWatches == 0 {
+                await withTaskGroup(of: Void.self) { group in
+                    for lane in 0..<8 {
+                        let first = written + lane * 50
+                        group.addTask {
+                            for i in first + 1...first + 50 {
+                                _ = try? await writer.set(address, ["n": .int(Int64(i)), "pad": .string("\(i)\(pad)")])
+                            }
+                        }
+                    }
+                }
+                written += 400
+            }
+            #expect(node.status.laggingWatches == 1, "the node never held the watch back after \(written) writes")
+            // What the client read (its replica moves as it reads): the stream's 64 events (or
+            // one batch of a round's 256 and a message's 32 at most), and a round's, with the
+            // initial state.
+            let read = replica.cursor.positions["node1"] ?? 0
+            #expect(read <= 1 + (batched ? 288 : 64) + 288, "the client read \(read) of \(written + 1) changes")
+            // Taken again: every change, in order, each with the value before it.
+            var values: [Int64] = []
+            var exact = true
+            /// Takes one event; says whether every write was seen.
+            func take(_ event: WatchEvent) -> Bool {
+                if case .change(let change, let kind, _) = event, kind == .live, change.property == "n",
+                    case .int(let new) = change.new
+                {
+                    if change.old != .int(values.last ?? 0) { exact = false }
+                    values.append(new)
+                }
+                return values.count == written
+            }
+            if let batches {
+                reading: for try await batch in batches {
+                    for event in batch where take(event) { break reading }
+                }
+            } else if let events {
+                for try await event in events where take(event) { break }
+            }
+            #expect(
+                values.count == written && exact, "\(values.count) of \(written) changes, old values exact: \(exact)")
+            #expect(Set(values).count == written, "every write once")
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
+
     /// An event as text, for comparing two watches' sequences.
     static func describe(_ event: WatchEvent) -> String {
         switch event {
