@@ -8,38 +8,20 @@ import ZeroMQ
 final class ClientIO: Sendable {
     typealias Reply = CheckedContinuation<[UInt8], any Error>
 
-    /// Where a watch's events go: one element per event (the public stream), one element per
+    /// Where a watch's events go: one element per event (the public stream), or one element per
     /// round of received messages (``StateSyncClient/watchInBatches(channel:replica:onLag:filter:)``):
-    /// a consumer woken once per round, not once per event), or its live changes only
-    /// (``StateSyncClient/changes(channel:)``). Each stream holds a bounded number of elements
-    /// its consumer has not taken yet (``backlogLimit``).
+    /// a consumer woken once per round, not once per event.
     enum Events: Sendable {
         case each(AsyncThrowingStream<WatchEvent, any Error>.Continuation)
         case batched(AsyncThrowingStream<[WatchEvent], any Error>.Continuation)
-        case changes(AsyncThrowingStream<PropertyChange, any Error>.Continuation)
 
         func finish(throwing error: any Error) {
             switch self {
             case .each(let continuation): continuation.finish(throwing: error)
             case .batched(let continuation): continuation.finish(throwing: error)
-            case .changes(let continuation): continuation.finish(throwing: error)
             }
         }
     }
-
-    /// How many events a watch's stream holds for a consumer that has not taken them yet, by
-    /// default. Past it the I/O thread reads nothing more from the node until the consumer took
-    /// some: ZeroMQ's queue of this connection (``receiveHighWaterMark``) and then the node's
-    /// fill, and the node holds the watch back, resending the state if it falls behind its
-    /// history (docs/PROTOCOL.md 10.5.6). Without the bound, a consumer slower than the channel
-    /// (a stalled pipe, a slow observer) grew the client's memory without end while the node
-    /// saw a watcher that kept up.
-    static let defaultBacklogLimit = 16_384
-
-    /// Messages ZeroMQ keeps for this client that the I/O thread has not read (each up to 32
-    /// events of a batched watch): what a consumer that stopped taking events adds to its stream's
-    /// ``backlogLimit`` before the node's queue fills.
-    static let receiveHighWaterMark = 1_000
 
     /// A watch's client-side state: its stream and its session (replica, snapshot being received).
     struct WatchState {
@@ -67,16 +49,9 @@ final class ClientIO: Sendable {
     private let exitedSignal = DispatchSemaphore(value: 0)
     /// The I/O thread's id, once it runs (0 before).
     private let ioThread = Atomic<UInt>(0)
-    /// Events a watch's stream holds that its consumer has not taken (a batched watch: batches,
-    /// this over the 256 events a batch holds at most).
-    private let backlogLimit: Int
 
-    init(
-        endpoint: String, timeout: Duration, credentials: (serverKey: [UInt8], pair: Curve.KeyPair)? = nil,
-        backlogLimit: Int = ClientIO.defaultBacklogLimit, receiveHighWaterMark: Int = ClientIO.receiveHighWaterMark
-    ) throws {
+    init(endpoint: String, timeout: Duration, credentials: (serverKey: [UInt8], pair: Curve.KeyPair)? = nil) throws {
         self.endpoint = endpoint
-        self.backlogLimit = max(1, backlogLimit)
         self.secured = credentials != nil
         let (seconds, attoseconds) = timeout.components
         self.timeoutMilliseconds = UInt64(max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))
@@ -88,7 +63,7 @@ final class ClientIO: Sendable {
         // (A leading zero byte is reserved by ZeroMQ for its own generated ids.)
         try dealer.setRoutingID([0x53] + (0..<15).map { _ in UInt8.random(in: 0...255) })
         try dealer.setSendHighWaterMark(1000)
-        try dealer.setReceiveHighWaterMark(Int32(clamping: max(1, receiveHighWaterMark)))
+        try dealer.setReceiveHighWaterMark(100_000)
         try dealer.setReconnectInterval(milliseconds: 100)
         if let credentials {
             try dealer.setCurveClient(
@@ -159,23 +134,9 @@ final class ClientIO: Sendable {
         -> AsyncThrowingStream<WatchEvent, any Error>
     {
         let id = nextID.add(1, ordering: .relaxed).newValue
-        let (stream, events) = AsyncThrowingStream.makeStream(
-            of: WatchEvent.self, bufferingPolicy: .bufferingOldest(backlogLimit))
+        let (stream, events) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
         events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
         try await register(id: id, body, events: .each(events), replica: replica, filter: filter)
-        return stream
-    }
-
-    /// ``watch(_:replica:filter:)`` with its live changes only: no markers, no initial state
-    /// (the I/O thread drops them: no task between it and the consumer).
-    func changes(_ body: [UInt8], replica: ChannelReplica) async throws -> AsyncThrowingStream<
-        PropertyChange, any Error
-    > {
-        let id = nextID.add(1, ordering: .relaxed).newValue
-        let (stream, events) = AsyncThrowingStream.makeStream(
-            of: PropertyChange.self, bufferingPolicy: .bufferingOldest(backlogLimit))
-        events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
-        try await register(id: id, body, events: .changes(events), replica: replica, filter: nil)
         return stream
     }
 
@@ -185,8 +146,7 @@ final class ClientIO: Sendable {
         -> AsyncThrowingStream<[WatchEvent], any Error>
     {
         let id = nextID.add(1, ordering: .relaxed).newValue
-        let (stream, events) = AsyncThrowingStream.makeStream(
-            of: [WatchEvent].self, bufferingPolicy: .bufferingOldest(max(1, backlogLimit / State.eventsPerRound)))
+        let (stream, events) = AsyncThrowingStream.makeStream(of: [WatchEvent].self)
         events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
         try await register(id: id, body, events: .batched(events), replica: replica, filter: filter)
         return stream
@@ -223,66 +183,25 @@ final class ClientIO: Sendable {
         /// Watch events of this round of received messages, yielded together at its end (or
         /// before anything else ends a watch or answers a request): a watcher that keeps up is
         /// woken once per round, not once per event. A batched watch's run of events is one
-        /// element. The end of a watch waits here behind its events. What a full stream did
-        /// not take stays, in order, and nothing more is read until it went (``held``).
-        var ready: [(watch: UInt64, events: Events, item: ReadyItem)] = []
+        /// element.
+        var ready: [(watch: UInt64, events: Events, event: WatchEvent)] = []
 
-        enum ReadyItem {
-            case event(WatchEvent)
-            case end(any Error)
-        }
-
-        /// The most events a round yields at once (a batched watch's element holds at most this,
-        /// and a message's 32 more).
-        static let eventsPerRound = 256
-
-        /// Whether a consumer's stream is full with events still to give it.
-        var held: Bool { !ready.isEmpty }
-
-        /// Ends watch `id` once the events before it reached its consumer.
-        mutating func end(_ id: UInt64, _ error: any Error) {
-            guard let watch = watches.removeValue(forKey: id) else { return }
-            ready.append((id, watch.events, .end(error)))
-            deliverReady()
-        }
-
-        /// Yields what is ready, in order, until a stream is full (then the rest waits).
         mutating func deliverReady() {
             var index = 0
-            delivering: while index < ready.count {
-                let entry = ready[index]
-                guard case .event(let event) = entry.item else {
-                    if case .end(let error) = entry.item { entry.events.finish(throwing: error) }
-                    index += 1
-                    continue
-                }
-                switch entry.events {
+            while index < ready.count {
+                switch ready[index].events {
                 case .each(let continuation):
-                    if case .dropped = continuation.yield(event) { break delivering }
-                    index += 1
-                case .changes(let continuation):
-                    if case .change(let change, _, _) = event, case .dropped = continuation.yield(change) {
-                        break delivering
-                    }
+                    continuation.yield(ready[index].event)
                     index += 1
                 case .batched(let continuation):
+                    let watch = ready[index].watch
                     var end = index + 1
-                    while end < ready.count, ready[end].watch == entry.watch, case .event = ready[end].item {
-                        end += 1
-                    }
-                    let batch = ready[index..<end].map { entry -> WatchEvent in
-                        guard case .event(let event) = entry.item else { preconditionFailure("a batch holds events") }
-                        return event
-                    }
-                    if case .dropped = continuation.yield(batch) { break delivering }
+                    while end < ready.count, ready[end].watch == watch { end += 1 }
+                    continuation.yield(ready[index..<end].map(\.event))
                     index = end
                 }
             }
-            if index == ready.count {
-                ready.removeAll(keepingCapacity: true)
-            } else {
-                ready.removeFirst(index)
-            }
+            ready.removeAll(keepingCapacity: true)
         }
     }
 
@@ -292,7 +211,6 @@ final class ClientIO: Sendable {
         let dealer = transfer.socket
         var state = State()
         var poller = Poller([.fileDescriptor(wakeUp.fileDescriptor, .readable), .socket(dealer, .readable)])
-        var commandsOnly = Poller([.fileDescriptor(wakeUp.fileDescriptor, .readable)])
         while true {
             let (queue, closed) = commands.withLock { state -> ([Command], Bool) in
                 defer { state.queue = [] }
@@ -303,28 +221,13 @@ final class ClientIO: Sendable {
             for command in queue { perform(command, state: &state, dealer: dealer, now: now) }
             expire(&state, now: now)
             keepAlive(&state, dealer: dealer, now: now)
-            if state.held {
-                // A consumer is behind by a full stream: nothing more is read from the node until
-                // it takes some (delivery is tried again every few milliseconds). The liveness
-                // ping waits too: its answer would be queued behind the events not read.
-                state.pingID = nil
-                state.lastPing = now
-                guard let ready = try? commandsOnly.poll(timeoutMilliseconds: 5) else { break }
-                if ready[0].contains(.readable) { wakeUp.drain() }
-                state.deliverReady()
-                continue
-            }
             guard let ready = try? poller.poll(timeoutMilliseconds: 100) else { break }
             if ready[0].contains(.readable) { wakeUp.drain() }
             if ready[1].contains(.readable) {
                 while let frames = try? dealer.receive(dontWait: true) {
                     handle(frames, state: &state)
-                    // A long round is yielded in parts (counted in events: a message may hold 32);
-                    // a stream that is full stops the reading.
-                    if state.ready.count >= State.eventsPerRound {
-                        state.deliverReady()
-                        if state.held { break }
-                    }
+                    // A long round is yielded in parts (counted in events: a message may hold 32).
+                    if state.ready.count >= 256 { state.deliverReady() }
                 }
                 state.deliverReady()
             }
@@ -332,14 +235,6 @@ final class ClientIO: Sendable {
         state.deliverReady()
         let error = closedError
         for (_, pending) in state.pending { pending.reply.resume(throwing: error) }
-        // Closed: what a full stream did not take is not given (a stream's first end stands).
-        for entry in state.ready {
-            if case .end(let ended) = entry.item {
-                entry.events.finish(throwing: ended)
-            } else {
-                entry.events.finish(throwing: error)
-            }
-        }
         for (_, watch) in state.watches { watch.events.finish(throwing: error) }
         let leftover = commands.withLock { state -> [Command] in
             defer { state.queue = [] }
@@ -391,8 +286,10 @@ final class ClientIO: Sendable {
         let expired = state.pending.filter { $0.value.deadline <= now }
         for (id, pending) in expired {
             state.pending[id] = nil
-            pending.reply.resume(throwing: timeoutError(for: pending.command, held: state.held))
-            if pending.command == .watch { state.end(id, timeoutError(held: state.held)) }
+            pending.reply.resume(throwing: timeoutError(for: pending.command))
+            if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
+                watch.events.finish(throwing: timeoutError())
+            }
         }
         if state.pingID != nil, state.pingDeadline <= now {
             state.pingID = nil
@@ -407,17 +304,8 @@ final class ClientIO: Sendable {
 
     /// A request that got no answer in time. A write's outcome is then unknown: a node that is
     /// settling after a power loss holds writes until its peers answer, and applies them then.
-    /// `held`: a watch's consumer had not taken its events, so this client was not reading what
-    /// the node sent (its answer may be waiting behind them).
-    private func timeoutError(for command: ClientProtocol.Command? = nil, held: Bool = false) -> StateSyncError {
+    private func timeoutError(for command: ClientProtocol.Command? = nil) -> StateSyncError {
         let write = command == .set || command == .delete
-        if held {
-            return StateSyncError(
-                .timeout,
-                "no answer read from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s: this client stopped reading from the node because a watch's consumer has not taken its events (\(backlogLimit) are waiting); "
-                    + (write ? "the write may be applied; " : "")
-                    + "take the watch's events faster, or make requests on another client")
-        }
         return StateSyncError(
             .timeout,
             "no answer from \(endpoint) within \(Double(timeoutMilliseconds) / 1000) s; "
@@ -431,13 +319,14 @@ final class ClientIO: Sendable {
     }
 
     private func failWatches(_ state: inout State, _ error: StateSyncError) {
-        for id in state.watches.keys.sorted() { state.end(id, error) }
+        for (_, watch) in state.watches { watch.events.finish(throwing: error) }
+        state.watches = [:]
     }
 
     /// While watching, pings the node every second: a dead connection or a restarted node (whose
     /// watches are gone) ends the watches with an error instead of a silent gap.
     private func keepAlive(_ state: inout State, dealer: Socket, now: UInt64) {
-        guard !state.watches.isEmpty, !state.held, state.pingID == nil, now &- state.lastPing >= 1000 else { return }
+        guard !state.watches.isEmpty, state.pingID == nil, now &- state.lastPing >= 1000 else { return }
         let id = nextID.add(1, ordering: .relaxed).newValue
         var body = WireWriter()
         body.varint(UInt64(state.watches.count))
@@ -461,13 +350,14 @@ final class ClientIO: Sendable {
             guard var watch = state.watches[id] else { return }
             for body in frames[1...] {
                 guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
-                    state.watches[id] = watch
-                    state.end(id, StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
+                    state.deliverReady()
+                    state.watches[id] = nil
+                    watch.events.finish(
+                        throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
                     return
                 }
-                if let error = handleWatchEvent(event, id: id, watch: &watch, state: &state) {
-                    state.watches[id] = watch
-                    state.end(id, error)
+                guard handleWatchEvent(event, id: id, watch: &watch, state: &state) else {
+                    state.watches[id] = nil
                     return
                 }
             }
@@ -486,9 +376,8 @@ final class ClientIO: Sendable {
                 }
                 if case .array(let lost)? = map["lost"] {
                     for case .int(let raw) in lost {
-                        state.end(
-                            UInt64(bitPattern: raw),
-                            StateSyncError(
+                        state.watches.removeValue(forKey: UInt64(bitPattern: raw))?.events.finish(
+                            throwing: StateSyncError(
                                 .connectionLost,
                                 "the node at \(endpoint) dropped this watch while the connection was interrupted; changes may have been missed"
                             ))
@@ -512,10 +401,12 @@ final class ClientIO: Sendable {
             if id == state.pingID { state.pingID = nil }
             guard let pending = state.pending.removeValue(forKey: id) else {
                 // An established watch ended by the node (e.g. it lagged with the "end" policy).
-                state.end(id, StateSyncError(.remote, message))
+                state.watches.removeValue(forKey: id)?.events.finish(throwing: StateSyncError(.remote, message))
                 return
             }
-            if pending.command == .watch { state.end(id, StateSyncError(.remote, message)) }
+            if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
+                watch.events.finish(throwing: StateSyncError(.remote, message))
+            }
             pending.reply.resume(throwing: StateSyncError(.remote, message))
         }
     }
@@ -523,14 +414,12 @@ final class ClientIO: Sendable {
 
 extension ClientIO {
     /// Applies one watch event to the watch's replica and queues what it means in `state.ready`.
-    /// Returns the error that ends the watch, if any (the caller ends it after what was queued).
+    /// Returns `false` when the watch has ended (with an error, after what was queued).
     private func handleWatchEvent(
         _ event: ClientProtocol.WatchEventBody, id: UInt64, watch: inout WatchState, state: inout State
-    ) -> (any Error)? {
+    ) -> Bool {
         do {
             let filter = watch.session.filter
-            let changesOnly: Bool
-            if case .changes = watch.events { changesOnly = true } else { changesOnly = false }
             for meaning in try watch.session.handle(event, from: endpoint) {
                 // A node older than filters sends everything: what does not pass is dropped here
                 // (on this thread: no second stream and task per event).
@@ -540,15 +429,13 @@ extension ClientIO {
                 {
                     continue
                 }
-                // ``StateSyncClient/changes(channel:)``: live changes (a resync's too), no markers.
-                if changesOnly {
-                    guard case .change(_, let kind, _) = meaning, kind != .initial else { continue }
-                }
-                state.ready.append((id, watch.events, .event(meaning)))
+                state.ready.append((id, watch.events, meaning))
             }
-            return nil
+            return true
         } catch {
-            return error
+            state.deliverReady()
+            watch.events.finish(throwing: error)
+            return false
         }
     }
 }

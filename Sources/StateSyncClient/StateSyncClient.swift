@@ -79,21 +79,7 @@ public final class StateSyncClient: Sendable {
             security: security)
     }
 
-    /// A client whose watches hold at most `watchBacklog` events their consumer has not taken,
-    /// and ZeroMQ `receiveQueue` messages it has not read (tests: small bounds are reached in a
-    /// few writes).
-    package convenience init(
-        endpoint: String, requestTimeout: Duration = .seconds(5), watchBacklog: Int, receiveQueue: Int
-    ) throws {
-        try self.init(
-            endpoint: endpoint, failover: [], requestTimeout: requestTimeout, security: nil,
-            bounds: (watchBacklog, receiveQueue))
-    }
-
-    private init(
-        endpoint: String, failover: [String], requestTimeout: Duration, security: Security?,
-        bounds: (watchBacklog: Int, receiveQueue: Int) = (ClientIO.defaultBacklogLimit, ClientIO.receiveHighWaterMark)
-    ) throws {
+    private init(endpoint: String, failover: [String], requestTimeout: Duration, security: Security?) throws {
         self.endpoint = endpoint
         self.requestTimeout = requestTimeout
         self.failoverEndpoints = failover
@@ -109,9 +95,7 @@ public final class StateSyncClient: Sendable {
                 throw StateSyncError(.invalidConfiguration, "\(error)")
             }
         }
-        self.io = try ClientIO(
-            endpoint: endpoint, timeout: requestTimeout, credentials: credentials, backlogLimit: bounds.watchBacklog,
-            receiveHighWaterMark: bounds.receiveQueue)
+        self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout, credentials: credentials)
         connections.setOwner(self)
     }
 
@@ -317,14 +301,6 @@ public final class StateSyncClient: Sendable {
     /// `filter` asks the node for the models whose ids start with a prefix, only some properties,
     /// and whether to start with the current state (docs/PROTOCOL.md 10.5.1); a node that does not
     /// know filters sends everything, and the changes that do not pass are dropped here.
-    ///
-    /// A consumer that falls behind holds the node back, not this process's memory: the stream
-    /// keeps at most 16,384 events not yet taken (``watchInBatches(channel:replica:onLag:filter:)``:
-    /// 64 batches), and past that the client reads nothing more from the node until the consumer
-    /// takes some. The node then holds the watch back and, if it falls behind the node's history,
-    /// applies `onLag`. Meanwhile the answers to other requests on this client wait behind the
-    /// unread events too (they time out saying so): make requests on another client where a
-    /// watch's consumer can stall.
     public func watch(
         channel: String, replica: ChannelReplica? = nil, onLag: ClientProtocol.LagPolicy = .resync,
         filter: ClientProtocol.WatchFilter? = nil
@@ -373,9 +349,21 @@ public final class StateSyncClient: Sendable {
     }
 
     /// The changes of `channel` only (no markers), from now on: a convenience over
-    /// ``watch(channel:replica:onLag:filter:)``, whose bound on events not yet taken it shares.
+    /// ``watch(channel:replica:)``.
     public func changes(channel: String) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
-        let (replica, body) = try watchRequest(channel: channel, replica: nil, onLag: .resync, filter: nil)
-        return try await io.changes(body, replica: replica)
+        let (events, _) = try await watch(channel: channel)
+        let (stream, continuation) = AsyncThrowingStream.makeStream(of: PropertyChange.self)
+        let task = Task {
+            do {
+                for try await event in events {
+                    if case .change(let change, let kind, _) = event, kind != .initial { continuation.yield(change) }
+                }
+                continuation.finish()
+            } catch {
+                continuation.finish(throwing: error)
+            }
+        }
+        continuation.onTermination = { _ in task.cancel() }
+        return stream
     }
 }
