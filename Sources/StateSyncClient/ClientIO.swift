@@ -8,32 +8,49 @@ import ZeroMQ
 final class ClientIO: Sendable {
     typealias Reply = CheckedContinuation<[UInt8], any Error>
 
-    /// Where a watch's events go: one element per event (the public stream), or one element per
-    /// round of received messages (``StateSyncClient/watchInBatches(channel:replica:onLag:filter:)``):
-    /// a consumer woken once per round, not once per event.
+    /// Where a watch's events go: one element per event (the public stream); one element per
+    /// round of received messages (``StateSyncClient/watchInBatches(channel:replica:onLag:filter:)``,
+    /// whose consumer is woken once per round, not once per event); or its live changes only
+    /// (``StateSyncClient/changes(channel:)``).
     enum Events: Sendable {
         case each(AsyncThrowingStream<WatchEvent, any Error>.Continuation)
         case batched(AsyncThrowingStream<[WatchEvent], any Error>.Continuation)
+        case changes(AsyncThrowingStream<PropertyChange, any Error>.Continuation)
 
         func finish(throwing error: any Error) {
             switch self {
             case .each(let continuation): continuation.finish(throwing: error)
             case .batched(let continuation): continuation.finish(throwing: error)
+            case .changes(let continuation): continuation.finish(throwing: error)
             }
         }
     }
 
-    /// A watch's client-side state: its stream and its session (replica, snapshot being received).
+    /// How many events a watch's consumer may leave untaken before the client lags the watch,
+    /// by default: it stops applying the watch's events, ends the watch at the node (UNWATCH),
+    /// and once the consumer has taken half of them watches again from the replica's cursor, so
+    /// the node sends exactly what followed (or a resync past its history: PROTOCOL.md 10.5.4).
+    /// Nothing waits behind the watch on the connection (other watches, replies, pings), and a
+    /// consumer slower than its channel no longer grows the process without end. A snapshot
+    /// being received is not cut (the replica holds the whole state anyway).
+    static let defaultBacklogLimit = 16_384
+
+    /// A watch's client-side state: its stream, its session (replica, snapshot being received),
+    /// what its consumer has not taken, and whether it is lagged (ended at the node until its
+    /// consumer catches up).
     struct WatchState {
         let events: Events
         var session: WatchSession
+        let backlog: WatchBacklog
+        let onLag: ClientProtocol.LagPolicy
+        var lagged = false
     }
 
     enum Command: Sendable {
         case request(id: UInt64, command: ClientProtocol.Command, body: [UInt8], reply: Reply)
         case watch(
-            id: UInt64, body: [UInt8], events: Events, replica: ChannelReplica,
-            filter: ClientProtocol.WatchFilter?, registered: Reply)
+            id: UInt64, body: [UInt8], events: Events, backlog: WatchBacklog, replica: ChannelReplica,
+            onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?, registered: Reply)
         case unwatch(id: UInt64)
     }
 
@@ -49,9 +66,16 @@ final class ClientIO: Sendable {
     private let exitedSignal = DispatchSemaphore(value: 0)
     /// The I/O thread's id, once it runs (0 before).
     private let ioThread = Atomic<UInt>(0)
+    /// Events a watch's consumer may leave untaken before the client lags the watch
+    /// (``defaultBacklogLimit``).
+    private let backlogLimit: Int
 
-    init(endpoint: String, timeout: Duration, credentials: (serverKey: [UInt8], pair: Curve.KeyPair)? = nil) throws {
+    init(
+        endpoint: String, timeout: Duration, credentials: (serverKey: [UInt8], pair: Curve.KeyPair)? = nil,
+        backlogLimit: Int = ClientIO.defaultBacklogLimit
+    ) throws {
         self.endpoint = endpoint
+        self.backlogLimit = max(2, backlogLimit)
         self.secured = credentials != nil
         let (seconds, attoseconds) = timeout.components
         self.timeoutMilliseconds = UInt64(max(1, seconds * 1000 + attoseconds / 1_000_000_000_000_000))
@@ -130,34 +154,59 @@ final class ClientIO: Sendable {
         }
     }
 
-    func watch(_ body: [UInt8], replica: ChannelReplica, filter: ClientProtocol.WatchFilter?) async throws
-        -> AsyncThrowingStream<WatchEvent, any Error>
-    {
+    func watch(
+        _ body: [UInt8], replica: ChannelReplica, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
+    ) async throws -> AsyncThrowingStream<WatchEvent, any Error> {
         let id = nextID.add(1, ordering: .relaxed).newValue
         let (stream, events) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
         events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
-        try await register(id: id, body, events: .each(events), replica: replica, filter: filter)
-        return stream
+        let backlog = makeBacklog()
+        try await register(
+            id: id, body, events: .each(events), backlog: backlog, replica: replica, onLag: onLag, filter: filter)
+        return backlog.counting(stream) { _ in 1 }
     }
 
-    /// ``watch(_:replica:filter:)`` with the events of each round of received messages as one
-    /// element.
-    func watchInBatches(_ body: [UInt8], replica: ChannelReplica, filter: ClientProtocol.WatchFilter?) async throws
-        -> AsyncThrowingStream<[WatchEvent], any Error>
-    {
+    /// ``watch(_:replica:onLag:filter:)`` with the events of each round of received messages as
+    /// one element.
+    func watchInBatches(
+        _ body: [UInt8], replica: ChannelReplica, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
+    ) async throws -> AsyncThrowingStream<[WatchEvent], any Error> {
         let id = nextID.add(1, ordering: .relaxed).newValue
         let (stream, events) = AsyncThrowingStream.makeStream(of: [WatchEvent].self)
         events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
-        try await register(id: id, body, events: .batched(events), replica: replica, filter: filter)
-        return stream
+        let backlog = makeBacklog()
+        try await register(
+            id: id, body, events: .batched(events), backlog: backlog, replica: replica, onLag: onLag, filter: filter)
+        return backlog.counting(stream) { $0.count }
+    }
+
+    /// ``watch(_:replica:onLag:filter:)`` with its live changes only: no markers, no initial
+    /// state (the I/O thread drops them: no task between it and the consumer).
+    func changes(_ body: [UInt8], replica: ChannelReplica) async throws -> AsyncThrowingStream<
+        PropertyChange, any Error
+    > {
+        let id = nextID.add(1, ordering: .relaxed).newValue
+        let (stream, events) = AsyncThrowingStream.makeStream(of: PropertyChange.self)
+        events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
+        let backlog = makeBacklog()
+        try await register(
+            id: id, body, events: .changes(events), backlog: backlog, replica: replica, onLag: .resync, filter: nil)
+        return backlog.counting(stream) { _ in 1 }
+    }
+
+    private func makeBacklog() -> WatchBacklog {
+        WatchBacklog(limit: backlogLimit) { [weak self] in self?.wakeUp.signal() }
     }
 
     private func register(
-        id: UInt64, _ body: [UInt8], events: Events, replica: ChannelReplica, filter: ClientProtocol.WatchFilter?
+        id: UInt64, _ body: [UInt8], events: Events, backlog: WatchBacklog, replica: ChannelReplica,
+        onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
     ) async throws {
         _ = try await withCheckedThrowingContinuation { (registered: Reply) in
             if !enqueue(
-                .watch(id: id, body: body, events: events, replica: replica, filter: filter, registered: registered))
+                .watch(
+                    id: id, body: body, events: events, backlog: backlog, replica: replica, onLag: onLag,
+                    filter: filter, registered: registered))
             {
                 registered.resume(throwing: closedError)
             }
@@ -167,14 +216,19 @@ final class ClientIO: Sendable {
     // MARK: - The thread
 
     private struct Pending {
-        let reply: Reply
+        /// The task waiting for the answer; none for a watch the client itself asked again
+        /// (after lagging it).
+        let reply: Reply?
         let deadline: UInt64
         let command: ClientProtocol.Command
     }
 
     private struct State {
         var pending: [UInt64: Pending] = [:]
+        /// By the request id the node knows the watch by (a lagged watch asked again gets a new one).
         var watches: [UInt64: WatchState] = [:]
+        /// A watch asked again: its first request id (its stream's) → the one the node knows now.
+        var renamed: [UInt64: UInt64] = [:]
         /// Liveness while watching: the outstanding ping and the node's incarnation.
         var pingID: UInt64?
         var pingDeadline: UInt64 = 0
@@ -185,6 +239,8 @@ final class ClientIO: Sendable {
         /// woken once per round, not once per event. A batched watch's run of events is one
         /// element.
         var ready: [(watch: UInt64, events: Events, event: WatchEvent)] = []
+        /// Some watch is lagged: look each turn whether its consumer caught up.
+        var anyLagged = false
 
         mutating func deliverReady() {
             var index = 0
@@ -199,6 +255,9 @@ final class ClientIO: Sendable {
                     while end < ready.count, ready[end].watch == watch { end += 1 }
                     continuation.yield(ready[index..<end].map(\.event))
                     index = end
+                case .changes(let continuation):
+                    if case .change(let change, _, _) = ready[index].event { continuation.yield(change) }
+                    index += 1
                 }
             }
             ready.removeAll(keepingCapacity: true)
@@ -219,13 +278,14 @@ final class ClientIO: Sendable {
             if closed { break }
             let now = monotonicMilliseconds()
             for command in queue { perform(command, state: &state, dealer: dealer, now: now) }
+            if state.anyLagged { watchAgainWhereCaughtUp(&state, dealer: dealer, now: now) }
             expire(&state, now: now)
             keepAlive(&state, dealer: dealer, now: now)
             guard let ready = try? poller.poll(timeoutMilliseconds: 100) else { break }
             if ready[0].contains(.readable) { wakeUp.drain() }
             if ready[1].contains(.readable) {
                 while let frames = try? dealer.receive(dontWait: true) {
-                    handle(frames, state: &state)
+                    handle(frames, state: &state, dealer: dealer)
                     // A long round is yielded in parts (counted in events: a message may hold 32).
                     if state.ready.count >= 256 { state.deliverReady() }
                 }
@@ -234,7 +294,7 @@ final class ClientIO: Sendable {
         }
         state.deliverReady()
         let error = closedError
-        for (_, pending) in state.pending { pending.reply.resume(throwing: error) }
+        for (_, pending) in state.pending { pending.reply?.resume(throwing: error) }
         for (_, watch) in state.watches { watch.events.finish(throwing: error) }
         let leftover = commands.withLock { state -> [Command] in
             defer { state.queue = [] }
@@ -242,7 +302,7 @@ final class ClientIO: Sendable {
         }
         for command in leftover {
             switch command {
-            case .request(_, _, _, let reply), .watch(_, _, _, _, _, let reply): reply.resume(throwing: error)
+            case .request(_, _, _, let reply), .watch(_, _, _, _, _, _, _, let reply): reply.resume(throwing: error)
             case .unwatch: break
             }
         }
@@ -267,26 +327,74 @@ final class ClientIO: Sendable {
             // Not yet connected: the DEALER queues the request; the deadline covers both.
             _ = send(kind, id: id, body: body, dealer: dealer)
             state.pending[id] = Pending(reply: reply, deadline: now + timeoutMilliseconds, command: kind)
-        case .watch(let id, let body, let events, let replica, let filter, let registered):
+        case .watch(let id, let body, let events, let backlog, let replica, let onLag, let filter, let registered):
             _ = send(.watch, id: id, body: body, dealer: dealer)
             state.pending[id] = Pending(reply: registered, deadline: now + timeoutMilliseconds, command: .watch)
-            state.watches[id] = WatchState(events: events, session: WatchSession(replica: replica, filter: filter))
+            state.watches[id] = WatchState(
+                events: events, session: WatchSession(replica: replica, filter: filter), backlog: backlog, onLag: onLag)
             if state.lastPing == 0 { state.lastPing = now }
         case .unwatch(let id):
-            if state.watches.removeValue(forKey: id) != nil {
-                var body = WireWriter()
-                body.uint64(id)
-                let unwatchID = nextID.add(1, ordering: .relaxed).newValue
-                _ = send(.unwatch, id: unwatchID, body: body.bytes, dealer: dealer)
+            let current = state.renamed.removeValue(forKey: id) ?? id
+            if let watch = state.watches.removeValue(forKey: current), !watch.lagged {
+                sendUnwatch(current, dealer: dealer)
             }
         }
+    }
+
+    private func sendUnwatch(_ id: UInt64, dealer: Socket) {
+        var body = WireWriter()
+        body.uint64(id)
+        let unwatchID = nextID.add(1, ordering: .relaxed).newValue
+        _ = send(.unwatch, id: unwatchID, body: body.bytes, dealer: dealer)
+    }
+
+    /// Lags watch `id`, whose consumer left ``backlogLimit`` events untaken: ends it at the node
+    /// and applies nothing more of it (what the node still sends under `id` is dropped) until the
+    /// consumer caught up (``watchAgainWhereCaughtUp(_:dealer:now:)``).
+    private func lag(_ id: UInt64, state: inout State, dealer: Socket) {
+        guard var watch = state.watches[id] else { return }
+        watch.lagged = true
+        watch.backlog.lagged.store(true, ordering: .releasing)
+        state.watches[id] = watch
+        state.anyLagged = true
+        sendUnwatch(id, dealer: dealer)
+    }
+
+    /// Asks again, from its replica's cursor, for every lagged watch whose consumer took its
+    /// backlog down to half: the node sends what followed the cursor exactly once, or a resync
+    /// when its history no longer reaches back (PROTOCOL.md 10.5.4). The watch takes a new
+    /// request id; its stream's stays the one to end it by.
+    private func watchAgainWhereCaughtUp(_ state: inout State, dealer: Socket, now: UInt64) {
+        var stillLagged = false
+        for (id, watch) in state.watches where watch.lagged {
+            guard watch.backlog.untaken <= watch.backlog.resumeAt else {
+                stillLagged = true
+                continue
+            }
+            let replica = watch.session.replica
+            let body = ClientProtocol.encodeWatch(
+                channel: replica.channel, from: replica.isEmpty ? nil : replica.cursor, onLag: watch.onLag,
+                filter: watch.session.filter, batchedEvents: true, takesResets: true, heldAbove: replica.heldAbove)
+            let again = nextID.add(1, ordering: .relaxed).newValue
+            _ = send(.watch, id: again, body: body, dealer: dealer)
+            state.pending[again] = Pending(reply: nil, deadline: now + timeoutMilliseconds, command: .watch)
+            var resumed = watch
+            resumed.lagged = false
+            resumed.session = WatchSession(replica: replica, filter: watch.session.filter)
+            resumed.backlog.lagged.store(false, ordering: .releasing)
+            state.watches[id] = nil
+            state.watches[again] = resumed
+            let first = state.renamed.first(where: { $0.value == id })?.key ?? id
+            state.renamed[first] = again
+        }
+        state.anyLagged = stillLagged
     }
 
     private func expire(_ state: inout State, now: UInt64) {
         let expired = state.pending.filter { $0.value.deadline <= now }
         for (id, pending) in expired {
             state.pending[id] = nil
-            pending.reply.resume(throwing: timeoutError(for: pending.command))
+            pending.reply?.resume(throwing: timeoutError(for: pending.command))
             if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
                 watch.events.finish(throwing: timeoutError())
             }
@@ -328,16 +436,18 @@ final class ClientIO: Sendable {
     private func keepAlive(_ state: inout State, dealer: Socket, now: UInt64) {
         guard !state.watches.isEmpty, state.pingID == nil, now &- state.lastPing >= 1000 else { return }
         let id = nextID.add(1, ordering: .relaxed).newValue
+        // A lagged watch is not at the node: it is not asked after.
+        let atTheNode = state.watches.filter { !$0.value.lagged }.keys
         var body = WireWriter()
-        body.varint(UInt64(state.watches.count))
-        for watchID in state.watches.keys { body.uint64(watchID) }
+        body.varint(UInt64(atTheNode.count))
+        for watchID in atTheNode { body.uint64(watchID) }
         _ = send(.ping, id: id, body: body.bytes, dealer: dealer)
         state.pingID = id
         state.pingDeadline = now + timeoutMilliseconds
         state.lastPing = now
     }
 
-    private func handle(_ frames: [[UInt8]], state: inout State) {
+    private func handle(_ frames: [[UInt8]], state: inout State, dealer: Socket) {
         guard frames.count >= 2, let header = try? ClientProtocol.decodeReplyHeader(frames[0]) else { return }
         // Only an EVENT carries more than one body: a run of a batched watch's events (10.5.7).
         guard frames.count == 2 || header.kind == .event else { return }
@@ -347,7 +457,17 @@ final class ClientIO: Sendable {
         if header.kind != .event { state.deliverReady() }
         switch header.kind {
         case .event:
-            guard var watch = state.watches[id] else { return }
+            // A lagged watch's events still on their way are dropped: it is asked again later.
+            guard var watch = state.watches[id], !watch.lagged else { return }
+            // Its consumer left too many events untaken: lag it, at a message's start (all of a
+            // message is applied or none) and not inside a snapshot, unless the replica holds
+            // nothing yet to resume from.
+            if watch.backlog.untaken >= backlogLimit, !watch.session.receivingSnapshot,
+                !watch.session.replica.isEmpty
+            {
+                lag(id, state: &state, dealer: dealer)
+                return
+            }
             for body in frames[1...] {
                 guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
                     state.deliverReady()
@@ -386,7 +506,7 @@ final class ClientIO: Sendable {
                 return
             }
             guard let pending = state.pending.removeValue(forKey: id) else { return }
-            pending.reply.resume(returning: body)
+            pending.reply?.resume(returning: body)
         case .oks:
             // A malformed one is ignored, as any malformed message: its requests time out.
             guard let replies = try? ClientProtocol.decodeBatchedOKs(body) else { return }
@@ -394,7 +514,7 @@ final class ClientIO: Sendable {
             for reply in replies {
                 guard let command = state.pending[reply.id]?.command, command == .set || command == .delete
                 else { continue }
-                state.pending.removeValue(forKey: reply.id)?.reply.resume(returning: reply.body)
+                state.pending.removeValue(forKey: reply.id)?.reply?.resume(returning: reply.body)
             }
         case .error:
             let message = (try? ClientProtocol.decodeError(body))?.message ?? "malformed error reply"
@@ -407,7 +527,7 @@ final class ClientIO: Sendable {
             if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
                 watch.events.finish(throwing: StateSyncError(.remote, message))
             }
-            pending.reply.resume(throwing: StateSyncError(.remote, message))
+            pending.reply?.resume(throwing: StateSyncError(.remote, message))
         }
     }
 }
@@ -429,6 +549,11 @@ extension ClientIO {
                 {
                     continue
                 }
+                // ``StateSyncClient/changes(channel:)``: live changes (a resync's too), no markers.
+                if case .changes = watch.events {
+                    guard case .change(_, let kind, _) = meaning, kind != .initial else { continue }
+                }
+                watch.backlog.gave(1)
                 state.ready.append((id, watch.events, meaning))
             }
             return true
@@ -462,4 +587,65 @@ func monotonicMilliseconds() -> UInt64 {
     var spec = timespec()
     clock_gettime(CLOCK_MONOTONIC, &spec)
     return UInt64(spec.tv_sec) * 1000 + UInt64(spec.tv_nsec) / 1_000_000
+}
+
+/// What a watch's consumer has not taken yet, in events: the I/O thread counts what it queues
+/// for the stream, the stream's reader what it hands the consumer. Past the limit the client
+/// lags the watch (``ClientIO/defaultBacklogLimit``); its reader wakes the I/O thread once it
+/// took the count down to ``resumeAt`` (the thread also looks each turn, at least every 100 ms).
+final class WatchBacklog: Sendable {
+    private let count = Atomic<Int>(0)
+    /// Whether the I/O thread lagged the watch (then a take down to ``resumeAt`` wakes it).
+    let lagged = Atomic<Bool>(false)
+    let resumeAt: Int
+    private let wake: @Sendable () -> Void
+
+    init(limit: Int, wake: @escaping @Sendable () -> Void) {
+        self.resumeAt = limit / 2
+        self.wake = wake
+    }
+
+    var untaken: Int { count.load(ordering: .acquiring) }
+
+    func gave(_ events: Int) {
+        count.add(events, ordering: .releasing)
+    }
+
+    func took(_ events: Int) {
+        let left = count.subtract(events, ordering: .acquiringAndReleasing).newValue
+        if left <= resumeAt, lagged.load(ordering: .acquiring) { wake() }
+    }
+
+    /// `stream` as its consumer reads it: each element counted as taken (`events` of it) once
+    /// handed over.
+    func counting<Element: Sendable>(
+        _ stream: AsyncThrowingStream<Element, any Error>, events: @escaping @Sendable (Element) -> Int
+    ) -> AsyncThrowingStream<Element, any Error> {
+        let reader = StreamReader(stream)
+        return AsyncThrowingStream {
+            guard let element = try await reader.next() else { return nil }
+            self.took(events(element))
+            return element
+        }
+    }
+}
+
+/// The iterator of a watch's stream, behind the stream its consumer reads.
+// Safe: `next()` is called only by the reading stream's produce closure, which an
+// AsyncThrowingStream calls for one `next()` of its iterator at a time; `reading` traps a second
+// concurrent reader, as AsyncThrowingStream itself does.
+private final class StreamReader<Element: Sendable>: @unchecked Sendable {
+    private var iterator: AsyncThrowingStream<Element, any Error>.Iterator
+    private let reading = Atomic<Bool>(false)
+
+    init(_ stream: AsyncThrowingStream<Element, any Error>) {
+        iterator = stream.makeAsyncIterator()
+    }
+
+    func next() async throws -> Element? {
+        precondition(
+            !reading.exchange(true, ordering: .acquiring), "a watch's stream is read by one task at a time")
+        defer { reading.store(false, ordering: .releasing) }
+        return try await iterator.next()
+    }
 }

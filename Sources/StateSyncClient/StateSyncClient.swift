@@ -79,7 +79,17 @@ public final class StateSyncClient: Sendable {
             security: security)
     }
 
-    private init(endpoint: String, failover: [String], requestTimeout: Duration, security: Security?) throws {
+    /// A client whose watches lag once their consumer leaves `watchBacklog` events untaken (tests:
+    /// a small bound is reached in a few writes).
+    package convenience init(endpoint: String, requestTimeout: Duration = .seconds(5), watchBacklog: Int) throws {
+        try self.init(
+            endpoint: endpoint, failover: [], requestTimeout: requestTimeout, security: nil, watchBacklog: watchBacklog)
+    }
+
+    private init(
+        endpoint: String, failover: [String], requestTimeout: Duration, security: Security?,
+        watchBacklog: Int = ClientIO.defaultBacklogLimit
+    ) throws {
         self.endpoint = endpoint
         self.requestTimeout = requestTimeout
         self.failoverEndpoints = failover
@@ -95,7 +105,8 @@ public final class StateSyncClient: Sendable {
                 throw StateSyncError(.invalidConfiguration, "\(error)")
             }
         }
-        self.io = try ClientIO(endpoint: endpoint, timeout: requestTimeout, credentials: credentials)
+        self.io = try ClientIO(
+            endpoint: endpoint, timeout: requestTimeout, credentials: credentials, backlogLimit: watchBacklog)
         connections.setOwner(self)
     }
 
@@ -301,6 +312,14 @@ public final class StateSyncClient: Sendable {
     /// `filter` asks the node for the models whose ids start with a prefix, only some properties,
     /// and whether to start with the current state (docs/PROTOCOL.md 10.5.1); a node that does not
     /// know filters sends everything, and the changes that do not pass are dropped here.
+    ///
+    /// A consumer that falls behind does not grow this process without end: once it leaves
+    /// 16,384 events untaken (a snapshot being received is not cut), the client ends the watch at
+    /// the node and applies nothing more of it, and once the consumer has taken half of them it
+    /// watches again from the replica's cursor. The node then sends exactly what followed, or the
+    /// state again (``WatchEvent/Kind/resync``) when its history no longer reaches back (with
+    /// `onLag: .end`, the stream ends instead). The consumer sees one unbroken sequence; nothing
+    /// else on this client waits meanwhile.
     public func watch(
         channel: String, replica: ChannelReplica? = nil, onLag: ClientProtocol.LagPolicy = .resync,
         filter: ClientProtocol.WatchFilter? = nil
@@ -310,7 +329,7 @@ public final class StateSyncClient: Sendable {
         let (replica, body) = try watchRequest(channel: channel, replica: replica, onLag: onLag, filter: filter)
         // The client's I/O thread drops what does not pass the filter (a node older than filters
         // sends everything).
-        return (try await io.watch(body, replica: replica, filter: filter), replica)
+        return (try await io.watch(body, replica: replica, onLag: onLag, filter: filter), replica)
     }
 
     /// ``watch(channel:replica:onLag:filter:)`` for consumers that keep up with many changes a
@@ -325,7 +344,7 @@ public final class StateSyncClient: Sendable {
         events: AsyncThrowingStream<[WatchEvent], any Error>, replica: ChannelReplica
     ) {
         let (replica, body) = try watchRequest(channel: channel, replica: replica, onLag: onLag, filter: filter)
-        return (try await io.watchInBatches(body, replica: replica, filter: filter), replica)
+        return (try await io.watchInBatches(body, replica: replica, onLag: onLag, filter: filter), replica)
     }
 
     /// The replica a watch of `channel` applies events to and its WATCH request body.
@@ -349,21 +368,10 @@ public final class StateSyncClient: Sendable {
     }
 
     /// The changes of `channel` only (no markers), from now on: a convenience over
-    /// ``watch(channel:replica:)``.
+    /// ``watch(channel:replica:onLag:filter:)``, which lags the same way when its consumer falls
+    /// behind.
     public func changes(channel: String) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
-        let (events, _) = try await watch(channel: channel)
-        let (stream, continuation) = AsyncThrowingStream.makeStream(of: PropertyChange.self)
-        let task = Task {
-            do {
-                for try await event in events {
-                    if case .change(let change, let kind, _) = event, kind != .initial { continuation.yield(change) }
-                }
-                continuation.finish()
-            } catch {
-                continuation.finish(throwing: error)
-            }
-        }
-        continuation.onTermination = { _ in task.cancel() }
-        return stream
+        let (replica, body) = try watchRequest(channel: channel, replica: nil, onLag: .resync, filter: nil)
+        return try await io.changes(body, replica: replica)
     }
 }

@@ -571,6 +571,10 @@ package struct WatchSession: Sendable {
         self.filter = filter
     }
 
+    /// Whether a snapshot is being received (its begin came, its end not yet): the replica then
+    /// holds part of it, and the watch cannot be resumed from the replica's cursor.
+    package var receivingSnapshot: Bool { snapshotReason != nil }
+
     /// A removal a reset made: no write of the node's made it (the node no longer holds the
     /// value), so it carries no version (``Version/zero``).
     static func resetRemoval(_ change: PropertyChange) -> PropertyChange {

@@ -198,6 +198,84 @@ struct WatchTests {
         await node.stop()
     }
 
+    /// A consumer that stops taking its events does not make the client hold them all, and holds
+    /// nothing else back: once it left its bound untaken, the client ends the watch at the node
+    /// and applies no more of it, requests on the same client are still answered, and once the
+    /// consumer takes its events the client watches again from its replica: every change
+    /// arrives, in order, with its exact old value. (Before, the client read on and held every
+    /// event: 120 MB for 300,000 changes of a stalled `statesync watch`, its node seeing a
+    /// watcher that kept up.) Both ways of reading a watch: one event at a time, and in batches
+    /// (`statesync watch`).
+    @Test(arguments: [false, true])
+    func aConsumerThatFallsBehindLagsAtTheClientAndMissesNothing(batched: Bool) async throws {
+        var configs = meshConfigurations(1, label: "backlog", api: true)
+        configs[0].fsync = .interval
+        let node = try await StateSyncNode.start(configuration: configs[0])
+        do {
+            let endpoint = try #require(node.apiEndpoint)
+            let writer = try StateSyncClient(endpoint: endpoint)
+            defer { writer.close() }
+            let watcher = try StateSyncClient(endpoint: endpoint, watchBacklog: 64)
+            defer { watcher.close() }
+            let address = ModelAddress(channel: "c", model: "m")
+            try await writer.set(address, ["n": 0])
+            var events: AsyncThrowingStream<WatchEvent, any Error>?
+            var batches: AsyncThrowingStream<[WatchEvent], any Error>?
+            let replica: ChannelReplica
+            if batched {
+                (batches, replica) = try await watcher.watchInBatches(channel: "c")
+            } else {
+                (events, replica) = try await watcher.watch(channel: "c")
+            }
+            // Nobody takes the events while 2,000 writes are made, 8 at a time.
+            let written = 2_000
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for lane in 0..<8 {
+                    group.addTask {
+                        for i in stride(from: lane + 1, through: written, by: 8) {
+                            try await writer.set(address, ["n": .int(Int64(i))])
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            try await waitUntil("the client ended its watch at the node") { node.status.watchers == 0 }
+            // The client applied (its replica moves as it reads) the bound's 64 events and at
+            // most a round's 288 more, with the initial state.
+            let read = replica.cursor.positions["node1"] ?? 0
+            #expect(read <= 1 + 64 + 288, "the client read \(read) of \(written + 1) changes")
+            // A request on the same client is answered meanwhile.
+            let current = try await watcher.get(address)["n"]?.value
+            // Taken again: every change, in order, each with the value before it.
+            let seen = Mutex<(values: [Int64], exact: Bool)>(([], true))
+            func take(_ event: WatchEvent) {
+                guard case .change(let change, let kind, _) = event, kind == .live, case .int(let new) = change.new
+                else { return }
+                seen.withLock {
+                    if change.old != .int($0.values.last ?? 0) { $0.exact = false }
+                    $0.values.append(new)
+                }
+            }
+            let reading = Task {
+                if let batches {
+                    for try await batch in batches { batch.forEach(take) }
+                } else if let events {
+                    for try await event in events { take(event) }
+                }
+            }
+            try await waitUntil("every change taken") { seen.withLock { $0.values.count } >= written }
+            reading.cancel()
+            let (values, exact) = seen.withLock { ($0.values, $0.exact) }
+            #expect(
+                values.count == written && exact, "\(values.count) of \(written) changes, old values exact: \(exact)")
+            #expect(Set(values).count == written, "every write once")
+            #expect(current != nil && values.last.map { .int($0) } == current, "the last change is the value read")
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
+
     /// An event as text, for comparing two watches' sequences.
     static func describe(_ event: WatchEvent) -> String {
         switch event {
