@@ -44,6 +44,10 @@ final class ClientIO: Sendable {
         let backlog: WatchBacklog
         let onLag: ClientProtocol.LagPolicy
         var lagged = false
+        /// Watched again by the client after it lagged the watch, and nothing of the node's since
+        /// but, perhaps, the start of a snapshot: with `onLag: .end`, a resync then ends the watch
+        /// instead (the policy the node applies to a watch that falls behind while it holds it).
+        var resumedByClient = false
     }
 
     enum Command: Sendable {
@@ -380,6 +384,7 @@ final class ClientIO: Sendable {
             state.pending[again] = Pending(reply: nil, deadline: now + timeoutMilliseconds, command: .watch)
             var resumed = watch
             resumed.lagged = false
+            resumed.resumedByClient = true
             resumed.session = WatchSession(replica: replica, filter: watch.session.filter)
             resumed.backlog.lagged.store(false, ordering: .releasing)
             state.watches[id] = nil
@@ -476,6 +481,27 @@ final class ClientIO: Sendable {
                         throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
                     return
                 }
+                if watch.resumedByClient {
+                    switch event {
+                    case .snapshotBegin(let reason) where watch.onLag == .end && reason != .reset:
+                        // Watched again past the node's history: the policy is to end, as the node
+                        // ends a watch that falls behind while it holds it (ERROR 6). Nothing of
+                        // the snapshot is applied: the replica stays at its cursor.
+                        state.deliverReady()
+                        state.watches[id] = nil
+                        sendUnwatch(id, dealer: dealer)
+                        watch.events.finish(
+                            throwing: StateSyncError(
+                                .remote,
+                                "this watch fell behind the node's history while its consumer caught up (the client had paused it: \(backlogLimit) events were not taken) and ended, its policy being to end on lag; watch again with its replica"
+                            ))
+                        return
+                    case .snapshotBegin:
+                        break
+                    default:
+                        watch.resumedByClient = false
+                    }
+                }
                 guard handleWatchEvent(event, id: id, watch: &watch, state: &state) else {
                     state.watches[id] = nil
                     return
@@ -495,7 +521,9 @@ final class ClientIO: Sendable {
                     state.incarnation = incarnation
                 }
                 if case .array(let lost)? = map["lost"] {
-                    for case .int(let raw) in lost {
+                    // A watch lagged since the PING was sent is not at the node by the client's
+                    // choice: it resumes exactly from its cursor.
+                    for case .int(let raw) in lost where state.watches[UInt64(bitPattern: raw)]?.lagged != true {
                         state.watches.removeValue(forKey: UInt64(bitPattern: raw))?.events.finish(
                             throwing: StateSyncError(
                                 .connectionLost,
@@ -631,9 +659,8 @@ final class WatchBacklog: Sendable {
 }
 
 /// The iterator of a watch's stream, behind the stream its consumer reads.
-// Safe: `next()` is called only by the reading stream's produce closure, which an
-// AsyncThrowingStream calls for one `next()` of its iterator at a time; `reading` traps a second
-// concurrent reader, as AsyncThrowingStream itself does.
+// Safe: `iterator` is touched only inside `next()`, and `reading` lets one call in at a time
+// (a second concurrent reader traps: a watch's stream has one consumer).
 private final class StreamReader<Element: Sendable>: @unchecked Sendable {
     private var iterator: AsyncThrowingStream<Element, any Error>.Iterator
     private let reading = Atomic<Bool>(false)

@@ -318,8 +318,9 @@ public final class StateSyncClient: Sendable {
     /// the node and applies nothing more of it, and once the consumer has taken half of them it
     /// watches again from the replica's cursor. The node then sends exactly what followed, or the
     /// state again (``WatchEvent/Kind/resync``) when its history no longer reaches back (with
-    /// `onLag: .end`, the stream ends instead). The consumer sees one unbroken sequence; nothing
-    /// else on this client waits meanwhile.
+    /// `onLag: .end`, the client ends the stream with an error instead, its replica at what the
+    /// consumer was given). The consumer sees one unbroken sequence; nothing else on this client
+    /// waits meanwhile.
     public func watch(
         channel: String, replica: ChannelReplica? = nil, onLag: ClientProtocol.LagPolicy = .resync,
         filter: ClientProtocol.WatchFilter? = nil

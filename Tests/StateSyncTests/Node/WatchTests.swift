@@ -276,6 +276,59 @@ struct WatchTests {
         await node.stop()
     }
 
+    /// With `onLag: .end`, a watch the client lagged that is watched again past the node's
+    /// history ends with an error, as the node ends one that falls behind while it holds it,
+    /// instead of resyncing; what came before it was given exactly.
+    @Test func aLaggedWatchWithTheEndPolicyEndsWhenTheHistoryIsGone() async throws {
+        var configs = meshConfigurations(1, label: "backlog-end", api: true)
+        configs[0].fsync = .interval
+        // A history the node-side watch keeps up with, which the writes made after the client
+        // lagged the watch outrun.
+        configs[0].historyDeltas = 1_000
+        let node = try await StateSyncNode.start(configuration: configs[0])
+        do {
+            let endpoint = try #require(node.apiEndpoint)
+            let writer = try StateSyncClient(endpoint: endpoint)
+            defer { writer.close() }
+            let watcher = try StateSyncClient(endpoint: endpoint, watchBacklog: 64)
+            defer { watcher.close() }
+            let address = ModelAddress(channel: "c", model: "m")
+            try await writer.set(address, ["n": 0])
+            let (events, _) = try await watcher.watch(channel: "c", onLag: .end)
+            for i in 1...3_000 { try await writer.set(address, ["n": .int(Int64(i))]) }
+            try await waitUntil("the client ended its watch at the node") { node.status.watchers == 0 }
+            let seen = Mutex<(values: [Int64], exact: Bool, resynced: Bool, ended: String?)>(([], true, false, nil))
+            let reading = Task {
+                do {
+                    for try await event in events {
+                        guard case .change(let change, let kind, _) = event, kind != .initial,
+                            case .int(let new) = change.new
+                        else { continue }
+                        seen.withLock {
+                            if kind == .resync { $0.resynced = true }
+                            if change.old != .int($0.values.last ?? 0) { $0.exact = false }
+                            $0.values.append(new)
+                        }
+                    }
+                } catch {
+                    seen.withLock { $0.ended = "\(error)" }
+                }
+            }
+            try await waitUntil("the watch ended") { seen.withLock { $0.ended != nil } }
+            reading.cancel()
+            let (values, exact, resynced, ended) = seen.withLock { ($0.values, $0.exact, $0.resynced, $0.ended) }
+            #expect(!resynced, "a watch whose policy is to end was resynced")
+            #expect(ended?.contains("while its consumer caught up") == true, "\(ended ?? "")")
+            #expect(
+                !values.isEmpty && exact && values == values.indices.map { Int64($0 + 1) },
+                "the changes before the end, in order: \(values.count)")
+            try await waitUntil("the node holds no watch for it") { node.status.watchers == 0 }
+        } catch {
+            Issue.record(error)
+        }
+        await node.stop()
+    }
+
     /// An event as text, for comparing two watches' sequences.
     static func describe(_ event: WatchEvent) -> String {
         switch event {
