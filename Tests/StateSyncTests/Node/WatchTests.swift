@@ -208,17 +208,9 @@ struct WatchTests {
     /// (`statesync watch`).
     @Test(arguments: [false, true])
     func aConsumerThatFallsBehindLagsAtTheClientAndMissesNothing(batched: Bool) async throws {
-        var configs = meshConfigurations(1, label: "backlog", api: true)
-        configs[0].fsync = .interval
-        let node = try await StateSyncNode.start(configuration: configs[0])
+        let setup = try await LagSetup(label: "backlog")
+        let (node, writer, watcher, address) = (setup.node, setup.writer, setup.watcher, setup.address)
         do {
-            let endpoint = try #require(node.apiEndpoint)
-            let writer = try StateSyncClient(endpoint: endpoint)
-            defer { writer.close() }
-            let watcher = try StateSyncClient(endpoint: endpoint, watchBacklog: 64)
-            defer { watcher.close() }
-            let address = ModelAddress(channel: "c", model: "m")
-            try await writer.set(address, ["n": 0])
             var events: AsyncThrowingStream<WatchEvent, any Error>?
             var batches: AsyncThrowingStream<[WatchEvent], any Error>?
             let replica: ChannelReplica
@@ -273,27 +265,18 @@ struct WatchTests {
         } catch {
             Issue.record(error)
         }
-        await node.stop()
+        await setup.close()
     }
 
     /// With `onLag: .end`, a watch the client lagged that is watched again past the node's
     /// history ends with an error, as the node ends one that falls behind while it holds it,
     /// instead of resyncing; what came before it was given exactly.
     @Test func aLaggedWatchWithTheEndPolicyEndsWhenTheHistoryIsGone() async throws {
-        var configs = meshConfigurations(1, label: "backlog-end", api: true)
-        configs[0].fsync = .interval
         // A history the node-side watch keeps up with, which the writes made after the client
         // lagged the watch outrun.
-        configs[0].historyDeltas = 1_000
-        let node = try await StateSyncNode.start(configuration: configs[0])
+        let setup = try await LagSetup(label: "backlog-end", historyDeltas: 1_000)
+        let (node, writer, watcher, address) = (setup.node, setup.writer, setup.watcher, setup.address)
         do {
-            let endpoint = try #require(node.apiEndpoint)
-            let writer = try StateSyncClient(endpoint: endpoint)
-            defer { writer.close() }
-            let watcher = try StateSyncClient(endpoint: endpoint, watchBacklog: 64)
-            defer { watcher.close() }
-            let address = ModelAddress(channel: "c", model: "m")
-            try await writer.set(address, ["n": 0])
             let (events, _) = try await watcher.watch(channel: "c", onLag: .end)
             for i in 1...3_000 { try await writer.set(address, ["n": .int(Int64(i))]) }
             try await waitUntil("the client ended its watch at the node") { node.status.watchers == 0 }
@@ -326,7 +309,34 @@ struct WatchTests {
         } catch {
             Issue.record(error)
         }
-        await node.stop()
+        await setup.close()
+    }
+
+    /// A node with a client API (`fsync: interval`: these tests write thousands of changes), a
+    /// writer, a watcher whose watches lag once 64 events are left untaken, and `n = 0` in model
+    /// m of channel c.
+    struct LagSetup {
+        let node: StateSyncNode
+        let writer: StateSyncClient
+        let watcher: StateSyncClient
+        let address = ModelAddress(channel: "c", model: "m")
+
+        init(label: String, historyDeltas: Int = 100_000) async throws {
+            var configs = meshConfigurations(1, label: label, api: true)
+            configs[0].fsync = .interval
+            configs[0].historyDeltas = historyDeltas
+            node = try await StateSyncNode.start(configuration: configs[0])
+            let endpoint = try #require(node.apiEndpoint)
+            writer = try StateSyncClient(endpoint: endpoint)
+            watcher = try StateSyncClient(endpoint: endpoint, watchBacklog: 64)
+            try await writer.set(address, ["n": 0])
+        }
+
+        func close() async {
+            writer.close()
+            watcher.close()
+            await node.stop()
+        }
     }
 
     /// An event as text, for comparing two watches' sequences.
