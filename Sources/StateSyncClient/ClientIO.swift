@@ -43,7 +43,9 @@ final class ClientIO: Sendable {
         var session: WatchSession
         let backlog: WatchBacklog
         let onLag: ClientProtocol.LagPolicy
-        var lagged = false
+        /// The request id its stream ends it by (the first one it had).
+        let streamID: UInt64
+        var lagged: Bool { backlog.lagged.load(ordering: .relaxed) }
         /// Watched again by the client after it lagged the watch, and nothing of the node's since
         /// but, perhaps, the start of a snapshot: with `onLag: .end`, a resync then ends the watch
         /// instead (the policy the node applies to a watch that falls behind while it holds it).
@@ -53,8 +55,8 @@ final class ClientIO: Sendable {
     enum Command: Sendable {
         case request(id: UInt64, command: ClientProtocol.Command, body: [UInt8], reply: Reply)
         case watch(
-            id: UInt64, body: [UInt8], events: Events, backlog: WatchBacklog, replica: ChannelReplica,
-            onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?, registered: Reply)
+            id: UInt64, events: Events, backlog: WatchBacklog, replica: ChannelReplica, onLag: ClientProtocol.LagPolicy,
+            filter: ClientProtocol.WatchFilter?, registered: Reply)
         case unwatch(id: UInt64)
     }
 
@@ -159,62 +161,58 @@ final class ClientIO: Sendable {
     }
 
     func watch(
-        _ body: [UInt8], replica: ChannelReplica, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
+        replica: ChannelReplica, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
     ) async throws -> AsyncThrowingStream<WatchEvent, any Error> {
-        let id = nextID.add(1, ordering: .relaxed).newValue
-        let (stream, events) = AsyncThrowingStream.makeStream(of: WatchEvent.self)
-        events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
-        let backlog = makeBacklog()
-        try await register(
-            id: id, body, events: .each(events), backlog: backlog, replica: replica, onLag: onLag, filter: filter)
-        return backlog.counting(stream) { _ in 1 }
+        try await open(replica: replica, onLag: onLag, filter: filter, as: Events.each) { _ in 1 }
     }
 
-    /// ``watch(_:replica:onLag:filter:)`` with the events of each round of received messages as
+    /// ``watch(replica:onLag:filter:)`` with the events of each round of received messages as
     /// one element.
     func watchInBatches(
-        _ body: [UInt8], replica: ChannelReplica, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
+        replica: ChannelReplica, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
     ) async throws -> AsyncThrowingStream<[WatchEvent], any Error> {
+        try await open(replica: replica, onLag: onLag, filter: filter, as: Events.batched) { $0.count }
+    }
+
+    /// ``watch(replica:onLag:filter:)`` with its live changes only: no markers, no initial state
+    /// (the I/O thread drops them: no task between it and the consumer).
+    func changes(replica: ChannelReplica) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
+        try await open(replica: replica, onLag: .resync, filter: nil, as: Events.changes) { _ in 1 }
+    }
+
+    /// Registers a watch whose stream's elements are `Element`s (`events` of them each), and
+    /// returns the stream its consumer reads, which counts what it takes (``WatchBacklog``).
+    private func open<Element: Sendable>(
+        replica: ChannelReplica, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?,
+        as kind: (AsyncThrowingStream<Element, any Error>.Continuation) -> Events,
+        events: @escaping @Sendable (Element) -> Int
+    ) async throws -> AsyncThrowingStream<Element, any Error> {
         let id = nextID.add(1, ordering: .relaxed).newValue
-        let (stream, events) = AsyncThrowingStream.makeStream(of: [WatchEvent].self)
-        events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
-        let backlog = makeBacklog()
-        try await register(
-            id: id, body, events: .batched(events), backlog: backlog, replica: replica, onLag: onLag, filter: filter)
-        return backlog.counting(stream) { $0.count }
-    }
-
-    /// ``watch(_:replica:onLag:filter:)`` with its live changes only: no markers, no initial
-    /// state (the I/O thread drops them: no task between it and the consumer).
-    func changes(_ body: [UInt8], replica: ChannelReplica) async throws -> AsyncThrowingStream<
-        PropertyChange, any Error
-    > {
-        let id = nextID.add(1, ordering: .relaxed).newValue
-        let (stream, events) = AsyncThrowingStream.makeStream(of: PropertyChange.self)
-        events.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
-        let backlog = makeBacklog()
-        try await register(
-            id: id, body, events: .changes(events), backlog: backlog, replica: replica, onLag: .resync, filter: nil)
-        return backlog.counting(stream) { _ in 1 }
-    }
-
-    private func makeBacklog() -> WatchBacklog {
-        WatchBacklog(limit: backlogLimit) { [weak self] in self?.wakeUp.signal() }
-    }
-
-    private func register(
-        id: UInt64, _ body: [UInt8], events: Events, backlog: WatchBacklog, replica: ChannelReplica,
-        onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
-    ) async throws {
+        let (stream, continuation) = AsyncThrowingStream.makeStream(of: Element.self)
+        continuation.onTermination = { [weak self] _ in _ = self?.enqueue(.unwatch(id: id)) }
+        let backlog = WatchBacklog(limit: backlogLimit) { [weak self] in self?.wakeUp.signal() }
         _ = try await withCheckedThrowingContinuation { (registered: Reply) in
             if !enqueue(
                 .watch(
-                    id: id, body: body, events: events, backlog: backlog, replica: replica, onLag: onLag,
+                    id: id, events: kind(continuation), backlog: backlog, replica: replica, onLag: onLag,
                     filter: filter, registered: registered))
             {
                 registered.resume(throwing: closedError)
             }
         }
+        return backlog.counting(stream, events: events)
+    }
+
+    /// The WATCH request body for `replica`: a new watch while it holds nothing, else a resumption
+    /// from its cursor with the deltas it holds above it. Batched events: a node sends a run of
+    /// events as one message (one that predates them ignores the flag and sends one each; both
+    /// are read alike).
+    static func watchBody(
+        replica: ChannelReplica, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
+    ) -> [UInt8] {
+        ClientProtocol.encodeWatch(
+            channel: replica.channel, from: replica.isEmpty ? nil : replica.cursor, onLag: onLag, filter: filter,
+            batchedEvents: true, takesResets: true, heldAbove: replica.heldAbove)
     }
 
     // MARK: - The thread
@@ -231,7 +229,7 @@ final class ClientIO: Sendable {
         var pending: [UInt64: Pending] = [:]
         /// By the request id the node knows the watch by (a lagged watch asked again gets a new one).
         var watches: [UInt64: WatchState] = [:]
-        /// A watch asked again: its first request id (its stream's) → the one the node knows now.
+        /// A watch asked again: its stream's request id → the one the node knows it by now.
         var renamed: [UInt64: UInt64] = [:]
         /// Liveness while watching: the outstanding ping and the node's incarnation.
         var pingID: UInt64?
@@ -243,8 +241,6 @@ final class ClientIO: Sendable {
         /// woken once per round, not once per event. A batched watch's run of events is one
         /// element.
         var ready: [(watch: UInt64, events: Events, event: WatchEvent)] = []
-        /// Some watch is lagged: look each turn whether its consumer caught up.
-        var anyLagged = false
 
         mutating func deliverReady() {
             var index = 0
@@ -282,7 +278,7 @@ final class ClientIO: Sendable {
             if closed { break }
             let now = monotonicMilliseconds()
             for command in queue { perform(command, state: &state, dealer: dealer, now: now) }
-            if state.anyLagged { watchAgainWhereCaughtUp(&state, dealer: dealer, now: now) }
+            watchAgainWhereCaughtUp(&state, dealer: dealer, now: now)
             expire(&state, now: now)
             keepAlive(&state, dealer: dealer, now: now)
             guard let ready = try? poller.poll(timeoutMilliseconds: 100) else { break }
@@ -306,7 +302,7 @@ final class ClientIO: Sendable {
         }
         for command in leftover {
             switch command {
-            case .request(_, _, _, let reply), .watch(_, _, _, _, _, _, _, let reply): reply.resume(throwing: error)
+            case .request(_, _, _, let reply), .watch(_, _, _, _, _, _, let reply): reply.resume(throwing: error)
             case .unwatch: break
             }
         }
@@ -331,11 +327,13 @@ final class ClientIO: Sendable {
             // Not yet connected: the DEALER queues the request; the deadline covers both.
             _ = send(kind, id: id, body: body, dealer: dealer)
             state.pending[id] = Pending(reply: reply, deadline: now + timeoutMilliseconds, command: kind)
-        case .watch(let id, let body, let events, let backlog, let replica, let onLag, let filter, let registered):
-            _ = send(.watch, id: id, body: body, dealer: dealer)
+        case .watch(let id, let events, let backlog, let replica, let onLag, let filter, let registered):
+            _ = send(
+                .watch, id: id, body: Self.watchBody(replica: replica, onLag: onLag, filter: filter), dealer: dealer)
             state.pending[id] = Pending(reply: registered, deadline: now + timeoutMilliseconds, command: .watch)
             state.watches[id] = WatchState(
-                events: events, session: WatchSession(replica: replica, filter: filter), backlog: backlog, onLag: onLag)
+                events: events, session: WatchSession(replica: replica, filter: filter), backlog: backlog, onLag: onLag,
+                streamID: id)
             if state.lastPing == 0 { state.lastPing = now }
         case .unwatch(let id):
             let current = state.renamed.removeValue(forKey: id) ?? id
@@ -356,11 +354,8 @@ final class ClientIO: Sendable {
     /// and applies nothing more of it (what the node still sends under `id` is dropped) until the
     /// consumer caught up (``watchAgainWhereCaughtUp(_:dealer:now:)``).
     private func lag(_ id: UInt64, state: inout State, dealer: Socket) {
-        guard var watch = state.watches[id] else { return }
-        watch.lagged = true
+        guard let watch = state.watches[id] else { return }
         watch.backlog.lagged.store(true, ordering: .releasing)
-        state.watches[id] = watch
-        state.anyLagged = true
         sendUnwatch(id, dealer: dealer)
     }
 
@@ -369,30 +364,22 @@ final class ClientIO: Sendable {
     /// when its history no longer reaches back (PROTOCOL.md 10.5.4). The watch takes a new
     /// request id; its stream's stays the one to end it by.
     private func watchAgainWhereCaughtUp(_ state: inout State, dealer: Socket, now: UInt64) {
-        var stillLagged = false
-        for (id, watch) in state.watches where watch.lagged {
-            guard watch.backlog.untaken <= watch.backlog.resumeAt else {
-                stillLagged = true
-                continue
-            }
+        for (id, watch) in state.watches where watch.lagged && watch.backlog.untaken <= watch.backlog.resumeAt {
             let replica = watch.session.replica
-            let body = ClientProtocol.encodeWatch(
-                channel: replica.channel, from: replica.isEmpty ? nil : replica.cursor, onLag: watch.onLag,
-                filter: watch.session.filter, batchedEvents: true, takesResets: true, heldAbove: replica.heldAbove)
             let again = nextID.add(1, ordering: .relaxed).newValue
-            _ = send(.watch, id: again, body: body, dealer: dealer)
+            _ = send(
+                .watch, id: again,
+                body: Self.watchBody(replica: replica, onLag: watch.onLag, filter: watch.session.filter),
+                dealer: dealer)
             state.pending[again] = Pending(reply: nil, deadline: now + timeoutMilliseconds, command: .watch)
             var resumed = watch
-            resumed.lagged = false
             resumed.resumedByClient = true
             resumed.session = WatchSession(replica: replica, filter: watch.session.filter)
             resumed.backlog.lagged.store(false, ordering: .releasing)
             state.watches[id] = nil
             state.watches[again] = resumed
-            let first = state.renamed.first(where: { $0.value == id })?.key ?? id
-            state.renamed[first] = again
+            state.renamed[watch.streamID] = again
         }
-        state.anyLagged = stillLagged
     }
 
     private func expire(_ state: inout State, now: UInt64) {

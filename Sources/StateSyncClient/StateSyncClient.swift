@@ -327,10 +327,10 @@ public final class StateSyncClient: Sendable {
     ) async throws -> (
         events: AsyncThrowingStream<WatchEvent, any Error>, replica: ChannelReplica
     ) {
-        let (replica, body) = try watchRequest(channel: channel, replica: replica, onLag: onLag, filter: filter)
+        let replica = try watchedReplica(channel: channel, replica: replica)
         // The client's I/O thread drops what does not pass the filter (a node older than filters
         // sends everything).
-        return (try await io.watch(body, replica: replica, onLag: onLag, filter: filter), replica)
+        return (try await io.watch(replica: replica, onLag: onLag, filter: filter), replica)
     }
 
     /// ``watch(channel:replica:onLag:filter:)`` for consumers that keep up with many changes a
@@ -344,35 +344,24 @@ public final class StateSyncClient: Sendable {
     ) async throws -> (
         events: AsyncThrowingStream<[WatchEvent], any Error>, replica: ChannelReplica
     ) {
-        let (replica, body) = try watchRequest(channel: channel, replica: replica, onLag: onLag, filter: filter)
-        return (try await io.watchInBatches(body, replica: replica, onLag: onLag, filter: filter), replica)
+        let replica = try watchedReplica(channel: channel, replica: replica)
+        return (try await io.watchInBatches(replica: replica, onLag: onLag, filter: filter), replica)
     }
 
-    /// The replica a watch of `channel` applies events to and its WATCH request body.
-    private func watchRequest(
-        channel: String, replica: ChannelReplica?, onLag: ClientProtocol.LagPolicy, filter: ClientProtocol.WatchFilter?
-    ) throws -> (ChannelReplica, [UInt8]) {
+    /// The replica a watch of `channel` applies events to: `replica`, checked, or a new one.
+    private func watchedReplica(channel: String, replica: ChannelReplica?) throws -> ChannelReplica {
         try Names.validateChannel(channel)
         let replica = replica ?? ChannelReplica(channel: channel)
         guard replica.channel == channel else {
             throw StateSyncError(.invalidName, "the replica is of channel '\(replica.channel)', not '\(channel)'")
         }
-        let resume = replica.isEmpty ? nil : replica.cursor
-        // Batched events: a node sends a run of events as one message (one that predates them
-        // ignores the flag and sends one each; both are read alike).
-        return (
-            replica,
-            ClientProtocol.encodeWatch(
-                channel: channel, from: resume, onLag: onLag, filter: filter, batchedEvents: true, takesResets: true,
-                heldAbove: replica.heldAbove)
-        )
+        return replica
     }
 
     /// The changes of `channel` only (no markers), from now on: a convenience over
     /// ``watch(channel:replica:onLag:filter:)``, which lags the same way when its consumer falls
     /// behind.
     public func changes(channel: String) async throws -> AsyncThrowingStream<PropertyChange, any Error> {
-        let (replica, body) = try watchRequest(channel: channel, replica: nil, onLag: .resync, filter: nil)
-        return try await io.changes(body, replica: replica)
+        try await io.changes(replica: watchedReplica(channel: channel, replica: nil))
     }
 }
