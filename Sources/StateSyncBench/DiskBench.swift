@@ -24,27 +24,15 @@ enum DiskBench {
     static func fdatasyncLatency(
         directory: String, samples: Int, size: Int = 64, preallocated: Bool = false, rate: Int? = nil
     ) throws -> Latency {
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let path = "\(directory)/fdatasync-probe-\(getpid())"
-        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND, 0o600)
-        guard fd >= 0 else {
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
+        try withProbe(in: directory, named: "fdatasync-probe", preallocating: preallocated ? samples * size : nil) {
+            fd, fail in
+            try fdatasyncLatency(of: fd, samples: samples, size: size, rate: rate, fail: fail)
         }
-        defer {
-            close(fd)
-            unlink(path)
-        }
-        if preallocated {
-            // O_APPEND would write past the preallocated length: write from the start instead.
-            _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_APPEND)
-            // Zeros written, as the node's log grows (DeltaLog: not fallocated, whose unwritten
-            // extents cost the sync of each new block a metadata write).
-            let zeros = [UInt8](repeating: 0, count: samples * size)
-            let written = zeros.withUnsafeBytes { write(fd, $0.baseAddress, zeros.count) }
-            guard written == zeros.count, lseek(fd, 0, SEEK_SET) == 0, fsync(fd) == 0 else {
-                throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
-            }
-        }
+    }
+
+    private static func fdatasyncLatency(
+        of fd: Int32, samples: Int, size: Int, rate: Int?, fail: () -> CocoaError
+    ) throws -> Latency {
         let record = [UInt8](repeating: 0x5A, count: size)
         var timings: [Double] = []
         timings.reserveCapacity(samples)
@@ -61,9 +49,7 @@ enum DiskBench {
             }
             let start = DispatchTime.now().uptimeNanoseconds
             let written = record.withUnsafeBytes { write(fd, $0.baseAddress, size) }
-            guard written == size, fdatasync(fd) == 0 else {
-                throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
-            }
+            guard written == size, fdatasync(fd) == 0 else { throw fail() }
             timings.append(Double(DispatchTime.now().uptimeNanoseconds - start) / 1000)
         }
         return Latency(timings)
@@ -85,24 +71,15 @@ enum DiskBench {
         directory: String, rate: Int, seconds: Double, size: Int = 64, sync: (Int32) -> Int32 = { fdatasync($0) }
     ) throws -> Latency {
         let count = max(1, Int(Double(rate) * seconds))
+        return try withProbe(in: directory, named: "fdatasync-stream", preallocating: count * size) { fd, fail in
+            try fdatasyncStream(of: fd, rate: rate, count: count, size: size, sync: sync, fail: fail)
+        }
+    }
+
+    private static func fdatasyncStream(
+        of fd: Int32, rate: Int, count: Int, size: Int, sync: (Int32) -> Int32, fail: () -> CocoaError
+    ) throws -> Latency {
         let interval = 1_000_000_000 / UInt64(max(rate, 1))
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
-        let path = "\(directory)/fdatasync-stream-\(getpid())"
-        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
-        guard fd >= 0 else {
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
-        }
-        defer {
-            close(fd)
-            unlink(path)
-        }
-        func fail() -> CocoaError {
-            CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
-        }
-        let zeros = [UInt8](repeating: 0, count: count * size)
-        guard zeros.withUnsafeBytes({ write(fd, $0.baseAddress, zeros.count) }) == zeros.count, fsync(fd) == 0 else {
-            throw fail()
-        }
         let records = [UInt8](repeating: 0x5A, count: count * size)
         var timings: [Double] = []
         timings.reserveCapacity(count)
@@ -132,6 +109,34 @@ enum DiskBench {
             next = end
         }
         return Latency(timings)
+    }
+
+    /// Runs `body` on a new file `named` in `directory`, removed after it, with the error to throw
+    /// for a failed call on it. `preallocating`: the file is first grown by that many zeros,
+    /// written and synced, as the node's log grows (DeltaLog: not fallocated, whose unwritten
+    /// extents cost the sync of each new block a metadata write), and written from its start;
+    /// without, each write appends.
+    private static func withProbe<Result>(
+        in directory: String, named name: String, preallocating octets: Int?,
+        _ body: (Int32, () -> CocoaError) throws -> Result
+    ) throws -> Result {
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let path = "\(directory)/\(name)-\(getpid())"
+        func fail() -> CocoaError {
+            CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: path, "errno": errno])
+        }
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | (octets == nil ? O_APPEND : 0), 0o600)
+        guard fd >= 0 else { throw fail() }
+        defer {
+            close(fd)
+            unlink(path)
+        }
+        if let octets {
+            let zeros = [UInt8](repeating: 0, count: octets)
+            let written = zeros.withUnsafeBytes { write(fd, $0.baseAddress, zeros.count) }
+            guard written == zeros.count, lseek(fd, 0, SEEK_SET) == 0, fsync(fd) == 0 else { throw fail() }
+        }
+        return try body(fd, fail)
     }
 }
 
