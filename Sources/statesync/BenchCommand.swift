@@ -11,13 +11,15 @@ extension StateSyncCLI {
                 Measures raw libzmq PUB→SUB with delta-sized messages (best of 3 runs) and its \
                 one-way latency at 10,000 and 1,000 msg/s, each side on a libzmq context of its own as two \
                 nodes are (the one-context latency is printed beside it, for reference), and fdatasync after a small append and after a small \
-                write into preallocated space in the data directory; then two node processes on loopback: deltas/s at the reader (single sets \
+                write into preallocated space in the data directory, and what the disk alone gives a stream of durable writes \
+                at 10,000 and 1,000 a second (group-committed, each write timed from its arrival); then two node processes on \
+                loopback: deltas/s at the reader (single sets \
                 and 8-property transactions, observers fired) with the CPU both processes spent per \
                 change, and set → remote observer latency at \
                 10,000 changes/s (storage.fsync always and interval) and at 1,000 changes/s (always: \
                 a write that finds the disk idle), also with storage.publish: written (published \
                 while its sync runs), each next to its limit (raw \
-                one-way at the same rate, plus fdatasync when durable); then a late joiner taking a snapshot \
+                one-way at the same rate, plus the disk's stream at that rate when durable); then a late joiner taking a snapshot \
                 of 1,000,000 properties, and resident bytes per property held. Build with \
                 -c release for real numbers.
                 """)
