@@ -231,6 +231,11 @@ final class ClientIO: Sendable {
         var watches: [UInt64: WatchState] = [:]
         /// A watch asked again: its stream's request id → the one the node knows it by now.
         var renamed: [UInt64: UInt64] = [:]
+        /// Watch ids this client ended at the node (UNWATCH) → when it last did, so a stray
+        /// EVENT of one (still on its way, or sent because an UNWATCH was lost or a WATCH that
+        /// timed out was registered after all) brings at most one more UNWATCH a second.
+        var unwatched: [UInt64: UInt64] = [:]
+        var lastUnwatchedSweep: UInt64 = 0
         /// Liveness while watching: the outstanding ping and the node's incarnation.
         var pingID: UInt64?
         var pingDeadline: UInt64 = 0
@@ -279,7 +284,8 @@ final class ClientIO: Sendable {
             let now = monotonicMilliseconds()
             for command in queue { perform(command, state: &state, dealer: dealer, now: now) }
             watchAgainWhereCaughtUp(&state, dealer: dealer, now: now)
-            expire(&state, now: now)
+            expire(&state, dealer: dealer, now: now)
+            sweepUnwatched(&state, now: now)
             keepAlive(&state, dealer: dealer, now: now)
             guard let ready = try? poller.poll(timeoutMilliseconds: 100) else { break }
             if ready[0].contains(.readable) { wakeUp.drain() }
@@ -338,16 +344,40 @@ final class ClientIO: Sendable {
         case .unwatch(let id):
             let current = state.renamed.removeValue(forKey: id) ?? id
             if let watch = state.watches.removeValue(forKey: current), !watch.lagged {
-                sendUnwatch(current, dealer: dealer)
+                sendUnwatch(current, state: &state, dealer: dealer, now: now)
             }
         }
     }
 
-    private func sendUnwatch(_ id: UInt64, dealer: Socket) {
+    /// Ends watch `id` at the node. The node answers OK whether or not it held the watch
+    /// (PROTOCOL.md 10.5.9); the answer is not waited for: if this request is lost, the watch's
+    /// next EVENT brings another (``unwatchStray(_:state:dealer:)``).
+    private func sendUnwatch(_ id: UInt64, state: inout State, dealer: Socket, now: UInt64) {
         var body = WireWriter()
         body.uint64(id)
         let unwatchID = nextID.add(1, ordering: .relaxed).newValue
         _ = send(.unwatch, id: unwatchID, body: body.bytes, dealer: dealer)
+        state.unwatched[id] = now
+    }
+
+    /// An EVENT of watch `id`, which this client does not apply: one it ended or lagged (its
+    /// events still on their way are expected, and dropped), or one the node holds without the
+    /// client knowing: its UNWATCH failed to leave, or its WATCH timed out here and was
+    /// registered at the node after all. Without this, the node would send such a watch every
+    /// change of its channel, for the client to drop, for as long as the connection lasts. At
+    /// most one UNWATCH a second per id.
+    private func unwatchStray(_ id: UInt64, state: inout State, dealer: Socket) {
+        let now = monotonicMilliseconds()
+        if let last = state.unwatched[id], now &- last < 1000 { return }
+        sendUnwatch(id, state: &state, dealer: dealer, now: now)
+    }
+
+    /// Forgets the ids ended more than ten seconds ago (a stray EVENT of one brings an UNWATCH
+    /// at once), at most once a second.
+    private func sweepUnwatched(_ state: inout State, now: UInt64) {
+        guard !state.unwatched.isEmpty, now &- state.lastUnwatchedSweep >= 1000 else { return }
+        state.lastUnwatchedSweep = now
+        state.unwatched = state.unwatched.filter { now &- $0.value < 10_000 }
     }
 
     /// Lags watch `id`, whose consumer left ``backlogLimit`` events untaken: ends it at the node
@@ -356,7 +386,7 @@ final class ClientIO: Sendable {
     private func lag(_ id: UInt64, state: inout State, dealer: Socket) {
         guard let watch = state.watches[id] else { return }
         watch.backlog.lagged.store(true, ordering: .releasing)
-        sendUnwatch(id, dealer: dealer)
+        sendUnwatch(id, state: &state, dealer: dealer, now: monotonicMilliseconds())
     }
 
     /// Asks again, from its replica's cursor, for every lagged watch whose consumer took its
@@ -382,13 +412,16 @@ final class ClientIO: Sendable {
         }
     }
 
-    private func expire(_ state: inout State, now: UInt64) {
+    private func expire(_ state: inout State, dealer: Socket, now: UInt64) {
         let expired = state.pending.filter { $0.value.deadline <= now }
         for (id, pending) in expired {
             state.pending[id] = nil
             pending.reply?.resume(throwing: timeoutError(for: pending.command))
             if pending.command == .watch, let watch = state.watches.removeValue(forKey: id) {
                 watch.events.finish(throwing: timeoutError())
+                // The node may yet register it (a slow node, or a WATCH still queued until the
+                // connection is made): it is ended there too, after it.
+                sendUnwatch(id, state: &state, dealer: dealer, now: now)
             }
         }
         if state.pingID != nil, state.pingDeadline <= now {
@@ -449,8 +482,12 @@ final class ClientIO: Sendable {
         if header.kind != .event { state.deliverReady() }
         switch header.kind {
         case .event:
-            // A lagged watch's events still on their way are dropped: it is asked again later.
-            guard var watch = state.watches[id], !watch.lagged else { return }
+            // A lagged watch's events still on their way are dropped (it is asked again later),
+            // and those of a watch the client does not hold.
+            guard var watch = state.watches[id], !watch.lagged else {
+                unwatchStray(id, state: &state, dealer: dealer)
+                return
+            }
             // Its consumer left too many events untaken: lag it, at a message's start (all of a
             // message is applied or none) and not inside a snapshot, unless the replica holds
             // nothing yet to resume from.
@@ -464,6 +501,7 @@ final class ClientIO: Sendable {
                 guard let event = try? ClientProtocol.decodeWatchEvent(body) else {
                     state.deliverReady()
                     state.watches[id] = nil
+                    sendUnwatch(id, state: &state, dealer: dealer, now: monotonicMilliseconds())
                     watch.events.finish(
                         throwing: StateSyncError(.protocolError, "malformed watch event from \(endpoint)"))
                     return
@@ -476,7 +514,7 @@ final class ClientIO: Sendable {
                         // the snapshot is applied: the replica stays at its cursor.
                         state.deliverReady()
                         state.watches[id] = nil
-                        sendUnwatch(id, dealer: dealer)
+                        sendUnwatch(id, state: &state, dealer: dealer, now: monotonicMilliseconds())
                         watch.events.finish(
                             throwing: StateSyncError(
                                 .remote,
@@ -490,7 +528,10 @@ final class ClientIO: Sendable {
                     }
                 }
                 guard handleWatchEvent(event, id: id, watch: &watch, state: &state) else {
+                    // Ended here (a change it cannot apply, or the node stopping): the node may
+                    // still hold it.
                     state.watches[id] = nil
+                    sendUnwatch(id, state: &state, dealer: dealer, now: monotonicMilliseconds())
                     return
                 }
             }
