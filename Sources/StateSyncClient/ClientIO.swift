@@ -243,29 +243,43 @@ final class ClientIO: Sendable {
         var incarnation: String?
         /// Watch events of this round of received messages, yielded together at its end (or
         /// before anything else ends a watch or answers a request): a watcher that keeps up is
-        /// woken once per round, not once per event. A batched watch's run of events is one
-        /// element.
-        var ready: [(watch: UInt64, events: Events, event: WatchEvent)] = []
+        /// woken once per round, not once per event. Kept as runs of one watch's events in
+        /// order: a batched watch's run is handed over as it is, one element, its events neither
+        /// copied nor released one by one (they were 9 % of a `statesync watch`'s samples).
+        var ready: [ReadyRun] = []
+        /// How many events `ready` holds.
+        var readyEvents = 0
+
+        struct ReadyRun {
+            let watch: UInt64
+            let events: Events
+            var batch: [WatchEvent]
+        }
+
+        /// Queues `event` of watch `id` (whose stream is `events`) for the end of the round.
+        mutating func queue(_ event: WatchEvent, of id: UInt64, to events: Events) {
+            readyEvents += 1
+            if let last = ready.indices.last, ready[last].watch == id {
+                ready[last].batch.append(event)
+            } else {
+                ready.append(ReadyRun(watch: id, events: events, batch: [event]))
+            }
+        }
 
         mutating func deliverReady() {
-            var index = 0
-            while index < ready.count {
-                switch ready[index].events {
+            guard readyEvents > 0 else { return }
+            for run in ready {
+                switch run.events {
                 case .each(let continuation):
-                    continuation.yield(ready[index].event)
-                    index += 1
+                    for event in run.batch { continuation.yield(event) }
                 case .batched(let continuation):
-                    let watch = ready[index].watch
-                    var end = index + 1
-                    while end < ready.count, ready[end].watch == watch { end += 1 }
-                    continuation.yield(ready[index..<end].map(\.event))
-                    index = end
+                    continuation.yield(run.batch)
                 case .changes(let continuation):
-                    if case .change(let change, _, _) = ready[index].event { continuation.yield(change) }
-                    index += 1
+                    for case .change(let change, _, _) in run.batch { continuation.yield(change) }
                 }
             }
             ready.removeAll(keepingCapacity: true)
+            readyEvents = 0
         }
     }
 
@@ -293,7 +307,7 @@ final class ClientIO: Sendable {
                 while let frames = try? dealer.receive(dontWait: true) {
                     handle(frames, state: &state, dealer: dealer)
                     // A long round is yielded in parts (counted in events: a message may hold 32).
-                    if state.ready.count >= 256 { state.deliverReady() }
+                    if state.readyEvents >= 256 { state.deliverReady() }
                 }
                 state.deliverReady()
             }
@@ -610,7 +624,7 @@ extension ClientIO {
                     guard case .change(_, let kind, _) = meaning, kind != .initial else { continue }
                 }
                 watch.backlog.gave(1)
-                state.ready.append((id, watch.events, meaning))
+                state.queue(meaning, of: id, to: watch.events)
             }
             return true
         } catch {
