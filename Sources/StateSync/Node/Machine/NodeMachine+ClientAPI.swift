@@ -452,9 +452,12 @@ extension NodeMachine {
     ) throws(StateSyncError) -> (version: Version, result: SetResult) {
         try validateWrite(address, writes, encodedIn: octets, deletesModelAllowed: deletesModelAllowed)
         // One property (the usual SET) is looked up alone; several, in one copy of the model's.
+        // Looked up here, not in `held`: a nested function reading `store` captured a copy of the
+        // whole store (a retain and a release of each of its parts) per SET.
+        let single = writes.count == 1 ? store.property(writes[0].name, of: address) : nil
         let current = writes.count == 1 ? [:] : store.properties(of: address)
         func held(_ name: String) -> ReplicaStore.Register? {
-            writes.count == 1 ? store.property(name, of: address) : current[name]
+            writes.count == 1 ? single : current[name]
         }
         // A deletion is always written: whatever this node holds, a write older than it may still
         // be on its way, and must lose to it everywhere.
