@@ -370,6 +370,8 @@ final class ClientIO: Sendable {
         var body = WireWriter()
         body.uint64(id)
         let unwatchID = nextID.add(1, ordering: .relaxed).newValue
+        // Also when the send failed (the DEALER's queue is full): the watch's next EVENT, a
+        // second later or more, brings another.
         _ = send(.unwatch, id: unwatchID, body: body.bytes, dealer: dealer)
         state.unwatched[id] = now
     }
@@ -380,11 +382,20 @@ final class ClientIO: Sendable {
     /// registered at the node after all. Without this, the node would send such a watch every
     /// change of its channel, for the client to drop, for as long as the connection lasts. At
     /// most one UNWATCH a second per id.
+    /// A node that names ever new ids (a broken one) is sent no more than ``strayUnwatchLimit``
+    /// in ten seconds.
     private func unwatchStray(_ id: UInt64, state: inout State, dealer: Socket) {
         let now = monotonicMilliseconds()
-        if let last = state.unwatched[id], now &- last < 1000 { return }
+        if let last = state.unwatched[id] {
+            if now &- last < 1000 { return }
+        } else if state.unwatched.count >= Self.strayUnwatchLimit {
+            return
+        }
         sendUnwatch(id, state: &state, dealer: dealer, now: now)
     }
+
+    /// How many watch ids the client remembers ending at the node (ten seconds' worth).
+    static let strayUnwatchLimit = 1024
 
     /// Forgets the ids ended more than ten seconds ago (a stray EVENT of one brings an UNWATCH
     /// at once), at most once a second.

@@ -14,23 +14,36 @@ import ZeroMQ
 struct StrayWatchTests {
     @Test func aWatchTheClientDoesNotHoldIsEndedAtTheNode() async throws {
         let node = try ScriptedAPI()
-        let client = try StateSyncClient(endpoint: node.endpoint, requestTimeout: .seconds(1))
         do {
+            let client = try StateSyncClient(endpoint: node.endpoint, requestTimeout: .seconds(1))
+            defer { client.close() }
             // A WATCH the node does not answer in time: the client gives up, and ends it at the
             // node too, which may register it yet.
             await #expect(throws: StateSyncError.self) { _ = try await client.watch(channel: "c") }
-            let watchID = try #require(node.requests(.watch).first?.id)
-            try await waitUntil("an UNWATCH of the watch that timed out") { !node.unwatches(of: watchID).isEmpty }
+            try await waitUntil("the WATCH reached the node") { !node.requests(.watch).isEmpty }
+            let timedOut = node.requests(.watch)[0].id
+            try await waitUntil("an UNWATCH of the watch that timed out") { !node.unwatches(of: timedOut).isEmpty }
+
+            // A watch the client holds (answered, with an empty initial state): its events
+            // never bring an UNWATCH.
+            node.answersWatches()
+            let (events, _) = try await client.watch(channel: "c")
+            let held = try #require(node.requests(.watch).last?.id)
+            let markers = Mutex(0)
+            let reading = Task {
+                for try await event in events {
+                    if case .caughtUp = event { markers.withLock { $0 += 1 } }
+                }
+            }
+            defer { reading.cancel() }
 
             // A watch the client never held, which the node goes on sending events of (it
-            // ignores the UNWATCHes: as if each were lost): the client ends it again, at most
-            // once a second, however many events come.
+            // ignores the UNWATCHes: as if each were lost), among the held watch's: the client
+            // ends it again, at most once a second, however many events come.
             let stray: UInt64 = 1 << 40
-            let event = ClientProtocol.encodeReply(
-                .event, id: stray,
-                body: ClientProtocol.encodeWatchEvent(.caughtUp(cursor: WatchCursor(), latest: nil, missing: 0)))
             try await waitUntil("two UNWATCHes of the stray watch", timeout: .seconds(20)) {
-                node.send(event)
+                node.send(ScriptedAPI.caughtUp(watch: stray))
+                node.send(ScriptedAPI.caughtUp(watch: held))
                 return node.unwatches(of: stray).count >= 2
             }
             let times = node.unwatches(of: stray).map(\.at)
@@ -39,19 +52,19 @@ struct StrayWatchTests {
             #expect(
                 times[0].duration(to: times[1]) >= .milliseconds(500),
                 "the second UNWATCH came \(times[0].duration(to: times[1])) after the first, over \(sent) events")
-            // Requests are still answered meanwhile.
-            _ = try await client.get(ModelAddress(channel: "c", model: "m"))
+            try await waitUntil("the held watch's markers arrived") { markers.withLock { $0 } > 0 }
+            #expect(node.unwatches(of: held).isEmpty, "the watch the client holds was ended at the node")
         } catch {
             Issue.record(error)
         }
-        client.close()
         node.stop()
     }
 }
 
 /// A node's client API played by a test: a ROUTER socket on loopback, on a thread of its own,
-/// that records every request, answers GET with an empty model and UNWATCH with OK (WATCH not
-/// at all), and sends the client what the test queues.
+/// that records every request, answers UNWATCH with OK, PING with an incarnation and WATCH (once
+/// told to: ``answersWatches()``) with OK and an empty initial state, and sends the client what
+/// the test queues.
 final class ScriptedAPI: Sendable {
     struct Request: Sendable {
         let command: ClientProtocol.Command?
@@ -65,6 +78,7 @@ final class ScriptedAPI: Sendable {
         var outbox: [[[UInt8]]] = []
         var sent = 0
         var stopped = false
+        var answersWatches = false
         var endpoint: Result<String, ZeroMQError>?
     }
 
@@ -101,6 +115,16 @@ final class ScriptedAPI: Sendable {
     func send(_ frames: [[UInt8]]) { state.withLock { $0.outbox.append(frames) } }
 
     var sentCount: Int { state.withLock { $0.sent } }
+
+    /// From now on, answers a WATCH.
+    func answersWatches() { state.withLock { $0.answersWatches = true } }
+
+    /// A CAUGHT-UP event of watch `id`.
+    static func caughtUp(watch id: UInt64) -> [[UInt8]] {
+        ClientProtocol.encodeReply(
+            .event, id: id,
+            body: ClientProtocol.encodeWatchEvent(.caughtUp(cursor: WatchCursor(), latest: nil, missing: 0)))
+    }
 
     func stop() {
         state.withLock { $0.stopped = true }
@@ -145,13 +169,27 @@ final class ScriptedAPI: Sendable {
                 $0.requests.append(
                     Request(command: command, id: header.requestID, body: frames[2], at: ContinuousClock.now))
             }
-            let answer: [UInt8]
+            let id = header.requestID
+            var replies: [[[UInt8]]] = []
             switch command {
-            case .get: answer = ClientProtocol.encodeProperties([:])
-            case .unwatch: answer = []
-            default: continue
+            case .unwatch:
+                replies = [ClientProtocol.encodeReply(.ok, id: id, body: [])]
+            case .ping:
+                let body = ClientProtocol.encodeValue(.map(["incarnation": .string("scripted")]))
+                replies = [ClientProtocol.encodeReply(.ok, id: id, body: body)]
+            case .watch where state.withLock({ $0.answersWatches }):
+                let end = ClientProtocol.WatchEventBody.snapshotEnd(
+                    records: 0, digest: RegisterDigest().value, cursor: WatchCursor())
+                replies = [
+                    ClientProtocol.encodeReply(.ok, id: id, body: []),
+                    ClientProtocol.encodeReply(
+                        .event, id: id, body: ClientProtocol.encodeWatchEvent(.snapshotBegin(.initial))),
+                    ClientProtocol.encodeReply(.event, id: id, body: ClientProtocol.encodeWatchEvent(end)),
+                ]
+            default:
+                break
             }
-            _ = try? router.send([frames[0]] + ClientProtocol.encodeReply(.ok, id: header.requestID, body: answer))
+            for reply in replies { _ = try? router.send([frames[0]] + reply) }
         }
         router.close()
         withExtendedLifetime(context) {}
