@@ -91,4 +91,41 @@ struct JournalTests {
         #expect(journal.droppedThrough == everything, "seed \(seed)")
         #expect(journal.entries.isEmpty && journal.base == all.count)
     }
+
+    /// The keys a resumed watch walks by (``Journal/firstNotCovered(from:through:own:above:)``)
+    /// say what the entries say: against a scan of the entries themselves, from random
+    /// positions, with random covers (origins missing from them too), an own origin, and
+    /// sequences out of order (repairs), while the ring grows, wraps, drops and is emptied.
+    @Test(arguments: [1, 2, 3, 4, 5, 6])
+    func theFirstEntryNotCoveredIsFoundByItsKeys(seed: UInt64) {
+        var random = SplitMix64(seed: seed)
+        let origins = ["n1", "n2", "a-node-id-longer-than-fifteen-bytes", "n4"]
+        var journal = Journal()
+        var limit = Int(random.next() % 200) + Journal.minimumEntries
+        for step in 0..<1_500 {
+            let origin = origins[Int(random.next() % 3)]  // n4 never writes: its number is unknown
+            journal.append(Self.delta(origin, random.next() % 500 + 1), limit: limit)
+            if step % 211 == 0 { limit = Int(random.next() % 400) + Journal.minimumEntries }
+            if step == 900 { journal.dropAll() }
+            let cover = Dictionary(uniqueKeysWithValues: origins.map { ($0, random.next() % 520) })
+            let through = journal.originNames.map { cover[$0]! }
+                .prefix(Int(random.next() % UInt64(journal.originNames.count + 1)))  // some left out
+            let own = origins[Int(random.next() % UInt64(origins.count))]
+            let visible = random.next() % 520
+            let from = journal.base + Int(random.next() % UInt64(journal.end - journal.base + 2)) - 1
+            var expected = max(from, journal.base)
+            while let entry = journal.entry(at: expected) {
+                let number = journal.number(ifKnown: entry.origin).map(Int.init)!
+                if entry.origin == own && entry.sequence > visible { break }
+                guard number < through.count, entry.sequence <= cover[entry.origin]! else { break }
+                expected += 1
+            }
+            let found = journal.firstNotCovered(
+                from: from, through: Array(through), own: journal.number(ifKnown: own), above: visible)
+            #expect(found == expected, "seed \(seed), step \(step)")
+            #expect(
+                journal.key(at: expected).map { journal.originNames[Int($0.origin)] }
+                    == journal.entry(at: expected)?.origin, "seed \(seed), step \(step)")
+        }
+    }
 }

@@ -497,11 +497,23 @@ extension NodeMachine {
             position.journalIndex = journal.base
         }
         var deltas: [(Delta, WatchPosition)] = []
-        while deltas.count < limit, let entry = journal.entry(at: position.journalIndex) {
+        if position.journalIndex >= journal.end { return (deltas, position, false) }
+        // What the cursor covers, by the journal's origin numbers: the runs of entries it covers
+        // (all of them, for a watch resumed near the end) are passed over by their keys alone.
+        var through = journal.originNames.map { position.cursor[$0] }
+        let own = journal.number(ifKnown: configuration.nodeID)
+        while deltas.count < limit {
+            position.journalIndex = journal.firstNotCovered(
+                from: position.journalIndex, through: through, own: own, above: visibleToWatches)
+            guard let entry = journal.entry(at: position.journalIndex) else { break }
             if entry.origin == configuration.nodeID && entry.sequence > visibleToWatches { break }
             position.journalIndex += 1
+            // (Covered by the numbers received above the cursor.)
             if position.covers(entry.origin, entry.sequence) { continue }
             position.deliver(entry.origin, entry.sequence)
+            if let origin = journal.key(at: position.journalIndex - 1).map({ Int($0.origin) }), origin < through.count {
+                through[origin] = position.cursor[entry.origin]
+            }
             if entry.delta.channel == channel { deltas.append((entry.delta, position)) }
         }
         return (deltas, position, false)
@@ -522,13 +534,11 @@ extension NodeMachine {
         }
         // Own deltas not yet visible to watches are in the state but not in the cursor: the watch
         // goes through them again (harmless: a client ignores a delta it already holds).
-        var index = journal.base
-        while let entry = journal.entry(at: index) {
-            if entry.origin == configuration.nodeID && entry.sequence > visibleToWatches {
-                position.journalIndex = index
-                break
-            }
-            index += 1
+        // (Found by the journal's keys: everything counts as covered but those.)
+        if let own = journal.number(ifKnown: configuration.nodeID) {
+            position.journalIndex = journal.firstNotCovered(
+                from: journal.base, through: Array(repeating: .max, count: journal.originNames.count), own: own,
+                above: visibleToWatches)
         }
         // Deletions too: a client's replica learns of a deletion it missed from its record.
         let models = store.models(in: channel).sorted().map { model in
