@@ -128,4 +128,53 @@ struct JournalTests {
                     == journal.entry(at: expected)?.origin, "seed \(seed), step \(step)")
         }
     }
+
+    /// A watch's walk (``NodeMachine/nextDeltas(channel:from:limit:)``), which passes over
+    /// covered entries by their keys on a long way, gives what the walk over the entries
+    /// themselves gave: the same deltas with the same positions after each, and the same end,
+    /// for random journals (own deltas not yet visible among them, sequences out of order),
+    /// cursors with numbers held above them, channels and limits, long ways and short.
+    @Test(arguments: [1, 2, 3, 4, 5, 6, 7, 8])
+    func aWatchsWalkByKeysGivesWhatTheEntriesGive(seed: UInt64) {
+        var random = SplitMix64(seed: seed)
+        var runner = MachineRunner(MachineRunner.configuration("n1"))
+        let origins = ["n1", "n2", "a-node-id-longer-than-fifteen-bytes"]
+        for step in 0..<400 {
+            let origin = origins[Int(random.next() % 3)]
+            var delta = Self.delta(origin, random.next() % 300 + 1)
+            if random.next() % 3 == 0 { delta.channel = "d" }
+            runner.machine.journal.append(delta, limit: 100_000)
+            guard step % 7 == 0 else { continue }
+            runner.machine.visibleToWatches = random.next() % 320
+            var position = NodeMachine.WatchPosition(
+                journalIndex: Int(random.next() % UInt64(runner.machine.journal.end + 1)),
+                cursor: WatchCursor(Dictionary(uniqueKeysWithValues: origins.map { ($0, random.next() % 320) })))
+            for _ in 0..<(random.next() % 4) {
+                let origin = origins[Int(random.next() % 3)]
+                let above = position.cursor[origin] + 2 + random.next() % 40
+                _ = position.above[origin, default: []].insert(above)
+            }
+            let channel = random.next() % 2 == 0 ? "c" : "d"
+            let limit = Int(random.next() % 60) + 1
+            let (deltas, end, gone) = runner.machine.nextDeltas(channel: channel, from: position, limit: limit)
+            // The walk over the entries, as it was.
+            var expected: [(Delta, NodeMachine.WatchPosition)] = []
+            var walk = position
+            while expected.count < limit, let entry = runner.machine.journal.entry(at: walk.journalIndex) {
+                if entry.origin == "n1" && entry.sequence > runner.machine.visibleToWatches { break }
+                walk.journalIndex += 1
+                if walk.covers(entry.origin, entry.sequence) { continue }
+                walk.deliver(entry.origin, entry.sequence)
+                if entry.delta.channel == channel { expected.append((entry.delta, walk)) }
+            }
+            func same(_ a: NodeMachine.WatchPosition, _ b: NodeMachine.WatchPosition) -> Bool {
+                a.journalIndex == b.journalIndex && a.cursor == b.cursor && a.above == b.above
+            }
+            #expect(!gone, "seed \(seed), step \(step)")
+            #expect(deltas.map(\.0) == expected.map(\.0), "seed \(seed), step \(step): the deltas")
+            #expect(
+                zip(deltas, expected).allSatisfy { same($0.1, $1.1) } && same(end, walk),
+                "seed \(seed), step \(step): the positions")
+        }
+    }
 }

@@ -497,27 +497,35 @@ extension NodeMachine {
             position.journalIndex = journal.base
         }
         var deltas: [(Delta, WatchPosition)] = []
-        if position.journalIndex >= journal.end { return (deltas, position, false) }
-        // What the cursor covers, by the journal's origin numbers: the runs of entries it covers
-        // (all of them, for a watch resumed near the end) are passed over by their keys alone.
-        var through = journal.originNames.map { position.cursor[$0] }
-        let own = journal.number(ifKnown: configuration.nodeID)
+        // What the cursor covers, by the journal's origin numbers: a long way to go (a watch
+        // resumed near the end of a full journal) is passed over by the entries' keys alone
+        // where the cursor covers them. A live watch, a few entries behind, walks as before.
+        let keyed = journal.end - position.journalIndex > Self.keyedWalkFrom
+        var through = keyed ? journal.originNames.map { position.cursor[$0] } : []
+        let own = keyed ? journal.number(ifKnown: configuration.nodeID) : nil
         while deltas.count < limit {
-            position.journalIndex = journal.firstNotCovered(
-                from: position.journalIndex, through: through, own: own, above: visibleToWatches)
+            if keyed {
+                position.journalIndex = journal.firstNotCovered(
+                    from: position.journalIndex, through: through, own: own, above: visibleToWatches)
+            }
             guard let entry = journal.entry(at: position.journalIndex) else { break }
             if entry.origin == configuration.nodeID && entry.sequence > visibleToWatches { break }
             position.journalIndex += 1
-            // (Covered by the numbers received above the cursor.)
             if position.covers(entry.origin, entry.sequence) { continue }
             position.deliver(entry.origin, entry.sequence)
-            if let origin = journal.key(at: position.journalIndex - 1).map({ Int($0.origin) }), origin < through.count {
+            if keyed, let origin = journal.key(at: position.journalIndex - 1).map({ Int($0.origin) }),
+                origin < through.count
+            {
                 through[origin] = position.cursor[entry.origin]
             }
             if entry.delta.channel == channel { deltas.append((entry.delta, position)) }
         }
         return (deltas, position, false)
     }
+
+    /// From how many entries ahead of a watch ``nextDeltas(channel:from:limit:)`` passes over
+    /// covered ones by their keys.
+    static let keyedWalkFrom = 64
 
     /// The registers of `channel` and the watch position they stand for.
     func channelSnapshot(_ channel: String) -> (
