@@ -381,9 +381,8 @@ final class ClientIO: Sendable {
     /// client knowing: its UNWATCH failed to leave, or its WATCH timed out here and was
     /// registered at the node after all. Without this, the node would send such a watch every
     /// change of its channel, for the client to drop, for as long as the connection lasts. At
-    /// most one UNWATCH a second per id.
-    /// A node that names ever new ids (a broken one) is sent no more than ``strayUnwatchLimit``
-    /// in ten seconds.
+    /// most one UNWATCH a second per id, and none for a new id while ``strayUnwatchLimit`` are
+    /// remembered (a broken node naming ever new ids).
     private func unwatchStray(_ id: UInt64, state: inout State, dealer: Socket) {
         let now = monotonicMilliseconds()
         if let last = state.unwatched[id] {
@@ -394,7 +393,8 @@ final class ClientIO: Sendable {
         sendUnwatch(id, state: &state, dealer: dealer, now: now)
     }
 
-    /// How many watch ids the client remembers ending at the node (ten seconds' worth).
+    /// While this many ids ended in the last ten seconds are remembered, an EVENT of another id
+    /// brings no UNWATCH.
     static let strayUnwatchLimit = 1024
 
     /// Forgets the ids ended more than ten seconds ago (a stray EVENT of one brings an UNWATCH
