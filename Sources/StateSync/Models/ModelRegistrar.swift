@@ -585,6 +585,11 @@ public final class ModelRegistrar: Sendable {
                 var isFirst = true
                 let version = sets[s].version
                 let isRemote = sets[s].isRemote
+                // A model on no node stamps its writes from the standalone clock: it must pass the
+                // versions applied to it (the rule every node's clock follows, section 6.4), or a
+                // write made right after, in the same millisecond, loses to them by node id and is
+                // dropped as superseded.
+                if state.binding == nil { Self.standaloneClock.observe(version) }
                 if let expiredAt = sets[s].expiredAt {
                     for write in sets[s].writes {
                         guard let index = schema.index(of: write.name) else { continue }

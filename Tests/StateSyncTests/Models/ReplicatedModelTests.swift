@@ -134,6 +134,23 @@ struct ReplicatedModelTests {
         #expect(fired.load(ordering: .relaxed) == 1)
     }
 
+    /// A model on no node passes the versions applied to it: a write made right after a remote
+    /// one wins, also when that one's version is ahead of this clock's millisecond and from a
+    /// writer whose id sorts after the standalone clock's ("local"). Before, the local write was
+    /// dropped as superseded (the every-kind observer test below missed its last change when its
+    /// two writes fell in one millisecond).
+    @Test func aLocalWriteAfterARemoteOneWinsOnAModelOnNoNode() throws {
+        let model = Everything()
+        let ahead = Version(
+            milliseconds: ModelRegistrar.standaloneClock.wallMilliseconds() + 20, counter: 0, node: "zz")
+        let result = model._$registrar.applyRemote(
+            model, writes: [PropertyWrite(name: "optional", value: .string("remote"))], version: ahead)
+        #expect(result.rejected.isEmpty && model.optional == "remote")
+        model.optional = "local"
+        #expect(model.optional == "local")
+        #expect(model._$registrar.supersededWriteCount == 0)
+    }
+
     /// An `Everything` with every property set away from its default (`string` and `date` as given).
     static func everythingSet(string: String, date: Date) -> Everything {
         let source = Everything()
