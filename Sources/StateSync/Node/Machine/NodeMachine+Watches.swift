@@ -513,10 +513,9 @@ extension NodeMachine {
             position.journalIndex += 1
             if position.covers(entry.origin, entry.sequence) { continue }
             position.deliver(entry.origin, entry.sequence)
-            if keyed, let origin = journal.key(at: position.journalIndex - 1).map({ Int($0.origin) }),
-                origin < through.count
-            {
-                through[origin] = position.cursor[entry.origin]
+            // (`through` has a slot for every origin the journal numbered.)
+            if keyed, let key = journal.key(at: position.journalIndex - 1) {
+                through[Int(key.origin)] = position.cursor[entry.origin]
             }
             if entry.delta.channel == channel { deltas.append((entry.delta, position)) }
         }
