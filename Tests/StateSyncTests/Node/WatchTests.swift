@@ -166,6 +166,16 @@ struct WatchTests {
                     batched.withLock { $0.failure = "\(error)" }
                 }
             }
+            // Both initial states complete before the live changes: a WATCH is answered before
+            // its snapshot is built, and a write made in between would be in one watch's state
+            // and a live change of the other (a difference of timing, not of the two ways).
+            func complete(_ events: [WatchEvent]) -> Bool {
+                events.contains { if case .initialStateComplete = $0 { true } else { false } }
+            }
+            try await waitUntil("both initial states") {
+                complete(each.lock.withLock { each.events })
+                    && complete(batched.withLock { Array($0.batches.joined()) })
+            }
             // Live changes after the state, some of them concurrent.
             let address = ModelAddress(channel: "c", model: "m0")
             await withTaskGroup(of: Void.self) { group in
