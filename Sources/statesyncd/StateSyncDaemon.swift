@@ -53,6 +53,17 @@ struct StateSyncDaemon: AsyncParsableCommand {
         ))
     var stopWhenStdinCloses = false
 
+    /// The key files and the data directory `configuration` names, each error said after the
+    /// configuration file it came from (`nil`: the built-in defaults), as the loader's are.
+    private static func checkFiles(of configuration: NodeConfiguration, from file: String?) throws {
+        do {
+            try StateSyncNode.checkKeys(of: configuration)
+            try StateSyncNode.checkDataDirectory(of: configuration)
+        } catch let error as StateSyncError {
+            throw StateSyncError(error.code, "\(file ?? "built-in defaults"): \(error.message)")
+        }
+    }
+
     func run() async throws {
         // A SIGHUP (e.g. a service manager's reload) during a long start must not end the daemon;
         // once the node runs, it reloads the keys (reloadOnHangUp).
@@ -68,8 +79,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
         if let checkConfig {
             do {
                 let configuration = try NodeConfiguration.load(file: checkConfig)
-                try StateSyncNode.checkKeys(of: configuration)
-                try StateSyncNode.checkDataDirectory(of: configuration)
+                try Self.checkFiles(of: configuration, from: checkConfig)
                 print(
                     "\(checkConfig): ok — node \(configuration.nodeID), publish \(configuration.publishEndpoint), api \(configuration.apiEndpoint ?? "none"), http \(configuration.httpListen ?? "off"), \(configuration.peers.count) peers, storage \(configuration.fsync.rawValue) (publish \(configuration.publishesBeforeSync ? "written" : "synced")), security \(configuration.security == nil ? "off" : "on")"
                 )
@@ -85,8 +95,7 @@ struct StateSyncDaemon: AsyncParsableCommand {
             // Key files are part of the configuration: one missing or unreadable is exit 2, as
             // --check-config says, and found before the node locks or writes its data directory.
             // So is a data directory this user may not write.
-            try StateSyncNode.checkKeys(of: configuration)
-            try StateSyncNode.checkDataDirectory(of: configuration)
+            try Self.checkFiles(of: configuration, from: config)
         } catch {
             printError("statesyncd: invalid configuration: \(error)")
             throw ExitCode(2)

@@ -64,7 +64,8 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
     /// Checks that this process can create (when missing) and write the data directory at
     /// `path` and the files a node keeps in it: a directory this user may not write is a
     /// configuration the node must not start with (restarting would not help), said before
-    /// anything is touched, with the path and the user.
+    /// anything is touched, with the path and the user. (A missing directory's nearest existing
+    /// parent gets an empty directory made and removed at once: the kernel's say, not `access`'s.)
     package static func checkWritable(_ path: String) throws(StateSyncError) {
         func refuse(_ what: String, _ error: Int32) -> StateSyncError {
             StateSyncError(
@@ -77,22 +78,44 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
             guard stat(candidate, &info) == 0 else { return nil }
             return info.st_mode & S_IFMT == S_IFDIR
         }
+        func unreadable(_ what: String, _ error: Int32) -> StateSyncError {
+            StateSyncError(
+                .invalidConfiguration,
+                "node.data_dir \(path): \(what) cannot be looked up by this user (uid \(geteuid())): \(String(cString: strerror(error)))"
+            )
+        }
+        // Missing, or under a file: what `stat` says of a path one of whose levels is missing or
+        // not a directory.
+        func absent(_ error: Int32) -> Bool { error == ENOENT || error == ENOTDIR }
         guard let exists = isDirectory(path) else {
-            // Missing (else the daemon says why it cannot create it): created in the nearest
-            // existing parent, which must be a directory this user may write.
-            guard errno == ENOENT else { return }
+            guard absent(errno) else { throw unreadable("the directory", errno) }
+            // Created in the nearest existing level of its path, which must be a directory this
+            // user may write.
             var parent = (path as NSString).deletingLastPathComponent
             if parent.isEmpty { parent = FileManager.default.currentDirectoryPath }
-            while isDirectory(parent) == nil, errno == ENOENT {
+            var found = isDirectory(parent)
+            while found == nil, absent(errno) {
                 let up = (parent as NSString).deletingLastPathComponent
                 if up == parent || up.isEmpty { return }
                 parent = up
+                found = isDirectory(parent)
             }
-            guard isDirectory(parent) == true else {
+            guard let found else { throw unreadable("its parent \(parent)", errno) }
+            guard found else {
                 throw StateSyncError(
                     .invalidConfiguration, "node.data_dir \(path): \(parent) is in its path and is not a directory")
             }
             if faccessat(AT_FDCWD, parent, W_OK | X_OK, AT_EACCESS) != 0 { throw refuse("its parent \(parent)", errno) }
+            // `access` passes what the kernel may still refuse (a pseudo file system such as
+            // /proc; for root, any directory): a directory is made there and removed.
+            let probe = parent + "/.statesync-check-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+            guard mkdir(probe, 0o700) == 0 else {
+                throw StateSyncError(
+                    .invalidConfiguration,
+                    "node.data_dir \(path): cannot create a directory in \(parent): \(String(cString: strerror(errno)))"
+                )
+            }
+            rmdir(probe)
             return
         }
         guard exists else { throw StateSyncError(.invalidConfiguration, "node.data_dir \(path) is not a directory") }
@@ -116,14 +139,27 @@ package final class DataDirectory: NodeStorage, BackgroundCompactingStorage {
         }
     }
 
+    /// Makes every missing level of `path` (as `mkdir -p`); returns which level could not be
+    /// made and the kernel's reason, or `nil`.
+    private static func makeDirectories(_ path: String) -> String? {
+        var made = path.hasPrefix("/") ? "/" : ""
+        for level in path.split(separator: "/") {
+            if !made.isEmpty && !made.hasSuffix("/") { made += "/" }
+            made += level
+            if mkdir(made, 0o755) == 0 { continue }
+            let error = errno
+            var info = stat()
+            if error == EEXIST, stat(made, &info) == 0, info.st_mode & S_IFMT == S_IFDIR { continue }
+            return "\(made): \(String(cString: strerror(error == EEXIST ? ENOTDIR : error)))"
+        }
+        return nil
+    }
+
     /// Creates the directory when missing and takes its lock.
     package init(path: String) throws(StateSyncError) {
         self.path = path
-        do {
-            try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        } catch {
-            throw StateSyncError(
-                .dataDirectory, "cannot create data directory \(path): \((error as NSError).localizedDescription)")
+        if let failure = Self.makeDirectories(path) {
+            throw StateSyncError(.dataDirectory, "cannot create data directory \(path): \(failure)")
         }
         let lockPath = path + "/" + Self.lockName
         let fd = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o644)
