@@ -305,6 +305,8 @@ struct CLIHabitsTests {
             (["status", "--timeout", "0"], "--timeout must be above 0 and at most 3600 seconds"),
             (["set", "demo/x", #"b={"$bytes":"!!notbase64"}"#], "holds bytes as base64 text, and this is not base64"),
             (["set", "demo/x", "v=1e400"], "a number out of range"),
+            // An integer past 64 bits is refused, not rounded into a double (a trial's).
+            (["set", "demo/x", "a=12345678901234567890123"], "12345678901234567890123 is an integer out of range"),
             // A misspelled option's value is read as an assignment, and its check runs first.
             (["set", "demo/x", "--tll", "30s", "v=1"], "'--tll' before it is not an option of statesync set"),
         ]

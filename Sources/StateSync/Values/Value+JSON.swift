@@ -8,25 +8,83 @@ extension Value {
         public let text: String
         /// Why.
         public let reason: String
+        /// Whether the text is JSON that no value holds (a number out of range), not malformed.
+        let isOutOfRange: Bool
+
+        init(text: String, reason: String, isOutOfRange: Bool = false) {
+            self.text = text
+            self.reason = reason
+            self.isOutOfRange = isOutOfRange
+        }
+
         public var description: String {
             // A long text (a file, standard input) is quoted by its start only: one line.
             let start = text.count <= 80 ? text : "\(text.prefix(60))… (\(text.utf8.count) bytes)"
             let shown = start.replacingOccurrences(of: "\n", with: "\\n").replacingOccurrences(of: "\r", with: "\\r")
-            return "'\(shown)' is not valid JSON: \(reason)"
+            return "'\(shown)' \(isOutOfRange ? "is JSON no value holds" : "is not valid JSON"): \(reason)"
         }
     }
 
     /// Parses one JSON value (any JSON, including a bare string, number or `null`).
     ///
-    /// Integers that fit in 64 bits become ``int(_:)``, other numbers ``double(_:)``; an object
-    /// of the single key `$bytes` with a base64 string becomes ``bytes(_:)``.
+    /// Integers become ``int(_:)``, other numbers ``double(_:)``; an object of the single key
+    /// `$bytes` with a base64 string becomes ``bytes(_:)``. An integer that 64 bits do not hold
+    /// is an error, not rounded into a double (write it with a fraction or an exponent to mean a
+    /// double, or as a string to keep its digits).
     public init(json text: String) throws(JSONError) {
         do {
             let wrapper = try JSONDecoder().decode(JSONValue.self, from: Data(text.utf8))
             self = wrapper.value
         } catch {
-            throw JSONError(text: text, reason: Self.describe(error))
+            let reason = Self.describe(error)
+            throw JSONError(text: text, reason: reason, isOutOfRange: reason == JSONValue.outOfRange)
         }
+        if let integer = Self.firstIntegerOutOfRange(in: text) {
+            throw JSONError(
+                text: text,
+                reason:
+                    "\(integer) is an integer out of range (a value holds a 64-bit integer; write \(integer).0 for a double, or \"\(integer)\" for its digits)",
+                isOutOfRange: true)
+        }
+    }
+
+    /// The first number of valid JSON `text` written as an integer (no fraction, no exponent)
+    /// that `Int64` does not hold: `JSONDecoder` gives it as a rounded double.
+    private static func firstIntegerOutOfRange(in text: String) -> String? {
+        func isDigit(_ octet: UInt8) -> Bool { octet >= UInt8(ascii: "0") && octet <= UInt8(ascii: "9") }
+        let octets = Array(text.utf8)
+        var index = 0
+        while index < octets.count {
+            let octet = octets[index]
+            if octet == UInt8(ascii: "\"") {
+                // A string: skipped to its closing quote, escapes included.
+                index += 1
+                while index < octets.count, octets[index] != UInt8(ascii: "\"") {
+                    index += octets[index] == UInt8(ascii: "\\") ? 2 : 1
+                }
+                index += 1
+            } else if octet == UInt8(ascii: "-") || isDigit(octet) {
+                // A number: outside strings, only numbers start so in valid JSON.
+                let start = index
+                var integral = true
+                index += 1
+                while index < octets.count {
+                    if isDigit(octets[index]) {
+                        index += 1
+                    } else if ".eE+-".utf8.contains(octets[index]) {
+                        integral = false
+                        index += 1
+                    } else {
+                        break
+                    }
+                }
+                let number = String(decoding: octets[start..<index], as: UTF8.self)
+                if integral, Int64(number) == nil { return number }
+            } else {
+                index += 1
+            }
+        }
+        return nil
     }
 
     private static func describe(_ error: any Error) -> String {
@@ -164,6 +222,7 @@ package enum JSONOctets {
 
 /// Decodes arbitrary JSON into a ``Value`` through `JSONDecoder`.
 private struct JSONValue: Decodable {
+    static let outOfRange = "a number out of range (a value holds a 64-bit integer or a finite double)"
     let value: Value
 
     init(from decoder: any Decoder) throws {
@@ -205,11 +264,7 @@ private struct JSONValue: Decodable {
         } else {
             // Not null, a bool, an integer, a double or a string: a number no value holds (the
             // decoder would say only that it expected a string).
-            throw DecodingError.dataCorrupted(
-                .init(
-                    codingPath: decoder.codingPath,
-                    debugDescription:
-                        "a number out of range (a value holds a 64-bit integer or a finite double)"))
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath, debugDescription: Self.outOfRange))
         }
     }
 }

@@ -161,9 +161,30 @@ struct ValueCodecTests {
             #expect {
                 try Value(json: number)
             } throws: { error in
-                "\(error)".contains("a number out of range") && !"\(error)".contains("String")
+                "\(error)".contains("is JSON no value holds: a number out of range") && !"\(error)".contains("String")
             }
         }
+        // An integer no 64 bits hold is refused, not rounded into a double (`a=12345678901234567890123`
+        // was stored as 1.2345678901234568e+22); a double or a string of its digits is written so.
+        for (text, number) in [
+            ("12345678901234567890123", "12345678901234567890123"), ("9223372036854775808", "9223372036854775808"),
+            ("-9223372036854775809", "-9223372036854775809"), ("[1, 18446744073709551615]", "18446744073709551615"),
+            (#"{"a": {"b": [-99999999999999999999]}}"#, "-99999999999999999999"),
+        ] {
+            #expect {
+                try Value(json: text)
+            } throws: { error in
+                "\(error)".contains("'\(text)' is JSON no value holds: \(number) is an integer out of range")
+            }
+        }
+        #expect(try Value(json: "9223372036854775807") == .int(.max))
+        #expect(try Value(json: "[-9223372036854775808]") == [.int(.min)])
+        #expect(try Value(json: "12345678901234567890123.0") == .double(12345678901234567890123.0))
+        #expect(try Value(json: "1.2e22") == .double(1.2e22))
+        #expect(
+            try Value(json: #"{"12345678901234567890123": "-12345678901234567890123 \" 1e999"}"#) == [
+                "12345678901234567890123": "-12345678901234567890123 \" 1e999"
+            ])
     }
 }
 
