@@ -96,14 +96,30 @@ extension NodeConfiguration {
         file path: String,
         environment: [String: String]? = nil
     ) throws(StateSyncError) -> NodeConfiguration {
-        let data: Data
-        do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
-        } catch {
-            let reason = (error as NSError).localizedFailureReason ?? (error as NSError).localizedDescription
-            throw StateSyncError(.invalidConfiguration, "\(path): cannot read the file: \(reason)")
+        return try load(yaml: try readFile(path), source: path, environment: environment)
+    }
+
+    /// The octets of the file at `path`; an error gives the kernel's reason (a directory: "Is a
+    /// directory", where Foundation said "NSCocoaErrorDomain error 256").
+    private static func readFile(_ path: String) throws(StateSyncError) -> [UInt8] {
+        func failed(_ error: Int32) -> StateSyncError {
+            StateSyncError(.invalidConfiguration, "\(path): cannot read the file: \(String(cString: strerror(error)))")
         }
-        return try load(yaml: Array(data), source: path, environment: environment)
+        let descriptor = open(path, O_RDONLY | O_CLOEXEC)
+        guard descriptor >= 0 else { throw failed(errno) }
+        defer { close(descriptor) }
+        var octets: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 1 << 16)
+        while true {
+            let count = chunk.withUnsafeMutableBytes { read(descriptor, $0.baseAddress, $0.count) }
+            if count > 0 {
+                octets.append(contentsOf: chunk[..<count])
+            } else if count == 0 {
+                return octets
+            } else if errno != EINTR {
+                throw failed(errno)
+            }
+        }
     }
 
     static func load(yaml: [UInt8], source path: String, environment: [String: String]?) throws(StateSyncError)
@@ -353,14 +369,23 @@ extension NodeConfiguration {
                     return value.content
                 }
             } catch {
+                let given = try? environment.value(forKey: AbsoluteConfigKey(["statesync"] + components), type: .string)
                 throw invalid(
-                    key, "expected \(Self.describe(type))", source: "environment variable \(key.environmentVariable)")
+                    key, "expected \(Self.describe(type))\(Self.quoting(given?.value?.content))",
+                    source: "environment variable \(key.environmentVariable)")
             }
             do {
                 return try file.value(forKey: AbsoluteConfigKey(components), type: type).value?.content
             } catch {
-                throw invalid(key, "expected \(Self.describe(type))")
+                let given = try? file.value(forKey: AbsoluteConfigKey(components), type: .string)
+                throw invalid(key, "expected \(Self.describe(type))\(Self.quoting(given?.value?.content))")
             }
+        }
+
+        /// ", not 'fast'": the value given, when it reads as text (its start, if long).
+        static func quoting(_ given: ConfigContent?) -> String {
+            guard case .string(let text)? = given else { return "" }
+            return ", not '\(text.count <= 60 ? text : String(text.prefix(57)) + "...")'"
         }
 
         static func describe(_ type: ConfigType) -> String {

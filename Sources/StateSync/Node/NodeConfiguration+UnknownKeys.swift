@@ -50,15 +50,17 @@ extension NodeConfiguration {
         return nil
     }
 
-    /// Why `environment` holds a variable that looks like an override (`STATESYNC_` and a
-    /// section's name) but names no key, or `nil`. Other `STATESYNC_` variables (the CLI's
-    /// `STATESYNC_DAEMON`, the test hooks) are not the node's to judge.
+    /// Why `environment` holds a variable that looks like an override but names no key, or
+    /// `nil`: one that starts with `STATESYNC_` and a section's name, or one within two edits of
+    /// a key's variable (a misspelt section: `STATESYNC_SECURTY_SECRET_KEY`). Other `STATESYNC_`
+    /// variables (the CLI's `STATESYNC_DAEMON`, the test hooks) are not the node's to judge.
     static func unknownEnvironmentProblem(_ environment: [String: String]) -> String? {
         let known = Key.allCases.map(\.environmentVariable)
         let prefixes = sections.map { "STATESYNC_" + $0.uppercased() + "_" }
-        for name in environment.keys.sorted() where prefixes.contains(where: { name.hasPrefix($0) }) {
-            guard !known.contains(name) else { continue }
-            return "environment variable \(name): not a configuration key\(suggestion(for: name, among: known))"
+        for name in environment.keys.sorted() where name.hasPrefix("STATESYNC_") && !known.contains(name) {
+            let near = suggestion(for: name, among: known)
+            guard prefixes.contains(where: { name.hasPrefix($0) }) || !near.isEmpty else { continue }
+            return "environment variable \(name): not a configuration key\(near)"
         }
         return nil
     }
@@ -73,11 +75,23 @@ extension NodeConfiguration {
         return String(first.dropFirst(section.count + 1))
     }
 
-    /// " (did you mean 'X'?)" for the candidate within two edits of `name`, else "".
+    /// " (did you mean 'X'?)" for the candidate within two edits of `name`, else "". A key is
+    /// also matched without its unit (`network.hearbeat` → `network.heartbeat_ms`).
     static func suggestion(for name: String, among candidates: [String]) -> String {
-        let scored = candidates.map { ($0, editDistance(name, $0)) }.filter { $0.1 <= 2 }
+        let scored = candidates.map { candidate in
+            (candidate, min(editDistance(name, candidate), editDistance(name, withoutUnit(candidate))))
+        }.filter { $0.1 <= 2 }
         guard let best = scored.min(by: { $0.1 < $1.1 }) else { return "" }
         return " (did you mean '\(best.0)'?)"
+    }
+
+    /// A dotted key without the last word of its name (`network.heartbeat_ms` →
+    /// `network.heartbeat`); anything else as it is (a variable's name has no unit apart).
+    private static func withoutUnit(_ key: String) -> String {
+        guard let dot = key.lastIndex(of: "."), let underscore = key.lastIndex(of: "_"), underscore > dot else {
+            return key
+        }
+        return String(key[..<underscore])
     }
 
     /// Levenshtein distance over characters.

@@ -113,7 +113,11 @@ struct NodeConfigurationTests {
             "network.peers: 'tcp://127.0.0.1:99999' has no valid port"
         ),
         (valid.replacingOccurrences(of: "id: n1", with: "id: 'bad id!'"), "node.id: 'bad id!' must be"),
-        (valid + "\n  heartbeat_ms: fast", "network.heartbeat_ms: expected an integer"),
+        (valid + "\n  heartbeat_ms: fast", "network.heartbeat_ms: expected an integer, not 'fast'"),
+        (
+            valid.replacingOccurrences(of: "  peers:\n    - tcp://127.0.0.1:7002", with: "  peers: 7"),
+            "network.peers: expected a list of strings, not '7'"
+        ),
         (valid + "\n  heartbeat_ms: 0", "network.heartbeat_ms: 0 is outside"),
         (valid + "\nlog:\n  level: loud", "log.level: 'loud' is not one of"),
         (valid + "\n  batch_max_deltas: 0", "network.batch_max_deltas: 0 is outside 1…65536"),
@@ -131,6 +135,8 @@ struct NodeConfigurationTests {
             "'securty' is not a configuration section (did you mean 'security'?)"
         ),
         (valid + "\n  hartbeat_ms: 100", "network.hartbeat_ms: unknown key (did you mean 'network.heartbeat_ms'?)"),
+        // A key written without its unit is matched to the one with it (a trial's `hearbeat`).
+        (valid + "\n  hearbeat: 100", "network.hearbeat: unknown key (did you mean 'network.heartbeat_ms'?)"),
         (
             valid + "\nstorage:\n  fsnc: interval",
             "storage.fsnc: unknown key (did you mean 'storage.fsync'?) (storage has: fsync,"
@@ -188,6 +194,19 @@ struct NodeConfigurationTests {
                 "STATESYNC_DAEMON": "tcp://127.0.0.1:7101", "STATESYNC_KEY": "/k", "STATESYNC_TEST_NEVER_EXPIRE": "1",
             ])
         #expect(config.nodeID == "n1" && config.httpListen == nil && config.heartbeatIntervalMilliseconds == 250)
+        // A misspelt section in a variable is refused too when the name is that near a key's: a
+        // misspelt STATESYNC_SECURITY_SECRET_KEY would run the node without CurveZMQ (a trial's).
+        let section = try #require(throws: StateSyncError.self) {
+            try NodeConfiguration.load(
+                file: try Self.write(Self.valid), environment: ["STATESYNC_SECURTY_SECRET_KEY": "/k"])
+        }
+        #expect(
+            section.message
+                == "environment variable STATESYNC_SECURTY_SECRET_KEY: not a configuration key (did you mean 'STATESYNC_SECURITY_SECRET_KEY'?)"
+        )
+        // A variable of the operator's own, far from every key, is still left alone.
+        _ = try NodeConfiguration.load(
+            file: try Self.write(Self.valid), environment: ["STATESYNC_LOGS_DIR": "/var/log/x", "STATESYNC_NODES": "3"])
     }
 
     @Test func badEnvironmentOverrideNamesTheVariable() throws {
@@ -195,14 +214,23 @@ struct NodeConfigurationTests {
             try NodeConfiguration.load(
                 file: try Self.write(Self.valid), environment: ["STATESYNC_NETWORK_HEARTBEAT_MS": "soon"])
         }
-        #expect(error.message.contains("environment variable STATESYNC_NETWORK_HEARTBEAT_MS: network.heartbeat_ms"))
+        #expect(
+            error.message.contains(
+                "environment variable STATESYNC_NETWORK_HEARTBEAT_MS: network.heartbeat_ms: expected an integer, not 'soon'"
+            ), "\(error.message)")
     }
 
     @Test func missingFileIsAClearError() {
         let error = #expect(throws: StateSyncError.self) {
             try NodeConfiguration.load(file: "/nonexistent/x.yaml", environment: [:])
         }
-        #expect(error?.message.hasPrefix("/nonexistent/x.yaml: cannot read the file") == true)
+        #expect(error?.message == "/nonexistent/x.yaml: cannot read the file: No such file or directory")
+        // A directory named as the file said "NSCocoaErrorDomain error 256" (a trial's).
+        let directory = temporaryDirectory("config-dir")
+        let notAFile = #expect(throws: StateSyncError.self) {
+            try NodeConfiguration.load(file: directory, environment: [:])
+        }
+        #expect(notAFile?.message == "\(directory): cannot read the file: Is a directory")
     }
 }
 
