@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What a resumed watch costs its node (issue #17, README "The thirty-second sitting").
 
-Starts one statesyncd (Config/node1.yaml, a fresh data directory, storage.fsync: interval) on
-this host, writes with the peers benchmark's writer until its journal holds SMALL, then LARGE
+Starts one statesyncd (Config/node1.yaml with free ports of 127.0.0.1, no peers, a fresh data
+directory, storage.fsync: interval) on this host, writes with the peers benchmark's writer until its journal holds SMALL, then LARGE
 deltas, and at each size sends, over and over, a WATCH of channel "bench" from the node's latest
 cursor and its UNWATCH (PROTOCOL.md 10.5, with pyzmq), waiting for each answer. Prints the wall
 time and the node's CPU time (from /proc) per WATCH + UNWATCH. The node is stopped at the end.
@@ -15,6 +15,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -26,7 +27,19 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "Benchmarks", "peers"))
 from peers import StateSyncWriter, string, varint  # noqa: E402
 
-API = "tcp://127.0.0.1:7101"
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 nothing listens on now (the node binds it right after)."""
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    return port
+
+
+# node1's own ports, free ones: a cluster of the quick start, or another run, may hold 7001/7101.
+API = f"tcp://127.0.0.1:{free_port()}"
 
 
 def node_cpu_s(pid):
@@ -91,8 +104,9 @@ def main():
     parser.add_argument("--large", type=int, default=100_000)
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="statesync-watch-resume-")
-    env = dict(os.environ, STATESYNC_NODE_DATA_DIR=os.path.join(work, "node1"),
-               STATESYNC_HTTP_LISTEN="127.0.0.1:9561", STATESYNC_STORAGE_FSYNC="interval")
+    env = dict(os.environ, STATESYNC_NODE_DATA_DIR=os.path.join(work, "node1"), STATESYNC_NETWORK_API=API,
+               STATESYNC_NETWORK_PUBLISH=f"tcp://127.0.0.1:{free_port()}", STATESYNC_NETWORK_PEERS="",
+               STATESYNC_HTTP_LISTEN=f"127.0.0.1:{free_port()}", STATESYNC_STORAGE_FSYNC="interval")
     log = open(os.path.join(work, "node1.log"), "w")
     node = subprocess.Popen([os.path.join(args.bin, "statesyncd"), "--config", "Config/node1.yaml"],
                             cwd=ROOT, env=env, stdout=log, stderr=log)
