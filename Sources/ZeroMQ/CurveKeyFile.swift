@@ -52,6 +52,13 @@ public enum CurveKeyFile {
     public static func readSecretKey(at path: String) throws(Problem) -> Curve.KeyPair {
         // Never echo what looks like a key itself (someone put the secret where its path goes).
         let shown = decodeKey(path) == nil ? path : "(a 40-character key, not a path)"
+        // The public half given for the secret one (keygen writes KEY and KEY.pub): said before
+        // its mode, whose chmod would only lead to a handshake that never ends.
+        if path.hasSuffix(".pub"), access(String(path.dropLast(4)), F_OK) == 0 {
+            throw Problem(
+                "\(shown) is a public key file (statesync keygen writes the secret key without .pub): give \(path.dropLast(4))"
+            )
+        }
         let text = try readLine(path, shown: shown, what: "secret key file") { info throws(Problem) in
             let permissions = info.st_mode & 0o777
             guard permissions & 0o077 == 0 else {
@@ -69,14 +76,16 @@ public enum CurveKeyFile {
             throw Problem(
                 "\(shown) does not hold a CURVE secret key (one line of 40 Z85 characters, as statesync keygen writes)")
         }
-        var publicText = [CChar](repeating: 0, count: 41)
-        var secretText = Array(text.utf8CString)
-        guard zmq_curve_public(&publicText, &secretText) == 0,
-            let publicKey = decodeKey(String(zeroTerminated: publicText))
-        else {
-            throw Problem("cannot derive the public key of \(shown)")
-        }
+        guard let publicKey = derivedPublicKey(text) else { throw Problem("cannot derive the public key of \(shown)") }
         return Curve.KeyPair(publicKey: publicKey, secretKey: secretKey)
+    }
+
+    /// The public key of the secret key `text` (40 Z85 characters), or `nil`.
+    private static func derivedPublicKey(_ text: String) -> [UInt8]? {
+        var publicText = [CChar](repeating: 0, count: 41)
+        var secretText = Array(text.trimmingWhitespace().utf8CString)
+        guard zmq_curve_public(&publicText, &secretText) == 0 else { return nil }
+        return decodeKey(String(zeroTerminated: publicText))
     }
 
     /// A public key given as its 40 Z85 characters, or as the path of a file holding them (such
@@ -90,6 +99,16 @@ public enum CurveKeyFile {
         let text = try readLine(keyOrPath, shown: keyOrPath, what: "public key file") { _ throws(Problem) in }
         guard let key = decodeKey(text) else {
             throw Problem("\(keyOrPath) does not hold a CURVE public key (one line of 40 Z85 characters)")
+        }
+        // The secret half given for the public one: its key derives what KEY.pub next to it
+        // holds (a node would never link, and the secret key would be copied where keys travel).
+        let sibling = try? readLine(keyOrPath + ".pub", shown: keyOrPath + ".pub", what: "public key file") {
+            _ throws(Problem) in
+        }
+        if let sibling, let derived = derivedPublicKey(text), decodeKey(sibling) == derived {
+            throw Problem(
+                "\(keyOrPath) is a secret key file (its public key is in \(keyOrPath).pub): give \(keyOrPath).pub, and keep the secret key file to its owner"
+            )
         }
         return key
     }

@@ -28,6 +28,20 @@ struct CurveSecurityTests {
         #expect(try CurveKeyFile.publicKey(path + ".pub") == pair.publicKey)
         #expect(try CurveKeyFile.publicKey(Curve.z85Encode(pair.publicKey)) == pair.publicKey)
         #expect(CurveKeyFile.fingerprint(pair.publicKey).count == 8)
+        // Each half given for the other is named as such (a trial's: a secret key file as a
+        // peer's key passed --check-config, and a .pub as --key was told to chmod 600).
+        #expect {
+            try CurveKeyFile.publicKey(path)
+        } throws: { error in
+            "\(error)"
+                == "\(path) is a secret key file (its public key is in \(path).pub): give \(path).pub, and keep the secret key file to its owner"
+        }
+        #expect {
+            try CurveKeyFile.readSecretKey(at: path + ".pub")
+        } throws: { error in
+            "\(error)"
+                == "\(path).pub is a public key file (statesync keygen writes the secret key without .pub): give \(path)"
+        }
 
         let secretBefore = try String(contentsOfFile: path, encoding: .utf8)
         #expect(throws: CurveKeyFile.Problem.self) { try CurveKeyFile.generate(at: path) }
