@@ -43,6 +43,30 @@ struct MembershipMachineTests {
         return node
     }
 
+    /// A secured node restarted with a saved member list links the members whose keys it is
+    /// configured with as soon as it is bound, before its driver says which keys it read (a
+    /// trial's: a restarted joiner warned that it did not trust a peer listed in its
+    /// security.peer_keys, then linked it once the driver spoke).
+    @Test func aSavedMemberWithAConfiguredKeyIsLinkedAtStart() {
+        var configuration = MachineRunner.configuration("n4", peers: ["inproc://n1"])
+        configuration.security = SecurityConfiguration(
+            secretKeyFile: "unused", peerKeys: ["n1": ["unused"], "n2": ["unused"]])
+        var recovery = NodeMachine.Recovery()
+        recovery.members = [
+            Membership.Member(
+                id: "n2", publish: "inproc://n2", api: "inproc://n2.api", state: .alive,
+                version: Version(milliseconds: 1_000, counter: 0, node: "n2"), incarnation: 7),
+            Membership.Member(
+                id: "n3", publish: "inproc://n3", api: "inproc://n3.api", state: .alive,
+                version: Version(milliseconds: 1_000, counter: 0, node: "n3"), incarnation: 8),
+        ]
+        var node = MachineRunner(configuration, recovery: recovery)
+        node.handle(.endpointsBound(publish: "inproc://n4", repair: "inproc://n4.api"))
+        #expect(node.subscribed.contains { $0.endpoint == "inproc://n2" && $0.node == "n2" }, "\(node.subscribed)")
+        // n3's key is not configured: it stays unlinked.
+        #expect(!node.subscribed.contains { $0.node == "n3" }, "\(node.subscribed)")
+    }
+
     /// The list is a last-writer-wins map: any order and any repetition of the same entries gives
     /// the same list (seeded permutations; the seed is in the failure message) — also when two
     /// different entries carry one version, as only a faulty writer makes them.

@@ -252,6 +252,10 @@ package struct NodeMachine: Sendable {
         boundRepair = configuration.repairServiceEndpoint
         for peer in configuration.peers { peers[peer] = PeerProgress() }
         peerEndpoints = configuration.peers
+        // The peers the configuration gives keys for, as the driver says again once it read
+        // them: the members saved by an earlier run are linked before that (a trial's restart
+        // warned that a peer whose key was configured was not trusted, then linked it).
+        admittedPeers = Set((configuration.security?.peerKeys ?? [:]).keys)
         var latestSequence: UInt64 = 0
         if let snapshot = recovery.snapshot {
             store = snapshot.store
