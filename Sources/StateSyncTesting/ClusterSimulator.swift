@@ -1179,7 +1179,9 @@ final class FaultSchedule {
                 if powerLoss, cluster.nodes[target].isUp { self.onPowerLossRestart?(target, cluster) }
             }
         case .join:
+            // Always the last node: the fault is told as its (the drawn target named another).
             let joiner = nodes.count - 1
+            target = joiner
             if !nodes[joiner].isUp && nodes[joiner].generation == 0 {
                 try? cluster.join(joiner)
                 detail = "\(nodes[joiner].id) joined, knowing only \(nodes[0].id); no one knew it"

@@ -52,8 +52,8 @@ extension StateSyncCLI {
         @Option(help: "How many write operations.")
         var ops = 10_000
 
-        @Option(help: "The seed of the whole run.")
-        var seed: UInt64 = 1
+        @Option(help: "The seed of the whole run (default 1).")
+        var seed: UInt64?
 
         @Option(help: ArgumentHelp("Sweep seeds A..B (inclusive); report the first failure.", valueName: "A..B"))
         var seeds: String?
@@ -121,9 +121,18 @@ extension StateSyncCLI {
 
         func validate() throws {
             if report != nil, seeds != nil { throw ValidationError("--report draws one run: use --seed, not --seeds") }
+            if seed != nil, seeds != nil { throw ValidationError("--seed draws one run and --seeds a sweep: give one") }
+            if let logLevel, Logger.Level(rawValue: logLevel) == nil {
+                throw ValidationError(
+                    "--log-level takes \(Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")), not '\(logLevel)'"
+                )
+            }
             if faults != "all", faults != "none" {
                 for name in faults.split(separator: ",", omittingEmptySubsequences: false)
                 where SimulationOptions.Fault(rawValue: String(name)) == nil {
+                    if name == "all" || name == "none" {
+                        throw ValidationError("--faults \(name) stands alone, not in a list of faults")
+                    }
                     throw ValidationError(
                         "unknown fault '\(name)'; use \(SimulationOptions.Fault.allCases.map(\.rawValue).joined(separator: ", ")), or all, or none"
                     )
@@ -196,7 +205,7 @@ extension StateSyncCLI {
 
         func run() throws {
             guard let seeds, let range = Self.range(seeds) else {
-                let result = try simulate(seed: seed)
+                let result = try simulate(seed: seed ?? 1)
                 emit(json ? result.value.jsonText() : result.humanText)
                 if let report { try writeReport(result.html, to: report) }
                 if !result.passed { throw ExitCode(1) }

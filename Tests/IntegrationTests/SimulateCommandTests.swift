@@ -61,5 +61,18 @@ struct SimulateCommandTests {
         let run = try await cli(["simulate", "--faults", "meteor"])
         #expect(run.status != 0)
         #expect(run.stderr.contains("unknown fault 'meteor'"), "\(run.stderr)")
+        // A trial's: these ran, or said something that contradicted itself.
+        for (arguments, expected) in [
+            (["--faults", "all,crash"], "--faults all stands alone, not in a list of faults"),
+            (
+                ["--log-level", "chatty"],
+                "--log-level takes trace, debug, info, notice, warning, error, critical, not 'chatty'"
+            ),
+            (["--seeds", "1..3", "--seed", "4"], "--seed draws one run and --seeds a sweep: give one"),
+        ] {
+            let bad = try await cli(["simulate"] + arguments)
+            #expect(bad.status == 64, "\(arguments): \(bad.stderr)")
+            #expect(bad.stderr.contains(expected), "\(arguments): \(bad.stderr)")
+        }
     }
 }

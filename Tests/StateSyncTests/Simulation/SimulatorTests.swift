@@ -87,6 +87,21 @@ struct SimulatorTests {
         #expect(report.digestComparisons > 0 && report.stateDivergences == 0)
     }
 
+    /// A join is told as the node that joins, always the last (a trial's: the fault named the
+    /// node drawn as its target, another one, while its detail named the joiner).
+    @Test func aJoinIsToldAsTheNodeThatJoins() throws {
+        var joins = 0
+        for seed in 1...4 as ClosedRange<UInt64> {
+            let report = try ClusterSimulator.run(Self.options(seed: seed, ops: 200, nodes: 3, faults: [.join]))
+            #expect(report.passed, "seed \(seed): \(report.humanText)")
+            for fault in report.faults where fault.kind == "join" {
+                joins += 1
+                #expect(fault.target == "n3" && fault.detail.hasPrefix("n3 "), "seed \(seed): \(fault)")
+            }
+        }
+        #expect(joins >= 4)
+    }
+
     /// A sweep of seeds with every fault: each seed draws its own parameters and must pass.
     /// (CI sweeps more with `statesync simulate --seeds`.)
     @Test(arguments: 1...12 as ClosedRange<UInt64>)
