@@ -121,6 +121,15 @@ public enum Harness {
             for node in nodes { _ = node.stop() }
             for relay in relays.values { relay.stop() }
         }
+        // Stopped by a signal before the end (`statesync harness`): undone as a run that ends.
+        let keep = options.keep
+        let interruption = HarnessInterruption.register {
+            for node in nodes { _ = node.stop(timeout: 5) }
+            for relay in relays.values { relay.stop() }
+            lab?.tearDown()
+            if !keep { try? FileManager.default.removeItem(atPath: work) }
+        }
+        defer { HarnessInterruption.unregister(interruption) }
         for (index, node) in nodes.enumerated() where index != joiner { try node.start() }
         let clients = try nodes.map { node in
             try StateSyncClient(

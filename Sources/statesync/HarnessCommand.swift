@@ -99,6 +99,25 @@ extension StateSyncCLI {
             options.keep = keep
             options.netns = netns
             options.secure = secure
+            // SIGINT or SIGTERM: the run's nodes, relays, namespaces and (without --keep) work
+            // directory are undone before the process ends, as at the end of a run.
+            var signals: [any DispatchSourceSignal] = []
+            for number in [SIGINT, SIGTERM] {
+                signal(number, SIG_IGN)
+                let source = DispatchSource.makeSignalSource(signal: number, queue: .global())
+                let kept = options.keep
+                source.setEventHandler {
+                    HarnessInterruption.undoRunsInProgress()
+                    FileHandle.standardError.write(
+                        Data(
+                            "statesync harness: interrupted; its nodes are stopped and its work directory \(kept ? "kept" : "removed")\n"
+                                .utf8))
+                    _exit(128 + number)
+                }
+                source.resume()
+                signals.append(source)
+            }
+            defer { for source in signals { source.cancel() } }
             let interactive = isatty(STDERR_FILENO) == 1
             let result: HarnessReport
             do {

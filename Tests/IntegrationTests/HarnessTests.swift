@@ -45,6 +45,36 @@ struct HarnessTests {
         #expect(left.contains { $0.hasPrefix("statesync-harness-2-") }, "\(left)")
     }
 
+    /// SIGTERM (or Ctrl-C) ends a harness as the end of its run does: its nodes stopped, its
+    /// work directory removed, and with --netns its namespaces and link (a trial's: all were
+    /// left behind).
+    @Test(arguments: canCreateNamespaces ? [false, true] : [false])
+    func aHarnessStoppedBySIGTERMUndoesItsRun(netns: Bool) async throws {
+        let temporary = temporaryDirectory("stopped-harness")
+        defer { try? FileManager.default.removeItem(atPath: temporary) }
+        let harness = try ChildProcess(
+            "statesync",
+            ["harness", "--nodes", "3", "--ops", "1000000", "--seed", "4", "--json"] + (netns ? ["--netns"] : []),
+            environment: ["TMPDIR": temporary + "/"])
+        var nodes: [pid_t] = []
+        defer { for node in nodes where isAlive(node) { kill(node, SIGKILL) } }
+        // With --netns a node is `ip netns exec`'s child, which execs statesyncd in place.
+        try await waitUntil("the harness to start its three nodes", timeout: .seconds(60)) {
+            nodes = childProcesses(of: harness.pid, named: "statesyncd")
+            return nodes.count == 3
+        }
+        let tag = "ss\(String(harness.pid % 10000, radix: 36))-"
+        #expect(await harness.stop(SIGTERM) == 128 + SIGTERM, "\(harness.stderr)")
+        #expect(harness.stderr.contains("interrupted; its nodes are stopped and its work directory removed"))
+        #expect(!nodes.contains(where: isAlive))
+        let left = (try? FileManager.default.contentsOfDirectory(atPath: temporary)) ?? []
+        #expect(!left.contains { $0.hasPrefix("statesync-harness-4-") }, "\(left)")
+        if netns {
+            let (_, namespaces) = try SpawnedProcess.run("/usr/sbin/ip", ["netns", "list"], environment: [:])
+            #expect(!namespaces.contains(tag), "\(namespaces)")
+        }
+    }
+
     @Test func smallClusterWithKillAndPartitionPasses() async throws {
         let page = temporaryPath("harness-report") + ".html"
         defer { try? FileManager.default.removeItem(atPath: page) }
