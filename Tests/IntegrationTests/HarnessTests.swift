@@ -22,6 +22,28 @@ struct HarnessTests {
         return (run, report)
     }
 
+    /// A harness of three nodes and a million operations, its TMPDIR `temporary`, once its three
+    /// nodes run (with --netns a node is `ip netns exec`'s child, which execs statesyncd in
+    /// place): the harness and the nodes' pids. Nodes found before a failure are killed.
+    static func harnessWithItsNodesRunning(
+        seed: Int, under temporary: String, _ options: [String] = []
+    ) async throws -> (ChildProcess, [pid_t]) {
+        let harness = try ChildProcess(
+            "statesync", ["harness", "--nodes", "3", "--ops", "1000000", "--seed", "\(seed)", "--json"] + options,
+            environment: ["TMPDIR": temporary + "/"])
+        var nodes: [pid_t] = []
+        do {
+            try await waitUntil("the harness to start its three nodes", timeout: .seconds(60)) {
+                nodes = childProcesses(of: harness.pid, named: "statesyncd")
+                return nodes.count == 3
+            }
+        } catch {
+            for node in nodes where isAlive(node) { kill(node, SIGKILL) }
+            throw error
+        }
+        return (harness, nodes)
+    }
+
     /// A harness that dies, even by SIGKILL, leaves no node running: each node's standard input
     /// is a pipe the harness holds, and a node stops when it ends.
     @Test func theNodesOfAKilledHarnessStop() async throws {
@@ -29,15 +51,8 @@ struct HarnessTests {
         // under a TMPDIR of this test's, which the test removes.
         let temporary = temporaryDirectory("killed-harness")
         defer { try? FileManager.default.removeItem(atPath: temporary) }
-        let harness = try ChildProcess(
-            "statesync", ["harness", "--nodes", "3", "--ops", "1000000", "--seed", "2", "--json"],
-            environment: ["TMPDIR": temporary + "/"])
-        var nodes: [pid_t] = []
+        let (harness, nodes) = try await Self.harnessWithItsNodesRunning(seed: 2, under: temporary)
         defer { for node in nodes where isAlive(node) { kill(node, SIGKILL) } }
-        try await waitUntil("the harness to start its three nodes", timeout: .seconds(60)) {
-            nodes = childProcesses(of: harness.pid, named: "statesyncd")
-            return nodes.count == 3
-        }
         #expect(await harness.stop(SIGKILL) == SIGKILL)
         try await waitUntil("the orphaned nodes to stop", timeout: .seconds(30)) { !nodes.contains(where: isAlive) }
         // What the harness left is under the test's directory, and goes with it.
@@ -52,17 +67,9 @@ struct HarnessTests {
     func aHarnessStoppedBySIGTERMUndoesItsRun(netns: Bool) async throws {
         let temporary = temporaryDirectory("stopped-harness")
         defer { try? FileManager.default.removeItem(atPath: temporary) }
-        let harness = try ChildProcess(
-            "statesync",
-            ["harness", "--nodes", "3", "--ops", "1000000", "--seed", "4", "--json"] + (netns ? ["--netns"] : []),
-            environment: ["TMPDIR": temporary + "/"])
-        var nodes: [pid_t] = []
+        let (harness, nodes) = try await Self.harnessWithItsNodesRunning(
+            seed: 4, under: temporary, netns ? ["--netns"] : [])
         defer { for node in nodes where isAlive(node) { kill(node, SIGKILL) } }
-        // With --netns a node is `ip netns exec`'s child, which execs statesyncd in place.
-        try await waitUntil("the harness to start its three nodes", timeout: .seconds(60)) {
-            nodes = childProcesses(of: harness.pid, named: "statesyncd")
-            return nodes.count == 3
-        }
         let tag = "ss\(String(harness.pid % 10000, radix: 36))-"
         #expect(await harness.stop(SIGTERM) == 128 + SIGTERM, "\(harness.stderr)")
         #expect(harness.stderr.contains("interrupted; its nodes are stopped and its work directory removed"))
