@@ -337,7 +337,9 @@ extension StateSyncCLI {
                 With PROP names, deletes those properties; with none, deletes the model: every \
                 property written before the deletion, on every node. A deletion is a versioned write: \
                 a concurrent set with a later version wins over it on every node, and a later set \
-                re-creates what it deleted. Watches report it with kind "deleted" and the old value.                 It is always written, also of what the node holds deleted or never saw (an older                 write of it may still be on its way), so it answers "changed" with its version there too.
+                re-creates what it deleted. Watches report it with kind "deleted" and the old value. \
+                It is always written, also of what the node holds deleted or never saw (an older \
+                write of it may still be on its way), so it answers "changed" with its version there too.
                 """)
 
         @Argument(help: ArgumentHelp("The model.", valueName: "CHANNEL/MODEL"))
