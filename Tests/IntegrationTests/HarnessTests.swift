@@ -79,6 +79,12 @@ struct HarnessTests {
         if netns {
             let (_, namespaces) = try SpawnedProcess.run("/usr/sbin/ip", ["netns", "list"], environment: [:])
             #expect(!namespaces.contains(tag), "\(namespaces)")
+            // What a failure left is removed here, not left to the machine.
+            for line in namespaces.split(separator: "\n") where line.hasPrefix(tag) {
+                let name = String(line.prefix { $0 != " " })
+                _ = try? SpawnedProcess.run("/usr/sbin/ip", ["netns", "del", name], environment: [:])
+            }
+            _ = try? SpawnedProcess.run("/usr/sbin/ip", ["link", "del", tag.dropLast() + "h"], environment: [:])
         }
     }
 
