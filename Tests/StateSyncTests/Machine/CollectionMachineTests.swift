@@ -21,14 +21,15 @@ struct CollectionMachineTests {
         var silent: Set<Int> = []
 
         init(
-            _ ids: [String], grace: Int = 0, fsync: NodeConfiguration.FsyncPolicy = .always, historyDeltas: Int? = nil
+            _ ids: [String], grace: Int = 0, fsync: NodeConfiguration.FsyncPolicy = .always, historyDeltas: Int? = nil,
+            logs: CapturedLogs? = nil
         ) {
             nodes = ids.map { id in
                 var configuration = MachineRunner.configuration(id, peers: ids.filter { $0 != id })
                 configuration.tombstoneGraceMilliseconds = grace
                 configuration.fsync = fsync
                 if let historyDeltas { configuration.historyDeltas = historyDeltas }
-                var node = MachineRunner(configuration)
+                var node = logs.map { MachineRunner(configuration, logger: $0.logger) } ?? MachineRunner(configuration)
                 // The nodes learn that their peers know them from the member lists they exchange
                 // (PROTOCOL.md 7.5), as real nodes do.
                 node.peersKnowThisNode = false
@@ -180,8 +181,8 @@ struct CollectionMachineTests {
 
     /// n1 and n2; n2 writes a value, is cut off, n1 deletes a model meanwhile and forgets n2
     /// (FORGET answered OK); n2 is still cut off.
-    static func n2WithAStaleValueForgottenWhileCutOff() -> Cluster {
-        var cluster = Cluster(["n1", "n2"])
+    static func n2WithAStaleValueForgottenWhileCutOff(logs: CapturedLogs? = nil) -> Cluster {
+        var cluster = Cluster(["n1", "n2"], logs: logs)
         cluster.exchange(rounds: 12)
         _ = cluster.set(on: 1, 1, [PropertyWrite(name: "stale", value: "deleted since")])
         cluster.exchange(rounds: 2)
@@ -197,7 +198,8 @@ struct CollectionMachineTests {
     /// 7.5 and 8.4: a node forgotten while it was away drops what it holds (its peers may have
     /// collected deletions of it) and asks a peer for its state; it says it is alive again.
     @Test func aNodeForgottenWhileAwayTakesThePeersStateInsteadOfItsOwn() throws {
-        var cluster = Self.n2WithAStaleValueForgottenWhileCutOff()
+        let logs = CapturedLogs()
+        var cluster = Self.n2WithAStaleValueForgottenWhileCutOff(logs: logs)
         cluster.exchange(rounds: 25)
         #expect(cluster.tombstones(0) == 0, "collected without the forgotten node")
         let requestsBefore = cluster.nodes[1].repairRequests.count
@@ -213,6 +215,9 @@ struct CollectionMachineTests {
         #expect(returning.store.properties(of: Self.address)["stale"] == nil)
         #expect(returning.membership.members["n2"]?.state == .alive)
         #expect(cluster.nodes[0].machine.membership.members["n2"]?.state == .alive)
+        // An operator's forget the node answers by itself: a warning, not an error of the node.
+        let told = logs.all.filter { $0.message.contains("forgotten by another member") }
+        #expect(!told.isEmpty && told.allSatisfy { $0.level == .warning }, "\(told.map(\.level))")
     }
 
     /// 7.5: the node says it is alive again, and its members file keeps the forget as answered,

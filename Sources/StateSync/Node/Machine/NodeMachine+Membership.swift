@@ -100,7 +100,8 @@ extension NodeMachine {
             if unanswered, !faults.skipReset {
                 guard !stopping else { return }
                 resyncedAfterForget = member
-                logger.error(
+                // An operator's act this node answers by itself, not a fault of this node.
+                logger.warning(
                     "this node was forgotten by another member (statesync forget); it stays in the cluster because it runs, and says so",
                     metadata: ["member.version": "\(member.version)"])
                 resyncAfterForget(by: member.version.node)
