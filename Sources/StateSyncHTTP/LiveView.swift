@@ -80,9 +80,19 @@ struct LiveView: Sendable {
     /// What a viewer may read: `nil` without security (everything), else the read patterns its
     /// token proves now (none without a valid token).
     func readPatterns(token: String?) -> [String]? {
-        guard node.configuration.security != nil else { return nil }
-        guard let token, let authority, let patterns = authority.readPatterns(token: token) else { return [] }
-        return patterns
+        access(token: token).patterns
+    }
+
+    /// What a viewer may read (`nil` patterns: everything), and why nothing when it is nothing.
+    func access(token: String?) -> (patterns: [String]?, refusal: String?) {
+        guard node.configuration.security != nil else { return (nil, nil) }
+        guard let token, let authority else {
+            return ([], "this node has security: open the page with ?token=… (statesync view-token) to see channels")
+        }
+        switch authority.readPatterns(token: token) {
+        case .success(let patterns): return (patterns, nil)
+        case .failure(let refusal): return ([], "\(refusal)")
+        }
     }
 
     /// The stream of one viewer (status every second, and the changes of `channel`), and how to
@@ -90,7 +100,7 @@ struct LiveView: Sendable {
     /// counted (`dropped_changes` in its status events). The stream ends when what the token may
     /// read changes (expiry, a reload): the page reconnects under the new permissions.
     func events(channel: String?, token: String?) -> (AsyncStream<String>, @Sendable () -> Void) {
-        let patterns = readPatterns(token: token)
+        let (patterns, refusal) = access(token: token)
         let (stream, continuation) = AsyncStream.makeStream(of: String.self, bufferingPolicy: .bufferingOldest(10_000))
         let dropped = Atomic<Int>(0)
         let send: @Sendable (String, Value) -> Void = { event, value in
@@ -123,13 +133,12 @@ struct LiveView: Sendable {
             }
         }
         let watchTask = Task {
+            if let refusal {
+                send("notice", .string(refusal))
+                return
+            }
             if patterns == [] {
-                send(
-                    "notice",
-                    .string(
-                        token == nil
-                            ? "this node has security: open the page with ?token=… (statesync view-token) to see channels"
-                            : "the token is not valid for this node (expired, or not of an admitted client key)"))
+                send("notice", .string("this client key may read no channel (security.client_keys gives it no read=)"))
                 return
             }
             guard let channel else { return }

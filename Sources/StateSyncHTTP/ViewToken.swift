@@ -22,17 +22,53 @@ public enum ViewToken {
         return "\(message)-\(hex(Array(mac)))"
     }
 
+    /// Why a token is not admitted.
+    public enum Refusal: Error, Equatable, Sendable, CustomStringConvertible {
+        /// Not `v1-PUBLIC-EXPIRES-MAC` with a 64-hex-digit key and MAC (cut short when copied?).
+        case malformed
+        /// Its MAC does not check out under this node's key: made with another node's public key
+        /// (`statesync view-token --server-key`), or changed.
+        case notForThisNode
+        /// Made for this node, and expired at this Unix second.
+        case expired(at: Int64)
+        /// Made for this node by a client key that `security.client_keys` does not list (any more).
+        case keyNotAdmitted(String)
+
+        public var description: String {
+            switch self {
+            case .malformed: "the token is not a view token (v1-KEY-EXPIRES-MAC; copied whole?)"
+            case .notForThisNode:
+                "the token was not made for this node (statesync view-token --server-key must be this node's public key), or was changed"
+            case .expired(let at):
+                "the token expired at \(Date(timeIntervalSince1970: Double(at)).formatted(.iso8601)) (make a new one: statesync view-token)"
+            case .keyNotAdmitted(let fingerprint):
+                "the token's client key \(fingerprint)… is not in this node's security.client_keys"
+            }
+        }
+    }
+
     /// The client public key `token` proves, if it was made for the node with `serverSecretKey`
     /// and has not expired at `now`; `nil` otherwise (malformed, forged, expired).
     public static func verify(_ token: String, serverSecretKey: [UInt8], now: Date = Date()) -> [UInt8]? {
+        try? check(token, serverSecretKey: serverSecretKey, now: now).get()
+    }
+
+    /// The client public key `token` proves, or why it proves none: the MAC is checked before the
+    /// expiry, so "expired" is said only of a token this node's key made.
+    public static func check(_ token: String, serverSecretKey: [UInt8], now: Date = Date()) -> Result<
+        [UInt8], Refusal
+    > {
         let parts = token.split(separator: "-", omittingEmptySubsequences: false)
         guard parts.count == 4, parts[0] == "v1", let client = bytes(parts[1]), client.count == 32,
-            let expires = Int64(parts[2]), let mac = bytes(parts[3]), mac.count == 32,
-            Double(expires) > now.timeIntervalSince1970,
-            let key = try? macKey(secret: serverSecretKey, public: client)
-        else { return nil }
+            let expires = Int64(parts[2]), let mac = bytes(parts[3]), mac.count == 32
+        else { return .failure(.malformed) }
+        guard let key = try? macKey(secret: serverSecretKey, public: client) else { return .failure(.notForThisNode) }
         let message = Array("v1-\(parts[1])-\(parts[2])".utf8)
-        return HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: message, using: key) ? client : nil
+        guard HMAC<SHA256>.isValidAuthenticationCode(mac, authenticating: message, using: key) else {
+            return .failure(.notForThisNode)
+        }
+        guard Double(expires) > now.timeIntervalSince1970 else { return .failure(.expired(at: expires)) }
+        return .success(client)
     }
 
     private static func macKey(secret: [UInt8], public: [UInt8]) throws -> SymmetricKey {
@@ -96,10 +132,13 @@ public final class ViewerAuthority: Sendable {
         clients.withLock { $0 = list }
     }
 
-    /// The channel patterns the holder of `token` may read now; `nil`: not a valid token (any
-    /// more) of an admitted client key.
-    func readPatterns(token: String) -> [String]? {
-        guard let key = ViewToken.verify(token, serverSecretKey: serverSecretKey) else { return nil }
-        return clients.withLock { list in list.first { $0.key == key }?.read }
+    /// The channel patterns the holder of `token` may read now, or why it may read none.
+    func readPatterns(token: String) -> Result<[String], ViewToken.Refusal> {
+        ViewToken.check(token, serverSecretKey: serverSecretKey).flatMap { key in
+            guard let read = clients.withLock({ list in list.first { $0.key == key }?.read }) else {
+                return .failure(.keyNotAdmitted(CurveKeyFile.fingerprint(key)))
+            }
+            return .success(read)
+        }
     }
 }

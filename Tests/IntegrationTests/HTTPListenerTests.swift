@@ -307,8 +307,19 @@ struct SecureLiveViewTests {
             let forged = try await Self.events(
                 "http://\(http)/events?channel=sensors&token=\(token.dropLast())\(last)",
                 until: "the forgery is refused"
-            ) { $0.contains("the token is not valid") }
+            ) { $0.contains("the token was not made for this node") }
             #expect(!forged.contains("event: change"))
+
+            // A token made with another node's public key: said so (not "expired").
+            let misaimed = try await cli([
+                "view-token", "--key", "\(directory)/viewer.key", "--server-key", "\(directory)/node2.key.pub",
+            ])
+            #expect(misaimed.status == 0, "\(misaimed.stderr)")
+            let elsewhere = try await Self.events(
+                "http://\(http)/events?channel=sensors&token=\(misaimed.stdout.trimmingCharacters(in: .whitespacesAndNewlines))",
+                until: "a token for node2 is refused as not for this node"
+            ) { $0.contains("--server-key must be this node's public key") }
+            #expect(!elsewhere.contains("event: change") && !elsewhere.contains("token expired"), "\(elsewhere)")
 
             // /status shows no channel names; a foreign Host (DNS rebinding) is refused.
             let status = try ChildProcess("/usr/bin/curl", ["-s", "http://\(http)/status"])

@@ -99,6 +99,16 @@ struct OperatorViewTests {
         #expect(ViewToken.verify(token, serverSecretKey: node.secretKey) == client.publicKey)
         #expect(ViewToken.verify(token, serverSecretKey: other.secretKey) == nil, "made for another node")
         #expect(ViewToken.verify(token, serverSecretKey: node.secretKey, now: Date() + 120) == nil, "expired")
+        // The refusal says why: a token for another node is that, not "expired", even once expired.
+        #expect(ViewToken.check(token, serverSecretKey: other.secretKey) == .failure(.notForThisNode))
+        #expect(
+            ViewToken.check(token, serverSecretKey: other.secretKey, now: Date() + 120) == .failure(.notForThisNode))
+        guard case .failure(.expired) = ViewToken.check(token, serverSecretKey: node.secretKey, now: Date() + 120)
+        else {
+            Issue.record("an expired token of this node is said to be expired")
+            return
+        }
+        #expect(ViewToken.check("v1-abc", serverSecretKey: node.secretKey) == .failure(.malformed))
         // Any changed character (key, expiry or MAC) breaks it.
         for index in [5, 70, token.count - 1] {
             var characters = Array(token)
