@@ -63,12 +63,12 @@ public enum CurveKeyFile {
             let permissions = info.st_mode & 0o777
             guard permissions & 0o077 == 0 else {
                 throw Problem(
-                    "the secret key file \(shown) is readable by its group or others (mode \(String(permissions, radix: 8))); run: chmod 600 \(shown) (and chown it to the user the node runs as)"
+                    "the secret key file \(shown) is readable by its group or others (mode \(String(permissions, radix: 8))); run: chmod 600 \(shown)"
                 )
             }
             guard info.st_uid == geteuid() else {
                 throw Problem(
-                    "the secret key file \(shown) belongs to another user; it must be this user's (uid \(geteuid())): chown it to the user the node runs as"
+                    "the secret key file \(shown) belongs to uid \(info.st_uid), not to this user (uid \(geteuid())), who uses it: chown it to the user that runs this node or client"
                 )
             }
         }
@@ -135,7 +135,8 @@ public enum CurveKeyFile {
             let reason =
                 switch errno {
                 case ELOOP: "it is a symbolic link (give the file itself)"
-                case EACCES: "permission denied (a secret key file must belong to the user the node runs as: chown it)"
+                case EACCES:
+                    "permission denied (a secret key file must belong to the user that uses it, this one: uid \(geteuid()))"
                 default: String(cString: strerror(errno))
                 }
             throw Problem("cannot read the \(what) \(shown): \(reason)")

@@ -66,6 +66,20 @@ struct CurveSecurityTests {
         } catch {
             #expect(error.description.contains(path) && error.description.contains("chmod 600"), "\(error)")
         }
+        // Another user's key: the owner is named, and the fix fits a client as well as a node
+        // (a client's key was told to go to "the user the node runs as").
+        chmod(path, 0o600)
+        if geteuid() == 0, chown(path, 65_534, 65_534) == 0 {
+            do {
+                _ = try CurveKeyFile.readSecretKey(at: path)
+                Issue.record("another user's secret key was accepted")
+            } catch {
+                #expect(
+                    error.description.contains("uid 65534") && error.description.contains("this node or client"),
+                    "\(error)")
+            }
+            chown(path, 0, 0)
+        }
         let garbage = directory + "/garbage.key"
         _ = FileManager.default.createFile(
             atPath: garbage, contents: Data("not a key\n".utf8), attributes: [.posixPermissions: 0o600])
