@@ -24,10 +24,12 @@ extension StateSyncCLI {
         func run() async throws {
             try await failingClearly {
                 // A key's directory (keys/ in the example configs) is made, private to its owner.
+                // Said, not done silently: a mistyped --out would otherwise leave a tree behind.
                 let directory = URL(fileURLWithPath: out).deletingLastPathComponent().path
-                if !FileManager.default.fileExists(atPath: directory) {
+                let made = FileManager.default.fileExists(atPath: directory) ? nil : directory
+                if let made {
                     try FileManager.default.createDirectory(
-                        atPath: directory, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
+                        atPath: made, withIntermediateDirectories: true, attributes: [.posixPermissions: 0o700])
                 }
                 let pair = try CurveKeyFile.generate(at: out)
                 let publicText = try Curve.z85Encode(pair.publicKey)
@@ -35,10 +37,11 @@ extension StateSyncCLI {
                     emit(
                         Value.map([
                             "secret_key_file": .string(out), "public_key_file": .string(out + ".pub"),
-                            "public_key": .string(publicText),
+                            "public_key": .string(publicText), "made_directory": made.map(Value.string) ?? .null,
                         ]).jsonText())
                     return
                 }
+                if let made { emit("made the directory \(made) (mode 0700)") }
                 emit("secret key: \(out) (mode 0600; keep it private)")
                 emit("public key: \(out).pub")
                 emit(publicText)
@@ -78,9 +81,11 @@ extension StateSyncCLI {
         var json = false
 
         func validate() throws {
-            guard let seconds = Self.seconds(ttl), seconds > 0, seconds <= 366 * 86_400 else {
-                throw ValidationError("--ttl takes a duration up to 366d: 30m, 12h, 7d or seconds (got '\(ttl)')")
+            guard let seconds = Self.seconds(ttl), seconds.isFinite else {
+                throw ValidationError("--ttl '\(ttl)' is not a duration: 30m, 12h, 7d or seconds")
             }
+            guard seconds >= 1 else { throw ValidationError("--ttl \(ttl) must be at least 1s (the token's lifetime)") }
+            guard seconds <= 366 * 86_400 else { throw ValidationError("--ttl \(ttl) is too long: at most 366d") }
         }
 
         static func seconds(_ text: String) -> Double? {

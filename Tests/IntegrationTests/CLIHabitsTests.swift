@@ -310,6 +310,14 @@ struct CLIHabitsTests {
             // A misspelled option's value is read as an assignment, and its check runs first.
             (["set", "demo/x", "--tll", "30s", "v=1"], "'--tll' before it is not an option of statesync set"),
         ]
+        // view-token's lifetime: what is wrong with it, not only what it takes (a trial's).
+        for (ttl, expected) in [
+            ("0s", "--ttl 0s must be at least 1s"), ("soon", "--ttl 'soon' is not a duration"),
+            ("400d", "--ttl 400d is too long: at most 366d"),
+        ] {
+            let result = try await cli(["view-token", "--key", "k", "--server-key", "s", "--ttl", ttl])
+            #expect(result.status == 64 && result.stderr.contains(expected), "\(ttl): \(result.stderr)")
+        }
         for (arguments, expected) in cases {
             let result = try await cli(arguments + ["--daemon", unreachable])
             #expect(result.status == 64, "\(arguments): \(result.stderr)")
@@ -347,6 +355,7 @@ struct CLIHabitsTests {
         let object = jsonObject(Substring(made.stdout))
         #expect((object?["public_key"] as? String)?.count == 40, "\(made.stdout)\(made.stderr)")
         #expect(object?["secret_key_file"] as? String == "\(directory)/keys/a.key")
+        #expect(object?["made_directory"] as? String == "\(directory)/keys", "said, not made silently")
         let mode = try FileManager.default.attributesOfItem(atPath: "\(directory)/keys")[.posixPermissions] as? Int
         #expect(mode == 0o700)
     }
