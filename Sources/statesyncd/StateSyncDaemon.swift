@@ -219,18 +219,16 @@ struct StateSyncDaemon: AsyncParsableCommand {
                         metadata: ["variables": "\(fromEnvironment.joined(separator: ","))"])
                 }
                 let reloaded = try NodeConfiguration.load(file: configFile)
-                // What else changed takes effect at the next start: said, not silently ignored.
-                // (The peers compared as a set: a file that lists them in another order
-                // changes nothing.)
-                var others = reloaded
-                others.security = running.security
-                others.peers = others.peers.sorted()
-                var current = running
-                current.peers = current.peers.sorted()
-                if others != current {
+                // What else changed takes effect at the next start: said, key by key, not
+                // silently ignored. (The peers compare as a set: a file that lists them in
+                // another order changes nothing.)
+                let changed = reloaded.keysDiffering(from: running).filter { !$0.rawValue.hasPrefix("security.") }
+                if !changed.isEmpty {
                     logger.warning(
                         "SIGHUP: keys other than security.* changed in the file; they take effect when the node restarts",
-                        metadata: ["config": "\(configFile)"])
+                        metadata: [
+                            "config": "\(configFile)", "keys": "\(changed.map(\.rawValue).joined(separator: ","))",
+                        ])
                 }
                 guard running.security != nil else {
                     guard reloaded.security == nil else {

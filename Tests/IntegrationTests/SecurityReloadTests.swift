@@ -255,6 +255,9 @@ struct PeerKeyRotationTests {
             let otherKeys = "keys other than security.* changed"
             #expect(!daemons["node3"]!.stderr.contains(otherKeys))
             #expect(daemons["node1"]!.stderr.components(separatedBy: otherKeys).count == 2, "once, at the removal")
+            // ... and names the key, and only it.
+            let said = daemons["node1"]!.stderr.split(separator: "\n").first { $0.contains(otherKeys) } ?? ""
+            #expect(said.contains("keys=network.peers") && !said.contains("keys=network.peers,"), "\(said)")
         } catch {
             for node in nodes { Issue.record("\(node):\n\(daemons[node]!.stderr.suffix(4000))") }
         }

@@ -137,7 +137,9 @@ extension NodeConfiguration {
             let reason = lines.filter { !$0.isEmpty && !$0.allSatisfy({ $0 == "^" }) }.prefix(2).joined(separator: " ")
             throw StateSyncError(.invalidConfiguration, "\(path): not a valid YAML mapping: \(reason)")
         }
-        if let problem = unknownKeyProblem(yaml: yaml, source: path) ?? unknownEnvironmentProblem(environment) {
+        if let problem = unknownKeyProblem(yaml: yaml, source: path) ?? nonTextValueProblem(yaml: yaml, source: path)
+            ?? unknownEnvironmentProblem(environment)
+        {
             throw StateSyncError(.invalidConfiguration, problem)
         }
         let reader = KeyReader(
@@ -447,5 +449,47 @@ extension NodeConfiguration {
                 ? nil : "'\(endpoint)' names no path"
         }
         return "'\(endpoint)' is not a ZeroMQ endpoint (expected tcp://HOST:PORT, ipc://PATH or inproc://NAME)"
+    }
+}
+
+extension NodeConfiguration {
+    /// What this configuration holds for `key`, as text to compare (the peers as a set: a list
+    /// in another order holds the same).
+    func comparableText(of key: Key) -> String {
+        switch key {
+        case .nodeID: nodeID
+        case .dataDirectory: dataDirectory
+        case .publish: publishEndpoint
+        case .peers:
+            peers.map { peer in (peerNodeIDs[peer].map { "\($0)=" } ?? "") + peer }.sorted().joined(separator: ",")
+        case .api: apiEndpoint ?? ""
+        case .repair: repairEndpoint ?? ""
+        case .heartbeat: "\(heartbeatIntervalMilliseconds)"
+        case .maximumDrift: "\(maximumClockDriftMilliseconds)"
+        case .logLevel: logLevel
+        case .logFormat: logFormat
+        case .httpListen: httpListen ?? ""
+        case .fsync: fsync.rawValue
+        case .fsyncInterval: "\(fsyncIntervalMilliseconds)"
+        case .publishAt: publishesBeforeSync ? "written" : "synced"
+        case .compactBytes: "\(compactBytes)"
+        case .historyDeltas: "\(historyDeltas)"
+        case .highWaterMark: "\(highWaterMark)"
+        case .clientHighWaterMark: "\(clientHighWaterMark)"
+        case .batchMaximumDeltas: "\(batchMaximumDeltas)"
+        case .reserveBytes: "\(reserveBytes)"
+        case .tombstoneGrace: "\(tombstoneGraceMilliseconds)"
+        case .secretKey: security?.secretKeyFile ?? ""
+        case .peerKeys:
+            (security?.peerKeys ?? [:]).map { "\($0.key)=\($0.value.joined(separator: "|"))" }.sorted()
+                .joined(separator: ",")
+        case .clientKeys: (security?.clients ?? []).map { "\($0)" }.joined(separator: ",")
+        }
+    }
+
+    /// The keys whose values differ between this configuration and `other`, in the order of
+    /// ``Key`` (a reload names what changed, not only that something did).
+    public func keysDiffering(from other: NodeConfiguration) -> [Key] {
+        Key.allCases.filter { comparableText(of: $0) != other.comparableText(of: $0) }
     }
 }

@@ -50,6 +50,33 @@ extension NodeConfiguration {
         return nil
     }
 
+    /// The keys whose value is text (a path, an endpoint, a name, a word).
+    static let textKeys: Set<Key> = [
+        .nodeID, .dataDirectory, .publish, .api, .repair, .logLevel, .logFormat, .httpListen, .fsync, .publishAt,
+        .secretKey,
+    ]
+
+    /// Why the configuration text `yaml` gives a text key a YAML boolean or null (`id: true`,
+    /// `id: yes`, `data_dir: ~`), or `nil`. The configuration reader would take `true` as the
+    /// text "true": a node named "true" is more likely a slip than a choice, and a quoted
+    /// `'true'` still says it is meant.
+    static func nonTextValueProblem(yaml: [UInt8], source path: String) -> String? {
+        guard let root = try? Yams.compose(yaml: String(decoding: yaml, as: UTF8.self)), let mapping = root.mapping
+        else { return nil }
+        for key in Key.allCases where textKeys.contains(key) {
+            let parts = key.rawValue.split(separator: ".").map(String.init)
+            guard let value = mapping[parts[0]]?.mapping?[parts[1]], let scalar = value.scalar,
+                scalar.style == .plain,
+                [Tag.Name.bool.rawValue, Tag.Name.null.rawValue].contains(value.tag.description),
+                !scalar.string.isEmpty
+            else { continue }
+            let kind = value.tag.description == Tag.Name.bool.rawValue ? "a YAML boolean" : "YAML's null"
+            return
+                "\(path): \(key.rawValue): expected a string, not \(scalar.string) (\(kind)); quote it ('\(scalar.string)') if that is the value meant"
+        }
+        return nil
+    }
+
     /// Why `environment` holds a variable that looks like an override but names no key, or
     /// `nil`: one that starts with `STATESYNC_` and a section's name, or one within two edits of
     /// a key's variable (a misspelt section: `STATESYNC_SECURTY_SECRET_KEY`). Other `STATESYNC_`

@@ -47,6 +47,25 @@ struct NodeConfigurationTests {
                     peers: ["tcp://127.0.0.1:7002"], apiEndpoint: "tcp://127.0.0.1:7101"))
     }
 
+    /// Quoted, a word YAML would read as a boolean is text: `'true'` is a node id.
+    @Test func aQuotedBooleanWordIsText() throws {
+        let config = try NodeConfiguration.load(
+            file: try Self.write(Self.valid.replacingOccurrences(of: "id: n1", with: "id: 'true'")), environment: [:])
+        #expect(config.nodeID == "true")
+    }
+
+    /// A reload names the keys that changed; the peers compare as a set.
+    @Test func theKeysThatDifferAreNamed() throws {
+        let running = try NodeConfiguration.load(file: try Self.write(Self.valid), environment: [:])
+        var reloaded = running
+        reloaded.peers = running.peers.reversed()
+        #expect(reloaded.keysDiffering(from: running).isEmpty)
+        reloaded.heartbeatIntervalMilliseconds = 250
+        reloaded.peers.append("tcp://127.0.0.1:7003")
+        reloaded.publishBeforeSync = true
+        #expect(reloaded.keysDiffering(from: running) == [.peers, .heartbeat, .publishAt])
+    }
+
     @Test func environmentVariablesOverrideTheFile() throws {
         let config = try NodeConfiguration.load(
             file: try Self.write(Self.valid),
@@ -143,6 +162,16 @@ struct NodeConfigurationTests {
         ),
         (valid + "\nextras:\n  a: 1", "'extras' is not a configuration section (the sections: node, network,"),
         (valid + "\nlog: debug", "log: expected a mapping of its keys"),
+        // A YAML boolean where text goes is refused, not taken as the text "true" (a trial's).
+        (
+            valid.replacingOccurrences(of: "id: n1", with: "id: true"),
+            "node.id: expected a string, not true (a YAML boolean); quote it ('true')"
+        ),
+        (valid + "\nstorage:\n  fsync: off", "storage.fsync: expected a string, not off (a YAML boolean)"),
+        (
+            valid.replacingOccurrences(of: "data_dir: /tmp/x", with: "data_dir: ~"),
+            "node.data_dir: expected a string, not ~"
+        ),
         (
             "x-peer: &peer tcp://127.0.0.1:7002\n" + valid + "\nlog:\n  <<: {level: debug}",
             "a merge key (<<) in log: merged values are not read"
